@@ -1,0 +1,1 @@
+"""towerq service: REST API, database models, scheduler policy and CLI."""

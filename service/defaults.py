@@ -1,0 +1,26 @@
+"""Named constants that are not user settings."""
+
+SCHEDULER_LOCK_TTL_S = 30
+"""A pass that dies holding the lock frees it after this long."""
+
+METRIC_FLUSH_INTERVAL_S = 0.25
+"""The worker writes buffered metric rows at most this long after the trainer prints them."""
+
+METRIC_FLUSH_ROWS = 200
+"""...or as soon as this many are buffered."""
+
+LOG_LINES_KEPT = 20_000
+"""Trainer log lines stored per job; older lines are dropped from the database."""
+
+KILL_CHECK_INTERVAL_S = 0.2
+"""How often a stopping runner checks whether the trainer's process group is gone."""
+
+RQ_LAUNCH_TIMEOUT_S = 120
+"""RQ timeout for a dispatch message: it only starts the trainer, which then runs for hours
+under the worker's own supervision, outside RQ's timeout."""
+
+JOB_PAGE_SIZE = 50
+"""Default page size of `GET /api/jobs`."""
+
+MAX_PAGE_SIZE = 500
+"""Largest page `GET /api/jobs` returns."""

@@ -1,0 +1,31 @@
+"""Every Redis key and channel towerq uses, in one place.
+
+Redis is transport only (queues, pub/sub, locks, kicks); the database holds the truth,
+so anything under these keys can be rebuilt after a flush.
+"""
+
+PREFIX = "towerq:"
+
+SCHEDULER_LOCK = PREFIX + "lock:scheduler"
+"""Held while one scheduling pass runs, so passes never overlap across processes."""
+
+SCHEDULER_KICK = PREFIX + "scheduler:kick"
+"""A list; pushing to it asks the scheduler for a pass now instead of at its next tick."""
+
+JOBS_CHANNEL = PREFIX + "jobs"
+"""Pub/sub channel carrying every job's state changes (the list-level stream)."""
+
+
+def host_queue(host: str) -> str:
+    """Name of the RQ queue a host's worker listens on."""
+    return f"{PREFIX}host:{host}"
+
+
+def job_channel(job_id: int) -> str:
+    """Pub/sub channel for one job's metrics, logs and state changes."""
+    return f"{PREFIX}job:{job_id}"
+
+
+def host_control_channel(host: str) -> str:
+    """Pub/sub channel a host's worker listens on for stop requests."""
+    return f"{PREFIX}control:{host}"

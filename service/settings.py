@@ -1,0 +1,60 @@
+"""The one settings object every towerq process reads (`TOWERQ_` environment prefix)."""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Settings shared by `towerq up`, `api`, `worker`, `scheduler` and `db upgrade`.
+
+    Every field is read from `TOWERQ_<NAME>` (e.g. `TOWERQ_DATABASE_URL`), so a test can
+    point a whole stack at its own database, Redis db and folders.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TOWERQ_", extra="ignore")
+
+    var_dir: Path = Path("./var")
+    """Local state of `towerq up`: the admin token file, the embedded Redis' folder."""
+    database_url: str = "sqlite:///./var/towerq.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    data_dir: Path = Path("./var/data")
+    artifacts_dir: Path = Path("./var/artifacts")
+    models_path: Path = Path("./var/models")
+
+    # None: NVML GPUs when a driver answers, else 4 simulated ones; a number forces simulation.
+    simulated_gpus: int | None = Field(default=None, ge=0, le=64)
+    host_name: str = Field(default_factory=socket.gethostname)
+
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    scheduler_interval_s: float = Field(default=5.0, gt=0)
+    dispatch_timeout_s: float = Field(default=60.0, gt=0)
+    cancel_grace_s: float = Field(default=30.0, ge=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+    user_gpu_limit: int | None = Field(default=None, ge=1)
+    fair_share_half_life_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    aging_s: float = Field(default=6 * 3600.0, gt=0)
+    preemption: bool = False
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_url: str = "http://127.0.0.1:8000"
+    token: str | None = None
+    max_request_bytes: int = 1_000_000
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()
