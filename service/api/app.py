@@ -1,0 +1,90 @@
+"""The FastAPI application: REST API under /api, the dashboard at /."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api import errors
+from service.api.routes import catalog, gpus, health, jobs, session, stream, workers
+from service.auth import TokenChecker
+from service.context import Context
+from service.settings import Settings
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+
+class BodySizeLimit:
+    """Refuses request bodies over `limit` bytes with 413, before anyone parses them."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._refuse(send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = b'{"detail":"request body larger than %d bytes"}' % self.limit
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The API for `settings` (read from the environment when not given)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.context = Context.open(settings)
+        app.state.aioredis = aioredis.Redis.from_url(settings.redis_url)
+        app.state.tokens = TokenChecker()
+        try:
+            yield
+        finally:
+            await app.state.aioredis.aclose()
+            app.state.context.close()
+
+    app = FastAPI(
+        title="towerq",
+        version="0.1.0",
+        description="Multi-GPU training service: job queue, fair-share scheduler, live metrics.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    for module in (jobs, stream, gpus, workers, health, session, catalog):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes)
+    if WEB_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+    return app

@@ -1,0 +1,40 @@
+"""GPUs: the inventory of every host, who holds what, and draining."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from service.api.deps import AdminDep, CallerDep, SessionDep, WriteSessionDep
+from service.hosts import find_gpu, list_gpus
+from service.notify import kick_scheduler
+from service.schemas import GpuOut
+
+router = APIRouter(prefix="/api/gpus", tags=["gpus"])
+
+HostName = Annotated[str, Path(min_length=1, max_length=128)]
+Index = Annotated[int, Path(ge=0, le=1023)]
+
+
+@router.get("", response_model=list[GpuOut])
+def gpus(session: SessionDep, _: CallerDep) -> list[GpuOut]:
+    """Every GPU: host, index, model, memory, utilization, who holds it."""
+    return list_gpus(session)
+
+
+@router.post("/{host}/{index}/drain", response_model=list[GpuOut])
+def drain(host: HostName, index: Index, session: WriteSessionDep, _: AdminDep) -> list[GpuOut]:
+    """Drain a GPU: its jobs finish, it takes no new ones (admins)."""
+    find_gpu(session, host, index).drained = True
+    session.flush()
+    return [g for g in list_gpus(session) if g.host == host]
+
+
+@router.post("/{host}/{index}/undrain", response_model=list[GpuOut])
+def undrain(host: HostName, index: Index, session: WriteSessionDep, _: AdminDep) -> list[GpuOut]:
+    """Give a drained GPU back to the scheduler (admins)."""
+    find_gpu(session, host, index).drained = False
+    kick_scheduler(session)
+    session.flush()
+    return [g for g in list_gpus(session) if g.host == host]

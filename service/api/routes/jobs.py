@@ -1,0 +1,115 @@
+"""Jobs: submit, list, inspect, follow, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Response
+from sqlalchemy import select
+
+from service import defaults
+from service.api.deps import CallerDep, SessionDep, SettingsDep, WriteSessionDep
+from service.exceptions import ForbiddenError, SpecError
+from service.jobs import get_job, job_detail, list_jobs, submit
+from service.lifecycle import locked_job, request_cancel
+from service.models import JobState, LogLine, Metric
+from service.schemas import JobDetailOut, JobPage, JobSpec, LogLineOut, MetricOut
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="job id")]
+Step = Annotated[int, Query(ge=-1, le=2**31 - 1)]
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=128)]
+STATES = [s.value for s in JobState]
+
+
+@router.post("", status_code=201, response_model=JobDetailOut)
+def submit_job(
+    spec: JobSpec,
+    caller: CallerDep,
+    session: WriteSessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> JobDetailOut:
+    """Submit a training job; it starts queued. A repeated Idempotency-Key returns the first job."""
+    job, created = submit(session, caller, spec, settings, idempotency_key)
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    session.flush()
+    return job_detail(session, job)
+
+
+@router.get("", response_model=JobPage)
+def jobs(
+    session: SessionDep,
+    _: CallerDep,
+    state: Annotated[list[str] | None, Query(max_length=6, description=f"any of {', '.join(STATES)}")] = None,
+    user: Annotated[str | None, Query(max_length=64)] = None,
+    q: Annotated[str | None, Query(max_length=128, description="text in the name, or an id")] = None,
+    limit: Annotated[int, Query(ge=1, le=defaults.MAX_PAGE_SIZE)] = defaults.JOB_PAGE_SIZE,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> JobPage:
+    """List jobs, newest first, filtered by state, user or text; paginated."""
+    states = _states(state)
+    return list_jobs(session, states=states, user=user, text=q, limit=limit, offset=offset)
+
+
+def _states(values: list[str] | None) -> list[str]:
+    states = [s for value in values or [] for s in value.split(",") if s]
+    unknown = [s for s in states if s not in STATES]
+    if unknown:
+        raise SpecError("state", f"unknown state {unknown[0]!r}: use {', '.join(STATES)}")
+    return states
+
+
+@router.get("/{job_id}", response_model=JobDetailOut)
+def job(job_id: JobId, session: SessionDep, _: CallerDep) -> JobDetailOut:
+    """One job: spec, state, allocation, attempts, history, latest metrics."""
+    return job_detail(session, get_job(session, job_id))
+
+
+@router.get("/{job_id}/metrics", response_model=list[MetricOut])
+def metrics(
+    job_id: JobId,
+    session: SessionDep,
+    _: CallerDep,
+    after_step: Step = -1,
+    split: Annotated[str | None, Query(pattern="^(train|eval)$")] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 20_000,
+) -> list[Metric]:
+    """The job's metric series, in step order, after `after_step`."""
+    get_job(session, job_id)
+    query = select(Metric).where(Metric.job_id == job_id, Metric.step > after_step)
+    if split is not None:
+        query = query.where(Metric.split == split)
+    return list(session.scalars(query.order_by(Metric.step, Metric.split).limit(limit)))
+
+
+@router.get("/{job_id}/logs", response_model=list[LogLineOut])
+def logs(
+    job_id: JobId,
+    session: SessionDep,
+    _: CallerDep,
+    after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    tail: Annotated[int, Query(ge=1, le=defaults.LOG_LINES_KEPT)] = 1000,
+) -> list[LogLine]:
+    """The trainer's log lines: the last `tail` of them, or those after `after_id`."""
+    get_job(session, job_id)
+    query = select(LogLine).where(LogLine.job_id == job_id)
+    if after_id:
+        return list(session.scalars(query.where(LogLine.id > after_id).order_by(LogLine.id).limit(tail)))
+    newest = list(session.scalars(query.order_by(LogLine.id.desc()).limit(tail)))
+    return newest[::-1]
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobDetailOut)
+def cancel(job_id: JobId, session: WriteSessionDep, caller: CallerDep) -> JobDetailOut:
+    """Cancel a queued job now, or ask a running one to checkpoint and stop."""
+    job = locked_job(session, job_id)
+    if job.user_id != caller.user_id and not caller.is_admin:
+        raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may cancel it")
+    request_cancel(session, job, caller.name)
+    session.flush()
+    return job_detail(session, get_job(session, job_id))

@@ -1,0 +1,36 @@
+"""Who am I, and the dashboard's login: a token exchanged for a same-site session cookie."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
+
+from service.api.deps import SESSION_COOKIE, CallerDep, bearer_token
+
+router = APIRouter(prefix="/api", tags=["session"])
+
+
+class Me(BaseModel):
+    user: str
+    is_admin: bool
+
+
+@router.get("/me", response_model=Me)
+def me(caller: CallerDep) -> Me:
+    """The user the token belongs to."""
+    return Me(user=caller.name, is_admin=caller.is_admin)
+
+
+@router.post("/session", response_model=Me)
+def login(caller: CallerDep, request: Request, response: Response) -> Me:
+    """Keep the bearer token in an HttpOnly, same-site cookie for this browser session."""
+    token = bearer_token(request)
+    assert token is not None  # the caller dependency already checked it
+    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/")
+    return Me(user=caller.name, is_admin=caller.is_admin)
+
+
+@router.delete("/session", status_code=204)
+def logout(response: Response) -> None:
+    """Forget the session cookie."""
+    response.delete_cookie(SESSION_COOKIE, path="/")

@@ -1,0 +1,256 @@
+"""Submitting, finding and describing jobs (the API routes stay thin over these)."""
+
+from __future__ import annotations
+
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, joinedload, selectinload
+
+from service.auth import Caller
+from service.exceptions import NotFoundError, SpecError
+from service.lifecycle import record_state
+from service.models import Allocation, Gpu, Host, Job, JobState, User
+from service.notify import kick_scheduler
+from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, JobSpec, LatestMetrics
+from service.settings import Settings
+from worker.trainer.paths import PathEscapeError, resolve_inside
+
+
+def submit(
+    session: Session, caller: Caller, spec: JobSpec, settings: Settings, idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Store a new queued job; returns (job, created). A repeated idempotency key returns
+    the job first submitted with it."""
+    if idempotency_key is not None:
+        existing = find_by_idempotency_key(session, caller.user_id, idempotency_key)
+        if existing is not None:
+            return existing, False
+    host = check_resources(session, spec)
+    check_files(spec, settings)
+    if spec.hyperparameters.seed is None:
+        spec.hyperparameters.seed = secrets.randbelow(2**31)
+    job = Job(
+        name=spec.name,
+        user_id=caller.user_id,
+        state=JobState.QUEUED,
+        spec=spec.model_dump(mode="json"),
+        priority=spec.priority,
+        gpu_count=spec.gpu_count,
+        gpu_memory_fraction=spec.gpu_memory_fraction,
+        requested_host=host,
+        requested_gpus=spec.gpus,
+        time_limit_s=spec.time_limit_s,
+        total_steps=spec.hyperparameters.steps,
+        max_attempts=spec.max_attempts or settings.max_attempts,
+        idempotency_key=idempotency_key,
+        attempts=1,
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+    except IntegrityError:
+        existing = find_by_idempotency_key(session, caller.user_id, idempotency_key or "")
+        if existing is None:
+            raise
+        return existing, False
+    record_state(session, job, JobState.QUEUED, f"submitted by {caller.name}")
+    kick_scheduler(session)
+    return job, True
+
+
+def find_by_idempotency_key(session: Session, user_id: int, key: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.user_id == user_id, Job.idempotency_key == key)).one_or_none()
+
+
+def check_resources(session: Session, spec: JobSpec) -> str | None:
+    """Check that the GPUs asked for exist; returns the host the job is bound to, if any."""
+    hosts = {
+        h.name: sorted(g.index for g in h.gpus if g.present)
+        for h in session.scalars(select(Host).options(selectinload(Host.gpus)))
+    }
+    host = spec.host
+    if host is not None and host not in hosts:
+        known = ", ".join(sorted(hosts)) or "none yet"
+        raise SpecError("host", f"unknown host {host!r} (registered hosts: {known})")
+    if spec.gpus is not None:
+        host = host or _only_host(hosts)
+        missing = [i for i in spec.gpus if i not in hosts[host]]
+        if missing:
+            raise SpecError(
+                "gpus",
+                f"GPU {missing[0]} does not exist on {host} (it has GPUs {_ranges(hosts[host])})",
+            )
+        return host
+    count = spec.gpu_count or 1
+    sizes = [len(hosts[host])] if host is not None else [len(g) for g in hosts.values()]
+    if sizes and count > max(sizes):
+        where = f"host {host}" if host is not None else "the largest host"
+        raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
+    return host
+
+
+def _only_host(hosts: dict[str, list[int]]) -> str:
+    if not hosts:
+        raise SpecError("gpus", "no GPU host has registered yet: start `towerq worker` first")
+    if len(hosts) > 1:
+        names = ", ".join(sorted(hosts))
+        raise SpecError("host", f"several hosts have GPUs ({names}): say which one with 'host'")
+    return next(iter(hosts))
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    if not indices:
+        return "none"
+    if list(indices) == list(range(indices[0], indices[-1] + 1)) and len(indices) > 2:
+        return f"{indices[0]}-{indices[-1]}"
+    return ", ".join(str(i) for i in indices)
+
+
+def check_files(spec: JobSpec, settings: Settings) -> None:
+    """Refuse paths that escape their folders; check that files exist where this host can see."""
+    if ":" in spec.model:
+        module = spec.model.split(":")[0].replace(".", "/") + ".py"
+        _check_inside(settings.models_path, module, "model", "TOWERQ_MODELS_PATH")
+    if spec.dataset_path is not None:
+        _check_inside(settings.data_dir, spec.dataset_path, "dataset", "TOWERQ_DATA_DIR")
+    if spec.dataset_options.test_path is not None:
+        _check_inside(settings.data_dir, spec.dataset_options.test_path, "dataset_options", "TOWERQ_DATA_DIR")
+
+
+def _check_inside(root: Path, relative: str, field: str, setting: str) -> None:
+    try:
+        resolved = resolve_inside(root, relative.split("*")[0] or ".")
+    except PathEscapeError as err:
+        raise SpecError(field, str(err)) from None
+    if root.is_dir() and "*" not in relative and not resolved.exists():
+        raise SpecError(field, f"{relative!r} not found under {setting} ({root})")
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.scalars(select(Job).options(joinedload(Job.user)).where(Job.id == job_id)).one_or_none()
+    if job is None:
+        raise NotFoundError(f"job {job_id} not found")
+    return job
+
+
+def list_jobs(
+    session: Session,
+    *,
+    states: Sequence[str] = (),
+    user: str | None = None,
+    text: str | None = None,
+    limit: int,
+    offset: int,
+) -> JobPage:
+    query = select(Job)
+    if states:
+        query = query.where(Job.state.in_(states))
+    if user:
+        query = query.join(User, Job.user_id == User.id).where(User.name == user)
+    if text:
+        pattern = f"%{text}%"
+        clauses: list[ColumnElement[bool]] = [Job.name.ilike(pattern)]
+        if text.isdigit():
+            clauses.append(Job.id == int(text))
+        query = query.where(or_(*clauses))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    jobs = list(
+        session.scalars(query.options(joinedload(Job.user)).order_by(Job.id.desc()).limit(limit).offset(offset))
+    )
+    allocations = allocations_of(session, jobs)
+    return JobPage(
+        items=[job_out(job, allocations.get(job.id)) for job in jobs],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, AllocationOut]:
+    """The allocation of each job's latest attempt (kept after it ends, to show where it ran)."""
+    if not jobs:
+        return {}
+    attempts = {job.id: job.attempts for job in jobs}
+    rows = session.execute(
+        select(
+            Allocation.job_id, Allocation.attempt, Allocation.fraction, Host.name, Gpu.index, Gpu.uuid, Gpu.simulated
+        )
+        .join(Gpu, Allocation.gpu_id == Gpu.id)
+        .join(Host, Allocation.host_id == Host.id)
+        .where(Allocation.job_id.in_(attempts))
+        .order_by(Allocation.job_id, Allocation.attempt.desc(), Gpu.index)
+    )
+    grouped: dict[int, list[tuple[int, float, str, int, str, bool]]] = defaultdict(list)
+    for job_id, attempt, fraction, host, index, uuid, simulated in rows:
+        group = grouped[job_id]
+        if group and group[0][0] != attempt:
+            continue
+        group.append((attempt, fraction, host, index, uuid, simulated))
+    return {
+        job_id: AllocationOut(
+            host=group[0][2],
+            gpus=[g[3] for g in group],
+            gpu_uuids=[g[4] for g in group],
+            fraction=group[0][1],
+            simulated=all(g[5] for g in group),
+        )
+        for job_id, group in grouped.items()
+    }
+
+
+def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        user=job.user.name,
+        state=job.state,
+        priority=job.priority,
+        spec=job.spec,
+        gpu_count=job.gpu_count,
+        gpu_memory_fraction=job.gpu_memory_fraction,
+        allocation=allocation,
+        cuda_visible_devices=job.cuda_visible_devices,
+        towers=job.towers,
+        devices=job.devices,
+        memory_limit_enforced=job.memory_limit_enforced,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        queue_position=job.queue_position,
+        pending_reason=job.pending_reason,
+        reserved_start_at=job.reserved_start_at,
+        error=job.error,
+        exit_code=job.exit_code,
+        step=job.step,
+        total_steps=job.total_steps,
+        latest=LatestMetrics(
+            step=job.step,
+            loss=job.loss,
+            accuracy=job.accuracy,
+            eval_loss=job.eval_loss,
+            eval_accuracy=job.eval_accuracy,
+            examples_per_sec=job.examples_per_sec,
+        ),
+        artifacts_dir=job.artifacts_dir,
+        sweep_id=job.sweep_id,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        cancel_requested=job.cancel_requested_at is not None,
+    )
+
+
+def job_detail(session: Session, job: Job) -> JobDetailOut:
+    allocation = allocations_of(session, [job]).get(job.id)
+    base = job_out(job, allocation)
+    events = [JobEventOut.model_validate(e) for e in job.events]
+    return JobDetailOut(**base.model_dump(), events=events)

@@ -1,0 +1,31 @@
+"""Resolving user-given paths inside a root folder, refusing anything that escapes it."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+
+class PathEscapeError(ValueError):
+    """A user path that is absolute, climbs with `..`, or leads outside its root via a link."""
+
+
+def check_relative(path: str) -> PurePosixPath:
+    """The path as a relative POSIX path; raises when it is absolute or contains `..`."""
+    if not path or "\x00" in path:
+        raise PathEscapeError("must be a non-empty relative path")
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or "\\" in path:
+        raise PathEscapeError(f"{path!r} must be relative to the data folder, not absolute")
+    if ".." in pure.parts:
+        raise PathEscapeError(f"{path!r} must not contain '..'")
+    return pure
+
+
+def resolve_inside(root: Path, path: str) -> Path:
+    """`root / path` with every symlink resolved; raises unless it stays inside `root`."""
+    relative = check_relative(path)
+    real_root = root.resolve()
+    resolved = (real_root / relative).resolve()
+    if resolved != real_root and real_root not in resolved.parents:
+        raise PathEscapeError(f"{path!r} leads outside {root} (through a symbolic link)")
+    return resolved

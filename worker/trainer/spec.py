@@ -1,0 +1,199 @@
+"""What a training run accepts: the trainer's half of a job spec, validated up front.
+
+This module is pure pydantic (no TensorFlow, no database), so the API validates a job
+against the very rules the trainer applies, and the trainer re-checks its spec file before
+it builds anything. Every error names the field it is about.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from worker.trainer.paths import PathEscapeError, check_relative
+
+BUILTIN_MODELS = ("mlp", "lenet5", "cifar_cnn", "resnet20", "poly2")
+CLASSIFICATION_DATASETS = ("synthetic", "digits", "fashion_mnist")
+REGRESSION_DATASETS = ("quadratic",)
+BUILTIN_DATASETS = CLASSIFICATION_DATASETS + REGRESSION_DATASETS
+FILE_DATASET_KINDS = ("npz", "tfrecord", "images")
+USER_MODEL_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+Optimizer = Literal["sgd", "momentum", "adam"]
+VariableDevice = Literal["cpu", "gpu0"]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+def finite(value: float, what: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hyperparameters(Strict):
+    """Training hyperparameters. `None` means "choose for me"; the resolved value is stored."""
+
+    batch_size: int = Field(default=32, ge=1, le=65536, description="examples per tower per step")
+    steps: int = Field(default=1000, ge=1, le=100_000_000)
+    learning_rate: float = Field(default=0.001, gt=0, le=100)
+    lr_decay_rate: float = Field(default=1.0, gt=0, le=1, description="1 = no decay")
+    lr_decay_steps: int = Field(default=1000, ge=1)
+    staircase: bool = False
+    optimizer: Optimizer = "adam"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="L2 coefficient")
+    ema_decay: float | None = Field(default=None, gt=0, lt=1)
+    eval_every: int | None = Field(default=None, ge=0, description="0 = only at the end")
+    log_every: int = Field(default=10, ge=1)
+    checkpoint_every: int | None = Field(default=None, ge=0, description="0 = only at the end")
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    model_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("learning_rate", "lr_decay_rate", "momentum", "weight_decay")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        return finite(value, "value")
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> Self:
+        if self.eval_every is None:
+            self.eval_every = max(1, self.steps // 10)
+        if self.checkpoint_every is None:
+            self.checkpoint_every = min(1000, max(1, self.steps // 10))
+        return self
+
+
+class DatasetOptions(Strict):
+    """Options of a dataset; each applies only to the datasets its description names."""
+
+    shape: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        default=None, min_length=1, max_length=3, description="synthetic: one example's shape"
+    )
+    classes: int | None = Field(default=None, ge=2, le=100_000, description="synthetic")
+    train_examples: int | None = Field(default=None, ge=1, le=10_000_000)
+    test_examples: int | None = Field(default=None, ge=1, le=10_000_000)
+    test_fraction: float = Field(default=0.2, gt=0, lt=1, description="datasets that have no test split of their own")
+    image_size: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        default=None, min_length=2, max_length=2, description="images: [height, width]"
+    )
+    test_path: str | None = Field(default=None, max_length=1024, description="tfrecord, images")
+    coefficients: list[float] | None = Field(
+        default=None, min_length=3, max_length=3, description="quadratic: [a, b, c]"
+    )
+    noise: float = Field(default=0.05, ge=0, le=100, description="quadratic")
+
+
+class TrainSpec(Strict):
+    """The training half of a job spec: what to train, on what, how."""
+
+    model: str = Field(min_length=1, max_length=200, description="built-in name or module:function")
+    dataset: str = Field(min_length=1, max_length=1024)
+    dataset_options: DatasetOptions = Field(default_factory=DatasetOptions)
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    variable_device: VariableDevice = "cpu"
+    tower_weights: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
+        default=None, min_length=1, max_length=64
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str) -> str:
+        if model in BUILTIN_MODELS or USER_MODEL_PATTERN.match(model):
+            return model
+        raise ValueError(
+            f"unknown model {model!r}: use one of {', '.join(BUILTIN_MODELS)} "
+            "or module:function of a file under TOWERQ_MODELS_PATH"
+        )
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, dataset: str) -> str:
+        kind, _, path = dataset.partition(":")
+        if not path:
+            if dataset in BUILTIN_DATASETS:
+                return dataset
+            raise ValueError(
+                f"unknown dataset {dataset!r}: use one of {', '.join(BUILTIN_DATASETS)}, "
+                "or npz:PATH, tfrecord:PATH, images:FOLDER under TOWERQ_DATA_DIR"
+            )
+        if kind not in FILE_DATASET_KINDS:
+            raise ValueError(f"unknown dataset kind {kind!r}: use npz, tfrecord or images")
+        try:
+            check_relative(path)
+        except PathEscapeError as err:
+            raise ValueError(str(err)) from None
+        return dataset
+
+    @field_validator("tower_weights")
+    @classmethod
+    def _finite_weights(cls, weights: list[float] | None) -> list[float] | None:
+        for weight in weights or []:
+            finite(weight, "a tower weight")
+        return weights
+
+    @model_validator(mode="after")
+    def _model_fits_dataset(self) -> Self:
+        regression = self.dataset in REGRESSION_DATASETS
+        if self.model == "poly2" and not regression:
+            raise ValueError("model poly2 fits y = a·x² + b·x + c: use dataset 'quadratic'")
+        if regression and self.model in BUILTIN_MODELS and self.model != "poly2":
+            raise ValueError(f"dataset {self.dataset!r} is a regression: use model 'poly2'")
+        if self.dataset_options.test_path is not None:
+            try:
+                check_relative(self.dataset_options.test_path)
+            except PathEscapeError as err:
+                raise ValueError(f"dataset_options.test_path: {err}") from None
+        return self
+
+    @property
+    def dataset_kind(self) -> str:
+        kind, _, path = self.dataset.partition(":")
+        return kind if path else self.dataset
+
+    @property
+    def dataset_path(self) -> str | None:
+        return self.dataset.partition(":")[2] or None
+
+
+class RuntimeSpec(Strict):
+    """Where and how this attempt runs; written by the worker, not by the user."""
+
+    job_id: int | None = None
+    attempt: int = Field(default=1, ge=1)
+    artifacts_dir: str
+    data_dir: str
+    models_path: str
+    simulated: bool = True
+    num_devices: PositiveInt = 1
+    gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
+    gpu_memory_total_mb: list[int] = Field(default_factory=list)
+    memory_growth: bool = False
+    parent_pid: int | None = Field(default=None, description="the trainer exits if this process is gone")
+
+
+class TrainerInput(Strict):
+    """The whole spec file given to `python -m worker.trainer SPEC.json`."""
+
+    train: TrainSpec
+    runtime: RuntimeSpec
+
+    @model_validator(mode="after")
+    def _weights_match_devices(self) -> Self:
+        weights = self.train.tower_weights
+        if weights is not None and len(weights) != self.runtime.num_devices:
+            raise ValueError(
+                f"tower_weights has {len(weights)} entries but the job has {self.runtime.num_devices} towers"
+            )
+        if self.runtime.memory_growth and self.runtime.gpu_memory_fraction < 1:
+            raise ValueError(
+                "memory_growth cannot be combined with gpu_memory_fraction < 1: TensorFlow "
+                "applies a memory limit through a logical device, which excludes memory growth"
+            )
+        return self
