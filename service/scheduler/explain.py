@@ -1,0 +1,74 @@
+"""Why a job waits, in words: the `pending_reason` users read in the API and dashboard."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime
+
+from service.scheduler.types import Reason, Wait
+
+
+def clock(t: float, now: float) -> str:
+    """A time as `14:05`, or `Tue 14:05` when it is not within the next day."""
+    moment = datetime.fromtimestamp(t).astimezone()
+    if t - now < 20 * 3600:
+        return moment.strftime("%H:%M")
+    return moment.strftime("%a %d %b %H:%M")
+
+
+def gpu_list(indices: Sequence[int]) -> str:
+    label = "GPU" if len(indices) == 1 else "GPUs"
+    return f"{label} {', '.join(str(i) for i in indices)}"
+
+
+def gpus_phrase(count: int, fraction: float) -> str:
+    noun = "GPU" if count == 1 else "GPUs"
+    if fraction >= 1:
+        return f"{count} free {noun}"
+    return f"{count} {noun} with {fraction:g} free"
+
+
+def _when(start: float, now: float) -> str:
+    return f"~{clock(start, now)}" if math.isfinite(start) else "an unknown time"
+
+
+def describe(reason: Reason, now: float) -> str:
+    """The sentence for `reason`."""
+    a = reason.args
+    match reason.kind:
+        case Wait.GPUS_BUSY:
+            host, indices, holders, start = a
+            held = ", ".join(f"job {j}" for j in holders) if holders else "another job"
+            ends = f", ends {_when(start, now)}" if math.isfinite(start) else ""
+            return f"waiting for {gpu_list(indices)} on {host} ({held}{ends})"
+        case Wait.NO_FIT:
+            if not a:
+                return "no host has enough free GPUs"
+            count, fraction, start = a
+            suffix = f"; reserved from {_when(start, now)}" if math.isfinite(start) else ""
+            return f"no host has {gpus_phrase(count, fraction)}{suffix}"
+        case Wait.HOST_DOWN:
+            return f"host {a[0]} is down or not registered"
+        case Wait.GPU_UNUSABLE:
+            return f"{gpu_list(a[1])} on {a[0]} drained or absent"
+        case Wait.USER_LIMIT:
+            user, used, limit = a
+            return f"user limit: {user} uses {used:g} of {limit:g} GPUs"
+        case Wait.BEHIND:
+            return f"behind job {a[0]} (strict FIFO)"
+        case Wait.RESERVED:
+            host, indices, job_id, start = a
+            return f"{gpu_list(indices)} on {host} reserved for job {job_id} from {_when(start, now)}"
+        case Wait.PREEMPTING:
+            host, job_ids = a
+            jobs = ", ".join(f"job {j}" for j in job_ids)
+            return f"stopping lower-priority {jobs} on {host} to make room"
+    return str(reason.kind)
+
+
+def describe_reserved(reason_text: str, start: float | None, now: float) -> str:
+    """Append the reservation a head job holds to its reason."""
+    if start is None:
+        return reason_text
+    return f"{reason_text}; reserved from {_when(start, now)}"

@@ -1,0 +1,85 @@
+"""Each user's decayed GPU-seconds, kept up to date from allocation rows.
+
+The ledger folds in allocations as they are released (read incrementally, pass by pass)
+and adds the running ones' use so far at the time of asking. A fresh ledger reads back
+ten half-lives of history, beyond which usage has decayed below a thousandth.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.models import Allocation, Job, User
+from service.scheduler.usage import decayed, interval_usage
+
+HISTORY_HALF_LIVES = 10
+LATE_COMMIT_MARGIN = timedelta(minutes=5)
+"""Releases are re-read this far back, for rows committed after a later release was seen."""
+
+
+class UsageLedger:
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self.value: dict[str, float] = defaultdict(float)
+        self.as_of: float | None = None
+        self.seen_until: datetime | None = None
+        self.seen_ids: set[int] = set()
+
+    def usage(self, session: Session, now: datetime) -> dict[str, float]:
+        """Decayed GPU-seconds per user at `now`, running allocations included."""
+        self._fold_released(session, now)
+        result = dict(self.value)
+        rows = session.execute(
+            select(User.name, Allocation.fraction, Allocation.created_at)
+            .join(Job, Allocation.job_id == Job.id)
+            .join(User, Job.user_id == User.id)
+            .where(Allocation.released_at.is_(None))
+        )
+        t = now.timestamp()
+        for user, fraction, created_at in rows:
+            result[user] = result.get(user, 0.0) + interval_usage(
+                fraction, created_at.timestamp(), t, t, self.half_life_s
+            )
+        return result
+
+    def _fold_released(self, session: Session, now: datetime) -> None:
+        t = now.timestamp()
+        if self.as_of is not None:
+            for user in self.value:
+                self.value[user] = decayed(self.value[user], self.as_of, t, self.half_life_s)
+        self.as_of = t
+        since = (
+            now - timedelta(seconds=self.half_life_s * HISTORY_HALF_LIVES)
+            if self.seen_until is None
+            else self.seen_until - LATE_COMMIT_MARGIN
+        )
+        rows = session.execute(
+            select(Allocation.id, User.name, Allocation.fraction, Allocation.created_at, Allocation.released_at)
+            .join(Job, Allocation.job_id == Job.id)
+            .join(User, Job.user_id == User.id)
+            .where(Allocation.released_at.is_not(None), Allocation.released_at > since)
+        )
+        newest = self.seen_until or since
+        for alloc_id, user, fraction, created_at, released_at in rows:
+            if released_at is None:  # excluded by the query; tells the type checker
+                continue
+            newest = max(newest, released_at)
+            if alloc_id in self.seen_ids:
+                continue
+            self.seen_ids.add(alloc_id)
+            self.value[user] += interval_usage(
+                fraction, created_at.timestamp(), released_at.timestamp(), t, self.half_life_s
+            )
+        self.seen_until = newest
+        self._forget_old_ids(session)
+
+    def _forget_old_ids(self, session: Session) -> None:
+        if len(self.seen_ids) < 10_000 or self.seen_until is None:
+            return
+        keep_since = self.seen_until - LATE_COMMIT_MARGIN
+        recent = session.scalars(select(Allocation.id).where(Allocation.released_at > keep_since))
+        self.seen_ids = set(recent)

@@ -1,0 +1,87 @@
+"""Repairing what a crash or a Redis wipe left behind, from the database's point of view.
+
+- A host whose heartbeat stopped is marked down; its jobs go back to the queue (their
+  next attempt), fenced so the lost attempt can write nothing if it still runs somewhere.
+- A dispatched job whose launch message vanished (Redis flushed or restarted) has it
+  sent again; one that no worker picked up for three dispatch timeouts is requeued.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from rq.exceptions import NoSuchJobError
+from rq.job import Job as RQJob
+from rq.job import JobStatus
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.lifecycle import requeue
+from service.models import Allocation, Host, HostState, Job, JobState
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Repairs:
+    hosts_down: list[str] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    resend: list[tuple[int, int, str]] = field(default_factory=list)
+    """(job id, attempt, host) whose launch message must be sent again."""
+
+
+def launch_id(job_id: int, attempt: int) -> str:
+    """The RQ job id of the message that launches this attempt."""
+    return f"towerq-job-{job_id}-attempt-{attempt}"
+
+
+def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs: Repairs) -> None:
+    cutoff = now - timedelta(seconds=settings.heartbeat_timeout_s)
+    dead = session.scalars(select(Host).where(Host.state == HostState.UP, Host.last_heartbeat_at < cutoff)).all()
+    for host in dead:
+        host.state = HostState.DOWN
+        repairs.hosts_down.append(host.name)
+        log.warning("host %s missed heartbeats since %s: marked down", host.name, host.last_heartbeat_at)
+        jobs = session.scalars(
+            select(Job)
+            .where(
+                Job.host_name == host.name,
+                Job.state.in_([JobState.DISPATCHED, JobState.RUNNING]),
+            )
+            .with_for_update()
+        ).all()
+        for job in jobs:
+            requeue(session, job, f"host {host.name} stopped sending heartbeats")
+            repairs.requeued.append(job.id)
+
+
+def resend_lost_launches(
+    session: Session, settings: Settings, connection: object, now: datetime, repairs: Repairs
+) -> None:
+    timeout = timedelta(seconds=settings.dispatch_timeout_s)
+    rows = session.execute(
+        select(Job, Allocation.created_at)
+        .join(Allocation, (Allocation.job_id == Job.id) & (Allocation.attempt == Job.attempts))
+        .where(Job.state == JobState.DISPATCHED, Allocation.released_at.is_(None))
+    ).all()
+    seen: set[int] = set()
+    for job, dispatched_at in rows:
+        if job.id in seen or now - dispatched_at < timeout:
+            continue
+        seen.add(job.id)
+        if now - dispatched_at > 3 * timeout:
+            requeue(session, job, f"no worker on {job.host_name} started it within {3 * timeout.seconds}s")
+            repairs.requeued.append(job.id)
+        elif not _launch_pending(connection, launch_id(job.id, job.attempts)):
+            repairs.resend.append((job.id, job.attempts, job.host_name or ""))
+
+
+def _launch_pending(connection: object, rq_id: str) -> bool:
+    try:
+        status = RQJob.fetch(rq_id, connection=connection).get_status()  # type: ignore[arg-type]
+    except NoSuchJobError:
+        return False
+    return status in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED)

@@ -1,0 +1,47 @@
+"""`towerq scheduler`: a pass whenever someone asks (submit, finish, cancel) and on a timer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from service import keys
+from service.context import Context
+from service.scheduler.live import LiveScheduler
+
+log = logging.getLogger(__name__)
+
+
+def serve(ctx: Context, stop: threading.Event) -> None:
+    """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
+    scheduler = LiveScheduler(ctx)
+    interval = ctx.settings.scheduler_interval_s
+    log.info("scheduler started (pass every %.1fs and on demand)", interval)
+    while not stop.is_set():
+        try:
+            ctx.redis.blpop([keys.SCHEDULER_KICK], timeout=interval)
+            ctx.redis.delete(keys.SCHEDULER_KICK)
+        except redis.RedisError as err:
+            log.warning("Redis unavailable (%s); retrying", err)
+            stop.wait(min(interval, 2.0))
+            continue
+        try:
+            report = scheduler.run_pass()
+        except redis.RedisError as err:
+            log.warning("pass skipped, Redis unavailable: %s", err)
+            continue
+        except Exception:
+            log.exception("scheduling pass failed")
+            stop.wait(1.0)
+            continue
+        if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):
+            log.info(
+                "pass: started %d, waiting %d, requeued %d, hosts down %s (%.1f ms)",
+                len(report.placed),
+                report.waiting,
+                len(report.repairs.requeued),
+                report.repairs.hosts_down or "none",
+                report.seconds * 1000,
+            )

@@ -1,0 +1,139 @@
+"""Reading the policy's inputs from the database inside the pass's transaction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User
+from service.scheduler.types import (
+    PRIORITY_RANK,
+    Cluster,
+    FairShare,
+    HostCapacity,
+    QueuedJob,
+    RunningJob,
+)
+
+
+@dataclass
+class Snapshot:
+    queued: list[QueuedJob]
+    cluster: Cluster
+    fair_share: FairShare
+    gpus: dict[tuple[str, int], Gpu]
+    current: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
+    """Queued job id -> (queue_position, pending_reason) as stored, to write only changes."""
+
+
+def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, tuple[int | None, str | None]]]:
+    rows = session.execute(
+        select(
+            Job.id,
+            User.name,
+            Job.priority,
+            Job.gpu_count,
+            Job.gpu_memory_fraction,
+            Job.created_at,
+            Job.requested_host,
+            Job.requested_gpus,
+            Job.time_limit_s,
+            Job.queue_position,
+            Job.pending_reason,
+        )
+        .join(User, Job.user_id == User.id)
+        .where(Job.state == JobState.QUEUED)
+    )
+    queued, current = [], {}
+    for r in rows:
+        queued.append(
+            QueuedJob(
+                id=r.id,
+                user=r.name,
+                priority=PRIORITY_RANK[r.priority],
+                gpus=r.gpu_count,
+                fraction=r.gpu_memory_fraction,
+                submitted=r.created_at.timestamp(),
+                host=r.requested_host,
+                indices=tuple(r.requested_gpus) if r.requested_gpus is not None else None,
+                limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
+            )
+        )
+        current[r.id] = (r.queue_position, r.pending_reason)
+    return queued, current
+
+
+def read_cluster(session: Session) -> tuple[Cluster, dict[tuple[str, int], Gpu]]:
+    """Hosts that are up, their GPUs' free fractions, and the jobs holding GPUs."""
+    hosts = session.scalars(select(Host).where(Host.state == HostState.UP).order_by(Host.name)).all()
+    gpus: dict[tuple[str, int], Gpu] = {}
+    capacity: dict[str, HostCapacity] = {}
+    for host in hosts:
+        present = [g for g in host.gpus if g.present]
+        size = max((g.index for g in present), default=-1) + 1
+        free = [0.0] * size
+        unusable = set(range(size))
+        for gpu in present:
+            gpus[(host.name, gpu.index)] = gpu
+            if not gpu.drained:
+                free[gpu.index] = 1.0
+                unusable.discard(gpu.index)
+        capacity[host.name] = HostCapacity(host.name, free, frozenset(unusable))
+    running = _read_running(session, capacity)
+    return Cluster(list(capacity.values()), running), gpus
+
+
+def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[RunningJob]:
+    rows = session.execute(
+        select(
+            Allocation.job_id,
+            Allocation.fraction,
+            Allocation.created_at,
+            Host.name,
+            Gpu.index.label("gpu_index"),
+            User.name.label("user"),
+            Job.priority,
+            Job.time_limit_s,
+            Job.cancel_requested_at,
+        )
+        .join(Gpu, Allocation.gpu_id == Gpu.id)
+        .join(Host, Allocation.host_id == Host.id)
+        .join(Job, Allocation.job_id == Job.id)
+        .join(User, Job.user_id == User.id)
+        .where(Allocation.released_at.is_(None))
+    )
+    by_job: dict[int, RunningJob] = {}
+    indices: dict[int, list[int]] = defaultdict(list)
+    for r in rows:
+        host = capacity.get(r.name)
+        if host is not None and r.gpu_index < len(host.free) and r.gpu_index not in host.unusable:
+            host.free[r.gpu_index] = max(0.0, host.free[r.gpu_index] - r.fraction)
+        indices[r.job_id].append(r.gpu_index)
+        if r.job_id not in by_job:
+            by_job[r.job_id] = RunningJob(
+                id=r.job_id,
+                user=r.user,
+                priority=PRIORITY_RANK[r.priority],
+                host=r.name,
+                indices=(),
+                fraction=r.fraction,
+                started=r.created_at.timestamp(),
+                limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
+                stopping=r.cancel_requested_at is not None,
+            )
+    for job_id, running in by_job.items():
+        running.indices = tuple(sorted(indices[job_id]))
+    return list(by_job.values())
+
+
+def read_fair_share(session: Session, usage: dict[str, float], default_limit: int | None) -> FairShare:
+    users = session.execute(select(User.name, User.share, User.gpu_limit)).all()
+    return FairShare(
+        usage=usage,
+        shares={u.name: u.share for u in users},
+        limits={u.name: float(u.gpu_limit) for u in users if u.gpu_limit is not None},
+        default_limit=float(default_limit) if default_limit is not None else None,
+    )

@@ -1,0 +1,162 @@
+"""What the scheduling policy sees and what it answers: plain data, no database, no clock.
+
+Times are seconds (epoch in the service, trace time in the simulator). Fractions are of one
+GPU: a job with `fraction` 0.5 on 2 GPUs holds half of each of them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+INFINITY = math.inf
+EPSILON = 1e-9
+
+
+class Policy(enum.StrEnum):
+    FIFO = "fifo"
+    FIT_FIRST = "fit-first"
+    TOWERQ = "towerq"
+
+
+PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+@dataclass(slots=True)
+class QueuedJob:
+    id: int
+    user: str
+    priority: int
+    """0 high, 1 normal, 2 low (`PRIORITY_RANK`)."""
+    gpus: int
+    fraction: float
+    submitted: float
+    host: str | None = None
+    """The job must run on this host."""
+    indices: tuple[int, ...] | None = None
+    """The job must run on exactly these GPUs of `host`."""
+    limit_s: float | None = None
+    """Time limit or a trusted estimate of the run time; None when unknown."""
+
+
+@dataclass(slots=True)
+class RunningJob:
+    id: int
+    user: str
+    priority: int
+    host: str
+    indices: tuple[int, ...]
+    fraction: float
+    started: float
+    limit_s: float | None = None
+    stopping: bool = False
+    """Being stopped (cancel or preemption): its GPUs free up soon."""
+
+    @property
+    def end(self) -> float:
+        """When it ends at the latest, if known."""
+        return self.started + self.limit_s if self.limit_s is not None else INFINITY
+
+    @property
+    def gpu_load(self) -> float:
+        return len(self.indices) * self.fraction
+
+
+@dataclass(slots=True)
+class HostCapacity:
+    name: str
+    free: list[float]
+    """Free fraction of each GPU by index; a GPU that takes no new work (drained, absent)
+    has 0 here and is listed in `unusable`."""
+    unusable: frozenset[int] = frozenset()
+
+    @property
+    def size(self) -> int:
+        return len(self.free) - len(self.unusable)
+
+
+@dataclass(slots=True)
+class Cluster:
+    hosts: list[HostCapacity]
+    running: list[RunningJob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FairShare:
+    """Each user's decayed GPU-seconds (`usage`), share (default 1) and GPU limit."""
+
+    usage: dict[str, float] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
+    default_limit: float | None = None
+
+    def share(self, user: str) -> float:
+        return self.shares.get(user, 1.0)
+
+    def limit(self, user: str) -> float | None:
+        return self.limits.get(user, self.default_limit)
+
+
+@dataclass(slots=True)
+class PolicyConfig:
+    policy: Policy = Policy.TOWERQ
+    aging_s: float = 6 * 3600.0
+    """Waiting this long lifts a job by one priority class."""
+    reserve_after_s: float | None = None
+    """A job blocked this long gets a reservation (None: `aging_s`)."""
+    max_reservations: int = 1
+    preemption: bool = False
+    explain: bool = True
+    """Give every waiting job its reason (the simulator turns it off for speed)."""
+
+
+class Wait(enum.StrEnum):
+    """Why a queued job is not placed; `Reason.args` carries the details."""
+
+    GPUS_BUSY = "gpus_busy"  # (host, indices, holder job ids, end)
+    NO_FIT = "no_fit"  # (gpus, fraction, reserved start or inf)
+    HOST_DOWN = "host_down"  # (host,)
+    GPU_UNUSABLE = "gpu_unusable"  # (host, indices)
+    USER_LIMIT = "user_limit"  # (user, used, limit)
+    BEHIND = "behind"  # (blocking job id,)
+    RESERVED = "reserved"  # (host, indices, for job id, start)
+    PREEMPTING = "preempting"  # (host, job ids)
+
+
+@dataclass(slots=True, frozen=True)
+class Reason:
+    kind: Wait
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(slots=True)
+class Placement:
+    job_id: int
+    slots: list[tuple[str, tuple[int, ...]]]
+    """(host, GPU indices) pairs; one pair except for trace jobs bigger than a host."""
+    preempts: tuple[int, ...] = ()
+
+    @property
+    def host(self) -> str:
+        return self.slots[0][0]
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return self.slots[0][1]
+
+
+@dataclass(slots=True)
+class Pending:
+    job_id: int
+    position: int
+    reason: Reason | None
+    reserved_start: float | None = None
+
+
+@dataclass(slots=True)
+class Decision:
+    placements: list[Placement] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+    preempt: list[int] = field(default_factory=list)
