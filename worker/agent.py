@@ -1,0 +1,216 @@
+"""The worker of one GPU host: `towerq worker`.
+
+It registers the host and its GPUs, heartbeats, and listens on its RQ queue
+(`towerq:host:<name>`). A message there is a launch: `launch(job_id, attempt)` starts a
+`JobRunner` thread that supervises the trainer process for as long as it trains, so the
+RQ job itself takes a moment and RQ's timeouts never cut a training run short. Several
+jobs run at once on one host, each in its own process on its own GPUs.
+
+On SIGTERM/SIGINT the worker stops taking launches, stops its trainers (each checkpoints)
+and puts their jobs back in the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import redis
+from rq import Queue, SimpleWorker
+from sqlalchemy import select
+
+from service import keys
+from service.context import Context
+from service.exceptions import StaleAttemptError
+from service.lifecycle import requeue
+from service.models import Job, JobState
+from worker.host import heartbeat, host_info, register
+from worker.inventory import Inventory, detect, pid_alive
+from worker.runner import JobRunner, Stop, read_launch
+
+log = logging.getLogger(__name__)
+
+_current: HostAgent | None = None
+RECONNECT_DELAY_S = 2.0
+
+
+def launch(job_id: int, attempt: int) -> dict[str, Any]:
+    """RQ entry point: start `attempt` of `job_id` on this host."""
+    if _current is None:
+        raise RuntimeError("towerq launch messages must be run by `towerq worker`, not a plain rq worker")
+    return _current.launch(job_id, attempt)
+
+
+class HostAgent:
+    """Everything `towerq worker` does for one host."""
+
+    def __init__(self, ctx: Context, name: str, inventory: Inventory | None = None) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.inventory = inventory or detect(name, ctx.settings.simulated_gpus)
+        self.runners: dict[tuple[int, int], JobRunner] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.rq_worker: SimpleWorker | None = None
+
+    # -- start and stop -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT; then stop every trainer and requeue its job."""
+        global _current
+        _current = self
+        self.start()
+        try:
+            self._serve_queue()
+        finally:
+            self.shutdown()
+            _current = None
+
+    def start(self) -> None:
+        with self.ctx.db.write() as session:
+            register(session, self.name, self.inventory, host_info())
+        log.info(
+            "worker %s registered %d %s GPUs",
+            self.name,
+            len(self.inventory.gpus()),
+            "simulated" if self.inventory.simulated else "NVIDIA",
+        )
+        self._recover_leftovers()
+        for target, label in ((self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")):
+            threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True).start()
+        self._kick()
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            runners = list(self.runners.values())
+        for runner in runners:
+            runner.request_stop(Stop.SHUTDOWN, f"worker on {self.name} shut down")
+        for runner in runners:
+            runner.join()
+        self.inventory.close()
+        log.info("worker %s stopped", self.name)
+
+    def _serve_queue(self) -> None:
+        queue = Queue(keys.host_queue(self.name), connection=self.ctx.redis)
+        while not self.stopping.is_set():
+            self.rq_worker = SimpleWorker(
+                [queue], connection=self.ctx.redis, name=f"towerq-{self.name}-{time.time_ns()}"
+            )
+            try:
+                self.rq_worker.work(burst=False, logging_level="WARNING", with_scheduler=False)
+                return  # a signal asked it to stop
+            except redis.ConnectionError as err:
+                log.warning("lost Redis (%s); reconnecting in %.0fs", err, RECONNECT_DELAY_S)
+                time.sleep(RECONNECT_DELAY_S)
+
+    def _recover_leftovers(self) -> None:
+        """Jobs this host was running before the worker restarted: their trainers died with
+        the old worker (or are killed now); the jobs go back to the queue."""
+        with self.ctx.db.write() as session:
+            jobs = session.scalars(
+                select(Job).where(Job.host_name == self.name, Job.state == JobState.RUNNING).with_for_update()
+            ).all()
+            for job in jobs:
+                if job.pid is not None and pid_alive(job.pid) and _is_trainer(job.pid):
+                    _kill_leftover(job.pid)
+                requeue(session, job, f"worker on {self.name} restarted")
+                log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)
+
+    # -- launching ------------------------------------------------------------------------
+
+    def launch(self, job_id: int, attempt: int) -> dict[str, Any]:
+        if self.stopping.is_set():
+            raise RuntimeError("worker is shutting down")
+        with self.lock:
+            if (job_id, attempt) in self.runners:
+                return {"status": "already running"}
+        try:
+            spec = read_launch(self.ctx, job_id, attempt, self.name)
+        except StaleAttemptError as err:
+            log.info("ignoring launch: %s", err)
+            return {"status": "stale", "reason": str(err)}
+        runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done)
+        with self.lock:
+            self.runners[runner.key] = runner
+        runner.start()
+        return {"status": "started"}
+
+    def _runner_done(self, runner: JobRunner) -> None:
+        with self.lock:
+            self.runners.pop(runner.key, None)
+
+    def runner_for(self, job_id: int) -> JobRunner | None:
+        with self.lock:
+            return next((r for (j, _), r in self.runners.items() if j == job_id), None)
+
+    # -- background loops -----------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.ctx.settings.heartbeat_interval_s
+        while not self.stopping.wait(interval):
+            try:
+                states = self.inventory.refresh()
+                with self.ctx.db.write() as session:
+                    if not heartbeat(session, self.name, states):
+                        register(session, self.name, self.inventory, host_info())
+            except Exception:
+                log.exception("heartbeat of %s failed", self.name)
+
+    def _control_loop(self) -> None:
+        """Stop requests (cancel, preemption) published for this host."""
+        while not self.stopping.is_set():
+            try:
+                pubsub = self.ctx.redis.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(keys.host_control_channel(self.name))
+                while not self.stopping.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._control(message["data"])
+            except redis.RedisError as err:
+                log.debug("control channel lost: %s", err)
+                self.stopping.wait(RECONNECT_DELAY_S)
+
+    def _control(self, data: bytes) -> None:
+        try:
+            message = json.loads(data)
+            job_id = int(message["job_id"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("bad control message: %r", data[:200])
+            return
+        runner = self.runner_for(job_id)
+        if runner is None:
+            return
+        if message.get("type") == "cancel":
+            runner.request_stop(Stop.CANCEL, f"cancelled by {message.get('by', 'someone')}")
+        elif message.get("type") == "preempt":
+            runner.request_stop(Stop.PREEMPT, str(message.get("reason", "preempted")))
+
+    def _kick(self) -> None:
+        try:
+            self.ctx.redis.lpush(keys.SCHEDULER_KICK, 1)
+        except redis.RedisError:
+            pass
+
+
+def _is_trainer(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"worker.trainer" in cmdline.read()
+    except OSError:
+        return False
+
+
+def _kill_leftover(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -1,0 +1,80 @@
+"""Registering this host and its GPUs in the database, and heartbeating."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.models import Gpu, Host, HostState, utcnow
+from worker.inventory import GpuState, Inventory
+
+
+def register(session: Session, name: str, inventory: Inventory, info: dict[str, Any]) -> Host:
+    """Create or update the host row and its GPUs (tracked by UUID); GPUs no longer seen are
+    marked absent, not deleted, so their history stays."""
+    host = session.scalars(select(Host).where(Host.name == name).with_for_update()).one_or_none()
+    now = utcnow()
+    if host is None:
+        host = Host(name=name)
+        session.add(host)
+    host.state = HostState.UP
+    host.simulated = inventory.simulated
+    host.registered_at = now
+    host.last_heartbeat_at = now
+    host.info = info
+    session.flush()
+    states = inventory.gpus()
+    seen = {g.uuid for g in states}
+    known = {g.uuid: g for g in session.scalars(select(Gpu).where(Gpu.host_id == host.id))}
+    for gpu in known.values():
+        if gpu.uuid not in seen:
+            gpu.present = False
+            gpu.index = -1 - gpu.id  # frees the index for the GPU now at it
+    session.flush()
+    for state in states:
+        gpu = known.get(state.uuid) or Gpu(host_id=host.id, uuid=state.uuid, index=state.index)
+        if gpu.id is None:
+            session.add(gpu)
+        _copy_state(gpu, state)
+        gpu.present = True
+    session.flush()
+    return host
+
+
+def heartbeat(session: Session, name: str, states: list[GpuState]) -> bool:
+    """Record that the host is alive, with fresh GPU numbers; False if it is not registered."""
+    host = session.scalars(select(Host).where(Host.name == name)).one_or_none()
+    if host is None:
+        return False
+    host.last_heartbeat_at = utcnow()
+    host.state = HostState.UP
+    by_uuid = {g.uuid: g for g in session.scalars(select(Gpu).where(Gpu.host_id == host.id, Gpu.present.is_(True)))}
+    for state in states:
+        gpu = by_uuid.get(state.uuid)
+        if gpu is not None:
+            _copy_state(gpu, state)
+    return True
+
+
+def _copy_state(gpu: Gpu, state: GpuState) -> None:
+    gpu.index = state.index
+    gpu.name = state.name
+    gpu.memory_total_mb = state.memory_total_mb
+    gpu.memory_used_mb = state.memory_used_mb
+    gpu.utilization_pct = state.utilization_pct
+    gpu.simulated = state.simulated
+    gpu.processes = state.processes
+    gpu.updated_at = utcnow()
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }

@@ -1,0 +1,147 @@
+"""Relaying what a trainer prints: Redis at once (live charts), the database in batches.
+
+Every database write checks, in its transaction, that this attempt is still the job's
+current one (fencing): an attempt the scheduler gave up on cannot write results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from sqlalchemy import delete, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from service import defaults, keys
+from service.context import Context
+from service.lifecycle import current_attempt
+from service.models import Job, LogLine, Metric
+
+log = logging.getLogger(__name__)
+
+METRIC_FIELDS = ("loss", "accuracy", "learning_rate", "examples_per_sec")
+
+
+def parse_time(value: Any) -> datetime:
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    return datetime.now(UTC)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+class MetricSink:
+    """Buffers one attempt's metric points and log lines and writes them in batches."""
+
+    def __init__(self, ctx: Context, job_id: int, attempt: int) -> None:
+        self.ctx = ctx
+        self.job_id = job_id
+        self.attempt = attempt
+        self.metrics: list[dict[str, Any]] = []
+        self.logs: list[dict[str, Any]] = []
+        self.latest: dict[str, Any] = {}
+        self.first_buffered: float | None = None
+        self.channel = keys.job_channel(job_id)
+
+    # -- buffering ----------------------------------------------------------------------
+
+    def metric(self, event: dict[str, Any]) -> None:
+        """A `metric` (train) or `eval` line from the trainer."""
+        split = "eval" if event.get("event") == "eval" else "train"
+        step = event.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            self.log("warning", f"metric line without an integer step ignored: {event}")
+            return
+        point = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
+        when = parse_time(event.get("time"))
+        self._publish(split if split == "eval" else "metric", {**point, "time": when.isoformat()})
+        self.metrics.append({**point, "job_id": self.job_id, "attempt": self.attempt, "time": when})
+        self._note_latest(point, event)
+        self._buffered()
+
+    def log(self, level: str, message: str, when: datetime | None = None) -> None:
+        when = when or datetime.now(UTC)
+        message = message[:10_000]
+        self._publish("log", {"level": level, "message": message, "time": when.isoformat()})
+        self.logs.append(
+            {"job_id": self.job_id, "attempt": self.attempt, "time": when, "level": level, "message": message}
+        )
+        self._buffered()
+
+    def _note_latest(self, point: dict[str, Any], event: dict[str, Any]) -> None:
+        if point["split"] == "eval":
+            self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
+            return
+        self.latest.update(
+            step=point["step"],
+            loss=point["loss"],
+            accuracy=point["accuracy"],
+            examples_per_sec=point["examples_per_sec"],
+            step_time_s=_number(event.get("step_time_s")),
+        )
+
+    def _buffered(self) -> None:
+        if self.first_buffered is None:
+            self.first_buffered = time.monotonic()
+
+    def _publish(self, kind: str, data: dict[str, Any]) -> None:
+        payload = json.dumps({"type": kind, "job_id": self.job_id, "attempt": self.attempt, **data})
+        try:
+            self.ctx.redis.publish(self.channel, payload)
+        except redis.RedisError as err:
+            log.debug("publish to %s failed: %s", self.channel, err)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def due(self) -> bool:
+        if self.first_buffered is None:
+            return False
+        full = len(self.metrics) + len(self.logs) >= defaults.METRIC_FLUSH_ROWS
+        return full or time.monotonic() - self.first_buffered >= defaults.METRIC_FLUSH_INTERVAL_S
+
+    def flush(self, job_updates: dict[str, Any] | None = None) -> Job:
+        """Write what is buffered (and `job_updates`) if this attempt is still current.
+        Raises `StaleAttemptError` otherwise; the buffers are dropped either way."""
+        metrics, logs, latest = self.metrics, self.logs, self.latest
+        self.metrics, self.logs, self.latest, self.first_buffered = [], [], {}, None
+        with self.ctx.db.write() as session:
+            job = current_attempt(session, self.job_id, self.attempt)
+            if metrics:
+                session.execute(_insert_ignoring_duplicates(session, Metric), metrics)
+            if logs:
+                session.execute(insert(LogLine), logs)
+            for field, value in {**latest, **(job_updates or {})}.items():
+                setattr(job, field, value)
+            return job
+
+    def forget_after(self, step: int) -> None:
+        """Delete points after `step`: a resumed attempt trains those steps again."""
+        with self.ctx.db.write() as session:
+            current_attempt(session, self.job_id, self.attempt)
+            session.execute(delete(Metric).where(Metric.job_id == self.job_id, Metric.step > step))
+
+    def trim_logs(self, session: Session) -> None:
+        cutoff = session.scalar(
+            select(LogLine.id)
+            .where(LogLine.job_id == self.job_id)
+            .order_by(LogLine.id.desc())
+            .offset(defaults.LOG_LINES_KEPT)
+            .limit(1)
+        )
+        if cutoff is not None:
+            session.execute(delete(LogLine).where(LogLine.job_id == self.job_id, LogLine.id <= cutoff))
+
+
+def _insert_ignoring_duplicates(session: Session, model: type[Metric]) -> Any:
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model).on_conflict_do_nothing()
+    return sqlite.insert(model).on_conflict_do_nothing()

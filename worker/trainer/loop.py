@@ -1,0 +1,229 @@
+"""The training loop around the tower step: resume, train, log, evaluate, checkpoint.
+
+Artifacts of a job (shared by its attempts, so a later attempt resumes):
+
+- `checkpoints/`: `tf.train.CheckpointManager` (model, optimizer with its step counter,
+  EMA weights), every `checkpoint_every` steps, at the end, and on SIGTERM.
+- `tensorboard/`: event files (train/ and eval/ scalars, the step's graph); open with
+  `tensorboard --logdir <artifacts>/tensorboard`.
+
+Step numbers count completed steps: the checkpoint "of step 20" holds the weights after
+20 updates, and a job resumed from it trains step 21 next, on the batch step 21 would
+have seen without the interruption.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from worker.trainer import datasets, devices
+from worker.trainer.errors import NanLossError, OutOfMemoryError
+from worker.trainer.models import build_model
+from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, Reporter
+from worker.trainer.spec import Hyperparameters, TrainerInput
+from worker.trainer.towers import EvalResult, Objective, TowerStep
+
+
+class StopFlag:
+    """Set by SIGTERM: the loop checkpoints after the current step and exits."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self.in_loop = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.in_loop:
+            raise SystemExit(EXIT_STOPPED)  # nothing trained since the last checkpoint
+        self.set = True
+
+
+def make_optimizer(hp: Hyperparameters) -> keras.optimizers.Optimizer:
+    learning_rate: Any = hp.learning_rate
+    if hp.lr_decay_rate < 1.0:
+        learning_rate = keras.optimizers.schedules.ExponentialDecay(
+            hp.learning_rate, hp.lr_decay_steps, hp.lr_decay_rate, staircase=hp.staircase
+        )
+    if hp.optimizer == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    if hp.optimizer == "momentum":
+        return keras.optimizers.SGD(learning_rate, momentum=hp.momentum)
+    return keras.optimizers.SGD(learning_rate)
+
+
+@dataclass
+class Run:
+    """One training run, set up and ready to train."""
+
+    spec: TrainerInput
+    reporter: Reporter
+    setup: devices.DeviceSetup
+    data: datasets.Data
+    step: TowerStep
+    manager: tf.train.CheckpointManager
+    checkpoint: tf.train.Checkpoint
+    start_step: int
+    global_batch: int
+    writer: Any
+
+    @property
+    def hp(self) -> Hyperparameters:
+        return self.spec.train.hyperparameters
+
+
+def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
+    """Devices, data, model, optimizer and the latest checkpoint, in that order (devices
+    must be set up before TensorFlow runs anything)."""
+    setup = devices.configure(spec.runtime, spec.train.variable_device)
+    hp = spec.train.hyperparameters
+    keras.utils.set_random_seed(hp.seed or 0)
+    data = datasets.load(spec.train, Path(spec.runtime.data_dir))
+    k = len(setup.devices)
+    global_batch = hp.batch_size * k
+    artifacts = Path(spec.runtime.artifacts_dir)
+    with tf.device(setup.variable_device):
+        model = build_model(
+            spec.train.model, data.input_shape, data.classes, hp.model_dump(), Path(spec.runtime.models_path)
+        )
+        optimizer = make_optimizer(hp)
+    step = TowerStep(
+        model,
+        optimizer,
+        setup.devices,
+        setup.variable_device,
+        Objective(regression=data.task == "regression"),
+        global_batch,
+        spec.train.tower_weights,
+        hp.weight_decay,
+        hp.ema_decay,
+    )
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, ema=step.ema)
+    manager = tf.train.CheckpointManager(checkpoint, str(artifacts / "checkpoints"), max_to_keep=3)
+    start_step = 0
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        start_step = int(optimizer.iterations.numpy())
+    writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
+    return Run(spec, reporter, setup, data, step, manager, checkpoint, start_step, global_batch, writer)
+
+
+def announce(run: Run, cuda_visible_devices: str | None) -> None:
+    run.reporter.emit(
+        "started",
+        towers=len(run.setup.devices),
+        devices=run.setup.devices,
+        variable_device=run.setup.variable_device,
+        cuda_visible_devices=cuda_visible_devices,
+        simulated=run.setup.simulated,
+        memory_limit_enforced=run.setup.memory_limit_enforced,
+        memory_limit_mb=run.setup.memory_limit_mb,
+        global_batch=run.global_batch,
+        tower_batches=run.step.sizes,
+        resumed_from_step=run.start_step if run.start_step else None,
+        total_steps=run.hp.steps,
+        dataset=run.data.name,
+        train_examples=run.data.train.size,
+        synchronized_batch_norm=type(run.step.runner).__name__ == "LockstepRunner",
+    )
+
+
+def train(run: Run, stop: StopFlag) -> int:
+    """Train from `run.start_step` to the last step; returns the process exit code."""
+    hp = run.hp
+    started = time.monotonic()
+    if run.start_step >= hp.steps:
+        return finish(run, hp.steps, started)
+    batches = datasets.train_batches(run.data, run.global_batch, hp.seed or 0, run.start_step, hp.steps)
+    window_start, window_steps = time.monotonic(), 0
+    done = run.start_step
+    stop.in_loop = True
+    for x, y in batches:
+        try:
+            result = run.step.train(x, y)
+        except tf.errors.ResourceExhaustedError as err:
+            raise OutOfMemoryError(
+                f"out of memory at step {done + 1}: lower batch_size or raise gpu_memory_fraction ({err.message[:300]})"
+            ) from err
+        done += 1
+        window_steps += 1
+        if done == run.start_step + 1 and not run.start_step:
+            write_graph(run, x, y)
+        if done % hp.log_every == 0 or done == hp.steps:
+            elapsed = time.monotonic() - window_start
+            report_metric(run, done, result, window_steps * run.global_batch / elapsed, elapsed / window_steps)
+            window_start, window_steps = time.monotonic(), 0
+        if hp.eval_every and done % hp.eval_every == 0 and done != hp.steps:
+            evaluate(run, done)
+        if hp.checkpoint_every and done % hp.checkpoint_every == 0 and done != hp.steps:
+            save(run, done)
+        if stop.set:
+            save(run, done)
+            run.reporter.emit("stopped", step=done)
+            return EXIT_STOPPED
+    stop.in_loop = False
+    return finish(run, done, started)
+
+
+def finish(run: Run, done: int, started: float) -> int:
+    final = evaluate(run, done)
+    save(run, done)
+    run.writer.flush()
+    run.reporter.emit("done", step=done, final=final, seconds=round(time.monotonic() - started, 3))
+    return EXIT_OK
+
+
+def report_metric(run: Run, done: int, result: dict[str, tf.Tensor], examples_per_sec: float, step_time: float) -> None:
+    loss = float(result["loss"])
+    if not math.isfinite(loss):
+        raise NanLossError(f"loss became {loss} at step {done}: lower learning_rate (now {run.hp.learning_rate:g})")
+    accuracy = None if run.step.objective.regression else float(result["accuracy"])
+    learning_rate = run.step.learning_rate()
+    run.reporter.emit(
+        "metric",
+        step=done,
+        loss=loss,
+        accuracy=accuracy,
+        learning_rate=learning_rate,
+        examples_per_sec=round(examples_per_sec, 1),
+        step_time_s=round(step_time, 6),
+    )
+    with run.writer.as_default(step=done):
+        tf.summary.scalar("train/loss", loss)
+        if accuracy is not None:
+            tf.summary.scalar("train/accuracy", accuracy)
+        tf.summary.scalar("train/learning_rate", learning_rate)
+        tf.summary.scalar("train/examples_per_sec", examples_per_sec)
+
+
+def evaluate(run: Run, done: int) -> EvalResult:
+    result = run.step.evaluate(datasets.eval_batches(run.data, max(run.global_batch, 256)))
+    if not math.isfinite(result["loss"]):
+        raise NanLossError(f"evaluation loss became {result['loss']} at step {done}")
+    run.reporter.emit("eval", step=done, **result)
+    with run.writer.as_default(step=done):
+        tf.summary.scalar("eval/loss", result["loss"])
+        if result["accuracy"] is not None:
+            tf.summary.scalar("eval/accuracy", result["accuracy"])
+    return result
+
+
+def save(run: Run, done: int) -> None:
+    path = run.manager.save(checkpoint_number=done)
+    run.reporter.emit("checkpoint", step=done, path=path)
+
+
+def write_graph(run: Run, x: tf.Tensor, y: tf.Tensor) -> None:
+    """The traced step graph, for TensorBoard's graph tab."""
+    with run.writer.as_default():
+        tf.summary.graph(run.step.train.get_concrete_function(x, y).graph)

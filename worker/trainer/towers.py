@@ -1,0 +1,216 @@
+"""The synchronous tower-parallel step: one replica (tower) per device, one update.
+
+Each step takes a global batch and splits it among the k towers (`tower_weights` gives
+unequal slices to unequal GPUs). Tower i runs the model on its slice on its own device,
+and computes its loss and gradients there (`tf.gradients` colocates each gradient op with
+its forward op). The gradients are averaged on the variable device, weighted by slice
+size, so the update equals the update of one device on the whole global batch; an L2
+term and the optimizer step follow, once. Loss and accuracy are the same weighted
+averages over towers.
+
+Variables live once, on the variable device, and every tower reads them. The model runs
+through Keras' `stateless_call`, so no tower assigns to a variable: batch normalisation's
+moving statistics come back from every tower and are combined once, exactly as one
+device would have updated them from the whole batch (means weighted by slice size; the
+variance gets the between-tower term back). Evaluation uses those moving statistics, and
+the moving averages of the weights when `ema_decay` is set.
+
+The step is one compiled graph (`tf.function`); see `bench/trainer_throughput.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import keras
+import tensorflow as tf
+
+from worker.trainer.lockstep import make_runner
+
+TOWER_SCOPE = "tower_{}"
+
+
+class EvalResult(TypedDict):
+    loss: float
+    accuracy: float | None
+    examples: int
+
+
+def split_sizes(total: int, weights: Sequence[float]) -> list[int]:
+    """`total` examples apportioned by `weights` (largest remainder), every share >= 1."""
+    if total < len(weights):
+        raise ValueError(f"a global batch of {total} cannot feed {len(weights)} towers")
+    scale = sum(weights)
+    exact = [total * w / scale for w in weights]
+    sizes = [max(1, int(e)) for e in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    i = 0
+    while sum(sizes) < total:
+        sizes[by_remainder[i % len(sizes)]] += 1
+        i += 1
+    while sum(sizes) > total:
+        j = max(range(len(sizes)), key=lambda i: sizes[i] - exact[i])
+        sizes[j] -= 1
+    return sizes
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What is minimised and counted: cross-entropy and accuracy, or squared error."""
+
+    regression: bool
+
+    def losses(self, y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+        if self.regression:
+            return tf.reduce_mean(tf.square(tf.cast(y, out.dtype) - out), axis=-1)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=out)
+
+    def correct(self, y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+        if self.regression:
+            return tf.zeros(tf.shape(out)[:1])
+        return tf.cast(tf.equal(tf.argmax(out, axis=-1, output_type=tf.int32), tf.cast(y, tf.int32)), tf.float32)
+
+
+class TowerStep:
+    """The compiled training and evaluation steps of one model over k tower devices."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        devices: Sequence[str],
+        variable_device: str,
+        objective: Objective,
+        global_batch: int,
+        tower_weights: Sequence[float] | None = None,
+        weight_decay: float = 0.0,
+        ema_decay: float | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.devices = list(devices)
+        self.variable_device = variable_device
+        self.objective = objective
+        self.weights = list(tower_weights or [1.0] * len(self.devices))
+        if len(self.weights) != len(self.devices):
+            raise ValueError(f"{len(self.weights)} tower weights for {len(self.devices)} towers")
+        self.sizes = split_sizes(global_batch, self.weights)
+        self.global_batch = global_batch
+        self.weight_decay = weight_decay
+        self.ema_decay = ema_decay
+        self.trainable = list(model.trainable_variables)
+        self.state = list(model.non_trainable_variables)
+        self.decayed = [i for i, v in enumerate(self.trainable) if _is_kernel(v)]
+        self.fractions = [n / global_batch for n in self.sizes]
+        self.runner = make_runner(model, self.devices, variable_device, self.fractions)
+        with tf.device(variable_device):
+            optimizer.build(self.trainable)
+            self.ema = [tf.Variable(v.value, trainable=False, name="ema") for v in self.trainable] if ema_decay else []
+        self.train = tf.function(self._train, jit_compile=False)
+        self.averaged_gradients = tf.function(self._averaged_gradients)
+        self.evaluate_batch = tf.function(self._evaluate_batch, reduce_retracing=True)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _train(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+        grads, loss, correct, new_state = self._towers(x, y)
+        with tf.device(self.variable_device):
+            self.optimizer.apply(grads, self.trainable)
+            for variable, value in zip(self.state, new_state, strict=True):
+                variable.assign(value)
+            if self.ema:
+                self._update_ema()
+            return {"loss": loss, "accuracy": correct / self.global_batch}
+
+    def _averaged_gradients(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
+        return self._towers(x, y)[0]
+
+    def _towers(self, x: tf.Tensor, y: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tf.Tensor]]:
+        """Forward and backward on every tower; returns (averaged gradients, loss, number
+        correct, the non-trainable variables' new values)."""
+        with tf.device(self.variable_device):
+            params = [v.value for v in self.trainable]
+            state = [v.value for v in self.state]
+        xs = tf.split(x, self.sizes)
+        ys = tf.split(y, self.sizes)
+        outs, new_state = self.runner.forward(params, state, xs, training=True)
+        tower_losses, tower_correct = [], []
+        for i, device in enumerate(self.devices):
+            with tf.device(device), tf.name_scope(TOWER_SCOPE.format(i)):
+                tower_losses.append(tf.reduce_mean(self.objective.losses(ys[i], outs[i])))
+                tower_correct.append(tf.reduce_sum(self.objective.correct(ys[i], outs[i])))
+        with tf.device(self.variable_device), tf.name_scope("average"):
+            loss = _weighted_sum(tower_losses, self.fractions)
+        # One backward pass through all towers: each gradient op lands on its forward op's
+        # device, and the towers' contributions to a variable meet (are summed) where the
+        # variable was read, on the variable device.
+        grads = tf.gradients(loss, params)
+        grads = [tf.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
+        with tf.device(self.variable_device), tf.name_scope("average"):
+            if self.weight_decay:
+                for j in self.decayed:
+                    grads[j] = grads[j] + self.weight_decay * params[j]
+                loss = loss + 0.5 * self.weight_decay * tf.add_n(
+                    [tf.reduce_sum(tf.square(params[j])) for j in self.decayed]
+                )
+            return grads, loss, tf.add_n(tower_correct), new_state
+
+    def _update_ema(self) -> None:
+        count = tf.cast(self.optimizer.iterations, tf.float32)
+        decay = tf.minimum(tf.constant(self.ema_decay, tf.float32), (1.0 + count) / (10.0 + count))
+        for average, variable in zip(self.ema, self.trainable, strict=True):
+            average.assign(decay * average + (1.0 - decay) * variable.value)
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def _evaluate_batch(self, x: tf.Tensor, y: tf.Tensor, use_ema: bool) -> tuple[tf.Tensor, tf.Tensor]:
+        """(sum of losses, number correct) over a batch of any size, split over the towers."""
+        with tf.device(self.variable_device):
+            params = [v.value for v in (self.ema if use_ema and self.ema else self.trainable)]
+            state = [v.value for v in self.state]
+        n = tf.shape(x)[0]
+        cumulative = tf.constant(list(itertools.accumulate(self.fractions)), tf.float32)
+        bounds = tf.concat([[0], tf.cast(tf.round(tf.cast(n, tf.float32) * cumulative), tf.int32)], 0)
+        sizes = bounds[1:] - bounds[:-1]
+        k = len(self.devices)
+        xs, ys = tf.split(x, sizes, num=k), tf.split(y, sizes, num=k)
+        outs, _ = self.runner.forward(params, state, xs, training=False)
+        losses, correct = [], []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                losses.append(tf.reduce_sum(self.objective.losses(ys[i], outs[i])))
+                correct.append(tf.reduce_sum(self.objective.correct(ys[i], outs[i])))
+        with tf.device(self.variable_device):
+            return tf.add_n(losses), tf.add_n(correct)
+
+    def evaluate(self, batches: tf.data.Dataset) -> EvalResult:
+        """Mean loss and accuracy over a finite dataset of (x, y) batches."""
+        total_loss = total_correct = 0.0
+        count = 0
+        for x, y in batches:
+            loss, correct = self.evaluate_batch(x, y, bool(self.ema))
+            total_loss += float(loss)
+            total_correct += float(correct)
+            count += int(x.shape[0])
+        if count == 0:
+            return EvalResult(loss=float("nan"), accuracy=None, examples=0)
+        accuracy = None if self.objective.regression else total_correct / count
+        return EvalResult(loss=total_loss / count, accuracy=accuracy, examples=count)
+
+    def learning_rate(self) -> float:
+        lr = self.optimizer.learning_rate
+        return float(lr(self.optimizer.iterations) if callable(lr) else lr)
+
+
+def _weighted_sum(tensors: list[tf.Tensor], fractions: list[float]) -> tf.Tensor:
+    if len(tensors) == 1:
+        return tensors[0] * fractions[0] if fractions[0] != 1.0 else tensors[0]
+    return tf.add_n([t * f for t, f in zip(tensors, fractions, strict=True)])
+
+
+def _is_kernel(variable: Any) -> bool:
+    name = getattr(variable, "path", None) or getattr(variable, "name", "")
+    return str(name).split("/")[-1].startswith("kernel")
