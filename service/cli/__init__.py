@@ -1,0 +1,34 @@
+"""The `towerq` command: servers (`up`, `api`, `worker`, `scheduler`, `db`), admin
+(`token`, `user`), the trace simulator (`simulate`), and a client for the REST API
+(`submit`, `jobs`, `show`, `cancel`, `logs`, `gpus`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from service.cli import admin, client, server
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="towerq", description="Multi-GPU training service.")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    server.add_commands(commands)
+    admin.add_commands(commands)
+    client.add_commands(commands)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except client.ClientError as err:
+        print(f"towerq: {err}", file=sys.stderr)
+        return 1

@@ -1,0 +1,238 @@
+"""Client commands: talk to the REST API at TOWERQ_API_URL with a token.
+
+The token is `--token`, else TOWERQ_TOKEN, else the file written by `towerq login`
+(~/.config/towerq/token), else `var/admin-token` of a local `towerq up`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.settings import Settings
+
+TOKEN_FILE = Path.home() / ".config" / "towerq" / "token"
+
+
+class ClientError(Exception):
+    """The API refused or could not be reached; the message is for people."""
+
+
+def add_commands(commands: Any) -> None:
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
+        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
+        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        return sub
+
+    login = commands.add_parser("login", help="save a token for the client commands")
+    login.add_argument("token")
+    login.set_defaults(run=run_login)
+
+    submit = command("submit", "submit a job spec (JSON file, or - for stdin)")
+    submit.add_argument("spec", help="path of a JSON job spec, or -")
+    submit.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field, e.g. hyperparameters.steps=500",
+    )
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.set_defaults(run=run_submit)
+
+    jobs = command("jobs", "list jobs, newest first")
+    jobs.add_argument("--state", action="append", default=None)
+    jobs.add_argument("--user", default=None)
+    jobs.add_argument("--limit", type=int, default=20)
+    jobs.set_defaults(run=run_jobs)
+
+    show = command("show", "one job, as JSON")
+    show.add_argument("id", type=int)
+    show.set_defaults(run=run_show)
+
+    cancel = command("cancel", "cancel a job")
+    cancel.add_argument("id", type=int)
+    cancel.set_defaults(run=run_cancel)
+
+    logs = command("logs", "a job's trainer log")
+    logs.add_argument("id", type=int)
+    logs.add_argument("--follow", "-f", action="store_true")
+    logs.set_defaults(run=run_logs)
+
+    gpus = command("gpus", "every GPU and who holds it")
+    gpus.set_defaults(run=run_gpus)
+
+
+class Api:
+    def __init__(self, args: argparse.Namespace) -> None:
+        settings = Settings()
+        self.url = (args.api or settings.api_url).rstrip("/")
+        token = args.token or settings.token or _read(TOKEN_FILE) or _read(settings.var_dir / "admin-token")
+        if not token:
+            raise ClientError("no token: pass --token, set TOWERQ_TOKEN, or run `towerq login TOKEN`")
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as err:
+            raise ClientError(f"cannot reach the API at {self.url}: {err}") from err
+        if response.status_code >= 400:
+            raise ClientError(f"{response.status_code}: {_detail(response)}")
+        return response.json() if response.content else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        return response.text[:500]
+    if isinstance(detail, list):
+        return "; ".join(str(d.get("msg", d)) for d in detail)
+    return str(detail)
+
+
+def run_login(args: argparse.Namespace) -> int:
+    TOKEN_FILE.parent.mkdir(parents=True, exist_ok=True)
+    TOKEN_FILE.write_text(args.token.strip() + "\n")
+    TOKEN_FILE.chmod(0o600)
+    print(f"token saved in {TOKEN_FILE}")
+    return 0
+
+
+def set_field(spec: dict[str, Any], assignment: str) -> None:
+    """Apply `a.b=value` to `spec`; the value is JSON when it parses, else a string."""
+    path, sep, raw = assignment.partition("=")
+    if not sep or not path:
+        raise ClientError(f"--set expects FIELD=VALUE, got {assignment!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    target = spec
+    *parents, last = path.split(".")
+    for key in parents:
+        target = target.setdefault(key, {})
+    target[last] = value
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    try:
+        text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+        spec = json.loads(text)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ClientError(f"cannot read the spec: {err}") from err
+    for assignment in args.set:
+        set_field(spec, assignment)
+    api = Api(args)
+    job = api.call("POST", "/api/jobs", json=spec)
+    print(f"job {job['id']} submitted ({job['name']}), {job['state']}")
+    if args.wait:
+        return _follow(api, job["id"])
+    return 0
+
+
+def _follow(api: Api, job_id: int) -> int:
+    last_step = -1
+    while True:
+        job = api.call("GET", f"/api/jobs/{job_id}")
+        if job["state"] == "queued" and job.get("pending_reason"):
+            print(f"  queued (#{job['queue_position']}): {job['pending_reason']}", end="\r")
+        if job["step"] is not None and job["step"] != last_step:
+            last_step = job["step"]
+            latest = job["latest"]
+            print(
+                f"  step {job['step']}/{job['total_steps']}  loss {latest['loss']:.4f}"
+                if latest["loss"] is not None
+                else f"  step {job['step']}"
+            )
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            print(f"job {job_id} {job['state']}" + (f": {job['error']}" if job.get("error") else ""))
+            return 0 if job["state"] == "succeeded" else 1
+        time.sleep(1)
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.state:
+        params["state"] = args.state
+    if args.user:
+        params["user"] = args.user
+    page = Api(args).call("GET", "/api/jobs", params=params)
+    print(f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>12}  NAME / WHY WAITING")
+    for job in page["items"]:
+        allocation = job["allocation"]
+        where = (
+            f"{allocation['host']}:{','.join(map(str, allocation['gpus']))}" if allocation else f"{job['gpu_count']}×"
+        )
+        step = f"{job['step'] or 0}/{job['total_steps']}"
+        extra = f"  — {job['pending_reason']}" if job["state"] == "queued" and job["pending_reason"] else ""
+        user = job["user"][:12]
+        print(f"{job['id']:>5}  {job['state']:<10} {user:<12} {where[:14]:<14} {step:>12}  {job['name']}{extra}")
+    print(f"({len(page['items'])} of {page['total']})")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    print(json.dumps(Api(args).call("GET", f"/api/jobs/{args.id}"), indent=2))
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    job = Api(args).call("POST", f"/api/jobs/{args.id}/cancel")
+    print(
+        f"job {job['id']}: {job['state']}" + (" (stop requested)" if job["state"] in ("dispatched", "running") else "")
+    )
+    return 0
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    api = Api(args)
+    after = 0
+    lines = api.call("GET", f"/api/jobs/{args.id}/logs", params={"tail": 200})
+    while True:
+        for line in lines:
+            print(f"{line['time'][11:19]} {line['level']:<7} {line['message']}")
+            after = line["id"]
+        if not args.follow:
+            return 0
+        job = api.call("GET", f"/api/jobs/{args.id}")
+        if job["state"] in ("succeeded", "failed", "cancelled") and not lines:
+            return 0
+        time.sleep(1)
+        lines = api.call("GET", f"/api/jobs/{args.id}/logs", params={"after_id": after})
+
+
+def run_gpus(args: argparse.Namespace) -> int:
+    gpus = Api(args).call("GET", "/api/gpus")
+    print(f"{'HOST':<14} {'GPU':>3}  {'NAME':<36} {'MEMORY':>15}  {'FREE':>5}  HELD BY")
+    for gpu in gpus:
+        badges = [
+            b
+            for b, on in (
+                ("simulated", gpu["simulated"]),
+                ("drained", gpu["drained"]),
+                ("down", gpu["host_state"] != "up"),
+            )
+            if on
+        ]
+        memory = f"{gpu['memory_used_mb']}/{gpu['memory_total_mb']} MB"
+        holders = ", ".join(f"job {h['job_id']} ({h['user']}, {h['fraction']:g})" for h in gpu["holders"]) or "-"
+        flags = f"  [{', '.join(badges)}]" if badges else ""
+        host, name = gpu["host"][:14], gpu["name"][:36]
+        print(f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {gpu['free_fraction']:>5.2f}  {holders}{flags}")
+    return 0

@@ -1,0 +1,110 @@
+"""Server commands: up, api, worker, scheduler, db upgrade."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from service.settings import Settings
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def add_commands(commands: Any) -> None:
+    up = commands.add_parser("up", help="start everything for this machine: API + dashboard, scheduler, worker, Redis")
+    up.add_argument("--host", default=None, help="address the API listens on (default TOWERQ_API_HOST, 127.0.0.1)")
+    up.add_argument("--port", type=int, default=None, help="port of the API (default TOWERQ_API_PORT, 8000)")
+    up.add_argument("--no-worker", action="store_true", help="do not start a worker for this host")
+    up.set_defaults(run=run_up)
+
+    api = commands.add_parser("api", help="serve the REST API and the dashboard")
+    api.add_argument("--host", default=None)
+    api.add_argument("--port", type=int, default=None)
+    api.set_defaults(run=run_api)
+
+    worker = commands.add_parser("worker", help="run jobs on this host's GPUs")
+    worker.add_argument("--name", default=None, help="host name (default TOWERQ_HOST_NAME, the hostname)")
+    worker.set_defaults(run=run_worker)
+
+    scheduler = commands.add_parser("scheduler", help="place queued jobs on free GPUs")
+    scheduler.set_defaults(run=run_scheduler)
+
+    db = commands.add_parser("db", help="database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_commands.add_parser("upgrade", help="migrate the database to the latest schema").set_defaults(run=run_db_upgrade)
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    def handle(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def upgrade_database(settings: Settings) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
+    command.upgrade(config, "head")
+
+
+def run_db_upgrade(args: argparse.Namespace) -> int:
+    settings = Settings()
+    upgrade_database(settings)
+    print(f"database at {settings.database_url} is up to date")
+    return 0
+
+
+def run_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.api.app import create_app
+
+    settings = Settings()
+    host = args.host or settings.api_host
+    port = args.port or settings.api_port
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    return 0
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from service.context import Context
+    from worker.agent import HostAgent
+
+    settings = Settings()
+    ctx = Context.open(settings)
+    try:
+        HostAgent(ctx, args.name or settings.host_name).run()
+    finally:
+        ctx.close()
+    return 0
+
+
+def run_scheduler(args: argparse.Namespace) -> int:
+    from service.context import Context
+    from service.scheduler.service import serve
+
+    ctx = Context.open(Settings())
+    stop = threading.Event()
+    stop_on_signals(stop)
+    try:
+        serve(ctx, stop)
+    finally:
+        ctx.close()
+    return 0
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from service.cli.up import Supervisor
+
+    settings = Settings()
+    return Supervisor(
+        settings, host=args.host or settings.api_host, port=args.port or settings.api_port, worker=not args.no_worker
+    ).run()

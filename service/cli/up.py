@@ -1,0 +1,199 @@
+"""`towerq up`: the whole service for one machine, in one foreground process tree.
+
+Migrates the database, uses the Redis at `TOWERQ_REDIS_URL` or starts an embedded one,
+creates an admin token on a fresh database (printed once, with a login URL, and saved in
+`var/admin-token`), then runs the API, the scheduler and a worker as child processes and
+restarts any that crashes. Ctrl+C (or SIGTERM) stops them all cleanly: the worker
+checkpoints its trainers and puts their jobs back in the queue, then Redis stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from sqlalchemy import select
+
+from service.auth import create_token, has_admin
+from service.cli.server import upgrade_database
+from service.db import Database
+from service.models import Host
+from service.redis_server import EmbeddedRedis, answers
+from service.settings import Settings
+
+log = logging.getLogger("towerq.up")
+
+STOP_GRACE_S = 60.0
+RESTART_DELAY_S = 2.0
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, host: str, port: int, worker: bool = True) -> None:
+        self.settings = settings
+        self.host = host
+        self.port = port
+        self.stopping = False
+        self.redis: EmbeddedRedis | None = None
+        base = [sys.executable, "-m", "service.cli"]
+        self.children = [
+            Child("api", [*base, "api", "--host", host, "--port", str(port)]),
+            Child("scheduler", [*base, "scheduler"]),
+        ]
+        if worker:
+            self.children.append(Child("worker", [*base, "worker"]))
+
+    def run(self) -> int:
+        for folder in (
+            self.settings.var_dir,
+            self.settings.data_dir,
+            self.settings.artifacts_dir,
+            self.settings.models_path,
+        ):
+            folder.mkdir(parents=True, exist_ok=True)
+        upgrade_database(self.settings)
+        token = self._bootstrap_admin()
+        self._ensure_redis()
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            for child in self.children:
+                self._start(child)
+            self._banner(token)
+            while not self.stopping:
+                self._watch()
+                time.sleep(0.5)
+        finally:
+            self._stop_all()
+        return 0
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def _ensure_redis(self) -> None:
+        if answers(self.settings.redis_url):
+            self.redis_note = f"Redis at {self.settings.redis_url}"
+            return
+        self.redis = EmbeddedRedis(self.settings.redis_url, self.settings.var_dir / "redis")
+        self.redis.start()
+        self.redis_note = f"embedded Redis on port {self.redis.port} (none answered at {self.settings.redis_url})"
+
+    def _bootstrap_admin(self) -> str | None:
+        db = Database(self.settings.database_url)
+        try:
+            with db.write() as session:
+                if has_admin(session):
+                    return None
+                _, secret = create_token(session, "admin", admin=True, label="created by towerq up")
+        finally:
+            db.dispose()
+        path = self.settings.var_dir / "admin-token"
+        path.write_text(secret + "\n")
+        path.chmod(0o600)
+        return secret
+
+    def _start(self, child: Child) -> None:
+        env = {**os.environ, "TOWERQ_REDIS_URL": self.settings.redis_url}
+        child.process = subprocess.Popen(child.command, env=env)
+        log.info("started %s (pid %d)", child.name, child.process.pid)
+
+    def _watch(self) -> None:
+        for child in self.children:
+            assert child.process is not None
+            code = child.process.poll()
+            if code is None or self.stopping:
+                continue
+            now = time.monotonic()
+            child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+            if len(child.restarts) > 5:
+                log.error("%s keeps exiting (code %s); stopping towerq", child.name, code)
+                self.stopping = True
+                return
+            log.warning("%s exited with code %s; restarting it", child.name, code)
+            time.sleep(RESTART_DELAY_S)
+            self._start(child)
+
+    def _stop_all(self) -> None:
+        running = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in running:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.redis is not None:
+            self.redis.stop()
+        log.info("towerq stopped")
+
+    def _banner(self, token: str | None) -> None:
+        url = f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '::') else self.host}:{self.port}"
+        healthy = self._wait_healthy(url)
+        gpus = self._gpu_note()
+        lines = ["", f"towerq is up: dashboard and API on {url}" + ("" if healthy else " (not answering yet)")]
+        if token:
+            lines += [
+                f"  log in:  {url}/?token={token}",
+                f"  admin token (shown once; also saved in {self.settings.var_dir / 'admin-token'}):",
+                f"  {token}",
+            ]
+        else:
+            lines.append(
+                f"  log in with your token; the admin token was saved in {self.settings.var_dir / 'admin-token'}"
+            )
+        lines += [
+            f"  GPUs: {gpus}",
+            f"  database: {self.settings.database_url}",
+            f"  redis: {self.redis_note}",
+            "  Ctrl+C stops everything.",
+            "",
+        ]
+        print("\n".join(lines), flush=True)
+
+    def _wait_healthy(self, url: str, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.stopping:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def _gpu_note(self, timeout: float = 20.0) -> str:
+        if not any(c.name == "worker" for c in self.children):
+            return "no worker started on this host (--no-worker)"
+        db = Database(self.settings.database_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and not self.stopping:
+                with db.read() as session:
+                    host = session.scalars(select(Host).where(Host.name == self.settings.host_name)).one_or_none()
+                    if host is not None and host.last_heartbeat_at.timestamp() > time.time() - 60:
+                        count = sum(1 for g in host.gpus if g.present)
+                        kind = (
+                            "simulated GPUs (CPU logical devices; no NVIDIA driver)"
+                            if host.simulated
+                            else "NVIDIA GPUs"
+                        )
+                        return f"{count} {kind} on {host.name}"
+                time.sleep(0.3)
+        finally:
+            db.dispose()
+        return "the worker has not registered yet"
