@@ -223,6 +223,7 @@ def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
         devices=job.devices,
         memory_limit_enforced=job.memory_limit_enforced,
         attempts=job.attempts,
+        crashes=job.crashes,
         max_attempts=job.max_attempts,
         queue_position=job.queue_position,
         pending_reason=job.pending_reason,

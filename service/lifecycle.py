@@ -97,16 +97,19 @@ def finish(
     return job
 
 
-def requeue(session: Session, job: Job, reason: str) -> None:
-    """The current attempt is lost: free its GPUs and queue the next one, or fail the job
-    when it has used all its attempts."""
+def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
+    """The current attempt ended early: free its GPUs and queue the next attempt. A crash
+    (dead host or worker) counts against `max_attempts`, and the job fails when it has
+    crashed that often; a planned stop (worker shutdown, preemption) does not count."""
     release_allocations(session, job)
     job.pid = None
+    if crashed:
+        job.crashes += 1
     if job.cancel_requested_at is not None:
         job.finished_at = utcnow()
         record_state(session, job, JobState.CANCELLED, f"cancelled; {reason}")
-    elif job.attempts >= job.max_attempts:
-        job.error = f"{reason}; gave up after {job.attempts} attempts"
+    elif job.crashes >= job.max_attempts:
+        job.error = f"{reason}; gave up after {job.crashes} crashed attempts"
         job.finished_at = utcnow()
         record_state(session, job, JobState.FAILED, job.error)
     else:

@@ -178,7 +178,11 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
 
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """The current attempt's number: 1 at submit, raised each time the job is requeued."""
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Attempts lost to a crash (dead host or worker); planned stops do not count."""
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    """The job fails once this many attempts have crashed."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -97,6 +97,7 @@ class JobOut(Out):
     devices: list[str] | None
     memory_limit_enforced: bool | None
     attempts: int
+    crashes: int
     max_attempts: int
     queue_position: int | None
     pending_reason: str | None

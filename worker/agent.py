@@ -29,7 +29,7 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.lifecycle import requeue
 from service.models import Job, JobState
-from worker.host import heartbeat, host_info, register
+from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect, pid_alive
 from worker.runner import JobRunner, Stop, read_launch
 
@@ -86,7 +86,14 @@ class HostAgent:
         self._kick()
 
     def shutdown(self) -> None:
+        """Take no new jobs (the host is marked down first, so the scheduler stops sending
+        any), stop the trainers (each checkpoints) and put their jobs back in the queue."""
         self.stopping.set()
+        try:
+            with self.ctx.db.write() as session:
+                mark_down(session, self.name)
+        except Exception:
+            log.exception("could not mark %s down", self.name)
         with self.lock:
             runners = list(self.runners.values())
         for runner in runners:
@@ -119,7 +126,7 @@ class HostAgent:
             for job in jobs:
                 if job.pid is not None and pid_alive(job.pid) and _is_trainer(job.pid):
                     _kill_leftover(job.pid)
-                requeue(session, job, f"worker on {self.name} restarted")
+                requeue(session, job, f"worker on {self.name} restarted", crashed=True)
                 log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)
 
     # -- launching ------------------------------------------------------------------------
@@ -156,6 +163,8 @@ class HostAgent:
         while not self.stopping.wait(interval):
             try:
                 states = self.inventory.refresh()
+                if self.stopping.is_set():
+                    return
                 with self.ctx.db.write() as session:
                     if not heartbeat(session, self.name, states):
                         register(session, self.name, self.inventory, host_info())

@@ -60,6 +60,13 @@ def heartbeat(session: Session, name: str, states: list[GpuState]) -> bool:
     return True
 
 
+def mark_down(session: Session, name: str) -> None:
+    """The worker stops: no new jobs for this host until it registers again."""
+    host = session.scalars(select(Host).where(Host.name == name)).one_or_none()
+    if host is not None:
+        host.state = HostState.DOWN
+
+
 def _copy_state(gpu: Gpu, state: GpuState) -> None:
     gpu.index = state.index
     gpu.name = state.name

@@ -382,7 +382,7 @@ class JobRunner:
         try:
             with self.ctx.db.write() as session:
                 if state == JobState.QUEUED:
-                    requeue(session, current_attempt(session, *self.key), message or "interrupted")
+                    requeue(session, current_attempt(session, *self.key), message or "interrupted", crashed=False)
                 else:
                     finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
                 self.sink.trim_logs(session)

@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    for chatty in ("alembic", "httpx", "rq.worker"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

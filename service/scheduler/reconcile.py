@@ -54,7 +54,7 @@ def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs
             .with_for_update()
         ).all()
         for job in jobs:
-            requeue(session, job, f"host {host.name} stopped sending heartbeats")
+            requeue(session, job, f"host {host.name} stopped sending heartbeats", crashed=True)
             repairs.requeued.append(job.id)
 
 
@@ -73,7 +73,9 @@ def resend_lost_launches(
             continue
         seen.add(job.id)
         if now - dispatched_at > 3 * timeout:
-            requeue(session, job, f"no worker on {job.host_name} started it within {3 * timeout.seconds}s")
+            requeue(
+                session, job, f"no worker on {job.host_name} started it within {3 * timeout.seconds}s", crashed=True
+            )
             repairs.requeued.append(job.id)
         elif not _launch_pending(connection, launch_id(job.id, job.attempts)):
             repairs.resend.append((job.id, job.attempts, job.host_name or ""))
