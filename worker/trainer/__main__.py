@@ -62,7 +62,10 @@ def main(argv: list[str]) -> int:
         return EXIT_ERROR
     except Exception as err:  # noqa: BLE001 - any crash must end as an `error` line
         traceback.print_exc()
-        reporter.emit("error", kind="internal", message=f"{type(err).__name__}: {err}")
+        if type(err).__name__ == "ResourceExhaustedError":  # outside the step (evaluation, setup)
+            reporter.emit("error", kind="oom", message=f"out of memory: {str(err)[:300]}")
+        else:
+            reporter.emit("error", kind="internal", message=f"{type(err).__name__}: {err}")
         return EXIT_ERROR
 
 

@@ -409,8 +409,14 @@ def train_batches(data: Data, global_batch: int, seed: int, start_step: int, ste
         return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=tf.stack([seed_t, epoch]))
 
     first = start_step * global_batch
-    indices = tf.data.Dataset.range(first // n, MAX_EPOCHS).map(permutation).unbatch().skip(first % n)
-    batches = indices.batch(global_batch, drop_remainder=True).take(steps - start_step)
+    first_epoch, offset = first // n, first % n
+
+    def epoch_order(epoch: tf.Tensor) -> tf.Tensor:
+        # The first epoch of a resumed run starts where the checkpointed run left it.
+        return permutation(epoch)[tf.where(tf.equal(epoch, first_epoch), offset, 0) :]
+
+    epochs = tf.data.Dataset.range(first_epoch, MAX_EPOCHS).map(epoch_order)
+    batches = epochs.rebatch(global_batch, drop_remainder=True).take(steps - start_step)
     return batches.map(_gatherer(source), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
 
 

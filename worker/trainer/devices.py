@@ -1,7 +1,8 @@
 """Setting up the trainer's devices, before TensorFlow's runtime starts.
 
 - Simulated GPUs: k logical CPU devices (`/device:CPU:0..k-1`); a memory fraction is
-  recorded but not enforced.
+  recorded but not enforced. The cores are shared out: cores/k threads per op, k ops at
+  once.
 - Real GPUs (the process sees only its own, through `CUDA_VISIBLE_DEVICES`): a memory
   fraction f < 1 becomes a logical-device `memory_limit` of f × the GPU's total memory
   (MB, from NVML via the worker). That is the only limit eager TF2 honours; the v1
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -73,6 +75,11 @@ def configure(runtime: RuntimeSpec, variable_device: str) -> DeviceSetup:
 
 
 def _simulated(k: int) -> DeviceSetup:
+    # k towers share this host's cores: each tower's ops run on fewer threads and the
+    # towers run side by side (bench/trainer_throughput.py measures the gain).
+    cores = len(os.sched_getaffinity(0))
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // k))
+    tf.config.threading.set_inter_op_parallelism_threads(max(2, k))
     cpus = tf.config.list_physical_devices("CPU")
     try:
         tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * k)

@@ -16,6 +16,7 @@ statistics whose moving averages are still combined into one update.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -152,14 +153,16 @@ class PerTowerRunner(TowerRunner):
     ) -> None:
         super().__init__(model, devices, variable_device)
         self.fractions = list(fractions)
+        self.takes_training = "training" in inspect.signature(model.call).parameters
 
     def forward(
         self, params: list[tf.Tensor], state: list[tf.Tensor], xs: list[tf.Tensor], training: bool
     ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         outs, states = [], []
+        kwargs = {"training": training} if self.takes_training else {}
         for i, device in enumerate(self.devices):
             with tf.device(device), tf.name_scope(f"tower_{i}"):
-                out, new_state = self.model.stateless_call(params, state, xs[i], training=training)
+                out, new_state = self.model.stateless_call(params, state, xs[i], **kwargs)
                 outs.append(out)
                 states.append(new_state)
         with tf.device(self.variable_device):

@@ -32,6 +32,8 @@ from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, Reporter
 from worker.trainer.spec import Hyperparameters, TrainerInput
 from worker.trainer.towers import EvalResult, Objective, TowerStep
 
+MAX_STEPS_PER_CALL = 50
+
 
 class StopFlag:
     """Set by SIGTERM: the loop checkpoints after the current step and exits."""
@@ -138,27 +140,48 @@ def announce(run: Run, cuda_visible_devices: str | None) -> None:
     )
 
 
+def next_pause(done: int, hp: Hyperparameters) -> int:
+    """The next step at which the loop must be back in Python: a log, eval or checkpoint
+    step, the last step, or at most `MAX_STEPS_PER_CALL` steps on (so SIGTERM is heard)."""
+
+    def next_multiple(every: int | None) -> int:
+        return (done // every + 1) * every if every else hp.steps
+
+    return min(
+        hp.steps,
+        done + MAX_STEPS_PER_CALL,
+        next_multiple(hp.log_every),
+        next_multiple(hp.eval_every),
+        next_multiple(hp.checkpoint_every),
+    )
+
+
 def train(run: Run, stop: StopFlag) -> int:
-    """Train from `run.start_step` to the last step; returns the process exit code."""
+    """Train from `run.start_step` to the last step; returns the process exit code.
+
+    Steps run in calls of several steps each (one graph, no Python in between) up to the
+    next step that logs, evaluates or checkpoints, so nothing is reported less often."""
     hp = run.hp
     started = time.monotonic()
     if run.start_step >= hp.steps:
         return finish(run, hp.steps, started)
     batches = datasets.train_batches(run.data, run.global_batch, hp.seed or 0, run.start_step, hp.steps)
+    if not run.start_step:
+        write_graph(run, batches.element_spec)
+    iterator = iter(batches)
     window_start, window_steps = time.monotonic(), 0
     done = run.start_step
     stop.in_loop = True
-    for x, y in batches:
+    while done < hp.steps:
+        pause = next_pause(done, hp)
         try:
-            result = run.step.train(x, y)
+            result = run.step.train_steps(iterator, tf.constant(pause - done))
         except tf.errors.ResourceExhaustedError as err:
             raise OutOfMemoryError(
                 f"out of memory at step {done + 1}: lower batch_size or raise gpu_memory_fraction ({err.message[:300]})"
             ) from err
-        done += 1
-        window_steps += 1
-        if done == run.start_step + 1 and not run.start_step:
-            write_graph(run, x, y)
+        window_steps += pause - done
+        done = pause
         if done % hp.log_every == 0 or done == hp.steps:
             elapsed = time.monotonic() - window_start
             report_metric(run, done, result, window_steps * run.global_batch / elapsed, elapsed / window_steps)
@@ -223,7 +246,7 @@ def save(run: Run, done: int) -> None:
     run.reporter.emit("checkpoint", step=done, path=path)
 
 
-def write_graph(run: Run, x: tf.Tensor, y: tf.Tensor) -> None:
+def write_graph(run: Run, spec: tuple[tf.TensorSpec, tf.TensorSpec]) -> None:
     """The traced step graph, for TensorBoard's graph tab."""
     with run.writer.as_default():
-        tf.summary.graph(run.step.train.get_concrete_function(x, y).graph)
+        tf.summary.graph(run.step.train.get_concrete_function(*spec).graph)

@@ -138,7 +138,7 @@ def build_model(
     options = dict(hyperparameters.get("model_options") or {})
     if name in BUILTIN:
         try:
-            return BUILTIN[name](input_shape, classes, options)
+            return ensure_built(BUILTIN[name](input_shape, classes, options), input_shape, name)
         except (TypeError, ValueError) as err:
             raise ModelError(f"cannot build {name} for inputs {input_shape}: {err}") from err
     builder = load_user_builder(name, models_path)
@@ -149,6 +149,20 @@ def build_model(
         raise ModelError(f"{name} raised {type(err).__name__}: {err}") from err
     if not isinstance(model, keras.Model):
         raise ModelError(f"{name} returned {type(model).__name__}, not a keras.Model")
+    return ensure_built(model, input_shape, name)
+
+
+def ensure_built(model: keras.Model, input_shape: tuple[int, ...], name: str = "model") -> keras.Model:
+    """Create the model's variables now (a subclassed model makes them on its first call),
+    so the tower step sees all of them; checks that the model takes the dataset's inputs."""
+    try:
+        model(tf.zeros((1, *input_shape)), training=False)
+    except TypeError:
+        model(tf.zeros((1, *input_shape)))
+    except (ValueError, tf.errors.InvalidArgumentError) as err:
+        raise ModelError(f"{name} does not accept inputs of shape {input_shape}: {err}") from err
+    if not model.trainable_variables:
+        raise ModelError(f"{name} has no trainable variables")
     return model
 
 

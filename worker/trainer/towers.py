@@ -52,7 +52,7 @@ def split_sizes(total: int, weights: Sequence[float]) -> list[int]:
         sizes[by_remainder[i % len(sizes)]] += 1
         i += 1
     while sum(sizes) > total:
-        j = max(range(len(sizes)), key=lambda i: sizes[i] - exact[i])
+        j = max((i for i in range(len(sizes)) if sizes[i] > 1), key=lambda i: sizes[i] - exact[i])
         sizes[j] -= 1
     return sizes
 
@@ -109,7 +109,8 @@ class TowerStep:
         with tf.device(variable_device):
             optimizer.build(self.trainable)
             self.ema = [tf.Variable(v.value, trainable=False, name="ema") for v in self.trainable] if ema_decay else []
-        self.train = tf.function(self._train, jit_compile=False)
+        self.train = tf.function(self._train)
+        self.train_steps = tf.function(self._train_steps)
         self.averaged_gradients = tf.function(self._averaged_gradients)
         self.evaluate_batch = tf.function(self._evaluate_batch, reduce_retracing=True)
 
@@ -124,6 +125,15 @@ class TowerStep:
             if self.ema:
                 self._update_ema()
             return {"loss": loss, "accuracy": correct / self.global_batch}
+
+    def _train_steps(self, batches: Any, steps: tf.Tensor) -> dict[str, tf.Tensor]:
+        """`steps` training steps on batches drawn from the `batches` iterator, in one call
+        (no Python between steps); returns the last step's loss and accuracy."""
+        result = {"loss": tf.constant(0.0), "accuracy": tf.constant(0.0)}
+        for _ in tf.range(steps):
+            x, y = next(batches)
+            result = self._train(x, y)
+        return result
 
     def _averaged_gradients(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
         return self._towers(x, y)[0]
@@ -169,7 +179,7 @@ class TowerStep:
     def _evaluate_batch(self, x: tf.Tensor, y: tf.Tensor, use_ema: bool) -> tuple[tf.Tensor, tf.Tensor]:
         """(sum of losses, number correct) over a batch of any size, split over the towers."""
         with tf.device(self.variable_device):
-            params = [v.value for v in (self.ema if use_ema and self.ema else self.trainable)]
+            params = [v.read_value() for v in self.ema] if use_ema and self.ema else [v.value for v in self.trainable]
             state = [v.value for v in self.state]
         n = tf.shape(x)[0]
         cumulative = tf.constant(list(itertools.accumulate(self.fractions)), tf.float32)

@@ -1,0 +1,214 @@
+"""The trainer as the worker runs it: `python -m worker.trainer SPEC.json`, JSON lines out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from worker.trainer.protocol import EXIT_ERROR, EXIT_OK, EXIT_STOPPED
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[3]
+
+
+def write_spec(tmp_path: Path, name: str, towers: int = 2, **train: Any) -> Path:
+    hyper = {"steps": 40, "batch_size": 8, "seed": 11, "optimizer": "sgd", "learning_rate": 0.05, "log_every": 1}
+    hyper.update(train.pop("hyperparameters", {}))
+    body = {
+        "train": {
+            "model": "lenet5",
+            "dataset": "synthetic",
+            "dataset_options": {"shape": [12, 12, 3], "train_examples": 200, "test_examples": 40},
+            "hyperparameters": hyper,
+            **train,
+        },
+        "runtime": {
+            "artifacts_dir": str(tmp_path / name),
+            "data_dir": str(tmp_path / "data"),
+            "models_path": str(tmp_path / "models"),
+            "simulated": True,
+            "num_devices": towers,
+        },
+    }
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def start(spec: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker.trainer", str(spec)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run(spec: Path) -> tuple[int, list[dict[str, Any]]]:
+    process = start(spec)
+    out, _ = process.communicate(timeout=300)
+    return process.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def events(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line["event"] == kind]
+
+
+def checkpoint_values(folder: Path) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(str(folder / "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if "save_counter" not in name}
+
+
+def test_every_line_is_protocol_json_and_the_run_ends_with_done(tmp_path: Path) -> None:
+    hyper = {"steps": 12, "log_every": 4, "eval_every": 6, "checkpoint_every": 6}
+    code, lines = run(write_spec(tmp_path, "a", hyperparameters=hyper))
+    assert code == EXIT_OK
+    assert [(line["event"], line.get("step")) for line in lines] == [
+        ("started", None),
+        ("metric", 4),
+        ("eval", 6),
+        ("checkpoint", 6),
+        ("metric", 8),
+        ("metric", 12),
+        ("eval", 12),
+        ("checkpoint", 12),
+        ("done", 12),
+    ]
+    started = lines[0]
+    assert started["towers"] == 2 and started["tower_batches"] == [8, 8] and started["global_batch"] == 16
+    assert started["simulated"] is True and started["memory_limit_enforced"] is False
+    assert [m["step"] for m in events(lines, "metric")] == [4, 8, 12]
+    assert [e["step"] for e in events(lines, "eval")] == [6, 12]
+    assert lines[-1]["event"] == "done" and lines[-1]["final"]["examples"] == 40
+    assert all(isinstance(line["time"], float) for line in lines)
+
+
+def test_same_seed_and_spec_give_the_same_numbers(tmp_path: Path) -> None:
+    first = run(write_spec(tmp_path, "one", hyperparameters={"steps": 10}))[1]
+    second = run(write_spec(tmp_path, "two", hyperparameters={"steps": 10}))[1]
+    assert [m["loss"] for m in events(first, "metric")] == [m["loss"] for m in events(second, "metric")]
+
+
+def test_killed_and_restarted_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path: Path) -> None:
+    hyper = {"steps": 40, "checkpoint_every": 20, "eval_every": 0}
+    assert run(write_spec(tmp_path, "whole", hyperparameters=hyper))[0] == EXIT_OK
+
+    spec = write_spec(tmp_path, "killed", hyperparameters=hyper)
+    process = start(spec)
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = json.loads(raw)
+        if line["event"] == "metric" and line["step"] == 25:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+
+    code, lines = run(spec)
+    assert code == EXIT_OK
+    assert lines[0]["resumed_from_step"] == 20
+    assert [m["step"] for m in events(lines, "metric")] == list(range(21, 41))
+    whole, resumed = checkpoint_values(tmp_path / "whole"), checkpoint_values(tmp_path / "killed")
+    assert whole.keys() == resumed.keys()
+    assert any("optimizer" in name for name in whole)
+    for name in whole:
+        assert np.array_equal(whole[name], resumed[name]), name
+
+
+def test_sigterm_checkpoints_then_exits_143_and_the_next_run_resumes_there(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "stop", hyperparameters={"steps": 100000, "checkpoint_every": 0})
+    process = start(spec)
+    assert process.stdout is not None
+    for raw in process.stdout:
+        if json.loads(raw).get("step") == 5:
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = [json.loads(line) for line in process.stdout.read().splitlines() if line.startswith("{")]
+    assert process.wait(timeout=60) == EXIT_STOPPED
+    stopped = events(rest, "stopped")[0]["step"]
+    assert events(rest, "checkpoint")[-1]["step"] == stopped
+
+    resumed = start(write_spec(tmp_path, "stop", hyperparameters={"steps": stopped + 2, "checkpoint_every": 0}))
+    out, _ = resumed.communicate(timeout=120)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[0]["resumed_from_step"] == stopped
+    assert lines[-1]["event"] == "done" and lines[-1]["step"] == stopped + 2
+
+
+@pytest.mark.parametrize(
+    ("train", "kind", "words"),
+    [
+        ({"hyperparameters": {"learning_rate": 100.0}}, "nan_loss", "loss became"),
+        ({"dataset": "npz:missing.npz"}, "dataset", "npz file"),
+        ({"model": "nets:huge"}, "oom", "out of memory at step 1"),
+        ({"model": "nets:absent"}, "model", "has no function 'absent'"),
+    ],
+)
+def test_failures_end_with_an_error_line_and_a_nonzero_exit(
+    tmp_path: Path, train: dict[str, Any], kind: str, words: str
+) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "nets.py").write_text(HUGE_MODEL)
+    (tmp_path / "data").mkdir()
+    code, lines = run(write_spec(tmp_path, "bad", **train))
+    assert code == EXIT_ERROR
+    error = lines[-1]
+    assert error["event"] == "error" and error["kind"] == kind
+    assert words in error["message"]
+
+
+HUGE_MODEL = """
+import keras
+import tensorflow as tf
+
+class Greedy(keras.layers.Layer):
+    def call(self, x, training=False):
+        if training:  # asks for 128 GB: the allocator refuses with ResourceExhaustedError
+            waste = tf.reduce_sum(tf.random.uniform(tf.stack([tf.shape(x)[0] * 4096, 2**20])))
+            return x + 0.0 * waste
+        return x
+
+def huge(hparams):
+    return keras.Sequential([keras.Input(hparams["input_shape"]), Greedy(), keras.layers.Flatten(),
+                             keras.layers.Dense(hparams["num_classes"])])
+"""
+
+
+def test_an_unreadable_spec_file_is_an_error_line(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({"train": {"model": "lenet5", "dataset": "digits"}, "runtime": {}}))
+    code, lines = run(path)
+    assert code == EXIT_ERROR
+    assert lines[-1]["kind"] == "spec"
+    assert "runtime.artifacts_dir: Field required" in lines[-1]["message"]
+
+
+def test_tensorboard_events_hold_scalars_and_the_graph(tmp_path: Path) -> None:
+    assert run(write_spec(tmp_path, "tb", hyperparameters={"steps": 6, "log_every": 2, "eval_every": 3}))[0] == EXIT_OK
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(tmp_path / "tb" / "tensorboard"), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["tensors"])
+    assert {
+        "train/loss",
+        "train/accuracy",
+        "train/learning_rate",
+        "train/examples_per_sec",
+        "eval/loss",
+        "eval/accuracy",
+    } <= tags
+    assert [e.step for e in accumulator.Tensors("train/loss")] == [2, 4, 6]
+    assert accumulator.Graph() is not None
