@@ -103,6 +103,7 @@ def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
     crashed that often; a planned stop (worker shutdown, preemption) does not count."""
     release_allocations(session, job)
     job.pid = None
+    job.preempt_requested_at = None
     if crashed:
         job.crashes += 1
     if job.cancel_requested_at is not None:
@@ -134,6 +135,15 @@ def request_cancel(session: Session, job: Job, by: str) -> None:
     if job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
         job_message(session, job.id, "cancel", {"attempt": job.attempts, "host": job.host_name, "by": by})
+
+
+def request_preemption(session: Session, job: Job, for_job: int) -> None:
+    """Ask the worker to checkpoint this job and put it back in the queue, to make room."""
+    if job.preempt_requested_at is not None or not JobState(job.state).holds_gpus:
+        return
+    job.preempt_requested_at = utcnow()
+    reason = f"preempted to make room for high-priority job {for_job}"
+    job_message(session, job.id, "preempt", {"attempt": job.attempts, "host": job.host_name, "reason": reason})
 
 
 def release_allocations(session: Session, job: Job) -> None:

@@ -188,6 +188,8 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    preempt_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    """The scheduler asked this attempt to make room for a high-priority job."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)

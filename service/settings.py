@@ -9,6 +9,13 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.scheduler.types import (
+    DEFAULT_AGING_S,
+    DEFAULT_HALF_LIFE_S,
+    DEFAULT_MAX_RESERVATIONS,
+    DEFAULT_RESERVE_AFTER_S,
+)
+
 
 class Settings(BaseSettings):
     """Settings shared by `towerq up`, `api`, `worker`, `scheduler` and `db upgrade`.
@@ -39,8 +46,10 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1)
 
     user_gpu_limit: int | None = Field(default=None, ge=1)
-    fair_share_half_life_s: float = Field(default=7 * 24 * 3600.0, gt=0)
-    aging_s: float = Field(default=6 * 3600.0, gt=0)
+    fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0)
+    aging_s: float = Field(default=DEFAULT_AGING_S, gt=0)
+    reserve_after_s: float = Field(default=DEFAULT_RESERVE_AFTER_S, ge=0)
+    max_reservations: int = Field(default=DEFAULT_MAX_RESERVATIONS, ge=0)
     preemption: bool = False
 
     api_host: str = "127.0.0.1"

@@ -327,7 +327,9 @@ class JobRunner:
         """Poll the database: cancel requested? attempt still current? time limit?"""
         with self.ctx.db.read() as session:
             row = session.execute(
-                select(Job.state, Job.attempts, Job.cancel_requested_at).where(Job.id == self.launch.job_id)
+                select(Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at).where(
+                    Job.id == self.launch.job_id
+                )
             ).one_or_none()
         if (
             row is None
@@ -338,6 +340,8 @@ class JobRunner:
             return
         if row.cancel_requested_at is not None:
             self.request_stop(Stop.CANCEL, "cancelled")
+        elif row.preempt_requested_at is not None:
+            self.request_stop(Stop.PREEMPT, "preempted to make room for a high-priority job")
         limit = self.launch.time_limit_s
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")

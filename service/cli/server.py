@@ -1,4 +1,4 @@
-"""Server commands: up, api, worker, scheduler, db upgrade."""
+"""Server commands: up, api, worker, scheduler, db upgrade, simulate."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def add_commands(commands: Any) -> None:
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_commands.add_parser("upgrade", help="migrate the database to the latest schema").set_defaults(run=run_db_upgrade)
+
+    add_simulate(commands)
 
 
 def stop_on_signals(stop: threading.Event) -> None:
@@ -108,3 +110,36 @@ def run_up(args: argparse.Namespace) -> int:
     return Supervisor(
         settings, host=args.host or settings.api_host, port=args.port or settings.api_port, worker=not args.no_worker
     ).run()
+
+
+def add_simulate(commands: Any) -> None:
+    simulate = commands.add_parser("simulate", help="replay a job trace through a scheduling policy")
+    simulate.add_argument("--trace", required=True, type=Path, help="CSV: submit_time_s,duration_s,num_gpus,user")
+    simulate.add_argument("--hosts", type=int, required=True)
+    simulate.add_argument("--gpus-per-host", type=int, required=True)
+    simulate.add_argument("--policy", default="towerq", choices=["fifo", "fit-first", "towerq"])
+    simulate.add_argument(
+        "--estimates", default="none", choices=["none", "oracle"], help="oracle: true durations become time limits"
+    )
+    simulate.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
+    simulate.set_defaults(run=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from service.scheduler.simulate import TraceError, read_trace, simulate
+    from service.scheduler.types import Policy
+
+    if args.hosts < 1 or args.gpus_per_host < 1:
+        print("towerq: --hosts and --gpus-per-host must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        jobs = read_trace(args.trace, limit=args.limit)
+    except TraceError as err:
+        print(f"towerq: {err}", file=sys.stderr)
+        return 2
+    result = simulate(jobs, args.hosts, args.gpus_per_host, Policy(args.policy), oracle=args.estimates == "oracle")
+    print(json.dumps(result))
+    return 0

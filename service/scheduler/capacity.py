@@ -1,7 +1,8 @@
 """Free GPU capacity during one scheduling pass: where a job fits now, and when it could.
 
-`FreeGpus` is a mutable copy of the cluster's free fractions that a pass consumes as it
-places jobs, plus the reservations it makes for jobs that must not starve.
+`FreeGpus` is a copy of the cluster's free fractions that a pass consumes as it places
+jobs, plus the GPUs it holds for jobs that must not wait forever (reservations, and room
+being made by preemption).
 """
 
 from __future__ import annotations
@@ -11,6 +12,22 @@ from dataclasses import dataclass
 
 from service.scheduler.types import EPSILON, INFINITY, Cluster, HostCapacity, QueuedJob, RunningJob
 
+MIN_EXPECTED_S = 60.0
+Slots = list[tuple[str, tuple[int, ...]]]
+Ends = tuple[float, float]
+"""When a job ends: (for sure, from its time limit; likely, from its owner's history)."""
+
+
+def expected_end(running: RunningJob, now: float) -> float:
+    """When a running job will likely end: its time limit; else its owner's usual run time;
+    else, or once it has outlived that, after as long again as it has run so far (with
+    heavy-tailed run times, the longer a job has run, the longer it is likely to go on)."""
+    if running.limit_s is not None:
+        return running.end
+    if running.estimate_s is not None and running.started + running.estimate_s > now:
+        return running.started + running.estimate_s
+    return now + max(now - running.started, MIN_EXPECTED_S)
+
 
 @dataclass(slots=True)
 class Hold:
@@ -18,10 +35,12 @@ class Hold:
 
     job_id: int
     start: float
+    expected: float = INFINITY
+    """When the holder is expected to start, from the holders' likely ends."""
 
 
 class FreeGpus:
-    """Free fractions per host and GPU, with reservations; the pass's working state."""
+    """Free fractions per host and GPU, with holds; the pass's working state."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.hosts: dict[str, HostCapacity] = {h.name: h for h in cluster.hosts}
@@ -32,21 +51,34 @@ class FreeGpus:
         self.running_on: dict[str, list[RunningJob]] = defaultdict(list)
         for job in cluster.running:
             self.running_on[job.host].append(job)
-        self._full = {h.name: sum(1 for f in h.free if f >= 1 - EPSILON) for h in cluster.hosts}
+        self.with_room = {name for name, free in self.free.items() if any(f > EPSILON for f in free)}
+        self._full = {name: sum(1 for f in free if f >= 1 - EPSILON) for name, free in self.free.items()}
         self.max_full = max(self._full.values(), default=0)
-        self.any_free = any(f > EPSILON for fs in self.free.values() for f in fs)
+        self._earliest: dict[tuple[object, ...], tuple[float, float, Slots] | None] = {}
+        self.version = 0
+        """Raised whenever capacity or holds change, so answers cached on it go stale."""
+
+    @property
+    def any_free(self) -> bool:
+        return bool(self.with_room)
 
     # -- what fits now --------------------------------------------------------------------
 
-    def usable(self, host: str, index: int, job: QueuedJob, end: float) -> bool:
-        """Whether `job` (ending at `end`) may take `fraction` of this GPU now."""
+    def usable(self, host: str, index: int, job: QueuedJob, end: Ends) -> bool:
+        """Whether `job` may take its fraction of this GPU now."""
         if self.free[host][index] < job.fraction - EPSILON:
             return False
         hold = self.holds[host].get(index) if self.holds else None
-        return hold is None or hold.job_id == job.id or end <= hold.start
+        if hold is None or hold.job_id == job.id:
+            return True
+        # A held GPU goes to a job known to end before the holder starts (EASY backfill),
+        # or very likely to: its owner's recent run times say so, and the holder is not
+        # expected to be ready before then anyway.
+        known, likely = end
+        return (known < INFINITY and known <= hold.start) or (likely < INFINITY and likely <= hold.expected)
 
-    def fit_on_host(self, host: str, job: QueuedJob, end: float) -> tuple[int, ...] | None:
-        """The GPUs `job` would get on `host` now (fullest usable ones first), or None."""
+    def fit_on_host(self, host: str, job: QueuedJob, end: Ends) -> tuple[int, ...] | None:
+        """The GPUs `job` would get on `host` now (the fullest usable ones), or None."""
         free = self.free[host]
         if job.indices is not None:
             ok = all(i < len(free) and self.usable(host, i, job, end) for i in job.indices)
@@ -57,17 +89,17 @@ class FreeGpus:
         candidates.sort(key=lambda i: (free[i], i))
         return tuple(sorted(candidates[: job.gpus]))
 
-    def fit(self, job: QueuedJob, end: float) -> list[tuple[str, tuple[int, ...]]] | None:
-        """Where `job` fits now: the tightest host that holds it, or whole hosts for a job
-        larger than any host (trace replay only)."""
+    def fit(self, job: QueuedJob, end: Ends) -> Slots | None:
+        """Where `job` fits now: the tightest host that holds it (best fit keeps whole hosts
+        free for big jobs), or whole hosts for a job larger than any host (trace replay)."""
         if job.gpus > self.largest:
             return self._fit_whole_hosts(job, end)
-        if job.fraction >= 1 - EPSILON and job.gpus > self.max_full and job.host is None:
+        if job.fraction >= 1 - EPSILON and job.gpus > self.max_full:
             return None
         hosts = [job.host] if job.host is not None else self.order
         best: tuple[float, str, tuple[int, ...]] | None = None
         for host in hosts:
-            if host not in self.free:
+            if host not in self.with_room:
                 continue
             indices = self.fit_on_host(host, job, end)
             if indices is None:
@@ -77,97 +109,116 @@ class FreeGpus:
                 best = (spare, host, indices)
         return [(best[1], best[2])] if best else None
 
-    def _fit_whole_hosts(self, job: QueuedJob, end: float) -> list[tuple[str, tuple[int, ...]]] | None:
+    def _fit_whole_hosts(self, job: QueuedJob, end: Ends) -> Slots | None:
         needed = -(-job.gpus // max(self.largest, 1))
         whole = []
         for host in self.order:
             size = len(self.free[host])
             if size == self.largest and all(self.usable(host, i, job, end) for i in range(size)):
-                if all(self.free[host][i] >= 1 - EPSILON for i in range(size)):
-                    whole.append((host, tuple(range(size))))
-            if len(whole) == needed:
-                return whole
+                whole.append((host, tuple(range(size))))
+                if len(whole) == needed:
+                    return whole
         return None
 
-    def take(self, slots: list[tuple[str, tuple[int, ...]]], fraction: float) -> None:
+    def take(self, slots: Slots, fraction: float) -> None:
+        self._earliest.clear()
+        self.version += 1
         for host, indices in slots:
             free = self.free[host]
             for i in indices:
-                was_full = free[i] >= 1 - EPSILON
-                free[i] = max(0.0, free[i] - fraction)
-                if was_full and free[i] < 1 - EPSILON:
+                if free[i] >= 1 - EPSILON and free[i] - fraction < 1 - EPSILON:
                     self._full[host] -= 1
+                free[i] = max(0.0, free[i] - fraction)
+            if not any(f > EPSILON for f in free):
+                self.with_room.discard(host)
         self.max_full = max(self._full.values(), default=0)
-        self.any_free = any(f > EPSILON for fs in self.free.values() for f in fs)
 
     # -- when it could fit ----------------------------------------------------------------
 
-    def gpu_ready_times(self, host: str, fraction: float, now: float) -> list[float]:
-        """For each GPU of `host`: when `fraction` of it is free, as far as known."""
+    def ready_times(self, host: str, fraction: float, now: float, skip_held: bool = False) -> list[tuple[float, float]]:
+        """For each GPU of `host`: when `fraction` of it is free, as (known, expected);
+        never, for a GPU held for another job when `skip_held`."""
         free = self.free[host]
-        unusable = self.hosts[host].unusable
-        by_gpu: dict[int, list[RunningJob]] = defaultdict(list)
+        unusable = set(self.hosts[host].unusable)
+        if skip_held:
+            unusable |= set(self.holds.get(host, {}))
+        holders: dict[int, list[RunningJob]] = defaultdict(list)
         for running in self.running_on[host]:
             for i in running.indices:
-                by_gpu[i].append(running)
+                holders[i].append(running)
         times = []
         for i, now_free in enumerate(free):
             if i in unusable:
-                times.append(INFINITY)
+                times.append((INFINITY, INFINITY))
                 continue
-            level, ready = now_free, now
-            for running in sorted(by_gpu[i], key=lambda r: r.end):
+            level, known, expected = now_free, now, now
+            for running in sorted(holders[i], key=lambda r: expected_end(r, now)):
                 if level >= fraction - EPSILON:
                     break
                 level += running.fraction
-                ready = max(now, running.end)
-            times.append(ready if level >= fraction - EPSILON else INFINITY)
+                known = max(known, running.end)
+                expected = max(expected, expected_end(running, now))
+            times.append((known, expected) if level >= fraction - EPSILON else (INFINITY, INFINITY))
         return times
 
-    def earliest(self, job: QueuedJob, now: float) -> tuple[float, list[tuple[str, tuple[int, ...]]]] | None:
-        """The earliest known start of `job` and the GPUs it would get then.
+    def earliest(self, job: QueuedJob, now: float, skip_held: bool = False) -> tuple[float, float, Slots] | None:
+        """Where `job` can start soonest: (known start, expected start, GPUs). The known
+        start comes from time limits only (inf when unknown); the host is chosen by it,
+        then by the expected start. With `skip_held`, GPUs held for others are left out
+        (a new reservation never overlaps another)."""
+        shape = (job.gpus, job.fraction, job.host, job.indices, skip_held)
+        if shape not in self._earliest:
+            self._earliest[shape] = self._find_earliest(job, now, skip_held)
+        return self._earliest[shape]
 
-        Among hosts where the start is unknown, the one with the most usable GPUs free now
-        wins, so a host being drained for a job stays the chosen one pass after pass.
-        """
+    def _find_earliest(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
         if job.gpus > self.largest:
-            return self._earliest_whole_hosts(job, now)
+            return self._earliest_whole_hosts(job, now, skip_held)
         hosts = [job.host] if job.host is not None else self.order
-        best: tuple[tuple[float, int], list[tuple[str, tuple[int, ...]]]] | None = None
+        best: tuple[tuple[float, float, str], Slots] | None = None
         for host in hosts:
             if host not in self.free or self.hosts[host].size < job.gpus:
                 continue
-            times = self.gpu_ready_times(host, job.fraction, now)
+            times = self.ready_times(host, job.fraction, now, skip_held)
             wanted = job.indices if job.indices is not None else range(len(times))
-            ranked = sorted(wanted, key=lambda i: (times[i], -self.free[host][i], i))[: job.gpus]
+            ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpus]
             if len(ranked) < job.gpus:
                 continue
-            start = max(times[i] for i in ranked)
-            ready_now = sum(1 for i in ranked if times[i] <= now)
-            key = (start, -ready_now)
+            key = (max(times[i][0] for i in ranked), max(times[i][1] for i in ranked), host)
             if best is None or key < best[0]:
                 best = (key, [(host, tuple(sorted(ranked)))])
-        return (best[0][0], best[1]) if best else None
+        return (best[0][0], best[0][1], best[1]) if best else None
 
-    def _earliest_whole_hosts(
-        self, job: QueuedJob, now: float
-    ) -> tuple[float, list[tuple[str, tuple[int, ...]]]] | None:
+    def _earliest_whole_hosts(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
         needed = -(-job.gpus // max(self.largest, 1))
         ranked = []
         for host in self.order:
-            if len(self.free[host]) != self.largest:
-                continue
-            times = self.gpu_ready_times(host, 1.0, now)
-            free_now = sum(1 for t in times if t <= now)
-            ranked.append((max(times), -free_now, host))
-        ranked.sort()
+            if len(self.free[host]) == self.largest:
+                times = self.ready_times(host, 1.0, now, skip_held)
+                ranked.append((max(t[0] for t in times), max(t[1] for t in times), host))
         if len(ranked) < needed:
             return None
-        chosen = ranked[:needed]
-        start = max(t for t, _, _ in chosen)
-        return start, [(host, tuple(range(self.largest))) for _, _, host in chosen]
+        chosen = sorted(ranked)[:needed]
+        known = max(t for t, _, _ in chosen)
+        expected = max(t for _, t, _ in chosen)
+        return known, expected, [(host, tuple(range(self.largest))) for _, _, host in chosen]
 
-    def hold(self, job_id: int, slots: list[tuple[str, tuple[int, ...]]], start: float) -> None:
+    def hold(self, job_id: int, slots: Slots, start: float, expected: float) -> None:
+        self._earliest.clear()
+        self.version += 1
         for host, indices in slots:
             for i in indices:
-                self.holds[host][i] = Hold(job_id, start)
+                self.holds[host][i] = Hold(job_id, start, expected)
+
+    def would_fit_if_freed(self, job: QueuedJob, host: str, freed: list[RunningJob]) -> tuple[int, ...] | None:
+        """The GPUs `job` would get on `host` if the `freed` jobs' GPUs were free."""
+        free = list(self.free[host])
+        for running in freed:
+            for i in running.indices:
+                free[i] = min(1.0, free[i] + running.fraction)
+        unusable = self.hosts[host].unusable
+        wanted = job.indices if job.indices is not None else range(len(free))
+        fitting = [i for i in wanted if i not in unusable and free[i] >= job.fraction - EPSILON]
+        if job.indices is not None:
+            return job.indices if len(fitting) == len(job.indices) else None
+        return tuple(fitting[: job.gpus]) if len(fitting) >= job.gpus else None

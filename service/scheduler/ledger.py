@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Allocation, Job, User
+from service.models import Allocation, Job, JobState, User
+from service.scheduler.history import RunTimes
 from service.scheduler.usage import decayed, interval_usage
 
 HISTORY_HALF_LIVES = 10
@@ -22,8 +23,11 @@ LATE_COMMIT_MARGIN = timedelta(minutes=5)
 
 
 class UsageLedger:
+    """Decayed usage per user, and (from the same rows) users' recent run times."""
+
     def __init__(self, half_life_s: float) -> None:
         self.half_life_s = half_life_s
+        self.history = RunTimes()
         self.value: dict[str, float] = defaultdict(float)
         self.as_of: float | None = None
         self.seen_until: datetime | None = None
@@ -58,13 +62,24 @@ class UsageLedger:
             else self.seen_until - LATE_COMMIT_MARGIN
         )
         rows = session.execute(
-            select(Allocation.id, User.name, Allocation.fraction, Allocation.created_at, Allocation.released_at)
+            select(
+                Allocation.id,
+                Allocation.job_id,
+                Allocation.attempt,
+                User.name,
+                Allocation.fraction,
+                Allocation.created_at,
+                Allocation.released_at,
+                Job.state,
+            )
             .join(Job, Allocation.job_id == Job.id)
             .join(User, Job.user_id == User.id)
             .where(Allocation.released_at.is_not(None), Allocation.released_at > since)
+            .order_by(Allocation.released_at)
         )
         newest = self.seen_until or since
-        for alloc_id, user, fraction, created_at, released_at in rows:
+        runs_seen: set[tuple[int, int]] = set()
+        for alloc_id, job_id, attempt, user, fraction, created_at, released_at, state in rows:
             if released_at is None:  # excluded by the query; tells the type checker
                 continue
             newest = max(newest, released_at)
@@ -74,6 +89,9 @@ class UsageLedger:
             self.value[user] += interval_usage(
                 fraction, created_at.timestamp(), released_at.timestamp(), t, self.half_life_s
             )
+            if state == JobState.SUCCEEDED and (job_id, attempt) not in runs_seen:
+                runs_seen.add((job_id, attempt))
+                self.history.add(user, (released_at - created_at).total_seconds())
         self.seen_until = newest
         self._forget_old_ids(session)
 

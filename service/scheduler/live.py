@@ -9,9 +9,10 @@ messages go to the hosts' RQ queues only after it commits.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import redis
 from rq import Queue
@@ -20,13 +21,13 @@ from sqlalchemy.orm import Session
 
 from service import defaults, keys
 from service.context import Context
-from service.lifecycle import dispatch
+from service.lifecycle import dispatch, request_preemption
 from service.models import Job, utcnow
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, launch_id, mark_dead_hosts, resend_lost_launches
-from service.scheduler.snapshot import read_cluster, read_fair_share, read_queued
+from service.scheduler.snapshot import Stored, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Decision, Policy, PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class PassReport:
     placed: list[tuple[int, int, str, tuple[int, ...]]] = field(default_factory=list)
     """(job id, attempt, host, GPU indices) started in this pass."""
     waiting: int = 0
+    preempted: list[int] = field(default_factory=list)
     repairs: Repairs = field(default_factory=Repairs)
     seconds: float = 0.0
 
@@ -49,7 +51,13 @@ class LiveScheduler:
     def __init__(self, ctx: Context, policy: Policy = Policy.TOWERQ) -> None:
         self.ctx = ctx
         s = ctx.settings
-        self.config = PolicyConfig(policy=policy, aging_s=s.aging_s, preemption=s.preemption)
+        self.config = PolicyConfig(
+            policy=policy,
+            aging_s=s.aging_s,
+            reserve_after_s=s.reserve_after_s,
+            max_reservations=s.max_reservations,
+            preemption=s.preemption,
+        )
         self.ledger = UsageLedger(s.fair_share_half_life_s)
 
     def run_pass(self, blocking_timeout: float = 10.0) -> PassReport | None:
@@ -92,6 +100,7 @@ class LiveScheduler:
         queued, stored = read_queued(session)
         cluster, gpus = read_cluster(session)
         usage = self.ledger.usage(session, now)
+        self.ledger.history.annotate(queued, cluster.running)
         fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
         decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
         by_id = {q.id: q for q in queued}
@@ -101,20 +110,33 @@ class LiveScheduler:
             chosen = [gpus[(placement.host, i)] for i in placement.indices]
             dispatch(session, job, placement.host, chosen, by_id[job.id].fraction)
             report.placed.append((job.id, job.attempts, placement.host, placement.indices))
+        for victim, for_job in decision.preempt.items():
+            job = session.get(Job, victim)
+            if job is not None:
+                request_preemption(session, job, for_job)
+                report.preempted.append(victim)
         self._write_pending(session, decision, stored, now.timestamp())
         return decision
 
     @staticmethod
-    def _write_pending(
-        session: Session, decision: Decision, stored: dict[int, tuple[int | None, str | None]], now: float
-    ) -> None:
+    def _write_pending(session: Session, decision: Decision, stored: dict[int, Stored], now: float) -> None:
+        """Queue positions, reasons and reservations, written only where they changed."""
         changes = []
         for pending in decision.pending:
             reason = describe(pending.reason, now) if pending.reason is not None else None
+            reserved = pending.reserved_start
             if reason is not None:
-                reason = describe_reserved(reason, pending.reserved_start, now)
-            if stored.get(pending.job_id) != (pending.position, reason):
-                changes.append({"id": pending.job_id, "queue_position": pending.position, "pending_reason": reason})
+                reason = describe_reserved(reason, reserved, now)
+            start = datetime.fromtimestamp(reserved, UTC) if reserved is not None and math.isfinite(reserved) else None
+            if stored.get(pending.job_id) != (pending.position, reason, start):
+                changes.append(
+                    {
+                        "id": pending.job_id,
+                        "queue_position": pending.position,
+                        "pending_reason": reason,
+                        "reserved_start_at": start,
+                    }
+                )
         if changes:
             session.execute(update(Job), changes)
 

@@ -4,26 +4,41 @@ placements. The live scheduler and the trace simulator call the same `schedule`.
 Policies:
 
 - `fifo`: strict submit order; nothing passes a blocked job.
-- `fit-first`: submit order, start anything that fits, no reservations (big jobs can starve).
-- `towerq`: the real one. A job's rank is its priority class, minus one class for every
-  `aging_s` it has waited, plus its owner's fair-share term (between 0 and 1: 0 for a user
-  who used nothing lately, 1/2 for one who used exactly their share, towards 1 for one who
-  used everything). Jobs start in rank order wherever they fit (the tightest host first).
-  The longest-waiting job, once it has waited `reserve_after_s`, is the head: if it cannot
-  start, its GPUs are reserved from the earliest time they free up (EASY backfill), and a
-  later job may use a reserved GPU only if its time limit ends before that time.
+- `fit-first`: submit order, start anything that fits, no reservations (big jobs starve).
+- `towerq`, the real one:
+
+  * Rank. A job's rank is its priority class (high 0, normal 1, low 2), minus one class
+    for every `aging_s` it has waited, plus its owner's fair-share term in [0, 1):
+    `1 - 2**-(used part / owed part)`, where the used part is the owner's decayed
+    GPU-seconds plus what their running jobs will likely still use, over all present
+    users', and the owed part their share among present users. A user who used nothing
+    lately gets 0, one who used exactly their share 1/2. A job started in the pass adds
+    its expected use to its owner at once, so users interleave within a pass.
+  * Jobs start in rank order wherever they fit, on the tightest host (best fit keeps
+    whole hosts free for big jobs).
+  * Starvation guard. A job on one GPU can take any GPU that frees up, so its wait is
+    only a matter of rank, which aging settles. A gang job (2+ GPUs) can also starve by
+    fragmentation: small jobs fill every GPU that frees up. So a gang job that cannot
+    start after `reserve_after_s`, taken in rank order, up to `max_reservations` of them,
+    gets its GPUs reserved on the host(s) that will free up soonest (EASY backfill).
+    A reserved GPU then goes only to a job that ends before the reservation starts:
+    known from its time limit, or very likely from its owner's recent run times.
+  * Preemption (optional): a `high` job that cannot start stops `low` jobs (the youngest
+    first, so the least work is redone) on the host where that frees room soonest; their
+    GPUs are held for it until they have checkpointed and gone back to the queue.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from service.scheduler.capacity import FreeGpus
+from service.scheduler.capacity import FreeGpus, Slots, expected_end
 from service.scheduler.types import (
     EPSILON,
     INFINITY,
+    PRIORITY_RANK,
     Cluster,
     Decision,
     FairShare,
@@ -33,8 +48,14 @@ from service.scheduler.types import (
     PolicyConfig,
     QueuedJob,
     Reason,
+    RunningJob,
     Wait,
 )
+
+DEFAULT_RUN_S = 3600.0
+"""Expected run time of a job whose owner has no history yet (for fair share only)."""
+HIGH = PRIORITY_RANK["high"]
+LOW = PRIORITY_RANK["low"]
 
 
 def schedule(
@@ -45,18 +66,12 @@ def schedule(
     config: PolicyConfig,
 ) -> Decision:
     """Decide which queued jobs start now, where, and why the others wait."""
-    scheduling_pass = _Pass(list(queued), cluster, fair_share, now, config)
-    return scheduling_pass.run()
+    return _Pass(list(queued), cluster, fair_share, now, config).run()
 
 
 class _Pass:
     def __init__(
-        self,
-        queued: list[QueuedJob],
-        cluster: Cluster,
-        fair_share: FairShare,
-        now: float,
-        config: PolicyConfig,
+        self, queued: list[QueuedJob], cluster: Cluster, fair_share: FairShare, now: float, config: PolicyConfig
     ) -> None:
         self.queued = queued
         self.cluster = cluster
@@ -66,151 +81,233 @@ class _Pass:
         self.free = FreeGpus(cluster)
         self.decision = Decision()
         self.position = 0
-        self.user_load: dict[str, float] = defaultdict(float)
+        self.reservations = 0
+        self.load: dict[str, float] = defaultdict(float)
         for running in cluster.running:
-            self.user_load[running.user] += running.gpu_load
+            self.load[running.user] += running.gpu_load
         self.blocker: QueuedJob | None = None
-        self.hosts_seen = {h.name for h in cluster.hosts}
+        self._reasons: dict[tuple[object, ...], Reason] = {}
 
     def run(self) -> Decision:
         if self.config.policy == Policy.TOWERQ:
-            self._run_towerq()
+            terms = _FairShareTerms(self.fair_share, self.cluster.running, {j.user for j in self.queued}, self.now)
+            seen: set[int] = set()
+            for job in _rank_order(self.queued, terms, self.now, self.config.aging_s):
+                seen.add(job.id)
+                if self._consider(job):
+                    terms.started(job)
+                elif not self.free.any_free and not self.config.explain:
+                    self._reserve_for_rest([j for j in self.queued if j.id not in seen], terms)
+                    break
         else:
+            strict = self.config.policy == Policy.FIFO
             for job in sorted(self.queued, key=lambda j: (j.submitted, j.id)):
-                self._consider(job, strict=self.config.policy == Policy.FIFO)
+                done = (strict and self.blocker is not None) or not self.free.any_free
+                if done and not self.config.explain:
+                    break  # nothing more can start; reasons are not wanted
+                self._consider(job, strict=strict)
         return self.decision
-
-    # -- towerq -----------------------------------------------------------------------------
-
-    def _run_towerq(self) -> None:
-        head = self._reservation_candidates()
-        for job in head:
-            self._consider(job, strict=False, reserve=True)
-        head_ids = {job.id for job in head}
-        for job in self._fair_share_order(j for j in self.queued if j.id not in head_ids):
-            self._consider(job, strict=False)
-
-    def _reservation_candidates(self) -> list[QueuedJob]:
-        after = self.config.reserve_after_s
-        after = self.config.aging_s if after is None else after
-        oldest = [j for j in self.queued if self.now - j.submitted >= after]
-        oldest.sort(key=lambda j: (j.submitted, j.id))
-        return oldest[: self.config.max_reservations]
-
-    def _fair_share_order(self, jobs: Iterable[QueuedJob]) -> Iterable[QueuedJob]:
-        """Jobs by rank; a user's rank term is updated as their jobs are started, so one
-        user does not take every GPU that frees up in a pass."""
-        per_user: dict[str, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
-        for job in jobs:
-            base = job.priority - (self.now - job.submitted) / self.config.aging_s
-            per_user[job.user].append((base, job.submitted, job.id, job))
-        shares = _FairShareTerms(self.fair_share, self.user_load, per_user.keys())
-        heap = []
-        for user, user_jobs in per_user.items():
-            user_jobs.sort(key=lambda t: (t[0], t[1], t[2]))
-            base, submitted, job_id, _ = user_jobs[0]
-            heap.append((base + shares.term(user), submitted, job_id, user, 0))
-        heapq.heapify(heap)
-        while heap:
-            _, _, _, user, k = heapq.heappop(heap)
-            user_jobs = per_user[user]
-            job = user_jobs[k][3]
-            yield job
-            if k + 1 < len(user_jobs):
-                base, submitted, job_id, _ = user_jobs[k + 1]
-                heapq.heappush(heap, (base + shares.term(user), submitted, job_id, user, k + 1))
 
     # -- one job ----------------------------------------------------------------------------
 
-    def _consider(self, job: QueuedJob, strict: bool, reserve: bool = False) -> None:
+    def _consider(self, job: QueuedJob, strict: bool = False) -> bool:
+        """Place `job` if it may and can; else record why it waits. True when placed."""
         self.position += 1
         if strict and self.blocker is not None:
             self._wait(job, Reason(Wait.BEHIND, (self.blocker.id,)))
-            return
+            return False
         reason = self._cannot_run(job)
-        if reason is None:
-            end = self.now + job.limit_s if job.limit_s is not None else INFINITY
-            slots = self.free.fit(job, end) if self.free.any_free else None
-            if slots is not None:
-                self._place(job, slots)
-                return
-            reason = self._why_no_fit(job)
-        reserved = self._reserve(job) if reserve and reason.kind != Wait.USER_LIMIT else None
+        if reason is not None:
+            self._wait(job, reason)
+            return False
+        known = self.now + job.limit_s if job.limit_s is not None else INFINITY
+        likely = self.now + job.estimate_s if job.estimate_s is not None else known
+        slots = self.free.fit(job, (known, likely)) if self.free.any_free else None
+        if slots is not None:
+            self._place(job, slots)
+            return True
         if strict:
             self.blocker = job
+        reason = self._make_room(job)
+        reserved = self._reserve(job) if reason.kind != Wait.PREEMPTING and self._starving_gang(job) else None
         self._wait(job, reason, reserved)
+        return False
 
     def _cannot_run(self, job: QueuedJob) -> Reason | None:
-        if job.host is not None and job.host not in self.hosts_seen:
+        if job.host is not None and job.host not in self.free.hosts:
             return Reason(Wait.HOST_DOWN, (job.host,))
         if job.indices is not None and job.host is not None:
             unusable = self.free.hosts[job.host].unusable
-            bad = tuple(i for i in job.indices if i in unusable or i >= len(self.free.free[job.host]))
+            size = len(self.free.free[job.host])
+            bad = tuple(i for i in job.indices if i in unusable or i >= size)
             if bad:
                 return Reason(Wait.GPU_UNUSABLE, (job.host, bad))
         limit = self.fair_share.limit(job.user)
-        if limit is not None:
-            used = self.user_load[job.user]
-            if used + job.gpus * job.fraction > limit + EPSILON:
-                return Reason(Wait.USER_LIMIT, (job.user, used, limit))
+        if limit is not None and self.load[job.user] + job.gpus * job.fraction > limit + EPSILON:
+            return Reason(Wait.USER_LIMIT, (job.user, self.load[job.user], limit))
         return None
 
-    def _place(self, job: QueuedJob, slots: list[tuple[str, tuple[int, ...]]]) -> None:
+    def _place(self, job: QueuedJob, slots: Slots) -> None:
         self.free.take(slots, job.fraction)
-        self.user_load[job.user] += job.gpus * job.fraction
+        self.load[job.user] += job.gpus * job.fraction
         self.decision.placements.append(Placement(job.id, slots))
         self.position -= 1
 
-    def _wait(self, job: QueuedJob, reason: Reason | None, reserved: float | None = None) -> None:
-        if not self.config.explain:
-            reason = None
-        self.decision.pending.append(Pending(job.id, self.position, reason, reserved))
+    def _wait(self, job: QueuedJob, reason: Reason, reserved: float | None = None) -> None:
+        if self.config.explain:
+            self.decision.pending.append(Pending(job.id, self.position, reason, reserved))
+
+    # -- starvation guard -------------------------------------------------------------------
+
+    def _starving_gang(self, job: QueuedJob) -> bool:
+        return (
+            self.config.policy == Policy.TOWERQ
+            and job.gpus > 1
+            and self.reservations < self.config.max_reservations
+            and self.now - job.submitted >= self.config.reserve_after_s
+        )
 
     def _reserve(self, job: QueuedJob) -> float | None:
-        found = self.free.earliest(job, self.now)
-        if found is None:
+        found = self.free.earliest(job, self.now, skip_held=True)
+        if found is None or found[1] == INFINITY:
             return None
-        start, slots = found
-        self.free.hold(job.id, slots, start)
-        return start
+        known, expected, slots = found
+        self.free.hold(job.id, slots, known, expected)
+        self.reservations += 1
+        return known
+
+    def _reserve_for_rest(self, rest: list[QueuedJob], terms: _FairShareTerms) -> None:
+        """Nothing else can start in this pass, so the rank order no longer changes and the
+        only work left is reservations, for the first starving gang jobs in that order. (A
+        shortcut for the simulator, which wants no reasons: the outcome is the same.)"""
+        candidates = [j for j in rest if self._starving_gang(j) and self._cannot_run(j) is None]
+        aging = self.config.aging_s
+        candidates.sort(key=lambda j: (_base_rank(j, self.now, aging) + terms.term(j.user), j.submitted, j.id))
+        for candidate in candidates:
+            if self.reservations >= self.config.max_reservations:
+                return
+            self._reserve(candidate)
+
+    # -- preemption -------------------------------------------------------------------------
+
+    def _make_room(self, job: QueuedJob) -> Reason:
+        if not self.config.preemption or job.priority != HIGH or self.config.policy != Policy.TOWERQ:
+            return self._why_no_fit(job)
+        choice = self._victims(job)
+        if choice is None:
+            return self._why_no_fit(job)
+        host, indices, victims = choice
+        for victim in victims:
+            if not self._stopping(victim):
+                self.decision.preempt[victim.id] = job.id
+        self.free.hold(job.id, [(host, indices)], self.now, self.now)
+        return Reason(Wait.PREEMPTING, (host, tuple(v.id for v in victims)))
+
+    def _victims(self, job: QueuedJob) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
+        """The host where stopping the fewest low jobs (youngest first) makes room; jobs
+        already stopping count as gone."""
+        best: tuple[int, str, tuple[int, ...], list[RunningJob]] | None = None
+        hosts = [job.host] if job.host is not None else self.free.order
+        for host in hosts:
+            if host not in self.free.hosts:
+                continue
+            running = self.free.running_on[host]
+            freed = [r for r in running if self._stopping(r)]
+            candidates = sorted(
+                (r for r in running if r.priority == LOW and not self._stopping(r)), key=lambda r: -r.started
+            )
+            indices = self.free.would_fit_if_freed(job, host, freed)
+            for victim in candidates:
+                if indices is not None:
+                    break
+                freed.append(victim)
+                indices = self.free.would_fit_if_freed(job, host, freed)
+            if indices is None:
+                continue
+            fresh = sum(1 for r in freed if not self._stopping(r))
+            if best is None or fresh < best[0]:
+                best = (fresh, host, indices, freed)
+        return (best[1], best[2], best[3]) if best else None
+
+    def _stopping(self, running: RunningJob) -> bool:
+        return running.stopping or running.id in self.decision.preempt
+
+    # -- why it waits -----------------------------------------------------------------------
 
     def _why_no_fit(self, job: QueuedJob) -> Reason:
         if not self.config.explain:
             return Reason(Wait.NO_FIT)
+        shape = (job.gpus, job.fraction, job.host, job.indices, self.free.version)
+        reason = self._reasons.get(shape)
+        if reason is None:
+            reason = self._reasons[shape] = self._explain_no_fit(job)
+        return reason
+
+    def _explain_no_fit(self, job: QueuedJob) -> Reason:
         found = self.free.earliest(job, self.now)
         if found is None:
             return Reason(Wait.NO_FIT, (job.gpus, job.fraction, INFINITY))
-        start, slots = found
+        known, _, slots = found
         host, indices = slots[0]
         holds = self.free.holds.get(host, {})
-        reserved_for = {holds[i].job_id for i in indices if i in holds and holds[i].job_id != job.id}
-        if reserved_for:
-            return Reason(
-                Wait.RESERVED,
-                (host, indices, min(reserved_for), holds[indices[0]].start if indices[0] in holds else start),
-            )
+        held_by = sorted({holds[i].job_id for i in indices if i in holds and holds[i].job_id != job.id})
+        if held_by:
+            start = min(holds[i].start for i in indices if i in holds and holds[i].job_id == held_by[0])
+            return Reason(Wait.RESERVED, (host, indices, held_by[0], start))
         holders = tuple(sorted({r.id for r in self.free.running_on[host] if set(r.indices) & set(indices)}))
         if job.indices is not None or holders:
-            return Reason(Wait.GPUS_BUSY, (host, indices, holders, start))
-        return Reason(Wait.NO_FIT, (job.gpus, job.fraction, start))
+            return Reason(Wait.GPUS_BUSY, (host, indices, holders, known))
+        return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
+
+
+def _base_rank(job: QueuedJob, now: float, aging_s: float) -> float:
+    return job.priority - (now - job.submitted) / aging_s
+
+
+def _rank_order(jobs: list[QueuedJob], terms: _FairShareTerms, now: float, aging_s: float) -> Iterator[QueuedJob]:
+    """Jobs by rank. Within a user the order never changes (waiting lifts all alike), so
+    each user's jobs are sorted once and merged by a heap keyed on the user's current term,
+    which `terms.started` raises as the pass starts their jobs."""
+    per_user: dict[str, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
+    for job in jobs:
+        per_user[job.user].append((_base_rank(job, now, aging_s), job.submitted, job.id, job))
+    heap = []
+    for user, user_jobs in per_user.items():
+        user_jobs.sort(key=lambda t: (t[0], t[1], t[2]))
+        base, submitted, job_id, _ = user_jobs[0]
+        heap.append((base + terms.term(user), submitted, job_id, user, 0))
+    heapq.heapify(heap)
+    while heap:
+        _, _, _, user, k = heapq.heappop(heap)
+        user_jobs = per_user[user]
+        yield user_jobs[k][3]
+        if k + 1 < len(user_jobs):
+            base, submitted, job_id, _ = user_jobs[k + 1]
+            heapq.heappush(heap, (base + terms.term(user), submitted, job_id, user, k + 1))
 
 
 class _FairShareTerms:
-    """Each user's fair-share term in [0, 1): 1 - 2**-(used part / owed part), where the
-    used part counts decayed GPU-seconds plus the GPUs held now, and the owed part is the
-    user's share among the users present."""
+    """Each user's fair-share term (see the module docstring)."""
 
-    def __init__(self, fair_share: FairShare, load: dict[str, float], queued_users: Iterable[str]) -> None:
+    def __init__(self, fair_share: FairShare, running: list[RunningJob], queued_users: set[str], now: float) -> None:
         self.fair_share = fair_share
-        self.load = load
-        users = set(queued_users) | {u for u, g in load.items() if g > 0}
+        self.used: dict[str, float] = defaultdict(float)
+        for job in running:
+            self.used[job.user] += job.gpu_load * (expected_end(job, now) - now)
+        users = queued_users | set(self.used)
+        for user in users:
+            self.used[user] += fair_share.usage.get(user, 0.0)
         self.total_share = sum(fair_share.share(u) for u in users) or 1.0
-        self.total_usage = sum(fair_share.usage.get(u, 0.0) for u in users)
-        self.total_load = sum(load.values())
+        # Fixed for the pass, so every user's term stays comparable as jobs start; never
+        # below one typical job's use, so the first job started counts when nobody has
+        # used anything yet.
+        self.total_used = max(sum(self.used[u] for u in users), DEFAULT_RUN_S)
+
+    def started(self, job: QueuedJob) -> None:
+        run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
+        self.used[job.user] += job.gpus * job.fraction * run_s
 
     def term(self, user: str) -> float:
         owed = self.fair_share.share(user) / self.total_share
-        used_history = self.fair_share.usage.get(user, 0.0) / self.total_usage if self.total_usage > 0 else 0.0
-        used_now = self.load[user] / self.total_load if self.total_load > 0 else 0.0
-        used = (used_history + used_now) / 2
-        return 1.0 - 2.0 ** (-used / owed) if owed > 0 else 1.0
+        used = self.used[user] / self.total_used
+        return 1.0 - 2.0 ** (-used / owed)

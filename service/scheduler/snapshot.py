@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -18,18 +18,11 @@ from service.scheduler.types import (
     RunningJob,
 )
 
-
-@dataclass
-class Snapshot:
-    queued: list[QueuedJob]
-    cluster: Cluster
-    fair_share: FairShare
-    gpus: dict[tuple[str, int], Gpu]
-    current: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
-    """Queued job id -> (queue_position, pending_reason) as stored, to write only changes."""
+Stored = tuple[int | None, str | None, datetime | None]
+"""What a queued job shows now: (queue_position, pending_reason, reserved_start_at)."""
 
 
-def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, tuple[int | None, str | None]]]:
+def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
     rows = session.execute(
         select(
             Job.id,
@@ -43,6 +36,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, tuple[int 
             Job.time_limit_s,
             Job.queue_position,
             Job.pending_reason,
+            Job.reserved_start_at,
         )
         .join(User, Job.user_id == User.id)
         .where(Job.state == JobState.QUEUED)
@@ -62,7 +56,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, tuple[int 
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
             )
         )
-        current[r.id] = (r.queue_position, r.pending_reason)
+        current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at)
     return queued, current
 
 
@@ -98,6 +92,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.priority,
             Job.time_limit_s,
             Job.cancel_requested_at,
+            Job.preempt_requested_at,
         )
         .join(Gpu, Allocation.gpu_id == Gpu.id)
         .join(Host, Allocation.host_id == Host.id)
@@ -122,7 +117,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 fraction=r.fraction,
                 started=r.created_at.timestamp(),
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
-                stopping=r.cancel_requested_at is not None,
+                stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
             )
     for job_id, running in by_job.items():
         running.indices = tuple(sorted(indices[job_id]))

@@ -39,6 +39,11 @@ class QueuedJob:
     """The job must run on exactly these GPUs of `host`."""
     limit_s: float | None = None
     """Time limit or a trusted estimate of the run time; None when unknown."""
+    estimate_s: float | None = None
+    """A run time the job will very likely not exceed, from its owner's recent jobs (not a
+    promise); None when unknown."""
+    typical_s: float | None = None
+    """Its owner's median run time lately; None when unknown."""
 
 
 @dataclass(slots=True)
@@ -53,6 +58,8 @@ class RunningJob:
     limit_s: float | None = None
     stopping: bool = False
     """Being stopped (cancel or preemption): its GPUs free up soon."""
+    estimate_s: float | None = None
+    """A likely run time from the owner's recent jobs; None when unknown."""
 
     @property
     def end(self) -> float:
@@ -99,17 +106,26 @@ class FairShare:
         return self.limits.get(user, self.default_limit)
 
 
+DAY = 24 * 3600.0
+DEFAULT_HALF_LIFE_S = 1 * DAY
+"""Fair share: usage this long ago counts half."""
+DEFAULT_AGING_S = 4 * DAY
+DEFAULT_RESERVE_AFTER_S = 2 * DAY
+DEFAULT_MAX_RESERVATIONS = 2
+
+
 @dataclass(slots=True)
 class PolicyConfig:
     policy: Policy = Policy.TOWERQ
-    aging_s: float = 6 * 3600.0
+    aging_s: float = DEFAULT_AGING_S
     """Waiting this long lifts a job by one priority class."""
-    reserve_after_s: float | None = None
-    """A job blocked this long gets a reservation (None: `aging_s`)."""
-    max_reservations: int = 1
+    reserve_after_s: float = DEFAULT_RESERVE_AFTER_S
+    """A gang job that cannot start after waiting this long gets a reservation."""
+    max_reservations: int = DEFAULT_MAX_RESERVATIONS
+    """How many jobs may hold reservations at once (each may idle GPUs while it waits)."""
     preemption: bool = False
     explain: bool = True
-    """Give every waiting job its reason (the simulator turns it off for speed)."""
+    """Give every waiting job its position and reason (the simulator turns it off)."""
 
 
 class Wait(enum.StrEnum):
@@ -159,4 +175,5 @@ class Pending:
 class Decision:
     placements: list[Placement] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
-    preempt: list[int] = field(default_factory=list)
+    preempt: dict[int, int] = field(default_factory=dict)
+    """Running job to stop -> the queued job it makes room for."""

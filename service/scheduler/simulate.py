@@ -1,0 +1,271 @@
+"""`towerq simulate`: replay a job trace through the scheduling policy on a virtual clock.
+
+The simulator calls the very `schedule` function the live scheduler calls, with the same
+inputs: the queue, free capacity per host and GPU, the running jobs, and each user's
+decayed GPU-seconds (same half-life as the service). A pass runs after every batch of
+events at one instant (arrivals, completions). Durations are the jobs' true run times;
+the policy sees them, as time limits, only with `oracle=True`.
+
+A trace job needing more GPUs than one host has takes whole hosts (as the Helios
+simulator does); jobs larger than the whole cluster are left out and counted.
+
+Metrics: job completion time (JCT = finish - submit), wait (start - submit), makespan
+(first submit to last finish), utilization (GPU-seconds used / offered over the
+makespan), Jain's fairness index over users' average number of GPUs held while they had
+work waiting, and the wall time of the policy call per pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.scheduler.history import RunTimes
+from service.scheduler.policy import schedule
+from service.scheduler.types import (
+    DEFAULT_HALF_LIFE_S,
+    Cluster,
+    FairShare,
+    HostCapacity,
+    Policy,
+    PolicyConfig,
+    QueuedJob,
+    RunningJob,
+)
+from service.scheduler.usage import decayed, interval_usage
+
+TRACE_COLUMNS = ("submit_time_s", "duration_s", "num_gpus", "user")
+
+
+class TraceError(ValueError):
+    """The trace file cannot be read; the message names the line and the column."""
+
+
+@dataclass(slots=True)
+class TraceJob:
+    id: int
+    submit: float
+    duration: float
+    gpus: int
+    user: str
+    start: float | None = None
+
+
+def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
+    """Jobs of a CSV trace with columns submit_time_s,duration_s,num_gpus,user."""
+    try:
+        handle = path.open(newline="")
+    except OSError as err:
+        raise TraceError(f"cannot read {path}: {err}") from err
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (need {','.join(TRACE_COLUMNS)})")
+        jobs: list[TraceJob] = []
+        for line, row in enumerate(reader, start=2):
+            if limit is not None and len(jobs) >= limit:
+                break
+            jobs.append(_trace_job(len(jobs), row, path, line))
+    return sorted(jobs, key=lambda j: (j.submit, j.id))
+
+
+def _trace_job(index: int, row: dict[str, str], path: Path, line: int) -> TraceJob:
+    try:
+        job = TraceJob(index, float(row["submit_time_s"]), float(row["duration_s"]), int(row["num_gpus"]), row["user"])
+    except (TypeError, ValueError) as err:
+        raise TraceError(f"{path}:{line}: {err}") from err
+    if job.gpus < 1 or job.duration < 0 or not math.isfinite(job.submit) or not job.user:
+        raise TraceError(f"{path}:{line}: needs num_gpus >= 1, duration_s >= 0 and a user")
+    return job
+
+
+@dataclass
+class _State:
+    hosts: list[HostCapacity]
+    by_name: dict[str, HostCapacity] = field(default_factory=dict)
+    running: dict[tuple[int, str], RunningJob] = field(default_factory=dict)
+    """(job id, host) -> the job's part on that host (trace jobs may span hosts)."""
+    queued: dict[int, QueuedJob] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    usage_at: float = 0.0
+    held: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    waiting: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    waited_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    gpu_s_while_waiting: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    busy_gpu_s: float = 0.0
+    history: RunTimes = field(default_factory=lambda: RunTimes())
+
+
+def simulate(
+    jobs: list[TraceJob],
+    hosts: int,
+    gpus_per_host: int,
+    policy: Policy,
+    oracle: bool = False,
+    half_life_s: float = DEFAULT_HALF_LIFE_S,
+    config: PolicyConfig | None = None,
+) -> dict[str, Any]:
+    """Replay `jobs`; returns the metrics as a JSON-able dict."""
+    config = config or PolicyConfig(policy=policy)
+    config.policy = policy
+    config.explain = False
+    capacity = hosts * gpus_per_host
+    runnable = [j for j in jobs if j.gpus <= capacity]
+    host_list = [HostCapacity(f"h{i:03d}", [1.0] * gpus_per_host) for i in range(hosts)]
+    state = _State(hosts=host_list, by_name={h.name: h for h in host_list})
+    by_id = {j.id: j for j in runnable}
+    arrivals = list(runnable)
+    arrivals.reverse()
+    ends: list[tuple[float, int]] = []
+    finished: dict[int, float] = {}
+    pass_ms: list[float] = []
+    now = arrivals[-1].submit if arrivals else 0.0
+    while arrivals or ends:
+        next_time = min(arrivals[-1].submit if arrivals else math.inf, ends[0][0] if ends else math.inf)
+        _advance(state, now, next_time)
+        now = next_time
+        while ends and ends[0][0] <= now:
+            _, job_id = heapq.heappop(ends)
+            _finish(state, job_id, now, half_life_s)
+            finished[job_id] = now
+            done = by_id[job_id]
+            if state.history.add(done.user, done.duration):
+                estimate, typical = state.history.estimate(done.user), state.history.typical(done.user)
+                for queued in state.queued.values():
+                    if queued.user == done.user:
+                        queued.estimate_s, queued.typical_s = estimate, typical
+        while arrivals and arrivals[-1].submit <= now:
+            job = arrivals.pop()
+            state.queued[job.id] = QueuedJob(
+                job.id,
+                job.user,
+                1,
+                job.gpus,
+                1.0,
+                job.submit,
+                limit_s=job.duration if oracle else None,
+                estimate_s=state.history.estimate(job.user),
+                typical_s=state.history.typical(job.user),
+            )
+            state.waiting[job.user] += 1
+        started = time.perf_counter()
+        decision = schedule(
+            state.queued.values(),
+            Cluster(state.hosts, list(state.running.values())),
+            FairShare(usage=_usage_now(state, now, half_life_s)),
+            now,
+            config,
+        )
+        pass_ms.append((time.perf_counter() - started) * 1000)
+        for placement in decision.placements:
+            job = by_id[placement.job_id]
+            _start(state, job, placement.slots, now, oracle)
+            heapq.heappush(ends, (now + job.duration, job.id))
+    return _metrics(runnable, finished, len(jobs) - len(runnable), state, capacity, pass_ms)
+
+
+def _advance(state: _State, start: float, end: float) -> None:
+    """Account the interval [start, end): GPUs busy, users waiting and what they held."""
+    if not math.isfinite(end) or end <= start:
+        return
+    span = end - start
+    state.busy_gpu_s += span * sum(r.gpu_load for r in state.running.values())
+    for user, count in state.waiting.items():
+        if count:
+            state.waited_s[user] += span
+            state.gpu_s_while_waiting[user] += span * state.held[user]
+
+
+def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> None:
+    queued = state.queued.pop(job.id)
+    state.waiting[job.user] -= 1
+    job.start = now
+    for host, indices in slots:
+        for i in indices:
+            state.by_name[host].free[i] -= queued.fraction
+        state.running[(job.id, host)] = RunningJob(
+            id=job.id,
+            user=job.user,
+            priority=1,
+            host=host,
+            indices=indices,
+            fraction=queued.fraction,
+            started=now,
+            limit_s=job.duration if oracle else None,
+            estimate_s=queued.estimate_s,
+        )
+    state.held[job.user] += job.gpus
+
+
+def _finish(state: _State, job_id: int, now: float, half_life_s: float) -> None:
+    for key in [k for k in state.running if k[0] == job_id]:
+        running = state.running.pop(key)
+        free = state.by_name[running.host].free
+        for i in running.indices:
+            free[i] = min(1.0, free[i] + running.fraction)
+        _fold_usage(state, now, half_life_s)
+        state.usage[running.user] += interval_usage(running.gpu_load, running.started, now, now, half_life_s)
+        state.held[running.user] -= running.gpu_load
+
+
+def _fold_usage(state: _State, now: float, half_life_s: float) -> None:
+    if now > state.usage_at:
+        for user in state.usage:
+            state.usage[user] = decayed(state.usage[user], state.usage_at, now, half_life_s)
+        state.usage_at = now
+
+
+def _usage_now(state: _State, now: float, half_life_s: float) -> dict[str, float]:
+    _fold_usage(state, now, half_life_s)
+    usage = dict(state.usage)
+    for running in state.running.values():
+        usage[running.user] = usage.get(running.user, 0.0) + interval_usage(
+            running.gpu_load, running.started, now, now, half_life_s
+        )
+    return usage
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def _metrics(
+    jobs: list[TraceJob],
+    finished: dict[int, float],
+    dropped: int,
+    state: _State,
+    capacity: int,
+    pass_ms: list[float],
+) -> dict[str, Any]:
+    jct = [finished[j.id] - j.submit for j in jobs]
+    wait = [(j.start or 0.0) - j.submit for j in jobs]
+    first = min((j.submit for j in jobs), default=0.0)
+    makespan = max(finished.values(), default=first) - first
+    shares = [state.gpu_s_while_waiting[u] / t for u, t in state.waited_s.items() if t > 0]
+    jain = sum(shares) ** 2 / (len(shares) * sum(s * s for s in shares)) if shares and any(shares) else 1.0
+    return {
+        "jobs": len(jobs),
+        "jobs_dropped_too_large": dropped,
+        "avg_jct_s": round(sum(jct) / len(jct), 1) if jct else 0.0,
+        "p50_jct_s": round(_percentile(jct, 0.5), 1),
+        "p95_jct_s": round(_percentile(jct, 0.95), 1),
+        "avg_wait_s": round(sum(wait) / len(wait), 1) if wait else 0.0,
+        "p95_wait_s": round(_percentile(wait, 0.95), 1),
+        "max_wait_s": round(max(wait, default=0.0), 1),
+        "makespan_s": round(makespan, 1),
+        "utilization": round(state.busy_gpu_s / (capacity * makespan), 4) if makespan else 0.0,
+        "jain_fairness": round(jain, 4),
+        "avg_pass_ms": round(sum(pass_ms) / len(pass_ms), 3) if pass_ms else 0.0,
+        "max_pass_ms": round(max(pass_ms, default=0.0), 3),
+    }

@@ -1,0 +1,238 @@
+"""The scheduling policy as a pure function: what starts, where, and why the rest waits."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.scheduler.explain import describe
+from service.scheduler.policy import schedule
+from service.scheduler.types import (
+    DAY,
+    Cluster,
+    FairShare,
+    HostCapacity,
+    Policy,
+    PolicyConfig,
+    QueuedJob,
+    RunningJob,
+)
+
+NOW = 1_000_000.0
+HIGH, NORMAL, LOW = 0, 1, 2
+
+
+def hosts(*sizes: int, busy: dict[str, list[int]] | None = None) -> list[HostCapacity]:
+    out = []
+    for n, size in enumerate(sizes):
+        name = f"lab-{'abcdefgh'[n]}"
+        free = [0.0 if i in (busy or {}).get(name, []) else 1.0 for i in range(size)]
+        out.append(HostCapacity(name, free))
+    return out
+
+
+def cluster(
+    *sizes: int, running: list[RunningJob] | None = None, drained: dict[str, set[int]] | None = None
+) -> Cluster:
+    """Hosts lab-a, lab-b, ... of these sizes, with the running jobs' GPUs taken."""
+    built = hosts(*sizes)
+    by_name = {h.name: h for h in built}
+    for r in running or []:
+        for i in r.indices:
+            by_name[r.host].free[i] -= r.fraction
+    for name, indices in (drained or {}).items():
+        for i in indices:
+            by_name[name].free[i] = 0.0
+        by_name[name].unusable = frozenset(indices)
+    return Cluster(built, list(running or []))
+
+
+def job(job_id: int, user: str = "alice", gpus: int = 1, **kw: object) -> QueuedJob:
+    values: dict[str, object] = {"priority": NORMAL, "fraction": 1.0, "submitted": NOW - 100 + job_id}
+    values.update(kw)
+    return QueuedJob(job_id, user, gpus=gpus, **values)  # type: ignore[arg-type]
+
+
+def running(job_id: int, host: str, indices: tuple[int, ...], **kw: object) -> RunningJob:
+    values: dict[str, object] = {"user": "zed", "priority": NORMAL, "fraction": 1.0, "started": NOW - 50}
+    values.update(kw)
+    return RunningJob(job_id, host=host, indices=indices, **values)  # type: ignore[arg-type]
+
+
+def run(queued, cluster, policy=Policy.TOWERQ, usage=None, **config):  # type: ignore[no-untyped-def]
+    fair = config.pop("fair_share", None) or FairShare(usage=usage or {})
+    return schedule(queued, cluster, fair, NOW, PolicyConfig(policy=policy, **config))
+
+
+def placed(decision) -> dict[int, tuple[str, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+    return {p.job_id: (p.host, p.indices) for p in decision.placements}
+
+
+def reasons(decision) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    return {p.job_id: describe(p.reason, NOW) for p in decision.pending}
+
+
+def test_fifo_lets_nothing_pass_a_blocked_head() -> None:
+    d = run([job(1, gpus=4), job(2)], Cluster(hosts(4, busy={"lab-a": [0]})), Policy.FIFO)
+    assert placed(d) == {}
+    assert reasons(d)[2] == "behind job 1 (strict FIFO)"
+
+
+def test_fit_first_starts_anything_that_fits_in_submit_order() -> None:
+    d = run([job(1, gpus=4), job(2), job(3, gpus=2), job(4)], Cluster(hosts(4, busy={"lab-a": [0]})), Policy.FIT_FIRST)
+    assert set(placed(d)) == {2, 3}
+
+
+def test_the_user_who_used_less_goes_first_and_a_users_jobs_keep_their_order() -> None:
+    queue = [job(1, "heavy"), job(2, "heavy"), job(3, "light"), job(4, "light")]
+    d = run(queue, Cluster(hosts(2)), usage={"heavy": 1e6, "light": 10.0})
+    assert set(placed(d)) == {3, 4}
+    assert [p.job_id for p in d.pending] == [1, 2]
+    assert [p.position for p in d.pending] == [1, 2]
+
+
+def test_users_with_equal_usage_share_the_gpus_that_free_up_in_one_pass() -> None:
+    queue = [job(i, "alice") for i in range(1, 5)] + [job(i, "bob") for i in range(5, 9)]
+    d = run(queue, Cluster(hosts(4)))
+    users = defaultdict(int)
+    for job_id in placed(d):
+        users["alice" if job_id < 5 else "bob"] += 1
+    assert users == {"alice": 2, "bob": 2}
+
+
+def test_a_larger_share_earns_more_before_the_term_equals() -> None:
+    fair = FairShare(usage={"alice": 300.0, "bob": 200.0}, shares={"alice": 3.0, "bob": 1.0})
+    d = run([job(1, "bob"), job(2, "alice")], Cluster(hosts(1)), fair_share=fair)
+    assert set(placed(d)) == {2}  # alice used 60% with a 75% share; bob 40% of a 25% share
+
+
+def test_priority_classes_come_first_and_waiting_lifts_a_job() -> None:
+    fresh_normal = job(1, priority=NORMAL, submitted=NOW - 10)
+    high = job(2, priority=HIGH, submitted=NOW - 5)
+    assert set(placed(run([fresh_normal, high], Cluster(hosts(1))))) == {2}
+    old_low = job(3, priority=LOW, submitted=NOW - 3 * DAY)
+    d = run([fresh_normal, old_low], Cluster(hosts(1)), aging_s=DAY)
+    assert set(placed(d)) == {3}  # three days of waiting beat two classes
+
+
+def test_a_user_at_their_gpu_limit_waits_with_the_reason_in_words() -> None:
+    busy = cluster(8, running=[running(90, "lab-a", (0, 1, 2, 3), user="alice")])
+    fair = FairShare(limits={"alice": 4.0})
+    d = run([job(1, "alice"), job(2, "bob")], busy, fair_share=fair)
+    assert set(placed(d)) == {2}
+    assert reasons(d)[1] == "user limit: alice uses 4 of 4 GPUs"
+
+
+def test_fractions_share_a_gpu_up_to_one_and_a_whole_job_never_shares() -> None:
+    queue = [job(1, fraction=0.5), job(2, fraction=0.5), job(3), job(4, fraction=0.5)]
+    d = run(queue, Cluster(hosts(2)))
+    assert placed(d)[1][1] == placed(d)[2][1]  # packed onto one GPU
+    assert placed(d)[3][1] != placed(d)[1][1]
+    assert 4 not in placed(d)
+
+
+def test_jobs_bound_to_a_host_and_gpus_go_only_there() -> None:
+    two = Cluster(hosts(4, 4))
+    d = run([job(1, host="lab-b", indices=(2, 3), gpus=2), job(2, host="lab-b", gpus=2)], two)
+    assert placed(d) == {1: ("lab-b", (2, 3)), 2: ("lab-b", (0, 1))}
+    down = run([job(3, host="lab-z")], two)
+    assert reasons(down)[3] == "host lab-z is down or not registered"
+
+
+def test_a_drained_gpu_takes_no_job() -> None:
+    d = run([job(1, host="lab-a", indices=(0,)), job(2, gpus=2)], cluster(2, drained={"lab-a": {0}}))
+    assert reasons(d)[1] == "GPU 0 on lab-a drained or absent"
+    assert 2 not in placed(d)
+
+
+def test_busy_gpus_are_explained_with_the_holder_and_its_end() -> None:
+    busy = cluster(2, running=[running(12, "lab-a", (1,), limit_s=3600.0, started=NOW - 600)])
+    d = run([job(1, host="lab-a", indices=(1,))], busy)
+    assert reasons(d)[1].startswith("waiting for GPU 1 on lab-a (job 12, ends ~")
+
+
+def test_a_starving_gang_job_gets_gpus_reserved_and_unbounded_jobs_cannot_take_them() -> None:
+    # 8 GPUs: 6 busy on lab-a. A 4-GPU job has waited 3 days; 1-GPU jobs keep coming.
+    busy = [running(100 + i, "lab-a", (i,), limit_s=1000.0, started=NOW - 500) for i in range(6)]
+    gang = job(1, gpus=4, submitted=NOW - 3 * DAY)
+    small = [job(i, submitted=NOW - 10 + i) for i in range(2, 5)]
+    d = run([gang, *small], cluster(8, running=busy), reserve_after_s=2 * DAY)
+    assert placed(d) == {}, "the two free GPUs are held for the gang job"
+    pending = {p.job_id: p for p in d.pending}
+    assert pending[1].reserved_start == NOW + 500
+    assert "reserved for job 1" in reasons(d)[2]
+    # without the guard, fit-first hands the free GPUs to the small jobs
+    assert len(placed(run([gang, *small], cluster(8, running=busy), Policy.FIT_FIRST))) == 2
+
+
+def test_a_job_known_to_end_before_the_reservation_backfills_onto_held_gpus() -> None:
+    busy = [running(100 + i, "lab-a", (i,), limit_s=1000.0, started=NOW - 500) for i in range(6)]
+    gang = job(1, gpus=4, submitted=NOW - 3 * DAY)
+    short, long = job(2, limit_s=300.0), job(3, limit_s=5000.0)
+    d = run([gang, short, long], cluster(8, running=busy), reserve_after_s=2 * DAY)
+    assert set(placed(d)) == {2}
+    likely_short = job(4, estimate_s=300.0)  # no limit, but its owner's jobs end within 300 s
+    assert set(placed(run([gang, likely_short], cluster(8, running=busy), reserve_after_s=2 * DAY))) == {4}
+
+
+def test_one_gpu_jobs_get_no_reservation_they_can_take_any_gpu() -> None:
+    busy = [running(100, "lab-a", (0,))]
+    d = run([job(1, submitted=NOW - 5 * DAY)], cluster(1, running=busy), reserve_after_s=DAY)
+    assert d.pending[0].reserved_start is None
+
+
+def test_the_reserved_host_is_the_one_expected_to_free_soonest() -> None:
+    # lab-a's jobs have run for a day, lab-b's for a minute: lab-b is likely to drain first.
+    old = [running(100 + i, "lab-a", (i,), started=NOW - DAY) for i in range(4)]
+    young = [running(200 + i, "lab-b", (i,), started=NOW - 60) for i in range(4)]
+    d = run([job(1, gpus=4, submitted=NOW - 3 * DAY), job(2)], cluster(4, 4, running=old + young), reserve_after_s=DAY)
+    assert "lab-b" in reasons(d)[2]
+
+
+def test_a_high_job_preempts_the_youngest_low_jobs_only_when_allowed() -> None:
+    low = [running(100 + i, "lab-a", (i,), priority=LOW, started=NOW - 100 * (i + 1)) for i in range(4)]
+    urgent = job(1, gpus=2, priority=HIGH)
+    off = run([urgent], cluster(4, running=low))
+    assert off.preempt == {}
+    on = run([urgent], cluster(4, running=low), preemption=True)
+    assert on.preempt == {100: 1, 101: 1}
+    assert reasons(on)[1] == "stopping lower-priority job 100, job 101 on lab-a to make room"
+    assert not any(r.stopping for r in low), "the policy does not change what it is given"
+    low[0].stopping = low[1].stopping = True
+    waiting = run([urgent], cluster(4, running=low), preemption=True)
+    assert waiting.preempt == {}, "jobs already stopping are waited for, not joined by more"
+
+
+def test_normal_jobs_never_preempt() -> None:
+    low = [running(100, "lab-a", (0,), priority=LOW)]
+    assert run([job(1)], cluster(1, running=low), preemption=True).preempt == {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+    jobs=st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from([1.0, 0.5, 0.25, 0.3]), st.sampled_from(["a", "b", "c"])),
+        max_size=30,
+    ),
+    policy=st.sampled_from(list(Policy)),
+)
+def test_no_gpu_is_ever_given_more_than_it_has(sizes: list[int], jobs, policy: Policy) -> None:  # type: ignore[no-untyped-def]
+    queue = [job(i, user, gpus=g, fraction=f) for i, (g, f, user) in enumerate(jobs)]
+    d = run(queue, cluster(*sizes), policy)
+    load: dict[tuple[str, int], float] = defaultdict(float)
+    fractions = {q.id: q for q in queue}
+    for placement in d.placements:
+        q = fractions[placement.job_id]
+        gpus = [(host, i) for host, indices in placement.slots for i in indices]
+        assert len(set(gpus)) == len(gpus)
+        if len(placement.slots) == 1:
+            assert len(gpus) == q.gpus
+        else:  # larger than any host: whole hosts (trace replay), at least what it asked for
+            assert len(gpus) >= q.gpus > max(sizes)
+        for gpu in gpus:
+            load[gpu] += q.fraction
+    assert all(v <= 1.0 + 1e-9 for v in load.values()), load
+    assert {p.job_id for p in d.placements}.isdisjoint({p.job_id for p in d.pending})
