@@ -54,8 +54,9 @@ class MetricSink:
 
     # -- buffering ----------------------------------------------------------------------
 
-    def metric(self, event: dict[str, Any]) -> None:
-        """A `metric` (train) or `eval` line from the trainer."""
+    def metric(self, event: dict[str, Any], publish: bool = True) -> None:
+        """A `metric` (train) or `eval` line from the trainer (`publish=False`: an old point
+        restored from the trainer's metrics log, stored but not streamed again)."""
         split = "eval" if event.get("event") == "eval" else "train"
         step = event.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
@@ -63,8 +64,10 @@ class MetricSink:
             return
         point = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
         when = parse_time(event.get("time"))
-        self._publish(split if split == "eval" else "metric", {**point, "time": when.isoformat()})
-        self.metrics.append({**point, "job_id": self.job_id, "attempt": self.attempt, "time": when})
+        if publish:
+            self._publish(split if split == "eval" else "metric", {**point, "time": when.isoformat()})
+        attempt = event.get("attempt", self.attempt) if not publish else self.attempt
+        self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
         self._note_latest(point, event)
         self._buffered()
 

@@ -34,6 +34,7 @@ from service.lifecycle import current_attempt, finish, mark_running, requeue
 from service.models import Gpu, Host, Job, JobState
 from worker.inventory import Inventory, SimulatedInventory, pid_alive
 from worker.relay import MetricSink, parse_time
+from worker.trainer.protocol import METRICS_LOG, read_metrics_log
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +290,7 @@ class JobRunner:
             self._on_started(event)
         elif kind == "checkpoint":
             self.sink.log("info", f"checkpoint at step {event.get('step')}: {event.get('path')}")
+            self._flush()  # what led up to a checkpoint is stored before going on
         elif kind == "done":
             self.outcome.done = event
         elif kind == "error":
@@ -301,6 +303,9 @@ class JobRunner:
         resumed = event.get("resumed_from_step")
         if isinstance(resumed, int):
             self.sink.forget_after(resumed)
+            for point in read_metrics_log(self.artifacts / METRICS_LOG):
+                if point["step"] <= resumed:
+                    self.sink.metric(point, publish=False)
             self.sink.log("info", f"resumed from the checkpoint of step {resumed}")
         self._flush(
             {

@@ -28,7 +28,7 @@ import tensorflow as tf
 from worker.trainer import datasets, devices
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.models import build_model
-from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, Reporter
+from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, METRICS_LOG, Reporter
 from worker.trainer.spec import Hyperparameters, TrainerInput
 from worker.trainer.towers import EvalResult, Objective, TowerStep
 
@@ -117,6 +117,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         start_step = int(optimizer.iterations.numpy())
     writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
+    reporter.keep_metrics(artifacts / METRICS_LOG, start_step, spec.runtime.attempt)
     return Run(spec, reporter, setup, data, step, manager, checkpoint, start_step, global_batch, writer)
 
 
@@ -242,6 +243,7 @@ def evaluate(run: Run, done: int) -> EvalResult:
 
 
 def save(run: Run, done: int) -> None:
+    run.reporter.sync_metrics()
     path = run.manager.save(checkpoint_number=done)
     run.reporter.emit("checkpoint", step=done, path=path)
 

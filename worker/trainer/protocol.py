@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_OK = 0
@@ -41,16 +43,59 @@ def _clean(value: Any) -> Any:
     return value
 
 
+METRICS_LOG = "metrics.jsonl"
+"""The trainer's own copy of its `metric` and `eval` lines, in the artifact folder: after a
+crash, the worker takes from it the points up to the checkpoint a new attempt resumes from
+(the dead worker may not have stored the last ones)."""
+
+
 class Reporter:
-    """Writes protocol lines; non-finite numbers become null so every line is valid JSON."""
+    """Writes protocol lines; non-finite numbers become null so every line is valid JSON.
+    With `metrics_log`, metric and eval lines are also appended to that file."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
+        self.metrics_log: TextIO | None = None
+        self.attempt = 1
+
+    def keep_metrics(self, path: Path, up_to_step: int, attempt: int) -> None:
+        """Append metric lines (marked with `attempt`) to `path`, keeping only its points up
+        to `up_to_step` (the checkpoint this run resumes from; later ones are trained again)."""
+        self.attempt = attempt
+        kept = [line for line in read_metrics_log(path) if line.get("step", 0) <= up_to_step]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+        self.metrics_log = path.open("a")
+
+    def sync_metrics(self) -> None:
+        """Make the metrics log durable (done before each checkpoint is announced)."""
+        if self.metrics_log is not None:
+            self.metrics_log.flush()
+            os.fsync(self.metrics_log.fileno())
 
     def emit(self, event: str, **fields: Any) -> None:
         line = json.dumps({"event": event, "time": round(time.time(), 3), **_clean(fields)})
+        if self.metrics_log is not None and event in ("metric", "eval"):
+            self.metrics_log.write(line[:-1] + f', "attempt": {self.attempt}}}' + "\n")
         self.stream.write(line + "\n")
         self.stream.flush()
 
     def log(self, message: str, level: str = "info") -> None:
         self.emit("log", level=level, message=message)
+
+
+def read_metrics_log(path: Path) -> list[dict[str, Any]]:
+    """The metric and eval lines of a metrics log (a torn last line is skipped)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    lines = []
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("step"), int):
+            lines.append(line)
+    return lines

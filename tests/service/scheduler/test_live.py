@@ -1,0 +1,268 @@
+"""The live pass against a real database and Redis (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from rq import Queue
+from sqlalchemy import func, select, update
+
+from service import keys
+from service.auth import Caller, ensure_user
+from service.context import Context
+from service.jobs import submit
+from service.lifecycle import finish, mark_running
+from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
+from service.scheduler.live import LiveScheduler
+from service.schemas import JobSpec
+from service.settings import Settings
+
+
+@pytest.fixture
+def ctx(settings: Settings) -> Iterator[Context]:
+    context = Context.open(settings)
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def caller(ctx: Context) -> Callable[[str], Caller]:
+    def make(name: str) -> Caller:
+        with ctx.db.write() as session:
+            user = ensure_user(session, name)
+            return Caller(user.id, user.name, False, 0)
+
+    return make
+
+
+def submit_job(ctx: Context, who: Caller, **spec: object) -> int:
+    body = {"model": "mlp", "dataset": "digits", **spec}
+    with ctx.db.write() as session:
+        job, _ = submit(session, who, JobSpec.model_validate(body), ctx.settings)
+        session.flush()
+        return job.id
+
+
+def job_row(ctx: Context, job_id: int) -> Job:
+    with ctx.db.read() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def over_committed(ctx: Context) -> dict[int, float]:
+    with ctx.db.read() as session:
+        rows = session.execute(
+            select(Allocation.gpu_id, func.sum(Allocation.fraction))
+            .where(Allocation.released_at.is_(None))
+            .group_by(Allocation.gpu_id)
+        ).all()
+    return {gpu: total for gpu, total in rows if total > 1.0 + 1e-9}
+
+
+def test_a_pass_dispatches_and_sends_the_launch_to_the_hosts_queue(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    job_id = submit_job(ctx, caller("alice"), gpus=[1, 2])
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [job_id]
+    job = job_row(ctx, job_id)
+    assert (job.state, job.host_name) == (JobState.DISPATCHED, "lab-a")
+    queued = Queue(keys.host_queue("lab-a"), connection=ctx.redis).jobs
+    assert [(j.func_name, j.args) for j in queued] == [("worker.agent.launch", (job_id, 1))]
+    assert queued[0].timeout != 180  # RQ's default is overridden
+
+
+def test_waiting_jobs_get_their_position_and_reason_in_words(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    first = submit_job(ctx, alice, gpus=[0, 1])
+    LiveScheduler(ctx).run_pass()
+    second = submit_job(ctx, alice, gpus=[1])
+    third = submit_job(ctx, alice, gpu_count=2)
+    LiveScheduler(ctx).run_pass()
+    waiting = [job_row(ctx, second), job_row(ctx, third)]
+    assert [j.queue_position for j in waiting] == [1, 2]
+    assert waiting[0].pending_reason == f"waiting for GPU 1 on lab-a (job {first})"
+    assert waiting[1].pending_reason == f"waiting for GPUs 0, 1 on lab-a (job {first})"
+
+
+def test_a_drained_gpu_gets_no_new_job(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 2)
+    with ctx.db.write() as session:
+        session.execute(update(Gpu).where(Gpu.index == 0).values(drained=True))
+    job_id = submit_job(ctx, caller("alice"), gpus=[0])
+    other = submit_job(ctx, caller("alice"), gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    assert job_row(ctx, job_id).pending_reason == "GPU 0 on lab-a drained or absent"
+    with ctx.db.read() as session:
+        indices = session.scalars(
+            select(Gpu.index).join(Allocation, Allocation.gpu_id == Gpu.id).where(Allocation.job_id == other)
+        )
+        assert list(indices) == [1]
+
+
+def test_the_user_gpu_limit_holds_and_a_users_own_limit_overrides_it(
+    make_settings: Callable[..., Settings],
+    database_url: str,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+) -> None:
+    ctx = Context.open(make_settings(database_url, user_gpu_limit=2))
+    try:
+        add_host("lab-a", 4)
+        alice = caller("alice")
+        ids = [submit_job(ctx, alice, gpu_count=1) for _ in range(3)]
+        LiveScheduler(ctx).run_pass()
+        assert [job_row(ctx, i).state for i in ids] == [JobState.DISPATCHED, JobState.DISPATCHED, JobState.QUEUED]
+        assert job_row(ctx, ids[2]).pending_reason == "user limit: alice uses 2 of 2 GPUs"
+        with ctx.db.write() as session:
+            session.execute(update(User).where(User.name == "alice").values(gpu_limit=3))
+        LiveScheduler(ctx).run_pass()
+        assert job_row(ctx, ids[2]).state == JobState.DISPATCHED
+    finally:
+        ctx.close()
+
+
+def test_a_host_that_stops_heartbeating_is_marked_down_and_its_jobs_requeued(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 2)
+    add_host("lab-b", 2)
+    job_id = submit_job(ctx, caller("alice"), host="lab-b", gpus=[0])
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.write() as session:
+        mark_running(session, job_id, 1, {"pid": 1})
+        stale = utcnow() - timedelta(seconds=ctx.settings.heartbeat_timeout_s + 5)
+        session.execute(update(Host).where(Host.name == "lab-b").values(last_heartbeat_at=stale))
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.repairs.hosts_down == ["lab-b"]
+    job = job_row(ctx, job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.QUEUED, 2, 1)
+    assert job.pending_reason == "host lab-b is down or not registered"
+    with ctx.db.read() as session:
+        assert session.scalar(select(Host.state).where(Host.name == "lab-b")) == HostState.DOWN
+        assert session.scalar(select(func.count()).where(Allocation.released_at.is_(None))) == 0
+
+
+def test_a_launch_lost_with_redis_is_sent_again(
+    make_settings: Callable[..., Settings],
+    database_url: str,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+) -> None:
+    ctx = Context.open(make_settings(database_url, dispatch_timeout_s=0.2))
+    try:
+        add_host("lab-a", 1)
+        job_id = submit_job(ctx, caller("alice"))
+        LiveScheduler(ctx).run_pass()
+        ctx.redis.flushdb()
+        time.sleep(0.3)
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and report.repairs.resend == [(job_id, 1, "lab-a")]
+        assert [j.args for j in Queue(keys.host_queue("lab-a"), connection=ctx.redis).jobs] == [(job_id, 1)]
+    finally:
+        ctx.close()
+
+
+def test_a_high_job_asks_the_youngest_low_job_to_make_room_when_preemption_is_on(
+    make_settings: Callable[..., Settings],
+    database_url: str,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+) -> None:
+    ctx = Context.open(make_settings(database_url, preemption=True))
+    try:
+        add_host("lab-a", 1)
+        low = submit_job(ctx, caller("bob"), priority="low")
+        LiveScheduler(ctx).run_pass()
+        pubsub = ctx.redis.pubsub()
+        pubsub.subscribe(keys.host_control_channel("lab-a"))
+        high = submit_job(ctx, caller("alice"), priority="high")
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and report.preempted == [low]
+        assert job_row(ctx, low).preempt_requested_at is not None
+        assert job_row(ctx, high).pending_reason == f"stopping lower-priority job {low} on lab-a to make room"
+        messages = [m for m in (pubsub.get_message(timeout=1) for _ in range(3)) if m and m["type"] == "message"]
+        assert messages and b'"type": "preempt"' in messages[0]["data"]
+    finally:
+        ctx.close()
+
+
+@pytest.mark.slow
+def test_concurrent_submits_finishes_and_passes_never_over_commit_a_gpu(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    add_host("lab-b", 4)
+    users = [caller(name) for name in ("alice", "bob", "carol")]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    samples: list[dict[int, float]] = []
+
+    def guarded(work: Callable[[], None], pause: float = 0.002) -> Callable[[], None]:
+        def loop() -> None:
+            try:
+                while not stop.is_set():
+                    work()
+                    time.sleep(pause)
+            except BaseException as err:  # noqa: BLE001 - reported by the test below
+                errors.append(err)
+                stop.set()
+
+        return loop
+
+    rng = random.Random(7)
+
+    def submitter() -> None:
+        spec = rng.choice(
+            [
+                {"gpu_count": 1},
+                {"gpu_count": 2},
+                {"gpu_count": 1, "gpu_memory_fraction": 0.5},
+                {"gpu_count": 4, "gpu_memory_fraction": 0.3},
+                {"host": "lab-b", "gpus": [3]},
+            ]
+        )
+        submit_job(ctx, rng.choice(users), **spec)
+
+    scheduler = LiveScheduler(ctx)
+    other_scheduler = LiveScheduler(ctx)
+
+    def finisher() -> None:
+        with ctx.db.read() as session:
+            running = session.execute(select(Job.id, Job.attempts).where(Job.state == JobState.DISPATCHED)).all()
+        for job_id, attempt in running[:3]:
+            with ctx.db.write() as session:
+                finish(session, job_id, attempt, JobState.SUCCEEDED)
+
+    def sampler() -> None:
+        samples.append(over_committed(ctx))
+
+    loops = [guarded(submitter), guarded(submitter), guarded(finisher), guarded(sampler, 0.02)]
+    loops += [guarded(lambda: scheduler.run_pass()), guarded(lambda: other_scheduler.run_pass())]
+    threads = [threading.Thread(target=loop) for loop in loops]
+    for thread in threads:
+        thread.start()
+    time.sleep(6)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert len(samples) > 10
+    assert all(sample == {} for sample in samples), [s for s in samples if s]
+    with ctx.db.read() as session:
+        counts = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+    print(counts, len(samples))
+    assert counts.get(JobState.SUCCEEDED, 0) > 10, "the hammer must have scheduled and finished many jobs"
+    assert over_committed(ctx) == {}
