@@ -7,9 +7,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from service.db import Database
 from service.exceptions import AuthError, NotFoundError
 from service.models import ApiToken, User, utcnow
 
@@ -84,6 +85,16 @@ class TokenChecker:
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, Caller]] = {}
         self._last_used: dict[int, float] = {}
+        self._touched: set[int] = set()
+
+    def cached(self, token: str | None) -> Caller | None:
+        """The caller for `token` if it was looked up in the last `ttl_s` seconds."""
+        if not token:
+            return None
+        cached = self._cache.get(hash_token(token))
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        return None
 
     def check(self, session: Session, token: str | None) -> Caller:
         if not token:
@@ -109,9 +120,17 @@ class TokenChecker:
     def forget(self) -> None:
         self._cache.clear()
 
-    def needs_last_used(self, token_id: int) -> bool:
+    def used(self, token_id: int) -> None:
+        """Note that the token was used; `flush_last_used` records it, at most once a minute."""
         now = time.monotonic()
-        if now - self._last_used.get(token_id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
-            return False
-        self._last_used[token_id] = now
-        return True
+        if now - self._last_used.get(token_id, -LAST_USED_EVERY_S) >= LAST_USED_EVERY_S:
+            self._last_used[token_id] = now
+            self._touched.add(token_id)
+
+    def flush_last_used(self, db: Database) -> None:
+        """Write `last_used_at` of the tokens used since the last flush, in one transaction
+        (off the request path: a request never waits for this write)."""
+        touched, self._touched = self._touched, set()
+        if touched:
+            with db.write() as session:
+                session.execute(update(ApiToken).where(ApiToken.id.in_(touched)).values(last_used_at=utcnow()))

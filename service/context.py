@@ -25,9 +25,7 @@ class Context:
     def open(cls, settings: Settings) -> Context:
         db = Database(settings.database_url)
         client = connect_redis(settings.redis_url)
-        publisher = Publisher(client)
-        for factory in db.sessionmakers:
-            publisher.attach(factory)
+        db.on_commit.append(Publisher(client))
         return cls(settings=settings, db=db, redis=client)
 
     def close(self) -> None:

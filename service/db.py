@@ -7,16 +7,20 @@ once with "database is locked" when another process wrote in between, instead of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import fcntl
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_AUTOCHECKPOINT_PAGES = 20_000
 WRITE_OPTION = "towerq_write"
 
 
@@ -46,6 +50,9 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    # The scheduler checkpoints the WAL in the background (`checkpoint`); a commit only does
+    # it itself when the WAL has grown far, so requests rarely wait for one.
+    cursor.execute(f"PRAGMA wal_autocheckpoint={SQLITE_AUTOCHECKPOINT_PAGES}")
     cursor.close()
 
 
@@ -55,7 +62,11 @@ def _sqlite_on_begin(conn: Any) -> None:
 
 
 class Database:
-    """Sessions on one database: `read()` for queries, `write()` for a unit of work."""
+    """Sessions on one database: `read()` for queries, `write()` for a unit of work.
+
+    What a write queued with `notify` (job events, scheduler kicks) is handed to the
+    `on_commit` callbacks after the transaction committed and its locks are released.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -63,6 +74,8 @@ class Database:
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         write_engine = self.engine.execution_options(**{WRITE_OPTION: True})
         self._write = sessionmaker(write_engine, expire_on_commit=False)
+        self._writers = SqliteWriters(url) if self.is_sqlite else None
+        self.on_commit: list[Callable[[dict[str, Any]], None]] = []
 
     @property
     def is_sqlite(self) -> bool:
@@ -70,9 +83,6 @@ class Database:
 
     def new_read_session(self) -> Session:
         return self._read()
-
-    def new_write_session(self) -> Session:
-        return self._write()
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -82,12 +92,59 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A session whose work is committed when the block ends, rolled back on error."""
-        with self._write() as session, session.begin():
-            yield session
+        with self._writers or nullcontext(), self._write() as session:
+            with session.begin():
+                yield session
+            info = dict(session.info)
+        for callback in self.on_commit:
+            callback(info)
 
-    @property
-    def sessionmakers(self) -> tuple[sessionmaker[Session], sessionmaker[Session]]:
-        return self._read, self._write
+    def checkpoint(self) -> None:
+        """Copy the SQLite WAL into the database without blocking anyone (no-op elsewhere)."""
+        if self.is_sqlite:
+            with self.engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._writers is not None:
+            self._writers.close()
+
+
+class SqliteWriters:
+    """One SQLite writer at a time across this machine's towerq processes, queued on an
+    exclusive lock (threads of a process on a mutex, processes on a file lock) instead of
+    polling SQLite's busy handler, which is slow and unfair under load: some writers would
+    wait past the busy timeout while others got through again and again."""
+
+    def __init__(self, url: str) -> None:
+        database = make_url(url).database
+        self.path = Path(f"{database}.writers") if database and database != ":memory:" else None
+        self.mutex = threading.Lock()
+        self.handle: IO[bytes] | None = None
+
+    def __enter__(self) -> SqliteWriters:
+        self.mutex.acquire()
+        if self.path is not None:
+            if self.handle is None:
+                self.handle = self.path.open("ab")
+            fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.mutex.release()
+
+    def close(self) -> None:
+        with self.mutex:
+            if self.handle is not None:
+                self.handle.close()
+                self.handle = None
+
+
+def insert_ignoring_duplicates(session: Session, model: type[Any]) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING, on SQLite and on PostgreSQL."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model).on_conflict_do_nothing()
+    return sqlite.insert(model).on_conflict_do_nothing()

@@ -15,6 +15,13 @@ LOG_LINES_KEPT = 20_000
 KILL_CHECK_INTERVAL_S = 0.2
 """How often a stopping runner checks whether the trainer's process group is gone."""
 
+MIN_PASS_GAP_S = 0.5
+"""Kicks that arrive faster are served together: at most one pass per this many seconds,
+so a burst of submissions does not turn into back-to-back passes."""
+
+PENDING_REFRESH_S = 1.0
+"""Queued jobs' positions and reasons are rewritten at most this often (new jobs at once)."""
+
 RQ_LAUNCH_TIMEOUT_S = 120
 """RQ timeout for a dispatch message: it only starts the trainer, which then runs for hours
 under the worker's own supervision, outside RQ's timeout."""

@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections import defaultdict
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from service.db import Database
 from service.exceptions import NotFoundError
 from service.models import Allocation, Gpu, Host, Job, JobState, User, utcnow
 from service.schemas import GpuHolder, GpuOut, WorkerOut
+
+
+class HostInventory:
+    """The GPUs of every registered host (host name -> present GPU indices), cached for a
+    few seconds: submissions check against it without a query each."""
+
+    def __init__(self, db: Database, ttl_s: float = 2.0) -> None:
+        self.db = db
+        self.ttl_s = ttl_s
+        self._hosts: dict[str, list[int]] = {}
+        self._read_at = -math.inf
+        self._lock = threading.Lock()
+
+    def hosts(self, fresh: bool = False) -> dict[str, list[int]]:
+        with self._lock:
+            if fresh or time.monotonic() - self._read_at > self.ttl_s:
+                with self.db.read() as session:
+                    self._hosts = {
+                        h.name: sorted(g.index for g in h.gpus if g.present)
+                        for h in session.scalars(select(Host).options(selectinload(Host.gpus)))
+                    }
+                self._read_at = time.monotonic()
+            return self._hosts
 
 
 def holders_by_gpu(session: Session) -> dict[int, list[GpuHolder]]:

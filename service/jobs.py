@@ -6,40 +6,58 @@ import secrets
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import ColumnElement, func, or_, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, joinedload
 
 from service.auth import Caller
+from service.db import Database
 from service.exceptions import NotFoundError, SpecError
-from service.lifecycle import record_state
-from service.models import Allocation, Gpu, Host, Job, JobState, User
-from service.notify import kick_scheduler
+from service.hosts import HostInventory
+from service.intake import Submission, SubmissionWriter, store_submissions
+from service.models import Allocation, Gpu, Host, Job, JobState, User, utcnow
 from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, JobSpec, LatestMetrics
 from service.settings import Settings
 from worker.trainer.paths import PathEscapeError, resolve_inside
 
 
 def submit(
-    session: Session, caller: Caller, spec: JobSpec, settings: Settings, idempotency_key: str | None = None
-) -> tuple[Job, bool]:
+    db: Database,
+    caller: Caller,
+    spec: JobSpec,
+    settings: Settings,
+    idempotency_key: str | None = None,
+    inventory: HostInventory | None = None,
+    writer: SubmissionWriter | None = None,
+) -> tuple[JobDetailOut, bool]:
     """Store a new queued job; returns (job, created). A repeated idempotency key returns
-    the job first submitted with it."""
-    if idempotency_key is not None:
-        existing = find_by_idempotency_key(session, caller.user_id, idempotency_key)
-        if existing is not None:
-            return existing, False
-    host = check_resources(session, spec)
+    the job first submitted with it. The checks read a cached inventory; the job is stored
+    by `writer` (group commit) when there is one, else in a transaction of its own."""
+    host = check_resources(inventory or HostInventory(db), spec)
     check_files(spec, settings)
     if spec.hyperparameters.seed is None:
         spec.hyperparameters.seed = secrets.randbelow(2**31)
-    job = Job(
+    row = new_job(caller, spec, host, settings, idempotency_key)
+    if writer is not None:
+        job_id, event = writer.store(row, caller.name)
+    else:
+        job_id, event = store_submissions(db, [Submission(row, caller.name)])[0]
+    if event is None:
+        with db.read() as session:
+            return job_detail(session, get_job(session, job_id)), False
+    return job_detail_of_new(Job(id=job_id, **row), caller.name, event), True
+
+
+def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings, key: str | None) -> dict[str, Any]:
+    """The row of a job as submitted."""
+    now = utcnow()
+    return dict(
         name=spec.name,
         user_id=caller.user_id,
-        state=JobState.QUEUED,
+        state=JobState.QUEUED.value,
         spec=spec.model_dump(mode="json"),
-        priority=spec.priority,
+        priority=spec.priority.value,
         gpu_count=spec.gpu_count,
         gpu_memory_fraction=spec.gpu_memory_fraction,
         requested_host=host,
@@ -47,33 +65,24 @@ def submit(
         time_limit_s=spec.time_limit_s,
         total_steps=spec.hyperparameters.steps,
         max_attempts=spec.max_attempts or settings.max_attempts,
-        idempotency_key=idempotency_key,
+        idempotency_key=key,
         attempts=1,
+        crashes=0,
+        created_at=now,
+        updated_at=now,
     )
+
+
+def check_resources(inventory: HostInventory, spec: JobSpec) -> str | None:
+    """Check that the GPUs asked for exist; returns the host the job is bound to, if any.
+    A refusal is decided on a fresh inventory, not on the cached one."""
     try:
-        with session.begin_nested():
-            session.add(job)
-            session.flush()
-    except IntegrityError:
-        existing = find_by_idempotency_key(session, caller.user_id, idempotency_key or "")
-        if existing is None:
-            raise
-        return existing, False
-    record_state(session, job, JobState.QUEUED, f"submitted by {caller.name}")
-    kick_scheduler(session)
-    return job, True
+        return _check_resources(inventory.hosts(), spec)
+    except SpecError:
+        return _check_resources(inventory.hosts(fresh=True), spec)
 
 
-def find_by_idempotency_key(session: Session, user_id: int, key: str) -> Job | None:
-    return session.scalars(select(Job).where(Job.user_id == user_id, Job.idempotency_key == key)).one_or_none()
-
-
-def check_resources(session: Session, spec: JobSpec) -> str | None:
-    """Check that the GPUs asked for exist; returns the host the job is bound to, if any."""
-    hosts = {
-        h.name: sorted(g.index for g in h.gpus if g.present)
-        for h in session.scalars(select(Host).options(selectinload(Host.gpus)))
-    }
+def _check_resources(hosts: dict[str, list[int]], spec: JobSpec) -> str | None:
     host = spec.host
     if host is not None and host not in hosts:
         known = ", ".join(sorted(hosts)) or "none yet"
@@ -208,10 +217,14 @@ def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, Allocatio
 
 
 def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
-    return JobOut(
+    return JobOut(**_job_fields(job, allocation, job.user.name))
+
+
+def _job_fields(job: Job, allocation: AllocationOut | None, user: str) -> dict[str, Any]:
+    return dict(
         id=job.id,
         name=job.name,
-        user=job.user.name,
+        user=user,
         state=job.state,
         priority=job.priority,
         spec=job.spec,
@@ -252,6 +265,10 @@ def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
 
 def job_detail(session: Session, job: Job) -> JobDetailOut:
     allocation = allocations_of(session, [job]).get(job.id)
-    base = job_out(job, allocation)
     events = [JobEventOut.model_validate(e) for e in job.events]
-    return JobDetailOut(**base.model_dump(), events=events)
+    return JobDetailOut(**_job_fields(job, allocation, job.user.name), events=events)
+
+
+def job_detail_of_new(job: Job, user: str, event: JobEventOut) -> JobDetailOut:
+    """The detail of a job just inserted, without asking the database again."""
+    return JobDetailOut(**_job_fields(job, None, user), events=[event])

@@ -11,26 +11,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from service.exceptions import NotFoundError, StaleAttemptError, StateConflictError
 from service.models import Allocation, Gpu, Job, JobEvent, JobState, utcnow
 from service.notify import job_message, kick_scheduler
+from service.schemas import JobEventOut
 
 
-def record_state(session: Session, job: Job, state: JobState, message: str | None = None) -> None:
+def record_state(session: Session, job: Job, state: JobState, message: str | None = None) -> JobEvent:
     """Move `job` to `state`, leaving an event with the time and the reason."""
     now = utcnow()
     job.state = state
     job.updated_at = now
-    session.add(JobEvent(job_id=job.id, time=now, state=state, attempt=job.attempts, message=message))
+    event = JobEvent(job_id=job.id, time=now, state=state, attempt=job.attempts, message=message)
+    session.add(event)
     job_message(
         session,
         job.id,
         "state",
         {"state": str(state), "attempt": job.attempts, "message": message, "time": now.isoformat()},
     )
+    return event
+
+
+def record_new_job(session: Session, job_id: int, message: str) -> JobEventOut:
+    """The `queued` event of a job just inserted (without loading its row)."""
+    now = utcnow()
+    session.execute(
+        insert(JobEvent).values(job_id=job_id, time=now, state=JobState.QUEUED.value, attempt=1, message=message)
+    )
+    data = {"state": "queued", "attempt": 1, "message": message, "time": now.isoformat()}
+    job_message(session, job_id, "state", data)
+    return JobEventOut(time=now, state=JobState.QUEUED.value, attempt=1, message=message)
 
 
 def locked_job(session: Session, job_id: int) -> Job:

@@ -1,7 +1,7 @@
 """Telling the rest of the system what changed, after the database says it did.
 
-Code that changes a job queues a notification on its session; the notifications are
-published on Redis only when the transaction commits (dropped on rollback), so nobody
+Code that changes a job queues a notification on its write session; the notifications are
+published on Redis only once the transaction has committed (never on rollback), so nobody
 hears of a state the database does not hold. Redis being away never fails the change:
 the database is the truth and listeners catch up from it.
 """
@@ -13,8 +13,7 @@ import logging
 from typing import Any
 
 import redis
-from sqlalchemy import event
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from service import keys
 
@@ -37,25 +36,16 @@ def kick_scheduler(session: Session) -> None:
 
 
 class Publisher:
-    """Publishes what committed sessions queued; attach it to each sessionmaker."""
+    """Publishes what committed write sessions queued; register it with `Database.on_commit`."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
-    def attach(self, factory: sessionmaker[Session]) -> None:
-        event.listen(factory, "after_commit", self._after_commit)
-        event.listen(factory, "after_rollback", self._after_rollback)
-
-    def _after_commit(self, session: Session) -> None:
-        messages = session.info.pop(NOTIFICATIONS, [])
-        kick = session.info.pop(KICK, False)
+    def __call__(self, info: dict[str, Any]) -> None:
+        messages = info.get(NOTIFICATIONS, [])
+        kick = info.get(KICK, False)
         if messages or kick:
             self.publish(messages, kick)
-
-    @staticmethod
-    def _after_rollback(session: Session) -> None:
-        session.info.pop(NOTIFICATIONS, None)
-        session.info.pop(KICK, None)
 
     def publish(self, messages: list[tuple[int, str, dict[str, Any]]], kick: bool) -> None:
         try:

@@ -14,11 +14,11 @@ from typing import Any
 
 import redis
 from sqlalchemy import delete, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service import defaults, keys
 from service.context import Context
+from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
 from service.models import Job, LogLine, Metric
 
@@ -119,7 +119,7 @@ class MetricSink:
         with self.ctx.db.write() as session:
             job = current_attempt(session, self.job_id, self.attempt)
             if metrics:
-                session.execute(_insert_ignoring_duplicates(session, Metric), metrics)
+                session.execute(insert_ignoring_duplicates(session, Metric), metrics)
             if logs:
                 session.execute(insert(LogLine), logs)
             for field, value in {**latest, **(job_updates or {})}.items():
@@ -142,9 +142,3 @@ class MetricSink:
         )
         if cutoff is not None:
             session.execute(delete(LogLine).where(LogLine.job_id == self.job_id, LogLine.id <= cutoff))
-
-
-def _insert_ignoring_duplicates(session: Session, model: type[Metric]) -> Any:
-    if session.get_bind().dialect.name == "postgresql":
-        return postgresql.insert(model).on_conflict_do_nothing()
-    return sqlite.insert(model).on_conflict_do_nothing()

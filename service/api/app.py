@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -9,15 +11,19 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
 from service.api.routes import catalog, gpus, health, jobs, session, stream, workers
 from service.auth import TokenChecker
 from service.context import Context
+from service.hosts import HostInventory
+from service.intake import SubmissionWriter
 from service.settings import Settings
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+log = logging.getLogger(__name__)
 
 
 class BodySizeLimit:
@@ -60,6 +66,19 @@ class _TooLarge(Exception):
     pass
 
 
+TOKEN_USE_EVERY_S = 10.0
+
+
+async def record_token_use(tokens: TokenChecker, ctx: Context) -> None:
+    """Write the tokens' last use now and then, in a worker thread."""
+    while True:
+        await asyncio.sleep(TOKEN_USE_EVERY_S)
+        try:
+            await run_in_threadpool(tokens.flush_last_used, ctx.db)
+        except Exception:
+            log.exception("recording token use failed")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API for `settings` (read from the environment when not given)."""
     settings = settings or Settings()
@@ -69,9 +88,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.context = Context.open(settings)
         app.state.aioredis = aioredis.Redis.from_url(settings.redis_url)
         app.state.tokens = TokenChecker()
+        app.state.inventory = HostInventory(app.state.context.db)
+        app.state.writer = SubmissionWriter(app.state.context.db)
+        recorder = asyncio.create_task(record_token_use(app.state.tokens, app.state.context))
         try:
             yield
         finally:
+            recorder.cancel()
             await app.state.aioredis.aclose()
             app.state.context.close()
 

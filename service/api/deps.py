@@ -7,19 +7,21 @@ from typing import Annotated
 
 import redis
 from fastapi import Depends, Request
-from sqlalchemy import update
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service.auth import Caller, TokenChecker
 from service.context import Context
+from service.db import Database
 from service.exceptions import ForbiddenError
-from service.models import ApiToken, utcnow
+from service.hosts import HostInventory
+from service.intake import SubmissionWriter
 from service.settings import Settings
 
 SESSION_COOKIE = "towerq_token"
 
 
-def get_context(request: Request) -> Context:
+async def get_context(request: Request) -> Context:
     context: Context = request.app.state.context
     return context
 
@@ -27,29 +29,45 @@ def get_context(request: Request) -> Context:
 ContextDep = Annotated[Context, Depends(get_context)]
 
 
-def get_settings(ctx: ContextDep) -> Settings:
+async def get_settings(ctx: ContextDep) -> Settings:
     return ctx.settings
 
 
-def get_redis(ctx: ContextDep) -> redis.Redis:
+async def get_redis(ctx: ContextDep) -> redis.Redis:
     return ctx.redis
 
 
-def get_read_session(ctx: ContextDep) -> Iterator[Session]:
+def get_read_session(ctx: ContextDep) -> Iterator[Session]:  # sync: it does I/O
     with ctx.db.read() as session:
         yield session
 
 
-def get_write_session(ctx: ContextDep) -> Iterator[Session]:
-    """A session whose changes commit when the route returns (and roll back on error)."""
-    with ctx.db.write() as session:
-        yield session
+async def get_database(ctx: ContextDep) -> Database:
+    return ctx.db
 
 
+async def get_inventory(request: Request) -> HostInventory:
+    inventory: HostInventory = request.app.state.inventory
+    return inventory
+
+
+InventoryDep = Annotated[HostInventory, Depends(get_inventory)]
+
+
+async def get_writer(request: Request) -> SubmissionWriter:
+    writer: SubmissionWriter = request.app.state.writer
+    return writer
+
+
+WriterDep = Annotated[SubmissionWriter, Depends(get_writer)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
 SessionDep = Annotated[Session, Depends(get_read_session)]
-WriteSessionDep = Annotated[Session, Depends(get_write_session)]
+"""A read session for the request. Routes that write open `db.write()` in their own body:
+a transaction held by a yield-dependency would commit only when FastAPI finds a free
+thread-pool thread to close it, and under load every thread can be waiting for that very
+transaction's lock (SQLite's write lock, or PostgreSQL row locks)."""
+DatabaseDep = Annotated[Database, Depends(get_database)]
 
 
 def bearer_token(request: Request) -> str | None:
@@ -60,20 +78,27 @@ def bearer_token(request: Request) -> str | None:
     return request.cookies.get(SESSION_COOKIE)
 
 
-def get_caller(request: Request, ctx: ContextDep) -> Caller:
+async def get_caller(request: Request, ctx: ContextDep) -> Caller:
+    """The token's owner: from the checker's cache on the event loop when it can (no thread
+    hop for the common case), else from the database in a worker thread."""
     checker: TokenChecker = request.app.state.tokens
-    with ctx.db.read() as session:
-        caller = checker.check(session, bearer_token(request))
-    if checker.needs_last_used(caller.token_id):
-        with ctx.db.write() as session:
-            session.execute(update(ApiToken).where(ApiToken.id == caller.token_id).values(last_used_at=utcnow()))
+    token = bearer_token(request)
+    caller = checker.cached(token)
+    if caller is None:
+        caller = await run_in_threadpool(_look_up, ctx, checker, token)
+    checker.used(caller.token_id)
     return caller
+
+
+def _look_up(ctx: Context, checker: TokenChecker, token: str | None) -> Caller:
+    with ctx.db.read() as session:
+        return checker.check(session, token)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
-def get_admin(caller: CallerDep) -> Caller:
+async def get_admin(caller: CallerDep) -> Caller:
     if not caller.is_admin:
         raise ForbiddenError("admins only")
     return caller

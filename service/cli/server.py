@@ -23,6 +23,7 @@ def add_commands(commands: Any) -> None:
     api = commands.add_parser("api", help="serve the REST API and the dashboard")
     api.add_argument("--host", default=None)
     api.add_argument("--port", type=int, default=None)
+    api.add_argument("--workers", type=int, default=None, help="API processes (default TOWERQ_API_WORKERS, 2)")
     api.set_defaults(run=run_api)
 
     worker = commands.add_parser("worker", help="run jobs on this host's GPUs")
@@ -72,7 +73,19 @@ def run_api(args: argparse.Namespace) -> int:
     settings = Settings()
     host = args.host or settings.api_host
     port = args.port or settings.api_port
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    workers = args.workers or settings.api_workers
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    else:  # each process builds its own app from the same TOWERQ_ settings
+        uvicorn.run(
+            "service.api.app:create_app",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+        )
     return 0
 
 

@@ -1,9 +1,12 @@
 """The live scheduling pass: repair, decide, allocate, dispatch.
 
-One pass at a time across all processes (a Redis lock, and on PostgreSQL also an advisory
-lock in the transaction, so that even a lost Redis lock cannot let two passes allocate at
-once). Allocations and the `dispatched` states are written in one transaction; the launch
-messages go to the hosts' RQ queues only after it commits.
+One pass at a time across all processes (a Redis lock). The pass reads its snapshot and
+runs the policy outside any write transaction, then writes the allocations and the
+`dispatched` states in one short transaction that checks again, for every placement, that
+the job is still queued and its GPUs still have room (on PostgreSQL also under an
+advisory lock, on SQLite under the one-writer lock), so that even a lost Redis lock or a
+change since the snapshot cannot over-commit a GPU. The launch messages go to the hosts'
+RQ queues only after that commits.
 """
 
 from __future__ import annotations
@@ -16,19 +19,19 @@ from datetime import UTC, datetime
 
 import redis
 from rq import Queue
-from sqlalchemy import text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from service import defaults, keys
 from service.context import Context
 from service.lifecycle import dispatch, request_preemption
-from service.models import Job, utcnow
+from service.models import Job, JobState, utcnow
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
-from service.scheduler.reconcile import Repairs, launch_id, mark_dead_hosts, resend_lost_launches
-from service.scheduler.snapshot import Stored, read_cluster, read_fair_share, read_queued
-from service.scheduler.types import Decision, Policy, PolicyConfig
+from service.scheduler.reconcile import Repairs, launch_id, mark_dead_hosts, needs_repair, resend_lost_launches
+from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
+from service.scheduler.types import Decision, Policy, PolicyConfig, QueuedJob
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class LiveScheduler:
             preemption=s.preemption,
         )
         self.ledger = UsageLedger(s.fair_share_half_life_s)
+        self.pending_written_at = -math.inf
 
     def run_pass(self, blocking_timeout: float = 10.0) -> PassReport | None:
         """One pass under the scheduler lock; None when another process holds it too long."""
@@ -78,12 +82,21 @@ class LiveScheduler:
     def _locked_pass(self) -> PassReport:
         started = time.perf_counter()
         report = PassReport()
-        with self.ctx.db.write() as session:
-            self._serialize(session)
-            now = utcnow()
-            mark_dead_hosts(session, self.ctx.settings, now, report.repairs)
-            resend_lost_launches(session, self.ctx.settings, self.ctx.redis, now, report.repairs)
-            decision = self._decide(session, now, report)
+        now = utcnow()
+        self._repair(now, report)
+        with self.ctx.db.read() as session:
+            queued, stored = read_queued(session)
+            cluster, _ = read_cluster(session)
+            usage = self.ledger.usage(session, now)
+            fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
+        self.ledger.history.annotate(queued, cluster.running)
+        decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
+        if decision.placements or decision.preempt:
+            with self.ctx.db.write() as session:
+                self._serialize(session)
+                self._commit(session, decision, {q.id: q for q in queued}, report)
+        started_ids = {job_id for job_id, *_ in report.placed}
+        self._write_pending(decision, stored, now.timestamp(), started_ids)
         for job_id, attempt, host in report.repairs.resend:
             self.send_launch(job_id, attempt, host)
         for job_id, attempt, host, _ in report.placed:
@@ -92,37 +105,56 @@ class LiveScheduler:
         report.seconds = time.perf_counter() - started
         return report
 
+    def _repair(self, now: datetime, report: PassReport) -> None:
+        """Dead hosts and lost launches; a write transaction only when there is work."""
+        with self.ctx.db.read() as session:
+            needed = needs_repair(session, self.ctx.settings, now)
+        if needed:
+            with self.ctx.db.write() as session:
+                mark_dead_hosts(session, self.ctx.settings, now, report.repairs)
+                resend_lost_launches(session, self.ctx.settings, self.ctx.redis, now, report.repairs)
+
     def _serialize(self, session: Session) -> None:
         if session.get_bind().dialect.name == "postgresql":
             session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_PASS_LOCK})
 
-    def _decide(self, session: Session, now: datetime, report: PassReport) -> Decision:
-        queued, stored = read_queued(session)
-        cluster, gpus = read_cluster(session)
-        usage = self.ledger.usage(session, now)
-        self.ledger.history.annotate(queued, cluster.running)
-        fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
-        decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
-        by_id = {q.id: q for q in queued}
+    def _commit(self, session: Session, decision: Decision, queued: dict[int, QueuedJob], report: PassReport) -> None:
+        """Write the decision, re-checking in this transaction what the snapshot (read
+        outside it) said: each job still queued, each GPU still up, undrained and with
+        room. A placement that no longer holds is left to the next pass, so whatever
+        happened meanwhile, no GPU is ever given more than it has."""
+        room = free_room(session, {(p.host, i) for p in decision.placements for i in p.indices})
         for placement in decision.placements:
-            job = session.get(Job, placement.job_id)
-            assert job is not None
-            chosen = [gpus[(placement.host, i)] for i in placement.indices]
-            dispatch(session, job, placement.host, chosen, by_id[job.id].fraction)
+            job = session.scalars(select(Job).where(Job.id == placement.job_id).with_for_update()).one_or_none()
+            fraction = queued[placement.job_id].fraction
+            wanted = [(placement.host, i) for i in placement.indices]
+            if (
+                job is None
+                or job.state != JobState.QUEUED
+                or any(room.get(g, (None, 0.0))[1] < fraction - 1e-9 for g in wanted)
+            ):
+                continue
+            dispatch(session, job, placement.host, [room[g][0] for g in wanted], fraction)
+            for gpu in wanted:
+                room[gpu] = (room[gpu][0], room[gpu][1] - fraction)
             report.placed.append((job.id, job.attempts, placement.host, placement.indices))
         for victim, for_job in decision.preempt.items():
             job = session.get(Job, victim)
             if job is not None:
                 request_preemption(session, job, for_job)
                 report.preempted.append(victim)
-        self._write_pending(session, decision, stored, now.timestamp())
-        return decision
 
-    @staticmethod
-    def _write_pending(session: Session, decision: Decision, stored: dict[int, Stored], now: float) -> None:
-        """Queue positions, reasons and reservations, written only where they changed."""
+    def _write_pending(self, decision: Decision, stored: dict[int, Stored], now: float, started: set[int]) -> None:
+        """Queue positions, reasons and reservations, written (in their own transaction)
+        only where they changed."""
         changes = []
+        # A long queue's positions shift with every pass; rewriting them all at most once a
+        # second keeps the one-writer database free for submissions. A job not yet given a
+        # position gets one at once.
+        refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
         for pending in decision.pending:
+            if pending.job_id in started or not (refresh or stored.get(pending.job_id, (None,))[0] is None):
+                continue
             reason = describe(pending.reason, now) if pending.reason is not None else None
             reserved = pending.reserved_start
             if reason is not None:
@@ -138,7 +170,10 @@ class LiveScheduler:
                     }
                 )
         if changes:
-            session.execute(update(Job), changes)
+            with self.ctx.db.write() as session:
+                statement = update(Job).where(Job.state == JobState.QUEUED)
+                session.execute(statement, changes, execution_options={"synchronize_session": None})
+            self.pending_written_at = time.monotonic()
 
     def send_launch(self, job_id: int, attempt: int, host: str) -> None:
         """Put the launch message for this attempt on the host's queue."""

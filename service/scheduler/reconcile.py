@@ -38,6 +38,21 @@ def launch_id(job_id: int, attempt: int) -> str:
     return f"towerq-job-{job_id}-attempt-{attempt}"
 
 
+def needs_repair(session: Session, settings: Settings, now: datetime) -> bool:
+    """Whether a host missed its heartbeats or a dispatch is overdue (a cheap read)."""
+    heartbeat_cutoff = now - timedelta(seconds=settings.heartbeat_timeout_s)
+    dispatch_cutoff = now - timedelta(seconds=settings.dispatch_timeout_s)
+    dead = select(Host.id).where(Host.state == HostState.UP, Host.last_heartbeat_at < heartbeat_cutoff)
+    late = (
+        select(Allocation.id)
+        .join(Job, (Allocation.job_id == Job.id) & (Allocation.attempt == Job.attempts))
+        .where(
+            Job.state == JobState.DISPATCHED, Allocation.released_at.is_(None), Allocation.created_at < dispatch_cutoff
+        )
+    )
+    return session.execute(select(dead.exists() | late.exists())).scalar_one()
+
+
 def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs: Repairs) -> None:
     cutoff = now - timedelta(seconds=settings.heartbeat_timeout_s)
     dead = session.scalars(select(Host).where(Host.state == HostState.UP, Host.last_heartbeat_at < cutoff)).all()

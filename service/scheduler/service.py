@@ -7,7 +7,7 @@ import threading
 
 import redis
 
-from service import keys
+from service import defaults, keys
 from service.context import Context
 from service.scheduler.live import LiveScheduler
 
@@ -29,6 +29,7 @@ def serve(ctx: Context, stop: threading.Event) -> None:
             continue
         try:
             report = scheduler.run_pass()
+            ctx.db.checkpoint()
         except redis.RedisError as err:
             log.warning("pass skipped, Redis unavailable: %s", err)
             continue
@@ -36,6 +37,10 @@ def serve(ctx: Context, stop: threading.Event) -> None:
             log.exception("scheduling pass failed")
             stop.wait(1.0)
             continue
+        finally:
+            stop.wait(defaults.MIN_PASS_GAP_S)
+        if report is not None:
+            log.debug("pass of %.1f ms: %d waiting", report.seconds * 1000, report.waiting)
         if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):
             log.info(
                 "pass: started %d, waiting %d, requeued %d, hosts down %s (%.1f ms)",

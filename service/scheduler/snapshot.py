@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User
@@ -132,3 +132,25 @@ def read_fair_share(session: Session, usage: dict[str, float], default_limit: in
         limits={u.name: float(u.gpu_limit) for u in users if u.gpu_limit is not None},
         default_limit=float(default_limit) if default_limit is not None else None,
     )
+
+
+def free_room(session: Session, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[Gpu, float]]:
+    """For each (host, GPU index) asked about that can take work now (host up, GPU present
+    and not drained): the GPU row and its unallocated fraction."""
+    if not wanted:
+        return {}
+    hosts = {h for h, _ in wanted}
+    rows = session.execute(
+        select(Gpu, Host.name)
+        .join(Host, Gpu.host_id == Host.id)
+        .where(Host.name.in_(hosts), Host.state == HostState.UP, Gpu.present.is_(True), Gpu.drained.is_(False))
+    ).all()
+    gpus = {(name, gpu.index): gpu for gpu, name in rows if (name, gpu.index) in wanted}
+    used = dict(
+        session.execute(
+            select(Allocation.gpu_id, func.sum(Allocation.fraction))
+            .where(Allocation.released_at.is_(None), Allocation.gpu_id.in_([g.id for g in gpus.values()]))
+            .group_by(Allocation.gpu_id)
+        ).all()
+    )
+    return {key: (gpu, 1.0 - float(used.get(gpu.id, 0.0))) for key, gpu in gpus.items()}

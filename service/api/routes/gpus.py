@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from service.api.deps import AdminDep, CallerDep, SessionDep, WriteSessionDep
+from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
 from service.hosts import find_gpu, list_gpus
 from service.notify import kick_scheduler
 from service.schemas import GpuOut
@@ -24,17 +24,19 @@ def gpus(session: SessionDep, _: CallerDep) -> list[GpuOut]:
 
 
 @router.post("/{host}/{index}/drain", response_model=list[GpuOut])
-def drain(host: HostName, index: Index, session: WriteSessionDep, _: AdminDep) -> list[GpuOut]:
+def drain(host: HostName, index: Index, db: DatabaseDep, _: AdminDep) -> list[GpuOut]:
     """Drain a GPU: its jobs finish, it takes no new ones (admins)."""
-    find_gpu(session, host, index).drained = True
-    session.flush()
-    return [g for g in list_gpus(session) if g.host == host]
+    with db.write() as session:
+        find_gpu(session, host, index).drained = True
+        session.flush()
+        return [g for g in list_gpus(session) if g.host == host]
 
 
 @router.post("/{host}/{index}/undrain", response_model=list[GpuOut])
-def undrain(host: HostName, index: Index, session: WriteSessionDep, _: AdminDep) -> list[GpuOut]:
+def undrain(host: HostName, index: Index, db: DatabaseDep, _: AdminDep) -> list[GpuOut]:
     """Give a drained GPU back to the scheduler (admins)."""
-    find_gpu(session, host, index).drained = False
-    kick_scheduler(session)
-    session.flush()
-    return [g for g in list_gpus(session) if g.host == host]
+    with db.write() as session:
+        find_gpu(session, host, index).drained = False
+        kick_scheduler(session)
+        session.flush()
+        return [g for g in list_gpus(session) if g.host == host]

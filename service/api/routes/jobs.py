@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Path, Query, Response
 from sqlalchemy import select
 
 from service import defaults
-from service.api.deps import CallerDep, SessionDep, SettingsDep, WriteSessionDep
+from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.exceptions import ForbiddenError, SpecError
 from service.jobs import get_job, job_detail, list_jobs, submit
 from service.lifecycle import locked_job, request_cancel
@@ -27,18 +27,17 @@ STATES = [s.value for s in JobState]
 def submit_job(
     spec: JobSpec,
     caller: CallerDep,
-    session: WriteSessionDep,
+    db: DatabaseDep,
     settings: SettingsDep,
-    response: Response,
+    inventory: InventoryDep,
+    writer: WriterDep,
     idempotency_key: IdempotencyKey = None,
-) -> JobDetailOut:
+) -> Response:
     """Submit a training job; it starts queued. A repeated Idempotency-Key returns the first job."""
-    job, created = submit(session, caller, spec, settings, idempotency_key)
-    if not created:
-        response.status_code = 200
-        response.headers["Idempotent-Replayed"] = "true"
-    session.flush()
-    return job_detail(session, job)
+    detail, created = submit(db, caller, spec, settings, idempotency_key, inventory, writer)
+    # Serialised once, by pydantic, instead of validated again by FastAPI.
+    headers = {} if created else {"Idempotent-Replayed": "true"}
+    return Response(detail.model_dump_json(), 201 if created else 200, headers, media_type="application/json")
 
 
 @router.get("", response_model=JobPage)
@@ -105,11 +104,12 @@ def logs(
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobDetailOut)
-def cancel(job_id: JobId, session: WriteSessionDep, caller: CallerDep) -> JobDetailOut:
+def cancel(job_id: JobId, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
     """Cancel a queued job now, or ask a running one to checkpoint and stop."""
-    job = locked_job(session, job_id)
-    if job.user_id != caller.user_id and not caller.is_admin:
-        raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may cancel it")
-    request_cancel(session, job, caller.name)
-    session.flush()
-    return job_detail(session, get_job(session, job_id))
+    with db.write() as session:
+        job = locked_job(session, job_id)
+        if job.user_id != caller.user_id and not caller.is_admin:
+            raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may cancel it")
+        request_cancel(session, job, caller.name)
+        session.flush()
+        return job_detail(session, get_job(session, job_id))

@@ -42,10 +42,8 @@ def caller(ctx: Context) -> Callable[[str], Caller]:
 
 def submit_job(ctx: Context, who: Caller, **spec: object) -> int:
     body = {"model": "mlp", "dataset": "digits", **spec}
-    with ctx.db.write() as session:
-        job, _ = submit(session, who, JobSpec.model_validate(body), ctx.settings)
-        session.flush()
-        return job.id
+    job, _ = submit(ctx.db, who, JobSpec.model_validate(body), ctx.settings)
+    return job.id
 
 
 def job_row(ctx: Context, job_id: int) -> Job:
