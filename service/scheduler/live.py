@@ -98,6 +98,9 @@ class LiveScheduler:
         started_ids = {job_id for job_id, *_ in report.placed}
         self._write_pending(decision, stored, now.timestamp(), started_ids)
         for job_id, attempt, host in report.repairs.resend:
+            log.warning(
+                "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
+            )
             self.send_launch(job_id, attempt, host)
         for job_id, attempt, host, _ in report.placed:
             self.send_launch(job_id, attempt, host)

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from worker.trainer.paths import PathEscapeError, check_relative
 
@@ -25,6 +25,34 @@ USER_MODEL_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 Optimizer = Literal["sgd", "momentum", "adam"]
 VariableDevice = Literal["cpu", "gpu0"]
 PositiveInt = Annotated[int, Field(ge=1)]
+OptionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+OPTION_TEXT_MAX = 256
+OPTION_LIST_MAX = 64
+
+
+def option_value(value: Any) -> Any:
+    """A model option: a finite number, true/false, a string of at most 256 characters,
+    or a list of at most 64 of those."""
+    if isinstance(value, list):
+        if len(value) > OPTION_LIST_MAX:
+            raise ValueError(f"a list of at most {OPTION_LIST_MAX} values, got {len(value)}")
+        return [_option_scalar(v) for v in value]
+    return _option_scalar(value)
+
+
+def _option_scalar(value: Any) -> Any:
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return finite(value, "a number")
+    if isinstance(value, str):
+        if len(value) > OPTION_TEXT_MAX:
+            raise ValueError(f"a string of at most {OPTION_TEXT_MAX} characters, got {len(value)}")
+        return value
+    raise ValueError("a number, true/false, a string, or a list of those")
+
+
+OptionValue = Annotated[Any, AfterValidator(option_value)]
 
 
 def finite(value: float, what: str) -> float:
@@ -54,7 +82,9 @@ class Hyperparameters(Strict):
     log_every: int = Field(default=10, ge=1)
     checkpoint_every: int | None = Field(default=None, ge=0, description="0 = only at the end")
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    model_options: dict[str, Any] = Field(default_factory=dict)
+    model_options: dict[OptionName, OptionValue] = Field(
+        default_factory=dict, max_length=32, description="passed to the model builder (e.g. mlp: hidden)"
+    )
 
     @field_validator("learning_rate", "lr_decay_rate", "momentum", "weight_decay")
     @classmethod

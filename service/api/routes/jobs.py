@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from service import defaults
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.exceptions import ForbiddenError, SpecError
+from service.exceptions import ForbiddenError, SpecError, StateConflictError
 from service.jobs import get_job, job_detail, list_jobs, submit
 from service.lifecycle import locked_job, request_cancel
-from service.models import JobState, LogLine, Metric
+from service.models import JobState, LogLine, Metric, Priority
+from service.notify import kick_scheduler
 from service.schemas import JobDetailOut, JobPage, JobSpec, LogLineOut, MetricOut
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -101,6 +103,37 @@ def logs(
         return list(session.scalars(query.where(LogLine.id > after_id).order_by(LogLine.id).limit(tail)))
     newest = list(session.scalars(query.order_by(LogLine.id.desc()).limit(tail)))
     return newest[::-1]
+
+
+class JobChange(BaseModel):
+    """What may change after submission: the name always; priority and time limit while
+    the job is queued."""
+
+    model_config = {"extra": "forbid"}
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")] | None = None
+    priority: Priority | None = None
+    time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
+
+
+@router.patch("/{job_id}", response_model=JobDetailOut)
+def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+    """Rename a job, or change a queued job's priority or time limit (owner or admin)."""
+    with db.write() as session:
+        job = locked_job(session, job_id)
+        if job.user_id != caller.user_id and not caller.is_admin:
+            raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may change it")
+        if (body.priority is not None or body.time_limit_s is not None) and job.state != JobState.QUEUED:
+            raise StateConflictError(f"job {job_id} is {job.state}: priority and time limit change only while queued")
+        if body.name is not None:
+            job.name = body.name
+        if body.priority is not None:
+            job.priority = body.priority
+            kick_scheduler(session)
+        if body.time_limit_s is not None:
+            job.time_limit_s = body.time_limit_s
+        session.flush()
+        return job_detail(session, get_job(session, job_id))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobDetailOut)

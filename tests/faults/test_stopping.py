@@ -1,0 +1,79 @@
+"""Cancel, time limit, worker shutdown: the trainer's whole process group goes, the GPU is
+given back only once the trainer is gone, and the job ends with its reason in words."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from tests.faults.helpers import FINAL, job_of, pid_alive, trainer_pids, wait_state, wait_step
+from tests.stack import Stack, wait_for
+
+pytestmark = pytest.mark.slow
+LONG = {
+    "model": "mlp",
+    "dataset": "digits",
+    "gpus": [0],
+    "hyperparameters": {"steps": 100000, "batch_size": 16, "log_every": 10, "checkpoint_every": 500},
+}
+
+
+def trainer_pid(job: dict) -> int:  # type: ignore[type-arg]
+    message = next(e["message"] for e in reversed(job["events"]) if e["state"] == "running")
+    return int(message.split()[1])
+
+
+def start(stack: Stack, make_token: Callable[..., str]):  # type: ignore[no-untyped-def]
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register")
+    return client
+
+
+def test_cancel_checkpoints_stops_the_trainer_and_frees_the_gpu(stack: Stack, make_token: Callable[..., str]) -> None:
+    client = start(stack, make_token)
+    job = client.post("/api/jobs", json=LONG).json()
+    running = wait_step(client, job["id"], 30)
+    pid = trainer_pid(running)
+    gpus = {g["index"]: g for g in client.get("/api/gpus").json()}
+    assert gpus[0]["holders"][0]["job_id"] == job["id"]
+    assert [p["pid"] for p in gpus[0]["processes"]] == [pid], "the GPU lists the trainer as its process"
+
+    assert client.post(f"/api/jobs/{job['id']}/cancel").json()["cancel_requested"] is True
+    done = wait_state(client, job["id"], FINAL, 60)
+    assert not pid_alive(pid), "when the job is cancelled its trainer is already gone"
+    assert done["state"] == "cancelled"
+    assert done["events"][-1]["message"] == "cancelled by alice"
+    logs = [line["message"] for line in client.get(f"/api/jobs/{job['id']}/logs").json()]
+    assert any(m.startswith("trainer stopped at step") for m in logs), "it checkpointed first"
+    assert client.get("/api/gpus").json()[0]["holders"] == []
+
+
+def test_a_job_over_its_time_limit_is_stopped_and_fails_saying_so(stack: Stack, make_token: Callable[..., str]) -> None:
+    client = start(stack, make_token)
+    job = client.post("/api/jobs", json={**LONG, "time_limit_s": 8}).json()
+    done = wait_state(client, job["id"], FINAL, 120)
+    assert done["state"] == "failed"
+    assert done["error"].startswith("time limit of 8 s reached at step ")
+    assert not pid_alive(trainer_pid(done))
+    assert client.get("/api/gpus").json()[0]["holders"] == []
+
+
+def test_worker_shutdown_stops_every_trainer_and_requeues_its_jobs(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    client = start(stack, make_token)
+    ids = [client.post("/api/jobs", json={**LONG, "gpus": [i]}).json()["id"] for i in (0, 1)]
+    pids = [trainer_pid(wait_step(client, i, 30)) for i in ids]
+    assert stack.stop("worker-lab-a", signal.SIGTERM) == 0
+    assert not any(pid_alive(p) for p in pids)
+    assert not trainer_pids() & set(pids)
+    for job_id in ids:
+        job = job_of(client, job_id)
+        assert (job["state"], job["attempts"], job["crashes"]) == ("queued", 2, 0)
+        assert job["events"][-1]["message"] == "worker on lab-a shut down"
+    assert {w["name"]: w["state"] for w in client.get("/api/workers").json()} == {"lab-a": "down"}

@@ -1,0 +1,83 @@
+"""A trainer that dies of NaN loss, a bad dataset, or memory ends failed with that reason in
+words and its GPU free at once; a job whose attempts keep crashing stops after max_attempts."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.settings import Settings
+from tests.faults.helpers import FINAL, wait_state, wait_step
+from tests.stack import Stack, wait_for
+from tests.worker.trainer.test_process import HUGE_MODEL
+
+pytestmark = pytest.mark.slow
+
+
+def start(stack: Stack, make_token: Callable[..., str]):  # type: ignore[no-untyped-def]
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register")
+    return client
+
+
+def test_each_failure_ends_the_job_with_its_reason_and_frees_its_gpu(
+    stack: Stack, make_token: Callable[..., str], settings: Settings
+) -> None:
+    (Path(settings.models_path) / "nets.py").write_text(HUGE_MODEL)
+    (Path(settings.data_dir) / "broken.npz").write_bytes(b"this is not an npz file")
+    client = start(stack, make_token)
+    base = {"dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 200, "log_every": 1}}
+    cases = {
+        "nan": (
+            {
+                **base,
+                "model": "lenet5",
+                "dataset": "synthetic",
+                "dataset_options": {"shape": [12, 12, 3]},
+                "hyperparameters": {**base["hyperparameters"], "learning_rate": 100.0, "optimizer": "sgd"},
+            },
+            "loss became",
+        ),
+        "dataset": ({**base, "model": "mlp", "dataset": "npz:broken.npz"}, "cannot read broken.npz"),
+        "oom": ({**base, "model": "nets:huge"}, "out of memory at step 1"),
+    }
+    ids = {name: client.post("/api/jobs", json=spec).json()["id"] for name, (spec, _) in cases.items()}
+    for name, (_, words) in cases.items():
+        done = wait_state(client, ids[name], FINAL, 180)
+        assert done["state"] == "failed", name
+        assert words in done["error"], (name, done["error"])
+        assert done["exit_code"] == 1
+    assert all(g["holders"] == [] for g in client.get("/api/gpus").json())
+
+
+def test_a_job_that_keeps_crashing_fails_after_max_attempts(stack: Stack, make_token: Callable[..., str]) -> None:
+    client = start(stack, make_token)
+    spec = {
+        "model": "mlp",
+        "dataset": "digits",
+        "gpu_count": 1,
+        "max_attempts": 2,
+        "hyperparameters": {"steps": 100000, "log_every": 10, "checkpoint_every": 100},
+    }
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    for attempt in (1, 2):
+        wait_for(
+            lambda a=attempt: (
+                (j := client.get(f"/api/jobs/{job_id}").json())["attempts"] == a and j["state"] == "running"
+            ),
+            120,
+            f"attempt {attempt} to run",
+        )
+        wait_step(client, job_id, 10)
+        stack.stop("worker-lab-a", signal.SIGKILL)
+        stack.start_worker("lab-a", 2)  # the new worker finds the dead one's job and requeues it
+    done = wait_state(client, job_id, FINAL, 120)
+    assert done["state"] == "failed"
+    assert done["crashes"] == 2
+    assert done["error"] == "worker on lab-a restarted; gave up after 2 crashed attempts"

@@ -1,0 +1,115 @@
+"""Who may do what: tokens, owners, admins; and the limits on what anyone may send."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from service.db import Database
+from service.models import ApiToken
+from service.settings import Settings
+from tests.service.api.conftest import Api
+
+SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1}
+
+
+def test_token_create_prints_the_token_alone_on_its_last_line_and_stores_only_its_hash(
+    settings: Settings, db: Database
+) -> None:
+    env = {"TOWERQ_DATABASE_URL": settings.database_url, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "token", "create", "--user", "carol", "--admin"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    token = out.strip().splitlines()[-1]
+    assert token.startswith("tq_") and " " not in token
+    with db.read() as session:
+        stored = session.scalars(select(ApiToken.token_hash)).all()
+    assert token not in stored and len(stored) == 1 and len(stored[0]) == 64
+    listing = subprocess.run(
+        [sys.executable, "-m", "service.cli", "user", "list"], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert "carol" in listing and "yes" in listing
+
+
+def test_only_admins_list_users_change_limits_and_drain_gpus(alice: Api, as_user: Callable[..., Api]) -> None:
+    admin = as_user("root", admin=True)
+    for method, path, body in (
+        ("get", "/api/users", None),
+        ("patch", "/api/users/alice", {"gpu_limit": 2}),
+        ("post", "/api/gpus/lab-a/0/drain", None),
+    ):
+        refused = alice.client.request(method.upper(), path, json=body, headers=alice.headers)
+        assert refused.status_code == 403
+        assert refused.json() == {"detail": "admins only"}
+    changed = admin.client.patch("/api/users/alice", json={"gpu_limit": 2, "share": 3}, headers=admin.headers)
+    assert changed.status_code == 200
+    assert (changed.json()["gpu_limit"], changed.json()["share"]) == (2, 3)
+    drained = admin.post("/api/gpus/lab-a/0/drain")
+    assert [g["drained"] for g in drained.json()] == [True, False, False, False]
+    assert admin.client.patch("/api/users/nobody", json={}, headers=admin.headers).status_code == 404
+
+
+def test_a_revoked_token_is_refused_at_once(alice: Api, client: TestClient) -> None:
+    created = alice.post("/api/users/alice/tokens", json={"name": "laptop"})
+    assert created.status_code == 201
+    fresh = {"Authorization": f"Bearer {created.json()['token']}"}
+    assert client.get("/api/me", headers=fresh).json() == {"user": "alice", "is_admin": False}
+    revoked = client.delete(f"/api/tokens/{created.json()['id']}", headers=alice.headers)
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+    refused = client.get("/api/me", headers=fresh)
+    assert refused.status_code == 401
+    assert refused.json() == {"detail": "token revoked"}
+
+
+def test_users_manage_their_own_tokens_only(alice: Api, as_user: Callable[..., Api]) -> None:
+    bob = as_user("bob")
+    assert bob.post("/api/users/alice/tokens", json={}).status_code == 403
+    assert bob.post("/api/users/bob/tokens", json={"admin": True}).json() == {
+        "detail": "only admins create admin tokens"
+    }
+    alice_tokens = alice.get("/api/tokens").json()
+    assert {t["user"] for t in alice_tokens} == {"alice"}
+    assert bob.client.delete(f"/api/tokens/{alice_tokens[0]['id']}", headers=bob.headers).status_code == 404
+
+
+def test_owners_and_admins_change_a_queued_job_others_may_not(alice: Api, as_user: Callable[..., Api]) -> None:
+    job = alice.post("/api/jobs", json=SPEC).json()
+    bob = as_user("bob")
+    refused = bob.client.patch(f"/api/jobs/{job['id']}", json={"priority": "high"}, headers=bob.headers)
+    assert refused.status_code == 403
+    changed = alice.client.patch(
+        f"/api/jobs/{job['id']}", json={"priority": "high", "name": "urgent run"}, headers=alice.headers
+    )
+    assert (changed.json()["priority"], changed.json()["name"]) == ("high", "urgent run")
+    alice.post(f"/api/jobs/{job['id']}/cancel")
+    late = alice.client.patch(f"/api/jobs/{job['id']}", json={"priority": "low"}, headers=alice.headers)
+    assert late.status_code == 409
+    assert "change only while queued" in late.json()["detail"]
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(alice: Api, settings: Settings) -> None:
+    big = {**SPEC, "name": "x" * (settings.max_request_bytes + 10)}
+    response = alice.post("/api/jobs", json=big)
+    assert response.status_code == 413
+    assert response.json() == {"detail": f"request body larger than {settings.max_request_bytes} bytes"}
+
+
+def test_every_string_field_has_a_length_limit(alice: Api) -> None:
+    for field, value in (
+        ("name", "n" * 129),
+        ("model", "m" * 201),
+        ("host", "h" * 129),
+        ("hyperparameters", {"model_options": {"k": "v" * 257}}),
+        ("dataset_options", {"test_path": "p" * 1025}),
+    ):
+        response = alice.post("/api/jobs", json={**SPEC, field: value})
+        assert response.status_code == 422, field
+        assert "at most" in response.json()["detail"][0]["msg"], response.json()

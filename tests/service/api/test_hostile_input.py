@@ -1,0 +1,159 @@
+"""Hostile input: whatever anyone sends, no 5xx, and every refusal says what is wrong.
+
+Property tests (hypothesis) throw arbitrary JSON and mangled specs at the job API;
+schemathesis generates requests for every operation of /openapi.json against a real
+API process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
+
+from service.settings import Settings
+from tests.service.api.conftest import Api
+from tests.stack import Stack
+
+VALID = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 10}}
+FIELDS = [
+    "name",
+    "model",
+    "dataset",
+    "dataset_options",
+    "hyperparameters",
+    "gpus",
+    "gpu_count",
+    "host",
+    "gpu_memory_fraction",
+    "variable_device",
+    "tower_weights",
+    "priority",
+    "time_limit_s",
+    "max_attempts",
+]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=50),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=20), inner, max_size=5),
+    max_leaves=20,
+)
+SLOW_HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+def assert_refusal_names_the_problem(status: int, body: Any) -> None:
+    assert status < 500, body
+    if status >= 400:
+        assert isinstance(body, dict) and body.get("detail"), body
+        if status == 422:
+            for error in body["detail"]:
+                assert error["msg"] and error["loc"], error
+
+
+@examples(max_examples=200, deadline=None, suppress_health_check=SLOW_HEALTH)
+@given(body=json_values)
+def test_any_json_body_gets_an_answer_not_a_crash(alice: Api, body: Any) -> None:
+    response = alice.post("/api/jobs", json=body)
+    assert_refusal_names_the_problem(response.status_code, response.json())
+
+
+@examples(max_examples=300, deadline=None, suppress_health_check=SLOW_HEALTH)
+@given(field=st.sampled_from(FIELDS), value=json_values, nested=st.sampled_from(["top", "hyperparameters"]))
+def test_a_spec_with_any_field_mangled_is_stored_or_refused_with_the_field_named(
+    alice: Api, field: str, value: Any, nested: str
+) -> None:
+    spec = json.loads(json.dumps(VALID))
+    if nested == "hyperparameters":
+        spec["hyperparameters"][field] = value
+    else:
+        spec[field] = value
+    response = alice.post("/api/jobs", json=spec)
+    assert_refusal_names_the_problem(response.status_code, response.json())
+    if response.status_code == 422:
+        named = " ".join(str(e["loc"]) + e["msg"] for e in response.json()["detail"])
+        assert field in named or "body" in named, named
+
+
+@examples(max_examples=100, deadline=None, suppress_health_check=SLOW_HEALTH)
+@given(raw=st.binary(max_size=200))
+def test_bytes_that_are_not_json_are_refused_politely(alice: Api, raw: bytes) -> None:
+    response = alice.post("/api/jobs", content=raw, headers={"Content-Type": "application/json"})
+    assert_refusal_names_the_problem(response.status_code, response.json())
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+@pytest.mark.parametrize("field", ["learning_rate", "weight_decay", "momentum"])
+def test_non_finite_numbers_written_as_json_literals_are_refused(alice: Api, literal: str, field: str) -> None:
+    raw = '{"model": "mlp", "dataset": "digits", "hyperparameters": {"' + field + '": ' + literal + "}}"
+    response = alice.post("/api/jobs", content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert any(field in e["msg"] for e in response.json()["detail"])
+
+
+@pytest.fixture
+def settings_for_live(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url, api_workers=1)
+
+
+@pytest.fixture
+def live_api(
+    settings_for_live: Settings, tmp_path, make_token: Callable[..., str], add_host
+) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    stack = Stack(settings_for_live, tmp_path)
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    try:
+        yield url, make_token("fuzzer", admin=True)
+    finally:
+        stack.stop_all()
+
+
+@pytest.fixture
+def settings(settings_for_live: Settings) -> Settings:
+    return settings_for_live
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_request_that_gets_a_5xx(live_api: tuple[str, str]) -> None:
+    """Every operation of /openapi.json, with generated (valid and invalid) parameters and
+    bodies; the run fails on any 5xx. Its own checks of 4xx bodies come after."""
+    url, token = live_api
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "schemathesis"),
+            "run",
+            f"{url}/openapi.json",
+            "--header",
+            f"Authorization: Bearer {token}",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "40",
+            "--request-timeout",
+            "30",
+            "--workers",
+            "1",
+            "--suppress-health-check",
+            "all",
+            # Revoking tokens by id would soon revoke its own and leave only 401s to see;
+            # revocation has tests of its own.
+            "--exclude-operation-id",
+            "revoke_api_tokens__token_id__delete",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    summary = result.stdout[result.stdout.rfind("SUMMARY") :]
+    assert "Authentication failed" not in summary, summary
+    tested = re.search(r"Tested: (\d+)", summary)
+    assert tested and int(tested.group(1)) >= 20, summary
