@@ -252,6 +252,7 @@ def _job_fields(job: Job, allocation: AllocationOut | None, user: str) -> dict[s
             eval_loss=job.eval_loss,
             eval_accuracy=job.eval_accuracy,
             examples_per_sec=job.examples_per_sec,
+            step_time_s=job.step_time_s,
         ),
         artifacts_dir=job.artifacts_dir,
         sweep_id=job.sweep_id,

@@ -80,6 +80,7 @@ class LatestMetrics(Out):
     eval_loss: float | None
     eval_accuracy: float | None
     examples_per_sec: float | None
+    step_time_s: float | None
 
 
 class JobOut(Out):

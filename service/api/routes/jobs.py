@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
@@ -44,6 +45,7 @@ def submit_job(
 
 @router.get("", response_model=JobPage)
 def jobs(
+    request: Request,
     session: SessionDep,
     _: CallerDep,
     state: Annotated[list[str] | None, Query(max_length=6, description=f"any of {', '.join(STATES)}")] = None,
@@ -51,10 +53,16 @@ def jobs(
     q: Annotated[str | None, Query(max_length=128, description="text in the name, or an id")] = None,
     limit: Annotated[int, Query(ge=1, le=defaults.MAX_PAGE_SIZE)] = defaults.JOB_PAGE_SIZE,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
-) -> JobPage:
-    """List jobs, newest first, filtered by state, user or text; paginated."""
+) -> Response:
+    """List jobs, newest first, filtered by state, user or text; paginated. Answers 304 to
+    an If-None-Match naming the page's current ETag (cheap polling)."""
     states = _states(state)
-    return list_jobs(session, states=states, user=user, text=q, limit=limit, offset=offset)
+    page = list_jobs(session, states=states, user=user, text=q, limit=limit, offset=offset)
+    body = page.model_dump_json().encode()
+    etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(body, media_type="application/json", headers={"ETag": etag})
 
 
 def _states(values: list[str] | None) -> list[str]:

@@ -17,7 +17,8 @@ class Api:
         self.headers = {"Authorization": f"Bearer {token}"}
 
     def get(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
-        return self.client.get(path, headers=self.headers, **kwargs)  # type: ignore[arg-type]
+        headers = {**self.headers, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+        return self.client.get(path, headers=headers, **kwargs)  # type: ignore[arg-type]
 
     def post(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
         headers = {**self.headers, **kwargs.pop("headers", {})}  # type: ignore[dict-item]

@@ -133,3 +133,26 @@ def test_repeated_idempotency_key_returns_the_first_job(alice: Api, db: Database
     assert second.headers["Idempotent-Replayed"] == "true"
     assert second.json()["id"] == first.json()["id"]
     assert stored_jobs(db) == 1
+
+
+def test_list_answers_304_while_the_page_is_unchanged(alice: Api, db: Database) -> None:
+    alice.post("/api/jobs", json=SPEC)
+    first = alice.get("/api/jobs")
+    etag = first.headers["ETag"]
+    again = alice.get("/api/jobs", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    assert again.headers["ETag"] == etag
+    with db.write() as session:
+        job = session.scalars(select(Job)).one()
+        job.step, job.loss, job.step_time_s = 10, 1.5, 0.02
+    changed = alice.get("/api/jobs", headers={"If-None-Match": etag})
+    assert changed.status_code == 200
+    assert changed.headers["ETag"] != etag
+    assert changed.json()["items"][0]["latest"]["step_time_s"] == 0.02  # the dashboard's ETA
+
+
+def test_the_dashboard_is_served_at_the_root(client) -> None:  # type: ignore[no-untyped-def]
+    page = client.get("/")
+    assert page.status_code == 200 and '<script type="module" src="/app.js">' in page.text
+    for path in ("/app.js", "/lib.js", "/pages/jobs.js", "/style.css", "/vendor/uplot/uPlot.esm.js"):
+        assert client.get(path).status_code == 200, path

@@ -1,0 +1,230 @@
+"""The dashboard in a real headless Chromium against a real stack (API, scheduler, worker,
+trainer processes): what a lab member does with it, and what they must see."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+
+from service.db import Database
+from service.models import Job, Metric
+from tests.stack import Stack, wait_for
+from tests.web.conftest import shot
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
+    return make_settings(sqlite_url, api_workers=1)
+
+
+def field(page, name: str):  # type: ignore[no-untyped-def]
+    # Field ids hold dots (f-hyperparameters.steps), which CSS would read as classes.
+    return page.locator(f'[id="f-{name}"]')
+
+
+def error_of(page, name: str):  # type: ignore[no-untyped-def]
+    return page.locator(f'[id="err-{name}"]')
+
+
+def gpu_row(page, host: str, index: int):  # type: ignore[no-untyped-def]
+    return page.locator(f'[data-host="{host}"] tr[data-gpu="{index}"]')
+
+
+def test_submit_through_the_form_watch_it_train_and_cancel_it(
+    stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
+    page = open_page()
+
+    page.goto(f"{url}/?token={make_token('alice')}#/submit")
+    page.wait_for_selector("#submit")
+    assert "token" not in page.url  # the login link's token leaves the address bar
+    assert page.locator("#who").inner_text() == "alice"
+    assert page.locator("#gpu-0").is_checked()  # a free GPU is picked for you
+    field(page, "model").select_option("mlp")
+    field(page, "name").fill("browser-run")
+    field(page, "hyperparameters.steps").fill("100000")
+    field(page, "hyperparameters.log_every").fill("5")
+    field(page, "hyperparameters.eval_every").fill("100")
+    shot(page, "submit-form")
+    page.click("#submit")
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+
+    # The list: the row appears and turns running without a reload.
+    page.click('nav a[data-nav="jobs"]')
+    row = page.locator(f'tr[data-job="{job_id}"]')
+    row.wait_for()
+    assert row.locator(".name").inner_text() == "browser-run"
+    page.wait_for_selector(f'tr[data-job="{job_id}"][data-state="running"]', timeout=120_000)
+    assert "lab-a:0" in row.inner_text()
+    shot(page, "jobs-running")
+
+    # The job: its charts gain points while it trains.
+    row.locator(".name a").click()
+    page.wait_for_selector('#charts[data-points]:not([data-points="0"])', timeout=60_000)
+    first = int(page.locator("#charts").get_attribute("data-points") or 0)
+    page.wait_for_function(f"Number(document.querySelector('#charts').dataset.points) > {first}", timeout=30_000)
+    assert page.locator(".job-header .badge").inner_text() == "running"
+    assert page.locator("#chart-loss canvas").count() == 1
+    page.check("#log-scale")
+    page.wait_for_selector("#chart-loss canvas")
+    shot(page, "job-training")
+
+    # The GPUs page shows who holds GPU 0.
+    page.click('nav a[data-nav="gpus"]')
+    gpu_row(page, "lab-a", 0).wait_for()
+    assert f"job {job_id}" in gpu_row(page, "lab-a", 0).inner_text()
+    assert gpu_row(page, "lab-a", 0).get_attribute("data-free") == "0"
+    assert "simulated" in page.locator('[data-host="lab-a"] h2').inner_text()
+
+    # Cancel from the job's page (after confirming), then the GPU is free again.
+    page.go_back()
+    page.wait_for_selector("#cancel:not([disabled])")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel")
+    page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000)
+    assert page.locator("#cancel").is_disabled()
+    page.click('nav a[data-nav="gpus"]')
+    page.wait_for_selector('[data-host="lab-a"] tr[data-gpu="0"][data-free="1"]', timeout=30_000)
+    assert "free" in gpu_row(page, "lab-a", 0).inner_text()
+    shot(page, "gpus-after-cancel")
+    assert client.get(f"/api/jobs/{job_id}").json()["state"] == "cancelled"
+
+
+def test_a_bad_field_gets_its_error_next_to_it_and_nothing_is_stored(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('alice')}#/submit")
+    page.wait_for_selector("#submit")
+
+    field(page, "hyperparameters.learning_rate").fill("-1")
+    page.click("#submit")
+    message = error_of(page, "hyperparameters.learning_rate")
+    message.wait_for()
+    page.wait_for_function("document.getElementById('err-hyperparameters.learning_rate').textContent.length > 0")
+    assert "greater than 0" in message.inner_text()
+    assert field(page, "hyperparameters.learning_rate").get_attribute("aria-invalid") == "true"
+    assert field(page, "hyperparameters.learning_rate").evaluate("e => e === document.activeElement")
+    shot(page, "submit-error")
+
+    # Errors the form catches itself: bad JSON, no GPU picked.
+    field(page, "hyperparameters.learning_rate").fill("0.01")
+    field(page, "dataset_options").fill("{shape: 3")
+    page.click("#submit")
+    assert error_of(page, "dataset_options").inner_text() == "not valid JSON"
+    assert error_of(page, "hyperparameters.learning_rate").inner_text() == ""
+    field(page, "dataset_options").fill("")
+    page.uncheck("#gpu-0")
+    page.click("#submit")
+    assert error_of(page, "gpus").inner_text() == "pick at least one GPU"
+
+    # An unknown model, named by the API.
+    page.check("#gpu-1")
+    field(page, "dataset").fill("no-such-dataset")
+    page.click("#submit")
+    error_of(page, "dataset").wait_for()
+    page.wait_for_function("document.getElementById('err-dataset').textContent.length > 0")
+    assert "no-such-dataset" in error_of(page, "dataset").inner_text()
+
+    assert page.url.endswith("#/submit")
+    assert stack.client(make_token("bob")).get("/api/jobs").json()["total"] == 0
+
+
+def put_metrics(db: Database, job_id: int, losses: list[float], eval_accuracy: float) -> None:
+    now = datetime.now(UTC)
+    with db.write() as session:
+        for i, loss in enumerate(losses, start=1):
+            session.add(Metric(job_id=job_id, attempt=1, step=10 * i, split="train", loss=loss, accuracy=0.5, time=now))
+        step = 10 * len(losses)
+        session.add(
+            Metric(job_id=job_id, attempt=1, step=step, split="eval", loss=losses[-1], accuracy=eval_accuracy, time=now)
+        )
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.eval_accuracy, job.eval_loss, job.step = eval_accuracy, losses[-1], step
+
+
+def test_clone_compare_keyboard_and_phone(
+    stack: Stack,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    db: Database,
+    open_page: Callable[..., object],
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    client = stack.client(make_token("alice"))
+    spec = {
+        "model": "mlp",
+        "dataset": "digits",
+        "gpu_count": 2,
+        "hyperparameters": {"steps": 50, "learning_rate": 0.05},
+    }
+    first = client.post("/api/jobs", json={**spec, "name": "first"}).json()["id"]
+    second = client.post("/api/jobs", json={**spec, "name": "second", "priority": "high"}).json()["id"]
+    put_metrics(db, first, [2.0, 1.0, 0.5], 0.8)
+    put_metrics(db, second, [2.0, 1.5, 1.2, 1.1], 0.6)
+
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('alice')}#/jobs")
+    page.wait_for_selector("table.jobs[data-drawn]")
+    assert page.locator("tbody tr").first.get_attribute("data-job") == str(second)  # newest first
+    assert "waiting" in page.locator(f'tr[data-job="{first}"] .queue').inner_text()
+
+    # Clone opens the form filled with the job's spec.
+    page.goto(f"{url}/#/jobs/{first}")
+    page.click("#clone")
+    page.wait_for_selector("#submit")
+    assert field(page, "hyperparameters.learning_rate").input_value() == "0.05"
+    assert field(page, "hyperparameters.steps").input_value() == "50"
+    assert page.locator("#mode-count").is_checked()
+    assert field(page, "gpu_count").input_value() == "2"
+
+    # Compare overlays the two curves and tabulates final metrics and settings.
+    page.goto(f"{url}/#/compare?ids={first},{second}&metric=loss")
+    page.wait_for_selector("#compare-chart[data-series='2'] canvas")
+    table = page.locator("table").last.inner_text()
+    assert "80.0%" in table and "60.0%" in table and "0.05" in table
+    shot(page, "compare")
+
+    # Keyboard, on a fresh load: skip link first, then the menu; Enter follows a link.
+    page.goto(f"{url}/#/jobs")
+    page.reload()
+    page.wait_for_selector("table.jobs[data-drawn]")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.className") == "skip"
+    for _ in range(3):
+        page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.dataset.nav") == "gpus"
+    page.keyboard.press("Enter")
+    page.wait_for_selector('[data-host="lab-a"]')
+    assert page.url.endswith("#/gpus")
+
+    # A phone: every page fits the screen's width (tables scroll inside their box).
+    phone = open_page(viewport=(390, 844))
+    phone.goto(f"{url}/?token={make_token('alice')}#/jobs")
+    for route, ready in [
+        ("#/jobs", "table.jobs[data-drawn]"),
+        (f"#/jobs/{first}", "#charts canvas"),
+        ("#/gpus", "[data-host]"),
+        ("#/submit", "#submit"),
+        (f"#/compare?ids={first},{second}", "#compare-chart canvas"),
+    ]:
+        phone.goto(f"{url}/{route}")
+        phone.wait_for_selector(ready)
+        overflow = phone.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"{route} is {overflow}px wider than a phone"
+        shot(phone, f"phone-{route.split('?')[0].strip('#/').replace('/', '-') or 'jobs'}")

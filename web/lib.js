@@ -1,0 +1,130 @@
+// Helpers shared by the pages: API calls, building DOM safely, formatting.
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(typeof detail === "string" ? detail : `HTTP ${status}`);
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+// The session cookie (set by POST /api/session) authenticates every call and stream.
+export async function api(path, { method = "GET", body, headers = {}, etag } = {}) {
+  const init = { method, headers: { ...headers } };
+  if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers["Content-Type"] = "application/json";
+  }
+  if (etag) init.headers["If-None-Match"] = etag;
+  const response = await fetch(path, init);
+  if (response.status === 304) return { notModified: true };
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) throw new ApiError(response.status, data && data.detail !== undefined ? data.detail : text);
+  if (etag !== undefined) return { data, etag: response.headers.get("ETag") };
+  return data;
+}
+
+// el("a", {href: "#/x", class: "y"}, "text", child, ...): children are text nodes or
+// elements, never parsed HTML, so names and logs from users cannot inject markup.
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") node.addEventListener(key.slice(2), value);
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function toast(message) {
+  const box = document.getElementById("toast");
+  box.textContent = message;
+  box.classList.add("shown");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => box.classList.remove("shown"), 5000);
+}
+
+export const session = { me: null, ready: Promise.resolve() };
+
+export function badge(state) {
+  return el("span", { class: `badge state-${state}` }, state);
+}
+
+// One formatter each, made once: toLocaleString() builds a new one per call, which costs
+// more than drawing the row it is for.
+const integers = new Intl.NumberFormat();
+const dates = new Intl.DateTimeFormat(undefined, { dateStyle: "short", timeStyle: "medium" });
+
+export function count(value) {
+  return integers.format(value);
+}
+
+export function number(value, digits = 4) {
+  if (value === null || value === undefined) return "–";
+  if (Math.abs(value) >= 1000) return integers.format(Math.round(value));
+  return Number(value).toPrecision(digits).replace(/\.?0+$/, "");
+}
+
+export function percent(value) {
+  return value === null || value === undefined ? "–" : `${(100 * value).toFixed(1)}%`;
+}
+
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+export function age(iso) {
+  return iso ? duration((Date.now() - Date.parse(iso)) / 1000) : "–";
+}
+
+export function when(iso) {
+  return iso ? dates.format(new Date(iso)) : "–";
+}
+
+export function gpusOf(job) {
+  const a = job.allocation;
+  if (a) return `${a.host}:${a.gpus.join(",")}${a.fraction < 1 ? ` ×${a.fraction}` : ""}`;
+  const asked = job.spec.gpus ? `GPUs ${job.spec.gpus.join(",")}` : `${job.gpu_count} GPU${job.gpu_count > 1 ? "s" : ""}`;
+  return job.spec.host ? `${job.spec.host}: ${asked}` : asked;
+}
+
+// Seconds left, from the time per step of the latest log window.
+export function eta(job) {
+  const stepTime = job.latest && job.latest.step_time_s;
+  if (job.state !== "running" || !stepTime || job.step === null) return null;
+  return (job.total_steps - job.step) * stepTime;
+}
+
+export function progress(job) {
+  const done = job.step || 0;
+  const fraction = Math.min(1, done / job.total_steps);
+  const left = eta(job);
+  return el(
+    "div",
+    { class: "progress", title: `${done} of ${job.total_steps} steps` },
+    el("div", { class: "bar", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": job.total_steps, "aria-valuenow": done },
+      el("span", { style: `width:${(100 * fraction).toFixed(1)}%` })),
+    el("span", { class: "steps" }, `${integers.format(done)}/${integers.format(job.total_steps)}`, left !== null ? ` · ETA ${duration(left)}` : ""),
+  );
+}
+
+// A stream of server-sent events that the caller can close; named events are dispatched to
+// `handlers[type]`. It reconnects by itself (EventSource does).
+export function stream(path, handlers) {
+  const source = new EventSource(path);
+  for (const [type, handler] of Object.entries(handlers)) {
+    source.addEventListener(type, (event) => handler(JSON.parse(event.data)));
+  }
+  return () => source.close();
+}

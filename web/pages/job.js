@@ -1,0 +1,286 @@
+// One job: live charts, spec, allocation, history, artifacts, log tail; Cancel and Clone.
+import uPlot from "/vendor/uplot/uPlot.esm.js";
+import { age, api, badge, duration, el, eta, gpusOf, number, percent, progress, session, stream, toast, when } from "/lib.js";
+
+const FINAL = ["succeeded", "failed", "cancelled"];
+const LOG_LINES_SHOWN = 1000;
+
+export async function render(main, params) {
+  await session.ready;
+  const id = Number(params.id);
+  let job = await api(`/api/jobs/${id}`);
+  const series = new Series();
+  for (const split of ["train", "eval"]) series.add(await allMetrics(id, split));
+
+  const header = el("div", { class: "job-header" });
+  const summary = el("dl", { class: "summary" });
+  const details = el("div", { class: "details" });
+  const logBox = el("pre", { class: "log", tabindex: 0, "aria-label": "Trainer log" });
+  const follow = el("input", { type: "checkbox", id: "follow", checked: true });
+  const charts = new Charts(series);
+
+  main.replaceChildren(
+    header,
+    summary,
+    el("section", { "aria-labelledby": "charts-title" },
+      el("h2", { id: "charts-title" }, "Training"),
+      charts.controls(),
+      charts.box),
+    details,
+    el("section", { "aria-labelledby": "log-title" },
+      el("h2", { id: "log-title" }, "Log ", el("label", { class: "inline" }, follow, " follow")),
+      logBox),
+  );
+
+  const drawJob = () => {
+    header.replaceChildren(...headerOf(job, reload));
+    summary.replaceChildren(...summaryOf(job));
+    details.replaceChildren(...detailsOf(job));
+  };
+  async function reload() {
+    job = await api(`/api/jobs/${id}`);
+    drawJob();
+  }
+  drawJob();
+  charts.draw();
+
+  let lastLogId = 0;
+  const appendLog = (lines) => {
+    for (const line of lines) {
+      lastLogId = Math.max(lastLogId, line.id || 0);
+      logBox.append(el("span", { class: `level-${line.level}` }, `${line.time.slice(11, 19)} ${line.message}\n`));
+    }
+    while (logBox.childNodes.length > LOG_LINES_SHOWN) logBox.firstChild.remove();
+    if (follow.checked) logBox.scrollTop = logBox.scrollHeight;
+  };
+  appendLog(await api(`/api/jobs/${id}/logs?tail=200`));
+
+  let redraw = null;
+  const stop = stream(`/api/jobs/${id}/stream`, {
+    metric: (point) => later(() => {
+      series.add([{ ...point, split: "train" }]);
+      if (point.step >= (job.step ?? 0)) {
+        job.step = point.step;
+        Object.assign(job.latest, { loss: point.loss, accuracy: point.accuracy, examples_per_sec: point.examples_per_sec });
+      }
+    }),
+    eval: (point) => later(() => series.add([{ ...point, split: "eval" }])),
+    log: (line) => appendLog([line]),
+    state: () => reload().catch(() => {}),
+  });
+  function later(change) {
+    change();
+    if (!redraw) {
+      redraw = requestAnimationFrame(() => {
+        redraw = null;
+        charts.draw();
+        summary.replaceChildren(...summaryOf(job));
+      });
+    }
+  }
+  const onResize = () => charts.resize();
+  window.addEventListener("resize", onResize);
+  const timer = setInterval(() => FINAL.includes(job.state) || reload().catch(() => {}), 5000);
+  return () => {
+    stop();
+    clearInterval(timer);
+    window.removeEventListener("resize", onResize);
+    charts.destroy();
+  };
+}
+
+// The whole series, a page at a time (the API gives at most 20,000 points per call).
+async function allMetrics(id, split) {
+  const points = [];
+  for (let after = -1; ;) {
+    const page = await api(`/api/jobs/${id}/metrics?split=${split}&after_step=${after}&limit=20000`);
+    points.push(...page);
+    if (page.length < 20000) return points;
+    after = page[page.length - 1].step;
+  }
+}
+
+function headerOf(job, reload) {
+  const mine = session.me && (session.me.user === job.user || session.me.is_admin);
+  const cancel = el("button", {
+    type: "button", class: "danger", id: "cancel",
+    disabled: FINAL.includes(job.state) || job.cancel_requested || !mine,
+    title: mine ? "Checkpoint and stop this job" : "Only its owner or an admin may cancel it",
+    onclick: async () => {
+      if (!confirm(`Cancel job ${job.id} (${job.name})?`)) return;
+      try {
+        await api(`/api/jobs/${job.id}/cancel`, { method: "POST" });
+        toast(`Job ${job.id}: cancel requested`);
+        reload();
+      } catch (error) {
+        toast(`Cancel failed: ${error.message}`);
+      }
+    },
+  }, job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel");
+  const clone = el("a", { class: "button", href: `#/submit?clone=${job.id}`, id: "clone" }, "Clone");
+  return [
+    el("h1", {}, el("span", { class: "muted" }, `#${job.id} `), job.name, " ", badge(job.state)),
+    el("div", { class: "actions" }, cancel, clone),
+  ];
+}
+
+function summaryOf(job) {
+  const pairs = [
+    ["Owner", job.user],
+    ["Progress", progress(job)],
+    ["Loss", number(job.latest.loss)],
+    ["Accuracy", percent(job.latest.accuracy)],
+    ["Eval loss", number(job.latest.eval_loss)],
+    ["Eval accuracy", percent(job.latest.eval_accuracy)],
+    ["Examples/s", number(job.latest.examples_per_sec, 5)],
+    ["ETA", eta(job) !== null ? duration(eta(job)) : "–"],
+    ["Attempt", `${job.attempts}${job.crashes ? ` · ${job.crashes} crashed` : ""} · gives up after ${job.max_attempts} crashes`],
+    ["Priority", job.priority],
+    ["Submitted", `${when(job.created_at)} (${age(job.created_at)} ago)`],
+    ["Finished", when(job.finished_at)],
+  ];
+  if (job.state === "queued") {
+    const position = job.queue_position ? `#${job.queue_position}: ` : "";
+    pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
+  }
+  if (job.error) pairs.splice(1, 0, ["Error", el("span", { class: "error" }, job.error)]);
+  return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]);
+}
+
+function detailsOf(job) {
+  const a = job.allocation;
+  const placement = el("section", { "aria-labelledby": "placement-title" },
+    el("h2", { id: "placement-title" }, "Placement"),
+    el("dl", { class: "summary" },
+      el("dt", {}, "GPUs"), el("dd", { class: "mono" }, gpusOf(job), a && a.simulated ? el("span", { class: "badge sim" }, "simulated") : null),
+      el("dt", {}, "GPU UUIDs"), el("dd", { class: "mono" }, a ? a.gpu_uuids.join(", ") : "–"),
+      el("dt", {}, "Memory fraction"), el("dd", {}, `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : ""}`),
+      el("dt", {}, "CUDA_VISIBLE_DEVICES"), el("dd", { class: "mono" }, job.cuda_visible_devices ?? "–"),
+      el("dt", {}, "Towers"), el("dd", {}, job.towers ?? "–", job.devices ? el("span", { class: "muted mono" }, ` (${job.devices.join(", ")})`) : ""),
+    ));
+  const history = el("section", { "aria-labelledby": "history-title" },
+    el("h2", { id: "history-title" }, "History"),
+    el("div", { class: "scroll" }, el("table", {},
+      el("thead", {}, el("tr", {}, ["Time", "State", "Attempt", "Why"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, job.events.map((e) => el("tr", {}, el("td", {}, when(e.time)), el("td", {}, badge(e.state)), el("td", {}, e.attempt), el("td", {}, e.message || "")))))));
+  const artifacts = el("section", { "aria-labelledby": "artifacts-title" },
+    el("h2", { id: "artifacts-title" }, "Artifacts"),
+    job.artifacts_dir
+      ? el("dl", { class: "summary" },
+        el("dt", {}, "Folder"), el("dd", { class: "mono" }, job.artifacts_dir),
+        el("dt", {}, "Checkpoints"), el("dd", { class: "mono" }, `${job.artifacts_dir}/checkpoints`),
+        el("dt", {}, "TensorBoard"), el("dd", {}, el("code", {}, `tensorboard --logdir ${job.artifacts_dir}/tensorboard`)))
+      : el("p", { class: "muted" }, "None yet: the job has not started."));
+  const spec = el("section", { "aria-labelledby": "spec-title" },
+    el("h2", { id: "spec-title" }, "Spec"),
+    el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)));
+  return [placement, history, artifacts, spec];
+}
+
+// Metric points by step, train and eval, as the aligned columns uPlot draws.
+class Series {
+  constructor() {
+    this.byStep = new Map();
+    this.steps = [];
+  }
+
+  add(points) {
+    for (const p of points) {
+      const row = this.byStep.get(p.step) || {};
+      const prefix = p.split === "eval" ? "eval_" : "";
+      row[`${prefix}loss`] = p.loss;
+      row[`${prefix}accuracy`] = p.accuracy;
+      if (p.split !== "eval") {
+        row.learning_rate = p.learning_rate;
+        row.examples_per_sec = p.examples_per_sec;
+      }
+      this.byStep.set(p.step, row);
+    }
+    this.steps = [...this.byStep.keys()].sort((x, y) => x - y);
+  }
+
+  column(key) {
+    return this.steps.map((s) => {
+      const v = this.byStep.get(s)[key];
+      return v === undefined ? null : v;
+    });
+  }
+
+  get trainPoints() {
+    return this.steps.filter((s) => this.byStep.get(s).loss !== undefined).length;
+  }
+}
+
+const CHARTS = [
+  { id: "loss", title: "Loss", keys: [["loss", "train", "#2563eb"], ["eval_loss", "eval", "#dc2626"]], log: true },
+  { id: "accuracy", title: "Accuracy", keys: [["accuracy", "train", "#2563eb"], ["eval_accuracy", "eval", "#dc2626"]] },
+  { id: "lr", title: "Learning rate", keys: [["learning_rate", "lr", "#7c3aed"]], precise: true },
+  { id: "speed", title: "Examples/s", keys: [["examples_per_sec", "examples/s", "#059669"]] },
+];
+
+class Charts {
+  constructor(series) {
+    this.series = series;
+    this.logScale = false;
+    this.plots = {};
+    this.box = el("div", { class: "charts", id: "charts" });
+  }
+
+  controls() {
+    const toggle = el("input", { type: "checkbox", id: "log-scale" });
+    toggle.addEventListener("change", () => {
+      this.logScale = toggle.checked;
+      this.plots.loss?.destroy();
+      delete this.plots.loss;
+      this.draw();
+    });
+    return el("p", { class: "chart-controls" },
+      el("label", {}, toggle, " log-scale loss"),
+      el("span", { class: "muted" }, " · drag across a chart to zoom, double-click to reset"));
+  }
+
+  width() {
+    const full = this.box.clientWidth || 800;
+    return full > 900 ? Math.floor((full - 24) / 2) : full;
+  }
+
+  draw() {
+    const steps = this.series.steps;
+    for (const chart of CHARTS) {
+      const data = [steps, ...chart.keys.map(([key]) => this.series.column(key))];
+      if (!this.plots[chart.id]) {
+        const holder = el("figure", { class: "chart", id: `chart-${chart.id}` }, el("figcaption", {}, chart.title));
+        const existing = this.box.querySelector(`#chart-${chart.id}`);
+        if (existing) existing.replaceWith(holder);
+        else this.box.append(holder);
+        this.plots[chart.id] = new uPlot(this.options(chart), data, holder);
+      } else {
+        this.plots[chart.id].setData(data);
+      }
+    }
+    this.box.dataset.points = String(this.series.trainPoints);
+    window.__towerqChartDrawnAt = Date.now();
+  }
+
+  options(chart) {
+    const log = chart.log && this.logScale;
+    return {
+      width: this.width(),
+      height: 220,
+      scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
+      axes: [{ label: "step" }, { size: 72, values: chart.precise ? (u, ticks) => ticks.map((v) => v.toPrecision(3)) : undefined }],
+      series: [{ label: "step" }, ...chart.keys.map(([, label, color]) => ({ label, stroke: color, width: 1.5, spanGaps: true, points: { show: label === "eval" } }))],
+      cursor: { drag: { x: true, y: false } },
+      legend: { live: true },
+    };
+  }
+
+  resize() {
+    for (const plot of Object.values(this.plots)) plot.setSize({ width: this.width(), height: 220 });
+  }
+
+  destroy() {
+    for (const plot of Object.values(this.plots)) plot.destroy();
+    this.plots = {};
+  }
+}
