@@ -228,3 +228,26 @@ def test_clone_compare_keyboard_and_phone(
         overflow = phone.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0, f"{route} is {overflow}px wider than a phone"
         shot(phone, f"phone-{route.split('?')[0].strip('#/').replace('/', '-') or 'jobs'}")
+
+
+def test_an_admin_drains_a_gpu_from_its_card_and_others_get_no_button(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('root', admin=True)}#/gpus")
+    row = gpu_row(page, "lab-a", 1)
+    row.get_by_role("button", name="Drain").click()
+    page.wait_for_selector('[data-host="lab-a"] tr[data-gpu="1"] .badge.drained')
+    assert "drained" not in gpu_row(page, "lab-a", 0).inner_text()
+    drained = stack.client(make_token("bob")).get("/api/gpus").json()
+    assert [g["drained"] for g in drained] == [False, True]
+    shot(page, "gpus-drained")
+    row.get_by_role("button", name="Undrain").click()
+    page.wait_for_selector('[data-host="lab-a"] tr[data-gpu="1"]:not(:has(.badge.drained))')
+
+    user = open_page()
+    user.goto(f"{url}/?token={make_token('bob')}#/gpus")
+    gpu_row(user, "lab-a", 0).wait_for()
+    assert user.locator('[data-host="lab-a"] button').count() == 0
