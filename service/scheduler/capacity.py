@@ -55,6 +55,7 @@ class FreeGpus:
         self._full = {name: sum(1 for f in free if f >= 1 - EPSILON) for name, free in self.free.items()}
         self.max_full = max(self._full.values(), default=0)
         self._earliest: dict[tuple[object, ...], tuple[float, float, Slots] | None] = {}
+        self._ready: dict[tuple[str, float, bool], list[tuple[float, float]]] = {}
         self.version = 0
         """Raised whenever capacity or holds change, so answers cached on it go stale."""
 
@@ -122,6 +123,7 @@ class FreeGpus:
 
     def take(self, slots: Slots, fraction: float) -> None:
         self._earliest.clear()
+        self._ready.clear()
         self.version += 1
         for host, indices in slots:
             free = self.free[host]
@@ -137,7 +139,14 @@ class FreeGpus:
 
     def ready_times(self, host: str, fraction: float, now: float, skip_held: bool = False) -> list[tuple[float, float]]:
         """For each GPU of `host`: when `fraction` of it is free, as (known, expected);
-        never, for a GPU held for another job when `skip_held`."""
+        never, for a GPU held for another job when `skip_held`. Cached until GPUs are
+        taken or held."""
+        key = (host, fraction, skip_held)
+        if key not in self._ready:
+            self._ready[key] = self._ready_times(host, fraction, now, skip_held)
+        return self._ready[key]
+
+    def _ready_times(self, host: str, fraction: float, now: float, skip_held: bool) -> list[tuple[float, float]]:
         free = self.free[host]
         unusable = set(self.hosts[host].unusable)
         if skip_held:
@@ -205,6 +214,7 @@ class FreeGpus:
 
     def hold(self, job_id: int, slots: Slots, start: float, expected: float) -> None:
         self._earliest.clear()
+        self._ready.clear()
         self.version += 1
         for host, indices in slots:
             for i in indices:

@@ -8,7 +8,11 @@ Policies:
 - `towerq`, the real one:
 
   * Rank. A job's rank is its priority class (high 0, normal 1, low 2), minus one class
-    for every `aging_s` it has waited, plus its owner's fair-share term in [0, 1):
+    for every `aging_s` it has waited, plus a size term, plus its owner's fair-share term
+    in [0, 1). The size term is 0.3 per doubling of the job's GPU count while it is fresh,
+    fading to 0 over `reserve_after_s`: among new work, small gangs go first (they fit
+    into the holes other jobs leave, so more work starts sooner), and by the time a gang job may
+    claim a reservation its size no longer counts against it. The fair-share term is
     `1 - 2**-(used part / owed part)`, where the used part is the owner's decayed
     GPU-seconds plus what their running jobs will likely still use, over all present
     users', and the owed part their share among present users. A user who used nothing
@@ -31,6 +35,7 @@ Policies:
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -92,12 +97,19 @@ class _Pass:
         if self.config.policy == Policy.TOWERQ:
             terms = _FairShareTerms(self.fair_share, self.cluster.running, {j.user for j in self.queued}, self.now)
             seen: set[int] = set()
-            for job in _rank_order(self.queued, terms, self.now, self.config.aging_s):
+            for job in _rank_order(self.queued, terms, self.now, self.config):
                 seen.add(job.id)
                 if self._consider(job):
                     terms.started(job)
-                elif not self.free.any_free and not self.config.explain:
-                    self._reserve_for_rest([j for j in self.queued if j.id not in seen], terms)
+                elif not self.free.any_free:
+                    # Nothing more starts in this pass, so no user's term changes: the rest
+                    # of the rank order is one plain sort.
+                    rest = [j for j in self.queued if j.id not in seen]
+                    if not self.config.explain:
+                        self._reserve_for_rest(rest, terms)
+                        break
+                    for waiting in sorted(rest, key=lambda j: self._rank_key(j, terms)):
+                        self._consider(waiting)
                     break
         else:
             strict = self.config.policy == Policy.FIFO
@@ -176,13 +188,15 @@ class _Pass:
         self.reservations += 1
         return known
 
+    def _rank_key(self, job: QueuedJob, terms: _FairShareTerms) -> tuple[float, float, int]:
+        return (_base_rank(job, self.now, self.config) + terms.term(job.user), job.submitted, job.id)
+
     def _reserve_for_rest(self, rest: list[QueuedJob], terms: _FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
         only work left is reservations, for the first starving gang jobs in that order. (A
         shortcut for the simulator, which wants no reasons: the outcome is the same.)"""
         candidates = [j for j in rest if self._starving_gang(j) and self._cannot_run(j) is None]
-        aging = self.config.aging_s
-        candidates.sort(key=lambda j: (_base_rank(j, self.now, aging) + terms.term(j.user), j.submitted, j.id))
+        candidates.sort(key=lambda j: self._rank_key(j, terms))
         for candidate in candidates:
             if self.reservations >= self.config.max_reservations:
                 return
@@ -260,20 +274,32 @@ class _Pass:
         return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
 
 
-def _base_rank(job: QueuedJob, now: float, aging_s: float) -> float:
-    return job.priority - (now - job.submitted) / aging_s
+SIZE_CLASS = 0.3
+"""Rank a fresh job loses per doubling of its GPU count (fading to 0 over `reserve_after_s`)."""
 
 
-def _rank_order(jobs: list[QueuedJob], terms: _FairShareTerms, now: float, aging_s: float) -> Iterator[QueuedJob]:
+def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:
+    waited = now - job.submitted
+    rank = job.priority - waited / config.aging_s
+    if job.gpus > 1 and waited < config.reserve_after_s:
+        rank += SIZE_CLASS * math.log2(job.gpus) * (1.0 - waited / config.reserve_after_s)
+    return rank
+
+
+def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, float, int]:
+    return entry[0], entry[1], entry[2]
+
+
+def _rank_order(jobs: list[QueuedJob], terms: _FairShareTerms, now: float, config: PolicyConfig) -> Iterator[QueuedJob]:
     """Jobs by rank. Within a user the order never changes (waiting lifts all alike), so
     each user's jobs are sorted once and merged by a heap keyed on the user's current term,
     which `terms.started` raises as the pass starts their jobs."""
     per_user: dict[str, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
     for job in jobs:
-        per_user[job.user].append((_base_rank(job, now, aging_s), job.submitted, job.id, job))
+        per_user[job.user].append((_base_rank(job, now, config), job.submitted, job.id, job))
     heap = []
     for user, user_jobs in per_user.items():
-        user_jobs.sort(key=lambda t: (t[0], t[1], t[2]))
+        user_jobs.sort(key=_first_three)
         base, submitted, job_id, _ = user_jobs[0]
         heap.append((base + terms.term(user), submitted, job_id, user, 0))
     heapq.heapify(heap)

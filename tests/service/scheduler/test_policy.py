@@ -117,6 +117,21 @@ def test_priority_classes_come_first_and_waiting_lifts_a_job() -> None:
     assert set(placed(d)) == {3}  # three days of waiting beat two classes
 
 
+def test_among_fresh_jobs_smaller_gangs_go_first_until_the_big_one_has_waited() -> None:
+    # Four GPUs free: an 8-GPU job cannot start anyway, but between a fresh 4-GPU job and
+    # two later 2-GPU ones, the small ones go first (0.3 of a class per doubling)...
+    big, small = job(1, gpus=4, submitted=NOW - 60), [job(2, gpus=2), job(3, gpus=2)]
+    assert set(placed(run([big, *small], Cluster(hosts(4))))) == {2, 3}
+    # ...still after three hours (the size fades), not once it may claim a reservation.
+    waited = job(1, gpus=4, submitted=NOW - 3 * 3600)
+    assert set(placed(run([waited, *small], Cluster(hosts(4)), reserve_after_s=DAY))) == {2, 3}
+    old = job(1, gpus=4, submitted=NOW - DAY)
+    assert set(placed(run([old, *small], Cluster(hosts(4)), reserve_after_s=DAY))) == {1}
+    # A class apart, size does not overturn priority.
+    high_big = job(1, gpus=4, priority=HIGH, submitted=NOW - 60)
+    assert set(placed(run([high_big, *small], Cluster(hosts(4))))) == {1}
+
+
 def test_a_user_at_their_gpu_limit_waits_with_the_reason_in_words() -> None:
     busy = cluster(8, running=[running(90, "lab-a", (0, 1, 2, 3), user="alice")])
     fair = FairShare(limits={"alice": 4.0})
