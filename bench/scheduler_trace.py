@@ -10,7 +10,8 @@ estimates, and prints every metric of each policy with its ratio to `fifo` and t
 
 So that the policy is not judged on this one file only, the same comparison runs on
 bootstrapped traces (same arrival times, jobs drawn with replacement from the file; ten
-seeds), unless `--quick`, and says on how many of them both bars are met. Usage: `python bench/scheduler_trace.py [--trace FILE] [--quick]`.
+seeds), unless `--quick`, and says on how many of them both bars are met.
+Usage: `python bench/scheduler_trace.py [--trace FILE] [--quick]`.
 """
 
 from __future__ import annotations
