@@ -1,0 +1,141 @@
+"""`towerq up`, what `make run` ends in: one foreground process tree with an embedded Redis,
+a login URL, 4 simulated GPUs on a host without a driver; a job runs; Ctrl+C stops every
+process of the tree; a second start keeps the data and the admin token."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.stack import REPO, wait_for
+
+pytestmark = pytest.mark.slow
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+class Up:
+    """`towerq up` in its own session, as a terminal runs it; its output read line by line."""
+
+    def __init__(self, workdir: Path, port: int, redis_port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_")}
+        var = workdir / "var"
+        env.update(
+            TOWERQ_VAR_DIR=str(var),
+            TOWERQ_DATABASE_URL=f"sqlite:///{var / 'towerq.db'}",
+            TOWERQ_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+            TOWERQ_DATA_DIR=str(var / "data"),
+            TOWERQ_ARTIFACTS_DIR=str(var / "artifacts"),
+            TOWERQ_MODELS_PATH=str(var / "models"),
+            TOWERQ_HOST_NAME="lab-up",
+            TOWERQ_SCHEDULER_INTERVAL_S="0.5",
+            PYTHONUNBUFFERED="1",
+            TF_CPP_MIN_LOG_LEVEL="2",
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "up", "--port", str(port)],
+            cwd=workdir,
+            env={**env, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, pattern: str, timeout: float) -> re.Match[str]:
+        compiled = re.compile(pattern)
+        found: Callable[[], re.Match[str] | None] = lambda: next(  # noqa: E731
+            (m for line in list(self.lines) if (m := compiled.search(line))), None
+        )
+        try:
+            return wait_for(found, timeout, f"towerq up to print {pattern!r}", 0.2)
+        except AssertionError:
+            raise AssertionError(f"towerq up printed:\n{self.text()[-4000:]}") from None
+
+    def ctrl_c(self, timeout: float = 90) -> int:
+        """SIGINT to the whole foreground group, as a terminal's Ctrl+C sends it."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def processes_in_session(sid: int) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{entry}: {cmd}")
+    return found
+
+
+def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    up = Up(tmp_path, port, free_port())
+    try:
+        login = up.wait_for_line(r"log in:\s+(http://\S+/\?token=(\S+))", 120)
+        token = login.group(2)
+        banner = up.text()
+        assert f"dashboard and API on http://127.0.0.1:{port}" in banner
+        assert "4 simulated GPUs (CPU logical devices; no NVIDIA driver) on lab-up" in banner
+        assert "embedded Redis" in banner
+        assert (tmp_path / "var" / "admin-token").read_text().strip() == token
+
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
+        assert httpx.get(login.group(1)).status_code == 200  # the dashboard behind the login link
+        spec = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 60}}
+        job_id = client.post("/api/jobs", json=spec).json()["id"]
+        job = wait_for(
+            lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 180, "the job", 0.5
+        )
+        assert job["state"] == "succeeded", job["error"]
+        assert job["allocation"]["simulated"] is True
+
+        started = time.monotonic()
+        assert up.ctrl_c() == 0
+        assert time.monotonic() - started < 60
+        assert processes_in_session(up.process.pid) == []
+        assert "towerq stopped" in up.text()
+    finally:
+        up.kill()
+
+    # The second start keeps the database and does not make another admin token.
+    again = Up(tmp_path, port, free_port())
+    try:
+        again.wait_for_line(r"log in with your token; the admin token was saved in", 120)
+        assert client.get(f"/api/jobs/{job_id}").json()["state"] == "succeeded"
+        assert again.ctrl_c() == 0
+        assert processes_in_session(again.process.pid) == []
+    finally:
+        again.kill()
+        client.close()
