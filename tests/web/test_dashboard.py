@@ -216,6 +216,7 @@ def test_clone_compare_keyboard_and_phone(
     # A phone: every page fits the screen's width (tables scroll inside their box).
     phone = open_page(viewport=(390, 844))
     phone.goto(f"{url}/?token={make_token('alice')}#/jobs")
+    phone.wait_for_selector("#who:has-text('alice')")  # logged in before leaving the page
     for route, ready in [
         ("#/jobs", "table.jobs[data-drawn]"),
         (f"#/jobs/{first}", "#charts canvas"),
