@@ -30,6 +30,9 @@ def test_jobs_spread_over_two_hosts_and_a_bound_job_goes_only_to_its_host(
     wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
 
     spread = [client.post("/api/jobs", json={**QUICK, "gpu_count": 2}).json()["id"] for _ in range(2)]
+    # Only once both are placed: a fresh one-GPU job would otherwise go first (smaller gangs
+    # lead among fresh jobs) and leave no host with two free GPUs for the second.
+    wait_for(lambda: all(client.get(f"/api/jobs/{i}").json()["allocation"] for i in spread), 60, "both placed")
     bound = client.post("/api/jobs", json={**QUICK, "host": "lab-b", "gpus": [1]}).json()["id"]
     jobs = {
         i: wait_for(
