@@ -65,7 +65,8 @@ class MetricSink:
         point = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
         when = parse_time(event.get("time"))
         if publish:
-            self._publish(split if split == "eval" else "metric", {**point, "time": when.isoformat()})
+            extra = {} if split == "eval" else {"step_time_s": _number(event.get("step_time_s"))}
+            self._publish(split if split == "eval" else "metric", {**point, **extra, "time": when.isoformat()})
         attempt = event.get("attempt", self.attempt) if not publish else self.attempt
         self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
         self._note_latest(point, event)

@@ -61,10 +61,14 @@ export async function render(main, params) {
       series.add([{ ...point, split: "train" }]);
       if (point.step >= (job.step ?? 0)) {
         job.step = point.step;
-        Object.assign(job.latest, { loss: point.loss, accuracy: point.accuracy, examples_per_sec: point.examples_per_sec });
+        const { loss, accuracy, examples_per_sec, step_time_s } = point;
+        Object.assign(job.latest, { loss, accuracy, examples_per_sec, step_time_s: step_time_s ?? job.latest.step_time_s });
       }
     }),
-    eval: (point) => later(() => series.add([{ ...point, split: "eval" }])),
+    eval: (point) => later(() => {
+      series.add([{ ...point, split: "eval" }]);
+      Object.assign(job.latest, { eval_loss: point.loss, eval_accuracy: point.accuracy });
+    }),
     log: (line) => appendLog([line]),
     state: () => reload().catch(() => {}),
   });
@@ -144,7 +148,7 @@ function summaryOf(job) {
     pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
   }
   if (job.error) pairs.splice(1, 0, ["Error", el("span", { class: "error" }, job.error)]);
-  return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]);
+  return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { field: k } }, v)]);
 }
 
 function detailsOf(job) {

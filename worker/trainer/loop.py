@@ -170,7 +170,9 @@ def train(run: Run, stop: StopFlag) -> int:
     if not run.start_step:
         write_graph(run, batches.element_spec)
     iterator = iter(batches)
-    window_start, window_steps = time.monotonic(), 0
+    # The throughput window counts training only: time spent evaluating or checkpointing
+    # inside it is taken out, so examples/s does not dip after every evaluation.
+    window_start, window_steps, window_paused = time.monotonic(), 0, 0.0
     done = run.start_step
     stop.in_loop = True
     while done < hp.steps:
@@ -184,13 +186,15 @@ def train(run: Run, stop: StopFlag) -> int:
         window_steps += pause - done
         done = pause
         if done % hp.log_every == 0 or done == hp.steps:
-            elapsed = time.monotonic() - window_start
+            elapsed = max(time.monotonic() - window_start - window_paused, 1e-9)
             report_metric(run, done, result, window_steps * run.global_batch / elapsed, elapsed / window_steps)
-            window_start, window_steps = time.monotonic(), 0
+            window_start, window_steps, window_paused = time.monotonic(), 0, 0.0
+        paused = time.monotonic()
         if hp.eval_every and done % hp.eval_every == 0 and done != hp.steps:
             evaluate(run, done)
         if hp.checkpoint_every and done % hp.checkpoint_every == 0 and done != hp.steps:
             save(run, done)
+        window_paused += time.monotonic() - paused
         if stop.set:
             save(run, done)
             run.reporter.emit("stopped", step=done)

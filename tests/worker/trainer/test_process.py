@@ -212,3 +212,20 @@ def test_tensorboard_events_hold_scalars_and_the_graph(tmp_path: Path) -> None:
     } <= tags
     assert [e.step for e in accumulator.Tensors("train/loss")] == [2, 4, 6]
     assert accumulator.Graph() is not None
+
+
+def test_examples_per_sec_counts_training_only_not_the_evaluations_between(tmp_path: Path) -> None:
+    # A test split far larger than a few training steps: each evaluation takes much longer
+    # than the 5 steps after it, so a window that counted it would show a deep dip.
+    spec = write_spec(
+        tmp_path,
+        "speed",
+        dataset_options={"shape": [12, 12, 3], "train_examples": 200, "test_examples": 20_000},
+        hyperparameters={"steps": 60, "log_every": 5, "eval_every": 10},
+    )
+    code, lines = run(spec)
+    assert code == EXIT_OK
+    speed = {e["step"]: e["examples_per_sec"] for e in events(lines, "metric")}
+    after_eval = [speed[s] for s in (15, 25, 35, 45, 55)]
+    others = [speed[s] for s in (20, 30, 40, 50, 60)]  # the first window holds the compile
+    assert float(np.median(after_eval)) > 0.5 * float(np.median(others)), speed
