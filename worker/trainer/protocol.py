@@ -6,7 +6,9 @@ Every line has `event` and `time` (Unix seconds). Events:
   `memory_limit_enforced`, `memory_limit_mb`, `variable_device`, `global_batch`,
   `tower_batches`, `resumed_from_step` (null on a fresh start), `total_steps`.
 - `metric`: `step`, `loss`, `accuracy` (null for regressions), `learning_rate`,
-  `examples_per_sec`, `step_time_s`; loss and accuracy are averages over the towers.
+  `examples_per_sec`, `step_time_s`; loss and accuracy are averages over the towers;
+  the two speeds are over the steps since the previous `metric`, training time only
+  (evaluations and checkpoints in between are left out).
 - `eval`: `step`, `loss`, `accuracy`, `examples` (held-out split; EMA weights when set).
 - `log`: `level` (`info` | `warning` | `error`), `message`.
 - `checkpoint`: `step`, `path`.
