@@ -11,8 +11,8 @@ Policies:
     for every `aging_s` it has waited, plus a size term, plus its owner's fair-share term
     in [0, 1). The size term is 0.3 per doubling of the job's GPU count while it is fresh,
     fading to 0 over `reserve_after_s`: among new work, small gangs go first (they fit
-    into the holes other jobs leave, so more work starts sooner), and by the time a gang job may
-    claim a reservation its size no longer counts against it. The fair-share term is
+    into the holes other jobs leave, so more work starts sooner), and by the time a gang
+    job may claim a reservation its size no longer counts against it. The fair-share term is
     `1 - 2**-(used part / owed part)`, where the used part is the owner's decayed
     GPU-seconds plus what their running jobs will likely still use, over all present
     users', and the owed part their share among present users. A user who used nothing
