@@ -44,10 +44,8 @@ export async function render(main, params) {
   drawJob();
   charts.draw();
 
-  let lastLogId = 0;
   const appendLog = (lines) => {
     for (const line of lines) {
-      lastLogId = Math.max(lastLogId, line.id || 0);
       logBox.append(el("span", { class: `level-${line.level}` }, `${line.time.slice(11, 19)} ${line.message}\n`));
     }
     while (logBox.childNodes.length > LOG_LINES_SHOWN) logBox.firstChild.remove();
@@ -137,7 +135,7 @@ function summaryOf(job) {
     ["Eval loss", number(job.latest.eval_loss)],
     ["Eval accuracy", percent(job.latest.eval_accuracy)],
     ["Examples/s", number(job.latest.examples_per_sec, 5)],
-    ["ETA", eta(job) !== null ? duration(eta(job)) : "–"],
+    ["ETA", duration(eta(job))],
     ["Attempt", `${job.attempts}${job.crashes ? ` · ${job.crashes} crashed` : ""} · gives up after ${job.max_attempts} crashes`],
     ["Priority", job.priority],
     ["Submitted", `${when(job.created_at)} (${age(job.created_at)} ago)`],
