@@ -57,7 +57,7 @@ def towerq(k: int) -> Measure:
     import keras
     import tensorflow as tf
 
-    from worker.trainer import datasets
+    from worker.trainer import feeding
     from worker.trainer.models import lenet5
     from worker.trainer.towers import Objective, TowerStep
 
@@ -67,7 +67,7 @@ def towerq(k: int) -> Measure:
     step = TowerStep(
         model, keras.optimizers.SGD(0.01), setup.devices, setup.variable_device, Objective(False), PER_TOWER * k
     )
-    iterator = iter(datasets.train_batches(data, PER_TOWER * k, 0, 0, 10**9))
+    iterator = iter(feeding.train_batches(data, PER_TOWER * k, 0, 0, 10**9))
     chunk = tf.constant(STEPS_PER_CALL)
 
     def measure(steps: int) -> tuple[float, float]:

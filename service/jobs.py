@@ -17,9 +17,10 @@ from service.exceptions import NotFoundError, SpecError
 from service.hosts import HostInventory
 from service.intake import Submission, SubmissionWriter, store_submissions
 from service.models import Allocation, Gpu, Host, Job, JobState, User, utcnow
-from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, JobSpec, LatestMetrics
+from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage
 from service.settings import Settings
 from worker.trainer.paths import PathEscapeError, resolve_inside
+from worker.trainer.spec import JobSpec
 
 
 def submit(
@@ -46,7 +47,7 @@ def submit(
     if event is None:
         with db.read() as session:
             return job_detail(session, get_job(session, job_id)), False
-    return job_detail_of_new(Job(id=job_id, **row), caller.name, event), True
+    return job_detail_of_new(Job(id=job_id, user=User(id=caller.user_id, name=caller.name), **row), event), True
 
 
 def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings, key: str | None) -> dict[str, Any]:
@@ -217,59 +218,15 @@ def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, Allocatio
 
 
 def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
-    return JobOut(**_job_fields(job, allocation, job.user.name))
-
-
-def _job_fields(job: Job, allocation: AllocationOut | None, user: str) -> dict[str, Any]:
-    return dict(
-        id=job.id,
-        name=job.name,
-        user=user,
-        state=job.state,
-        priority=job.priority,
-        spec=job.spec,
-        gpu_count=job.gpu_count,
-        gpu_memory_fraction=job.gpu_memory_fraction,
-        allocation=allocation,
-        cuda_visible_devices=job.cuda_visible_devices,
-        towers=job.towers,
-        devices=job.devices,
-        memory_limit_enforced=job.memory_limit_enforced,
-        attempts=job.attempts,
-        crashes=job.crashes,
-        max_attempts=job.max_attempts,
-        queue_position=job.queue_position,
-        pending_reason=job.pending_reason,
-        reserved_start_at=job.reserved_start_at,
-        error=job.error,
-        exit_code=job.exit_code,
-        step=job.step,
-        total_steps=job.total_steps,
-        latest=LatestMetrics(
-            step=job.step,
-            loss=job.loss,
-            accuracy=job.accuracy,
-            eval_loss=job.eval_loss,
-            eval_accuracy=job.eval_accuracy,
-            examples_per_sec=job.examples_per_sec,
-            step_time_s=job.step_time_s,
-        ),
-        artifacts_dir=job.artifacts_dir,
-        sweep_id=job.sweep_id,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        cancel_requested=job.cancel_requested_at is not None,
-    )
+    return JobOut.model_validate(job).model_copy(update={"allocation": allocation})
 
 
 def job_detail(session: Session, job: Job) -> JobDetailOut:
     allocation = allocations_of(session, [job]).get(job.id)
-    events = [JobEventOut.model_validate(e) for e in job.events]
-    return JobDetailOut(**_job_fields(job, allocation, job.user.name), events=events)
+    return JobDetailOut.model_validate(job).model_copy(update={"allocation": allocation})
 
 
-def job_detail_of_new(job: Job, user: str, event: JobEventOut) -> JobDetailOut:
-    """The detail of a job just inserted, without asking the database again."""
-    return JobDetailOut(**_job_fields(job, None, user), events=[event])
+def job_detail_of_new(job: Job, event: JobEventOut) -> JobDetailOut:
+    """The detail of a job just inserted, without asking the database again (`job` is a
+    transient row holding what was inserted)."""
+    return JobDetailOut.model_validate(job).model_copy(update={"events": [event]})

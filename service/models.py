@@ -23,6 +23,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from worker.trainer.spec import Priority
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -81,12 +83,6 @@ class JobState(enum.StrEnum):
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
-class Priority(enum.StrEnum):
-    HIGH = "high"
-    NORMAL = "normal"
-    LOW = "low"
-
-
 class HostState(enum.StrEnum):
     UP = "up"
     DOWN = "down"
@@ -103,6 +99,10 @@ class User(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
+
+    @property
+    def active_tokens(self) -> int:
+        return sum(1 for token in self.tokens if token.revoked_at is None)
 
 
 class ApiToken(Base):
@@ -219,6 +219,15 @@ class Job(Base):
     user: Mapped[User] = relationship()
     allocations: Mapped[list[Allocation]] = relationship(back_populates="job", order_by="Allocation.id")
     events: Mapped[list[JobEvent]] = relationship(order_by="JobEvent.id")
+
+    @property
+    def latest_metrics(self) -> Job:
+        """The latest figures are columns of the job itself (`LatestMetrics` reads them)."""
+        return self
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
 
 
 class Sweep(Base):

@@ -1,61 +1,18 @@
-"""Pydantic schemas of the API: the job spec users submit and what the API returns.
-
-The training half of a spec (`TrainSpec`) belongs to the trainer, so that the API and the
-trainer validate with the same rules; `JobSpec` adds how the job is scheduled.
-"""
+"""Pydantic schemas of what the API returns. The job spec users submit is the contract in
+`worker.trainer.spec` (`JobSpec`), shared with the trainer."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from service.models import Priority
-from worker.trainer.spec import TrainSpec
-
-MAX_GPUS_PER_JOB = 64
-GpuIndex = Annotated[int, Field(ge=0, le=1023)]
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")]
-
-
-class JobSpec(TrainSpec):
-    """A job as submitted: what to train (`TrainSpec`) and where/when it may run."""
-
-    name: Name | None = None
-    gpus: list[GpuIndex] | None = Field(default=None, min_length=1, max_length=MAX_GPUS_PER_JOB)
-    gpu_count: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_JOB)
-    host: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
-    memory_growth: bool = False
-    priority: Priority = Priority.NORMAL
-    time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
-
-    @model_validator(mode="after")
-    def _gpus_and_count_agree(self) -> Self:
-        if self.gpus is not None:
-            if len(set(self.gpus)) != len(self.gpus):
-                raise ValueError("gpus: each GPU may be named only once")
-            if self.gpu_count is not None and self.gpu_count != len(self.gpus):
-                raise ValueError(f"gpu_count is {self.gpu_count} but gpus names {len(self.gpus)} GPUs")
-            self.gpu_count = len(self.gpus)
-        elif self.gpu_count is None:
-            self.gpu_count = 1
-        if self.tower_weights is not None and len(self.tower_weights) != self.gpu_count:
-            raise ValueError(f"tower_weights has {len(self.tower_weights)} entries for {self.gpu_count} GPUs")
-        if self.memory_growth and self.gpu_memory_fraction < 1:
-            raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
-        if self.name is None:
-            self.name = f"{self.model}-{self.dataset}"[:128]
-        return self
-
-    def train_spec(self) -> TrainSpec:
-        return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))
+from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
 
 class Out(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    """A schema read from ORM rows (`Out.model_validate(row)`), or built by field name."""
+
+    model_config = ConfigDict(from_attributes=True, validate_by_name=True, validate_by_alias=True)
 
 
 class AllocationOut(Out):
@@ -84,15 +41,18 @@ class LatestMetrics(Out):
 
 
 class JobOut(Out):
+    """A job as the API shows it, read from a `Job` row (`JobOut.model_validate(job)`); the
+    allocation comes from the allocations table (`service.jobs.allocations_of`)."""
+
     id: int
     name: str
-    user: str
+    user: str = Field(validation_alias=AliasPath("user", "name"))
     state: str
     priority: str
     spec: dict[str, Any]
     gpu_count: int
     gpu_memory_fraction: float
-    allocation: AllocationOut | None
+    allocation: AllocationOut | None = None
     cuda_visible_devices: str | None
     towers: int | None
     devices: list[str] | None
@@ -107,7 +67,7 @@ class JobOut(Out):
     exit_code: int | None
     step: int | None
     total_steps: int
-    latest: LatestMetrics
+    latest: LatestMetrics = Field(validation_alias="latest_metrics")
     artifacts_dir: str | None
     sweep_id: int | None
     created_at: datetime

@@ -1,11 +1,7 @@
-"""Datasets, and the input pipeline that feeds global batches to the towers.
+"""Datasets: what each name in the catalog loads, as arrays, image files or TFRecords.
 
-The order of training examples is a pure function of (seed, dataset size, global batch):
-epoch e visits the examples in the permutation `stateless_shuffle(range(n), [seed, e])`,
-and step s takes positions `s*B .. s*B+B-1` of that endless sequence. So a k-tower job
-and a one-device job with the same global batch see the same examples in the same order,
-and a resumed job starts exactly at the step after its checkpoint, with no iterator state
-to save. Nothing is downloaded at run time.
+Nothing is downloaded at run time. The input pipeline that feeds them to the towers is
+`worker.trainer.feeding`.
 """
 
 from __future__ import annotations
@@ -15,11 +11,11 @@ import gzip
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import numpy as np
 import tensorflow as tf
 
+from worker.trainer.catalog import Task
 from worker.trainer.errors import DatasetError
 from worker.trainer.paths import PathEscapeError, resolve_inside
 from worker.trainer.spec import DatasetOptions, TrainSpec
@@ -34,9 +30,6 @@ FASHION_MNIST_FILES = {
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 SPLIT_SEED = 20_171_023
 """Fixed seed of train/test splits and synthetic data: the same for every job."""
-MAX_EPOCHS = 2**40
-
-Task = Literal["classification", "regression"]
 
 
 @dataclass
@@ -139,8 +132,6 @@ def synthetic(options: DatasetOptions) -> Data:
     classes = options.classes or 10
     n_train = options.train_examples or 4096
     n_test = options.test_examples or 1024
-    if np.prod(shape) * (n_train + n_test) > 2**28:
-        raise DatasetError("synthetic dataset too large: shape × examples must stay under 268M values")
     rng = np.random.default_rng(SPLIT_SEED)
     prototypes = rng.normal(size=(classes, *shape)).astype(np.float32)
     y = rng.integers(0, classes, size=n_train + n_test).astype(np.int32)
@@ -153,7 +144,6 @@ def synthetic(options: DatasetOptions) -> Data:
         ArraySource(x[:n_train], y[:n_train]),
         ArraySource(x[n_train:], y[n_train:]),
     )
-    _refuse(options, data.name, "image_size", "test_path", "coefficients")
     return data
 
 
@@ -164,7 +154,6 @@ def digits(options: DatasetOptions) -> Data:
     x = (bunch.images / 16.0).astype(np.float32)[..., None]
     y = bunch.target.astype(np.int32)
     train, test = _split(x, y, options.test_fraction)
-    _refuse(options, "digits", "shape", "classes", "image_size", "test_path", "coefficients")
     return Data(
         "digits",
         "classification",
@@ -192,7 +181,6 @@ def fashion_mnist(options: DatasetOptions, data_dir: Path) -> Data:
     arrays = {key: _read_idx(folder / name) for key, name in FASHION_MNIST_FILES.items()}
     train = ArraySource(arrays["x_train"][..., None], arrays["y_train"].astype(np.int32))
     test = ArraySource(arrays["x_test"][..., None], arrays["y_test"].astype(np.int32))
-    _refuse(options, "fashion_mnist", "shape", "classes", "image_size", "test_path", "coefficients")
     return Data(
         "fashion_mnist",
         "classification",
@@ -220,7 +208,6 @@ def quadratic(options: DatasetOptions) -> Data:
     rng = np.random.default_rng(SPLIT_SEED)
     x = rng.uniform(-2.0, 2.0, size=(n_train + n_test, 1)).astype(np.float32)
     y = (a * x**2 + b * x + c + options.noise * rng.normal(size=x.shape)).astype(np.float32)
-    _refuse(options, "quadratic", "shape", "classes", "image_size", "test_path")
     return Data(
         "quadratic", "regression", (1,), 1, ArraySource(x[:n_train], y[:n_train]), ArraySource(x[n_train:], y[n_train:])
     )
@@ -335,7 +322,7 @@ def _image_geometry(path: str, options: DatasetOptions) -> tuple[tuple[int, int]
 def tfrecords(pattern: str, options: DatasetOptions, data_dir: Path) -> Data:
     """TFRecord files of tf.train.Examples with `image` (PNG/JPEG bytes) and `label` (int64)."""
     files = _record_files(pattern, data_dir)
-    first = next(iter(tf.data.TFRecordDataset(files[:1]).map(_parse_record).take(1)), None)
+    first = next(iter(tf.data.TFRecordDataset(files[:1]).map(parse_record).take(1)), None)
     if first is None:
         raise DatasetError(f"{files[0]} holds no records")
     image, _ = first
@@ -370,7 +357,7 @@ def _record_files(pattern: str, data_dir: Path) -> list[str]:
     return files
 
 
-def _parse_record(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def parse_record(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     parsed = tf.io.parse_single_example(
         record,
         {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)},
@@ -379,96 +366,12 @@ def _parse_record(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def _count_records(source: RecordSource) -> int:
-    return int(_records(source).reduce(0, lambda n, _: n + 1).numpy())
+    return int(records(source).reduce(0, lambda n, _: n + 1).numpy())
 
 
-def _refuse(options: DatasetOptions, dataset: str, *names: str) -> None:
-    for name in names:
-        if getattr(options, name) is not None:
-            raise DatasetError(f"dataset_options.{name} does not apply to dataset {dataset}")
-
-
-# -- feeding ------------------------------------------------------------------------------
-
-
-def train_batches(data: Data, global_batch: int, seed: int, start_step: int, steps: int) -> tf.data.Dataset:
-    """Global batches for steps `start_step .. steps-1` (see the module docstring)."""
-    source = data.train
-    if isinstance(source, RecordSource):
-        records = _records(source).shuffle(10_000, seed=seed, reshuffle_each_iteration=True).repeat()
-        batches = records.batch(global_batch, drop_remainder=True).skip(start_step)
-        return (
-            batches.take(steps - start_step)
-            .map(_decoder(source, batched=True), num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(2)
-        )
-    n = source.size
-    seed_t = tf.constant(seed, tf.int64)
-
-    def permutation(epoch: tf.Tensor) -> tf.Tensor:
-        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=tf.stack([seed_t, epoch]))
-
-    first = start_step * global_batch
-    first_epoch, offset = first // n, first % n
-
-    def epoch_order(epoch: tf.Tensor) -> tf.Tensor:
-        # The first epoch of a resumed run starts where the checkpointed run left it.
-        return permutation(epoch)[tf.where(tf.equal(epoch, first_epoch), offset, 0) :]
-
-    epochs = tf.data.Dataset.range(first_epoch, MAX_EPOCHS).map(epoch_order)
-    batches = epochs.rebatch(global_batch, drop_remainder=True).take(steps - start_step)
-    return batches.map(_gatherer(source), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
-
-
-def eval_batches(data: Data, batch: int) -> tf.data.Dataset:
-    """The held-out split, in order, in batches of `batch` (the last one may be smaller)."""
-    source = data.test
-    if isinstance(source, RecordSource):
-        return _records(source).batch(batch).map(_decoder(source, batched=True)).prefetch(2)
-    indices = tf.data.Dataset.range(source.size).batch(batch)
-    return indices.map(_gatherer(source)).prefetch(2)
-
-
-def _gatherer(source: ArraySource | FileSource) -> Any:
-    if isinstance(source, FileSource):
-        paths = tf.constant(source.paths)
-        labels = tf.constant(source.labels)
-        decode = _decoder(source, batched=False)
-        return lambda idx: (
-            tf.map_fn(decode, tf.gather(paths, idx), fn_output_signature=tf.float32),
-            tf.gather(labels, idx),
-        )
-    x = tf.constant(source.x)
-    y = tf.constant(source.y)
-    scale = 1.0 / 255.0 if source.x.dtype == np.uint8 else None
-
-    def gather(idx: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        batch = tf.gather(x, idx)
-        batch = tf.cast(batch, tf.float32) * scale if scale is not None else batch
-        return batch, tf.gather(y, idx)
-
-    return gather
-
-
-def _decoder(source: FileSource | RecordSource, batched: bool) -> Any:
-    size, channels = source.image_size, source.channels
-
-    def decode_image(data: tf.Tensor) -> tf.Tensor:
-        image = tf.io.decode_image(data, channels=channels, expand_animations=False)
-        image = tf.image.resize(tf.cast(image, tf.float32), size)
-        return tf.ensure_shape(image / 255.0, (*size, channels))
-
-    if isinstance(source, FileSource):
-        return lambda path: decode_image(tf.io.read_file(path))
-    del batched
-    return lambda images, labels: (
-        tf.map_fn(decode_image, images, fn_output_signature=tf.float32),
-        tf.cast(labels, tf.int32),
-    )
-
-
-def _records(source: RecordSource) -> tf.data.Dataset:
-    records = tf.data.TFRecordDataset(source.files).map(_parse_record)
+def records(source: RecordSource) -> tf.data.Dataset:
+    """The (image bytes, label) records of a source, its held-out share removed or kept."""
+    records = tf.data.TFRecordDataset(source.files).map(parse_record)
     if source.holdout is None:
         return records
     every, keep_test = source.holdout

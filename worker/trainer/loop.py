@@ -25,7 +25,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from worker.trainer import datasets, devices
+from worker.trainer import datasets, devices, feeding
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.models import build_model
 from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, METRICS_LOG, Reporter
@@ -166,7 +166,7 @@ def train(run: Run, stop: StopFlag) -> int:
     started = time.monotonic()
     if run.start_step >= hp.steps:
         return finish(run, hp.steps, started)
-    batches = datasets.train_batches(run.data, run.global_batch, hp.seed or 0, run.start_step, hp.steps)
+    batches = feeding.train_batches(run.data, run.global_batch, hp.seed or 0, run.start_step, hp.steps)
     if not run.start_step:
         write_graph(run, batches.element_spec)
     iterator = iter(batches)
@@ -235,7 +235,7 @@ def report_metric(run: Run, done: int, result: dict[str, tf.Tensor], examples_pe
 
 
 def evaluate(run: Run, done: int) -> EvalResult:
-    result = run.step.evaluate(datasets.eval_batches(run.data, max(run.global_batch, 256)))
+    result = run.step.evaluate(feeding.eval_batches(run.data, max(run.global_batch, 256)))
     if not math.isfinite(result["loss"]):
         raise NanLossError(f"evaluation loss became {result['loss']} at step {done}")
     run.reporter.emit("eval", step=done, **result)

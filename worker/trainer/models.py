@@ -17,6 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from worker.trainer.catalog import MODELS
 from worker.trainer.errors import ModelError
 from worker.trainer.paths import PathEscapeError, resolve_inside
 
@@ -118,13 +119,16 @@ def poly2(input_shape: tuple[int, ...], classes: int, options: dict[str, Any]) -
     return keras.Sequential([keras.Input(input_shape), Quadratic()], name="poly2")
 
 
-BUILTIN: dict[str, Builder] = {
-    "mlp": mlp,
-    "lenet5": lenet5,
-    "cifar_cnn": cifar_cnn,
-    "resnet20": resnet20,
-    "poly2": poly2,
-}
+def _builtin_builders() -> dict[str, Builder]:
+    """The builder of each catalog model: the function of the same name in this module."""
+    here = globals()
+    missing = [name for name in MODELS if not callable(here.get(name))]
+    if missing:
+        raise ImportError(f"the catalog lists models without a builder here: {', '.join(missing)}")
+    return {name: here[name] for name in MODELS}
+
+
+BUILTIN: dict[str, Builder] = _builtin_builders()
 
 
 def build_model(

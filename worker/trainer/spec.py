@@ -1,29 +1,47 @@
-"""What a training run accepts: the trainer's half of a job spec, validated up front.
+"""The job spec: one typed contract from the API to the trainer.
 
-This module is pure pydantic (no TensorFlow, no database), so the API validates a job
-against the very rules the trainer applies, and the trainer re-checks its spec file before
-it builds anything. Every error names the field it is about.
+`JobSpec` is what a user submits (what to train, and where/when it may run); the API
+stores its validated dump. The worker turns a stored spec into the trainer's input with
+`trainer_input` (the training half, `TrainSpec`, plus this attempt's `RuntimeSpec`), and
+the trainer validates that file again before it builds anything. Everything the trainer
+would refuse for a reason known at submit time is refused here, so the API answers 422
+naming the field instead of accepting a job that fails later.
+
+Pure pydantic (no TensorFlow, no database): `service` imports this module, the catalog
+and `paths`, and nothing else of `worker`. Every error names the field it is about.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import re
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from worker.trainer.catalog import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    DATASETS,
+    FILE_DATASET_KINDS,
+    MODELS,
+    SYNTHETIC_MAX_VALUES,
+    Optimizer,
+    VariableDevice,
+)
 from worker.trainer.paths import PathEscapeError, check_relative
 
-BUILTIN_MODELS = ("mlp", "lenet5", "cifar_cnn", "resnet20", "poly2")
-CLASSIFICATION_DATASETS = ("synthetic", "digits", "fashion_mnist")
-REGRESSION_DATASETS = ("quadratic",)
-BUILTIN_DATASETS = CLASSIFICATION_DATASETS + REGRESSION_DATASETS
-FILE_DATASET_KINDS = ("npz", "tfrecord", "images")
 USER_MODEL_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+MAX_GPUS_PER_JOB = 64
 
-Optimizer = Literal["sgd", "momentum", "adam"]
-VariableDevice = Literal["cpu", "gpu0"]
+
+class Priority(enum.StrEnum):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
 PositiveInt = Annotated[int, Field(ge=1)]
 OptionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 OPTION_TEXT_MAX = 256
@@ -120,12 +138,22 @@ class DatasetOptions(Strict):
     noise: float = Field(default=0.05, ge=0, le=100, description="quadratic")
 
 
+def _check_synthetic_size(options: DatasetOptions) -> None:
+    examples = (options.train_examples or 4096) + (options.test_examples or 1024)
+    values = math.prod(options.shape or (28, 28, 3)) * examples
+    if values > SYNTHETIC_MAX_VALUES:
+        raise ValueError(
+            f"a synthetic dataset of {values:,} values is too large: shape × examples must stay under "
+            f"{SYNTHETIC_MAX_VALUES:,}"
+        )
+
+
 class TrainSpec(Strict):
     """The training half of a job spec: what to train, on what, how."""
 
     model: str = Field(min_length=1, max_length=200, description="built-in name or module:function")
     dataset: str = Field(min_length=1, max_length=1024)
-    dataset_options: DatasetOptions = Field(default_factory=DatasetOptions)
+    dataset_options: DatasetOptions = Field(default_factory=DatasetOptions, validate_default=True)
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     variable_device: VariableDevice = "cpu"
     tower_weights: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
@@ -161,6 +189,42 @@ class TrainSpec(Strict):
             raise ValueError(str(err)) from None
         return dataset
 
+    @field_validator("dataset_options")
+    @classmethod
+    def _options_apply(cls, options: DatasetOptions, info: ValidationInfo) -> DatasetOptions:
+        dataset = info.data.get("dataset")
+        if dataset is None:
+            return options
+        entry = DATASETS[dataset.partition(":")[0]]
+        defaults = DatasetOptions()
+        for name in DatasetOptions.model_fields:
+            if name not in entry.options and getattr(options, name) != getattr(defaults, name):
+                takes = ", ".join(entry.options) or "none"
+                raise ValueError(f"{name} does not apply to dataset {dataset!r} (it takes: {takes})")
+        for name in entry.required:
+            if getattr(options, name) is None:
+                raise ValueError(f"dataset {entry.name!r} needs {name}")
+        if entry.name == "synthetic":
+            _check_synthetic_size(options)
+        if options.test_path is not None:
+            try:
+                check_relative(options.test_path)
+            except PathEscapeError as err:
+                raise ValueError(f"test_path: {err}") from None
+        return options
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _model_options_apply(cls, hyperparameters: Hyperparameters, info: ValidationInfo) -> Hyperparameters:
+        entry = MODELS.get(info.data.get("model") or "")
+        if entry is None:  # a user model reads whatever options it likes
+            return hyperparameters
+        for name in hyperparameters.model_options:
+            if name not in entry.options:
+                takes = ", ".join(entry.options) or "none"
+                raise ValueError(f"model_options.{name} does not apply to model {entry.name!r} (it takes: {takes})")
+        return hyperparameters
+
     @field_validator("tower_weights")
     @classmethod
     def _finite_weights(cls, weights: list[float] | None) -> list[float] | None:
@@ -170,16 +234,14 @@ class TrainSpec(Strict):
 
     @model_validator(mode="after")
     def _model_fits_dataset(self) -> Self:
-        regression = self.dataset in REGRESSION_DATASETS
-        if self.model == "poly2" and not regression:
-            raise ValueError("model poly2 fits y = a·x² + b·x + c: use dataset 'quadratic'")
-        if regression and self.model in BUILTIN_MODELS and self.model != "poly2":
+        model = MODELS.get(self.model)
+        data_task = DATASETS[self.dataset_kind].task
+        if model is None:
+            return self
+        if model.task == "regression" and data_task != "regression":
+            raise ValueError(f"model {model.name} fits y = a·x² + b·x + c: use dataset 'quadratic'")
+        if data_task == "regression" and model.task != "regression":
             raise ValueError(f"dataset {self.dataset!r} is a regression: use model 'poly2'")
-        if self.dataset_options.test_path is not None:
-            try:
-                check_relative(self.dataset_options.test_path)
-            except PathEscapeError as err:
-                raise ValueError(f"dataset_options.test_path: {err}") from None
         return self
 
     @property
@@ -227,3 +289,51 @@ class TrainerInput(Strict):
                 "applies a memory limit through a logical device, which excludes memory growth"
             )
         return self
+
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")]
+GpuIndex = Annotated[int, Field(ge=0, le=1023)]
+
+
+class JobSpec(TrainSpec):
+    """A job as submitted: what to train (`TrainSpec`) and where/when it may run."""
+
+    name: Name | None = None
+    gpus: list[GpuIndex] | None = Field(default=None, min_length=1, max_length=MAX_GPUS_PER_JOB)
+    gpu_count: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_JOB)
+    host: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
+    memory_growth: bool = False
+    priority: Priority = Priority.NORMAL
+    time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _gpus_and_count_agree(self) -> Self:
+        if self.gpus is not None:
+            if len(set(self.gpus)) != len(self.gpus):
+                raise ValueError("gpus: each GPU may be named only once")
+            if self.gpu_count is not None and self.gpu_count != len(self.gpus):
+                raise ValueError(f"gpu_count is {self.gpu_count} but gpus names {len(self.gpus)} GPUs")
+            self.gpu_count = len(self.gpus)
+        elif self.gpu_count is None:
+            self.gpu_count = 1
+        if self.tower_weights is not None and len(self.tower_weights) != self.gpu_count:
+            raise ValueError(f"tower_weights has {len(self.tower_weights)} entries for {self.gpu_count} GPUs")
+        if self.memory_growth and self.gpu_memory_fraction < 1:
+            raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
+        if self.name is None:
+            self.name = f"{self.model}-{self.dataset}"[:128]
+        return self
+
+    def train_spec(self) -> TrainSpec:
+        return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))
+
+
+def trainer_input(stored: dict[str, Any], runtime: RuntimeSpec) -> TrainerInput:
+    """The trainer's spec file for one attempt of a job whose spec was stored as `stored`
+    (a `JobSpec` dump). Raises pydantic's ValidationError when the stored spec no longer
+    passes today's rules."""
+    job = JobSpec.model_validate(stored)
+    runtime = runtime.model_copy(update={"memory_growth": job.memory_growth})
+    return TrainerInput(train=job.train_spec(), runtime=runtime)

@@ -1,42 +1,37 @@
-"""What a job may ask for: models, datasets, optimizers, defaults (the submit form reads it)."""
+"""What a job may ask for: models, datasets, optimizers, defaults (the submit form reads it).
+
+Everything here is derived from the spec contract (`worker.trainer.catalog` and the
+pydantic models of `worker.trainer.spec`), plus the user models and data files found on
+this host."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
 
 from service.api.deps import CallerDep, SettingsDep
-from service.models import Priority
-from worker.trainer.spec import BUILTIN_DATASETS, BUILTIN_MODELS, FILE_DATASET_KINDS, Hyperparameters
+from worker.trainer.catalog import DATASETS, FILE_DATASET_KINDS, MODELS, OPTIMIZERS, VARIABLE_DEVICES
+from worker.trainer.spec import DatasetOptions, Hyperparameters, Priority
 
 router = APIRouter(prefix="/api", tags=["catalog"])
-
-MODEL_NOTES = {
-    "mlp": "two hidden dense layers",
-    "lenet5": "LeNet-5: conv-pool ×2, dense ×3",
-    "cifar_cnn": "the classic CIFAR-10 tutorial net: conv-pool-norm ×2, dense ×3",
-    "resnet20": "ResNet-20 with batch normalisation",
-    "poly2": "regression y = a·x² + b·x + c (dataset quadratic)",
-}
-DATASET_NOTES = {
-    "synthetic": "random images; shape and classes from dataset_options",
-    "digits": "scikit-learn's 1,797 8×8 digits",
-    "fashion_mnist": "Fashion-MNIST (Debian package dataset-fashion-mnist)",
-    "quadratic": "points of y = a·x² + b·x + c with noise",
-}
 
 
 @router.get("/catalog")
 def catalog(_: CallerDep, settings: SettingsDep) -> dict[str, Any]:
     """Models, datasets, optimizers, priorities and hyperparameter defaults."""
     return {
-        "models": [{"name": m, "description": MODEL_NOTES[m]} for m in BUILTIN_MODELS] + _user_models(settings),
-        "datasets": [{"name": d, "description": DATASET_NOTES[d]} for d in BUILTIN_DATASETS] + _files(settings),
+        "models": [asdict(m) for m in MODELS.values()] + _user_models(settings),
+        "datasets": [asdict(d) for d in DATASETS.values() if not d.file_kind] + _files(settings),
         "dataset_kinds": list(FILE_DATASET_KINDS),
-        "optimizers": ["sgd", "momentum", "adam"],
+        "dataset_options": {
+            "properties": DatasetOptions.model_json_schema()["properties"],
+            "applies_to": {d.name: list(d.options) for d in DATASETS.values()},
+        },
+        "optimizers": list(OPTIMIZERS),
         "priorities": [p.value for p in Priority],
-        "variable_devices": ["cpu", "gpu0"],
+        "variable_devices": list(VARIABLE_DEVICES),
         "hyperparameters": Hyperparameters.model_json_schema()["properties"],
     }
 
@@ -60,7 +55,7 @@ def _files(settings: SettingsDep) -> list[dict[str, str]]:
     for path in sorted(root.rglob("*"))[:500]:
         relative = path.relative_to(root).as_posix()
         if path.suffix == ".npz":
-            found.append({"name": f"npz:{relative}", "description": "arrays in an .npz file"})
+            found.append({"name": f"npz:{relative}", "description": DATASETS["npz"].description})
         elif path.suffix in (".tfrecord", ".tfrecords"):
-            found.append({"name": f"tfrecord:{relative}", "description": "TFRecord file"})
+            found.append({"name": f"tfrecord:{relative}", "description": DATASETS["tfrecord"].description})
     return found

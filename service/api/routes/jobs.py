@@ -14,9 +14,10 @@ from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, S
 from service.exceptions import ForbiddenError, SpecError, StateConflictError
 from service.jobs import get_job, job_detail, list_jobs, submit
 from service.lifecycle import locked_job, request_cancel
-from service.models import JobState, LogLine, Metric, Priority
+from service.models import JobState, LogLine, Metric
 from service.notify import kick_scheduler
-from service.schemas import JobDetailOut, JobPage, JobSpec, LogLineOut, MetricOut
+from service.schemas import JobDetailOut, JobPage, LogLineOut, MetricOut
+from worker.trainer.spec import JobSpec, Priority
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from service.db import Database
 from service.models import Job, JobEvent
 from tests.service.api.conftest import Api
+from worker.trainer.catalog import BUILTIN_DATASETS, DATASETS, MODELS
 
 SPEC = {"model": "lenet5", "dataset": "digits", "gpus": [0, 1], "hyperparameters": {"steps": 300, "batch_size": 32}}
 
@@ -63,6 +64,64 @@ def test_bad_spec_gets_422_naming_the_field_and_stores_nothing(
     assert stored_jobs(db) == 0
 
 
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (
+            {"dataset_options": {"classes": 5}},
+            "dataset_options",
+            "classes does not apply to dataset 'digits' (it takes: train_examples, test_examples, test_fraction)",
+        ),
+        (
+            {"dataset": "synthetic", "dataset_options": {"noise": 0.5}},
+            "dataset_options",
+            "noise does not apply to dataset 'synthetic' (it takes: shape, classes, train_examples, test_examples)",
+        ),
+        ({"dataset": "tfrecord:train-*.tfrecord"}, "dataset_options", "dataset 'tfrecord' needs classes"),
+        (
+            {"dataset": "synthetic", "dataset_options": {"shape": [512, 512, 3], "train_examples": 10_000}},
+            "dataset_options",
+            "a synthetic dataset of 8,669,626,368 values is too large: shape × examples must stay under 268,435,456",
+        ),
+        (
+            {"model": "mlp", "hyperparameters": {"model_options": {"width": 8}}},
+            "hyperparameters",
+            "model_options.width does not apply to model 'mlp' (it takes: hidden)",
+        ),
+        ({"model": "poly2"}, "", "model poly2 fits y = a·x² + b·x + c: use dataset 'quadratic'"),
+    ],
+)
+def test_what_the_trainer_would_refuse_is_refused_at_submit_time(
+    alice: Api, db: Database, change: dict[str, object], field: str, words: str
+) -> None:
+    response = alice.post("/api/jobs", json={**SPEC, **change})
+    assert response.status_code == 422, response.text
+    messages = [d["msg"] for d in response.json()["detail"]]
+    assert messages == [f"{field}: {words}" if field else words]
+    assert stored_jobs(db) == 0
+
+
+def test_options_that_apply_are_accepted(alice: Api) -> None:
+    spec = {
+        **SPEC,
+        "model": "mlp",
+        "dataset_options": {"train_examples": 100, "test_fraction": 0.25},
+        "hyperparameters": {"steps": 10, "model_options": {"hidden": [16]}},
+    }
+    response = alice.post("/api/jobs", json=spec)
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["dataset_options"]["test_fraction"] == 0.25
+
+
+def test_the_catalog_is_the_spec_contract(alice: Api) -> None:
+    catalog = alice.get("/api/catalog").json()
+    assert [m["name"] for m in catalog["models"]] == list(MODELS)
+    assert [d["name"] for d in catalog["datasets"]] == list(BUILTIN_DATASETS)
+    assert catalog["dataset_options"]["applies_to"]["digits"] == list(DATASETS["digits"].options)
+    assert next(m for m in catalog["models"] if m["name"] == "mlp")["options"] == ["hidden"]
+    assert catalog["optimizers"] == ["sgd", "momentum", "adam"]
+
+
 def test_gpus_by_id_need_a_host_when_several_hosts_exist(alice: Api, add_host: Callable[..., None]) -> None:
     add_host("lab-b", 2)
     response = alice.post("/api/jobs", json=SPEC)
@@ -73,7 +132,7 @@ def test_gpus_by_id_need_a_host_when_several_hosts_exist(alice: Api, add_host: C
     assert alice.post("/api/jobs", json={**SPEC, "host": "lab-b"}).status_code == 201
 
 
-def test_every_call_but_healthz_needs_a_token(client, alice: Api) -> None:  # type: ignore[no-untyped-def]
+def test_every_call_but_healthz_needs_a_token(client, alice: Api) -> None:
     assert client.get("/healthz").status_code == 200
     for method, path in (("GET", "/api/jobs"), ("POST", "/api/jobs"), ("GET", "/api/gpus"), ("GET", "/metrics")):
         response = client.request(method, path)
@@ -151,7 +210,7 @@ def test_list_answers_304_while_the_page_is_unchanged(alice: Api, db: Database) 
     assert changed.json()["items"][0]["latest"]["step_time_s"] == 0.02  # the dashboard's ETA
 
 
-def test_the_dashboard_is_served_at_the_root(client) -> None:  # type: ignore[no-untyped-def]
+def test_the_dashboard_is_served_at_the_root(client) -> None:
     page = client.get("/")
     assert page.status_code == 200 and '<script type="module" src="/app.js">' in page.text
     for path in ("/app.js", "/lib.js", "/pages/jobs.js", "/style.css", "/vendor/uplot/uPlot.esm.js"):

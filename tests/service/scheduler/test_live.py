@@ -19,8 +19,8 @@ from service.jobs import submit
 from service.lifecycle import finish, mark_running
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
 from service.scheduler.live import LiveScheduler
-from service.schemas import JobSpec
 from service.settings import Settings
+from worker.trainer.spec import JobSpec
 
 
 @pytest.fixture

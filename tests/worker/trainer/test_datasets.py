@@ -8,19 +8,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from pydantic import ValidationError
 
-from worker.trainer import datasets
+from worker.trainer import datasets, feeding
+from worker.trainer.catalog import BUILTIN_DATASETS, MODELS
 from worker.trainer.errors import DatasetError
+from worker.trainer.models import BUILTIN
 from worker.trainer.spec import TrainSpec
 
 
 def spec(dataset: str, **options: object) -> TrainSpec:
     model = "poly2" if dataset == "quadratic" else "mlp"
-    return TrainSpec(model=model, dataset=dataset, dataset_options=options)  # type: ignore[arg-type]
+    return TrainSpec(model=model, dataset=dataset, dataset_options=options)
 
 
 def batches(data: datasets.Data, global_batch: int, seed: int, start: int, steps: int) -> list[np.ndarray]:
-    return [y.numpy() for _, y in datasets.train_batches(data, global_batch, seed, start, steps)]
+    return [y.numpy() for _, y in feeding.train_batches(data, global_batch, seed, start, steps)]
 
 
 def test_synthetic_has_the_shape_and_classes_asked_for(tmp_path: Path) -> None:
@@ -44,7 +47,7 @@ def test_fashion_mnist_comes_from_the_debian_package(tmp_path: Path) -> None:
         pytest.fail("dataset-fashion-mnist is not installed: scripts/setup-system --test installs it")
     data = datasets.load(spec("fashion_mnist"), tmp_path)
     assert (data.train.size, data.test.size, data.input_shape, data.classes) == (60000, 10000, (28, 28, 1), 10)
-    x, y = next(iter(datasets.eval_batches(data, 8)))
+    x, y = next(iter(feeding.eval_batches(data, 8)))
     assert x.dtype == tf.float32 and 0.0 <= float(tf.reduce_min(x)) and float(tf.reduce_max(x)) <= 1.0
 
 
@@ -69,7 +72,7 @@ def test_a_resumed_run_sees_exactly_the_rest_of_the_batches(tmp_path: Path) -> N
 def test_each_epoch_visits_every_example_once(tmp_path: Path) -> None:
     data = datasets.load(spec("synthetic", train_examples=24, test_examples=4), tmp_path)
     assert isinstance(data.train, datasets.ArraySource)
-    xs = [x.numpy() for x, _ in datasets.train_batches(data, 8, 1, 0, 3)]
+    xs = [x.numpy() for x, _ in feeding.train_batches(data, 8, 1, 0, 3)]
     seen = np.concatenate(xs).reshape(24, -1)
     expected = data.train.x.reshape(24, -1)
     assert sorted(map(bytes, seen)) == sorted(map(bytes, expected))
@@ -86,7 +89,7 @@ def test_npz_with_its_own_split(tmp_path: Path) -> None:
     )
     data = datasets.load(spec("npz:set.npz"), tmp_path)
     assert (data.train.size, data.test.size, data.input_shape, data.classes) == (40, 10, (5, 5, 1), 3)
-    x, _ = next(iter(datasets.train_batches(data, 4, 0, 0, 1)))
+    x, _ = next(iter(feeding.train_batches(data, 4, 0, 0, 1)))
     assert float(tf.reduce_max(x)) <= 1.0  # uint8 scaled
 
 
@@ -116,7 +119,7 @@ def test_image_folder_has_one_class_per_subfolder(tmp_path: Path) -> None:
             write_png(tmp_path / "pets" / name / f"{i}.png", 100 * label)
     data = datasets.load(spec("images:pets", test_fraction=0.2, image_size=[3, 2]), tmp_path)
     assert (data.classes, data.input_shape, data.train.size, data.test.size) == (2, (3, 2, 3), 8, 2)
-    x, y = next(iter(datasets.eval_batches(data, 2)))
+    x, y = next(iter(feeding.eval_batches(data, 2)))
     assert x.shape == (2, 3, 2, 3)
 
 
@@ -136,7 +139,7 @@ def test_tfrecords_of_encoded_images(tmp_path: Path) -> None:
     data = datasets.load(spec("tfrecord:*.tfrecord", classes=3, test_fraction=0.25), tmp_path)
     assert data.input_shape == (4, 4, 1)
     assert data.train.size == 9
-    assert sum(int(x.shape[0]) for x, _ in datasets.eval_batches(data, 2)) == 3
+    assert sum(int(x.shape[0]) for x, _ in feeding.eval_batches(data, 2)) == 3
     assert len(batches(data, 3, 0, 0, 5)) == 5
 
 
@@ -153,9 +156,22 @@ def test_paths_outside_the_data_folder_are_refused(tmp_path: Path) -> None:
         spec("npz:../outside/secret.npz")
 
 
-def test_options_that_do_not_apply_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match="dataset_options.shape does not apply to dataset digits"):
-        datasets.load(spec("digits", shape=[2, 2]), tmp_path)
+def test_options_that_do_not_apply_are_refused_before_anything_loads() -> None:
+    with pytest.raises(
+        ValidationError, match=r"dataset_options\n  Value error, shape does not apply to dataset 'digits'"
+    ):
+        spec("digits", shape=[2, 2])
+
+
+def test_every_catalog_dataset_and_model_has_a_loader_and_a_builder(tmp_path: Path) -> None:
+    assert set(BUILTIN) == set(MODELS)
+    for name in BUILTIN_DATASETS:
+        try:
+            data = datasets.load(spec(name, train_examples=8, test_examples=4), tmp_path)
+        except DatasetError as err:  # only when Debian's dataset-fashion-mnist is missing
+            assert name == "fashion_mnist" and "is not installed" in str(err)
+            continue
+        assert data.train.size == 8
 
 
 def test_quadratic_points_follow_the_coefficients(tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ def test_sigterm_checkpoints_then_exits_143_and_the_next_run_resumes_there(tmp_p
     ("train", "kind", "words"),
     [
         ({"hyperparameters": {"learning_rate": 100.0}}, "nan_loss", "loss became"),
-        ({"dataset": "npz:missing.npz"}, "dataset", "npz file"),
+        ({"dataset": "npz:missing.npz", "dataset_options": {}}, "dataset", "npz file"),
         ({"model": "nets:huge"}, "oom", "out of memory at step 1"),
         ({"model": "nets:absent"}, "model", "has no function 'absent'"),
     ],
