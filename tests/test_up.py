@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.stack import REPO, wait_for
+from worker.processes import live_members
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -83,20 +84,7 @@ class Up:
 
 
 def processes_in_session(sid: int) -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(f"{entry}: {cmd}")
-    return found
+    return [f"{p.pid}: {p.cmdline}" for p in live_members(sid=sid)]
 
 
 def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path: Path) -> None:

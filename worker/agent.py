@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import threading
 import time
 from typing import Any
@@ -30,13 +28,17 @@ from service.exceptions import StaleAttemptError
 from service.lifecycle import requeue
 from service.models import Job, JobState
 from worker.host import heartbeat, host_info, mark_down, register
-from worker.inventory import Inventory, detect, pid_alive
-from worker.runner import JobRunner, Stop, read_launch
+from worker.inventory import Inventory, detect
+from worker.launch import read_launch
+from worker.outcome import Stop
+from worker.processes import is_trainer, kill_group, pid_alive
+from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
 
 _current: HostAgent | None = None
 RECONNECT_DELAY_S = 2.0
+LEFTOVER_KILL_TIMEOUT_S = 10.0
 
 
 def launch(job_id: int, attempt: int) -> dict[str, Any]:
@@ -124,8 +126,8 @@ class HostAgent:
                 select(Job).where(Job.host_name == self.name, Job.state == JobState.RUNNING).with_for_update()
             ).all()
             for job in jobs:
-                if job.pid is not None and pid_alive(job.pid) and _is_trainer(job.pid):
-                    _kill_leftover(job.pid)
+                if job.pid is not None and pid_alive(job.pid) and is_trainer(job.pid):
+                    kill_group(job.pid, timeout=LEFTOVER_KILL_TIMEOUT_S)
                 requeue(session, job, f"worker on {self.name} restarted", crashed=True)
                 log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)
 
@@ -205,21 +207,3 @@ class HostAgent:
             self.ctx.redis.lpush(keys.SCHEDULER_KICK, 1)
         except redis.RedisError:
             pass
-
-
-def _is_trainer(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return b"worker.trainer" in cmdline.read()
-    except OSError:
-        return False
-
-
-def _kill_leftover(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 10
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)

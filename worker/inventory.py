@@ -7,15 +7,18 @@ it is shown, its memory is nominal and its memory fraction is recorded but not e
 from __future__ import annotations
 
 import logging
-import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from worker.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIMULATED_GPUS = 4
 SIMULATED_MEMORY_MB = 16_384
 SIMULATED_NAME = "Simulated GPU (CPU logical device)"
+RELEASE_CHECK_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -46,6 +49,16 @@ class Inventory:
         """Process ids that use any of these GPUs now."""
         wanted = set(indices)
         return {p["pid"] for g in self.refresh() if g.index in wanted for p in g.processes}
+
+    def wait_released(self, pid: int, indices: list[int], timeout: float) -> bool:
+        """Wait until `pid` no longer uses any of these GPUs; False if it still does after
+        `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while pid in self.pids_on(indices):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(RELEASE_CHECK_INTERVAL_S)
+        return True
 
     def close(self) -> None:
         """Release the driver handle, if any."""
@@ -135,24 +148,6 @@ class NvmlInventory(Inventory):
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def open_nvml() -> Any | None:

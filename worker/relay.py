@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -21,6 +22,7 @@ from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
 from service.models import Job, LogLine, Metric
+from worker.trainer.protocol import read_metrics_log
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,16 @@ class MetricSink:
         with self.ctx.db.write() as session:
             current_attempt(session, self.job_id, self.attempt)
             session.execute(delete(Metric).where(Metric.job_id == self.job_id, Metric.step > step))
+
+    def resume(self, step: int, metrics_log: Path) -> None:
+        """An attempt resumed from the checkpoint of `step`: the points after it go (they
+        will be trained again), and those up to it are restored from the trainer's own log
+        in the artifacts (a worker that died may not have stored them all)."""
+        self.forget_after(step)
+        for point in read_metrics_log(metrics_log):
+            if point["step"] <= step:
+                self.metric(point, publish=False)
+        self.log("info", f"resumed from the checkpoint of step {step}")
 
     def trim_logs(self, session: Session) -> None:
         cutoff = session.scalar(

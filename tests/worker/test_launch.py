@@ -1,0 +1,61 @@
+"""The trainer's spec file is built by the spec contract from the job's stored spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.models import JobState
+from service.settings import Settings
+from worker.launch import Launch, write_trainer_spec
+from worker.outcome import Outcome, Stop, spec_error_message
+from worker.trainer.spec import JobSpec, TrainerInput
+
+
+def launch_of(stored: dict[str, object], fraction: float = 1.0) -> Launch:
+    return Launch(
+        job_id=7,
+        attempt=2,
+        host="lab-a",
+        indices=[1, 3],
+        fraction=fraction,
+        spec=stored,
+        time_limit_s=None,
+        memory_total_mb=[16_384, 16_384],
+        simulated=True,
+    )
+
+
+def test_the_spec_file_is_the_stored_spec_through_the_contract(tmp_path: Path) -> None:
+    stored = JobSpec.model_validate(
+        {"model": "mlp", "dataset": "digits", "gpus": [1, 3], "tower_weights": [2, 1], "memory_growth": True}
+    ).model_dump(mode="json")
+    settings = Settings(artifacts_dir=tmp_path / "artifacts", data_dir=tmp_path / "data")
+    path = write_trainer_spec(launch_of(stored), settings, tmp_path / "job-7")
+    written = TrainerInput.model_validate(json.loads(path.read_text()))
+    assert path.name == "spec-attempt-2.json"
+    assert written.train.model_dump() == JobSpec.model_validate(stored).train_spec().model_dump()
+    assert written.train.tower_weights == [2, 1]
+    assert (written.runtime.job_id, written.runtime.attempt, written.runtime.num_devices) == (7, 2, 2)
+    assert written.runtime.memory_growth is True
+    assert written.runtime.gpu_memory_fraction == 1.0
+
+
+def test_the_trainer_input_rules_apply_to_the_stored_spec_and_its_placement(tmp_path: Path) -> None:
+    stored = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "memory_growth": True}).model_dump()
+    with pytest.raises(ValidationError, match="memory_growth cannot be combined with gpu_memory_fraction < 1"):
+        write_trainer_spec(launch_of(stored, fraction=0.5), Settings(), tmp_path / "job-7")
+
+
+def test_a_stored_spec_that_no_longer_passes_fails_the_job_naming_the_field(tmp_path: Path) -> None:
+    stored = {"model": "mlp", "dataset": "digits", "dataset_options": {"classes": 5}, "gpus": [1, 3]}
+    with pytest.raises(ValidationError) as refused:
+        write_trainer_spec(launch_of(stored), Settings(), tmp_path / "job-7")
+    assert not (tmp_path / "job-7").exists()
+    message = spec_error_message(refused.value)
+    assert message.startswith("dataset_options: Value error, classes does not apply to dataset 'digits'")
+    outcome = Outcome(stop=Stop.BAD_SPEC, stop_message=message)
+    assert outcome.verdict() == (JobState.FAILED, message)

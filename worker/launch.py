@@ -1,0 +1,117 @@
+"""Starting one attempt of one job: what to run, the trainer's spec file, its process.
+
+The trainer runs as `python -m worker.trainer SPEC.json` in its own session (so its whole
+process group can be signalled), with `CUDA_VISIBLE_DEVICES` set to exactly the allocated
+GPUs; it asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG, in the
+trainer). The spec file is built by the spec contract (`worker.trainer.spec.trainer_input`)
+from the job's stored spec, never by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.context import Context
+from service.exceptions import StaleAttemptError
+from service.models import Job, JobState
+from service.settings import Settings
+from worker.trainer.spec import RuntimeSpec, trainer_input
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Launch:
+    """Everything needed to start one attempt, read from the database by the agent."""
+
+    job_id: int
+    attempt: int
+    host: str
+    indices: list[int]
+    fraction: float
+    spec: dict[str, Any]
+    time_limit_s: int | None
+    memory_total_mb: list[int]
+    simulated: bool
+
+
+def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
+    """The launch of `attempt` of `job_id` on `host`, if it is still the current one."""
+    with ctx.db.read() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.attempts != attempt or job.state != JobState.DISPATCHED:
+            raise StaleAttemptError(f"job {job_id} attempt {attempt} is not waiting to start")
+        if job.host_name != host:
+            raise StaleAttemptError(f"job {job_id} attempt {attempt} is for host {job.host_name}, not {host}")
+        rows = [
+            (a.gpu.index, a.gpu.memory_total_mb, a.gpu.simulated, a.fraction)
+            for a in job.allocations
+            if a.attempt == attempt and a.released_at is None
+        ]
+    rows.sort()
+    return Launch(
+        job_id=job_id,
+        attempt=attempt,
+        host=host,
+        indices=[r[0] for r in rows],
+        fraction=rows[0][3] if rows else 1.0,
+        spec=job.spec,
+        time_limit_s=job.time_limit_s,
+        memory_total_mb=[r[1] for r in rows],
+        simulated=all(r[2] for r in rows),
+    )
+
+
+def artifacts_dir(settings: Settings, job_id: int) -> Path:
+    return settings.artifacts_dir.resolve() / f"job-{job_id}"
+
+
+def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> Path:
+    """The trainer's spec file of this attempt. Raises pydantic's ValidationError when the
+    job's stored spec no longer passes the contract."""
+    runtime = RuntimeSpec(
+        job_id=launch.job_id,
+        attempt=launch.attempt,
+        artifacts_dir=str(artifacts),
+        data_dir=str(settings.data_dir.resolve()),
+        models_path=str(settings.models_path.resolve()),
+        simulated=launch.simulated,
+        num_devices=len(launch.indices),
+        gpu_memory_fraction=launch.fraction,
+        gpu_memory_total_mb=launch.memory_total_mb,
+        parent_pid=os.getpid(),
+    )
+    spec = trainer_input(launch.spec, runtime)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    path = artifacts / f"spec-attempt-{launch.attempt}.json"
+    path.write_text(spec.model_dump_json(indent=2))
+    return path
+
+
+def trainer_environment(indices: list[int]) -> dict[str, str]:
+    """The trainer's environment: this one, seeing only the allocated GPUs."""
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def start_trainer(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The trainer process of one attempt, in a session of its own, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker.trainer", str(spec_path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )

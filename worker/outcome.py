@@ -1,0 +1,100 @@
+"""What an attempt's end means: why it stopped, what the trainer said, the job's new state.
+
+Kept apart from the runner's loop, as rq keeps `job_lifecycle` apart from its worker: the
+runner collects facts into an `Outcome`; `verdict` alone turns them into a job state.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.models import JobState
+
+STDERR_LINES_KEPT = 20
+
+
+class Stop(enum.StrEnum):
+    CANCEL = "cancel"
+    TIME_LIMIT = "time_limit"
+    SHUTDOWN = "shutdown"
+    PREEMPT = "preempt"
+    STALE = "stale"
+    BAD_SPEC = "bad_spec"
+
+
+@dataclass
+class Outcome:
+    done: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    stop: Stop | None = None
+    stop_message: str | None = None
+    returncode: int | None = None
+    last_stderr: list[str] = field(default_factory=list)
+    step: int | None = None
+
+    def stderr(self, line: str) -> None:
+        self.last_stderr = (self.last_stderr + [line])[-STDERR_LINES_KEPT:]
+
+    def verdict(self) -> tuple[JobState, str | None]:
+        """The job's state after this attempt, and the reason to record with it."""
+        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT):
+            return JobState.QUEUED, self.stop_message
+        if self.stop == Stop.CANCEL:
+            return JobState.CANCELLED, self.stop_message
+        if self.stop == Stop.TIME_LIMIT:
+            return JobState.FAILED, f"{self.stop_message} at step {self.step}"
+        if self.stop == Stop.BAD_SPEC:
+            return JobState.FAILED, self.stop_message
+        if self.done is not None and self.returncode == 0:
+            return JobState.SUCCEEDED, None
+        if self.error is not None:
+            return JobState.FAILED, str(self.error.get("message") or self.error.get("kind"))
+        return JobState.FAILED, exit_message(self.returncode, self.last_stderr)
+
+
+def protocol_event(text: str) -> dict[str, Any] | None:
+    """The trainer's JSON event on this stdout line, or None for any other line (user code
+    prints too)."""
+    if not text.startswith("{"):
+        return None
+    try:
+        event = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
+
+
+def level_of(line: str) -> str:
+    """The log level of a stderr line: TensorFlow's E/W prefixes, tracebacks, warnings."""
+    head = line[:1]
+    if head in ("E", "F") and line[1:2].isdigit():
+        return "error"
+    if head == "W" and line[1:2].isdigit():
+        return "warning"
+    if "Traceback" in line or "Error" in line.split(":")[0]:
+        return "error"
+    if "Warning" in line.split(":")[0]:
+        return "warning"
+    return "info"
+
+
+def exit_message(returncode: int | None, stderr: list[str]) -> str:
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"trainer killed by {name}{hint}"
+    tail = next((line for line in reversed(stderr) if line.strip()), "")
+    return f"trainer exited with code {returncode}" + (f": {tail[-500:]}" if tail else "")
+
+
+def spec_error_message(err: ValidationError) -> str:
+    """The first problem pydantic found, naming its field."""
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])

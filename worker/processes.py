@@ -1,0 +1,144 @@
+"""Processes as Linux shows them: liveness, groups and sessions from `/proc`, and killing a
+whole process group until it is gone.
+
+The one home for this: the runner (a trainer's group), the agent (a trainer left over by a
+dead worker), the inventory (which trainers still hold a simulated GPU), `towerq up` and
+the tests (nothing left behind) all ask here.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+KILL_CHECK_INTERVAL_S = 0.1
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process, as `/proc/<pid>/stat` and `cmdline` describe it."""
+
+    pid: int
+    state: str
+    """R, S, D, Z (zombie), T (stopped), ..."""
+    ppid: int
+    pgid: int
+    sid: int
+    cmdline: str
+    cpu_s: float
+    """User plus system CPU time so far."""
+
+
+def read_process(pid: int) -> ProcessInfo | None:
+    """The process `pid`, or None when it is gone (or was never there)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            # The command name in parentheses may hold spaces: split after its last ')'.
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/cmdline", "rb") as raw:
+            cmdline = raw.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, IndexError):
+        return None
+    cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return ProcessInfo(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[3]), cmdline, cpu_s)
+
+
+def all_processes() -> Iterator[ProcessInfo]:
+    """Every process this one can see, zombies included."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (info := read_process(int(entry))) is not None:
+            yield info
+
+
+def _reaches(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether signal 0 reaches `target` (a pid with os.kill, a group with os.killpg)."""
+    try:
+        send(target, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, but not ours
+        return True
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped, does not count)."""
+    if not _reaches(os.kill, pid):
+        return False
+    info = read_process(pid)
+    return info is None or info.state != "Z"
+
+
+def live_members(*, pgid: int | None = None, sid: int | None = None) -> list[ProcessInfo]:
+    """The live (non-zombie) processes of a process group or of a session."""
+    return [
+        p
+        for p in all_processes()
+        if p.state != "Z" and (pgid is None or p.pgid == pgid) and (sid is None or p.sid == sid)
+    ]
+
+
+def group_alive(pgid: int) -> bool:
+    return _reaches(os.killpg, pgid) and bool(live_members(pgid=pgid))
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """Send `signum` to every process of the group; a group already gone is fine."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def kill_group(pgid: int, timeout: float = 30.0) -> bool:
+    """SIGKILL the group until none of it is left alive; False if some lived past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        signal_group(pgid, signal.SIGKILL)
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(KILL_CHECK_INTERVAL_S)
+
+
+def output_lines(process: subprocess.Popen[bytes], tick_s: float) -> Iterator[tuple[str, bytes] | None]:
+    """The lines of a process's stdout and stderr as they come, as ("out" | "err", line),
+    unbuffered; None after every wait of at most `tick_s`, so the caller can do its
+    periodic work. Ends when both pipes are closed (a last line without a newline too)."""
+    assert process.stdout is not None and process.stderr is not None
+    partial = {"out": b"", "err": b""}
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, "out")
+        selector.register(process.stderr, selectors.EVENT_READ, "err")
+        while selector.get_map():
+            for key, _ in selector.select(timeout=tick_s):
+                stream = key.data
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    if partial[stream]:
+                        yield stream, partial[stream]
+                    continue
+                lines = (partial[stream] + chunk).split(b"\n")
+                partial[stream] = lines.pop()
+                for line in lines:
+                    yield stream, line
+            yield None
+
+
+def is_trainer(pid: int) -> bool:
+    """True when `pid` is a `python -m worker.trainer` process."""
+    info = read_process(pid)
+    return info is not None and "worker.trainer" in info.cmdline
+
+
+def trainer_pids() -> set[int]:
+    """Every live trainer process on this machine."""
+    return {p.pid for p in all_processes() if p.state != "Z" and "worker.trainer" in p.cmdline}
