@@ -38,9 +38,11 @@ from sqlalchemy import insert, update
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.auth import create_token  # noqa: E402
-from service.cli.server import upgrade_database  # noqa: E402
 from service.context import Context  # noqa: E402
-from service.db import Database  # noqa: E402
+from service.db import (
+    Database,  # noqa: E402
+    upgrade_database,  # noqa: E402
+)
 from service.models import Job, Metric  # noqa: E402
 from service.redis_server import EmbeddedRedis  # noqa: E402
 from service.settings import Settings  # noqa: E402
@@ -204,7 +206,7 @@ def main() -> None:
         models_path=workdir / "models",
         host_name="lab-a",
     )
-    upgrade_database(settings)
+    upgrade_database(settings.database_url)
     ctx = Context.open(settings)
     with ctx.db.write() as session:
         register(session, "lab-a", SimulatedInventory("lab-a", 8), {"registered_by": "bench/dashboard.py"})

@@ -35,8 +35,10 @@ from sqlalchemy import func, select, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.auth import create_token  # noqa: E402
-from service.cli.server import upgrade_database  # noqa: E402
-from service.db import Database  # noqa: E402
+from service.db import (
+    Database,  # noqa: E402
+    upgrade_database,  # noqa: E402
+)
 from service.models import Allocation, Job, JobEvent  # noqa: E402
 from service.redis_server import EmbeddedRedis  # noqa: E402
 from service.settings import Settings  # noqa: E402
@@ -44,6 +46,7 @@ from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack, wait_for  # noqa: E402
 from worker.host import register  # noqa: E402
 from worker.inventory import SimulatedInventory  # noqa: E402
+from worker.processes import all_processes  # noqa: E402
 
 TIMELINE: list[tuple[float, float]] = []
 TINY = {
@@ -162,7 +165,7 @@ def main() -> None:
         scheduler_interval_s=1.0,
         host_name="load-host",
     )
-    upgrade_database(settings)
+    upgrade_database(settings.database_url)
     db = Database(url)
     with db.write() as session:
         tokens = [create_token(session, f"user{i:02d}")[1] for i in range(args.clients)]
@@ -207,19 +210,10 @@ def main() -> None:
 
 def cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of this process and every towerq process (by role)."""
-    ticks = os.sysconf("SC_CLK_TCK")
     totals: dict[str, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry) == os.getpid():
+    for process in all_processes():
+        cmd = process.cmdline
+        if process.pid == os.getpid():
             role = "load generator"
         elif "service.cli api" in cmd or "multiprocessing" in cmd:
             role = "api"
@@ -231,7 +225,7 @@ def cpu_seconds() -> dict[str, float]:
             role = "redis"
         else:
             continue
-        totals[role] = totals.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        totals[role] = totals.get(role, 0.0) + process.cpu_s
     return totals
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_AUTOCHECKPOINT_PAGES = 20_000
 WRITE_OPTION = "towerq_write"
+MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 
 
 def create_db_engine(url: str) -> Engine:
@@ -141,6 +142,23 @@ class SqliteWriters:
             if self.handle is not None:
                 self.handle.close()
                 self.handle = None
+
+
+def alembic_config(url: str) -> Any:
+    """Alembic's configuration for the database at `url`, with towerq's migrations."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade_database(url: str) -> None:
+    """Migrate the database at `url` to the latest schema (the only way the schema changes)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), "head")
 
 
 def insert_ignoring_duplicates(session: Session, model: type[Any]) -> Any:

@@ -1,4 +1,19 @@
-"""Named constants that are not user settings."""
+"""Named constants: the defaults of settings that two homes share, and constants that are
+not settings at all. Imports nothing, so anything may import it."""
+
+DAY = 24 * 3600.0
+
+DEFAULT_HALF_LIFE_S = 1 * DAY
+"""Fair share: usage this long ago counts half (`TOWERQ_FAIR_SHARE_HALF_LIFE_S`)."""
+
+DEFAULT_AGING_S = 4 * DAY
+"""Waiting this long lifts a job by one priority class (`TOWERQ_AGING_S`)."""
+
+DEFAULT_RESERVE_AFTER_S = 1 * DAY
+"""A gang job that cannot start after waiting this long gets a reservation (`TOWERQ_RESERVE_AFTER_S`)."""
+
+DEFAULT_MAX_RESERVATIONS = 2
+"""How many jobs may hold reservations at once (`TOWERQ_MAX_RESERVATIONS`)."""
 
 SCHEDULER_LOCK_TTL_S = 30
 """A pass that dies holding the lock frees it after this long."""

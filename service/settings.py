@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import socket
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.scheduler.types import (
+from service.defaults import (
     DEFAULT_AGING_S,
     DEFAULT_HALF_LIFE_S,
     DEFAULT_MAX_RESERVATIONS,
@@ -63,9 +62,3 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
-
-
-@lru_cache
-def get_settings() -> Settings:
-    """The process's settings, read from the environment once."""
-    return Settings()

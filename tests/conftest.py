@@ -23,8 +23,7 @@ import redis
 from sqlalchemy import text
 
 from service.auth import create_token
-from service.cli.server import upgrade_database
-from service.db import Database
+from service.db import Database, upgrade_database
 from service.redis_server import EmbeddedRedis
 from service.settings import Settings
 from worker.host import register
@@ -69,7 +68,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "towerq.db"
-    upgrade_database(Settings(database_url=f"sqlite:///{path}"))
+    upgrade_database(f"sqlite:///{path}")
     return path
 
 
@@ -86,7 +85,7 @@ def postgres_database() -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}"')
     base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
     url = f"{base}/{name}"
-    upgrade_database(Settings(database_url=url))
+    upgrade_database(url)
     yield url
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -142,7 +141,7 @@ def make_settings(tmp_path: Path, redis_url: str) -> Callable[..., Settings]:
         values.update(overrides)
         for key in ("var_dir", "data_dir", "artifacts_dir", "models_path"):
             Path(str(values[key])).mkdir(parents=True, exist_ok=True)
-        return Settings(**values)  # type: ignore[arg-type]
+        return Settings(**values)
 
     return make
 

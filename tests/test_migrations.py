@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 from alembic import command
-from alembic.config import Config
 
-from service.cli.server import MIGRATIONS
-
-
-def alembic_config(url: str) -> Config:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", url)
-    return config
+from service.db import alembic_config
 
 
 def test_migrations_match_the_models(database_url: str) -> None:

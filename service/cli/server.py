@@ -8,9 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from service.db import upgrade_database
 from service.settings import Settings
-
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
 def add_commands(commands: Any) -> None:
@@ -48,19 +47,9 @@ def stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handle)
 
 
-def upgrade_database(settings: Settings) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
-    command.upgrade(config, "head")
-
-
 def run_db_upgrade(args: argparse.Namespace) -> int:
     settings = Settings()
-    upgrade_database(settings)
+    upgrade_database(settings.database_url)
     print(f"database at {settings.database_url} is up to date")
     return 0
 

@@ -21,8 +21,7 @@ import httpx
 from sqlalchemy import select
 
 from service.auth import create_token, has_admin
-from service.cli.server import upgrade_database
-from service.db import Database
+from service.db import Database, upgrade_database
 from service.models import Host
 from service.redis_server import EmbeddedRedis, answers
 from service.settings import Settings
@@ -64,7 +63,7 @@ class Supervisor:
             self.settings.models_path,
         ):
             folder.mkdir(parents=True, exist_ok=True)
-        upgrade_database(self.settings)
+        upgrade_database(self.settings.database_url)
         token = self._bootstrap_admin()
         self._ensure_redis()
         signal.signal(signal.SIGTERM, self._on_signal)

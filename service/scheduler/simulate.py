@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.defaults import DEFAULT_HALF_LIFE_S
 from service.scheduler.history import RunTimes
 from service.scheduler.policy import schedule
 from service.scheduler.types import (
-    DEFAULT_HALF_LIFE_S,
     Cluster,
     FairShare,
     HostCapacity,

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.defaults import DEFAULT_AGING_S, DEFAULT_MAX_RESERVATIONS, DEFAULT_RESERVE_AFTER_S
+
 INFINITY = math.inf
 EPSILON = 1e-9
 
@@ -104,14 +106,6 @@ class FairShare:
 
     def limit(self, user: str) -> float | None:
         return self.limits.get(user, self.default_limit)
-
-
-DAY = 24 * 3600.0
-DEFAULT_HALF_LIFE_S = 1 * DAY
-"""Fair share: usage this long ago counts half."""
-DEFAULT_AGING_S = 4 * DAY
-DEFAULT_RESERVE_AFTER_S = 1 * DAY
-DEFAULT_MAX_RESERVATIONS = 2
 
 
 @dataclass(slots=True)

@@ -7,10 +7,10 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.defaults import DAY
 from service.scheduler.explain import describe
 from service.scheduler.policy import schedule
 from service.scheduler.types import (
-    DAY,
     Cluster,
     FairShare,
     HostCapacity,
@@ -52,25 +52,25 @@ def cluster(
 def job(job_id: int, user: str = "alice", gpus: int = 1, **kw: object) -> QueuedJob:
     values: dict[str, object] = {"priority": NORMAL, "fraction": 1.0, "submitted": NOW - 100 + job_id}
     values.update(kw)
-    return QueuedJob(job_id, user, gpus=gpus, **values)  # type: ignore[arg-type]
+    return QueuedJob(job_id, user, gpus=gpus, **values)
 
 
 def running(job_id: int, host: str, indices: tuple[int, ...], **kw: object) -> RunningJob:
     values: dict[str, object] = {"user": "zed", "priority": NORMAL, "fraction": 1.0, "started": NOW - 50}
     values.update(kw)
-    return RunningJob(job_id, host=host, indices=indices, **values)  # type: ignore[arg-type]
+    return RunningJob(job_id, host=host, indices=indices, **values)
 
 
-def run(queued, cluster, policy=Policy.TOWERQ, usage=None, **config):  # type: ignore[no-untyped-def]
+def run(queued, cluster, policy=Policy.TOWERQ, usage=None, **config):
     fair = config.pop("fair_share", None) or FairShare(usage=usage or {})
     return schedule(queued, cluster, fair, NOW, PolicyConfig(policy=policy, **config))
 
 
-def placed(decision) -> dict[int, tuple[str, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+def placed(decision) -> dict[int, tuple[str, tuple[int, ...]]]:
     return {p.job_id: (p.host, p.indices) for p in decision.placements}
 
 
-def reasons(decision) -> dict[int, str]:  # type: ignore[no-untyped-def]
+def reasons(decision) -> dict[int, str]:
     return {p.job_id: describe(p.reason, NOW) for p in decision.pending}
 
 
@@ -234,7 +234,7 @@ def test_normal_jobs_never_preempt() -> None:
     ),
     policy=st.sampled_from(list(Policy)),
 )
-def test_no_gpu_is_ever_given_more_than_it_has(sizes: list[int], jobs, policy: Policy) -> None:  # type: ignore[no-untyped-def]
+def test_no_gpu_is_ever_given_more_than_it_has(sizes: list[int], jobs, policy: Policy) -> None:
     queue = [job(i, user, gpus=g, fraction=f) for i, (g, f, user) in enumerate(jobs)]
     d = run(queue, cluster(*sizes), policy)
     load: dict[tuple[str, int], float] = defaultdict(float)
