@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from pydantic import AliasPath, BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import joinedload, selectinload
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
 from service.auth import USER_NAME_PATTERN, TokenChecker, create_token, revoke_token
 from service.exceptions import ForbiddenError, NotFoundError
 from service.models import ApiToken, User
+from service.schemas import Out
 
 router = APIRouter(prefix="/api", tags=["users"])
 
@@ -20,12 +23,12 @@ UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN, description="user name
 TokenId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
-class UserOut(BaseModel):
+class UserOut(Out):
     name: str
     is_admin: bool
     gpu_limit: int | None
     share: float
-    tokens: int
+    tokens: int = Field(validation_alias="active_tokens", description="tokens not revoked")
     created_at: datetime
 
 
@@ -44,9 +47,9 @@ class TokenRequest(BaseModel):
     admin: bool = False
 
 
-class TokenOut(BaseModel):
+class TokenOut(Out):
     id: int
-    user: str
+    user: str = Field(validation_alias=AliasPath("user", "name"))
     name: str
     prefix: str
     created_at: datetime
@@ -58,40 +61,10 @@ class NewToken(TokenOut):
     token: str = Field(description="the secret; shown only in this answer")
 
 
-def _user_out(user: User, tokens: int) -> UserOut:
-    return UserOut(
-        name=user.name,
-        is_admin=user.is_admin,
-        gpu_limit=user.gpu_limit,
-        share=user.share,
-        tokens=tokens,
-        created_at=user.created_at,
-    )
-
-
-def _token_out(token: ApiToken, user: str) -> TokenOut:
-    return TokenOut(
-        id=token.id,
-        user=user,
-        name=token.name,
-        prefix=token.prefix,
-        created_at=token.created_at,
-        last_used_at=token.last_used_at,
-        revoked_at=token.revoked_at,
-    )
-
-
 @router.get("/users", response_model=list[UserOut])
-def users(session: SessionDep, _: AdminDep) -> list[UserOut]:
+def users(session: SessionDep, _: AdminDep) -> Sequence[User]:
     """Every user with their limits and number of active tokens (admins)."""
-    counts = dict(
-        session.execute(
-            select(ApiToken.user_id, func.count(ApiToken.id))
-            .where(ApiToken.revoked_at.is_(None))
-            .group_by(ApiToken.user_id)
-        ).all()
-    )
-    return [_user_out(u, counts.get(u.id, 0)) for u in session.scalars(select(User).order_by(User.name))]
+    return session.scalars(select(User).options(selectinload(User.tokens)).order_by(User.name)).all()
 
 
 @router.patch("/users/{name}", response_model=UserOut)
@@ -107,10 +80,7 @@ def change_user(name: UserName, change: UserChange, db: DatabaseDep, _: AdminDep
             user.share = change.share
         if change.is_admin is not None:
             user.is_admin = change.is_admin
-        tokens = session.scalar(
-            select(func.count(ApiToken.id)).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
-        )
-        return _user_out(user, tokens or 0)
+        return UserOut.model_validate(user)
 
 
 @router.post("/users/{name}/tokens", status_code=201, response_model=NewToken)
@@ -123,16 +93,16 @@ def new_token(name: UserName, body: TokenRequest, db: DatabaseDep, caller: Calle
         raise ForbiddenError("only admins create admin tokens")
     with db.write() as session:
         row, secret = create_token(session, name, admin=body.admin, label=body.name)
-        return NewToken(**_token_out(row, name).model_dump(), token=secret)
+        return NewToken(**TokenOut.model_validate(row).model_dump(), token=secret)
 
 
 @router.get("/tokens", response_model=list[TokenOut])
-def tokens(session: SessionDep, caller: CallerDep) -> list[TokenOut]:
+def tokens(session: SessionDep, caller: CallerDep) -> Sequence[ApiToken]:
     """Your tokens (all tokens, for admins); never their secrets."""
-    query = select(ApiToken, User.name).join(User, ApiToken.user_id == User.id).order_by(ApiToken.id)
+    query = select(ApiToken).options(joinedload(ApiToken.user)).order_by(ApiToken.id)
     if not caller.is_admin:
         query = query.where(ApiToken.user_id == caller.user_id)
-    return [_token_out(token, user) for token, user in session.execute(query)]
+    return session.scalars(query).all()
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut)
@@ -144,7 +114,7 @@ def revoke(token_id: TokenId, db: DatabaseDep, caller: CallerDep, request: Reque
         if token is None or (token.user_id != caller.user_id and not caller.is_admin):
             raise NotFoundError(f"token {token_id} not found")
         revoke_token(session, token_id)
-        out = _token_out(token, token.user.name)
+        out = TokenOut.model_validate(token)
     checker: TokenChecker = request.app.state.tokens
     checker.forget()
     return out
