@@ -21,7 +21,7 @@ def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
     return make_settings(sqlite_url)
 
 
-def finished(client, job_id: int, timeout: float = 240) -> dict:  # type: ignore[no-untyped-def]
+def finished(client, job_id: int, timeout: float = 240) -> dict:
     return wait_for(
         lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j,
         timeout,

@@ -39,12 +39,12 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str, own_redis:
     return make_settings(sqlite_url, redis_url=own_redis.url, dispatch_timeout_s=2.0, heartbeat_timeout_s=5.0)
 
 
-def assert_ran_once_per_attempt(job: dict) -> None:  # type: ignore[type-arg]
+def assert_ran_once_per_attempt(job: dict) -> None:
     running = [e["attempt"] for e in job["events"] if e["state"] == "running"]
     assert len(running) == len(set(running)), job["events"]
 
 
-def start(stack: Stack, make_token: Callable[..., str], gpus: int = 4):  # type: ignore[no-untyped-def]
+def start(stack: Stack, make_token: Callable[..., str], gpus: int = 4):
     stack.start_api()
     stack.start_scheduler()
     stack.start_worker("lab-a", gpus)

@@ -20,12 +20,12 @@ LONG = {
 }
 
 
-def trainer_pid(job: dict) -> int:  # type: ignore[type-arg]
+def trainer_pid(job: dict) -> int:
     message = next(e["message"] for e in reversed(job["events"]) if e["state"] == "running")
     return int(message.split()[1])
 
 
-def start(stack: Stack, make_token: Callable[..., str]):  # type: ignore[no-untyped-def]
+def start(stack: Stack, make_token: Callable[..., str]):
     stack.start_api()
     stack.start_scheduler()
     stack.start_worker("lab-a", 2)

@@ -17,7 +17,7 @@ from tests.worker.trainer.test_process import HUGE_MODEL
 pytestmark = pytest.mark.slow
 
 
-def start(stack: Stack, make_token: Callable[..., str]):  # type: ignore[no-untyped-def]
+def start(stack: Stack, make_token: Callable[..., str]):
     stack.start_api()
     stack.start_scheduler()
     stack.start_worker("lab-a", 2)

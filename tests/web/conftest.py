@@ -49,7 +49,7 @@ class PageProblems:
     errors: list[str] = field(default_factory=list)
 
     def console(self, message: object) -> None:
-        kind, text = message.type, message.text  # type: ignore[attr-defined]
+        kind, text = message.type, message.text
         if kind == "error" and not EXPECTED_CONSOLE.search(text):
             self.errors.append(f"console: {text}")
 
@@ -65,7 +65,7 @@ def open_page(browser: object, request: pytest.FixtureRequest) -> Iterator[Calla
     pages = []
 
     def open_(viewport: tuple[int, int] = (1280, 900)) -> object:
-        context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})  # type: ignore[attr-defined]
+        context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
         context.set_default_timeout(20_000)
         contexts.append(context)
         page = context.new_page()
@@ -87,4 +87,4 @@ def open_page(browser: object, request: pytest.FixtureRequest) -> Iterator[Calla
 
 
 def shot(page: object, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

@@ -16,13 +16,13 @@ class Api:
         self.client = client
         self.headers = {"Authorization": f"Bearer {token}"}
 
-    def get(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
-        headers = {**self.headers, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-        return self.client.get(path, headers=headers, **kwargs)  # type: ignore[arg-type]
+    def get(self, path: str, **kwargs: object):
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.client.get(path, headers=headers, **kwargs)
 
-    def post(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
-        headers = {**self.headers, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-        return self.client.post(path, headers=headers, **kwargs)  # type: ignore[arg-type]
+    def post(self, path: str, **kwargs: object):
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.client.post(path, headers=headers, **kwargs)
 
 
 @pytest.fixture

@@ -106,7 +106,7 @@ def settings_for_live(make_settings: Callable[..., Settings], sqlite_url: str) -
 @pytest.fixture
 def live_api(
     settings_for_live: Settings, tmp_path, make_token: Callable[..., str], add_host
-) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+) -> Iterator[tuple[str, str]]:
     stack = Stack(settings_for_live, tmp_path)
     url = stack.start_api()
     add_host("lab-a", 4)
