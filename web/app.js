@@ -2,7 +2,7 @@
 // Pages live in /pages/*.js; each exports `render(main, params)` and may return a
 // function that stops what it started (streams, timers) when the user leaves the page.
 
-import { api, ApiError, el, session, toast } from "/lib.js";
+import { ApiError, api, el, session, toast } from "/lib.js";
 
 const pages = {
   jobs: () => import("/pages/jobs.js"),

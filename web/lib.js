@@ -35,7 +35,7 @@ export function el(tag, attrs = {}, ...children) {
     else if (key === "dataset") Object.assign(node.dataset, value);
     else node.setAttribute(key, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Number.POSITIVE_INFINITY)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -68,7 +68,9 @@ export function count(value) {
 export function number(value, digits = 4) {
   if (value === null || value === undefined) return "–";
   if (Math.abs(value) >= 1000) return integers.format(Math.round(value));
-  return Number(value).toPrecision(digits).replace(/\.?0+$/, "");
+  return Number(value)
+    .toPrecision(digits)
+    .replace(/\.?0+$/, "");
 }
 
 export function percent(value) {
@@ -76,7 +78,7 @@ export function percent(value) {
 }
 
 export function duration(seconds) {
-  if (seconds === null || seconds === undefined || !isFinite(seconds)) return "–";
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
   const s = Math.max(0, Math.round(seconds));
   if (s < 60) return `${s}s`;
   if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
@@ -101,7 +103,7 @@ export function gpusOf(job) {
 
 // Seconds left, from the time per step of the latest log window.
 export function eta(job) {
-  const stepTime = job.latest && job.latest.step_time_s;
+  const stepTime = job.latest?.step_time_s;
   if (job.state !== "running" || !stepTime || job.step === null) return null;
   return (job.total_steps - job.step) * stepTime;
 }
@@ -113,9 +115,17 @@ export function progress(job) {
   return el(
     "div",
     { class: "progress", title: `${done} of ${job.total_steps} steps` },
-    el("div", { class: "bar", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": job.total_steps, "aria-valuenow": done },
-      el("span", { style: `width:${(100 * fraction).toFixed(1)}%` })),
-    el("span", { class: "steps" }, `${integers.format(done)}/${integers.format(job.total_steps)}`, left !== null ? ` · ETA ${duration(left)}` : ""),
+    el(
+      "div",
+      { class: "bar", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": job.total_steps, "aria-valuenow": done },
+      el("span", { style: `width:${(100 * fraction).toFixed(1)}%` }),
+    ),
+    el(
+      "span",
+      { class: "steps" },
+      `${integers.format(done)}/${integers.format(job.total_steps)}`,
+      left !== null ? ` · ETA ${duration(left)}` : "",
+    ),
   );
 }
 
@@ -127,4 +137,71 @@ export function stream(path, handlers) {
     source.addEventListener(type, (event) => handler(JSON.parse(event.data)));
   }
   return () => source.close();
+}
+
+// What went wrong, shown to the person: in `problem` (an element that shows it until the
+// next success empties it) when given, else as a toast. Nothing fails silently.
+export function reportError(what, problem) {
+  return (error) => {
+    const message = `${what} failed: ${error.message || error}`;
+    if (problem) problem.textContent = message;
+    else toast(message);
+    console.warn(message);
+  };
+}
+
+// An element for `reportError` and `poll` to show a failure in.
+export function problemLine() {
+  return el("p", { class: "error problem", role: "alert" });
+}
+
+// Call `refresh` every `ms`; a failure is shown in `problem` and cleared by the next success.
+// Returns { now, stop }: `now()` refreshes at once (same reporting), `stop()` ends it.
+export function poll(refresh, ms, problem, what = "Refreshing") {
+  const failed = reportError(what, problem);
+  const run = async () => {
+    try {
+      await refresh();
+      problem.textContent = "";
+    } catch (error) {
+      failed(error);
+    }
+  };
+  const timer = setInterval(run, ms);
+  return { now: run, stop: () => clearInterval(timer) };
+}
+
+// A table from a `columns` definition: [{ title, cell: (row) => node|text, class? }].
+// `attrs(row)` gives each <tr> its attributes; `empty` is shown when there are no rows.
+export function dataTable(columns, rows, { caption, tableClass, attrs = () => ({}), empty = "None." } = {}) {
+  const body = el("tbody");
+  const table = el(
+    "table",
+    { class: tableClass },
+    caption ? el("caption", { class: "visually-hidden" }, caption) : null,
+    el(
+      "thead",
+      {},
+      el(
+        "tr",
+        {},
+        columns.map((c) => el("th", { scope: "col" }, c.title)),
+      ),
+    ),
+    body,
+  );
+  const fill = (items) => {
+    body.replaceChildren(
+      ...items.map((row) =>
+        el(
+          "tr",
+          attrs(row),
+          columns.map((c) => el("td", { class: c.class }, c.cell(row))),
+        ),
+      ),
+    );
+    if (!items.length) body.replaceChildren(el("tr", {}, el("td", { colspan: columns.length, class: "muted" }, empty)));
+  };
+  fill(rows);
+  return { table, fill };
 }

@@ -22,16 +22,16 @@ def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
     return make_settings(sqlite_url, api_workers=1)
 
 
-def field(page, name: str):  # type: ignore[no-untyped-def]
+def field(page, name: str):
     # Field ids hold dots (f-hyperparameters.steps), which CSS would read as classes.
     return page.locator(f'[id="f-{name}"]')
 
 
-def error_of(page, name: str):  # type: ignore[no-untyped-def]
+def error_of(page, name: str):
     return page.locator(f'[id="err-{name}"]')
 
 
-def gpu_row(page, host: str, index: int):  # type: ignore[no-untyped-def]
+def gpu_row(page, host: str, index: int):
     return page.locator(f'[data-host="{host}"] tr[data-gpu="{index}"]')
 
 
@@ -142,6 +142,13 @@ def test_a_bad_field_gets_its_error_next_to_it_and_nothing_is_stored(
     page.wait_for_function("document.getElementById('err-dataset').textContent.length > 0")
     assert "no-such-dataset" in error_of(page, "dataset").inner_text()
 
+    # What the trainer would refuse later is refused now, next to its field.
+    field(page, "dataset").fill("digits")
+    field(page, "dataset_options").fill('{"classes": 5}')
+    page.click("#submit")
+    page.wait_for_function("document.getElementById('err-dataset_options').textContent.length > 0")
+    assert "classes does not apply to dataset 'digits'" in error_of(page, "dataset_options").inner_text()
+
     assert page.url.endswith("#/submit")
     assert stack.client(make_token("bob")).get("/api/jobs").json()["total"] == 0
 
@@ -203,6 +210,17 @@ def test_clone_compare_keyboard_and_phone(
     assert "80.0%" in table and "60.0%" in table and "0.05" in table
     shot(page, "compare")
 
+    # Jobs are found with the search box and added; a chosen one can be removed.
+    page.goto(f"{url}/#/compare?ids={first}&metric=loss")
+    page.wait_for_selector(f'.chips li[data-job="{first}"]')
+    page.fill("#compare-search", "second")
+    page.click(f'#compare-results li[data-job="{second}"] button')
+    page.wait_for_selector("#compare-chart[data-series='2'] canvas")
+    assert page.url.endswith(f"ids={first},{second}&metric=loss")
+    page.click(f'.chips li[data-job="{first}"] button')
+    page.wait_for_selector(f'.chips li[data-job="{second}"]')
+    assert page.locator(".chips li").count() == 1
+
     # Keyboard, on a fresh load: skip link first, then the menu; Enter follows a link.
     page.goto(f"{url}/#/jobs")
     page.reload()
@@ -232,6 +250,22 @@ def test_clone_compare_keyboard_and_phone(
         overflow = phone.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0, f"{route} is {overflow}px wider than a phone"
         shot(phone, f"phone-{route.split('?')[0].strip('#/').replace('/', '-') or 'jobs'}")
+
+
+def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('alice')}#/gpus")
+    page.wait_for_selector('[data-host="lab-a"]')
+    assert page.locator(".problem").inner_text() == ""
+    page.context.clear_cookies()  # logged out behind the page's back: the next poll gets 401
+    page.wait_for_selector(".problem:has-text('Refreshing the GPUs failed')", timeout=10_000)
+    page.goto(f"{url}/?token={make_token('alice')}#/gpus")
+    page.wait_for_selector('[data-host="lab-a"]')
+    assert page.locator(".problem").inner_text() == ""
 
 
 def test_an_admin_drains_a_gpu_from_its_card_and_others_get_no_button(

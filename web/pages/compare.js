@@ -1,67 +1,122 @@
-// Compare: pick jobs, overlay their curves, and a table of final metrics and settings.
-import uPlot from "/vendor/uplot/uPlot.esm.js";
-import { api, badge, el, number, percent } from "/lib.js";
+// Compare: find jobs by name or id, overlay one of their curves, and a table of final
+// metrics and settings. The chosen jobs and curve live in the address.
+import { allMetrics, COLORS, fitToWidth, lineChart } from "/charts.js";
+import { api, badge, dataTable, el, number, percent, problemLine, reportError } from "/lib.js";
 
-const COLORS = ["#2563eb", "#dc2626", "#059669", "#7c3aed", "#d97706", "#0891b2", "#be185d", "#4b5563"];
 const METRICS = { loss: "train loss", eval_loss: "eval loss", accuracy: "train accuracy", eval_accuracy: "eval accuracy" };
+const HYPERPARAMETERS = ["learning_rate", "batch_size", "optimizer", "steps", "weight_decay", "ema_decay", "seed"];
+const SEARCH_LIMIT = 20;
+const CHART_HEIGHT = 320;
 
 export async function render(main, params) {
   const chosen = (params.ids || "").split(",").map(Number).filter(Boolean);
-  const recent = (await api("/api/jobs?limit=50")).items;
-  const picker = el("fieldset", { class: "compare-picker" }, el("legend", {}, "Jobs"),
-    recent.map((job) => {
-      const box = el("input", { type: "checkbox", value: job.id, id: `pick-${job.id}`, checked: chosen.includes(job.id) });
-      return el("label", { for: box.id, class: "gpu-choice" }, box, ` #${job.id} ${job.name} `, badge(job.state));
-    }));
-  const metric = el("select", { id: "metric" }, Object.entries(METRICS).map(([k, label]) => el("option", { value: k, selected: k === (params.metric || "loss") }, label)));
-  const apply = el("button", { type: "button" }, "Compare");
-  apply.addEventListener("click", () => {
-    const ids = [...picker.querySelectorAll("input:checked")].map((b) => b.value);
-    location.hash = `#/compare?ids=${ids.join(",")}&metric=${metric.value}`;
-  });
-  const chartBox = el("div", { class: "chart wide", id: "compare-chart" });
-  const table = el("div", { class: "scroll" });
-  main.replaceChildren(el("h1", {}, "Compare"), picker, el("p", {}, el("label", { for: "metric" }, "Curve "), metric, " ", apply), chartBox, table);
-  if (!chosen.length) {
-    chartBox.append(el("p", { class: "muted" }, "Pick two or more jobs."));
-    return null;
-  }
-  const jobs = await Promise.all(chosen.map((id) => api(`/api/jobs/${id}`)));
-  const metrics = await Promise.all(chosen.map((id) => api(`/api/jobs/${id}/metrics`)));
   const key = params.metric in METRICS ? params.metric : "loss";
+  const go = (ids, metric = key) => {
+    location.hash = `#/compare?ids=${ids.join(",")}&metric=${metric}`;
+  };
+  const jobs = await Promise.all(chosen.map((id) => api(`/api/jobs/${id}`)));
+  const chartBox = el("div", { class: "chart wide", id: "compare-chart" });
+  const metric = el(
+    "select",
+    { id: "metric", onchange: () => go(chosen, metric.value) },
+    Object.entries(METRICS).map(([k, label]) => el("option", { value: k, selected: k === key }, label)),
+  );
+  main.replaceChildren(
+    el("h1", {}, "Compare"),
+    picker(jobs, go),
+    el("p", {}, el("label", { for: "metric" }, "Curve "), metric),
+    chartBox,
+    el("div", { class: "scroll" }, dataTable(COLUMNS, jobs, { caption: "Final metrics and settings" }).table),
+  );
+  if (chosen.length < 2) chartBox.append(el("p", { class: "muted" }, "Pick two or more jobs."));
+  if (!chosen.length) return null;
+
   const split = key.startsWith("eval_") ? "eval" : "train";
   const field = key.replace("eval_", "");
-  const steps = [...new Set(metrics.flat().filter((m) => m.split === split).map((m) => m.step))].sort((a, b) => a - b);
-  const columns = metrics.map((points) => {
-    const byStep = new Map(points.filter((m) => m.split === split).map((m) => [m.step, m[field]]));
-    return steps.map((s) => (byStep.has(s) ? byStep.get(s) : null));
+  const series = await Promise.all(chosen.map((id) => allMetrics(id, split)));
+  const steps = [...new Set(series.flat().map((m) => m.step))].sort((a, b) => a - b);
+  const columns = series.map((points) => {
+    const byStep = new Map(points.map((m) => [m.step, m[field]]));
+    return steps.map((s) => byStep.get(s) ?? null);
   });
-  const plot = new uPlot({
-    width: chartBox.clientWidth || 800,
-    height: 320,
-    scales: { x: { time: false } },
-    axes: [{ label: "step" }, { label: METRICS[key], size: 60 }],
-    series: [{ label: "step" }, ...jobs.map((job, i) => ({ label: `#${job.id} ${job.name}`, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))],
-  }, [steps, ...columns], chartBox);
+  let plot = null;
+  const fit = fitToWidth(chartBox, () => (plot ? [plot] : []), CHART_HEIGHT);
+  const lines = jobs.map((job, i) => ({ label: `#${job.id} ${job.name}`, color: COLORS[i % COLORS.length] }));
+  plot = lineChart(chartBox, { width: fit.width(), height: CHART_HEIGHT, yLabel: METRICS[key], lines }, [steps, ...columns]);
   chartBox.dataset.series = String(jobs.length);
-
-  const hp = ["learning_rate", "batch_size", "optimizer", "steps", "weight_decay", "ema_decay", "seed"];
-  table.append(el("table", {},
-    el("thead", {}, el("tr", {}, ["Job", "State", "Model", "Dataset", "GPUs", "Final eval loss", "Final eval accuracy", ...hp].map((h) => el("th", { scope: "col" }, h)))),
-    el("tbody", {}, jobs.map((job) => el("tr", {},
-      el("td", {}, el("a", { href: `#/jobs/${job.id}` }, `#${job.id} ${job.name}`)),
-      el("td", {}, badge(job.state)),
-      el("td", {}, job.spec.model),
-      el("td", {}, job.spec.dataset),
-      el("td", {}, job.gpu_count),
-      el("td", { class: "num" }, number(job.latest.eval_loss)),
-      el("td", { class: "num" }, percent(job.latest.eval_accuracy)),
-      ...hp.map((k) => el("td", {}, String(job.spec.hyperparameters[k] ?? "–"))),
-    )))));
-  const resize = () => plot.setSize({ width: chartBox.clientWidth || 800, height: 320 });
-  window.addEventListener("resize", resize);
   return () => {
-    window.removeEventListener("resize", resize);
+    fit.stop();
     plot.destroy();
   };
+}
+
+const COLUMNS = [
+  { title: "Job", cell: (job) => el("a", { href: `#/jobs/${job.id}` }, `#${job.id} ${job.name}`) },
+  { title: "State", cell: (job) => badge(job.state) },
+  { title: "Model", cell: (job) => job.spec.model },
+  { title: "Dataset", cell: (job) => job.spec.dataset },
+  { title: "GPUs", cell: (job) => job.gpu_count },
+  { title: "Final eval loss", class: "num", cell: (job) => number(job.latest.eval_loss) },
+  { title: "Final eval accuracy", class: "num", cell: (job) => percent(job.latest.eval_accuracy) },
+  ...HYPERPARAMETERS.map((k) => ({ title: k, cell: (job) => String(job.spec.hyperparameters[k] ?? "–") })),
+];
+
+// The chosen jobs (each removable) and a search box that finds more by name or id.
+function picker(jobs, go) {
+  const ids = jobs.map((j) => j.id);
+  const chips = el(
+    "ul",
+    { class: "chips", "aria-label": "Jobs compared" },
+    jobs.map((job) =>
+      el(
+        "li",
+        { dataset: { job: job.id } },
+        `#${job.id} ${job.name} `,
+        el(
+          "button",
+          { type: "button", class: "quiet", "aria-label": `Remove job ${job.id}`, onclick: () => go(ids.filter((i) => i !== job.id)) },
+          "×",
+        ),
+      ),
+    ),
+  );
+  const status = el("p", { class: "muted", "aria-live": "polite" });
+  const problem = problemLine();
+  const results = el("ul", { class: "search-results", id: "compare-results" });
+  const search = el("input", { id: "compare-search", type: "search", placeholder: "job name or id", maxlength: 128, autocomplete: "off" });
+  const find = async () => {
+    const query = new URLSearchParams({ limit: SEARCH_LIMIT });
+    if (search.value.trim()) query.set("q", search.value.trim());
+    const page = await api(`/api/jobs?${query}`);
+    const found = page.items.filter((job) => !ids.includes(job.id));
+    results.replaceChildren(
+      ...found.map((job) =>
+        el(
+          "li",
+          { dataset: { job: job.id } },
+          el("button", { type: "button", class: "quiet", onclick: () => go([...ids, job.id]) }, `+ #${job.id} ${job.name}`),
+          " ",
+          badge(job.state),
+        ),
+      ),
+    );
+    status.textContent = found.length ? "" : "No other job matches.";
+  };
+  const findReporting = () => find().then(() => (problem.textContent = ""), reportError("Searching jobs", problem));
+  let pending = null;
+  search.addEventListener("input", () => {
+    clearTimeout(pending);
+    pending = setTimeout(findReporting, 200);
+  });
+  findReporting();
+  return el(
+    "section",
+    { class: "compare-picker", "aria-label": "Pick jobs" },
+    chips,
+    el("label", { for: "compare-search" }, "Add a job "),
+    search,
+    status,
+    problem,
+    results,
+  );
 }

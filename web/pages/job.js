@@ -1,9 +1,29 @@
 // One job: live charts, spec, allocation, history, artifacts, log tail; Cancel and Clone.
-import uPlot from "/vendor/uplot/uPlot.esm.js";
-import { age, api, badge, duration, el, eta, gpusOf, number, percent, progress, session, stream, toast, when } from "/lib.js";
+import { allMetrics, fitToWidth, lineChart } from "/charts.js";
+import {
+  age,
+  api,
+  badge,
+  dataTable,
+  duration,
+  el,
+  eta,
+  gpusOf,
+  number,
+  percent,
+  poll,
+  problemLine,
+  progress,
+  reportError,
+  session,
+  stream,
+  toast,
+  when,
+} from "/lib.js";
 
 const FINAL = ["succeeded", "failed", "cancelled"];
 const LOG_LINES_SHOWN = 1000;
+const CHART_HEIGHT = 220;
 
 export async function render(main, params) {
   await session.ready;
@@ -18,18 +38,20 @@ export async function render(main, params) {
   const logBox = el("pre", { class: "log", tabindex: 0, "aria-label": "Trainer log" });
   const follow = el("input", { type: "checkbox", id: "follow", checked: true });
   const charts = new Charts(series);
+  const problem = problemLine();
 
   main.replaceChildren(
     header,
+    problem,
     summary,
-    el("section", { "aria-labelledby": "charts-title" },
-      el("h2", { id: "charts-title" }, "Training"),
-      charts.controls(),
-      charts.box),
+    el("section", { "aria-labelledby": "charts-title" }, el("h2", { id: "charts-title" }, "Training"), charts.controls(), charts.box),
     details,
-    el("section", { "aria-labelledby": "log-title" },
+    el(
+      "section",
+      { "aria-labelledby": "log-title" },
       el("h2", { id: "log-title" }, "Log ", el("label", { class: "inline" }, follow, " follow")),
-      logBox),
+      logBox,
+    ),
   );
 
   const drawJob = () => {
@@ -55,20 +77,22 @@ export async function render(main, params) {
 
   let redraw = null;
   const stop = stream(`/api/jobs/${id}/stream`, {
-    metric: (point) => later(() => {
-      series.add([{ ...point, split: "train" }]);
-      if (point.step >= (job.step ?? 0)) {
-        job.step = point.step;
-        const { loss, accuracy, examples_per_sec, step_time_s } = point;
-        Object.assign(job.latest, { loss, accuracy, examples_per_sec, step_time_s: step_time_s ?? job.latest.step_time_s });
-      }
-    }),
-    eval: (point) => later(() => {
-      series.add([{ ...point, split: "eval" }]);
-      Object.assign(job.latest, { eval_loss: point.loss, eval_accuracy: point.accuracy });
-    }),
+    metric: (point) =>
+      later(() => {
+        series.add([{ ...point, split: "train" }]);
+        if (point.step >= (job.step ?? 0)) {
+          job.step = point.step;
+          const { loss, accuracy, examples_per_sec, step_time_s } = point;
+          Object.assign(job.latest, { loss, accuracy, examples_per_sec, step_time_s: step_time_s ?? job.latest.step_time_s });
+        }
+      }),
+    eval: (point) =>
+      later(() => {
+        series.add([{ ...point, split: "eval" }]);
+        Object.assign(job.latest, { eval_loss: point.loss, eval_accuracy: point.accuracy });
+      }),
     log: (line) => appendLog([line]),
-    state: () => reload().catch(() => {}),
+    state: () => reload().catch(reportError("Reloading the job", problem)),
   });
   function later(change) {
     change();
@@ -80,45 +104,37 @@ export async function render(main, params) {
       });
     }
   }
-  const onResize = () => charts.resize();
-  window.addEventListener("resize", onResize);
-  const timer = setInterval(() => FINAL.includes(job.state) || reload().catch(() => {}), 5000);
+  const poller = poll(() => FINAL.includes(job.state) || reload(), 5000, problem, "Reloading the job");
   return () => {
     stop();
-    clearInterval(timer);
-    window.removeEventListener("resize", onResize);
+    poller.stop();
     charts.destroy();
   };
 }
 
-// The whole series, a page at a time (the API gives at most 20,000 points per call).
-async function allMetrics(id, split) {
-  const points = [];
-  for (let after = -1; ;) {
-    const page = await api(`/api/jobs/${id}/metrics?split=${split}&after_step=${after}&limit=20000`);
-    points.push(...page);
-    if (page.length < 20000) return points;
-    after = page[page.length - 1].step;
-  }
-}
-
 function headerOf(job, reload) {
   const mine = session.me && (session.me.user === job.user || session.me.is_admin);
-  const cancel = el("button", {
-    type: "button", class: "danger", id: "cancel",
-    disabled: FINAL.includes(job.state) || job.cancel_requested || !mine,
-    title: mine ? "Checkpoint and stop this job" : "Only its owner or an admin may cancel it",
-    onclick: async () => {
-      if (!confirm(`Cancel job ${job.id} (${job.name})?`)) return;
-      try {
-        await api(`/api/jobs/${job.id}/cancel`, { method: "POST" });
-        toast(`Job ${job.id}: cancel requested`);
-        reload();
-      } catch (error) {
-        toast(`Cancel failed: ${error.message}`);
-      }
+  const cancel = el(
+    "button",
+    {
+      type: "button",
+      class: "danger",
+      id: "cancel",
+      disabled: FINAL.includes(job.state) || job.cancel_requested || !mine,
+      title: mine ? "Checkpoint and stop this job" : "Only its owner or an admin may cancel it",
+      onclick: async () => {
+        if (!confirm(`Cancel job ${job.id} (${job.name})?`)) return;
+        try {
+          await api(`/api/jobs/${job.id}/cancel`, { method: "POST" });
+          toast(`Job ${job.id}: cancel requested`);
+          reload();
+        } catch (error) {
+          toast(`Cancel failed: ${error.message}`);
+        }
+      },
     },
-  }, job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel");
+    job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel",
+  );
   const clone = el("a", { class: "button", href: `#/submit?clone=${job.id}`, id: "clone" }, "Clone");
   return [
     el("h1", {}, el("span", { class: "muted" }, `#${job.id} `), job.name, " ", badge(job.state)),
@@ -151,33 +167,63 @@ function summaryOf(job) {
 
 function detailsOf(job) {
   const a = job.allocation;
-  const placement = el("section", { "aria-labelledby": "placement-title" },
+  const placement = el(
+    "section",
+    { "aria-labelledby": "placement-title" },
     el("h2", { id: "placement-title" }, "Placement"),
-    el("dl", { class: "summary" },
-      el("dt", {}, "GPUs"), el("dd", { class: "mono" }, gpusOf(job), a && a.simulated ? el("span", { class: "badge sim" }, "simulated") : null),
-      el("dt", {}, "GPU UUIDs"), el("dd", { class: "mono" }, a ? a.gpu_uuids.join(", ") : "–"),
-      el("dt", {}, "Memory fraction"), el("dd", {}, `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : ""}`),
-      el("dt", {}, "CUDA_VISIBLE_DEVICES"), el("dd", { class: "mono" }, job.cuda_visible_devices ?? "–"),
-      el("dt", {}, "Towers"), el("dd", {}, job.towers ?? "–", job.devices ? el("span", { class: "muted mono" }, ` (${job.devices.join(", ")})`) : ""),
-    ));
-  const history = el("section", { "aria-labelledby": "history-title" },
+    el(
+      "dl",
+      { class: "summary" },
+      el("dt", {}, "GPUs"),
+      el("dd", { class: "mono" }, gpusOf(job), a?.simulated ? el("span", { class: "badge sim" }, "simulated") : null),
+      el("dt", {}, "GPU UUIDs"),
+      el("dd", { class: "mono" }, a ? a.gpu_uuids.join(", ") : "–"),
+      el("dt", {}, "Memory fraction"),
+      el("dd", {}, `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : ""}`),
+      el("dt", {}, "CUDA_VISIBLE_DEVICES"),
+      el("dd", { class: "mono" }, job.cuda_visible_devices ?? "–"),
+      el("dt", {}, "Towers"),
+      el("dd", {}, job.towers ?? "–", job.devices ? el("span", { class: "muted mono" }, ` (${job.devices.join(", ")})`) : ""),
+    ),
+  );
+  const history = el(
+    "section",
+    { "aria-labelledby": "history-title" },
     el("h2", { id: "history-title" }, "History"),
-    el("div", { class: "scroll" }, el("table", {},
-      el("thead", {}, el("tr", {}, ["Time", "State", "Attempt", "Why"].map((h) => el("th", { scope: "col" }, h)))),
-      el("tbody", {}, job.events.map((e) => el("tr", {}, el("td", {}, when(e.time)), el("td", {}, badge(e.state)), el("td", {}, e.attempt), el("td", {}, e.message || "")))))));
-  const artifacts = el("section", { "aria-labelledby": "artifacts-title" },
+    el("div", { class: "scroll" }, dataTable(HISTORY_COLUMNS, job.events).table),
+  );
+  const artifacts = el(
+    "section",
+    { "aria-labelledby": "artifacts-title" },
     el("h2", { id: "artifacts-title" }, "Artifacts"),
     job.artifacts_dir
-      ? el("dl", { class: "summary" },
-        el("dt", {}, "Folder"), el("dd", { class: "mono" }, job.artifacts_dir),
-        el("dt", {}, "Checkpoints"), el("dd", { class: "mono" }, `${job.artifacts_dir}/checkpoints`),
-        el("dt", {}, "TensorBoard"), el("dd", {}, el("code", {}, `tensorboard --logdir ${job.artifacts_dir}/tensorboard`)))
-      : el("p", { class: "muted" }, "None yet: the job has not started."));
-  const spec = el("section", { "aria-labelledby": "spec-title" },
+      ? el(
+          "dl",
+          { class: "summary" },
+          el("dt", {}, "Folder"),
+          el("dd", { class: "mono" }, job.artifacts_dir),
+          el("dt", {}, "Checkpoints"),
+          el("dd", { class: "mono" }, `${job.artifacts_dir}/checkpoints`),
+          el("dt", {}, "TensorBoard"),
+          el("dd", {}, el("code", {}, `tensorboard --logdir ${job.artifacts_dir}/tensorboard`)),
+        )
+      : el("p", { class: "muted" }, "None yet: the job has not started."),
+  );
+  const spec = el(
+    "section",
+    { "aria-labelledby": "spec-title" },
     el("h2", { id: "spec-title" }, "Spec"),
-    el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)));
+    el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)),
+  );
   return [placement, history, artifacts, spec];
 }
+
+const HISTORY_COLUMNS = [
+  { title: "Time", cell: (e) => when(e.time) },
+  { title: "State", cell: (e) => badge(e.state) },
+  { title: "Attempt", cell: (e) => e.attempt },
+  { title: "Why", cell: (e) => e.message || "" },
+];
 
 // Metric points by step, train and eval, as the aligned columns uPlot draws.
 class Series {
@@ -214,8 +260,23 @@ class Series {
 }
 
 const CHARTS = [
-  { id: "loss", title: "Loss", keys: [["loss", "train", "#2563eb"], ["eval_loss", "eval", "#dc2626"]], log: true },
-  { id: "accuracy", title: "Accuracy", keys: [["accuracy", "train", "#2563eb"], ["eval_accuracy", "eval", "#dc2626"]] },
+  {
+    id: "loss",
+    title: "Loss",
+    keys: [
+      ["loss", "train", "#2563eb"],
+      ["eval_loss", "eval", "#dc2626"],
+    ],
+    log: true,
+  },
+  {
+    id: "accuracy",
+    title: "Accuracy",
+    keys: [
+      ["accuracy", "train", "#2563eb"],
+      ["eval_accuracy", "eval", "#dc2626"],
+    ],
+  },
   { id: "lr", title: "Learning rate", keys: [["learning_rate", "lr", "#7c3aed"]], precise: true },
   { id: "speed", title: "Examples/s", keys: [["examples_per_sec", "examples/s", "#059669"]] },
 ];
@@ -226,6 +287,7 @@ class Charts {
     this.logScale = false;
     this.plots = {};
     this.box = el("div", { class: "charts", id: "charts" });
+    this.fit = fitToWidth(this.box, () => Object.values(this.plots), CHART_HEIGHT, true);
   }
 
   controls() {
@@ -236,14 +298,12 @@ class Charts {
       delete this.plots.loss;
       this.draw();
     });
-    return el("p", { class: "chart-controls" },
+    return el(
+      "p",
+      { class: "chart-controls" },
       el("label", {}, toggle, " log-scale loss"),
-      el("span", { class: "muted" }, " · drag across a chart to zoom, double-click to reset"));
-  }
-
-  width() {
-    const full = this.box.clientWidth || 800;
-    return full > 900 ? Math.floor((full - 24) / 2) : full;
+      el("span", { class: "muted" }, " · drag across a chart to zoom, double-click to reset"),
+    );
   }
 
   draw() {
@@ -255,7 +315,9 @@ class Charts {
         const existing = this.box.querySelector(`#chart-${chart.id}`);
         if (existing) existing.replaceWith(holder);
         else this.box.append(holder);
-        this.plots[chart.id] = new uPlot(this.options(chart), data, holder);
+        const lines = chart.keys.map(([, label, color]) => ({ label, color, points: label === "eval" }));
+        const look = { width: this.fit.width(), height: CHART_HEIGHT, lines, log: chart.log && this.logScale, precise: chart.precise };
+        this.plots[chart.id] = lineChart(holder, look, data);
       } else {
         this.plots[chart.id].setData(data);
       }
@@ -264,24 +326,8 @@ class Charts {
     window.__towerqChartDrawnAt = Date.now();
   }
 
-  options(chart) {
-    const log = chart.log && this.logScale;
-    return {
-      width: this.width(),
-      height: 220,
-      scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
-      axes: [{ label: "step" }, { size: 72, values: chart.precise ? (u, ticks) => ticks.map((v) => v.toPrecision(3)) : undefined }],
-      series: [{ label: "step" }, ...chart.keys.map(([, label, color]) => ({ label, stroke: color, width: 1.5, spanGaps: true, points: { show: label === "eval" } }))],
-      cursor: { drag: { x: true, y: false } },
-      legend: { live: true },
-    };
-  }
-
-  resize() {
-    for (const plot of Object.values(this.plots)) plot.setSize({ width: this.width(), height: 220 });
-  }
-
   destroy() {
+    this.fit.stop();
     for (const plot of Object.values(this.plots)) plot.destroy();
     this.plots = {};
   }
