@@ -6,7 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.towerq-installed
 
-.PHONY: run test lint typecheck pytest setup clean
+BIOME := node_modules/.bin/biome
+
+.PHONY: run test lint lint-web typecheck pytest setup clean
 
 run: setup
 	$(BIN)/towerq up
@@ -18,6 +20,16 @@ test: setup
 lint:
 	$(BIN)/ruff check service worker migrations tests bench
 	$(BIN)/ruff format --check service worker migrations tests bench
+	$(BIN)/lint-imports --no-cache
+	$(MAKE) --no-print-directory lint-web
+
+# The dashboard: Biome (formatter + linter, pinned in package.json/package-lock.json).
+lint-web: $(BIOME)
+	$(BIOME) ci --colors=off web
+
+$(BIOME): package.json package-lock.json
+	npm install --no-audit --no-fund --loglevel=error
+	touch $(BIOME)
 
 typecheck:
 	$(BIN)/mypy service worker
@@ -36,4 +48,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) var tests/artifacts .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules var tests/artifacts .pytest_cache .mypy_cache .ruff_cache
