@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 
 import redis
 
+from service.lifetime import dies_with_this_process
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -78,7 +80,9 @@ class EmbeddedRedis:
         ]
         # Its own session: Ctrl+C on `towerq up` must not stop Redis before the workers
         # have put their jobs back in the queue.
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=dies_with_this_process()
+        )
         deadline = time.monotonic() + timeout
         while not answers(self.url, 0.2):
             if self.process.poll() is not None:

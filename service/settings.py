@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     api_port: int = 8000
     api_workers: int = Field(default=2, ge=1, le=64)
     """API processes: Python serves one request at a time per process."""
+    api_parent_pid: int | None = None
+    """Set by `towerq api` for its worker processes, which die with it (not a user setting)."""
     api_url: str = "http://127.0.0.1:8000"
     token: str | None = None
     max_request_bytes: int = 1_000_000

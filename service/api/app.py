@@ -20,6 +20,7 @@ from service.auth import TokenChecker
 from service.context import Context
 from service.hosts import HostInventory
 from service.intake import SubmissionWriter
+from service.lifetime import die_with_parent
 from service.settings import Settings
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -82,6 +83,8 @@ async def record_token_use(tokens: TokenChecker, ctx: Context) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API for `settings` (read from the environment when not given)."""
     settings = settings or Settings()
+    if settings.api_parent_pid is not None:  # one of `towerq api`'s worker processes
+        die_with_parent(settings.api_parent_pid)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

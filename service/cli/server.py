@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from pathlib import Path
@@ -65,7 +66,8 @@ def run_api(args: argparse.Namespace) -> int:
     workers = args.workers or settings.api_workers
     if workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
-    else:  # each process builds its own app from the same TOWERQ_ settings
+    else:  # each process builds its own app from the same TOWERQ_ settings, and dies with this one
+        os.environ["TOWERQ_API_PARENT_PID"] = str(os.getpid())
         uvicorn.run(
             "service.api.app:create_app",
             factory=True,

@@ -22,9 +22,11 @@ from sqlalchemy import select
 
 from service.auth import create_token, has_admin
 from service.db import Database, upgrade_database
+from service.lifetime import dies_with_this_process
 from service.models import Host
 from service.redis_server import EmbeddedRedis, answers
 from service.settings import Settings
+from service.tokenfile import write_secret
 
 log = logging.getLogger("towerq.up")
 
@@ -100,13 +102,14 @@ class Supervisor:
         finally:
             db.dispose()
         path = self.settings.var_dir / "admin-token"
-        path.write_text(secret + "\n")
-        path.chmod(0o600)
+        write_secret(path, secret)
         return secret
 
     def _start(self, child: Child) -> None:
         env = {**os.environ, "TOWERQ_REDIS_URL": self.settings.redis_url}
-        child.process = subprocess.Popen(child.command, env=env)
+        # SIGTERM, not SIGKILL: a worker whose `towerq up` was killed still checkpoints
+        # its trainers and puts their jobs back in the queue.
+        child.process = subprocess.Popen(child.command, env=env, preexec_fn=dies_with_this_process(signal.SIGTERM))
         log.info("started %s (pid %d)", child.name, child.process.pid)
 
     def _watch(self) -> None:
