@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from service.redis_server import EmbeddedRedis
 from service.settings import Settings
 from worker.host import register
 from worker.inventory import SimulatedInventory
+from worker.processes import marked
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "TOWERQ_TEST_POSTGRES_ADMIN_URL", "postgresql://towerq:towerq@127.0.0.1:5432/postgres"
@@ -176,8 +179,38 @@ def add_host(db: Database) -> Callable[..., None]:
     return add
 
 
+RUN_MARK = "PYTEST_TOWERQ_RUN"
+"""Set in this run's environment, so every process a test starts carries it (not TOWERQ_:
+some tests hand their processes an environment without the TOWERQ_ settings)."""
+LEFTOVER_GRACE_S = 15.0
+
+
 def pytest_configure(config: pytest.Config) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
+    os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves nothing running: a process a test started and did not end fails the
+    run, named here (and is killed, so the next run starts clean)."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := marked(RUN_MARK, os.environ[RUN_MARK])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not left:
+        return
+    lines = "\n".join(f"  pid {p.pid} (parent {p.ppid}): {p.cmdline[:200]}" for p in left)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"\nprocesses left running by the tests:\n{lines}"
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        print(message)
+    for process in left:
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -133,6 +133,22 @@ def output_lines(process: subprocess.Popen[bytes], tick_s: float) -> Iterator[tu
             yield None
 
 
+def marked(name: str, value: str) -> list[ProcessInfo]:
+    """The live processes started with `name=value` in their environment (a marker every
+    descendant of a process that set it inherits, wherever it was reparented to)."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for process in all_processes():
+        try:
+            with open(f"/proc/{process.pid}/environ", "rb") as raw:
+                environment = raw.read().split(b"\0")
+        except OSError:
+            continue
+        if process.state != "Z" and wanted in environment:
+            found.append(process)
+    return found
+
+
 def is_trainer(pid: int) -> bool:
     """True when `pid` is a `python -m worker.trainer` process."""
     info = read_process(pid)

@@ -1,0 +1,48 @@
+"""The suite leaves nothing running: a run whose tests leave a process behind fails and
+names it (checked on a small run of its own, with the suite's own hooks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RUN_MARK
+from tests.stack import REPO
+from worker.processes import pid_alive
+
+pytestmark = pytest.mark.slow
+
+CONFTEST = "from tests.conftest import pytest_configure, pytest_sessionfinish  # noqa: F401\n"
+LEAKY = """
+import subprocess
+
+def test_starts_a_process_and_forgets_it():
+    subprocess.Popen(["sleep", "300"], start_new_session=True)
+"""
+
+
+def test_a_run_that_leaves_a_process_behind_fails_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_leaky.py").write_text(LEAKY)
+    env = {k: v for k, v in os.environ.items() if k != RUN_MARK}
+    env["PYTHONPATH"] = str(REPO)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+    assert "processes left running by the tests:" in run.stdout
+    assert "sleep 300" in run.stdout
+    mark = next(line for line in run.stdout.splitlines() if "sleep 300" in line)
+    assert mark.strip().startswith("pid ")
+    leftover = int(mark.split()[1])
+    assert not pid_alive(leftover)  # killed, so the next run starts clean
