@@ -46,3 +46,6 @@ JOB_PAGE_SIZE = 50
 
 MAX_PAGE_SIZE = 500
 """Largest page `GET /api/jobs` returns."""
+
+CATALOG_SCAN_MAX_AGE_S = 30.0
+"""`GET /api/catalog` lists the user models and data files it found at most this long ago."""

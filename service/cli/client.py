@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from service.settings import Settings
+from service.tokenfile import write_secret
 
 TOKEN_FILE = Path.home() / ".config" / "towerq" / "token"
 
@@ -107,9 +108,7 @@ def _detail(response: httpx.Response) -> str:
 
 
 def run_login(args: argparse.Namespace) -> int:
-    TOKEN_FILE.parent.mkdir(parents=True, exist_ok=True)
-    TOKEN_FILE.write_text(args.token.strip() + "\n")
-    TOKEN_FILE.chmod(0o600)
+    write_secret(TOKEN_FILE, args.token)
     print(f"token saved in {TOKEN_FILE}")
     return 0
 

@@ -6,16 +6,25 @@ this host."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
 
+from service import defaults
 from service.api.deps import CallerDep, SettingsDep
 from worker.trainer.catalog import DATASETS, FILE_DATASET_KINDS, MODELS, OPTIMIZERS, VARIABLE_DEVICES
 from worker.trainer.spec import DatasetOptions, Hyperparameters, Priority
 
 router = APIRouter(prefix="/api", tags=["catalog"])
+SCAN_LIMIT_MODELS = 200
+SCAN_LIMIT_ENTRIES = 20_000
+"""A scan of the data folder looks at this many entries at most (an image folder may hold millions)."""
 
 
 @router.get("/catalog")
@@ -37,22 +46,48 @@ def catalog(_: CallerDep, settings: SettingsDep) -> dict[str, Any]:
 
 
 def _user_models(settings: SettingsDep) -> list[dict[str, str]]:
-    root = settings.models_path
-    if not root.is_dir():
-        return []
+    return FOUND.get(settings.models_path, _scan_models)
+
+
+def _files(settings: SettingsDep) -> list[dict[str, str]]:
+    return FOUND.get(settings.data_dir, _scan_files)
+
+
+class Found:
+    """What a scan of a folder found, kept for `max_age_s`: the catalog is read by every
+    submit form, and a lab's data folder may hold many thousands of files."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self.scans: dict[tuple[Path, Callable[..., object]], tuple[float, list[dict[str, str]]]] = {}
+        self.lock = threading.Lock()
+
+    def get(self, root: Path, scan: Callable[[Path], list[dict[str, str]]]) -> list[dict[str, str]]:
+        now = time.monotonic()
+        with self.lock:
+            cached = self.scans.get((root, scan))
+            if cached is not None and now - cached[0] < self.max_age_s:
+                return cached[1]
+        found = scan(root) if root.is_dir() else []
+        with self.lock:
+            self.scans[(root, scan)] = (now, found)
+        return found
+
+
+FOUND = Found(defaults.CATALOG_SCAN_MAX_AGE_S)
+
+
+def _scan_models(root: Path) -> list[dict[str, str]]:
     found = []
-    for path in sorted(root.rglob("*.py"))[:200]:
+    for path in sorted(itertools.islice(root.rglob("*.py"), SCAN_LIMIT_MODELS)):
         module = ".".join(path.relative_to(root).with_suffix("").parts)
         found.append({"name": f"{module}:build", "description": f"user model in {path.relative_to(root)}"})
     return found
 
 
-def _files(settings: SettingsDep) -> list[dict[str, str]]:
-    root = settings.data_dir
-    if not root.is_dir():
-        return []
+def _scan_files(root: Path) -> list[dict[str, str]]:
     found = []
-    for path in sorted(root.rglob("*"))[:500]:
+    for path in sorted(itertools.islice(root.rglob("*"), SCAN_LIMIT_ENTRIES)):
         relative = path.relative_to(root).as_posix()
         if path.suffix == ".npz":
             found.append({"name": f"npz:{relative}", "description": DATASETS["npz"].description})

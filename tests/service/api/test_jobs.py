@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from sqlalchemy import func, select
 
+from service.api.routes import catalog as catalog_route
 from service.db import Database
 from service.models import Job, JobEvent
+from service.settings import Settings
 from tests.service.api.conftest import Api
 from worker.trainer.catalog import BUILTIN_DATASETS, DATASETS, MODELS
 
@@ -215,3 +218,39 @@ def test_the_dashboard_is_served_at_the_root(client) -> None:
     assert page.status_code == 200 and '<script type="module" src="/app.js">' in page.text
     for path in ("/app.js", "/lib.js", "/pages/jobs.js", "/style.css", "/vendor/uplot/uPlot.esm.js"):
         assert client.get(path).status_code == 200, path
+
+
+def test_the_catalog_lists_data_files_without_walking_the_folder_on_every_request(
+    alice: Api, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    np.savez(settings.data_dir / "a.npz", x=np.zeros((2, 1)), y=np.zeros(2))
+    scans = []
+    real = catalog_route._scan_files
+    monkeypatch.setattr(catalog_route, "_scan_files", lambda root: scans.append(root) or real(root))
+    monkeypatch.setattr(catalog_route, "FOUND", catalog_route.Found(max_age_s=60))
+    first = [d["name"] for d in alice.get("/api/catalog").json()["datasets"]]
+    np.savez(settings.data_dir / "b.npz", x=np.zeros((2, 1)), y=np.zeros(2))
+    second = [d["name"] for d in alice.get("/api/catalog").json()["datasets"]]
+    assert "npz:a.npz" in first and first == second
+    assert len(scans) == 1
+    monkeypatch.setattr(catalog_route.FOUND, "max_age_s", 0)
+    assert "npz:b.npz" in [d["name"] for d in alice.get("/api/catalog").json()["datasets"]]
+    assert len(scans) == 2
+
+
+def test_only_liveness_the_api_description_and_logout_need_no_token(client, alice: Api) -> None:
+    public = {
+        ("GET", "/healthz"),
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/redoc"),
+        ("DELETE", "/api/session"),
+    }
+    assert {(m, p) for m, p in public if client.request(m, p).status_code < 400} == public
+    for route in client.app.routes:
+        for method in getattr(route, "methods", None) or ():
+            if (method, route.path) in public or method == "HEAD" or route.path.startswith("/docs/"):
+                continue
+            path = route.path.replace("{", "").replace("}", "")  # any value: the token is checked first
+            response = client.request(method, path)
+            assert response.status_code == 401, (method, route.path, response.status_code)
