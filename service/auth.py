@@ -11,8 +11,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.db import Database
-from service.exceptions import AuthError, NotFoundError
+from service.exceptions import AuthError, ForbiddenError, NotFoundError
 from service.models import ApiToken, User, utcnow
+from worker.trainer.spec import Priority
 
 TOKEN_PREFIX = "tq_"
 LAST_USED_EVERY_S = 60.0
@@ -27,6 +28,17 @@ class Caller:
     name: str
     is_admin: bool
     token_id: int
+    max_priority: Priority = Priority.NORMAL
+    """The highest priority this caller may give a job (admins: high)."""
+
+    def check_priority(self, priority: Priority) -> None:
+        """Refuse a priority above the caller's: high priority may stop other users' jobs
+        (with preemption on), so it is for admins and for users an admin allows."""
+        if priority.rank > self.max_priority.rank:
+            raise ForbiddenError(
+                f"priority {priority} is for admins and for users an admin allows "
+                f"(`towerq user set {self.name} --max-priority {priority}`); you may use up to {self.max_priority}"
+            )
 
 
 def hash_token(token: str) -> str:
@@ -105,7 +117,7 @@ class TokenChecker:
         if cached is not None and now - cached[0] < self.ttl_s:
             return cached[1]
         row = session.execute(
-            select(ApiToken.id, ApiToken.revoked_at, User.id, User.name, User.is_admin)
+            select(ApiToken.id, ApiToken.revoked_at, User.id, User.name, User.is_admin, User.max_priority)
             .join(User, ApiToken.user_id == User.id)
             .where(ApiToken.token_hash == digest)
         ).one_or_none()
@@ -113,7 +125,8 @@ class TokenChecker:
             raise AuthError("invalid token")
         if row[1] is not None:
             raise AuthError("token revoked")
-        caller = Caller(user_id=row[2], name=row[3], is_admin=row[4], token_id=row[0])
+        allowed = Priority.HIGH if row[4] else Priority(row[5] or Priority.NORMAL)
+        caller = Caller(user_id=row[2], name=row[3], is_admin=row[4], token_id=row[0], max_priority=allowed)
         self._cache[digest] = (now, caller)
         return caller
 

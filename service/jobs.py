@@ -35,6 +35,7 @@ def submit(
     """Store a new queued job; returns (job, created). A repeated idempotency key returns
     the job first submitted with it. The checks read a cached inventory; the job is stored
     by `writer` (group commit) when there is one, else in a transaction of its own."""
+    caller.check_priority(spec.priority)
     host = check_resources(inventory or HostInventory(db), spec)
     check_files(spec, settings)
     if spec.hyperparameters.seed is None:

@@ -29,3 +29,8 @@ def job_channel(job_id: int) -> str:
 def host_control_channel(host: str) -> str:
     """Pub/sub channel a host's worker listens on for stop requests."""
     return f"{PREFIX}control:{host}"
+
+
+def refused_count(host: str) -> str:
+    """A counter of the messages a host's worker found on its queue and refused to run."""
+    return f"{PREFIX}refused:{host}"

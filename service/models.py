@@ -96,9 +96,15 @@ class User(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     gpu_limit: Mapped[int | None] = mapped_column(Integer, default=None)
     share: Mapped[float] = mapped_column(Float, default=1.0)
+    max_priority: Mapped[str | None] = mapped_column(String(8), default=None)
+    """The highest priority this user may ask for; None: normal (admins: always high)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
+
+    @property
+    def allowed_priority(self) -> str:
+        return "high" if self.is_admin else self.max_priority or "normal"
 
     @property
     def active_tokens(self) -> int:
@@ -203,6 +209,8 @@ class Job(Base):
     towers: Mapped[int | None] = mapped_column(Integer, default=None)
     devices: Mapped[list[Any] | None] = mapped_column(default=None)
     memory_limit_enforced: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    batch_norm: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """{"synchronized": [...], "per_tower": [...]}: batch-norm layers, as the trainer ran them."""
     artifacts_dir: Mapped[str | None] = mapped_column(Text, default=None)
     exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)

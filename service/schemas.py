@@ -57,6 +57,9 @@ class JobOut(Out):
     towers: int | None
     devices: list[str] | None
     memory_limit_enforced: bool | None
+    batch_norm: dict[str, list[str]] | None = Field(
+        default=None, description="batch-norm layers synchronised across towers, and those run per tower"
+    )
     attempts: int
     crashes: int
     max_attempts: int

@@ -55,6 +55,7 @@ def test_lenet5_on_two_simulated_gpus_trains_digits_to_90_percent(stack: Stack, 
     }
     assert job["cuda_visible_devices"] == "0,1"
     assert job["towers"] == 2
+    assert job["batch_norm"] == {"synchronized": [], "per_tower": []}  # lenet5 has none
 
     metrics = client.get(f"/api/jobs/{job['id']}/metrics").json()
     train = [m for m in metrics if m["split"] == "train"]

@@ -127,3 +127,14 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
     finally:
         again.kill()
         client.close()
+
+    # Killed outright, `towerq up` still takes every process it started with it.
+    killed = Up(tmp_path, port, free_port())
+    try:
+        killed.wait_for_line(r"log in with your token", 120)
+        os.kill(killed.process.pid, signal.SIGKILL)
+        killed.process.wait()
+        wait_for(lambda: not processes_in_session(killed.process.pid), 90, "towerq up's children to die with it")
+    finally:
+        for leftover in live_members(sid=killed.process.pid):
+            os.kill(leftover.pid, signal.SIGKILL)

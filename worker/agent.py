@@ -20,9 +20,11 @@ from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
+from rq.job import Job as RQJob
+from rq.worker import WorkerStatus
 from sqlalchemy import select
 
-from service import keys
+from service import keys, launches
 from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.lifecycle import requeue
@@ -39,6 +41,23 @@ log = logging.getLogger(__name__)
 _current: HostAgent | None = None
 RECONNECT_DELAY_S = 2.0
 LEFTOVER_KILL_TIMEOUT_S = 10.0
+
+
+class LaunchWorker(SimpleWorker):
+    """An RQ worker that runs towerq's launch messages and nothing else: anything else
+    found on the host's queue (another function, other arguments, a payload that is not
+    JSON) is logged, counted (`towerq:refused:<host>`) and dropped, never run."""
+
+    def execute_job(self, job: RQJob, queue: Queue) -> None:
+        try:
+            launches.check(job)
+        except launches.NotALaunch as refused:
+            log.warning("refused message %s on %s: %s", job.id, queue.name, refused)
+            self.connection.incr(keys.refused_count(queue.name.removeprefix(keys.host_queue(""))))
+            job.delete(delete_dependents=False)
+            self.set_state(WorkerStatus.IDLE)
+            return
+        super().execute_job(job, queue)
 
 
 def launch(job_id: int, attempt: int) -> dict[str, Any]:
@@ -106,10 +125,13 @@ class HostAgent:
         log.info("worker %s stopped", self.name)
 
     def _serve_queue(self) -> None:
-        queue = Queue(keys.host_queue(self.name), connection=self.ctx.redis)
+        queue = launches.host_queue(self.ctx.redis, self.name)
         while not self.stopping.is_set():
-            self.rq_worker = SimpleWorker(
-                [queue], connection=self.ctx.redis, name=f"towerq-{self.name}-{time.time_ns()}"
+            self.rq_worker = LaunchWorker(
+                [queue],
+                connection=self.ctx.redis,
+                name=f"towerq-{self.name}-{time.time_ns()}",
+                serializer=launches.SERIALIZER,
             )
             try:
                 self.rq_worker.work(burst=False, logging_level="WARNING", with_scheduler=False)

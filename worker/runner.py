@@ -187,6 +187,7 @@ class JobRunner:
                 "devices": event.get("devices"),
                 "cuda_visible_devices": event.get("cuda_visible_devices"),
                 "memory_limit_enforced": event.get("memory_limit_enforced"),
+                "batch_norm": event.get("batch_norm"),
             }
         )
 

@@ -11,6 +11,7 @@ from service.auth import USER_NAME_PATTERN, create_token, revoke_token
 from service.db import Database
 from service.models import ApiToken, User
 from service.settings import Settings
+from worker.trainer.spec import Priority
 
 
 def add_commands(commands: Any) -> None:
@@ -33,6 +34,12 @@ def add_commands(commands: Any) -> None:
     update.add_argument("name")
     update.add_argument("--gpu-limit", type=int, default=None, help="GPUs in use at once (0 = the default limit)")
     update.add_argument("--share", type=float, default=None, help="fair-share weight (default 1)")
+    update.add_argument(
+        "--max-priority",
+        choices=[p.value for p in Priority],
+        default=None,
+        help="the highest priority the user may use",
+    )
     update.add_argument("--admin", dest="admin", action="store_true", default=None)
     update.add_argument("--no-admin", dest="admin", action="store_false")
     update.set_defaults(run=run_user_set)
@@ -102,6 +109,11 @@ def run_user_set(args: argparse.Namespace) -> int:
             user.share = args.share
         if args.admin is not None:
             user.is_admin = args.admin
+        if args.max_priority is not None:
+            user.max_priority = args.max_priority
         admin = "yes" if user.is_admin else "no"
-        print(f"{user.name}: admin={admin} gpu_limit={user.gpu_limit or 'default'} share={user.share:g}")
+        print(
+            f"{user.name}: admin={admin} gpu_limit={user.gpu_limit or 'default'} share={user.share:g} "
+            f"max_priority={user.allowed_priority}"
+        )
     return 0

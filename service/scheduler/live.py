@@ -18,18 +18,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import redis
-from rq import Queue
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from service import defaults, keys
+from service import defaults, keys, launches
 from service.context import Context
 from service.lifecycle import dispatch, request_preemption
 from service.models import Job, JobState, utcnow
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
-from service.scheduler.reconcile import Repairs, launch_id, mark_dead_hosts, needs_repair, resend_lost_launches
+from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
 from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Decision, Policy, PolicyConfig, QueuedJob
 
@@ -179,14 +178,4 @@ class LiveScheduler:
             self.pending_written_at = time.monotonic()
 
     def send_launch(self, job_id: int, attempt: int, host: str) -> None:
-        """Put the launch message for this attempt on the host's queue."""
-        queue = Queue(keys.host_queue(host), connection=self.ctx.redis)
-        queue.enqueue_call(
-            "worker.agent.launch",
-            args=(job_id, attempt),
-            timeout=defaults.RQ_LAUNCH_TIMEOUT_S,
-            job_id=launch_id(job_id, attempt),
-            result_ttl=24 * 3600,
-            failure_ttl=7 * 24 * 3600,
-            description=f"launch job {job_id} attempt {attempt}",
-        )
+        launches.send(self.ctx.redis, host, job_id, attempt)

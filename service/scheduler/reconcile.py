@@ -12,12 +12,11 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from rq.exceptions import NoSuchJobError
-from rq.job import Job as RQJob
-from rq.job import JobStatus
+import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service import launches
 from service.lifecycle import requeue
 from service.models import Allocation, Host, HostState, Job, JobState
 from service.settings import Settings
@@ -31,11 +30,6 @@ class Repairs:
     requeued: list[int] = field(default_factory=list)
     resend: list[tuple[int, int, str]] = field(default_factory=list)
     """(job id, attempt, host) whose launch message must be sent again."""
-
-
-def launch_id(job_id: int, attempt: int) -> str:
-    """The RQ job id of the message that launches this attempt."""
-    return f"towerq-job-{job_id}-attempt-{attempt}"
 
 
 def needs_repair(session: Session, settings: Settings, now: datetime) -> bool:
@@ -74,7 +68,7 @@ def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs
 
 
 def resend_lost_launches(
-    session: Session, settings: Settings, connection: object, now: datetime, repairs: Repairs
+    session: Session, settings: Settings, connection: redis.Redis, now: datetime, repairs: Repairs
 ) -> None:
     timeout = timedelta(seconds=settings.dispatch_timeout_s)
     rows = session.execute(
@@ -92,13 +86,5 @@ def resend_lost_launches(
                 session, job, f"no worker on {job.host_name} started it within {3 * timeout.seconds}s", crashed=True
             )
             repairs.requeued.append(job.id)
-        elif not _launch_pending(connection, launch_id(job.id, job.attempts)):
+        elif not launches.pending(connection, job.id, job.attempts):
             repairs.resend.append((job.id, job.attempts, job.host_name or ""))
-
-
-def _launch_pending(connection: object, rq_id: str) -> bool:
-    try:
-        status = RQJob.fetch(rq_id, connection=connection).get_status()  # type: ignore[arg-type]
-    except NoSuchJobError:
-        return False
-    return status in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED)

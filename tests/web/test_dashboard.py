@@ -183,6 +183,8 @@ def test_clone_compare_keyboard_and_phone(
         "gpu_count": 2,
         "hyperparameters": {"steps": 50, "learning_rate": 0.05},
     }
+    admin = stack.client(make_token("root", admin=True))
+    assert admin.patch("/api/users/alice", json={"max_priority": "high"}).status_code == 200
     first = client.post("/api/jobs", json={**spec, "name": "first"}).json()["id"]
     second = client.post("/api/jobs", json={**spec, "name": "second", "priority": "high"}).json()["id"]
     put_metrics(db, first, [2.0, 1.0, 0.5], 0.8)

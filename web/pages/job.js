@@ -182,6 +182,8 @@ function detailsOf(job) {
       el("dd", {}, `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : ""}`),
       el("dt", {}, "CUDA_VISIBLE_DEVICES"),
       el("dd", { class: "mono" }, job.cuda_visible_devices ?? "–"),
+      el("dt", {}, "Batch norm"),
+      el("dd", { id: "batch-norm" }, batchNormOf(job.batch_norm)),
       el("dt", {}, "Towers"),
       el("dd", {}, job.towers ?? "–", job.devices ? el("span", { class: "muted mono" }, ` (${job.devices.join(", ")})`) : ""),
     ),
@@ -216,6 +218,17 @@ function detailsOf(job) {
     el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)),
   );
   return [placement, history, artifacts, spec];
+}
+
+// Where batch norm is synchronised across towers, and where it is not (inside custom layers).
+function batchNormOf(report) {
+  if (!report) return "–";
+  const { synchronized, per_tower: perTower } = report;
+  if (!synchronized.length && !perTower.length) return "none in this model";
+  return [
+    synchronized.length ? el("div", {}, `synchronised across towers: ${synchronized.join(", ")}`) : null,
+    perTower.length ? el("div", { class: "error" }, `per tower, not synchronised: ${perTower.join(", ")}`) : null,
+  ];
 }
 
 const HISTORY_COLUMNS = [

@@ -9,9 +9,12 @@ forward pass over the global batch, cut into slices, and the moving statistics a
 updated once from the global moments. This is what makes a k-tower job train exactly
 like a one-device job with the same global batch.
 
-Works for models built with the functional API or `Sequential` (it walks their graph);
-for subclassed models, `PerTowerRunner` runs each tower on its own, with per-tower batch
-statistics whose moving averages are still combined into one update.
+Works for models built with the functional API or `Sequential` (it walks their graph, and
+the graphs of functional or `Sequential` models nested in them); for subclassed models,
+`PerTowerRunner` runs each tower on its own, with per-tower batch statistics whose moving
+averages are still combined into one update. A batch-norm layer inside a custom layer is
+out of the walk's reach and runs per tower; `batch_norm_report` names every one, and the
+job shows it.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class LockstepRunner(TowerRunner):
         return list(result.values), [s if s is not None else old for s, old in zip(new_state, state, strict=True)]
 
     def _call(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
+        nested = functional_graph(operation) if isinstance(operation, keras.Model) else None
+        if nested is not None:  # a model inside the model: walk its graph too, so its BN syncs
+            return nested._run_through_graph(args[0] if len(args) == 1 else list(args), call_fn=self._call)
         if self.training and _is_batch_norm(operation):
             return self._synchronised_batch_norm(operation, args[0])
         if self.training and "training" in _context_args(operation):
@@ -183,6 +189,40 @@ def make_runner(
     if functional_graph(model) is not None:
         return LockstepRunner(model, devices, variable_device)
     return PerTowerRunner(model, devices, variable_device, fractions)
+
+
+def batch_norm_report(model: keras.Model, runner: TowerRunner) -> dict[str, list[str]]:
+    """Which batch-norm layers are synchronised across towers, and which run per tower
+    (inside a subclassed model or a custom layer the graph walk cannot enter: each tower
+    normalises with its own slice's moments, and the moving statistics get one update per
+    tower, one after the other)."""
+    report: dict[str, list[str]] = {"synchronized": [], "per_tower": []}
+    graph = functional_graph(model) if isinstance(runner, LockstepRunner) else None
+    if graph is None:
+        report["per_tower"] = [f"{model.name}/{path}" for path in _batch_norms_inside(model)]
+    else:
+        _walk(graph, model.name, report)
+    return report
+
+
+def _walk(graph: Any, prefix: str, report: dict[str, list[str]]) -> None:
+    for layer in graph.layers:
+        nested = functional_graph(layer) if isinstance(layer, keras.Model) else None
+        if nested is not None:
+            _walk(nested, f"{prefix}/{layer.name}", report)
+        elif _is_batch_norm(layer):
+            report["synchronized"].append(f"{prefix}/{layer.name}")
+        else:
+            report["per_tower"] += [f"{prefix}/{layer.name}/{path}" for path in _batch_norms_inside(layer)]
+
+
+def _batch_norms_inside(layer: Any) -> list[str]:
+    found = []
+    for child in layer._flatten_layers(include_self=False, recursive=False):
+        if _is_batch_norm(child):
+            found.append(child.name)
+        found += [f"{child.name}/{path}" for path in _batch_norms_inside(child)]
+    return found
 
 
 def _is_batch_norm(operation: Any) -> bool:

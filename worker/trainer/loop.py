@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from worker.trainer import datasets, devices, feeding
 from worker.trainer.errors import NanLossError, OutOfMemoryError
+from worker.trainer.lockstep import batch_norm_report
 from worker.trainer.models import build_model
 from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, METRICS_LOG, Reporter
 from worker.trainer.spec import Hyperparameters, TrainerInput
@@ -122,6 +123,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
 
 
 def announce(run: Run, cuda_visible_devices: str | None) -> None:
+    batch_norm = batch_norm_report(run.step.model, run.step.runner)
     run.reporter.emit(
         "started",
         towers=len(run.setup.devices),
@@ -137,7 +139,8 @@ def announce(run: Run, cuda_visible_devices: str | None) -> None:
         total_steps=run.hp.steps,
         dataset=run.data.name,
         train_examples=run.data.train.size,
-        synchronized_batch_norm=type(run.step.runner).__name__ == "LockstepRunner",
+        synchronized_batch_norm=not batch_norm["per_tower"],
+        batch_norm=batch_norm,
     )
 
 

@@ -41,6 +41,11 @@ class Priority(enum.StrEnum):
     NORMAL = "normal"
     LOW = "low"
 
+    @property
+    def rank(self) -> int:
+        """Higher runs first: low 0, normal 1, high 2."""
+        return {"low": 0, "normal": 1, "high": 2}[self.value]
+
 
 PositiveInt = Annotated[int, Field(ge=1)]
 OptionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]

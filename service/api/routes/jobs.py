@@ -137,6 +137,7 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -
         if body.name is not None:
             job.name = body.name
         if body.priority is not None:
+            caller.check_priority(body.priority)
             job.priority = body.priority
             kick_scheduler(session)
         if body.time_limit_s is not None:

@@ -16,6 +16,7 @@ from service.auth import USER_NAME_PATTERN, TokenChecker, create_token, revoke_t
 from service.exceptions import ForbiddenError, NotFoundError
 from service.models import ApiToken, User
 from service.schemas import Out
+from worker.trainer.spec import Priority
 
 router = APIRouter(prefix="/api", tags=["users"])
 
@@ -28,6 +29,9 @@ class UserOut(Out):
     is_admin: bool
     gpu_limit: int | None
     share: float
+    max_priority: Priority = Field(
+        validation_alias="allowed_priority", description="the highest priority the user may give a job"
+    )
     tokens: int = Field(validation_alias="active_tokens", description="tokens not revoked")
     created_at: datetime
 
@@ -38,6 +42,7 @@ class UserChange(BaseModel):
     gpu_limit: int | None = Field(default=None, ge=0, le=100_000, description="0 = the default limit")
     share: float | None = Field(default=None, gt=0, le=1_000_000)
     is_admin: bool | None = None
+    max_priority: Priority | None = Field(default=None, description="high lets the user jump the queue")
 
 
 class TokenRequest(BaseModel):
@@ -68,8 +73,8 @@ def users(session: SessionDep, _: AdminDep) -> Sequence[User]:
 
 
 @router.patch("/users/{name}", response_model=UserOut)
-def change_user(name: UserName, change: UserChange, db: DatabaseDep, _: AdminDep) -> UserOut:
-    """Change a user's GPU limit, fair-share weight or admin flag (admins)."""
+def change_user(name: UserName, change: UserChange, db: DatabaseDep, _: AdminDep, request: Request) -> UserOut:
+    """Change a user's GPU limit, fair-share weight, highest priority or admin flag (admins)."""
     with db.write() as session:
         user = session.scalars(select(User).where(User.name == name)).one_or_none()
         if user is None:
@@ -80,7 +85,12 @@ def change_user(name: UserName, change: UserChange, db: DatabaseDep, _: AdminDep
             user.share = change.share
         if change.is_admin is not None:
             user.is_admin = change.is_admin
-        return UserOut.model_validate(user)
+        if change.max_priority is not None:
+            user.max_priority = change.max_priority
+        out = UserOut.model_validate(user)
+    checker: TokenChecker = request.app.state.tokens
+    checker.forget()  # what a caller may do is cached with their token
+    return out
 
 
 @router.post("/users/{name}/tokens", status_code=201, response_model=NewToken)

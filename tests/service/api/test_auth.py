@@ -82,6 +82,9 @@ def test_users_manage_their_own_tokens_only(alice: Api, as_user: Callable[..., A
 
 def test_owners_and_admins_change_a_queued_job_others_may_not(alice: Api, as_user: Callable[..., Api]) -> None:
     job = alice.post("/api/jobs", json=SPEC).json()
+    root = as_user("root", admin=True)
+    allow = root.client.patch("/api/users/alice", json={"max_priority": "high"}, headers=root.headers)
+    assert allow.json()["max_priority"] == "high"
     bob = as_user("bob")
     refused = bob.client.patch(f"/api/jobs/{job['id']}", json={"priority": "high"}, headers=bob.headers)
     assert refused.status_code == 403
@@ -113,3 +116,27 @@ def test_every_string_field_has_a_length_limit(alice: Api) -> None:
         response = alice.post("/api/jobs", json={**SPEC, field: value})
         assert response.status_code == 422, field
         assert "at most" in response.json()["detail"][0]["msg"], response.json()
+
+
+def test_high_priority_is_for_admins_and_users_an_admin_allows(alice: Api, as_user: Callable[..., Api]) -> None:
+    refused = alice.post("/api/jobs", json={**SPEC, "priority": "high"})
+    assert refused.status_code == 403
+    assert refused.json() == {
+        "detail": "priority high is for admins and for users an admin allows "
+        "(`towerq user set alice --max-priority high`); you may use up to normal"
+    }
+    queued = alice.post("/api/jobs", json=SPEC).json()
+    assert (
+        alice.client.patch(f"/api/jobs/{queued['id']}", json={"priority": "high"}, headers=alice.headers).status_code
+        == 403
+    )
+    assert alice.post("/api/jobs", json={**SPEC, "priority": "low"}).status_code == 201
+
+    root = as_user("root", admin=True)
+    assert root.post("/api/jobs", json={**SPEC, "priority": "high"}).status_code == 201
+    bob = as_user("bob")
+    assert bob.client.patch("/api/users/alice", json={"max_priority": "high"}, headers=bob.headers).status_code == 403
+    users = {u["name"]: u for u in root.get("/api/users").json()}
+    assert (users["alice"]["max_priority"], users["root"]["max_priority"]) == ("normal", "high")
+    assert root.client.patch("/api/users/alice", json={"max_priority": "high"}, headers=root.headers).status_code == 200
+    assert alice.post("/api/jobs", json={**SPEC, "priority": "high"}).status_code == 201

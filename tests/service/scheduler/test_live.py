@@ -9,10 +9,9 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from rq import Queue
 from sqlalchemy import func, select, update
 
-from service import keys
+from service import keys, launches
 from service.auth import Caller, ensure_user
 from service.context import Context
 from service.jobs import submit
@@ -20,7 +19,7 @@ from service.lifecycle import finish, mark_running
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
 from service.scheduler.live import LiveScheduler
 from service.settings import Settings
-from worker.trainer.spec import JobSpec
+from worker.trainer.spec import JobSpec, Priority
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ def caller(ctx: Context) -> Callable[[str], Caller]:
     def make(name: str) -> Caller:
         with ctx.db.write() as session:
             user = ensure_user(session, name)
-            return Caller(user.id, user.name, False, 0)
+            return Caller(user.id, user.name, False, 0, max_priority=Priority.HIGH)  # as if an admin allowed it
 
     return make
 
@@ -72,8 +71,8 @@ def test_a_pass_dispatches_and_sends_the_launch_to_the_hosts_queue(
     assert report is not None and [p[0] for p in report.placed] == [job_id]
     job = job_row(ctx, job_id)
     assert (job.state, job.host_name) == (JobState.DISPATCHED, "lab-a")
-    queued = Queue(keys.host_queue("lab-a"), connection=ctx.redis).jobs
-    assert [(j.func_name, j.args) for j in queued] == [("worker.agent.launch", (job_id, 1))]
+    queued = launches.host_queue(ctx.redis, "lab-a").jobs
+    assert [(j.func_name, tuple(j.args)) for j in queued] == [("worker.agent.launch", (job_id, 1))]
     assert queued[0].timeout != 180  # RQ's default is overridden
 
 
@@ -168,7 +167,7 @@ def test_a_launch_lost_with_redis_is_sent_again(
         time.sleep(0.3)
         report = LiveScheduler(ctx).run_pass()
         assert report is not None and report.repairs.resend == [(job_id, 1, "lab-a")]
-        assert [j.args for j in Queue(keys.host_queue("lab-a"), connection=ctx.redis).jobs] == [(job_id, 1)]
+        assert [tuple(j.args) for j in launches.host_queue(ctx.redis, "lab-a").jobs] == [(job_id, 1)]
     finally:
         ctx.close()
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests.worker.trainer.conftest import DEVICES
-from worker.trainer.lockstep import LockstepRunner, PerTowerRunner
+from worker.trainer.lockstep import LockstepRunner, PerTowerRunner, batch_norm_report
 from worker.trainer.models import ensure_built, lenet5, mlp, resnet20
 from worker.trainer.towers import Objective, TowerStep, split_sizes
 
@@ -231,3 +231,54 @@ def test_split_sizes_follow_the_weights(total: int, weights: list[float], sizes:
 def test_a_batch_smaller_than_the_towers_is_refused() -> None:
     with pytest.raises(ValueError, match="a global batch of 2 cannot feed 4 towers"):
         split_sizes(2, [1, 1, 1, 1])
+
+
+def nested_block_model(shape: tuple[int, ...], classes: int, options: dict[str, Any]) -> keras.Model:
+    """As a user's bundle might write it: a Sequential block with batch norm, inside a
+    functional model."""
+    L = keras.layers
+    block = keras.Sequential([L.Conv2D(8, 3, padding="same"), L.BatchNormalization(), L.ReLU()], name="block")
+    inputs = keras.Input(shape)
+    x = L.GlobalAveragePooling2D()(block(inputs))
+    return keras.Model(inputs, L.Dense(classes)(x), name="nested")
+
+
+class ConvBn(keras.layers.Layer):
+    """A custom layer holding its own batch norm: out of the lockstep walk's reach."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conv = keras.layers.Conv2D(4, 3, padding="same")
+        self.norm = keras.layers.BatchNormalization(name="inner_bn")
+
+    def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
+        return self.norm(self.conv(x), training=training)
+
+
+@pytest.mark.parametrize(("k", "weights"), [(2, None), (4, [3.0, 1.0, 1.0, 1.0])])
+def test_batch_norm_inside_a_nested_model_is_synchronised(k: int, weights: list[float] | None) -> None:
+    step, ref_model, ref_step = pair(nested_block_model, (8, 8, 3), "sgd", k, weights)
+    x, y = batch((8, 8, 3))
+    before = values(step.model.non_trainable_variables)
+    step.train(x, y)
+    ref_step(x, y)
+    after = values(step.model.non_trainable_variables)
+    assert max_diff(after, before) > 1e-3, "moving statistics must be updated"
+    assert max_diff(after, values(ref_model.non_trainable_variables)) <= 1e-5
+    assert max_diff(values(step.model.trainable_variables), values(ref_model.trainable_variables)) <= 1e-5
+    report = batch_norm_report(step.model, step.runner)
+    assert report["synchronized"] == ["nested/block/" + step.model.get_layer("block").layers[1].name]
+    assert report["per_tower"] == []
+
+
+def test_batch_norm_the_walk_cannot_reach_is_reported_per_tower() -> None:
+    def builder(shape: tuple[int, ...], classes: int, options: dict[str, Any]) -> keras.Model:
+        inputs = keras.Input(shape)
+        x = keras.layers.BatchNormalization(name="top_bn")(ConvBn(name="convbn")(inputs))
+        return keras.Model(inputs, keras.layers.Dense(classes)(keras.layers.Flatten()(x)), name="custom")
+
+    step, _, _ = pair(builder, (8, 8, 3), "sgd", 2, None)
+    assert batch_norm_report(step.model, step.runner) == {
+        "synchronized": ["custom/top_bn"],
+        "per_tower": ["custom/convbn/inner_bn"],
+    }
