@@ -105,7 +105,7 @@ class _Pass:
                     # Nothing more starts in this pass, so no user's term changes: the rest
                     # of the rank order is one plain sort.
                     rest = [j for j in self.queued if j.id not in seen]
-                    if not self.config.explain:
+                    if not self.config.explain and not self.config.preemption:
                         self._reserve_for_rest(rest, terms)
                         break
                     for waiting in sorted(rest, key=lambda j: self._rank_key(j, terms)):
@@ -194,7 +194,8 @@ class _Pass:
     def _reserve_for_rest(self, rest: list[QueuedJob], terms: _FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
         only work left is reservations, for the first starving gang jobs in that order. (A
-        shortcut for the simulator, which wants no reasons: the outcome is the same.)"""
+        shortcut for the simulator, which wants no reasons: the outcome is the same. Not with
+        preemption on: a later high-priority job may still stop others to make room.)"""
         candidates = [j for j in rest if self._starving_gang(j) and self._cannot_run(j) is None]
         candidates.sort(key=lambda j: self._rank_key(j, terms))
         for candidate in candidates:
@@ -279,7 +280,7 @@ SIZE_CLASS = 0.3
 
 
 def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:
-    waited = now - job.submitted
+    waited = max(0.0, now - job.submitted)  # a submit clock ahead of the scheduler's counts as no wait
     rank = job.priority - waited / config.aging_s
     if job.gpus > 1 and waited < config.reserve_after_s:
         rank += SIZE_CLASS * math.log2(job.gpus) * (1.0 - waited / config.reserve_after_s)
