@@ -27,6 +27,29 @@ import keras
 import tensorflow as tf
 from keras import tree
 
+KERAS_TESTED = "3.15"
+"""The Keras minor version whose private pieces this module uses (pinned in pyproject.toml)."""
+
+
+def keras_internals_missing() -> list[str]:
+    """The private Keras pieces the lockstep runner relies on that this Keras lacks: a
+    functional model's `_run_through_graph(inputs, call_fn=...)` and `_nodes_by_depth`,
+    a Sequential's `_functional`, a layer's `_call_context_args` and `_flatten_layers`.
+    Without them `make_runner` would quietly fall back to per-tower batch norm."""
+    inputs = keras.Input((2,))
+    functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    sequential = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    layer = keras.layers.BatchNormalization()
+    needs = {
+        "Functional._run_through_graph(inputs, operation_fn, call_fn)": "call_fn"
+        in inspect.signature(getattr(functional, "_run_through_graph", lambda: None)).parameters,
+        "Functional._nodes_by_depth": hasattr(functional, "_nodes_by_depth"),
+        "Sequential._functional": getattr(sequential, "_functional", None) is not None,
+        "Layer._call_context_args": hasattr(layer, "_call_context_args"),
+        "Layer._flatten_layers(include_self, recursive)": hasattr(layer, "_flatten_layers"),
+    }
+    return [name for name, present in needs.items() if not present]
+
 
 class PerTower:
     """One value per tower; a leaf for Keras' tree utilities."""
