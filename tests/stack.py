@@ -68,9 +68,9 @@ class Stack:
         self.processes[name] = process
         return process
 
-    def start_api(self) -> str:
+    def start_api(self, **env: object) -> str:
         port = free_port()
-        self.spawn("api", "api", "--port", str(port))
+        self.spawn("api", "api", "--port", str(port), **env)
         self.api_url = f"http://127.0.0.1:{port}"
         wait_for(self._healthy, 30, "the API to answer")
         return self.api_url

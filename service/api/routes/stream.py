@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 
 from service import keys
-from service.api.deps import CallerDep, SessionDep
+from service.api.deps import CallerDep, DatabaseDep
 from service.jobs import get_job
 
 router = APIRouter(tags=["stream"])
@@ -52,9 +52,12 @@ def _event_type(data: str) -> str:
 
 
 @router.get("/api/jobs/{job_id}/stream")
-def job_stream(job_id: JobId, request: Request, session: SessionDep, _: CallerDep) -> StreamingResponse:
+def job_stream(job_id: JobId, request: Request, db: DatabaseDep, _: CallerDep) -> StreamingResponse:
     """SSE: `metric`, `eval`, `state`, `log` events of one job as they happen."""
-    get_job(session, job_id)
+    # A session of its own, closed before streaming: a session from a dependency would be
+    # held (a pooled connection, an open read snapshot) for as long as the page stays open.
+    with db.read() as session:
+        get_job(session, job_id)
     return StreamingResponse(
         relay(request, keys.job_channel(job_id)), media_type="text/event-stream", headers=SSE_HEADERS
     )
