@@ -189,8 +189,10 @@ class HostAgent:
                 states = self.inventory.refresh()
                 if self.stopping.is_set():
                     return
+                with self.lock:
+                    attempts = list(self.runners)
                 with self.ctx.db.write() as session:
-                    if not heartbeat(session, self.name, states):
+                    if not heartbeat(session, self.name, states, attempts):
                         register(session, self.name, self.inventory, host_info())
             except Exception:
                 log.exception("heartbeat of %s failed", self.name)

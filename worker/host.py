@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from typing import Any
@@ -9,8 +10,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Gpu, Host, HostState, utcnow
+from service.models import Gpu, Host, HostState, Job, JobState, utcnow
 from worker.inventory import GpuState, Inventory
+
+log = logging.getLogger(__name__)
 
 
 def register(session: Session, name: str, inventory: Inventory, info: dict[str, Any]) -> Host:
@@ -45,19 +48,46 @@ def register(session: Session, name: str, inventory: Inventory, info: dict[str, 
     return host
 
 
-def heartbeat(session: Session, name: str, states: list[GpuState]) -> bool:
-    """Record that the host is alive, with fresh GPU numbers; False if it is not registered."""
+def heartbeat(session: Session, name: str, states: list[GpuState], attempts: list[tuple[int, int]]) -> bool:
+    """Record that the host is alive, with fresh GPU numbers; False if it is not registered.
+
+    `attempts` are the (job, attempt) pairs whose trainers this worker still supervises. A
+    host that was marked down (its jobs went back to the queue) comes back up only once
+    none of them is a lost attempt: a worker that was paused past the heartbeat timeout
+    still has the old trainers, and their GPUs get no new work until they are gone."""
     host = session.scalars(select(Host).where(Host.name == name)).one_or_none()
     if host is None:
         return False
     host.last_heartbeat_at = utcnow()
-    host.state = HostState.UP
+    if host.state != HostState.UP:
+        lost = lost_attempts(session, name, attempts)
+        if lost:
+            log.warning("host %s is back but still runs lost attempts %s: it stays down until they end", name, lost)
+        else:
+            host.state = HostState.UP
     by_uuid = {g.uuid: g for g in session.scalars(select(Gpu).where(Gpu.host_id == host.id, Gpu.present.is_(True)))}
     for state in states:
         gpu = by_uuid.get(state.uuid)
         if gpu is not None:
             _copy_state(gpu, state)
     return True
+
+
+def lost_attempts(session: Session, name: str, attempts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Those of `attempts` that are no longer their job's current attempt on this host."""
+    if not attempts:
+        return []
+    current = {
+        (row.id, row.attempts)
+        for row in session.execute(
+            select(Job.id, Job.attempts).where(
+                Job.id.in_([job_id for job_id, _ in attempts]),
+                Job.host_name == name,
+                Job.state.in_([JobState.DISPATCHED, JobState.RUNNING]),
+            )
+        )
+    }
+    return [attempt for attempt in attempts if attempt not in current]
 
 
 def mark_down(session: Session, name: str) -> None:
