@@ -85,6 +85,10 @@ def probe(inventory: NvmlInventory, index: int, mb: int) -> dict[str, object]:
         processes_during=during.processes,
         memory_used_during_mb=during.memory_used_mb,
         memory_taken_mb=during.memory_used_mb - before.memory_used_mb,
+        # What the process costs beyond its tensor: its CUDA context and allocator
+        # (TOWERQ_GPU_PROCESS_OVERHEAD_MB); memory_used_before_mb on an idle card is
+        # TOWERQ_GPU_MEMORY_RESERVED_MB.
+        process_overhead_mb=during.memory_used_mb - before.memory_used_mb - mb,
         other_gpus_untouched=all(
             child.pid not in {p["pid"] for p in g.processes} for g in inventory.refresh() if g.index != index
         ),

@@ -24,19 +24,30 @@ class HostInventory:
         self.db = db
         self.ttl_s = ttl_s
         self._hosts: dict[str, list[int]] = {}
+        self._smallest_mb: dict[str, int | None] = {}
         self._read_at = -math.inf
         self._lock = threading.Lock()
 
     def hosts(self, fresh: bool = False) -> dict[str, list[int]]:
         with self._lock:
             if fresh or time.monotonic() - self._read_at > self.ttl_s:
-                with self.db.read() as session:
-                    self._hosts = {
-                        h.name: sorted(g.index for g in h.gpus if g.present)
-                        for h in session.scalars(select(Host).options(selectinload(Host.gpus)))
-                    }
-                self._read_at = time.monotonic()
+                self._read()
             return self._hosts
+
+    def smallest_gpu_mb(self) -> dict[str, int | None]:
+        """Per host, the memory of its smallest real GPU (None: simulated, no real limit)."""
+        self.hosts()
+        return self._smallest_mb
+
+    def _read(self) -> None:
+        with self.db.read() as session:
+            found = list(session.scalars(select(Host).options(selectinload(Host.gpus))))
+        self._hosts = {h.name: sorted(g.index for g in h.gpus if g.present) for h in found}
+        self._smallest_mb = {
+            h.name: min((g.memory_total_mb for g in h.gpus if g.present and not g.simulated), default=None)
+            for h in found
+        }
+        self._read_at = time.monotonic()
 
 
 def holders_by_gpu(session: Session) -> dict[int, list[GpuHolder]]:

@@ -20,7 +20,7 @@ from service.models import Allocation, Gpu, Host, Job, JobState, User, utcnow
 from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage
 from service.settings import Settings
 from worker.trainer.paths import PathEscapeError, resolve_inside
-from worker.trainer.spec import JobSpec
+from worker.trainer.spec import MIN_MEMORY_LIMIT_MB, JobSpec, memory_limit_mb
 
 
 def submit(
@@ -36,7 +36,9 @@ def submit(
     the job first submitted with it. The checks read a cached inventory; the job is stored
     by `writer` (group commit) when there is one, else in a transaction of its own."""
     caller.check_priority(spec.priority)
-    host = check_resources(inventory or HostInventory(db), spec)
+    inventory = inventory or HostInventory(db)
+    host = check_resources(inventory, spec)
+    check_memory_fraction(inventory, spec, host, settings)
     check_files(spec, settings)
     if spec.hyperparameters.seed is None:
         spec.hyperparameters.seed = secrets.randbelow(2**31)
@@ -104,6 +106,26 @@ def _check_resources(hosts: dict[str, list[int]], spec: JobSpec) -> str | None:
         where = f"host {host}" if host is not None else "the largest host"
         raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
     return host
+
+
+def check_memory_fraction(inventory: HostInventory, spec: JobSpec, host: str | None, settings: Settings) -> None:
+    """Refuse a fraction of a real GPU too small to leave the job memory after the card's
+    reserve and its process's CUDA context (simulated GPUs have no real limit)."""
+    if spec.gpu_memory_fraction >= 1.0:
+        return
+    smallest = inventory.smallest_gpu_mb()
+    sizes = [smallest.get(host)] if host is not None else list(smallest.values())
+    if not sizes or any(size is None for size in sizes):
+        return
+    best = max(size for size in sizes if size is not None)
+    reserved, overhead = settings.gpu_memory_reserved_mb, settings.gpu_process_overhead_mb
+    left = memory_limit_mb(spec.gpu_memory_fraction, best, reserved, overhead)
+    if left < MIN_MEMORY_LIMIT_MB:
+        raise SpecError(
+            "gpu_memory_fraction",
+            f"{spec.gpu_memory_fraction} of a {best} MB GPU leaves {left} MB after the {reserved} MB the card "
+            f"reserves and the {overhead} MB each process's CUDA context costs (at least {MIN_MEMORY_LIMIT_MB} MB)",
+        )
 
 
 def _only_host(hosts: dict[str, list[int]]) -> str:

@@ -37,6 +37,14 @@ class Settings(BaseSettings):
     simulated_gpus: int | None = Field(default=None, ge=0, le=64)
     host_name: str = Field(default_factory=socket.gethostname)
 
+    gpu_memory_reserved_mb: int = Field(default=480, ge=0)
+    """Memory a GPU has in use with no process on it (an idle H100 80GB, driver 580: 480 MB).
+    A shared GPU's slices are fractions of what is left."""
+    gpu_process_overhead_mb: int = Field(default=526, ge=0)
+    """What each process pays on a GPU outside any framework limit (its CUDA context and
+    allocator): 526 MB measured on an H100 (a process holding a 2,048 MB tensor used
+    2,574 MB). `scripts/check-gpus.py --probe` measures it on a host."""
+
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     scheduler_interval_s: float = Field(default=5.0, gt=0)

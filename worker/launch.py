@@ -84,6 +84,8 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> P
         num_devices=len(launch.indices),
         gpu_memory_fraction=launch.fraction,
         gpu_memory_total_mb=launch.memory_total_mb,
+        gpu_memory_reserved_mb=settings.gpu_memory_reserved_mb,
+        gpu_process_overhead_mb=settings.gpu_process_overhead_mb,
         parent_pid=os.getpid(),
     )
     spec = trainer_input(launch.spec, runtime)

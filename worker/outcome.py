@@ -41,8 +41,15 @@ class Outcome:
     def stderr(self, line: str) -> None:
         self.last_stderr = (self.last_stderr + [line])[-STDERR_LINES_KEPT:]
 
-    def verdict(self) -> tuple[JobState, str | None]:
-        """The job's state after this attempt, and the reason to record with it."""
+    @property
+    def out_of_memory(self) -> bool:
+        return self.error is not None and self.error.get("kind") == "oom"
+
+    def verdict(self, fraction: float = 1.0) -> tuple[JobState, str | None]:
+        """The job's state after this attempt (which held `fraction` of each GPU), and the
+        reason to record with it. Out of memory on a shared GPU is tried once more on whole
+        GPUs (the runner raises the job's fraction to 1): a neighbour may have taken the
+        memory, or the slice was too small."""
         if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT):
             return JobState.QUEUED, self.stop_message
         if self.stop == Stop.CANCEL:
@@ -53,6 +60,10 @@ class Outcome:
             return JobState.FAILED, self.stop_message
         if self.done is not None and self.returncode == 0:
             return JobState.SUCCEEDED, None
+        if self.out_of_memory and fraction < 1.0:
+            return JobState.QUEUED, (
+                f"ran out of GPU memory on a shared GPU (fraction {fraction}): queued again for whole GPUs"
+            )
         if self.error is not None:
             return JobState.FAILED, str(self.error.get("message") or self.error.get("kind"))
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr)

@@ -245,14 +245,17 @@ class JobRunner:
         self._flush()
         if self.outcome.stop == Stop.STALE:
             return
-        state, message = self.outcome.verdict()
+        state, message = self.outcome.verdict(self.launch.fraction)
         self._record(state, message)
 
     def _record(self, state: JobState, message: str | None) -> None:
         try:
             with self.ctx.db.write() as session:
                 if state == JobState.QUEUED:
-                    requeue(session, current_attempt(session, *self.key), message or "interrupted", crashed=False)
+                    job = current_attempt(session, *self.key)
+                    if self.outcome.out_of_memory:
+                        job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
+                    requeue(session, job, message or "interrupted", crashed=False)
                 else:
                     finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
                 self.sink.trim_logs(session)

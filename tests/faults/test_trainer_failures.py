@@ -47,6 +47,7 @@ def test_each_failure_ends_the_job_with_its_reason_and_frees_its_gpu(
         ),
         "dataset": ({**base, "model": "mlp", "dataset": "npz:broken.npz"}, "cannot read broken.npz"),
         "oom": ({**base, "model": "nets:huge"}, "out of memory at step 1"),
+        "oom on a shared GPU": ({**base, "model": "nets:huge", "gpu_memory_fraction": 0.5}, "out of memory at step 1"),
     }
     ids = {name: client.post("/api/jobs", json=spec).json()["id"] for name, (spec, _) in cases.items()}
     for name, (_, words) in cases.items():
@@ -55,6 +56,15 @@ def test_each_failure_ends_the_job_with_its_reason_and_frees_its_gpu(
         assert words in done["error"], (name, done["error"])
         assert done["exit_code"] == 1
     assert all(g["holders"] == [] for g in client.get("/api/gpus").json())
+
+    # Out of memory on a shared GPU: tried once more on a whole GPU, with that reason, then failed.
+    shared = client.get(f"/api/jobs/{ids['oom on a shared GPU']}").json()
+    assert (shared["attempts"], shared["crashes"]) == (2, 0)
+    assert [e["message"] for e in shared["events"] if e["state"] == "queued"][-1] == (
+        "ran out of GPU memory on a shared GPU (fraction 0.5): queued again for whole GPUs"
+    )
+    assert (shared["gpu_memory_fraction"], shared["allocation"]["fraction"]) == (1.0, 1.0)
+    assert client.get(f"/api/jobs/{ids['oom']}").json()["attempts"] == 1, "on a whole GPU it fails at once"
 
 
 def test_a_job_that_keeps_crashing_fails_after_max_attempts(stack: Stack, make_token: Callable[..., str]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from worker.trainer.errors import DeviceError
-from worker.trainer.spec import RuntimeSpec
+from worker.trainer.spec import MIN_MEMORY_LIMIT_MB, RuntimeSpec, memory_limit_mb
 
 
 @dataclass
@@ -31,13 +31,25 @@ class DeviceSetup:
     memory_limit_enforced: bool
 
 
-def memory_limits_mb(fraction: float, totals_mb: list[int], count: int) -> list[int] | None:
-    """Per-GPU memory limits in MB for `fraction` (None for the whole GPU)."""
+def memory_limits_mb(runtime: RuntimeSpec, count: int) -> list[int] | None:
+    """Per-GPU memory limits in MB for the runtime's fraction (None for the whole GPU),
+    net of the card's reserved memory and the process's own CUDA context."""
+    fraction, totals_mb = runtime.gpu_memory_fraction, runtime.gpu_memory_total_mb
     if fraction >= 1.0:
         return None
     if len(totals_mb) < count:
         raise DeviceError(f"total memory of {count} GPUs needed for a memory fraction, got {len(totals_mb)}")
-    return [max(1, int(total * fraction)) for total in totals_mb[:count]]
+    limits = [
+        memory_limit_mb(fraction, total, runtime.gpu_memory_reserved_mb, runtime.gpu_process_overhead_mb)
+        for total in totals_mb[:count]
+    ]
+    if min(limits) < MIN_MEMORY_LIMIT_MB:
+        raise DeviceError(
+            f"gpu_memory_fraction {fraction} leaves {min(limits)} MB of a {min(totals_mb[:count])} MB GPU after the "
+            f"{runtime.gpu_memory_reserved_mb} MB the card reserves and the {runtime.gpu_process_overhead_mb} MB a "
+            f"process's CUDA context costs (at least {MIN_MEMORY_LIMIT_MB} MB needed)"
+        )
+    return limits
 
 
 def configure(runtime: RuntimeSpec, variable_device: str) -> DeviceSetup:
@@ -51,7 +63,7 @@ def configure(runtime: RuntimeSpec, variable_device: str) -> DeviceSetup:
         raise DeviceError(
             f"{k} GPUs allocated but TensorFlow sees {len(gpus)} (is a CUDA build of TensorFlow installed?)"
         )
-    limits = memory_limits_mb(runtime.gpu_memory_fraction, runtime.gpu_memory_total_mb, k)
+    limits = memory_limits_mb(runtime, k)
     if limits is not None and runtime.memory_growth:
         raise DeviceError("memory_growth cannot be combined with gpu_memory_fraction < 1")
     try:

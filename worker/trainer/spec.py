@@ -259,6 +259,20 @@ class TrainSpec(Strict):
         return self.dataset.partition(":")[2] or None
 
 
+MIN_MEMORY_LIMIT_MB = 256
+"""A shared GPU's slice must leave at least this much to the job after the per-process cost."""
+
+
+def memory_limit_mb(fraction: float, total_mb: int, reserved_mb: int, process_overhead_mb: int) -> int:
+    """The framework memory limit of a job given `fraction` of a GPU it may share.
+
+    The card is never wholly free (`reserved_mb`: what the driver uses with no process on
+    it), and every process pays for its CUDA context outside any framework limit
+    (`process_overhead_mb`). So the limit is f × (total − reserved) − overhead: jobs whose
+    fractions sum to at most 1 then fit together, context and all."""
+    return int(fraction * (total_mb - reserved_mb)) - process_overhead_mb
+
+
 class RuntimeSpec(Strict):
     """Where and how this attempt runs; written by the worker, not by the user."""
 
@@ -271,6 +285,8 @@ class RuntimeSpec(Strict):
     num_devices: PositiveInt = 1
     gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
     gpu_memory_total_mb: list[int] = Field(default_factory=list)
+    gpu_memory_reserved_mb: int = Field(default=0, ge=0, description="used on a card with no process on it")
+    gpu_process_overhead_mb: int = Field(default=0, ge=0, description="what a process's CUDA context costs")
     memory_growth: bool = False
     parent_pid: int | None = Field(default=None, description="the trainer exits if this process is gone")
 

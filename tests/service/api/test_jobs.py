@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from service.db import Database
 from service.models import Job, JobEvent
 from service.settings import Settings
 from tests.service.api.conftest import Api
+from worker.host import register
+from worker.inventory import GpuState, SimulatedInventory
 from worker.trainer.catalog import BUILTIN_DATASETS, DATASETS, MODELS
 
 SPEC = {"model": "lenet5", "dataset": "digits", "gpus": [0, 1], "hyperparameters": {"steps": 300, "batch_size": 32}}
@@ -254,3 +257,28 @@ def test_only_liveness_the_api_description_and_logout_need_no_token(client, alic
             path = route.path.replace("{", "").replace("}", "")  # any value: the token is checked first
             response = client.request(method, path)
             assert response.status_code == 401, (method, route.path, response.status_code)
+
+
+class RealGpus(SimulatedInventory):
+    """GPUs registered as real ones (no driver is needed to register a host's rows)."""
+
+    simulated = False
+
+    def gpus(self) -> list[GpuState]:
+        return [replace(g, simulated=False, name="NVIDIA T4", memory_total_mb=16384) for g in super().gpus()]
+
+
+def test_a_fraction_of_a_real_gpu_too_small_for_a_process_is_refused_at_submit(
+    as_user: Callable[..., Api], db: Database, settings: Settings
+) -> None:
+    with db.write() as session:
+        register(session, "lab-t4", RealGpus("lab-t4", 2), {})
+    alice = as_user("alice")
+    refused = alice.post("/api/jobs", json={**SPEC, "gpus": [0], "host": "lab-t4", "gpu_memory_fraction": 0.04})
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["msg"] == (
+        "gpu_memory_fraction: 0.04 of a 16384 MB GPU leaves 110 MB after the 480 MB the card reserves and the "
+        "526 MB each process's CUDA context costs (at least 256 MB)"
+    )
+    fits = alice.post("/api/jobs", json={**SPEC, "gpus": [0], "host": "lab-t4", "gpu_memory_fraction": 0.25})
+    assert fits.status_code == 201, fits.text

@@ -10,15 +10,42 @@ from worker.trainer.errors import DeviceError
 from worker.trainer.spec import RuntimeSpec, TrainerInput, TrainSpec
 
 
+def runtime(fraction: float, totals: list[int], reserved: int = 0, overhead: int = 0) -> RuntimeSpec:
+    return RuntimeSpec(
+        artifacts_dir="a",
+        data_dir="d",
+        models_path="m",
+        gpu_memory_fraction=fraction,
+        gpu_memory_total_mb=totals,
+        gpu_memory_reserved_mb=reserved,
+        gpu_process_overhead_mb=overhead,
+    )
+
+
 def test_a_memory_fraction_becomes_a_limit_in_mb_of_each_gpus_total() -> None:
-    assert memory_limits_mb(0.5, [81920, 40960], 2) == [40960, 20480]
-    assert memory_limits_mb(0.25, [16384], 1) == [4096]
-    assert memory_limits_mb(1.0, [81920], 1) is None
+    assert memory_limits_mb(runtime(0.5, [81920, 40960]), 2) == [40960, 20480]
+    assert memory_limits_mb(runtime(0.25, [16384]), 1) == [4096]
+    assert memory_limits_mb(runtime(1.0, [81920]), 1) is None
+
+
+def test_a_shared_gpu_s_limit_leaves_room_for_the_card_s_reserve_and_each_process_s_context() -> None:
+    # An H100 as measured: 81,559 MB total, 480 MB used with no process on it; each process
+    # pays for its CUDA context outside any framework limit.
+    halves = [memory_limits_mb(runtime(0.5, [81559], 480, 526), 1) for _ in range(2)]
+    assert halves == [[40_013], [40_013]]
+    assert sum(h[0] + 526 for h in halves) + 480 <= 81559, "two 0.5 jobs fit on the card, contexts and all"
+    assert 2 * (81559 // 2) + 2 * 526 + 480 > 81559, "the plain f × total limits would not have"
+
+
+def test_a_fraction_too_small_to_leave_memory_after_the_context_is_refused() -> None:
+    assert memory_limits_mb(runtime(0.05, [16384], 480, 500), 1) == [295]  # 0.05 × 15,904 − 500
+    with pytest.raises(DeviceError, match=r"gpu_memory_fraction 0.04 leaves 136 MB .* \(at least 256 MB needed\)"):
+        memory_limits_mb(runtime(0.04, [16384], 480, 500), 1)
 
 
 def test_a_fraction_needs_the_total_memory_of_every_gpu() -> None:
     with pytest.raises(DeviceError, match="total memory of 2 GPUs needed"):
-        memory_limits_mb(0.5, [81920], 2)
+        memory_limits_mb(runtime(0.5, [81920]), 2)
 
 
 def test_memory_growth_and_a_fraction_together_are_refused_before_anything_starts() -> None:
