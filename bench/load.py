@@ -1,10 +1,12 @@
-"""Load test: 1,000 job submissions from 50 concurrent clients against a whole stack.
+"""Load test: 1,000 job submissions from 50 concurrent clients against a whole, live stack.
 
-Starts a real stack in a temporary folder (API, scheduler, one worker with simulated
-GPUs; its own Redis), SQLite by default or PostgreSQL with `--postgres URL`. 50 clients
-(each with its own token) submit 1,000 tiny jobs between them, each with an
-Idempotency-Key, and every 10th request is sent twice (a client retrying). Meanwhile a
-sampler checks, from the database, that no GPU is ever given more than it has.
+Starts a real stack in a temporary folder (API, scheduler, workers with simulated GPUs;
+its own Redis), SQLite by default or PostgreSQL with `--postgres URL`. During the burst a
+worker is up on `live-host`, heartbeating, and one of its jobs streams a metric row every
+step into the database and pub/sub, as a lab's would. 50 clients (each with its own token)
+submit 1,000 tiny jobs between them for `load-host`, each with an Idempotency-Key, and every
+10th request is sent twice (a client retrying). Meanwhile a sampler checks, from the
+database, that no GPU is ever given more than it has.
 
 Printed: submissions/s, p50/p99 latency, and the invariants, checked from the database:
 every submission stored exactly once (retries included), no attempt run twice (one
@@ -39,7 +41,7 @@ from service.db import (
     Database,  # noqa: E402
     upgrade_database,  # noqa: E402
 )
-from service.models import Allocation, Job, JobEvent  # noqa: E402
+from service.models import Allocation, Job, JobEvent, Metric  # noqa: E402
 from service.redis_server import EmbeddedRedis  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -52,8 +54,16 @@ TIMELINE: list[tuple[float, float]] = []
 TINY = {
     "model": "mlp",
     "dataset": "digits",
+    "host": "load-host",
     "gpu_memory_fraction": 0.25,
     "hyperparameters": {"steps": 20, "batch_size": 8, "log_every": 10, "eval_every": 0, "checkpoint_every": 0},
+}
+STREAMING = {
+    "model": "mlp",
+    "dataset": "digits",
+    "host": "live-host",
+    "gpus": [0],
+    "hyperparameters": {"steps": 10**7, "batch_size": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 0},
 }
 
 
@@ -174,16 +184,19 @@ def main() -> None:
         api = stack.start_api()
         stack.start_scheduler()
         register_host(db, "load-host")
+        stack.start_worker("live-host", 1)
+        streaming = start_streaming_job(stack, tokens[0])
         stop, over, samples = threading.Event(), [], [0]
         sampler = threading.Thread(target=sample_over_commit, args=(db, stop, over, samples), daemon=True)
         sampler.start()
         wait_until_idle()
-        before = cpu_seconds()
+        before, rows_before = cpu_seconds(), metric_rows(db, streaming)
         elapsed, latencies, errors = asyncio.run(submit_all(api, tokens, args.jobs))
         spent = {name: cpu_seconds().get(name, 0.0) - before.get(name, 0.0) for name in before}
-        # The worker starts after the burst: its trainers are TensorFlow processes, and on
-        # this 2-core machine they would take the cores the API is measured on (a real
-        # deployment does not train on the API's host).
+        relayed = metric_rows(db, streaming) - rows_before
+        stack.client(tokens[0]).post(f"/api/jobs/{streaming}/cancel")
+        # The burst's jobs run after it: each is a TensorFlow process, and on this 2-core
+        # machine they would take the cores the API is measured on.
         stack.start_worker("load-host", 4)
         if args.wait:
             wait_for(lambda: _unfinished(db) == 0, 24 * 3600, "every job to run", 2.0)
@@ -192,6 +205,8 @@ def main() -> None:
         stop.set()
         sampler.join()
         report(db, args, elapsed, latencies, errors, over, samples[0])
+        rate = relayed / elapsed
+        print(f"meanwhile on live-host: heartbeats, and job {streaming} relayed {relayed} metric rows ({rate:.0f}/s)")
         if os.environ.get("TIMELINE"):
             t0 = min(t for t, _ in TIMELINE)
             slow = sorted(((t - t0, lat) for t, lat in TIMELINE if lat > 0.15))
@@ -255,6 +270,21 @@ def wait_until_idle(timeout: float = 60.0) -> None:
         previous = current
 
 
+def start_streaming_job(stack: Stack, token: str) -> int:
+    """A job on the live worker that writes a metric row every step, running before the burst."""
+    client = stack.client(token)
+    wait_for(lambda: any(w["name"] == "live-host" for w in client.get("/api/workers").json()), 60, "live-host")
+    job_id: int = client.post("/api/jobs", json=STREAMING).json()["id"]
+    wait_for(lambda: (client.get(f"/api/jobs/{job_id}").json()["step"] or 0) >= 50, 120, "the job to stream")
+    client.close()
+    return job_id
+
+
+def metric_rows(db: Database, job_id: int) -> int:
+    with db.read() as session:
+        return session.scalar(select(func.count()).select_from(Metric).where(Metric.job_id == job_id)) or 0
+
+
 def register_host(db: Database, name: str) -> None:
     """The worker's host and GPUs, as the worker registers them, so that jobs are checked
     against real GPUs and placed while the API is loaded."""
@@ -277,7 +307,7 @@ def report(
     samples: int,
 ) -> None:
     with db.read() as session:
-        stored = session.scalar(select(func.count(Job.id))) or 0
+        stored = session.scalar(select(func.count(Job.id)).where(Job.idempotency_key.is_not(None))) or 0
         keys = session.scalar(select(func.count(func.distinct(Job.idempotency_key)))) or 0
         twice = session.execute(
             select(JobEvent.job_id, JobEvent.attempt)

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     allocator): 526 MB measured on an H100 (a process holding a 2,048 MB tensor used
     2,574 MB). `scripts/check-gpus.py --probe` measures it on a host."""
 
+    trainer_nice: int = Field(default=10, ge=0, le=19)
+    """CPU niceness of trainers: where they share a host's cores with towerq itself (the
+    worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
+    while they saturate the CPU; idle cores still go to them."""
+
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     scheduler_interval_s: float = Field(default=5.0, gt=0)

@@ -87,6 +87,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> P
         gpu_memory_reserved_mb=settings.gpu_memory_reserved_mb,
         gpu_process_overhead_mb=settings.gpu_process_overhead_mb,
         parent_pid=os.getpid(),
+        nice=settings.trainer_nice,
     )
     spec = trainer_input(launch.spec, runtime)
     artifacts.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,19 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(EXIT_ERROR)
 
 
+def lower_priority(nice: int) -> None:
+    """Run at CPU niceness `nice`. The trainer leads a session of its own, and Linux's
+    autogroup weighs sessions against each other before niceness counts inside one, so the
+    session's group is niced too (where the kernel has autogroup)."""
+    if not nice:
+        return
+    os.nice(nice)
+    try:
+        Path("/proc/self/autogroup").write_text(str(nice))
+    except OSError:
+        pass  # no autogroup here: the process's niceness is what counts
+
+
 def read_spec(path: str) -> TrainerInput:
     try:
         raw = json.loads(Path(path).read_text())
@@ -50,6 +63,7 @@ def main(argv: list[str]) -> int:
     try:
         spec = read_spec(argv[1])
         die_with_parent(spec.runtime.parent_pid)
+        lower_priority(spec.runtime.nice)
         from worker.trainer import loop  # TensorFlow loads here, after the cheap checks
 
         stop = loop.StopFlag()

@@ -289,6 +289,7 @@ class RuntimeSpec(Strict):
     gpu_process_overhead_mb: int = Field(default=0, ge=0, description="what a process's CUDA context costs")
     memory_growth: bool = False
     parent_pid: int | None = Field(default=None, description="the trainer exits if this process is gone")
+    nice: int = Field(default=0, ge=0, le=19, description="CPU niceness the trainer runs at")
 
 
 class TrainerInput(Strict):

@@ -229,3 +229,31 @@ def test_examples_per_sec_counts_training_only_not_the_evaluations_between(tmp_p
     after_eval = [speed[s] for s in (15, 25, 35, 45, 55)]
     others = [speed[s] for s in (20, 30, 40, 50, 60)]  # the first window holds the compile
     assert float(np.median(after_eval)) > 0.5 * float(np.median(others)), speed
+
+
+def test_the_trainer_runs_at_the_niceness_it_is_given_and_so_does_its_session(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, "nice", hyperparameters={"steps": 100000})
+    spec = json.loads(path.read_text())
+    spec["runtime"]["nice"] = 7
+    path.write_text(json.dumps(spec))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker.trainer", str(path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # as the worker starts it
+    )
+    try:
+        assert process.stdout is not None
+        assert json.loads(process.stdout.readline())["event"] == "started"
+        with open(f"/proc/{process.pid}/stat") as stat:
+            assert int(stat.read().rsplit(")", 1)[1].split()[16]) == 7
+        autogroup = Path(f"/proc/{process.pid}/autogroup")
+        if autogroup.exists():  # Linux with autogroup: sessions are weighed before niceness
+            assert autogroup.read_text().split()[-1] == "7"
+    finally:
+        process.kill()
+        process.wait()
