@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.models import JobState
+from worker.trainer.protocol import EXIT_STOPPED
 
 STDERR_LINES_KEPT = 20
 
@@ -42,6 +43,14 @@ class Outcome:
         self.last_stderr = (self.last_stderr + [line])[-STDERR_LINES_KEPT:]
 
     @property
+    def killed_from_outside(self) -> bool:
+        """The trainer was killed, or stopped, by a signal towerq did not send (an admin's
+        kill, the kernel's OOM killer): a crash of the attempt, not the job's fault, so the
+        job is tried again from its last checkpoint, counting against max_attempts."""
+        killed = self.returncode is not None and (self.returncode < 0 or self.returncode == EXIT_STOPPED)
+        return killed and self.stop is None and self.done is None and self.error is None
+
+    @property
     def out_of_memory(self) -> bool:
         return self.error is not None and self.error.get("kind") == "oom"
 
@@ -66,6 +75,8 @@ class Outcome:
             )
         if self.error is not None:
             return JobState.FAILED, str(self.error.get("message") or self.error.get("kind"))
+        if self.killed_from_outside:
+            return JobState.QUEUED, exit_message(self.returncode, self.last_stderr)
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr)
 
 

@@ -255,7 +255,7 @@ class JobRunner:
                     job = current_attempt(session, *self.key)
                     if self.outcome.out_of_memory:
                         job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
-                    requeue(session, job, message or "interrupted", crashed=False)
+                    requeue(session, job, message or "interrupted", crashed=self.outcome.killed_from_outside)
                 else:
                     finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
                 self.sink.trim_logs(session)

@@ -59,3 +59,18 @@ def test_a_stored_spec_that_no_longer_passes_fails_the_job_naming_the_field(tmp_
     assert message.startswith("dataset_options: Value error, classes does not apply to dataset 'digits'")
     outcome = Outcome(stop=Stop.BAD_SPEC, stop_message=message)
     assert outcome.verdict() == (JobState.FAILED, message)
+
+
+def test_a_trainer_killed_by_a_signal_towerq_did_not_send_is_a_crash_tried_again() -> None:
+    killed = Outcome(returncode=-9)
+    assert killed.killed_from_outside
+    assert killed.verdict() == (JobState.QUEUED, "trainer killed by SIGKILL (out of memory?)")
+    stopped_by_someone = Outcome(returncode=143)
+    assert stopped_by_someone.verdict()[0] == JobState.QUEUED
+    cancelled = Outcome(returncode=-9, stop=Stop.CANCEL, stop_message="cancelled by alice")
+    assert not cancelled.killed_from_outside
+    assert cancelled.verdict() == (JobState.CANCELLED, "cancelled by alice")
+    assert Outcome(returncode=1, error={"kind": "nan_loss", "message": "loss became nan"}).verdict() == (
+        JobState.FAILED,
+        "loss became nan",
+    )

@@ -1,0 +1,302 @@
+"""Chaos: every fault at once, while a lab's jobs run.
+
+Starts a whole stack in a temporary folder (API, scheduler, two workers with simulated
+GPUs, its own Redis, SQLite). Several users submit short jobs (with Idempotency-Keys,
+retrying through outages) while, every few seconds for `--minutes`, one thing is killed
+with SIGKILL (a worker, a trainer, the API, the scheduler) or Redis is restarted (and
+loses everything it held); what was killed is started again at once, as a supervisor
+would. Meanwhile clients read the job list and jobs, counting 5xx answers. Then the
+system settles and the script checks, from the database and the API:
+
+- every job stored once and succeeded exactly once (one `succeeded` event);
+- its attempts (how many runs the chaos cost);
+- its metric steps: every logged step once, none duplicated, none missing;
+- no allocation left held, no process of the run left alive once the stack stops;
+- no 5xx seen by the clients.
+
+Bar: all of them. Exit 0 when met, 1 otherwise.
+
+Usage: `python bench/chaos.py [--jobs 200] [--minutes 10] [--seed 1]`; `make test` runs a
+two-minute version (`tests/test_chaos.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from sqlalchemy import func, select
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from service.auth import create_token  # noqa: E402
+from service.db import Database, upgrade_database  # noqa: E402
+from service.models import Allocation, Job, JobEvent, Metric  # noqa: E402
+from service.redis_server import EmbeddedRedis  # noqa: E402
+from service.settings import Settings  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.stack import Stack, wait_for  # noqa: E402
+from worker.processes import all_processes, marked  # noqa: E402
+
+MARK = "TOWERQ_CHAOS_RUN"
+WORKERS = {"chaos-a": 2, "chaos-b": 2}
+USERS = ["ada", "bo", "cy"]
+STEPS, LOG_EVERY = 60, 10
+JOB = {
+    "model": "mlp",
+    "dataset": "digits",
+    "gpu_count": 1,
+    "max_attempts": 100,  # every kill of its worker or trainer is a crash; the chaos decides how many
+    "hyperparameters": {"steps": STEPS, "batch_size": 16, "log_every": LOG_EVERY, "checkpoint_every": 20},
+}
+
+
+class Lab:
+    """The stack under test, and how to kill and restart each of its parts."""
+
+    def __init__(self, settings: Settings, workdir: Path, redis: EmbeddedRedis) -> None:
+        self.stack = Stack(settings, workdir)
+        self.redis = redis
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        self.start_api()
+        self.stack.start_scheduler()
+        for name, gpus in WORKERS.items():
+            self.stack.start_worker(name, gpus)
+
+    def start_api(self) -> None:
+        self.stack.spawn("api", "api", "--port", str(self.port))
+        wait_for(self.healthy, 60, "the API to answer", 0.2)
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def trainers(self) -> list[int]:
+        mine = {p.pid for p in marked(MARK, os.environ[MARK])}
+        return [p.pid for p in all_processes() if "worker.trainer" in p.cmdline and p.pid in mine and p.state != "Z"]
+
+    def strike(self, rng: random.Random) -> str:
+        """Kill one thing (or restart Redis) and start it again; returns what it did."""
+        action = rng.choice(["worker", "worker", "trainer", "trainer", "api", "scheduler", "redis"])
+        with self.lock:
+            if action == "worker":
+                name = rng.choice(list(WORKERS))
+                self.stack.stop(f"worker-{name}", signal.SIGKILL)
+                self.stack.start_worker(name, WORKERS[name])
+                return f"killed worker {name}"
+            if action == "trainer":
+                pids = self.trainers()
+                if not pids:
+                    return "no trainer to kill"
+                pid = rng.choice(pids)
+                os.kill(pid, signal.SIGKILL)
+                return f"killed trainer {pid}"
+            if action == "api":
+                self.stack.stop("api", signal.SIGKILL)
+                self.start_api()
+                return "killed the API"
+            if action == "scheduler":
+                self.stack.stop("scheduler", signal.SIGKILL)
+                self.stack.start_scheduler()
+                return "killed the scheduler"
+            self.redis.stop()
+            self.redis.start()
+            return "restarted Redis"
+
+
+class Clients:
+    """Users submitting (retrying with the same key through outages) and reading."""
+
+    def __init__(self, url: str, tokens: dict[str, str]) -> None:
+        self.url = url
+        self.tokens = tokens
+        self.errors_5xx: list[str] = []
+        self.unreachable = 0
+        self.submitted: dict[str, int] = {}
+        self.stop = threading.Event()
+
+    def call(self, user: str, method: str, path: str, **kwargs: object) -> httpx.Response | None:
+        headers = {"Authorization": f"Bearer {self.tokens[user]}", **kwargs.pop("headers", {})}
+        try:
+            response = httpx.request(method, f"{self.url}{path}", headers=headers, timeout=30, **kwargs)
+        except httpx.HTTPError:
+            self.unreachable += 1
+            return None
+        if response.status_code >= 500:
+            self.errors_5xx.append(f"{method} {path}: {response.status_code} {response.text[:200]}")
+        return response
+
+    def submit(self, count: int, over_s: float, rng: random.Random) -> None:
+        for i in range(count):
+            user, key = USERS[i % len(USERS)], str(uuid.uuid4())
+            while not self.stop.is_set():
+                response = self.call(
+                    user, "POST", "/api/jobs", json={**JOB, "name": f"chaos-{i}"}, headers={"Idempotency-Key": key}
+                )
+                if response is not None and response.status_code in (200, 201):
+                    self.submitted[key] = response.json()["id"]
+                    break
+                time.sleep(0.5)
+            time.sleep(rng.uniform(0, 2 * over_s / count))
+
+    def read(self, rng: random.Random) -> None:
+        while not self.stop.is_set():
+            user = rng.choice(USERS)
+            self.call(user, "GET", "/api/jobs?limit=50")
+            if self.submitted:
+                self.call(user, "GET", f"/api/jobs/{rng.choice(list(self.submitted.values()))}")
+            self.stop.wait(0.5)
+
+
+def settle(db: Database, expected: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with db.read() as session:
+            final = session.scalar(
+                select(func.count(Job.id)).where(Job.state.in_(["succeeded", "failed", "cancelled"]))
+            )
+        if final == expected:
+            return True
+        time.sleep(2)
+    return False
+
+
+def check(db: Database, clients: Clients, left: list[str], settled: bool) -> bool:
+    expected_steps = list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    with db.read() as session:
+        jobs = session.scalars(select(Job)).all()
+        succeeded_events = collections.Counter(
+            session.scalars(select(JobEvent.job_id).where(JobEvent.state == "succeeded")).all()
+        )
+        steps: dict[int, list[int]] = collections.defaultdict(list)
+        for job_id, step in session.execute(
+            select(Metric.job_id, Metric.step).where(Metric.split == "train").order_by(Metric.job_id, Metric.step)
+        ):
+            steps[job_id].append(step)
+        held = session.scalar(select(func.count(Allocation.id)).where(Allocation.released_at.is_(None))) or 0
+    states = collections.Counter(j.state for j in jobs)
+    once = [j.id for j in jobs if j.state == "succeeded" and succeeded_events[j.id] == 1]
+    duplicated = [j.id for j in jobs if len(steps[j.id]) != len(set(steps[j.id]))]
+    missing = [j.id for j in jobs if sorted(set(steps[j.id])) != expected_steps]
+    attempts = collections.Counter(j.attempts for j in jobs)
+    checks = {
+        "every job stored once": len(jobs) == len(clients.submitted) == len(set(clients.submitted.values())),
+        "settled in time": settled,
+        "every job succeeded exactly once": len(once) == len(jobs),
+        "no metric step duplicated": not duplicated,
+        "no metric step missing": not missing,
+        "no allocation left held": held == 0,
+        "no process left behind": not left,
+        "no 5xx seen by the clients": not clients.errors_5xx,
+    }
+    print(f"jobs: {len(jobs)} stored for {len(clients.submitted)} submissions; states {dict(states)}")
+    print(f"succeeded exactly once: {len(once)} of {len(jobs)}")
+    print(f"attempts per job: {dict(sorted(attempts.items()))} ({sum(j.attempts for j in jobs)} runs in all)")
+    print(f"metric steps duplicated: {len(duplicated)} jobs; missing: {len(missing)} jobs {missing[:5]}")
+    print(f"allocations left held: {held}; processes left: {len(left)} {left[:3]}")
+    print(
+        f"5xx seen by the clients: {len(clients.errors_5xx)} {clients.errors_5xx[:3]}; "
+        f"requests that found the API down: {clients.unreachable}"
+    )
+    for name, ok in checks.items():
+        print(f"  {'met' if ok else 'NOT met'}: {name}")
+    return all(checks.values())
+
+
+def run(jobs: int, minutes: float, seed: int) -> bool:
+    os.environ[MARK] = uuid.uuid4().hex
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix="towerq-chaos-"))
+    redis = EmbeddedRedis(f"redis://127.0.0.1:{free_port()}/0", workdir / "redis")
+    redis.start()
+    url = f"sqlite:///{workdir / 'towerq.db'}"
+    upgrade_database(url)
+    settings = Settings(
+        database_url=url,
+        redis_url=redis.url,
+        var_dir=workdir / "var",
+        data_dir=workdir / "data",
+        artifacts_dir=workdir / "artifacts",
+        models_path=workdir / "models",
+        heartbeat_interval_s=0.5,
+        heartbeat_timeout_s=5,
+        scheduler_interval_s=0.5,
+        dispatch_timeout_s=5,
+        cancel_grace_s=5,
+    )
+    db = Database(url)
+    with db.write() as session:
+        tokens = {user: create_token(session, user)[1] for user in USERS}
+    lab = Lab(settings, workdir, redis)
+    clients = Clients(lab.url, tokens)
+    strikes: collections.Counter[str] = collections.Counter()
+    try:
+        lab.start()
+        chaos_s = 60 * minutes
+        threads = [
+            threading.Thread(target=clients.submit, args=(jobs, chaos_s / 2, random.Random(seed + 1)), daemon=True),
+            threading.Thread(target=clients.read, args=(random.Random(seed + 2),), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        started = time.monotonic()
+        while time.monotonic() - started < chaos_s:
+            time.sleep(rng.uniform(2, 6))
+            done = lab.strike(rng)
+            strikes[done.rsplit(" ", 1)[0] if done.startswith("killed trainer") else done] += 1
+            print(f"{time.monotonic() - started:6.1f}s {done}", flush=True)
+        threads[0].join(600)  # every job submitted
+        settled = settle(db, len(clients.submitted), timeout_s=max(300, 6 * jobs))
+        clients.stop.set()
+        threads[1].join(30)
+    finally:
+        lab.stack.stop_all()
+        redis.stop()
+    left = wait_left_behind(lambda: [f"{p.pid} {p.cmdline[:120]}" for p in marked(MARK, os.environ[MARK])])
+    print(f"strikes: {dict(strikes)}")
+    ok = check(db, clients, left, settled)
+    db.dispose()
+    return ok
+
+
+def wait_left_behind(find: Callable[[], list[str]], grace_s: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + grace_s
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for line in left:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    return 0 if run(args.jobs, args.minutes, args.seed) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
