@@ -40,6 +40,7 @@ from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import settings_in  # noqa: E402
 from service.auth import create_token  # noqa: E402
 from service.db import Database, upgrade_database  # noqa: E402
 from service.models import Allocation, Job, JobEvent, Metric  # noqa: E402
@@ -229,13 +230,10 @@ def run(jobs: int, minutes: float, seed: int) -> bool:
     redis.start()
     url = f"sqlite:///{workdir / 'towerq.db'}"
     upgrade_database(url)
-    settings = Settings(
-        database_url=url,
-        redis_url=redis.url,
-        var_dir=workdir / "var",
-        data_dir=workdir / "data",
-        artifacts_dir=workdir / "artifacts",
-        models_path=workdir / "models",
+    settings = settings_in(
+        workdir,
+        url,
+        redis.url,
         heartbeat_interval_s=0.5,
         heartbeat_timeout_s=5,
         scheduler_interval_s=0.5,

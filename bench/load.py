@@ -36,6 +36,7 @@ from sqlalchemy import func, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import settings_in  # noqa: E402
 from service.auth import create_token  # noqa: E402
 from service.db import (
     Database,  # noqa: E402
@@ -43,7 +44,6 @@ from service.db import (
 )
 from service.models import Allocation, Job, JobEvent, Metric  # noqa: E402
 from service.redis_server import EmbeddedRedis  # noqa: E402
-from service.settings import Settings  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack, wait_for  # noqa: E402
 from worker.host import register  # noqa: E402
@@ -164,13 +164,10 @@ def main() -> None:
     redis = EmbeddedRedis(f"redis://127.0.0.1:{free_port()}/0", workdir / "redis")
     redis.start()
     url = create_postgres_database(args.postgres) if args.postgres else f"sqlite:///{workdir / 'towerq.db'}"
-    settings = Settings(
-        database_url=url,
-        redis_url=redis.url,
-        var_dir=workdir / "var",
-        data_dir=workdir / "data",
-        artifacts_dir=workdir / "artifacts",
-        models_path=workdir / "models",
+    settings = settings_in(
+        workdir,
+        url,
+        redis.url,
         simulated_gpus=4,
         scheduler_interval_s=1.0,
         host_name="load-host",

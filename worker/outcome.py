@@ -46,9 +46,11 @@ class Outcome:
     def killed_from_outside(self) -> bool:
         """The trainer was killed, or stopped, by a signal towerq did not send (an admin's
         kill, the kernel's OOM killer): a crash of the attempt, not the job's fault, so the
-        job is tried again from its last checkpoint, counting against max_attempts."""
+        job is tried again from its last checkpoint, counting against max_attempts. Also
+        after `done`: killed while exiting, it may not have finished writing what it wrote
+        last; the next attempt resumes at the final checkpoint and ends at once."""
         killed = self.returncode is not None and (self.returncode < 0 or self.returncode == EXIT_STOPPED)
-        return killed and self.stop is None and self.done is None and self.error is None
+        return killed and self.stop is None and self.error is None
 
     @property
     def out_of_memory(self) -> bool:

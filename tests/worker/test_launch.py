@@ -67,6 +67,8 @@ def test_a_trainer_killed_by_a_signal_towerq_did_not_send_is_a_crash_tried_again
     assert killed.verdict() == (JobState.QUEUED, "trainer killed by SIGKILL (out of memory?)")
     stopped_by_someone = Outcome(returncode=143)
     assert stopped_by_someone.verdict()[0] == JobState.QUEUED
+    killed_while_exiting = Outcome(returncode=-9, done={"event": "done", "step": 60})
+    assert killed_while_exiting.verdict()[0] == JobState.QUEUED
     cancelled = Outcome(returncode=-9, stop=Stop.CANCEL, stop_message="cancelled by alice")
     assert not cancelled.killed_from_outside
     assert cancelled.verdict() == (JobState.CANCELLED, "cancelled by alice")

@@ -44,7 +44,7 @@ def write_spec(tmp_path: Path, name: str, towers: int = 2, **train: Any) -> Path
     return path
 
 
-def start(spec: Path) -> subprocess.Popen[str]:
+def start(spec: Path, new_session: bool = False) -> subprocess.Popen[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "worker.trainer", str(spec)],
@@ -53,6 +53,7 @@ def start(spec: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=new_session,
     )
 
 
@@ -236,16 +237,7 @@ def test_the_trainer_runs_at_the_niceness_it_is_given_and_so_does_its_session(tm
     spec = json.loads(path.read_text())
     spec["runtime"]["nice"] = 7
     path.write_text(json.dumps(spec))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "worker.trainer", str(path)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,  # as the worker starts it
-    )
+    process = start(path, new_session=True)  # as the worker starts it
     try:
         assert process.stdout is not None
         assert json.loads(process.stdout.readline())["event"] == "started"

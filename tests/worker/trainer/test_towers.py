@@ -113,10 +113,7 @@ def test_summed_instead_of_averaged_gradients_would_be_caught() -> None:
     assert max_diff([4 * g for g in grads], ref) > 1e-3
 
 
-@pytest.mark.parametrize(("k", "weights"), CASES)
-def test_batch_norm_moving_statistics_agree_after_a_step(k: int, weights: list[float] | None) -> None:
-    step, ref_model, ref_step = pair(resnet20, (8, 8, 3), "sgd", k, weights)
-    assert isinstance(step.runner, LockstepRunner)
+def one_step_moves_the_statistics_like_one_device(step: TowerStep, ref_model: keras.Model, ref_step: Any) -> None:
     x, y = batch((8, 8, 3))
     before = values(step.model.non_trainable_variables)
     step.train(x, y)
@@ -124,6 +121,13 @@ def test_batch_norm_moving_statistics_agree_after_a_step(k: int, weights: list[f
     after = values(step.model.non_trainable_variables)
     assert max_diff(after, before) > 1e-3, "moving statistics must be updated"
     assert max_diff(after, values(ref_model.non_trainable_variables)) <= 1e-5
+
+
+@pytest.mark.parametrize(("k", "weights"), CASES)
+def test_batch_norm_moving_statistics_agree_after_a_step(k: int, weights: list[float] | None) -> None:
+    step, ref_model, ref_step = pair(resnet20, (8, 8, 3), "sgd", k, weights)
+    assert isinstance(step.runner, LockstepRunner)
+    one_step_moves_the_statistics_like_one_device(step, ref_model, ref_step)
 
 
 def test_towers_with_batch_norm_train_exactly_like_one_device_in_float64() -> None:
@@ -258,13 +262,7 @@ class ConvBn(keras.layers.Layer):
 @pytest.mark.parametrize(("k", "weights"), [(2, None), (4, [3.0, 1.0, 1.0, 1.0])])
 def test_batch_norm_inside_a_nested_model_is_synchronised(k: int, weights: list[float] | None) -> None:
     step, ref_model, ref_step = pair(nested_block_model, (8, 8, 3), "sgd", k, weights)
-    x, y = batch((8, 8, 3))
-    before = values(step.model.non_trainable_variables)
-    step.train(x, y)
-    ref_step(x, y)
-    after = values(step.model.non_trainable_variables)
-    assert max_diff(after, before) > 1e-3, "moving statistics must be updated"
-    assert max_diff(after, values(ref_model.non_trainable_variables)) <= 1e-5
+    one_step_moves_the_statistics_like_one_device(step, ref_model, ref_step)
     assert max_diff(values(step.model.trainable_variables), values(ref_model.trainable_variables)) <= 1e-5
     report = batch_norm_report(step.model, step.runner)
     assert report["synchronized"] == ["nested/block/" + step.model.get_layer("block").layers[1].name]
