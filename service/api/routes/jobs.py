@@ -142,6 +142,8 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -
             kick_scheduler(session)
         if body.time_limit_s is not None:
             job.time_limit_s = body.time_limit_s
+        # The spec says what the job is now: a clone or a resubmit gets the changed values.
+        job.spec = {**job.spec, **body.model_dump(mode="json", exclude_none=True)}
         session.flush()
         return job_detail(session, get_job(session, job_id))
 

@@ -92,6 +92,7 @@ def test_owners_and_admins_change_a_queued_job_others_may_not(alice: Api, as_use
         f"/api/jobs/{job['id']}", json={"priority": "high", "name": "urgent run"}, headers=alice.headers
     )
     assert (changed.json()["priority"], changed.json()["name"]) == ("high", "urgent run")
+    assert (changed.json()["spec"]["priority"], changed.json()["spec"]["name"]) == ("high", "urgent run")
     alice.post(f"/api/jobs/{job['id']}/cancel")
     late = alice.client.patch(f"/api/jobs/{job['id']}", json={"priority": "low"}, headers=alice.headers)
     assert late.status_code == 409
