@@ -220,8 +220,9 @@ def test_clone_compare_keyboard_and_phone(
     page.wait_for_selector("#compare-chart[data-series='2'] canvas")
     assert page.url.endswith(f"ids={first},{second}&metric=loss")
     page.click(f'.chips li[data-job="{first}"] button')
-    page.wait_for_selector(f'.chips li[data-job="{second}"]')
-    assert page.locator(".chips li").count() == 1
+    page.wait_for_selector(f'.chips li[data-job="{first}"]', state="detached")
+    page.wait_for_function("document.querySelectorAll('.chips li').length === 1")
+    assert page.locator(".chips li").get_attribute("data-job") == str(second)
 
     # Keyboard, on a fresh load: skip link first, then the menu; Enter follows a link.
     page.goto(f"{url}/#/jobs")

@@ -73,8 +73,10 @@ def users(session: SessionDep, _: AdminDep) -> Sequence[User]:
 
 
 @router.patch("/users/{name}", response_model=UserOut)
-def change_user(name: UserName, change: UserChange, db: DatabaseDep, _: AdminDep, request: Request) -> UserOut:
+def change_user(name: UserName, change: UserChange, db: DatabaseDep, admin: AdminDep, request: Request) -> UserOut:
     """Change a user's GPU limit, fair-share weight, highest priority or admin flag (admins)."""
+    if name == admin.name and change.is_admin is False:
+        raise ForbiddenError("you cannot take away your own admin rights: another admin must")
     with db.write() as session:
         user = session.scalars(select(User).where(User.name == name)).one_or_none()
         if user is None:

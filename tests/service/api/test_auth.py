@@ -141,3 +141,12 @@ def test_high_priority_is_for_admins_and_users_an_admin_allows(alice: Api, as_us
     assert (users["alice"]["max_priority"], users["root"]["max_priority"]) == ("normal", "high")
     assert root.client.patch("/api/users/alice", json={"max_priority": "high"}, headers=root.headers).status_code == 200
     assert alice.post("/api/jobs", json={**SPEC, "priority": "high"}).status_code == 201
+
+    # What an admin may do is cached with their token, but a change applies at once; no admin
+    # can lock themselves out by taking away their own admin rights.
+    demote = root.client.patch("/api/users/root", json={"is_admin": False}, headers=root.headers)
+    assert (demote.status_code, demote.json()) == (
+        403,
+        {"detail": "you cannot take away your own admin rights: another admin must"},
+    )
+    assert root.get("/api/users").status_code == 200
