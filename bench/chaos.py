@@ -48,7 +48,7 @@ from service.redis_server import EmbeddedRedis  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack, wait_for  # noqa: E402
-from worker.processes import all_processes, marked  # noqa: E402
+from worker.processes import marked, trainer_pids  # noqa: E402
 
 MARK = "TOWERQ_CHAOS_RUN"
 WORKERS = {"chaos-a": 2, "chaos-b": 2}
@@ -91,7 +91,7 @@ class Lab:
 
     def trainers(self) -> list[int]:
         mine = {p.pid for p in marked(MARK, os.environ[MARK])}
-        return [p.pid for p in all_processes() if "worker.trainer" in p.cmdline and p.pid in mine and p.state != "Z"]
+        return sorted(trainer_pids() & mine)
 
     def strike(self, rng: random.Random) -> str:
         """Kill one thing (or restart Redis) and start it again; returns what it did."""

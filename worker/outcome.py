@@ -12,8 +12,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from service.models import JobState
 from worker.trainer.protocol import EXIT_STOPPED
 
@@ -115,10 +113,3 @@ def exit_message(returncode: int | None, stderr: list[str]) -> str:
         return f"trainer killed by {name}{hint}"
     tail = next((line for line in reversed(stderr) if line.strip()), "")
     return f"trainer exited with code {returncode}" + (f": {tail[-500:]}" if tail else "")
-
-
-def spec_error_message(err: ValidationError) -> str:
-    """The first problem pydantic found, naming its field."""
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else str(first["msg"])

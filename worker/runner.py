@@ -28,10 +28,11 @@ from service.models import Job, JobState
 from worker.host import drain
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, start_trainer, trainer_environment, write_trainer_spec
-from worker.outcome import Outcome, Stop, level_of, protocol_event, spec_error_message
+from worker.outcome import Outcome, Stop, level_of, protocol_event
 from worker.processes import kill_group, output_lines, signal_group
 from worker.relay import MetricSink, parse_time
 from worker.trainer.protocol import METRICS_LOG
+from worker.trainer.spec import describe
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class JobRunner:
             spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts)
         except ValidationError as err:
             self.outcome.stop = Stop.BAD_SPEC
-            self.outcome.stop_message = f"the job's spec does not pass validation: {spec_error_message(err)}"
+            self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
             return False
         env = trainer_environment(self.launch.indices)
         self.process = start_trainer(spec_path, env)
@@ -125,7 +126,7 @@ class JobRunner:
     # -- while it runs --------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        assert self.process is not None and self.process.stdout is not None and self.process.stderr is not None
+        assert self.process is not None
         started = time.monotonic()
         next_check = started
         for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S):

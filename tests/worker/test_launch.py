@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from service.models import JobState
 from service.settings import Settings
 from worker.launch import Launch, write_trainer_spec
-from worker.outcome import Outcome, Stop, spec_error_message
-from worker.trainer.spec import JobSpec, TrainerInput
+from worker.outcome import Outcome, Stop
+from worker.trainer.spec import JobSpec, TrainerInput, describe
 
 
 def launch_of(stored: dict[str, object], fraction: float = 1.0) -> Launch:
@@ -55,7 +55,7 @@ def test_a_stored_spec_that_no_longer_passes_fails_the_job_naming_the_field(tmp_
     with pytest.raises(ValidationError) as refused:
         write_trainer_spec(launch_of(stored), Settings(), tmp_path / "job-7")
     assert not (tmp_path / "job-7").exists()
-    message = spec_error_message(refused.value)
+    message = describe(refused.value)
     assert message.startswith("dataset_options: Value error, classes does not apply to dataset 'digits'")
     outcome = Outcome(stop=Stop.BAD_SPEC, stop_message=message)
     assert outcome.verdict() == (JobState.FAILED, message)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from worker.trainer.errors import SpecFileError, TrainerError
 from worker.trainer.protocol import EXIT_ERROR, Reporter
-from worker.trainer.spec import TrainerInput
+from worker.trainer.spec import TrainerInput, describe
 
 PR_SET_PDEATHSIG = 1
 
@@ -51,8 +51,7 @@ def read_spec(path: str) -> TrainerInput:
     try:
         return TrainerInput.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise SpecFileError(f"invalid spec: {problems}") from err
+        raise SpecFileError(f"invalid spec: {describe(err)}") from err
 
 
 def main(argv: list[str]) -> int:

@@ -18,7 +18,16 @@ import math
 import re
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from worker.trainer.catalog import (
     BUILTIN_DATASETS,
@@ -350,6 +359,15 @@ class JobSpec(TrainSpec):
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))
+
+
+def describe(err: ValidationError) -> str:
+    """What pydantic refused, each problem naming its field: `field.path: message; ...`."""
+    problems = []
+    for error in err.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        problems.append(f"{where}: {error['msg']}" if where else str(error["msg"]))
+    return "; ".join(problems)
 
 
 def trainer_input(stored: dict[str, Any], runtime: RuntimeSpec) -> TrainerInput:
