@@ -114,9 +114,9 @@ def main() -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--mb", type=int, default=1024, help="memory the probe takes")
     args = parser.parse_args()
-    nvml = open_nvml()
+    nvml, why = open_nvml()
     if nvml is None:
-        print(json.dumps({"nvml": False, "error": "no NVIDIA driver answers: a worker here gets simulated GPUs"}))
+        print(json.dumps({"nvml": False, "error": f"{why}: a worker here gets simulated GPUs"}))
         return 1
     inventory = NvmlInventory(nvml)
     try:

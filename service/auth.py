@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from service.db import Database
@@ -87,6 +87,25 @@ def has_admin(session: Session) -> bool:
         .where(User.is_admin.is_(True), ApiToken.revoked_at.is_(None))
     )
     return bool(count)
+
+
+BOOTSTRAP_LOCK = 0x746F77657271  # "towerq": the PostgreSQL advisory lock of `bootstrap_admin`
+
+
+def bootstrap_admin(session: Session, user_name: str = "admin", label: str = "first admin") -> str | None:
+    """The first admin token (its secret), or None when an admin with a live token exists.
+
+    Idempotent and safe to run from several places at once (`towerq up`, the compose
+    `bootstrap` service, a restart of either): on PostgreSQL a transaction-scoped advisory
+    lock makes the check and the insert one step; a SQLite write session already holds the
+    database's write lock from its first statement.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOTSTRAP_LOCK})
+    if has_admin(session):
+        return None
+    _, secret = create_token(session, user_name, admin=True, label=label)
+    return secret
 
 
 class TokenChecker:

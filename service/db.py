@@ -161,6 +161,33 @@ def upgrade_database(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
 
 
+class SchemaError(RuntimeError):
+    """The database is not at the schema this towerq needs (not migrated, or newer)."""
+
+
+def require_schema(url: str) -> None:
+    """Refuse to serve a database that `towerq db upgrade` has not brought to this version's
+    schema: a clear error at start, instead of a traceback at every request or pass."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    engine = create_db_engine(url)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+    if current == head:
+        return
+    if current is None:
+        raise SchemaError("the database has no towerq schema yet: run `towerq db upgrade` first")
+    raise SchemaError(
+        f"the database is at schema {current}, this towerq needs {head}: run `towerq db upgrade` "
+        "(or, if the database is newer, upgrade towerq)"
+    )
+
+
 def insert_ignoring_duplicates(session: Session, model: type[Any]) -> Any:
     """INSERT ... ON CONFLICT DO NOTHING, on SQLite and on PostgreSQL."""
     if session.get_bind().dialect.name == "postgresql":

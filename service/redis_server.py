@@ -12,11 +12,13 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import redis
 
 from service.lifetime import dies_with_this_process
+from service.settings import redacted
+from service.tokenfile import write_secret
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -39,9 +41,21 @@ def redis_binary() -> str:
 
 
 def answers(url: str, timeout: float = 1.0) -> bool:
+    """Whether a Redis answers at `url`; one that answers but refuses its password is an error
+    (starting another on its port could not help)."""
     client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         return bool(client.ping())
+    except (redis.AuthenticationError, redis.exceptions.AuthorizationError, redis.ResponseError) as err:
+        if not isinstance(err, redis.AuthenticationError | redis.exceptions.AuthorizationError) and not any(
+            word in str(err) for word in ("NOAUTH", "WRONGPASS", "authenticated")
+        ):
+            return False
+        if urlparse(url).password is None:
+            raise RedisUnavailableError(
+                f"Redis at {url} wants a password: put it in TOWERQ_REDIS_URL (redis://:PASSWORD@host:port/0)"
+            ) from err
+        raise RedisUnavailableError(f"Redis at {redacted(url)} refuses towerq's password: {err}") from err
     except redis.RedisError:
         return False
     finally:
@@ -49,22 +63,34 @@ def answers(url: str, timeout: float = 1.0) -> bool:
 
 
 class EmbeddedRedis:
-    """A redis-server child process on the host and port of `url`."""
+    """A redis-server child process on the host and port of `url`, with its password if the
+    URL carries one (in a 0600 config file, not on the command line `ps` shows)."""
 
     def __init__(self, url: str, workdir: Path) -> None:
         parsed = urlparse(url)
         if parsed.hostname not in LOCAL_HOSTS:
-            raise RedisUnavailableError(f"Redis at {url} does not answer, and a remote Redis cannot be started here")
+            raise RedisUnavailableError(
+                f"Redis at {redacted(url)} does not answer, and a remote Redis cannot be started here"
+            )
+        if parsed.scheme != "redis":
+            raise RedisUnavailableError(
+                f"Redis at {redacted(url)} does not answer, and towerq starts only plain redis:// servers itself"
+            )
         self.url = url
         self.port = parsed.port or 6379
+        self.password = unquote(parsed.password) if parsed.password else None
         self.workdir = workdir
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir / "redis.log").open("ab")
+        config = self.workdir / "redis.conf"
+        quoted = (self.password or "").replace("\\", "\\\\").replace('"', '\\"')
+        write_secret(config, f'requirepass "{quoted}"' if self.password else "")
         command = [
             redis_binary(),
+            str(config),
             "--port",
             str(self.port),
             "--bind",

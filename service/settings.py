@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,8 @@ class Settings(BaseSettings):
     # None: NVML GPUs when a driver answers, else 4 simulated ones; a number forces simulation.
     simulated_gpus: int | None = Field(default=None, ge=0, le=64)
     host_name: str = Field(default_factory=socket.gethostname)
+    require_gpus: bool = False
+    """A GPU host: no NVIDIA driver answering is an error, not a fallback to simulated GPUs."""
 
     gpu_memory_reserved_mb: int = Field(default=480, ge=0)
     """Memory a GPU has in use with no process on it (an idle H100 80GB, driver 580: 480 MB).
@@ -71,9 +74,30 @@ class Settings(BaseSettings):
     api_parent_pid: int | None = None
     """Set by `towerq api` for its worker processes, which die with it (not a user setting)."""
     api_url: str = "http://127.0.0.1:8000"
+    """Where the CLI finds the API."""
+    public_url: str | None = None
+    """The dashboard's address as users reach it (behind a proxy, e.g. https://lab.example/towerq):
+    the login link `towerq admin bootstrap` prints. Default: the API's own address."""
+    root_path: str = Field(default="", pattern=r"^(/[^/\s]+)*$")
+    """The path prefix a reverse proxy serves towerq under (e.g. /towerq), the proxy stripping it."""
+    forwarded_allow_ips: str = "127.0.0.1"
+    """Proxies whose X-Forwarded-For/-Proto headers are trusted (comma-separated, or *)."""
     token: str | None = None
     max_request_bytes: int = 1_000_000
 
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced by `***`, for logs and banners."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

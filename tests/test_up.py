@@ -28,8 +28,18 @@ FINAL = ("succeeded", "failed", "cancelled")
 class Up:
     """`towerq up` in its own session, as a terminal runs it; its output read line by line."""
 
-    def __init__(self, workdir: Path, port: int, redis_port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_")}
+    def __init__(
+        self,
+        workdir: Path,
+        port: int,
+        redis_port: int,
+        command: list[str] | None = None,
+        pythonpath: bool = True,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        """`command`: how to start it (default this checkout's `python -m service.cli up`,
+        with the checkout on PYTHONPATH unless `pythonpath` is false)."""
+        env = {k: v for k, v in (base_env or os.environ).items() if not k.startswith("TOWERQ_")}
         var = workdir / "var"
         env.update(
             TOWERQ_VAR_DIR=str(var),
@@ -43,10 +53,12 @@ class Up:
             PYTHONUNBUFFERED="1",
             TF_CPP_MIN_LOG_LEVEL="2",
         )
+        if pythonpath:
+            env["PYTHONPATH"] = str(REPO)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "up", "--port", str(port)],
+            command or [sys.executable, "-m", "service.cli", "up", "--port", str(port)],
             cwd=workdir,
-            env={**env, "PYTHONPATH": str(REPO)},
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,

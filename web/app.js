@@ -2,14 +2,14 @@
 // Pages live in /pages/*.js; each exports `render(main, params)` and may return a
 // function that stops what it started (streams, timers) when the user leaves the page.
 
-import { ApiError, api, el, session, toast } from "/lib.js";
+import { ApiError, api, el, session, toast } from "./lib.js";
 
 const pages = {
-  jobs: () => import("/pages/jobs.js"),
-  job: () => import("/pages/job.js"),
-  gpus: () => import("/pages/gpus.js"),
-  submit: () => import("/pages/submit.js"),
-  compare: () => import("/pages/compare.js"),
+  jobs: () => import("./pages/jobs.js"),
+  job: () => import("./pages/job.js"),
+  gpus: () => import("./pages/gpus.js"),
+  submit: () => import("./pages/submit.js"),
+  compare: () => import("./pages/compare.js"),
 };
 
 let leave = null;
@@ -82,13 +82,13 @@ function showLogin(main, message = "") {
 }
 
 async function login(token) {
-  const response = await fetch("/api/session", { method: "POST", headers: { Authorization: `Bearer ${token}` } });
+  const response = await fetch("api/session", { method: "POST", headers: { Authorization: `Bearer ${token}` } });
   return response.ok;
 }
 
 async function whoami() {
   try {
-    session.me = await api("/api/me");
+    session.me = await api("api/me");
     const me = session.me;
     document.getElementById("who").textContent = `${me.user}${me.is_admin ? " (admin)" : ""}`;
     document.getElementById("logout").hidden = false;
@@ -99,7 +99,7 @@ async function whoami() {
 }
 
 document.getElementById("logout").addEventListener("click", async () => {
-  await fetch("/api/session", { method: "DELETE" });
+  await fetch("api/session", { method: "DELETE" });
   session.me = null;
   document.getElementById("who").textContent = "";
   document.getElementById("logout").hidden = true;

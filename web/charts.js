@@ -1,7 +1,7 @@
 // Charts and the metric series behind them, shared by the job and compare pages.
 
-import { api } from "/lib.js";
-import uPlot from "/vendor/uplot/uPlot.esm.js";
+import { api } from "./lib.js";
+import uPlot from "./vendor/uplot/uPlot.esm.js";
 
 export const COLORS = ["#2563eb", "#dc2626", "#059669", "#7c3aed", "#d97706", "#0891b2", "#be185d", "#4b5563"];
 const METRICS_PAGE = 20000; // the most points the API gives per call
@@ -10,7 +10,7 @@ const METRICS_PAGE = 20000; // the most points the API gives per call
 export async function allMetrics(id, split) {
   const points = [];
   for (let after = -1; ; ) {
-    const page = await api(`/api/jobs/${id}/metrics?split=${split}&after_step=${after}&limit=${METRICS_PAGE}`);
+    const page = await api(`api/jobs/${id}/metrics?split=${split}&after_step=${after}&limit=${METRICS_PAGE}`);
     points.push(...page);
     if (page.length < METRICS_PAGE) return points;
     after = page[page.length - 1].step;

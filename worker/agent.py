@@ -31,6 +31,7 @@ from service.lifecycle import requeue
 from service.models import Job, JobState
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
+from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
 from worker.launch import read_launch
 from worker.outcome import Stop
 from worker.processes import is_trainer, kill_group, pid_alive
@@ -73,7 +74,7 @@ class HostAgent:
     def __init__(self, ctx: Context, name: str, inventory: Inventory | None = None) -> None:
         self.ctx = ctx
         self.name = name
-        self.inventory = inventory or detect(name, ctx.settings.simulated_gpus)
+        self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
         self.runners: dict[tuple[int, int], JobRunner] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()

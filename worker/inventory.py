@@ -150,28 +150,43 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def open_nvml() -> Any | None:
-    """The initialised `pynvml` module, or None when there is no usable driver."""
+class NoGpusError(RuntimeError):
+    """A GPU host (`TOWERQ_REQUIRE_GPUS`) finds no GPU: a worker must not train on the CPU."""
+
+
+def open_nvml() -> tuple[Any | None, str]:
+    """The initialised `pynvml` module, or None and why there is no usable driver."""
     try:
         import pynvml
     except ImportError:
-        return None
+        return None, "nvidia-ml-py is not installed"
     try:
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() == 0:
             pynvml.nvmlShutdown()
-            return None
+            return None, "the NVIDIA driver sees no GPU"
     except pynvml.NVMLError as err:
-        log.info("no NVIDIA driver answers (%s): using simulated GPUs", err)
-        return None
-    return pynvml
+        return None, f"no NVIDIA driver answers ({err})"
+    return pynvml, ""
 
 
-def detect(host: str, simulated_gpus: int | None) -> Inventory:
-    """NVML GPUs, unless `simulated_gpus` is set or no driver answers (then 4 simulated)."""
+def detect(host: str, simulated_gpus: int | None, require_gpus: bool = False) -> Inventory:
+    """NVML GPUs, unless `simulated_gpus` is set or no driver answers (then 4 simulated).
+
+    With `require_gpus` (a GPU deployment) a missing driver is an error instead: inside a
+    container started without the NVIDIA runtime, the fallback would train on the CPU.
+    """
+    if require_gpus and simulated_gpus is not None:
+        raise NoGpusError("TOWERQ_REQUIRE_GPUS and TOWERQ_SIMULATED_GPUS are both set: choose one")
     if simulated_gpus is None:
-        nvml = open_nvml()
+        nvml, why = open_nvml()
         if nvml is not None:
             return NvmlInventory(nvml)
+        if require_gpus:
+            raise NoGpusError(
+                f"TOWERQ_REQUIRE_GPUS is set but {why}: check the driver (nvidia-smi) and, in a container, "
+                "the NVIDIA runtime and the GPU reservation"
+            )
+        log.info("%s: using simulated GPUs", why)
         simulated_gpus = DEFAULT_SIMULATED_GPUS
     return SimulatedInventory(host, simulated_gpus)

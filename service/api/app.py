@@ -23,8 +23,13 @@ from service.intake import SubmissionWriter
 from service.lifetime import die_with_parent
 from service.settings import Settings
 
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 log = logging.getLogger(__name__)
+
+
+def dashboard_dir() -> Path:
+    """The dashboard's static files: `service/web` in an installed wheel, `web/` in a checkout."""
+    installed = Path(__file__).resolve().parents[1] / "web"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "web"
 
 
 class BodySizeLimit:
@@ -111,6 +116,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (jobs, stream, gpus, workers, users, health, session, catalog):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes)
-    if WEB_DIR.is_dir():
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+    web = dashboard_dir()
+    if (web / "index.html").is_file():
+        app.mount("/", StaticFiles(directory=web, html=True), name="web")
+    else:
+        log.error("the dashboard's files are missing (looked in %s): serving the API only", web)
     return app

@@ -8,7 +8,13 @@ import argparse
 import logging
 import sys
 
+import redis
+from sqlalchemy.exc import OperationalError
+
 from service.cli import admin, client, server
+from service.db import SchemaError
+from service.redis_server import RedisUnavailableError
+from service.settings import Settings, redacted
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except client.ClientError as err:
+    except (client.ClientError, RedisUnavailableError, SchemaError) as err:
         print(f"towerq: {err}", file=sys.stderr)
+        return 1
+    except OperationalError as err:  # the database refused the credentials or did not answer
+        reason = str(err.orig or err).strip().splitlines()[0]
+        print(f"towerq: cannot use the database at {redacted(Settings().database_url)}: {reason}", file=sys.stderr)
+        return 1
+    except (redis.AuthenticationError, redis.ConnectionError) as err:
+        print(f"towerq: cannot use Redis at {redacted(Settings().redis_url)}: {err}", file=sys.stderr)
         return 1

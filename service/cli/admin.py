@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
-from service.auth import USER_NAME_PATTERN, create_token, revoke_token
-from service.db import Database
+from service.auth import USER_NAME_PATTERN, bootstrap_admin, create_token, revoke_token
+from service.db import Database, require_schema
 from service.models import ApiToken, User
 from service.settings import Settings
+from service.tokenfile import write_secret
 from worker.trainer.spec import Priority
 
 
 def add_commands(commands: Any) -> None:
+    admin = commands.add_parser("admin", help="set up a deployment")
+    admin_actions = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    bootstrap = admin_actions.add_parser(
+        "bootstrap", help="create the first admin token, once (does nothing when an admin exists)"
+    )
+    bootstrap.add_argument("--user", default="admin", help="the admin's user name (default admin)")
+    bootstrap.add_argument("--token-file", type=Path, default=None, help="also save the token here (mode 0600)")
+    bootstrap.add_argument(
+        "--url", default=None, help="the dashboard's address in the login link (default TOWERQ_PUBLIC_URL)"
+    )
+    bootstrap.set_defaults(run=run_admin_bootstrap)
+
     token = commands.add_parser("token", help="API tokens")
     actions = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create a token (and the user, if needed); prints it last")
@@ -46,14 +60,46 @@ def add_commands(commands: Any) -> None:
 
 
 def _database() -> Database:
-    return Database(Settings().database_url)
+    url = Settings().database_url
+    require_schema(url)
+    return Database(url)
+
+
+def run_admin_bootstrap(args: argparse.Namespace) -> int:
+    _check_user_name(args.user)
+    settings = Settings()
+    db = _database()
+    try:
+        with db.write() as session:
+            secret = bootstrap_admin(session, args.user, label="created by towerq admin bootstrap")
+    finally:
+        db.dispose()
+    if secret is None:
+        print(
+            "towerq: an admin with a live token exists already; nothing to do "
+            "(`towerq token create --user NAME --admin` makes another)"
+        )
+        return 0
+    if args.token_file is not None:
+        write_secret(args.token_file, secret)
+    url = (args.url or settings.public_url or settings.api_url).rstrip("/")
+    saved = f"; also saved in {args.token_file}" if args.token_file is not None else ""
+    print(f"towerq: created the first admin, user {args.user!r}")
+    print(f"  log in:  {url}/?token={secret}")
+    print(f"  admin token (shown once{saved}):")
+    print(f"  {secret}", flush=True)
+    return 0
+
+
+def _check_user_name(name: str) -> None:
+    import re
+
+    if not re.match(USER_NAME_PATTERN, name):
+        raise SystemExit(f"towerq: invalid user name {name!r} (letters, digits, _ . @ -; at most 64)")
 
 
 def run_token_create(args: argparse.Namespace) -> int:
-    import re
-
-    if not re.match(USER_NAME_PATTERN, args.user):
-        raise SystemExit(f"towerq: invalid user name {args.user!r} (letters, digits, _ . @ -; at most 64)")
+    _check_user_name(args.user)
     db = _database()
     with db.write() as session:
         row, secret = create_token(session, args.user, admin=args.admin, label=args.name)

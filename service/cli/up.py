@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import httpx
 from sqlalchemy import select
 
-from service.auth import create_token, has_admin
+from service.auth import bootstrap_admin
 from service.db import Database, upgrade_database
 from service.lifetime import dies_with_this_process
 from service.models import Host
 from service.redis_server import EmbeddedRedis, answers
-from service.settings import Settings
+from service.settings import Settings, redacted
 from service.tokenfile import write_secret
 
 log = logging.getLogger("towerq.up")
@@ -86,21 +86,23 @@ class Supervisor:
 
     def _ensure_redis(self) -> None:
         if answers(self.settings.redis_url):
-            self.redis_note = f"Redis at {self.settings.redis_url}"
+            self.redis_note = f"Redis at {redacted(self.settings.redis_url)}"
             return
         self.redis = EmbeddedRedis(self.settings.redis_url, self.settings.var_dir / "redis")
         self.redis.start()
-        self.redis_note = f"embedded Redis on port {self.redis.port} (none answered at {self.settings.redis_url})"
+        self.redis_note = (
+            f"embedded Redis on port {self.redis.port} (none answered at {redacted(self.settings.redis_url)})"
+        )
 
     def _bootstrap_admin(self) -> str | None:
         db = Database(self.settings.database_url)
         try:
             with db.write() as session:
-                if has_admin(session):
-                    return None
-                _, secret = create_token(session, "admin", admin=True, label="created by towerq up")
+                secret = bootstrap_admin(session, label="created by towerq up")
         finally:
             db.dispose()
+        if secret is None:
+            return None
         path = self.settings.var_dir / "admin-token"
         write_secret(path, secret)
         return secret
@@ -160,7 +162,7 @@ class Supervisor:
             )
         lines += [
             f"  GPUs: {gpus}",
-            f"  database: {self.settings.database_url}",
+            f"  database: {redacted(self.settings.database_url)}",
             f"  redis: {self.redis_note}",
             "  Ctrl+C stops everything.",
             "",

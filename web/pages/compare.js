@@ -1,7 +1,7 @@
 // Compare: find jobs by name or id, overlay one of their curves, and a table of final
 // metrics and settings. The chosen jobs and curve live in the address.
-import { allMetrics, COLORS, fitToWidth, lineChart } from "/charts.js";
-import { api, badge, dataTable, el, number, percent, problemLine, reportError } from "/lib.js";
+import { allMetrics, COLORS, fitToWidth, lineChart } from "../charts.js";
+import { api, badge, dataTable, el, number, percent, problemLine, reportError } from "../lib.js";
 
 const METRICS = { loss: "train loss", eval_loss: "eval loss", accuracy: "train accuracy", eval_accuracy: "eval accuracy" };
 const HYPERPARAMETERS = ["learning_rate", "batch_size", "optimizer", "steps", "weight_decay", "ema_decay", "seed"];
@@ -14,7 +14,7 @@ export async function render(main, params) {
   const go = (ids, metric = key) => {
     location.hash = `#/compare?ids=${ids.join(",")}&metric=${metric}`;
   };
-  const jobs = await Promise.all(chosen.map((id) => api(`/api/jobs/${id}`)));
+  const jobs = await Promise.all(chosen.map((id) => api(`api/jobs/${id}`)));
   const chartBox = el("div", { class: "chart wide", id: "compare-chart" });
   const metric = el(
     "select",
@@ -87,7 +87,7 @@ function picker(jobs, go) {
   const find = async () => {
     const query = new URLSearchParams({ limit: SEARCH_LIMIT });
     if (search.value.trim()) query.set("q", search.value.trim());
-    const page = await api(`/api/jobs?${query}`);
+    const page = await api(`api/jobs?${query}`);
     const found = page.items.filter((job) => !ids.includes(job.id));
     results.replaceChildren(
       ...found.map((job) =>

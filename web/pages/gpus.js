@@ -1,5 +1,5 @@
 // GPUs: one card per host, one row per GPU, who holds it; refreshed every 2 s.
-import { api, dataTable, duration, el, poll, problemLine, reportError, session } from "/lib.js";
+import { api, dataTable, duration, el, poll, problemLine, reportError, session } from "../lib.js";
 
 const POLL_MS = 2000;
 
@@ -11,7 +11,7 @@ export async function render(main) {
   let stopped = false;
 
   async function refresh() {
-    const [gpus, workers] = await Promise.all([api("/api/gpus"), api("/api/workers")]);
+    const [gpus, workers] = await Promise.all([api("api/gpus"), api("api/workers")]);
     if (stopped) return;
     if (!workers.length) {
       cards.replaceChildren(el("p", { class: "muted" }, "No worker has registered yet: start `towerq worker` on a GPU host."));
@@ -105,6 +105,6 @@ function drainButton(gpu, { refresh, problem }) {
   if (!session.me?.is_admin) return "";
   const verb = gpu.drained ? "undrain" : "drain";
   const act = () =>
-    api(`/api/gpus/${encodeURIComponent(gpu.host)}/${gpu.index}/${verb}`, { method: "POST" }).then(refresh, reportError(verb, problem));
+    api(`api/gpus/${encodeURIComponent(gpu.host)}/${gpu.index}/${verb}`, { method: "POST" }).then(refresh, reportError(verb, problem));
   return el("button", { type: "button", class: "quiet", onclick: act }, gpu.drained ? "Undrain" : "Drain");
 }

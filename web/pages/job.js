@@ -1,5 +1,5 @@
 // One job: live charts, spec, allocation, history, artifacts, log tail; Cancel and Clone.
-import { allMetrics, fitToWidth, lineChart } from "/charts.js";
+import { allMetrics, fitToWidth, lineChart } from "../charts.js";
 import {
   age,
   api,
@@ -19,7 +19,7 @@ import {
   stream,
   toast,
   when,
-} from "/lib.js";
+} from "../lib.js";
 
 const FINAL = ["succeeded", "failed", "cancelled"];
 const LOG_LINES_SHOWN = 1000;
@@ -28,7 +28,7 @@ const CHART_HEIGHT = 220;
 export async function render(main, params) {
   await session.ready;
   const id = Number(params.id);
-  let job = await api(`/api/jobs/${id}`);
+  let job = await api(`api/jobs/${id}`);
   const series = new Series();
   for (const split of ["train", "eval"]) series.add(await allMetrics(id, split));
 
@@ -60,7 +60,7 @@ export async function render(main, params) {
     details.replaceChildren(...detailsOf(job));
   };
   async function reload() {
-    job = await api(`/api/jobs/${id}`);
+    job = await api(`api/jobs/${id}`);
     drawJob();
   }
   drawJob();
@@ -73,10 +73,10 @@ export async function render(main, params) {
     while (logBox.childNodes.length > LOG_LINES_SHOWN) logBox.firstChild.remove();
     if (follow.checked) logBox.scrollTop = logBox.scrollHeight;
   };
-  appendLog(await api(`/api/jobs/${id}/logs?tail=200`));
+  appendLog(await api(`api/jobs/${id}/logs?tail=200`));
 
   let redraw = null;
-  const stop = stream(`/api/jobs/${id}/stream`, {
+  const stop = stream(`api/jobs/${id}/stream`, {
     metric: (point) =>
       later(() => {
         series.add([{ ...point, split: "train" }]);
@@ -125,7 +125,7 @@ function headerOf(job, reload) {
       onclick: async () => {
         if (!confirm(`Cancel job ${job.id} (${job.name})?`)) return;
         try {
-          await api(`/api/jobs/${job.id}/cancel`, { method: "POST" });
+          await api(`api/jobs/${job.id}/cancel`, { method: "POST" });
           toast(`Job ${job.id}: cancel requested`);
           reload();
         } catch (error) {

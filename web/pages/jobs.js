@@ -1,5 +1,5 @@
 // Jobs: every job, newest first; filters in the address (shareable); live.
-import { age, api, badge, count, dataTable, el, gpusOf, number, percent, poll, problemLine, progress, stream } from "/lib.js";
+import { age, api, badge, count, dataTable, el, gpusOf, number, percent, poll, problemLine, progress, stream } from "../lib.js";
 
 const PAGE = 50;
 const STATES = ["", "queued", "dispatched", "running", "succeeded", "failed", "cancelled"];
@@ -58,7 +58,7 @@ export async function render(main, params) {
     if (filters.state) query.set("state", filters.state);
     if (filters.user) query.set("user", filters.user);
     if (filters.q) query.set("q", filters.q);
-    const result = await api(`/api/jobs?${query}`, { etag: etag || "" });
+    const result = await api(`api/jobs?${query}`, { etag: etag || "" });
     if (stopped || result.notModified) return;
     if (firstDraw) performance.mark("jobs-data");
     etag = result.etag;
@@ -87,7 +87,7 @@ export async function render(main, params) {
   // that costs nothing when the page has not changed (ETag / 304).
   const poller = poll(refresh, POLL_MS, problem, "Refreshing the list");
   let pending = null;
-  const stopStream = stream("/api/stream", {
+  const stopStream = stream("api/stream", {
     state: () => {
       clearTimeout(pending);
       pending = setTimeout(poller.now, 150);

@@ -2,13 +2,13 @@
 // API's validation errors appear next to the field they name. `?clone=ID` fills it in.
 // The form is three sections (what, hyperparameters, where and when); each builds its
 // fields, fills them from a spec, and reads them back into one.
-import { ApiError, api, el, toast } from "/lib.js";
+import { ApiError, api, el, toast } from "../lib.js";
 
 const HIDDEN_HYPERPARAMETERS = new Set(["model_options"]);
 
 export async function render(main, params) {
-  const [catalog, gpus] = await Promise.all([api("/api/catalog"), api("/api/gpus")]);
-  const source = params.clone ? (await api(`/api/jobs/${Number(params.clone)}`)).spec : null;
+  const [catalog, gpus] = await Promise.all([api("api/catalog"), api("api/gpus")]);
+  const source = params.clone ? (await api(`api/jobs/${Number(params.clone)}`)).spec : null;
   const form = el("form", { class: "submit", novalidate: true });
   const errors = new FieldErrors(form);
   const sections = [whatSection(catalog, errors), hyperSection(catalog, errors), whereSection(catalog, gpus, errors)];
@@ -39,7 +39,7 @@ async function send(form, sections, errors) {
   const button = form.querySelector("#submit");
   button.disabled = true;
   try {
-    const job = await api("/api/jobs", { method: "POST", body: spec });
+    const job = await api("api/jobs", { method: "POST", body: spec });
     toast(`Job ${job.id} submitted`);
     location.hash = `#/jobs/${job.id}`;
   } catch (error) {

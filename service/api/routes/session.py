@@ -26,11 +26,24 @@ def login(caller: CallerDep, request: Request, response: Response) -> Me:
     """Keep the bearer token in an HttpOnly, same-site cookie for this browser session."""
     token = bearer_token(request)
     assert token is not None  # the caller dependency already checked it
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/")
+    # Secure over HTTPS (behind a proxy: the forwarded scheme), scoped to where towerq is served.
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=cookie_path(request),
+    )
     return Me(user=caller.name, is_admin=caller.is_admin)
 
 
 @router.delete("/session", status_code=204)
-def logout(response: Response) -> None:
+def logout(request: Request, response: Response) -> None:
     """Forget the session cookie."""
-    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(SESSION_COOKIE, path=cookie_path(request))
+
+
+def cookie_path(request: Request) -> str:
+    """`/`, or the prefix a reverse proxy serves towerq under (`TOWERQ_ROOT_PATH`)."""
+    return str(request.scope.get("root_path") or "").rstrip("/") + "/"

@@ -218,7 +218,7 @@ def test_list_answers_304_while_the_page_is_unchanged(alice: Api, db: Database) 
 
 def test_the_dashboard_is_served_at_the_root(client) -> None:
     page = client.get("/")
-    assert page.status_code == 200 and '<script type="module" src="/app.js">' in page.text
+    assert page.status_code == 200 and '<script type="module" src="app.js">' in page.text
     for path in ("/app.js", "/lib.js", "/pages/jobs.js", "/style.css", "/vendor/uplot/uPlot.esm.js"):
         assert client.get(path).status_code == 200, path
 
