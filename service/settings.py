@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
     while they saturate the CPU; idle cores still go to them."""
 
+    trainer_env_pass: str = ""
+    """Environment variables (names, or NAME* prefixes; comma-separated) a trainer inherits
+    besides the built-in allow-list (worker/launch.py). Names that look like secrets never pass."""
+
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     scheduler_interval_s: float = Field(default=5.0, gt=0)

@@ -188,6 +188,8 @@ LEFTOVER_GRACE_S = 15.0
 def pytest_configure(config: pytest.Config) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+    # Trainers get an allow-listed environment: this marker is let through to them too.
+    os.environ.setdefault("TOWERQ_TRAINER_ENV_PASS", RUN_MARK)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

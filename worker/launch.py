@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.models import Job, JobState
 from service.settings import Settings
+from worker.trainer.paths import job_folder
 from worker.trainer.spec import RuntimeSpec, trainer_input
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +70,7 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
 
 
 def artifacts_dir(settings: Settings, job_id: int) -> Path:
-    return settings.artifacts_dir.resolve() / f"job-{job_id}"
+    return job_folder(settings.artifacts_dir, job_id)
 
 
 def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> Path:
@@ -96,25 +98,47 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> P
     return path
 
 
-def trainer_environment(indices: list[int]) -> dict[str, str]:
-    """The trainer's environment: this one, seeing only the allocated GPUs."""
-    env = dict(os.environ)
+TRAINER_ENV_ALLOWED = (
+    # the basics of a process
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TERM",
+    "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "VIRTUAL_ENV",
+    # GPUs, TensorFlow and the maths libraries under it
+    "CUDA_*", "NVIDIA_*", "NCCL_*", "TF_*", "XLA_FLAGS", "LD_LIBRARY_PATH",
+    "OMP_*", "KMP_*", "MKL_*", "OPENBLAS_*",
+)  # fmt: skip
+"""What a trainer inherits of the worker's environment: an allow-list, since the trainer
+runs user code and the worker's environment holds the database URL, the Redis password and
+whatever else its host put there. `TOWERQ_TRAINER_ENV_PASS` adds names."""
+NEVER_PASSED = ("TOWERQ_*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY", "*_KEY_*")
+"""Refused even when an allowed pattern matches them."""
+
+
+def trainer_environment(indices: list[int], extra_allowed: str = "") -> dict[str, str]:
+    """The trainer's environment: the allowed part of this one, seeing only the allocated GPUs."""
+    allowed = [*TRAINER_ENV_ALLOWED, *(name.strip() for name in extra_allowed.split(",") if name.strip())]
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if any(fnmatchcase(name, pattern) for pattern in allowed)
+        and not any(fnmatchcase(name.upper(), pattern) for pattern in NEVER_PASSED)
+    }
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["PYTHONUNBUFFERED"] = "1"
     env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = str(REPO_ROOT)
     return env
 
 
 def start_trainer(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """The trainer process of one attempt, in a session of its own, its output piped."""
+    """The trainer process of one attempt, in a session of its own, its output piped, working
+    in the job's artifacts folder (where a model's own relative files land)."""
     return subprocess.Popen(
         [sys.executable, "-m", "worker.trainer", str(spec_path)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        cwd=REPO_ROOT,
+        cwd=spec_path.parent,
         start_new_session=True,
     )

@@ -22,6 +22,7 @@ from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
 from service.models import Job, LogLine, Metric
+from worker.trainer.paths import JOB_LOG_FILE, job_folder
 from worker.trainer.protocol import read_metrics_log
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class MetricSink:
         self.latest: dict[str, Any] = {}
         self.first_buffered: float | None = None
         self.channel = keys.job_channel(job_id)
+        self.log_file = job_folder(ctx.settings.artifacts_dir, job_id) / JOB_LOG_FILE
 
     # -- buffering ----------------------------------------------------------------------
 
@@ -127,7 +129,23 @@ class MetricSink:
                 session.execute(insert(LogLine), logs)
             for field, value in {**latest, **(job_updates or {})}.items():
                 setattr(job, field, value)
-            return job
+        if logs:
+            self._append_log_file(logs)
+        return job
+
+    def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
+        """Every line also goes to the job's `log.txt` artifact: the database keeps only the
+        newest lines of a long job, the file keeps them all (`GET .../logs.txt`)."""
+        lines = "".join(
+            f"{row['time']:%Y-%m-%dT%H:%M:%S.%fZ} attempt {row['attempt']} {row['level']:<7} {row['message']}\n"
+            for row in logs
+        )
+        try:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_file.open("a", encoding="utf-8", errors="replace") as out:
+                out.write(lines)
+        except OSError as err:
+            log.warning("cannot append to %s: %s", self.log_file, err)
 
     def forget_after(self, step: int) -> None:
         """Delete points after `step`: a resumed attempt trains those steps again."""

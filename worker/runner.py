@@ -100,7 +100,7 @@ class JobRunner:
             self.outcome.stop = Stop.BAD_SPEC
             self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
             return False
-        env = trainer_environment(self.launch.indices)
+        env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
         self.process = start_trainer(spec_path, env)
         if isinstance(self.inventory, SimulatedInventory):
             self.inventory.attach(self.process.pid, self.launch.indices)

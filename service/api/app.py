@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
-from service.api.routes import catalog, gpus, health, jobs, session, stream, users, workers
+from service.api.routes import artifacts, catalog, gpus, health, jobs, session, stream, users, workers
 from service.auth import TokenChecker
 from service.context import Context
 from service.hosts import HostInventory
@@ -113,7 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    for module in (jobs, stream, gpus, workers, users, health, session, catalog):
+    for module in (jobs, artifacts, stream, gpus, workers, users, health, session, catalog):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes)
     web = dashboard_dir()

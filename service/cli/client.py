@@ -70,6 +70,12 @@ def add_commands(commands: Any) -> None:
     gpus = command("gpus", "every GPU and who holds it")
     gpus.set_defaults(run=run_gpus)
 
+    download = command("download", "download a job's artifacts: all of them, a folder, or one file")
+    download.add_argument("id", type=int)
+    download.add_argument("path", nargs="?", default=None, help="a file or folder in the job's artifacts (default all)")
+    download.add_argument("-o", "--output", type=Path, default=Path("."), help="folder to put it in (default .)")
+    download.set_defaults(run=run_download)
+
 
 class Api:
     def __init__(self, args: argparse.Namespace) -> None:
@@ -88,6 +94,65 @@ class Api:
         if response.status_code >= 400:
             raise ClientError(f"{response.status_code}: {_detail(response)}")
         return response.json() if response.content else None
+
+    def download(self, path: str, target: Path) -> httpx.Headers:
+        """Stream `path` into `target` (through `target.part`, renamed at the end), with a
+        progress line on a terminal; returns the response headers."""
+        partial = target.with_name(target.name + ".part")
+        try:
+            with self.client.stream("GET", path, timeout=httpx.Timeout(30, read=300)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(f"{response.status_code}: {_detail(response)}")
+                total = int(response.headers.get("content-length") or 0) or None
+                progress = Progress(target.name, total)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes(256 * 1024):
+                        out.write(chunk)
+                        progress.advance(len(chunk))
+                progress.done()
+        except httpx.HTTPError as err:
+            partial.unlink(missing_ok=True)
+            raise ClientError(f"download from the API at {self.url} failed: {err}") from err
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(target)
+        return response.headers
+
+
+class Progress:
+    """`name  12.3 MB / 40.0 MB  31%  8.1 MB/s` redrawn in place on a terminal; one line at
+    the end otherwise."""
+
+    def __init__(self, name: str, total: int | None) -> None:
+        self.name, self.total, self.received = name, total, 0
+        self.started = self.drawn = time.monotonic()
+        self.live = sys.stderr.isatty()
+
+    def advance(self, count: int) -> None:
+        self.received += count
+        if self.live and time.monotonic() - self.drawn >= 0.1:
+            self.drawn = time.monotonic()
+            print(f"\r{self._line()}", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        print(("\r" if self.live else "") + self._line(), file=sys.stderr, flush=True)
+
+    def _line(self) -> str:
+        rate = self.received / max(time.monotonic() - self.started, 1e-6)
+        size = _bytes(self.received) + (f" / {_bytes(self.total)}" if self.total else "")
+        share = f"  {100 * self.received / self.total:3.0f}%" if self.total else ""
+        return f"{self.name}  {size}{share}  {_bytes(rate)}/s\x1b[K" if self.live else f"{self.name}  {size}"
+
+
+def _bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
 
 
 def _read(path: Path) -> str | None:
@@ -214,6 +279,39 @@ def run_logs(args: argparse.Namespace) -> int:
             return 0
         time.sleep(1)
         lines = api.call("GET", f"/api/jobs/{args.id}/logs", params={"after_id": after})
+
+
+def run_download(args: argparse.Namespace) -> int:
+    """One file lands as `OUTPUT/<name>`; a folder or everything is unpacked into `OUTPUT`
+    (as `job-<id>/...` or `job-<id>-<folder>/...`)."""
+    import tarfile
+    import tempfile
+
+    api = Api(args)
+    output: Path = args.output
+    route = (
+        f"/api/jobs/{args.id}/artifacts/{args.path.strip('/')}"
+        if args.path
+        else f"/api/jobs/{args.id}/artifacts.tar.gz"
+    )
+    name = Path(args.path).name if args.path else f"job-{args.id}.tar.gz"
+    output.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output, prefix=".towerq-download-") as scratch:
+        fetched = Path(scratch) / (name or "artifact")
+        headers = api.download(route, fetched)
+        if headers.get("x-towerq-archive") != "folder":
+            target = output / fetched.name
+            fetched.replace(target)
+            print(f"saved {target}")
+            return 0
+        with tarfile.open(fetched, "r:gz") as archive:
+            top = {member.name.split("/", 1)[0] for member in archive.getmembers()}
+            archive.extractall(output, filter="data")  # no absolute paths, no links out
+        if not top:
+            raise ClientError(f"job {args.id}: {args.path or 'the artifacts'} holds no files")
+        for folder in sorted(top):
+            print(f"saved {output / folder}/")
+    return 0
 
 
 def run_gpus(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ have seen without the interruption.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from worker.trainer import datasets, devices, feeding
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.lockstep import batch_norm_report
 from worker.trainer.models import build_model
+from worker.trainer.paths import MODEL_FILE
 from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, METRICS_LOG, Reporter
 from worker.trainer.spec import Hyperparameters, TrainerInput
 from worker.trainer.towers import EvalResult, Objective, TowerStep
@@ -209,9 +211,28 @@ def train(run: Run, stop: StopFlag) -> int:
 def finish(run: Run, done: int, started: float) -> int:
     final = evaluate(run, done)
     save(run, done)
+    export_model(run)
     run.writer.flush()
     run.reporter.emit("done", step=done, final=final, seconds=round(time.monotonic() - started, 3))
     return EXIT_OK
+
+
+def export_model(run: Run) -> None:
+    """The trained model as `model.keras` in the artifacts, the weights evaluation scored (the
+    moving averages when `ema_decay` is set); written aside and renamed, so a reader never
+    sees half a file. A model Keras cannot save (an unregistered custom layer) is a warning,
+    not a failed run."""
+    target = Path(run.spec.runtime.artifacts_dir) / MODEL_FILE
+    partial = target.with_name(f".partial-{os.getpid()}.keras")
+    try:
+        with run.step.averaged_weights():
+            run.step.model.save(partial)
+        os.replace(partial, target)
+    except Exception as err:  # noqa: BLE001 - user models may fail to serialize in any way
+        partial.unlink(missing_ok=True)
+        run.reporter.emit("log", level="warning", message=f"{MODEL_FILE} not exported: {type(err).__name__}: {err}")
+        return
+    run.reporter.emit("log", level="info", message=f"exported the trained model as {MODEL_FILE}")
 
 
 def report_metric(run: Run, done: int, result: dict[str, tf.Tensor], examples_per_sec: float, step_time: float) -> None:

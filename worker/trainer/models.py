@@ -51,6 +51,7 @@ def lenet5(input_shape: tuple[int, ...], classes: int, options: dict[str, Any]) 
     )
 
 
+@keras.saving.register_keras_serializable(package="towerq")
 class LocalResponseNorm(keras.layers.Layer):
     """The `norm1`/`norm2` layers of the classic CIFAR-10 tutorial (tf.nn.lrn)."""
 
@@ -104,6 +105,7 @@ def resnet20(input_shape: tuple[int, ...], classes: int, options: dict[str, Any]
     return keras.Model(inputs, L.Dense(classes)(x), name="resnet20")
 
 
+@keras.saving.register_keras_serializable(package="towerq")
 class Quadratic(keras.layers.Layer):
     """y = a·x² + b·x + c with trainable a, b, c."""
 

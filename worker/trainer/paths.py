@@ -9,6 +9,20 @@ class PathEscapeError(ValueError):
     """A user path that is absolute, climbs with `..`, or leads outside its root via a link."""
 
 
+JOB_LOG_FILE = "log.txt"
+"""The whole log of a job (every attempt), beside its checkpoints: the relay appends to it."""
+
+
+MODEL_FILE = "model.keras"
+"""The trained model a run exports at its end (EMA weights when `ema_decay` is set)."""
+
+
+def job_folder(artifacts_root: Path, job_id: int) -> Path:
+    """Where one job's artifacts live: `<TOWERQ_ARTIFACTS_DIR>/job-<id>` (shared storage, so
+    the worker that writes them and the API that serves them agree)."""
+    return artifacts_root.resolve() / f"job-{job_id}"
+
+
 def check_relative(path: str) -> PurePosixPath:
     """The path as a relative POSIX path; raises when it is absolute or contains `..`."""
     if not path or "\x00" in path:

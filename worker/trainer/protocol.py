@@ -13,7 +13,8 @@ Every line has `event` and `time` (Unix seconds). Events:
 - `log`: `level` (`info` | `warning` | `error`), `message`.
 - `checkpoint`: `step`, `path`.
 - `stopped`: `step` (SIGTERM received; a checkpoint was written first).
-- `done`: `step`, `final` (the last eval), `seconds`.
+- `done`: `step`, `final` (the last eval), `seconds`; before it, the run writes its last
+  checkpoint and exports the trained model as `model.keras` (a `log` line says which).
 - `error`: `kind` (`spec`, `dataset`, `model`, `device`, `nan_loss`, `oom`, `internal`),
   `message` (for people); the process then exits non-zero.
 

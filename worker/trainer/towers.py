@@ -21,7 +21,8 @@ The step is one compiled graph (`tf.function`); see `bench/trainer_throughput.py
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -173,6 +174,22 @@ class TowerStep:
         decay = tf.minimum(tf.constant(self.ema_decay, tf.float32), (1.0 + count) / (10.0 + count))
         for average, variable in zip(self.ema, self.trainable, strict=True):
             average.assign(decay * average + (1.0 - decay) * variable.value)
+
+    @contextmanager
+    def averaged_weights(self) -> Iterator[None]:
+        """The moving averages in the model's own variables for a while (to export the model
+        that evaluation scores), then the trained values back. Without EMA: nothing to do."""
+        if not self.ema:
+            yield
+            return
+        trained = [v.numpy() for v in self.trainable]  # copies: the restore must not see the swap
+        for variable, average in zip(self.trainable, self.ema, strict=True):
+            variable.assign(average.read_value())
+        try:
+            yield
+        finally:
+            for variable, value in zip(self.trainable, trained, strict=True):
+                variable.assign(value)
 
     # -- evaluation -------------------------------------------------------------------------
 

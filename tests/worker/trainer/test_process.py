@@ -85,8 +85,10 @@ def test_every_line_is_protocol_json_and_the_run_ends_with_done(tmp_path: Path) 
         ("metric", 12),
         ("eval", 12),
         ("checkpoint", 12),
+        ("log", None),  # the trained model exported as model.keras
         ("done", 12),
     ]
+    assert lines[-2]["message"] == "exported the trained model as model.keras"
     started = lines[0]
     assert started["towers"] == 2 and started["tower_batches"] == [8, 8] and started["global_batch"] == 16
     assert started["simulated"] is True and started["memory_limit_enforced"] is False
