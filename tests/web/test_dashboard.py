@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from datetime import UTC, datetime
 
 import pytest
@@ -97,6 +98,13 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     page.click("#cancel")
     page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000)
     assert page.locator("#cancel").is_disabled()
+    # Its artifacts are links, not server paths: the stop's checkpoint, the whole log.
+    page.wait_for_selector('#artifacts a:text("checkpoints/checkpoint")')
+    assert page.locator("#download-model").count() == 0  # no model.keras: it did not finish
+    with page.expect_download() as download:
+        page.click("#download-log")
+    assert "attempt 1" in Path(download.value.path()).read_text()
+    shot(page, "job-artifacts")
     page.click('nav a[data-nav="gpus"]')
     page.wait_for_selector('[data-host="lab-a"] tr[data-gpu="0"][data-free="1"]', timeout=30_000)
     assert "free" in gpu_row(page, "lab-a", 0).inner_text()

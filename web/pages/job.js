@@ -39,6 +39,7 @@ export async function render(main, params) {
   const follow = el("input", { type: "checkbox", id: "follow", checked: true });
   const charts = new Charts(series);
   const problem = problemLine();
+  const artifacts = el("section", { "aria-labelledby": "artifacts-title", id: "artifacts" });
 
   main.replaceChildren(
     header,
@@ -46,6 +47,7 @@ export async function render(main, params) {
     summary,
     el("section", { "aria-labelledby": "charts-title" }, el("h2", { id: "charts-title" }, "Training"), charts.controls(), charts.box),
     details,
+    artifacts,
     el(
       "section",
       { "aria-labelledby": "log-title" },
@@ -59,12 +61,16 @@ export async function render(main, params) {
     summary.replaceChildren(...summaryOf(job));
     details.replaceChildren(...detailsOf(job));
   };
+  const drawArtifacts = async () => artifacts.replaceChildren(...artifactsOf(job, await api(`api/jobs/${id}/artifacts`)));
   async function reload() {
+    const before = job.state;
     job = await api(`api/jobs/${id}`);
     drawJob();
+    if (job.state !== before) await drawArtifacts();
   }
   drawJob();
   charts.draw();
+  await drawArtifacts();
 
   const appendLog = (lines) => {
     for (const line of lines) {
@@ -194,30 +200,69 @@ function detailsOf(job) {
     el("h2", { id: "history-title" }, "History"),
     el("div", { class: "scroll" }, dataTable(HISTORY_COLUMNS, job.events).table),
   );
-  const artifacts = el(
-    "section",
-    { "aria-labelledby": "artifacts-title" },
-    el("h2", { id: "artifacts-title" }, "Artifacts"),
-    job.artifacts_dir
-      ? el(
-          "dl",
-          { class: "summary" },
-          el("dt", {}, "Folder"),
-          el("dd", { class: "mono" }, job.artifacts_dir),
-          el("dt", {}, "Checkpoints"),
-          el("dd", { class: "mono" }, `${job.artifacts_dir}/checkpoints`),
-          el("dt", {}, "TensorBoard"),
-          el("dd", {}, el("code", {}, `tensorboard --logdir ${job.artifacts_dir}/tensorboard`)),
-        )
-      : el("p", { class: "muted" }, "None yet: the job has not started."),
-  );
   const spec = el(
     "section",
     { "aria-labelledby": "spec-title" },
     el("h2", { id: "spec-title" }, "Spec"),
     el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)),
   );
-  return [placement, history, artifacts, spec];
+  return [placement, history, spec];
+}
+
+const FILES_SHOWN = 200;
+
+// Links to take the job's results home: the model, everything, the whole log, each file.
+function artifactsOf(job, listing) {
+  const title = el("h2", { id: "artifacts-title" }, "Artifacts");
+  if (!listing.items.length) {
+    return [title, el("p", { class: "muted" }, FINAL.includes(job.state) ? "None." : "None yet: the job has not written any.")];
+  }
+  const base = `api/jobs/${job.id}`;
+  const has = (path) => listing.items.some((item) => item.path === path);
+  const link = (href, text, attrs = {}) => el("a", { href, download: "", ...attrs }, text);
+  const quick = [
+    has("model.keras") ? link(`${base}/artifacts/model.keras`, "model.keras", { id: "download-model" }) : null,
+    link(`${base}/artifacts.tar.gz`, `everything (.tar.gz, ${bytes(listing.total_bytes)})`, { id: "download-all" }),
+    link(`${base}/logs.txt`, "the whole log", { id: "download-log" }),
+    listing.items.some((item) => item.path.startsWith("tensorboard/"))
+      ? link(`${base}/artifacts/tensorboard`, "TensorBoard events (.tar.gz)")
+      : null,
+  ].filter(Boolean);
+  const columns = [
+    {
+      title: "File",
+      cell: (item) => link(`${base}/artifacts/${item.path.split("/").map(encodeURIComponent).join("/")}`, item.path, { class: "mono" }),
+    },
+    { title: "Size", cell: (item) => bytes(item.size), class: "num" },
+    { title: "Modified", cell: (item) => when(item.modified) },
+  ];
+  const shown = listing.items.slice(0, FILES_SHOWN);
+  const more = listing.items.length - shown.length + (listing.truncated ? 1 : 0);
+  return [
+    title,
+    el("p", { class: "links" }, "Download: ", ...quick.flatMap((a, i) => (i ? [" · ", a] : [a]))),
+    el(
+      "p",
+      { class: "muted" },
+      "TensorBoard at home: ",
+      el("code", {}, `towerq download ${job.id} tensorboard && tensorboard --logdir job-${job.id}-tensorboard`),
+    ),
+    el("div", { class: "scroll" }, dataTable(columns, shown, { caption: "Files" }).table),
+    more > 0
+      ? el("p", { class: "muted" }, `and ${more}${listing.truncated ? "+" : ""} more files: download everything to see them all.`)
+      : null,
+  ];
+}
+
+function bytes(count) {
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let value = count;
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) {
+    value /= 1000;
+    unit += 1;
+  }
+  return unit ? `${value.toFixed(1)} ${units[unit]}` : `${value} B`;
 }
 
 // Where batch norm is synchronised across towers, and where it is not (inside custom layers).
