@@ -25,7 +25,8 @@ COPY scripts/requirements.py scripts/
 ENV TOWERQ_VAR_DIR=/data/var \
     TOWERQ_DATA_DIR=/data/datasets \
     TOWERQ_ARTIFACTS_DIR=/data/artifacts \
-    TOWERQ_MODELS_PATH=/data/models
+    TOWERQ_MODELS_PATH=/data/models \
+    TOWERQ_CODE_DIR=/data/code
 
 FROM base AS build
 COPY README.md ./

@@ -34,3 +34,7 @@ class SpecError(TowerqError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class TooLargeError(SpecError):
+    """An upload over one of its limits (HTTP 413); `field` names the culprit."""

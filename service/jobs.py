@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session, joinedload
 
+from service import code as code_bundles
 from service.auth import Caller
 from service.db import Database
 from service.exceptions import NotFoundError, SpecError
@@ -147,13 +148,28 @@ def _ranges(indices: Sequence[int]) -> str:
 
 def check_files(spec: JobSpec, settings: Settings) -> None:
     """Refuse paths that escape their folders; check that files exist where this host can see."""
-    if ":" in spec.model:
+    if spec.code is not None:
+        _check_bundle(spec, settings)
+    elif ":" in spec.model:
         module = spec.model.split(":")[0].replace(".", "/") + ".py"
         _check_inside(settings.models_path, module, "model", "TOWERQ_MODELS_PATH")
     if spec.dataset_path is not None:
         _check_inside(settings.data_dir, spec.dataset_path, "dataset", "TOWERQ_DATA_DIR")
     if spec.dataset_options.test_path is not None:
         _check_inside(settings.data_dir, spec.dataset_options.test_path, "dataset_options", "TOWERQ_DATA_DIR")
+
+
+def _check_bundle(spec: JobSpec, settings: Settings) -> None:
+    """The bundle exists and holds the module the model names."""
+    assert spec.code is not None
+    try:
+        files = {entry["path"] for entry in code_bundles.manifest(settings.code_dir, spec.code)["files"]}
+    except NotFoundError as err:
+        raise SpecError("code", str(err)) from None
+    module = spec.model.split(":")[0].replace(".", "/")
+    if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
+        shown = ", ".join(sorted(path for path in files if path.endswith(".py"))[:10])
+        raise SpecError("model", f"bundle {spec.code[:12]}… has no {module}.py (its Python files: {shown or 'none'})")
 
 
 def _check_inside(root: Path, relative: str, field: str, setting: str) -> None:

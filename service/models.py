@@ -282,6 +282,8 @@ class Metric(Base):
     accuracy: Mapped[float | None] = mapped_column(Float)
     learning_rate: Mapped[float | None] = mapped_column(Float)
     examples_per_sec: Mapped[float | None] = mapped_column(Float)
+    custom: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """A user model's own metrics at this point, by name (`metrics(labels, logits)`)."""
     time: Mapped[datetime] = mapped_column()
 
 

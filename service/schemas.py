@@ -98,6 +98,8 @@ class MetricOut(Out):
     accuracy: float | None
     learning_rate: float | None
     examples_per_sec: float | None
+    custom: dict[str, float | None] | None = None
+    """The user model's own metrics (`metrics(labels, logits)` in its module), by name."""
     time: datetime
     attempt: int
 

@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./var/data")
     artifacts_dir: Path = Path("./var/artifacts")
     models_path: Path = Path("./var/models")
+    code_dir: Path = Path("./var/code")
+    """Uploaded code bundles, content-addressed; on storage every worker sees (like artifacts)."""
+    max_code_bytes: int = Field(default=20_000_000, ge=1)
+    """The largest code bundle upload (packed)."""
+    max_code_files: int = Field(default=2_000, ge=1)
+    max_code_unpacked_bytes: int = Field(default=200_000_000, ge=1)
 
     # None: NVML GPUs when a driver answers, else 4 simulated ones; a number forces simulation.
     simulated_gpus: int | None = Field(default=None, ge=0, le=64)

@@ -136,6 +136,7 @@ def make_settings(tmp_path: Path, redis_url: str) -> Callable[..., Settings]:
             "data_dir": tmp_path / "data",
             "artifacts_dir": tmp_path / "artifacts",
             "models_path": tmp_path / "models",
+            "code_dir": tmp_path / "code",
             "host_name": "lab-a",
             "simulated_gpus": 4,
             "heartbeat_interval_s": 0.5,

@@ -21,7 +21,7 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.models import Job, JobState
 from service.settings import Settings
-from worker.trainer.paths import job_folder
+from worker.trainer.paths import bundle_root, job_folder
 from worker.trainer.spec import RuntimeSpec, trainer_input
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +82,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> P
         artifacts_dir=str(artifacts),
         data_dir=str(settings.data_dir.resolve()),
         models_path=str(settings.models_path.resolve()),
+        code_path=str(bundle_root(settings.code_dir, launch.spec["code"])) if launch.spec.get("code") else None,
         simulated=launch.simulated,
         num_devices=len(launch.indices),
         gpu_memory_fraction=launch.fraction,

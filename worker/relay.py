@@ -42,6 +42,16 @@ def _number(value: Any) -> float | None:
     return float(value) if value == value and abs(value) != float("inf") else None
 
 
+MAX_CUSTOM_METRICS = 16
+
+
+def _custom(values: Any) -> dict[str, float | None] | None:
+    """A metric line's user metrics, as numbers (at most 16, names at most 48 characters)."""
+    if not isinstance(values, dict) or not values:
+        return None
+    return {str(name)[:48]: _number(value) for name, value in list(values.items())[:MAX_CUSTOM_METRICS]}
+
+
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
@@ -66,7 +76,8 @@ class MetricSink:
         if not isinstance(step, int) or isinstance(step, bool):
             self.log("warning", f"metric line without an integer step ignored: {event}")
             return
-        point = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
+        point: dict[str, Any] = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
+        point["custom"] = _custom(event.get("metrics"))
         when = parse_time(event.get("time"))
         if publish:
             extra = {} if split == "eval" else {"step_time_s": _number(event.get("step_time_s"))}

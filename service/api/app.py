@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
-from service.api.routes import artifacts, catalog, gpus, health, jobs, session, stream, users, workers
+from service.api.routes import artifacts, catalog, code, gpus, health, jobs, session, stream, users, workers
 from service.auth import TokenChecker
 from service.context import Context
 from service.hosts import HostInventory
@@ -32,20 +33,28 @@ def dashboard_dir() -> Path:
     return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "web"
 
 
-class BodySizeLimit:
-    """Refuses request bodies over `limit` bytes with 413, before anyone parses them."""
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+"""Room for a multipart upload's headers and boundaries around the file itself."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+
+class BodySizeLimit:
+    """Refuses request bodies over their limit with 413, before anyone parses them: `limit`
+    (TOWERQ_MAX_REQUEST_BYTES), or for an upload route in `uploads` that route's own."""
+
+    def __init__(self, app: ASGIApp, limit: int, uploads: dict[str, tuple[int, str]] | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.uploads = uploads or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, setting = self.uploads.get(scope["path"], (self.limit, "TOWERQ_MAX_REQUEST_BYTES"))
+        allowed = limit + (MULTIPART_OVERHEAD_BYTES if scope["path"] in self.uploads else 0)
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._refuse(send)
+        if declared is not None and (not declared.isdigit() or int(declared) > allowed):
+            await self._refuse(send, limit, setting)
             return
         received = 0
 
@@ -53,17 +62,17 @@ class BodySizeLimit:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.limit:
+            if received > allowed:
                 raise _TooLarge
             return message
 
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await self._refuse(send)
+            await self._refuse(send, limit, setting)
 
-    async def _refuse(self, send: Send) -> None:
-        body = b'{"detail":"request body larger than %d bytes"}' % self.limit
+    async def _refuse(self, send: Send, limit: int, setting: str) -> None:
+        body = json.dumps({"detail": f"request body larger than {limit} bytes ({setting})"}).encode()
         await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
 
@@ -113,9 +122,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    for module in (jobs, artifacts, stream, gpus, workers, users, health, session, catalog):
+    for module in (jobs, artifacts, code, stream, gpus, workers, users, health, session, catalog):
         app.include_router(module.router)
-    app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes)
+    uploads = {"/api/code": (settings.max_code_bytes, "TOWERQ_MAX_CODE_BYTES")}
+    app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes, uploads=uploads)
     web = dashboard_dir()
     if (web / "index.html").is_file():
         app.mount("/", StaticFiles(directory=web, html=True), name="web")

@@ -17,6 +17,7 @@ from service.exceptions import (
     SpecError,
     StaleAttemptError,
     StateConflictError,
+    TooLargeError,
 )
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
         loc = ["body", *exc.field.split(".")]
-        detail = [{"loc": loc, "msg": f"{exc.field}: {exc.message}", "type": "value_error"}]
-        return JSONResponse(status_code=422, content={"detail": detail})
+        too_large = isinstance(exc, TooLargeError)
+        detail = [
+            {"loc": loc, "msg": f"{exc.field}: {exc.message}", "type": "too_large" if too_large else "value_error"}
+        ]
+        return JSONResponse(status_code=413 if too_large else 422, content={"detail": detail})
 
     @app.exception_handler(AuthError)
     async def _auth(_: Request, exc: AuthError) -> JSONResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,13 @@ def add_commands(commands: Any) -> None:
         help="override a field, e.g. hyperparameters.steps=500",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument(
+        "--code",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="upload a .py file or a folder as the job's code bundle (model: module:function in it)",
+    )
     submit.set_defaults(run=run_submit)
 
     jobs = command("jobs", "list jobs, newest first")
@@ -203,11 +211,76 @@ def run_submit(args: argparse.Namespace) -> int:
     for assignment in args.set:
         set_field(spec, assignment)
     api = Api(args)
+    if args.code is not None:
+        spec["code"] = upload_code(api, args.code)
     job = api.call("POST", "/api/jobs", json=spec)
     print(f"job {job['id']} submitted ({job['name']}), {job['state']}")
     if args.wait:
         return _follow(api, job["id"])
     return 0
+
+
+SKIPPED_FOLDERS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+                   ".ipynb_checkpoints", "node_modules", ".tox", ".nox"}  # fmt: skip
+CODE_FILE_LIMIT_BYTES = 10_000_000
+"""Larger files are left out of a bundle: data and weights do not belong in code (upload a
+dataset instead)."""
+
+
+def pack_folder(folder: Path) -> tuple[bytes, int, list[str]]:
+    """`folder` as a .tar.gz of its code: (the archive, files packed, what was left out and why)."""
+    import io
+    import tarfile
+
+    skipped: list[str] = []
+    count = 0
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for current, subfolders, names in os.walk(folder):
+            here = Path(current)
+            for name in sorted(subfolders):
+                path = here / name
+                if name in SKIPPED_FOLDERS or (path / "pyvenv.cfg").exists() or path.is_symlink():
+                    why = (
+                        "a virtual environment"
+                        if (path / "pyvenv.cfg").exists()
+                        else "a link"
+                        if path.is_symlink()
+                        else ""
+                    )
+                    skipped.append(f"{path.relative_to(folder)}/" + (f" ({why})" if why else ""))
+                    subfolders.remove(name)
+            subfolders.sort()
+            for name in sorted(names):
+                path = here / name
+                relative = path.relative_to(folder).as_posix()
+                if path.is_symlink() or not path.is_file():
+                    skipped.append(f"{relative} (a link)" if path.is_symlink() else f"{relative} (not a file)")
+                elif name.endswith((".pyc", ".pyo")):
+                    continue
+                elif path.stat().st_size > CODE_FILE_LIMIT_BYTES:
+                    skipped.append(f"{relative} ({_bytes(path.stat().st_size)}, over {_bytes(CODE_FILE_LIMIT_BYTES)})")
+                else:
+                    archive.add(path, arcname=relative, recursive=False)
+                    count += 1
+    return buffer.getvalue(), count, skipped
+
+
+def upload_code(api: Api, path: Path) -> str:
+    """Upload `path` (a .py file or a folder) as a code bundle; returns its id."""
+    if path.is_dir():
+        data, count, skipped = pack_folder(path)
+        if not count:
+            raise ClientError(f"--code {path}: no files to upload")
+        name = f"{path.resolve().name or 'code'}.tar.gz"
+    elif path.is_file():
+        data, count, skipped, name = path.read_bytes(), 1, [], path.name
+    else:
+        raise ClientError(f"--code {path}: no such file or folder")
+    bundle = api.call("POST", "/api/code", files={"file": (name, data)})
+    note = f"; left out: {', '.join(skipped)}" if skipped else ""
+    print(f"code: {count} files, {_bytes(bundle['size'])}, bundle {bundle['id'][:12]}{note}")
+    return str(bundle["id"])
 
 
 def _follow(api: Api, job_id: int) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 

@@ -10,16 +10,24 @@ const CHART_HEIGHT = 320;
 
 export async function render(main, params) {
   const chosen = (params.ids || "").split(",").map(Number).filter(Boolean);
-  const key = params.metric in METRICS ? params.metric : "loss";
+  const jobs = await Promise.all(chosen.map((id) => api(`api/jobs/${id}`)));
+  // The user models' own metrics (a run's names are fixed: its first point has them all).
+  const firsts = await Promise.all(chosen.map((id) => api(`api/jobs/${id}/metrics?split=train&limit=1`)));
+  const customNames = [...new Set(firsts.flatMap((page) => Object.keys(page[0]?.custom || {})))].sort();
+  const curves = { ...METRICS };
+  for (const name of customNames) {
+    curves[`custom_${name}`] = `train ${name}`;
+    curves[`eval_custom_${name}`] = `eval ${name}`;
+  }
+  const key = params.metric in curves ? params.metric : "loss";
   const go = (ids, metric = key) => {
     location.hash = `#/compare?ids=${ids.join(",")}&metric=${metric}`;
   };
-  const jobs = await Promise.all(chosen.map((id) => api(`api/jobs/${id}`)));
   const chartBox = el("div", { class: "chart wide", id: "compare-chart" });
   const metric = el(
     "select",
     { id: "metric", onchange: () => go(chosen, metric.value) },
-    Object.entries(METRICS).map(([k, label]) => el("option", { value: k, selected: k === key }, label)),
+    Object.entries(curves).map(([k, label]) => el("option", { value: k, selected: k === key }, label)),
   );
   main.replaceChildren(
     el("h1", {}, "Compare"),
@@ -33,16 +41,17 @@ export async function render(main, params) {
 
   const split = key.startsWith("eval_") ? "eval" : "train";
   const field = key.replace("eval_", "");
+  const pick = field.startsWith("custom_") ? (m) => m.custom?.[field.slice(7)] : (m) => m[field];
   const series = await Promise.all(chosen.map((id) => allMetrics(id, split)));
   const steps = [...new Set(series.flat().map((m) => m.step))].sort((a, b) => a - b);
   const columns = series.map((points) => {
-    const byStep = new Map(points.map((m) => [m.step, m[field]]));
+    const byStep = new Map(points.map((m) => [m.step, pick(m)]));
     return steps.map((s) => byStep.get(s) ?? null);
   });
   let plot = null;
   const fit = fitToWidth(chartBox, () => (plot ? [plot] : []), CHART_HEIGHT);
   const lines = jobs.map((job, i) => ({ label: `#${job.id} ${job.name}`, color: COLORS[i % COLORS.length] }));
-  plot = lineChart(chartBox, { width: fit.width(), height: CHART_HEIGHT, yLabel: METRICS[key], lines }, [steps, ...columns]);
+  plot = lineChart(chartBox, { width: fit.width(), height: CHART_HEIGHT, yLabel: curves[key], lines }, [steps, ...columns]);
   chartBox.dataset.series = String(jobs.length);
   return () => {
     fit.stop();

@@ -40,6 +40,7 @@ export async function render(main, params) {
   const charts = new Charts(series);
   const problem = problemLine();
   const artifacts = el("section", { "aria-labelledby": "artifacts-title", id: "artifacts" });
+  const code = job.spec.code ? el("section", { "aria-labelledby": "code-title", id: "code" }) : null;
 
   main.replaceChildren(
     header,
@@ -47,6 +48,7 @@ export async function render(main, params) {
     summary,
     el("section", { "aria-labelledby": "charts-title" }, el("h2", { id: "charts-title" }, "Training"), charts.controls(), charts.box),
     details,
+    code,
     artifacts,
     el(
       "section",
@@ -71,6 +73,7 @@ export async function render(main, params) {
   drawJob();
   charts.draw();
   await drawArtifacts();
+  if (code) code.replaceChildren(...codeOf(await api(`api/code/${job.spec.code}`)));
 
   const appendLog = (lines) => {
     for (const line of lines) {
@@ -211,6 +214,27 @@ function detailsOf(job) {
 
 const FILES_SHOWN = 200;
 
+// The job's code bundle: its files, each readable in the browser.
+function codeOf(bundle) {
+  const columns = [
+    {
+      title: "File",
+      cell: (f) =>
+        el(
+          "a",
+          { href: `api/code/${bundle.id}/files/${f.path.split("/").map(encodeURIComponent).join("/")}`, target: "_blank", class: "mono" },
+          f.path,
+        ),
+    },
+    { title: "Size", cell: (f) => bytes(f.size), class: "num" },
+  ];
+  return [
+    el("h2", { id: "code-title" }, "Code"),
+    el("p", { class: "muted" }, `Bundle ${bundle.id.slice(0, 12)}… · ${bundle.files.length} files · ${bytes(bundle.size)}`),
+    el("div", { class: "scroll" }, dataTable(columns, bundle.files.slice(0, FILES_SHOWN), { caption: "Code files" }).table),
+  ];
+}
+
 // Links to take the job's results home: the model, everything, the whole log, each file.
 function artifactsOf(job, listing) {
   const title = el("h2", { id: "artifacts-title" }, "Artifacts");
@@ -251,7 +275,7 @@ function artifactsOf(job, listing) {
     more > 0
       ? el("p", { class: "muted" }, `and ${more}${listing.truncated ? "+" : ""} more files: download everything to see them all.`)
       : null,
-  ];
+  ].filter(Boolean);
 }
 
 function bytes(count) {
@@ -288,6 +312,7 @@ class Series {
   constructor() {
     this.byStep = new Map();
     this.steps = [];
+    this.customNames = new Set(); // the user model's own metrics seen so far
   }
 
   add(points) {
@@ -296,6 +321,10 @@ class Series {
       const prefix = p.split === "eval" ? "eval_" : "";
       row[`${prefix}loss`] = p.loss;
       row[`${prefix}accuracy`] = p.accuracy;
+      for (const [name, value] of Object.entries(p.custom || {})) {
+        this.customNames.add(name);
+        row[`${prefix}custom_${name}`] = value;
+      }
       if (p.split !== "eval") {
         row.learning_rate = p.learning_rate;
         row.examples_per_sec = p.examples_per_sec;
@@ -366,7 +395,15 @@ class Charts {
 
   draw() {
     const steps = this.series.steps;
-    for (const chart of CHARTS) {
+    const custom = [...this.series.customNames].sort().map((name) => ({
+      id: `custom-${name}`,
+      title: `${name} (from the model's metrics())`,
+      keys: [
+        [`custom_${name}`, "train", "#2563eb"],
+        [`eval_custom_${name}`, "eval", "#dc2626"],
+      ],
+    }));
+    for (const chart of [...CHARTS, ...custom]) {
       const data = [steps, ...chart.keys.map(([key]) => this.series.column(key))];
       if (!this.plots[chart.id]) {
         const holder = el("figure", { class: "chart", id: `chart-${chart.id}` }, el("figcaption", {}, chart.title));

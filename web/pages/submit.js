@@ -39,6 +39,10 @@ async function send(form, sections, errors) {
   const button = form.querySelector("#submit");
   button.disabled = true;
   try {
+    const file = spec.codeFile;
+    delete spec.codeFile;
+    if (file) spec.code = await uploadCode(file, errors);
+    if (spec.code === null) return;
     const job = await api("api/jobs", { method: "POST", body: spec });
     toast(`Job ${job.id} submitted`);
     location.hash = `#/jobs/${job.id}`;
@@ -51,6 +55,20 @@ async function send(form, sections, errors) {
   } finally {
     button.disabled = false;
   }
+}
+
+// A code bundle from the form's file field: its id, or null (the error shown at "code").
+async function uploadCode(file, errors) {
+  const body = new FormData();
+  body.append("file", file, file.name);
+  const response = await fetch("api/code", { method: "POST", body });
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const detail = Array.isArray(answer.detail) ? answer.detail.map((d) => d.msg).join("; ") : answer.detail;
+    errors.show("code", detail || `upload failed (${response.status})`);
+    return null;
+  }
+  return answer.id;
 }
 
 // The fields of the form by spec path, and the error shown beside each.
@@ -97,11 +115,29 @@ class FieldErrors {
 }
 
 function whatSection(catalog, errors) {
+  const OWN = "";
   const model = el(
     "select",
     {},
     catalog.models.map((m) => el("option", { value: m.name, title: m.description }, `${m.name} — ${m.description}`)),
+    el("option", { value: OWN }, "your own code — module:function in a file you upload"),
   );
+  // Your own model: a function in an uploaded .py / .zip / .tar.gz (or the bundle of a clone).
+  const entry = el("input", { maxlength: 256, placeholder: "nets:build" });
+  const codeFile = el("input", { type: "file", accept: ".py,.zip,.tar.gz,.tgz" });
+  const kept = el("small", { class: "muted", id: "code-kept" });
+  let keptCode = null;
+  const own = el(
+    "div",
+    { class: "own-code", hidden: true },
+    errors.field("entry", "Function (module:function)", entry, "e.g. nets:build for build() in nets.py"),
+    errors.field("code", "Code (.py, or a .zip / .tar.gz of a folder)", codeFile, "the folder's root is first on the import path"),
+    kept,
+  );
+  const showOwn = () => {
+    own.hidden = model.value !== OWN;
+  };
+  model.addEventListener("change", showOwn);
   const dataset = el("input", { list: "datasets", required: true, maxlength: 1024, value: "digits" });
   const datasets = el(
     "datalist",
@@ -116,6 +152,7 @@ function whatSection(catalog, errors) {
     el("legend", {}, "What"),
     errors.field("name", "Name", name),
     errors.field("model", "Model", model),
+    own,
     errors.field("dataset", "Dataset", dataset, "a name, or npz:PATH, tfrecord:PATTERN, images:FOLDER under the data folder"),
     datasets,
     errors.field("dataset_options", "Dataset options (JSON)", datasetOptions),
@@ -124,12 +161,24 @@ function whatSection(catalog, errors) {
     node,
     fill(spec) {
       name.value = spec.name ?? "";
-      model.value = spec.model;
+      const builtin = catalog.models.some((m) => m.name === spec.model);
+      model.value = builtin ? spec.model : OWN;
+      entry.value = builtin ? "" : spec.model;
+      keptCode = spec.code ?? null;
+      kept.textContent = keptCode ? `Uses code bundle ${keptCode.slice(0, 12)}… of the cloned job; choose a file to replace it.` : "";
+      showOwn();
       dataset.value = spec.dataset;
       datasetOptions.value = jsonText(Object.fromEntries(Object.entries(spec.dataset_options || {}).filter(([, v]) => v !== null)));
     },
     read(spec) {
       Object.assign(spec, { model: model.value, dataset: dataset.value.trim() });
+      if (model.value === OWN) {
+        spec.model = entry.value.trim();
+        if (!spec.model.includes(":")) throw Object.assign(new Error("name the function as module:function"), { field: "entry" });
+        if (codeFile.files.length) spec.codeFile = codeFile.files[0];
+        else if (keptCode) spec.code = keptCode;
+        else throw Object.assign(new Error("choose the file with your code"), { field: "code" });
+      }
       if (name.value.trim()) spec.name = name.value.trim();
       spec.dataset_options = parseJson(datasetOptions.value, "dataset_options");
     },

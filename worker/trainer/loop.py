@@ -29,11 +29,11 @@ import tensorflow as tf
 from worker.trainer import datasets, devices, feeding
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.lockstep import batch_norm_report
-from worker.trainer.models import build_model
+from worker.trainer.models import ModelError, build_model, user_metrics
 from worker.trainer.paths import MODEL_FILE
 from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, METRICS_LOG, Reporter
 from worker.trainer.spec import Hyperparameters, TrainerInput
-from worker.trainer.towers import EvalResult, Objective, TowerStep
+from worker.trainer.towers import EvalResult, Objective, TowerStep, UserMetricsError, probe_metrics
 
 MAX_STEPS_PER_CALL = 50
 
@@ -98,10 +98,16 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
     global_batch = hp.batch_size * k
     artifacts = Path(spec.runtime.artifacts_dir)
     with tf.device(setup.variable_device):
+        code = Path(spec.runtime.code_path) if spec.runtime.code_path else None
         model = build_model(
-            spec.train.model, data.input_shape, data.classes, hp.model_dump(), Path(spec.runtime.models_path)
+            spec.train.model, data.input_shape, data.classes, hp.model_dump(), Path(spec.runtime.models_path), code
         )
         optimizer = make_optimizer(hp)
+        metrics_fn = user_metrics(spec.train.model)
+        try:
+            names = probe_metrics(metrics_fn, model, data.input_shape, data.task == "regression") if metrics_fn else []
+        except UserMetricsError as err:
+            raise ModelError(f"model {spec.train.model}: {err}") from err
     step = TowerStep(
         model,
         optimizer,
@@ -112,6 +118,8 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         spec.train.tower_weights,
         hp.weight_decay,
         hp.ema_decay,
+        metrics_fn,
+        names,
     )
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, ema=step.ema)
     manager = tf.train.CheckpointManager(checkpoint, str(artifacts / "checkpoints"), max_to_keep=3)
@@ -241,6 +249,7 @@ def report_metric(run: Run, done: int, result: dict[str, tf.Tensor], examples_pe
         raise NanLossError(f"loss became {loss} at step {done}: lower learning_rate (now {run.hp.learning_rate:g})")
     accuracy = None if run.step.objective.regression else float(result["accuracy"])
     learning_rate = run.step.learning_rate()
+    custom = {name: float(value) for name, value in result.get("metrics", {}).items()}
     run.reporter.emit(
         "metric",
         step=done,
@@ -249,8 +258,11 @@ def report_metric(run: Run, done: int, result: dict[str, tf.Tensor], examples_pe
         learning_rate=learning_rate,
         examples_per_sec=round(examples_per_sec, 1),
         step_time_s=round(step_time, 6),
+        **({"metrics": custom} if custom else {}),
     )
     with run.writer.as_default(step=done):
+        for name, value in custom.items():
+            tf.summary.scalar(f"train/{name}", value)
         tf.summary.scalar("train/loss", loss)
         if accuracy is not None:
             tf.summary.scalar("train/accuracy", accuracy)
@@ -262,8 +274,13 @@ def evaluate(run: Run, done: int) -> EvalResult:
     result = run.step.evaluate(feeding.eval_batches(run.data, max(run.global_batch, 256)))
     if not math.isfinite(result["loss"]):
         raise NanLossError(f"evaluation loss became {result['loss']} at step {done}")
-    run.reporter.emit("eval", step=done, **result)
+    fields: dict[str, Any] = {**result}
+    if not fields["metrics"]:
+        del fields["metrics"]
+    run.reporter.emit("eval", step=done, **fields)
     with run.writer.as_default(step=done):
+        for name, value in result["metrics"].items():
+            tf.summary.scalar(f"eval/{name}", value)
         tf.summary.scalar("eval/loss", result["loss"])
         if result["accuracy"] is not None:
             tf.summary.scalar("eval/accuracy", result["accuracy"])

@@ -139,15 +139,18 @@ def build_model(
     classes: int,
     hyperparameters: dict[str, Any],
     models_path: Path,
+    code_path: Path | None = None,
 ) -> keras.Model:
-    """The model called `name`, built for `input_shape` and `classes`."""
+    """The model called `name`, built for `input_shape` and `classes`: a built-in one, or
+    `module:function` from the job's code bundle (`code_path`) or `TOWERQ_MODELS_PATH`."""
     options = dict(hyperparameters.get("model_options") or {})
     if name in BUILTIN:
         try:
             return ensure_built(BUILTIN[name](input_shape, classes, options), input_shape, name)
         except (TypeError, ValueError) as err:
             raise ModelError(f"cannot build {name} for inputs {input_shape}: {err}") from err
-    builder = load_user_builder(name, models_path)
+    builder = load_bundle_builder(name, code_path) if code_path else load_user_builder(name, models_path)
+    _loaded_builders[name] = builder
     params = {**hyperparameters, "input_shape": input_shape, "num_classes": classes, "model_options": options}
     try:
         model = builder(params)
@@ -156,6 +159,21 @@ def build_model(
     if not isinstance(model, keras.Model):
         raise ModelError(f"{name} returned {type(model).__name__}, not a keras.Model")
     return ensure_built(model, input_shape, name)
+
+
+def user_metrics(name: str) -> Callable[..., Any] | None:
+    """The `metrics(labels, logits)` function of the user module `name` (`module:function`)
+    comes from, once `build_model` has loaded it; None for built-in models and modules
+    without one."""
+    if name in BUILTIN:
+        return None
+    builder = _loaded_builders.get(name)
+    module = sys.modules.get(getattr(builder, "__module__", "") or "")
+    found = getattr(module, "metrics", None)
+    return found if callable(found) else None
+
+
+_loaded_builders: dict[str, Any] = {}
 
 
 def ensure_built(model: keras.Model, input_shape: tuple[int, ...], name: str = "model") -> keras.Model:
@@ -170,6 +188,37 @@ def ensure_built(model: keras.Model, input_shape: tuple[int, ...], name: str = "
     if not model.trainable_variables:
         raise ModelError(f"{name} has no trainable variables")
     return model
+
+
+def load_bundle_builder(reference: str, code_path: Path) -> Callable[[dict[str, Any]], Any]:
+    """The function named by `module:function` in the job's code bundle, imported as a normal
+    module with the bundle first on the import path (so the bundle's own imports work). The
+    bundle is read-only: no bytecode is written into it."""
+    module_name, _, function = reference.partition(":")
+    sys.dont_write_bytecode = True
+    sys.path.insert(0, str(code_path))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        where = _user_frame(err, code_path)
+        raise ModelError(
+            f"model {reference}: importing {module_name} raised {type(err).__name__}: {err}{where}"
+        ) from err
+    builder = getattr(module, function, None)
+    if not callable(builder):
+        raise ModelError(f"model {reference}: module {module_name} has no function {function!r}")
+    return builder
+
+
+def _user_frame(err: BaseException, root: Path) -> str:
+    """` (at file.py:12)`: the deepest line of the traceback inside the bundle, if any."""
+    import traceback
+
+    inside = [f for f in traceback.extract_tb(err.__traceback__) if f.filename.startswith(str(root))]
+    if not inside:
+        return ""
+    frame = inside[-1]
+    return f" (at {Path(frame.filename).relative_to(root)}:{frame.lineno})"
 
 
 def load_user_builder(reference: str, models_path: Path) -> Callable[[dict[str, Any]], Any]:

@@ -17,6 +17,15 @@ MODEL_FILE = "model.keras"
 """The trained model a run exports at its end (EMA weights when `ema_decay` is set)."""
 
 
+BUNDLE_FILES = "files"
+"""A code bundle's files, under `<TOWERQ_CODE_DIR>/<id>/` beside its manifest."""
+
+
+def bundle_root(code_dir: Path, bundle_id: str) -> Path:
+    """The folder a job's code bundle is unpacked in: first on the trainer's import path."""
+    return code_dir.resolve() / bundle_id / BUNDLE_FILES
+
+
 def job_folder(artifacts_root: Path, job_id: int) -> Path:
     """Where one job's artifacts live: `<TOWERQ_ARTIFACTS_DIR>/job-<id>` (shared storage, so
     the worker that writes them and the API that serves them agree)."""

@@ -10,6 +10,8 @@ Every line has `event` and `time` (Unix seconds). Events:
   the two speeds are over the steps since the previous `metric`, training time only
   (evaluations and checkpoints in between are left out).
 - `eval`: `step`, `loss`, `accuracy`, `examples` (held-out split; EMA weights when set).
+- `metric` and `eval` also carry `metrics` (name -> value) when the user's model module
+  defines `metrics(labels, logits)`: per-example values averaged like accuracy.
 - `log`: `level` (`info` | `warning` | `error`), `message`.
 - `checkpoint`: `step`, `path`.
 - `stopped`: `step` (SIGTERM received; a checkpoint was written first).

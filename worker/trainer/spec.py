@@ -290,6 +290,7 @@ class RuntimeSpec(Strict):
     artifacts_dir: str
     data_dir: str
     models_path: str
+    code_path: str | None = Field(default=None, description="the job's code bundle, first on the import path")
     simulated: bool = True
     num_devices: PositiveInt = 1
     gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
@@ -338,6 +339,11 @@ class JobSpec(TrainSpec):
     priority: Priority = Priority.NORMAL
     time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    code: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="a code bundle's id (POST /api/code): `model` is then `module:function` inside it",
+    )
 
     @model_validator(mode="after")
     def _gpus_and_count_agree(self) -> Self:
@@ -353,6 +359,8 @@ class JobSpec(TrainSpec):
             raise ValueError(f"tower_weights has {len(self.tower_weights)} entries for {self.gpu_count} GPUs")
         if self.memory_growth and self.gpu_memory_fraction < 1:
             raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
+        if self.code is not None and ":" not in self.model:
+            raise ValueError("with code, model names a function in the bundle: module:function")
         if self.name is None:
             self.name = f"{self.model}-{self.dataset}"[:128]
         return self

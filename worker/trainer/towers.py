@@ -21,7 +21,8 @@ The step is one compiled graph (`tf.function`); see `bench/trainer_throughput.py
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -38,6 +39,38 @@ class EvalResult(TypedDict):
     loss: float
     accuracy: float | None
     examples: int
+    metrics: dict[str, float]
+    """The user module's own metrics (`metrics(labels, logits)`), averaged over the examples."""
+
+
+MetricsFn = Callable[[tf.Tensor, tf.Tensor], dict[str, tf.Tensor]]
+MAX_USER_METRICS = 16
+METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+
+
+class UserMetricsError(ValueError):
+    """A user's `metrics(labels, logits)` that does not return per-example values."""
+
+
+def probe_metrics(fn: MetricsFn, model: keras.Model, input_shape: tuple[int, ...], regression: bool) -> list[str]:
+    """The names `fn` returns, checked once on a batch of 2 zeros: a dict of at most 16
+    names (letters, digits, _), each a number per example (or one number for the batch)."""
+    labels = tf.zeros((2, 1) if regression else (2,), tf.float32 if regression else tf.int32)
+    try:
+        values = fn(labels, model(tf.zeros((2, *input_shape)), training=False))
+    except Exception as err:
+        raise UserMetricsError(f"metrics(labels, logits) raised {type(err).__name__}: {err}") from err
+    if not isinstance(values, dict) or not values:
+        raise UserMetricsError("metrics(labels, logits) must return a dict of name -> per-example values")
+    if len(values) > MAX_USER_METRICS:
+        raise UserMetricsError(f"metrics(labels, logits) returned {len(values)} metrics; at most {MAX_USER_METRICS}")
+    for name, value in values.items():
+        if not isinstance(name, str) or not METRIC_NAME.match(name) or name in ("loss", "accuracy"):
+            raise UserMetricsError(f"metric name {name!r}: letters, digits and _, at most 48, not loss or accuracy")
+        shape = tf.convert_to_tensor(value).shape
+        if shape.rank not in (0, 1) or (shape.rank == 1 and shape[0] not in (None, 2)):
+            raise UserMetricsError(f"metric {name!r} has shape {shape}: one value per example, or one per batch")
+    return sorted(values)
 
 
 def split_sizes(total: int, weights: Sequence[float]) -> list[int]:
@@ -89,8 +122,12 @@ class TowerStep:
         tower_weights: Sequence[float] | None = None,
         weight_decay: float = 0.0,
         ema_decay: float | None = None,
+        metrics_fn: MetricsFn | None = None,
+        metric_names: Sequence[str] = (),
     ) -> None:
         self.model = model
+        self.metrics_fn = metrics_fn
+        self.metric_names = list(metric_names) if metrics_fn else []
         self.optimizer = optimizer
         self.devices = list(devices)
         self.variable_device = variable_device
@@ -117,20 +154,25 @@ class TowerStep:
 
     # -- training ---------------------------------------------------------------------------
 
-    def _train(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
-        grads, loss, correct, new_state = self._towers(x, y)
+    def _train(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, Any]:
+        grads, loss, correct, new_state, sums = self._towers(x, y)
         with tf.device(self.variable_device):
             self.optimizer.apply(grads, self.trainable)
             for variable, value in zip(self.state, new_state, strict=True):
                 variable.assign(value)
             if self.ema:
                 self._update_ema()
-            return {"loss": loss, "accuracy": correct / self.global_batch}
+            result: dict[str, Any] = {"loss": loss, "accuracy": correct / self.global_batch}
+            if self.metric_names:
+                result["metrics"] = {name: sums[name] / self.global_batch for name in self.metric_names}
+            return result
 
-    def _train_steps(self, batches: Any, steps: tf.Tensor) -> dict[str, tf.Tensor]:
+    def _train_steps(self, batches: Any, steps: tf.Tensor) -> dict[str, Any]:
         """`steps` training steps on batches drawn from the `batches` iterator, in one call
-        (no Python between steps); returns the last step's loss and accuracy."""
-        result = {"loss": tf.constant(0.0), "accuracy": tf.constant(0.0)}
+        (no Python between steps); returns the last step's loss, accuracy and user metrics."""
+        result: dict[str, Any] = {"loss": tf.constant(0.0), "accuracy": tf.constant(0.0)}
+        if self.metric_names:
+            result["metrics"] = {name: tf.constant(0.0) for name in self.metric_names}
         for _ in tf.range(steps):
             x, y = next(batches)
             result = self._train(x, y)
@@ -139,9 +181,27 @@ class TowerStep:
     def _averaged_gradients(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
         return self._towers(x, y)[0]
 
-    def _towers(self, x: tf.Tensor, y: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tf.Tensor]]:
+    def _metric_sums(self, ys: list[tf.Tensor], outs: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The user metrics summed over every tower's examples (a per-batch value counts once
+        per example), on the variable device: divided by the batch, an average like accuracy."""
+        if not self.metric_names or self.metrics_fn is None:
+            return {}
+        per_tower: dict[str, list[tf.Tensor]] = {name: [] for name in self.metric_names}
+        for i, device in enumerate(self.devices):
+            with tf.device(device), tf.name_scope(TOWER_SCOPE.format(i)):
+                values = self.metrics_fn(ys[i], outs[i])
+                n = tf.cast(tf.shape(outs[i])[0], tf.float32)
+                for name in self.metric_names:
+                    value = tf.cast(tf.convert_to_tensor(values[name]), tf.float32)
+                    per_tower[name].append(tf.reduce_sum(value) if value.shape.rank == 1 else value * n)
+        with tf.device(self.variable_device):
+            return {name: tf.add_n(sums) for name, sums in per_tower.items()}
+
+    def _towers(
+        self, x: tf.Tensor, y: tf.Tensor
+    ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tf.Tensor], dict[str, tf.Tensor]]:
         """Forward and backward on every tower; returns (averaged gradients, loss, number
-        correct, the non-trainable variables' new values)."""
+        correct, the non-trainable variables' new values, the user metrics' sums)."""
         with tf.device(self.variable_device):
             params = [v.value for v in self.trainable]
             state = [v.value for v in self.state]
@@ -167,7 +227,7 @@ class TowerStep:
                 loss = loss + 0.5 * self.weight_decay * tf.add_n(
                     [tf.reduce_sum(tf.square(params[j])) for j in self.decayed]
                 )
-            return grads, loss, tf.add_n(tower_correct), new_state
+            return grads, loss, tf.add_n(tower_correct), new_state, self._metric_sums(ys, outs)
 
     def _update_ema(self) -> None:
         count = tf.cast(self.optimizer.iterations, tf.float32)
@@ -193,8 +253,11 @@ class TowerStep:
 
     # -- evaluation -------------------------------------------------------------------------
 
-    def _evaluate_batch(self, x: tf.Tensor, y: tf.Tensor, use_ema: bool) -> tuple[tf.Tensor, tf.Tensor]:
-        """(sum of losses, number correct) over a batch of any size, split over the towers."""
+    def _evaluate_batch(
+        self, x: tf.Tensor, y: tf.Tensor, use_ema: bool
+    ) -> tuple[tf.Tensor, tf.Tensor, dict[str, tf.Tensor]]:
+        """(sum of losses, number correct, the user metrics' sums) over a batch of any size,
+        split over the towers."""
         with tf.device(self.variable_device):
             params = [v.read_value() for v in self.ema] if use_ema and self.ema else [v.value for v in self.trainable]
             state = [v.value for v in self.state]
@@ -210,22 +273,27 @@ class TowerStep:
             with tf.device(device):
                 losses.append(tf.reduce_sum(self.objective.losses(ys[i], outs[i])))
                 correct.append(tf.reduce_sum(self.objective.correct(ys[i], outs[i])))
+        sums = self._metric_sums(ys, outs)
         with tf.device(self.variable_device):
-            return tf.add_n(losses), tf.add_n(correct)
+            return tf.add_n(losses), tf.add_n(correct), sums
 
     def evaluate(self, batches: tf.data.Dataset) -> EvalResult:
-        """Mean loss and accuracy over a finite dataset of (x, y) batches."""
+        """Mean loss, accuracy and user metrics over a finite dataset of (x, y) batches."""
         total_loss = total_correct = 0.0
+        totals = dict.fromkeys(self.metric_names, 0.0)
         count = 0
         for x, y in batches:
-            loss, correct = self.evaluate_batch(x, y, bool(self.ema))
+            loss, correct, sums = self.evaluate_batch(x, y, bool(self.ema))
             total_loss += float(loss)
             total_correct += float(correct)
+            for name, value in sums.items():
+                totals[name] += float(value)
             count += int(x.shape[0])
         if count == 0:
-            return EvalResult(loss=float("nan"), accuracy=None, examples=0)
+            return EvalResult(loss=float("nan"), accuracy=None, examples=0, metrics={})
         accuracy = None if self.objective.regression else total_correct / count
-        return EvalResult(loss=total_loss / count, accuracy=accuracy, examples=count)
+        metrics = {name: total / count for name, total in totals.items()}
+        return EvalResult(loss=total_loss / count, accuracy=accuracy, examples=count, metrics=metrics)
 
     def learning_rate(self) -> float:
         lr = self.optimizer.learning_rate

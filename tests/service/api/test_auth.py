@@ -103,7 +103,9 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(alice: Api, settings
     big = {**SPEC, "name": "x" * (settings.max_request_bytes + 10)}
     response = alice.post("/api/jobs", json=big)
     assert response.status_code == 413
-    assert response.json() == {"detail": f"request body larger than {settings.max_request_bytes} bytes"}
+    assert response.json() == {
+        "detail": f"request body larger than {settings.max_request_bytes} bytes (TOWERQ_MAX_REQUEST_BYTES)"
+    }
 
 
 def test_every_string_field_has_a_length_limit(alice: Api) -> None:
