@@ -16,26 +16,16 @@ import json
 import os
 import re
 import shutil
-import tarfile
 import tempfile
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from service.exceptions import NotFoundError, SpecError, TooLargeError
-from worker.trainer.paths import BUNDLE_FILES, PathEscapeError, bundle_root, check_relative
+from service.exceptions import NotFoundError, SpecError
+from service.unpack import Limits, Unpacker, read_only, writable
+from worker.trainer.paths import BUNDLE_FILES, bundle_root
 
 BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
 MANIFEST = "manifest.json"
-CHUNK = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Limits:
-    packed_bytes: int
-    files: int
-    unpacked_bytes: int
 
 
 def check_id(bundle_id: str) -> str:
@@ -74,14 +64,13 @@ def store(upload: IO[bytes], filename: str, code_dir: Path, limits: Limits) -> t
     try:
         files = scratch / BUNDLE_FILES
         files.mkdir()
-        writer = _Writer(files, limits)
+        writer = Unpacker(files, limits)
         if kind == "py":
-            name = PurePosixPath(filename).name
-            writer.add(name, upload)
+            writer.add(PurePosixPath(filename).name, upload)
         elif kind == "zip":
-            _unzip(upload, writer)
+            writer.unzip(upload)
         else:
-            _untar(upload, writer)
+            writer.untar(upload)
         if not writer.entries:
             raise SpecError("file", "the archive holds no files")
         entries = sorted(writer.entries, key=lambda entry: entry["path"])
@@ -96,7 +85,7 @@ def store(upload: IO[bytes], filename: str, code_dir: Path, limits: Limits) -> t
         if (target / MANIFEST).is_file():
             return described, False
         (scratch / MANIFEST).write_text(json.dumps(described, indent=1))
-        _read_only(scratch)
+        read_only(scratch)
         try:
             os.rename(scratch, target)
         except OSError:  # the same bundle arrived at the same moment from elsewhere
@@ -106,7 +95,7 @@ def store(upload: IO[bytes], filename: str, code_dir: Path, limits: Limits) -> t
         return described, True
     finally:
         if scratch.exists():
-            _writable(scratch)
+            writable(scratch)
             shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -119,102 +108,3 @@ def _kind(filename: str) -> str:
     if lower.endswith((".tar.gz", ".tgz")):
         return "tar"
     raise SpecError("file", f"{filename!r}: a bundle is a .py file, or a .zip or .tar.gz of a folder")
-
-
-class _Writer:
-    """Writes checked members into the scratch folder, counting files and unpacked bytes."""
-
-    def __init__(self, root: Path, limits: Limits) -> None:
-        self.root = root
-        self.limits = limits
-        self.entries: list[dict[str, Any]] = []
-        self.unpacked = 0
-
-    def add(self, name: str, source: IO[bytes]) -> None:
-        path = _member_path(name)
-        if len(self.entries) >= self.limits.files:
-            raise TooLargeError("file", f"more than {self.limits.files} files (TOWERQ_MAX_CODE_FILES)")
-        target = self.root / path
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            out = target.open("xb")
-        except OSError:  # FileExistsError, or a folder and a file of one name
-            raise SpecError("file", f"{path!r} appears twice in the archive, or clashes with a folder") from None
-        digest = hashlib.sha256()
-        size = 0
-        with out:
-            while chunk := source.read(CHUNK):
-                size += len(chunk)
-                self.unpacked += len(chunk)
-                if self.unpacked > self.limits.unpacked_bytes:
-                    raise TooLargeError(
-                        "file",
-                        f"unpacks to more than {self.limits.unpacked_bytes} bytes (TOWERQ_MAX_CODE_UNPACKED_BYTES)",
-                    )
-                digest.update(chunk)
-                out.write(chunk)
-        self.entries.append({"path": path, "size": size, "sha256": digest.hexdigest()})
-
-
-def _member_path(name: str) -> str:
-    try:
-        pure = check_relative(name.rstrip("/"))
-    except PathEscapeError as err:
-        raise SpecError("file", f"archive member {name!r}: {str(err).replace(' to the data folder', '')}") from None
-    parts = [part for part in pure.parts if part not in ("", ".")]
-    if not parts:
-        raise SpecError("file", f"archive member {name!r} has no name")
-    return "/".join(parts)
-
-
-def _unzip(upload: IO[bytes], writer: _Writer) -> None:
-    try:
-        archive = zipfile.ZipFile(upload)
-    except zipfile.BadZipFile as err:
-        raise SpecError("file", f"not a readable .zip: {err}") from None
-    with archive:
-        for info in archive.infolist():
-            if info.is_dir():
-                continue
-            mode = info.external_attr >> 16
-            if mode and (mode & 0o170000) == 0o120000:
-                raise SpecError("file", f"archive member {info.filename!r} is a link: bundles hold plain files")
-            try:
-                with archive.open(info) as member:
-                    writer.add(info.filename, member)
-            except (zipfile.BadZipFile, NotImplementedError, RuntimeError) as err:
-                raise SpecError("file", f"cannot read {info.filename!r} from the .zip: {err}") from None
-
-
-def _untar(upload: IO[bytes], writer: _Writer) -> None:
-    try:
-        archive = tarfile.open(fileobj=upload, mode="r:*")
-    except tarfile.TarError as err:
-        raise SpecError("file", f"not a readable .tar.gz: {err}") from None
-    with archive:
-        try:
-            for info in archive:
-                if info.isdir():
-                    continue
-                if not info.isfile():
-                    what = "a link" if info.issym() or info.islnk() else "not a plain file"
-                    raise SpecError("file", f"archive member {info.name!r} is {what}: bundles hold plain files")
-                member = archive.extractfile(info)
-                assert member is not None
-                writer.add(info.name, member)
-        except (tarfile.TarError, EOFError, OSError) as err:
-            raise SpecError("file", f"cannot read the .tar.gz: {err}") from None
-
-
-def _read_only(root: Path) -> None:
-    for folder, _, names in os.walk(root):
-        for name in names:
-            os.chmod(Path(folder) / name, 0o444)
-        os.chmod(folder, 0o555)
-
-
-def _writable(root: Path) -> None:
-    for folder, _, names in os.walk(root):
-        os.chmod(folder, 0o755)
-        for name in names:
-            os.chmod(Path(folder) / name, 0o644)

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
     while they saturate the CPU; idle cores still go to them."""
 
+    sandbox: str = Field(default="auto", pattern=r"^(auto|bwrap|none)$")
+    """Where trainers run: `auto` (in bubblewrap where it is installed and works), `bwrap`
+    (required), `none`. worker/sandbox.py says what a sandboxed trainer can reach."""
     trainer_env_pass: str = ""
     """Environment variables (names, or NAME* prefixes; comma-separated) a trainer inherits
     besides the built-in allow-list (worker/launch.py). Names that look like secrets never pass."""

@@ -29,6 +29,7 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.lifecycle import requeue
 from service.models import Job, JobState
+from worker import sandbox
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
@@ -36,6 +37,7 @@ from worker.launch import read_launch
 from worker.outcome import Stop
 from worker.processes import is_trainer, kill_group, pid_alive
 from worker.runner import JobRunner
+from worker.sandbox import SandboxError as SandboxError  # for `towerq worker`
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class HostAgent:
         self.ctx = ctx
         self.name = name
         self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
+        self.sandboxed = sandbox.resolve(ctx.settings.sandbox)
         self.runners: dict[tuple[int, int], JobRunner] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -167,7 +170,7 @@ class HostAgent:
         except StaleAttemptError as err:
             log.info("ignoring launch: %s", err)
             return {"status": "stale", "reason": str(err)}
-        runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done)
+        runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
         with self.lock:
             self.runners[runner.key] = runner
         runner.start()

@@ -50,11 +50,11 @@ class Inventory:
         wanted = set(indices)
         return {p["pid"] for g in self.refresh() if g.index in wanted for p in g.processes}
 
-    def wait_released(self, pid: int, indices: list[int], timeout: float) -> bool:
-        """Wait until `pid` no longer uses any of these GPUs; False if it still does after
+    def wait_released(self, pids: set[int], indices: list[int], timeout: float) -> bool:
+        """Wait until none of `pids` uses any of these GPUs; False if one still does after
         `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        while pid in self.pids_on(indices):
+        while pids & self.pids_on(indices):
             if time.monotonic() > deadline:
                 return False
             time.sleep(RELEASE_CHECK_INTERVAL_S)

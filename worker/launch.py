@@ -10,6 +10,7 @@ from the job's stored spec, never by hand.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.models import Job, JobState
 from service.settings import Settings
+from worker import sandbox
 from worker.trainer.paths import bundle_root, job_folder
 from worker.trainer.spec import RuntimeSpec, trainer_input
 
@@ -73,9 +75,10 @@ def artifacts_dir(settings: Settings, job_id: int) -> Path:
     return job_folder(settings.artifacts_dir, job_id)
 
 
-def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> Path:
+def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sandboxed: bool = False) -> Path:
     """The trainer's spec file of this attempt. Raises pydantic's ValidationError when the
-    job's stored spec no longer passes the contract."""
+    job's stored spec no longer passes the contract. In the sandbox the trainer's parent is
+    bwrap, which dies with the worker (so the trainer does not watch the worker's pid)."""
     runtime = RuntimeSpec(
         job_id=launch.job_id,
         attempt=launch.attempt,
@@ -89,7 +92,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path) -> P
         gpu_memory_total_mb=launch.memory_total_mb,
         gpu_memory_reserved_mb=settings.gpu_memory_reserved_mb,
         gpu_process_overhead_mb=settings.gpu_process_overhead_mb,
-        parent_pid=os.getpid(),
+        parent_pid=None if sandboxed else os.getpid(),
         nice=settings.trainer_nice,
     )
     spec = trainer_input(launch.spec, runtime)
@@ -131,15 +134,42 @@ def trainer_environment(indices: list[int], extra_allowed: str = "") -> dict[str
     return env
 
 
-def start_trainer(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandboxed: bool) -> list[str]:
+    """`python -m worker.trainer SPEC.json`, inside bubblewrap when `sandboxed`."""
+    command = [sys.executable, "-m", "worker.trainer", str(spec_path)]
+    if not sandboxed:
+        return command
+    options = launch.spec.get("dataset_options") or {}
+    asked = [str(launch.spec.get("dataset", "")).partition(":")[2], options.get("test_path") or ""]
+    code = launch.spec.get("code")
+    return sandbox.bwrap_command(
+        command,
+        job_folder=spec_path.parent,
+        repo_root=REPO_ROOT,
+        models_path=settings.models_path,
+        data_dir=settings.data_dir,
+        datasets=sandbox.dataset_folders(settings.data_dir, [path for path in asked if path]),
+        code_path=bundle_root(settings.code_dir, code).parent if code else None,
+        devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
+    )
+
+
+def start_trainer(command: list[str], spec_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """The trainer process of one attempt, in a session of its own, its output piped, working
-    in the job's artifacts folder (where a model's own relative files land)."""
+    in the job's artifacts folder (where a model's own relative files land). It starts with
+    SIGTERM ignored, which bwrap keeps (a stop must reach the trainer, not kill bwrap) and
+    the trainer resets before anything else."""
     return subprocess.Popen(
-        [sys.executable, "-m", "worker.trainer", str(spec_path)],
+        command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
         cwd=spec_path.parent,
         start_new_session=True,
+        preexec_fn=_ignore_sigterm,
     )
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

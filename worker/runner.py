@@ -27,7 +27,14 @@ from service.lifecycle import current_attempt, finish, mark_running, requeue
 from service.models import Job, JobState
 from worker.host import drain
 from worker.inventory import Inventory, SimulatedInventory
-from worker.launch import Launch, artifacts_dir, start_trainer, trainer_environment, write_trainer_spec
+from worker.launch import (
+    Launch,
+    artifacts_dir,
+    start_trainer,
+    trainer_command,
+    trainer_environment,
+    write_trainer_spec,
+)
 from worker.outcome import Outcome, Stop, level_of, protocol_event
 from worker.processes import kill_group, output_lines, signal_group
 from worker.relay import MetricSink, parse_time
@@ -49,8 +56,12 @@ class JobRunner:
         inventory: Inventory,
         launch: Launch,
         on_exit: Callable[[JobRunner], None],
+        sandboxed: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.sandboxed = sandboxed
+        self.trainer_pids: set[int] = set()
+        """The trainer's pids: the process started, and (in the sandbox) the trainer inside."""
         self.inventory = inventory
         self.launch = launch
         self.on_exit = on_exit
@@ -95,13 +106,15 @@ class JobRunner:
 
     def _start(self) -> bool:
         try:
-            spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts)
+            spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts, self.sandboxed)
         except ValidationError as err:
             self.outcome.stop = Stop.BAD_SPEC
             self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
             return False
         env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
-        self.process = start_trainer(spec_path, env)
+        command = trainer_command(self.launch, self.ctx.settings, spec_path, self.sandboxed)
+        self.process = start_trainer(command, spec_path, env)
+        self.trainer_pids.add(self.process.pid)
         if isinstance(self.inventory, SimulatedInventory):
             self.inventory.attach(self.process.pid, self.launch.indices)
         try:
@@ -179,6 +192,8 @@ class JobRunner:
             self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")
 
     def _on_started(self, event: dict[str, Any]) -> None:
+        if isinstance(event.get("pid"), int):
+            self.trainer_pids.add(event["pid"])
         resumed = event.get("resumed_from_step")
         if isinstance(resumed, int):
             self.sink.resume(resumed, self.artifacts / METRICS_LOG)
@@ -281,10 +296,10 @@ class JobRunner:
     def _wait_gpus_free(self) -> None:
         """Hold the GPUs until the driver no longer lists the trainer on them; drain them
         (no new work there) when it still does after ZOMBIE_WAIT_S."""
-        if self.process is None or self.inventory.wait_released(self.process.pid, self.launch.indices, ZOMBIE_WAIT_S):
+        if self.process is None or self.inventory.wait_released(self.trainer_pids, self.launch.indices, ZOMBIE_WAIT_S):
             return
         log.error(
-            "pid %s still holds GPUs %s of job %s: draining them", self.process.pid, self.launch.indices, self.key[0]
+            "pids %s still hold GPUs %s of job %s: draining them", self.trainer_pids, self.launch.indices, self.key[0]
         )
         with self.ctx.db.write() as session:
             drain(session, self.launch.host, self.launch.indices)

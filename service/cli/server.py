@@ -95,14 +95,14 @@ def run_api(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     from service.context import Context
-    from worker.agent import HostAgent, NoGpusError
+    from worker.agent import HostAgent, NoGpusError, SandboxError
 
     settings = Settings()
     require_schema(settings.database_url)
     ctx = Context.open(settings)
     try:
         HostAgent(ctx, args.name or settings.host_name).run()
-    except NoGpusError as err:
+    except (NoGpusError, SandboxError) as err:
         print(f"towerq: {err}", file=sys.stderr)
         return 1
     finally:

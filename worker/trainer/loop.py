@@ -136,6 +136,7 @@ def announce(run: Run, cuda_visible_devices: str | None) -> None:
     batch_norm = batch_norm_report(run.step.model, run.step.runner)
     run.reporter.emit(
         "started",
+        pid=os.getpid(),
         towers=len(run.setup.devices),
         devices=run.setup.devices,
         variable_device=run.setup.variable_device,

@@ -2,9 +2,9 @@
 
 Every line has `event` and `time` (Unix seconds). Events:
 
-- `started`: `towers`, `devices`, `cuda_visible_devices`, `simulated`,
-  `memory_limit_enforced`, `memory_limit_mb`, `variable_device`, `global_batch`,
-  `tower_batches`, `resumed_from_step` (null on a fresh start), `total_steps`.
+- `started`: `pid` (the trainer's own; in the sandbox not the worker's child), `towers`,
+  `devices`, `cuda_visible_devices`, `simulated`, `memory_limit_enforced`, `memory_limit_mb`,
+  `variable_device`, `global_batch`, `tower_batches`, `resumed_from_step` (null on a fresh start), `total_steps`.
 - `metric`: `step`, `loss`, `accuracy` (null for regressions), `learning_rate`,
   `examples_per_sec`, `step_time_s`; loss and accuracy are averages over the towers;
   the two speeds are over the steps since the previous `metric`, training time only
