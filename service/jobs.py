@@ -12,6 +12,7 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session, joinedload
 
 from service import code as code_bundles
+from service import datasets
 from service.auth import Caller
 from service.db import Database
 from service.exceptions import NotFoundError, SpecError
@@ -40,7 +41,7 @@ def submit(
     inventory = inventory or HostInventory(db)
     host = check_resources(inventory, spec)
     check_memory_fraction(inventory, spec, host, settings)
-    check_files(spec, settings)
+    check_files(spec, settings, caller.name)
     if spec.hyperparameters.seed is None:
         spec.hyperparameters.seed = secrets.randbelow(2**31)
     row = new_job(caller, spec, host, settings, idempotency_key)
@@ -146,8 +147,13 @@ def _ranges(indices: Sequence[int]) -> str:
     return ", ".join(str(i) for i in indices)
 
 
-def check_files(spec: JobSpec, settings: Settings) -> None:
-    """Refuse paths that escape their folders; check that files exist where this host can see."""
+def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
+    """Refuse paths that escape their folders or lie in another user's uploads; check that
+    files exist where this host can see."""
+    for field, path in (("dataset", spec.dataset_path), ("dataset_options", spec.dataset_options.test_path)):
+        owner = datasets.owner_of(path) if path else None
+        if owner is not None and owner != user:
+            raise SpecError(field, f"{path!r} is {owner}'s upload: only {owner}'s jobs may use it")
     if spec.code is not None:
         _check_bundle(spec, settings)
     elif ":" in spec.model:

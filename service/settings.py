@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     """The largest code bundle upload (packed)."""
     max_code_files: int = Field(default=2_000, ge=1)
     max_code_unpacked_bytes: int = Field(default=200_000_000, ge=1)
+    user_data_quota_bytes: int = Field(default=20_000_000_000, ge=0)
+    """What one user's dataset uploads may take in all (`TOWERQ_DATA_DIR/users/<user>/`)."""
+    max_dataset_files: int = Field(default=1_000_000, ge=1)
+    """The most files an uploaded image folder may hold."""
 
     # None: NVML GPUs when a driver answers, else 4 simulated ones; a number forces simulation.
     simulated_gpus: int | None = Field(default=None, ge=0, le=64)

@@ -143,3 +143,34 @@ def test_the_trained_model_goes_home_and_scores_what_the_job_reported(
     assert result["accuracy"] == pytest.approx(final["accuracy"], abs=1e-6)
     assert result["loss"] == pytest.approx(final["loss"], rel=1e-4)
     client.close()
+
+
+def test_datasets_go_up_and_away_with_the_cli(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    api_url = stack.start_api()
+    token = make_token("alice")
+
+    def data(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "service.cli", "data", *args, "--api", api_url, "--token", token]
+        return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    np.savez(tmp_path / "cells.npz", x=np.zeros((10, 3), np.float32), y=np.arange(10) % 2)
+    images = tmp_path / "flowers"
+    for kind in ("roses", "tulips"):
+        (images / kind).mkdir(parents=True)
+        (images / kind / "1.png").write_bytes(b"\x89PNG")
+    uploaded = data("upload", "cells", str(tmp_path / "cells.npz"))
+    assert uploaded.returncode == 0, uploaded.stderr
+    assert '"dataset": "npz:users/alice/cells/data.npz"' in uploaded.stdout
+    folder = data("upload", "flowers", str(images))
+    assert folder.returncode == 0 and '"dataset": "images:users/alice/flowers/images"' in folder.stdout, folder
+    listed = data("list")
+    assert "cells" in listed.stdout and "flowers" in listed.stdout and "of 20.0 GB" in listed.stdout
+    again = data("upload", "cells", str(tmp_path / "cells.npz"))
+    assert again.returncode == 1 and "409: you have a dataset 'cells' already" in again.stderr
+    assert data("rm", "cells").returncode == 0
+    assert "cells" not in data("list").stdout
+    assert not (settings.data_dir / "users/alice/cells").exists()

@@ -16,7 +16,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
-from service.api.routes import artifacts, catalog, code, gpus, health, jobs, session, stream, users, workers
+from service.api.routes import (
+    artifacts,
+    catalog,
+    code,
+    datasets,
+    gpus,
+    health,
+    jobs,
+    session,
+    stream,
+    users,
+    workers,
+)
 from service.auth import TokenChecker
 from service.context import Context
 from service.hosts import HostInventory
@@ -122,9 +134,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    for module in (jobs, artifacts, code, stream, gpus, workers, users, health, session, catalog):
+    for module in (jobs, artifacts, code, datasets, stream, gpus, workers, users, health, session, catalog):
         app.include_router(module.router)
-    uploads = {"/api/code": (settings.max_code_bytes, "TOWERQ_MAX_CODE_BYTES")}
+    uploads = {
+        "/api/code": (settings.max_code_bytes, "TOWERQ_MAX_CODE_BYTES"),
+        "/api/datasets": (settings.user_data_quota_bytes, "TOWERQ_USER_DATA_QUOTA_BYTES"),
+    }
     app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes, uploads=uploads)
     web = dashboard_dir()
     if (web / "index.html").is_file():

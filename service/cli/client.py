@@ -78,6 +78,22 @@ def add_commands(commands: Any) -> None:
     gpus = command("gpus", "every GPU and who holds it")
     gpus.set_defaults(run=run_gpus)
 
+    data = commands.add_parser("data", help="your datasets: upload, list, rm")
+    data_actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    for action, help_text in (
+        ("upload", "upload an .npz, a .tfrecord, or a folder / .zip of images (one sub-folder per class)"),
+        ("list", "your datasets and the lab's shared ones, with your quota"),
+        ("rm", "delete one of your datasets"),
+    ):
+        sub = data_actions.add_parser(action, help=help_text)
+        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
+        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        if action in ("upload", "rm"):
+            sub.add_argument("name", help="the dataset's name (letters, digits, _ . -)")
+        if action == "upload":
+            sub.add_argument("path", type=Path, help="the file, or a folder of images")
+        sub.set_defaults(run={"upload": run_data_upload, "list": run_data_list, "rm": run_data_rm}[action])
+
     download = command("download", "download a job's artifacts: all of them, a folder, or one file")
     download.add_argument("id", type=int)
     download.add_argument("path", nargs="?", default=None, help="a file or folder in the job's artifacts (default all)")
@@ -384,6 +400,50 @@ def run_download(args: argparse.Namespace) -> int:
             raise ClientError(f"job {args.id}: {args.path or 'the artifacts'} holds no files")
         for folder in sorted(top):
             print(f"saved {output / folder}/")
+    return 0
+
+
+def run_data_upload(args: argparse.Namespace) -> int:
+    import io
+    import zipfile
+
+    api = Api(args)
+    path: Path = args.path
+    if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+                archive.write(file, file.relative_to(path).as_posix())
+        upload: Any = (f"{args.name}.zip", buffer.getvalue())
+    elif path.is_file():
+        upload = (path.name, path.open("rb"))
+    else:
+        raise ClientError(f"{path}: no such file or folder")
+    print(f"uploading {path} …", file=sys.stderr, flush=True)
+    described = api.call(
+        "POST",
+        "/api/datasets",
+        data={"name": args.name},
+        files={"file": upload},
+        timeout=httpx.Timeout(30, read=3600, write=3600),
+    )
+    print(f'dataset {described["name"]}: {_bytes(described["size"])}; use it as "dataset": "{described["dataset"]}"')
+    return 0
+
+
+def run_data_list(args: argparse.Namespace) -> int:
+    listing = Api(args).call("GET", "/api/datasets")
+    print(f"{'NAME':<28} {'OWNER':<12} {'KIND':<9} {'SIZE':>10}  USE AS")
+    for item in listing["items"]:
+        size = _bytes(item["size"]) if item["size"] is not None else "-"
+        print(f"{item['name'][:28]:<28} {item['owner'][:12]:<12} {item['kind']:<9} {size:>10}  {item['dataset']}")
+    print(f"(your uploads take {_bytes(listing['used_bytes'])} of {_bytes(listing['quota_bytes'])})")
+    return 0
+
+
+def run_data_rm(args: argparse.Namespace) -> int:
+    Api(args).call("DELETE", f"/api/datasets/{args.name}")
+    print(f"dataset {args.name} deleted")
     return 0
 
 

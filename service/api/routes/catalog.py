@@ -16,8 +16,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service import defaults
+from service import datasets, defaults
 from service.api.deps import CallerDep, SettingsDep
+from service.settings import Settings
 from worker.trainer.catalog import DATASETS, FILE_DATASET_KINDS, MODELS, OPTIMIZERS, VARIABLE_DEVICES
 from worker.trainer.spec import DatasetOptions, Hyperparameters, Priority
 
@@ -28,11 +29,16 @@ SCAN_LIMIT_ENTRIES = 20_000
 
 
 @router.get("/catalog")
-def catalog(_: CallerDep, settings: SettingsDep) -> dict[str, Any]:
-    """Models, datasets, optimizers, priorities and hyperparameter defaults."""
+def catalog(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
+    """Models, datasets (built-in, the lab's shared files, your uploads), optimizers,
+    priorities and hyperparameter defaults."""
+    own = [
+        {"name": d["dataset"], "description": f"your upload {d['name']} ({d['kind']})"}
+        for d in datasets.list_own(settings.data_dir, caller.name)
+    ]
     return {
         "models": [asdict(m) for m in MODELS.values()] + _user_models(settings),
-        "datasets": [asdict(d) for d in DATASETS.values() if not d.file_kind] + _files(settings),
+        "datasets": [asdict(d) for d in DATASETS.values() if not d.file_kind] + shared_data(settings) + own,
         "dataset_kinds": list(FILE_DATASET_KINDS),
         "dataset_options": {
             "properties": DatasetOptions.model_json_schema()["properties"],
@@ -49,7 +55,8 @@ def _user_models(settings: SettingsDep) -> list[dict[str, str]]:
     return FOUND.get(settings.models_path, _scan_models)
 
 
-def _files(settings: SettingsDep) -> list[dict[str, str]]:
+def shared_data(settings: Settings) -> list[dict[str, str]]:
+    """The lab's data files in TOWERQ_DATA_DIR (users' private uploads left out)."""
     return FOUND.get(settings.data_dir, _scan_files)
 
 
@@ -89,6 +96,8 @@ def _scan_files(root: Path) -> list[dict[str, str]]:
     found = []
     for path in sorted(itertools.islice(root.rglob("*"), SCAN_LIMIT_ENTRIES)):
         relative = path.relative_to(root).as_posix()
+        if relative == datasets.USERS or relative.startswith(f"{datasets.USERS}/"):
+            continue
         if path.suffix == ".npz":
             found.append({"name": f"npz:{relative}", "description": DATASETS["npz"].description})
         elif path.suffix in (".tfrecord", ".tfrecords"):

@@ -1,0 +1,78 @@
+"""Datasets users upload: private to their owner, within a quota; and the lab's shared ones."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Path, UploadFile
+from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from service import datasets
+from service.api.deps import CallerDep, SettingsDep
+from service.api.routes.catalog import shared_data
+
+router = APIRouter(prefix="/api/datasets", tags=["datasets"])
+
+DatasetName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class DatasetOut(BaseModel):
+    name: str
+    owner: str
+    """The user who uploaded it, or `lab` for shared data an admin placed in TOWERQ_DATA_DIR."""
+    kind: Literal["npz", "tfrecord", "images"]
+    dataset: str
+    """What a job spec's `dataset` says to use it."""
+    size: int | None = None
+    shared: bool = False
+
+
+class DatasetList(BaseModel):
+    items: list[DatasetOut]
+    used_bytes: int
+    quota_bytes: int
+
+
+@router.post("", status_code=201, response_model=DatasetOut, responses={409: {}, 413: {}})
+async def upload(
+    settings: SettingsDep,
+    caller: CallerDep,
+    name: Annotated[str, Form(min_length=1, max_length=64)],
+    file: Annotated[UploadFile, File()],
+) -> DatasetOut:
+    """Upload an .npz, a .tfrecord, or a .zip of an image folder as your dataset `name`."""
+    described = await run_in_threadpool(
+        datasets.store,
+        file.file,
+        file.filename or "",
+        name,
+        settings.data_dir,
+        caller.name,
+        settings.user_data_quota_bytes,
+        settings.max_dataset_files,
+    )
+    return DatasetOut.model_validate(described)
+
+
+@router.get("", response_model=DatasetList)
+def listing(settings: SettingsDep, caller: CallerDep) -> DatasetList:
+    """Your uploads, then the lab's shared data files; with your usage and quota."""
+    own = [DatasetOut.model_validate(d) for d in datasets.list_own(settings.data_dir, caller.name)]
+    shared = [
+        DatasetOut.model_validate(
+            {"name": path, "owner": "lab", "kind": kind, "dataset": entry["name"], "shared": True}
+        )
+        for entry in shared_data(settings)
+        for kind, _, path in [entry["name"].partition(":")]
+    ]
+    used = datasets.usage(settings.data_dir, caller.name)
+    return DatasetList(items=own + shared, used_bytes=used, quota_bytes=settings.user_data_quota_bytes)
+
+
+@router.delete("/{name}", status_code=204, response_class=Response)
+def remove(name: DatasetName, settings: SettingsDep, caller: CallerDep) -> Response:
+    """Delete one of your datasets (jobs already running on it keep what they read)."""
+    datasets.remove(settings.data_dir, caller.name, name)
+    return Response(status_code=204)
