@@ -48,6 +48,11 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 CMD ["tow
 CMD ["towerq", "api", "--host", "0.0.0.0", "--port", "8000"]
 
 FROM base AS worker
+# bubblewrap: the trainers' sandbox, where the container may create user namespaces
+# (docs/deployment.md, "User code on the GPU hosts"); elsewhere the worker says it runs without.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 RUN python scripts/requirements.py gpu > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
