@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path as FsPath
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Path, UploadFile
@@ -59,16 +60,31 @@ async def upload(
 @router.get("", response_model=DatasetList)
 def listing(settings: SettingsDep, caller: CallerDep) -> DatasetList:
     """Your uploads, then the lab's shared data files; with your usage and quota."""
+    root = settings.data_dir.resolve()
     own = [DatasetOut.model_validate(d) for d in datasets.list_own(settings.data_dir, caller.name)]
     shared = [
         DatasetOut.model_validate(
-            {"name": path, "owner": "lab", "kind": kind, "dataset": entry["name"], "shared": True}
+            {
+                "name": path,
+                "owner": "lab",
+                "kind": kind,
+                "dataset": entry["name"],
+                "shared": True,
+                "size": _size(root / path),
+            }
         )
         for entry in shared_data(settings)
         for kind, _, path in [entry["name"].partition(":")]
     ]
     used = datasets.usage(settings.data_dir, caller.name)
     return DatasetList(items=own + shared, used_bytes=used, quota_bytes=settings.user_data_quota_bytes)
+
+
+def _size(path: FsPath) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 @router.delete("/{name}", status_code=204, response_class=Response)

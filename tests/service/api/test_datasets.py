@@ -64,6 +64,7 @@ def test_an_upload_is_its_owners_alone(alice: Api, bob: Api, settings: Settings)
 
     mine = alice.get("/api/datasets").json()
     assert [(d["name"], d["owner"]) for d in mine["items"]] == [("cells", "alice"), ("lab-shared.npz", "lab")]
+    assert mine["items"][1]["size"] == (settings.data_dir / "lab-shared.npz").stat().st_size
     assert mine["used_bytes"] == len(CELLS) and mine["quota_bytes"] == 200_000
     theirs = bob.get("/api/datasets").json()
     assert [d["owner"] for d in theirs["items"]] == ["lab"] and theirs["used_bytes"] == 0
