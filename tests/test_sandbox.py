@@ -124,3 +124,22 @@ def test_user_code_in_the_sandbox_reaches_only_what_its_job_needs(
     unsandboxed, _ = run_job("none")
     assert unsandboxed == {key: "allowed" for key in seen}, unsandboxed
     client.close()
+
+
+def test_a_sandboxed_trainer_still_checkpoints_when_stopped(stack: Stack, make_token: Callable[..., str]) -> None:
+    """A stop spares bwrap (which would die of SIGTERM and take the trainer with it): the
+    trainer inside gets it, checkpoints and stops."""
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
+    spec = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 100000, "log_every": 10}}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    wait_for(lambda: (client.get(f"/api/jobs/{job_id}").json()["step"] or 0) >= 20, 120, "the job to train")
+    client.post(f"/api/jobs/{job_id}/cancel")
+    job = wait_for(lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 60, "cancel", 0.5)
+    assert job["state"] == "cancelled"
+    log = client.get(f"/api/jobs/{job_id}/logs.txt").text
+    assert "trainer stopped at step" in log, log[-2000:]
+    client.close()

@@ -10,7 +10,6 @@ from the job's stored spec, never by hand.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -156,9 +155,7 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
 
 def start_trainer(command: list[str], spec_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """The trainer process of one attempt, in a session of its own, its output piped, working
-    in the job's artifacts folder (where a model's own relative files land). It starts with
-    SIGTERM ignored, which bwrap keeps (a stop must reach the trainer, not kill bwrap) and
-    the trainer resets before anything else."""
+    in the job's artifacts folder (where a model's own relative files land)."""
     return subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
@@ -167,9 +164,4 @@ def start_trainer(command: list[str], spec_path: Path, env: dict[str, str]) -> s
         env=env,
         cwd=spec_path.parent,
         start_new_session=True,
-        preexec_fn=_ignore_sigterm,
     )
-
-
-def _ignore_sigterm() -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -96,6 +96,14 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+def signal_process(pid: int, signum: int) -> None:
+    """Send `signum` to one process; one already gone is fine."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 def kill_group(pgid: int, timeout: float = 30.0) -> bool:
     """SIGKILL the group until none of it is left alive; False if some lived past `timeout`."""
     deadline = time.monotonic() + timeout

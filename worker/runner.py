@@ -36,7 +36,7 @@ from worker.launch import (
     write_trainer_spec,
 )
 from worker.outcome import Outcome, Stop, level_of, protocol_event
-from worker.processes import kill_group, output_lines, signal_group
+from worker.processes import kill_group, live_members, output_lines, signal_group, signal_process
 from worker.relay import MetricSink, parse_time
 from worker.trainer.protocol import METRICS_LOG
 from worker.trainer.spec import describe
@@ -279,8 +279,18 @@ class JobRunner:
             log.info("not recording the end of job %s attempt %s: %s", *self.key, err)
 
     def _signal_group(self, signum: int) -> None:
-        if self.process is not None:
-            signal_group(self.process.pid, signum)
+        """`signum` to the trainer's process group. In the sandbox a stop request spares
+        bwrap, the group's leader: bwrap dies of SIGTERM and takes the trainer with it before
+        it could checkpoint. (Only bwrap alive: the trainer has not started; it goes too.)"""
+        if self.process is None:
+            return
+        if self.sandboxed and signum != signal.SIGKILL:
+            inside = [p.pid for p in live_members(pgid=self.process.pid) if p.pid != self.process.pid]
+            if inside:
+                for pid in inside:
+                    signal_process(pid, signum)
+                return
+        signal_group(self.process.pid, signum)
 
     def _kill_group(self) -> None:
         """SIGKILL whatever is left of the trainer's process group and wait until it is gone."""

@@ -15,9 +15,9 @@ The network is shared (a model may download weights); the environment is already
 allow-list (`worker.launch.trainer_environment`), so no credentials travel with it.
 
 The host's pid namespace is kept, so NVML's pids are the trainer's. bwrap stays as the
-trainer's parent: it is started with SIGTERM ignored (the trainer, which handles SIGTERM
-itself, resets that first thing), so a stop request reaches the trainer, which checkpoints,
-instead of killing bwrap and with it the trainer (`--die-with-parent`).
+trainer's parent and leads its process group; a stop request (SIGTERM) goes to the rest
+of the group, not to bwrap, which would die of it and take the trainer with it
+(`--die-with-parent`) before it could checkpoint (`worker.runner`).
 
 `TOWERQ_SANDBOX`: `auto` (default: bwrap where it is installed and works, else none, said
 in the worker's log), `bwrap` (required: the worker refuses to start without it), `none`.
@@ -75,16 +75,18 @@ def resolve(kind: str) -> bool:
 
 def python_paths(repo_root: Path) -> list[Path]:
     """What the trainer's Python needs: its installation and every folder on this process's
-    import path; the towerq checkout itself only as its `worker` package (a checkout also
-    holds `var/`, where a local database lives)."""
-    found: list[Path] = []
+    import path. A source checkout (towerq not installed as a wheel) is shown only as its
+    `worker` package and its `.venv`: a checkout also holds `var/`, where a local database
+    lives."""
+    checkout = (repo_root / "pyproject.toml").is_file()
+    found: list[Path] = [repo_root / "worker"] if checkout else []  # PYTHONPATH finds it there
     for entry in [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]:
         if not entry:
             continue
         path = Path(entry).resolve()
-        if path == repo_root:
+        if checkout and path == repo_root:
             path = repo_root / "worker"
-        elif repo_root in path.parents and not path.is_relative_to(repo_root / ".venv"):
+        elif checkout and repo_root in path.parents and not path.is_relative_to(repo_root / ".venv"):
             continue  # another folder of the checkout: not needed, maybe not safe
         if path.exists() and path not in found:
             found.append(path)

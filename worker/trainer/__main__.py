@@ -55,7 +55,6 @@ def read_spec(path: str) -> TrainerInput:
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # started ignoring it, for bwrap's sake
     reporter = Reporter()
     if len(argv) != 2:
         reporter.emit("error", kind="spec", message="usage: python -m worker.trainer SPEC.json")
