@@ -31,6 +31,7 @@ ENV TOWERQ_VAR_DIR=/data/var \
 FROM base AS build
 COPY README.md ./
 COPY service service
+COPY towerq towerq
 COPY worker worker
 COPY migrations migrations
 COPY web web

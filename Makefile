@@ -18,8 +18,8 @@ test: setup
 	$(MAKE) --no-print-directory lint typecheck pytest
 
 lint:
-	$(BIN)/ruff check service worker migrations tests bench
-	$(BIN)/ruff format --check service worker migrations tests bench
+	$(BIN)/ruff check service worker migrations towerq tests bench
+	$(BIN)/ruff format --check service worker migrations towerq tests bench
 	$(BIN)/lint-imports --no-cache
 	$(MAKE) --no-print-directory lint-web
 
@@ -32,7 +32,7 @@ $(BIOME): package.json package-lock.json
 	touch $(BIOME)
 
 typecheck:
-	$(BIN)/mypy service worker
+	$(BIN)/mypy service worker towerq
 
 pytest:
 	$(BIN)/pytest

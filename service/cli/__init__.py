@@ -15,6 +15,7 @@ from service.cli import admin, client, server
 from service.db import SchemaError
 from service.redis_server import RedisUnavailableError
 from service.settings import Settings, redacted
+from towerq import AuthError, TowerqError, UnreachableError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,6 +25,13 @@ def parser() -> argparse.ArgumentParser:
     admin.add_commands(commands)
     client.add_commands(commands)
     return top
+
+
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 4
+"""Exit codes a script can trust: 0 done (a followed job succeeded), 1 failed (the job, or
+the API refused), 2 usage (argparse's too), 3 a followed job was cancelled, 4 the API is
+unreachable or refused the token."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +45,15 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except client.UsageError as err:
+        print(f"towerq: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except (UnreachableError, AuthError) as err:  # no API, or it does not accept the token
+        print(f"towerq: {err}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TowerqError as err:  # the API refused: the message names the field or the cause
+        print(f"towerq: {err}", file=sys.stderr)
+        return 1
     except (client.ClientError, RedisUnavailableError, SchemaError) as err:
         print(f"towerq: {err}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,25 +17,35 @@ from typing import Any
 
 import httpx
 
+from service.cli.follow import follow_job
 from service.settings import Settings
-from service.tokenfile import write_secret
-
-TOKEN_FILE = Path.home() / ".config" / "towerq" / "token"
+from towerq import AuthError, Client
+from towerq.client import write_config
 
 
 class ClientError(Exception):
-    """The API refused or could not be reached; the message is for people."""
+    """Something a client command could not do; the message is for people (exit code 1)."""
+
+
+class UsageError(ClientError):
+    """The command line or its input is wrong (exit code 2)."""
 
 
 def add_commands(commands: Any) -> None:
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, read: bool = False) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
         sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
         sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        if read:
+            sub.add_argument(
+                "-o", "--output", dest="output_format", choices=("table", "json"), default="table",
+                help="json: the API's answer, for scripts",
+            )  # fmt: skip
         return sub
 
-    login = commands.add_parser("login", help="save a token for the client commands")
-    login.add_argument("token")
+    login = commands.add_parser("login", help="save the API's URL and your token for the client commands")
+    login.add_argument("url", help="the API, e.g. https://towerq.lab.example (a bare token: the default URL)")
+    login.add_argument("--token", default=None, help="your token (default TOWERQ_TOKEN, else asked for)")
     login.set_defaults(run=run_login)
 
     submit = command("submit", "submit a job spec (JSON file, or - for stdin)")
@@ -46,7 +57,9 @@ def add_commands(commands: Any) -> None:
         metavar="FIELD=VALUE",
         help="override a field, e.g. hyperparameters.steps=500",
     )
-    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument(
+        "--follow", "--wait", action="store_true", help="follow the job until it ends (exit code: how it ended)"
+    )
     submit.add_argument(
         "--code",
         type=Path,
@@ -56,13 +69,13 @@ def add_commands(commands: Any) -> None:
     )
     submit.set_defaults(run=run_submit)
 
-    jobs = command("jobs", "list jobs, newest first")
+    jobs = command("jobs", "list jobs, newest first", read=True)
     jobs.add_argument("--state", action="append", default=None)
     jobs.add_argument("--user", default=None)
     jobs.add_argument("--limit", type=int, default=20)
     jobs.set_defaults(run=run_jobs)
 
-    show = command("show", "one job, as JSON")
+    show = command("show", "one job, as JSON", read=True)
     show.add_argument("id", type=int)
     show.set_defaults(run=run_show)
 
@@ -70,13 +83,27 @@ def add_commands(commands: Any) -> None:
     cancel.add_argument("id", type=int)
     cancel.set_defaults(run=run_cancel)
 
-    logs = command("logs", "a job's trainer log")
+    logs = command("logs", "a job's trainer log", read=True)
     logs.add_argument("id", type=int)
     logs.add_argument("--follow", "-f", action="store_true")
     logs.set_defaults(run=run_logs)
 
-    gpus = command("gpus", "every GPU and who holds it")
+    gpus = command("gpus", "every GPU and who holds it", read=True)
     gpus.set_defaults(run=run_gpus)
+
+    follow = command("follow", "follow a job live until it ends (exit code: 0 succeeded, 1 failed, 3 cancelled)")
+    follow.add_argument("id", type=int)
+    follow.set_defaults(run=run_follow)
+
+    queue = command("queue", "jobs waiting, in the order they will start, and why they wait", read=True)
+    queue.add_argument("--user", default=None)
+    queue.set_defaults(run=run_queue)
+
+    tensorboard = command("tensorboard", "download jobs' TensorBoard events and start TensorBoard on them")
+    tensorboard.add_argument("ids", type=int, nargs="+", metavar="ID")
+    tensorboard.add_argument("--port", type=int, default=6006)
+    tensorboard.add_argument("--no-launch", action="store_true", help="only download, print the --logdir_spec")
+    tensorboard.set_defaults(run=run_tensorboard)
 
     data = commands.add_parser("data", help="your datasets: upload, list, rm")
     data_actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -88,6 +115,8 @@ def add_commands(commands: Any) -> None:
         sub = data_actions.add_parser(action, help=help_text)
         sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
         sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        if action == "list":
+            sub.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
         if action in ("upload", "rm"):
             sub.add_argument("name", help="the dataset's name (letters, digits, _ . -)")
         if action == "upload":
@@ -102,29 +131,24 @@ def add_commands(commands: Any) -> None:
 
 
 class Api:
+    """The CLI's view of `towerq.Client` (the Python client): URL and token from the
+    options, the environment or `towerq login`'s config file."""
+
     def __init__(self, args: argparse.Namespace) -> None:
-        settings = Settings()
-        self.url = (args.api or settings.api_url).rstrip("/")
-        token = args.token or settings.token or _read(TOKEN_FILE) or _read(settings.var_dir / "admin-token")
-        if not token:
-            raise ClientError("no token: pass --token, set TOWERQ_TOKEN, or run `towerq login TOKEN`")
-        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        self.client = Client(url=args.api, token=args.token, retries=2)
+        self.url = self.client.url
+        if not self.client.config.token:
+            raise AuthError(401, "no token: pass --token, set TOWERQ_TOKEN, or run `towerq login URL`")
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as err:
-            raise ClientError(f"cannot reach the API at {self.url}: {err}") from err
-        if response.status_code >= 400:
-            raise ClientError(f"{response.status_code}: {_detail(response)}")
-        return response.json() if response.content else None
+        return self.client.request(method, path, **kwargs)
 
     def download(self, path: str, target: Path) -> httpx.Headers:
         """Stream `path` into `target` (through `target.part`, renamed at the end), with a
         progress line on a terminal; returns the response headers."""
         partial = target.with_name(target.name + ".part")
         try:
-            with self.client.stream("GET", path, timeout=httpx.Timeout(30, read=300)) as response:
+            with self.client.http.stream("GET", path, timeout=httpx.Timeout(30, read=300)) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise ClientError(f"{response.status_code}: {_detail(response)}")
@@ -197,8 +221,17 @@ def _detail(response: httpx.Response) -> str:
 
 
 def run_login(args: argparse.Namespace) -> int:
-    write_secret(TOKEN_FILE, args.token)
-    print(f"token saved in {TOKEN_FILE}")
+    """Check the URL and token against the API, then save both in the config file (0600)."""
+    import getpass
+
+    url, token = args.url, args.token
+    if url.startswith("tq_") and token is None:  # `towerq login TOKEN`, as before
+        url, token = Settings().api_url, url
+    token = token or os.environ.get("TOWERQ_TOKEN") or getpass.getpass("token: ").strip()
+    with Client(url=url, token=token, retries=1) as client:
+        me = client.request("GET", "/api/me")
+    path = write_config(client.url, token)
+    print(f"logged in to {client.url} as {me['user']}{' (admin)' if me['is_admin'] else ''}; saved in {path}")
     return 0
 
 
@@ -206,7 +239,7 @@ def set_field(spec: dict[str, Any], assignment: str) -> None:
     """Apply `a.b=value` to `spec`; the value is JSON when it parses, else a string."""
     path, sep, raw = assignment.partition("=")
     if not sep or not path:
-        raise ClientError(f"--set expects FIELD=VALUE, got {assignment!r}")
+        raise UsageError(f"--set expects FIELD=VALUE, got {assignment!r}")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
@@ -218,21 +251,33 @@ def set_field(spec: dict[str, Any], assignment: str) -> None:
     target[last] = value
 
 
-def run_submit(args: argparse.Namespace) -> int:
+def read_spec(source: str) -> dict[str, Any]:
+    """A spec from a YAML or JSON file (or `-`: standard input); JSON is YAML too."""
+    import yaml
+
     try:
-        text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
-        spec = json.loads(text)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ClientError(f"cannot read the spec: {err}") from err
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        spec = yaml.safe_load(text)
+    except OSError as err:
+        raise UsageError(f"cannot read the spec: {err}") from err
+    except yaml.YAMLError as err:
+        raise UsageError(f"the spec is neither YAML nor JSON: {err}") from err
+    if not isinstance(spec, dict):
+        raise UsageError("the spec must be a mapping of fields (model, dataset, ...)")
+    return spec
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    spec = read_spec(args.spec)
     for assignment in args.set:
         set_field(spec, assignment)
     api = Api(args)
     if args.code is not None:
         spec["code"] = upload_code(api, args.code)
-    job = api.call("POST", "/api/jobs", json=spec)
-    print(f"job {job['id']} submitted ({job['name']}), {job['state']}")
-    if args.wait:
-        return _follow(api, job["id"])
+    job = api.client.submit(spec)
+    print(f"job {job.id} submitted ({job.name}), {job.state}", flush=True)
+    if args.follow:
+        return follow_job(api.client, job.id)
     return 0
 
 
@@ -299,26 +344,6 @@ def upload_code(api: Api, path: Path) -> str:
     return str(bundle["id"])
 
 
-def _follow(api: Api, job_id: int) -> int:
-    last_step = -1
-    while True:
-        job = api.call("GET", f"/api/jobs/{job_id}")
-        if job["state"] == "queued" and job.get("pending_reason"):
-            print(f"  queued (#{job['queue_position']}): {job['pending_reason']}", end="\r")
-        if job["step"] is not None and job["step"] != last_step:
-            last_step = job["step"]
-            latest = job["latest"]
-            print(
-                f"  step {job['step']}/{job['total_steps']}  loss {latest['loss']:.4f}"
-                if latest["loss"] is not None
-                else f"  step {job['step']}"
-            )
-        if job["state"] in ("succeeded", "failed", "cancelled"):
-            print(f"job {job_id} {job['state']}" + (f": {job['error']}" if job.get("error") else ""))
-            return 0 if job["state"] == "succeeded" else 1
-        time.sleep(1)
-
-
 def run_jobs(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"limit": args.limit}
     if args.state:
@@ -326,6 +351,8 @@ def run_jobs(args: argparse.Namespace) -> int:
     if args.user:
         params["user"] = args.user
     page = Api(args).call("GET", "/api/jobs", params=params)
+    if args.output_format == "json":
+        return _json(page)
     print(f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>12}  NAME / WHY WAITING")
     for job in page["items"]:
         allocation = job["allocation"]
@@ -341,8 +368,75 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    print(json.dumps(Api(args).call("GET", f"/api/jobs/{args.id}"), indent=2))
+    return _json(Api(args).call("GET", f"/api/jobs/{args.id}"))
+
+
+def _json(value: Any) -> int:
+    print(json.dumps(value, indent=2))
     return 0
+
+
+def run_follow(args: argparse.Namespace) -> int:
+    return follow_job(Api(args).client, args.id)
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"state": ["queued"], "limit": 500}
+    if args.user:
+        params["user"] = args.user
+    page = Api(args).call("GET", "/api/jobs", params=params)
+    waiting = sorted(page["items"], key=lambda job: (job["queue_position"] or 1e9, job["id"]))
+    if args.output_format == "json":
+        return _json(waiting)
+    print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  WHY")
+    for job in waiting:
+        waited = _age(job["created_at"])
+        print(
+            f"{job['queue_position'] or '-':>4} {job['id']:>6}  {job['user'][:12]:<12} {job['priority']:<8} "
+            f"{job['gpu_count']:>4}  {waited:>8}  {job['pending_reason'] or ''}"
+        )
+    print(f"({len(waiting)} waiting)")
+    return 0
+
+
+def _age(iso: str) -> str:
+    from datetime import UTC, datetime
+
+    seconds = max(0, int((datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
+
+def run_tensorboard(args: argparse.Namespace) -> int:
+    """Each job's `tensorboard/` into ~/.cache/towerq/tensorboard/job-<id>, then TensorBoard
+    on all of them (named by job) unless --no-launch."""
+    import subprocess
+    import tarfile
+    import tempfile
+
+    api = Api(args)
+    root = Path.home() / ".cache" / "towerq" / "tensorboard"
+    spec = []
+    for job_id in args.ids:
+        target = root / f"job-{job_id}"
+        with tempfile.TemporaryDirectory() as scratch:
+            archive = Path(scratch) / "events.tar.gz"
+            api.download(f"/api/jobs/{job_id}/artifacts/tensorboard", archive)
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            with tarfile.open(archive) as events:
+                events.extractall(target, filter="data")
+        folders = [p for p in target.iterdir() if p.is_dir()]
+        spec.append(f"job-{job_id}:{folders[0] if folders else target}")
+    logdir_spec = ",".join(spec)
+    if args.no_launch:
+        print(logdir_spec)
+        return 0
+    binary = shutil.which("tensorboard")
+    if binary is None:
+        raise ClientError(f"tensorboard is not installed here (pip install tensorboard); the events are in {root}")
+    return subprocess.call([binary, "--logdir_spec", logdir_spec, "--port", str(args.port)])
 
 
 def run_cancel(args: argparse.Namespace) -> int:
@@ -357,6 +451,8 @@ def run_logs(args: argparse.Namespace) -> int:
     api = Api(args)
     after = 0
     lines = api.call("GET", f"/api/jobs/{args.id}/logs", params={"tail": 200})
+    if args.output_format == "json" and not args.follow:
+        return _json(lines)
     while True:
         for line in lines:
             print(f"{line['time'][11:19]} {line['level']:<7} {line['message']}")
@@ -433,6 +529,8 @@ def run_data_upload(args: argparse.Namespace) -> int:
 
 def run_data_list(args: argparse.Namespace) -> int:
     listing = Api(args).call("GET", "/api/datasets")
+    if args.output_format == "json":
+        return _json(listing)
     print(f"{'NAME':<28} {'OWNER':<12} {'KIND':<9} {'SIZE':>10}  USE AS")
     for item in listing["items"]:
         size = _bytes(item["size"]) if item["size"] is not None else "-"
@@ -449,6 +547,8 @@ def run_data_rm(args: argparse.Namespace) -> int:
 
 def run_gpus(args: argparse.Namespace) -> int:
     gpus = Api(args).call("GET", "/api/gpus")
+    if args.output_format == "json":
+        return _json(gpus)
     print(f"{'HOST':<14} {'GPU':>3}  {'NAME':<36} {'MEMORY':>15}  {'FREE':>5}  HELD BY")
     for gpu in gpus:
         badges = [

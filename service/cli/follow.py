@@ -1,0 +1,116 @@
+"""`towerq follow ID` and `towerq submit --follow`: a job's progress, live, in the terminal.
+
+On a terminal one line is redrawn in place:
+
+    job 12 running   [########------------]  40%  step 400/1000  loss 0.4123  acc 91.2%  8,120 ex/s  ETA 0:42
+
+elsewhere (a log, a pipe) a line is printed at most every few seconds. Queued, it says
+where the job stands and why. It follows the API's event stream and reconnects with
+back-off when the API restarts (`towerq.Client.events`). It ends with the final metrics,
+and its exit code says how the job ended: 0 succeeded, 1 failed, 3 cancelled.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from typing import Any
+
+from towerq import Client
+
+EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 3}
+PLAIN_EVERY_S = 5.0
+BAR_WIDTH = 20
+
+
+class ProgressLine:
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.live = sys.stdout.isatty()
+        self.printed = 0.0
+        self.latest: dict[str, Any] = {}
+        self.eval: dict[str, Any] = {}
+
+    def update(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "metric":
+            self.latest = event
+        elif kind == "eval":
+            self.eval = event
+        elif kind == "state":
+            self.job["state"] = event.get("state", self.job["state"])
+        self.draw(force=kind == "state")
+
+    def text(self) -> str:
+        job, latest = self.job, self.latest
+        head = f"job {job['id']} {job['state']:<9}"
+        if job["state"] == "queued":
+            position = job.get("queue_position")
+            why = job.get("pending_reason") or "waiting for the scheduler"
+            return f"{head} #{position} in the queue: {why}" if position else f"{head} {why}"
+        total = job.get("total_steps") or 0
+        step = latest.get("step") or job.get("step") or 0
+        parts = [head]
+        if total:
+            done = min(step / total, 1.0)
+            filled = int(done * BAR_WIDTH)
+            parts.append(f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * done:3.0f}%")
+        parts.append(f"step {step}/{total}" if total else f"step {step}")
+        if latest.get("loss") is not None:
+            parts.append(f"loss {latest['loss']:.4f}")
+        if latest.get("accuracy") is not None:
+            parts.append(f"acc {100 * latest['accuracy']:.1f}%")
+        speed = latest.get("examples_per_sec")
+        if speed:
+            parts.append(f"{speed:,.0f} ex/s")
+        step_time = latest.get("step_time_s")
+        if step_time and total and step < total:
+            parts.append(f"ETA {_clock((total - step) * step_time)}")
+        return "  ".join(parts)
+
+    def draw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.live:
+            width = shutil.get_terminal_size((120, 20)).columns
+            print(f"\r{self.text()[: width - 1]}\x1b[K", end="", flush=True)
+        elif force or now - self.printed >= PLAIN_EVERY_S:
+            self.printed = now
+            print(self.text(), flush=True)
+
+    def finish(self, job: dict[str, Any]) -> None:
+        if self.live:
+            print()
+        latest = job.get("latest") or {}
+        results = []
+        for label, key, percent in (
+            ("loss", "loss", False),
+            ("accuracy", "accuracy", True),
+            ("eval loss", "eval_loss", False),
+            ("eval accuracy", "eval_accuracy", True),
+        ):
+            value = latest.get(key)
+            if value is not None:
+                results.append(f"{label} {100 * value:.2f}%" if percent else f"{label} {value:.4f}")
+        tail = f": {job['error']}" if job.get("error") else ""
+        print(f"job {job['id']} {job['state']}{tail}" + (f" ({', '.join(results)})" if results else ""), flush=True)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def follow_job(client: Client, job_id: int) -> int:
+    """Follow the job until it ends; the exit code of its end."""
+    job = client.job(job_id).data
+    line = ProgressLine(job)
+    line.draw(force=True)
+    for event in client.events(job_id):
+        if event.get("type") == "state" and event.get("state") == "running" and line.job["state"] == "queued":
+            line.job = client.job(job_id).data  # total steps, allocation
+        line.update(event)
+    final = client.job(job_id).data
+    line.finish(final)
+    return EXIT_FOR_STATE.get(final["state"], 1)

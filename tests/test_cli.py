@@ -1,0 +1,189 @@
+"""The CLI and the Python client against a real running service: login into a config file,
+YAML specs, `submit --follow` with a live progress bar in a pseudo-terminal, exit codes a
+script can trust (0 succeeded, 1 failed, 3 cancelled, 4 unreachable or refused, 2 usage),
+`-o json`, idempotent submits, and a client that follows a job across an API restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.settings import Settings
+from tests.conftest import free_port
+from tests.stack import REPO, Stack, wait_for
+from towerq import AuthError, Client, UnreachableError
+
+pytestmark = pytest.mark.slow
+FINAL = ("succeeded", "failed", "cancelled")
+FAILING_MODEL = "def build(params):\n    raise ValueError('this model is broken on purpose')\n"
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_") or k == "TOWERQ_TRAINER_ENV_PASS"}
+    return {**env, "HOME": str(home), "PYTHONPATH": str(REPO)}
+
+
+def towerq(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "service.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=cli_env(home), input=stdin, timeout=240)
+
+
+def in_a_terminal(home: Path, *args: str, timeout: float = 240) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as its stdout; (exit code, everything it drew)."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args],
+        stdout=follower,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(home),
+    )
+    os.close(follower)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif process.poll() is not None:
+            break
+    os.close(leader)
+    return process.wait(30), b"".join(chunks).decode(errors="replace")
+
+
+def test_login_follow_exit_codes_and_json(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    url = stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2)
+    token = make_token("alice")
+    home = tmp_path / "home"
+    home.mkdir()
+    wait_for(lambda: Client(url, token).request("GET", "/api/gpus"), 30, "the worker to register its GPUs")
+
+    # Login checks the token, then saves URL and token (0600); later commands need neither.
+    bad = towerq(home, "login", url, "--token", "tq_not_a_real_token")
+    assert bad.returncode == 4 and "401" in bad.stderr
+    login = towerq(home, "login", url, "--token", token)
+    assert login.returncode == 0 and "as alice" in login.stdout, login.stderr
+    config = home / ".config" / "towerq" / "config.toml"
+    assert config.stat().st_mode & 0o777 == 0o600 and token in config.read_text()
+    assert json.loads(towerq(home, "jobs", "-o", "json").stdout)["items"] == []
+
+    # A YAML spec, followed in a terminal: a live bar, the final metrics, exit 0.
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: mlp\ndataset: digits\ngpu_count: 1\nhyperparameters:\n  steps: 300\n  log_every: 10\n")
+    code, drawn = in_a_terminal(home, "submit", str(spec), "--follow")
+    assert code == 0, drawn
+    assert "[####" in drawn and "step 300/300" in drawn and "\r" in drawn, drawn[-2000:]
+    assert "succeeded (loss" in drawn and "eval accuracy" in drawn
+    job_id = int(drawn.split("job ")[1].split()[0])
+    assert towerq(home, "follow", str(job_id)).returncode == 0  # an ended job: at once
+
+    # A job that fails: exit 1, with the reason.
+    (settings.models_path / "broken.py").write_text(FAILING_MODEL)
+    failing = towerq(home, "submit", "-", "--follow", stdin=json.dumps({"model": "broken:build", "dataset": "digits"}))
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "failed" in failing.stdout and "broken on purpose" in failing.stdout
+
+    # A job cancelled while followed: exit 3.
+    long_spec = json.dumps({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 100000}})
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "submit", "-", "--follow"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(home),
+    )
+    assert follower.stdin is not None and follower.stdout is not None
+    follower.stdin.write(long_spec)
+    follower.stdin.close()
+    first = follower.stdout.readline()
+    cancelled_id = int(first.split()[1])
+    wait_for(lambda: Client(url, token).job(cancelled_id).state == "running", 60, "the long job to run")
+    assert towerq(home, "cancel", str(cancelled_id)).returncode == 0
+    assert follower.wait(120) == 3
+    follower.stdout.close()
+    assert follower.stderr is not None
+    follower.stderr.close()
+
+    # Usage errors exit 2; an API that is not there exits 4.
+    assert towerq(home, "submit", str(tmp_path / "missing.yaml")).returncode == 2
+    assert towerq(home, "submit", str(spec), "--set", "no-equals-sign").returncode == 2
+    assert towerq(home, "jobs", "--bogus").returncode == 2
+    gone = towerq(home, "jobs", "--api", f"http://127.0.0.1:{free_port()}")
+    assert gone.returncode == 4 and "cannot reach the API" in gone.stderr
+    refused = towerq(home, "submit", "-", stdin=json.dumps({"model": "mlp", "dataset": "digits", "gpu_count": 99}))
+    assert refused.returncode == 1 and "gpu_count" in refused.stderr
+
+    # Every read command speaks JSON with -o json.
+    for args in (["jobs"], ["show", str(job_id)], ["gpus"], ["queue"], ["logs", str(job_id)], ["data", "list"]):
+        answer = towerq(home, *args, "-o", "json")
+        assert answer.returncode == 0, (args, answer.stderr)
+        json.loads(answer.stdout)
+    states = {job["id"]: job["state"] for job in json.loads(towerq(home, "jobs", "-o", "json").stdout)["items"]}
+    assert states[job_id] == "succeeded" and states[cancelled_id] == "cancelled"
+
+
+def test_the_python_client_follows_across_an_api_restart_and_submits_once(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    port = free_port()
+    stack.spawn("api", "api", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    stack.api_url = url
+    wait_for(stack._healthy, 30, "the API")
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1)
+    token = make_token("alice")
+    client = Client(url, token)
+    wait_for(lambda: client.request("GET", "/api/gpus"), 30, "the worker to register its GPUs")
+
+    spec = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 2000, "log_every": 10}}
+    job = client.submit(spec, idempotency_key="exp-42")
+    assert client.submit(spec, idempotency_key="exp-42").id == job.id  # a retried submit: one job
+
+    rows: list[dict] = []
+    following = threading.Thread(target=lambda: rows.extend(job.follow()), daemon=True)
+    following.start()
+    wait_for(lambda: len(rows) >= 5, 120, "the first metric rows")
+    stack.stop("api")  # the API goes away mid-run ...
+    time.sleep(2)
+    stack.spawn("api", "api", "--port", str(port))  # ... and comes back
+    following.join(300)
+    assert not following.is_alive()
+    assert job.state == "succeeded"
+    train = [row["step"] for row in rows if row["split"] == "train"]
+    assert train == list(range(10, 2001, 10)), "every row once, in order, across the restart"
+    assert [row["step"] for row in rows if row["split"] == "eval"][-1] == 2000
+    assert [row["step"] for row in job.metrics("train")] == train
+    assert job.wait().state == "succeeded"
+
+    with pytest.raises(AuthError):
+        Client(url, "tq_wrong").jobs()
+    with pytest.raises(UnreachableError):
+        Client(f"http://127.0.0.1:{free_port()}", token, retries=1).jobs()
+    client.close()

@@ -1,0 +1,352 @@
+"""The client itself: configuration, HTTP with retries, jobs, following a job live.
+
+Standard library and httpx only: it imports nothing of the service, so a laptop needs
+neither TensorFlow nor a database driver to use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+CONFIG_FILE = Path.home() / ".config" / "towerq" / "config.toml"
+LEGACY_TOKEN_FILE = Path.home() / ".config" / "towerq" / "token"
+DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_STATUSES = (502, 503, 504)
+BACKOFF_MAX_S = 10.0
+
+
+class TowerqError(Exception):
+    """Anything the client could not do; the message is for people."""
+
+
+class UnreachableError(TowerqError):
+    """The API did not answer (after the retries)."""
+
+
+class ApiError(TowerqError):
+    """The API answered with an error: `status` and `detail` (a string or a list of
+    `{loc, msg}` problems, each naming a field)."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(f"{status}: {_describe(detail)}")
+
+
+class AuthError(ApiError):
+    """401: no token, or one the API does not know (or has revoked)."""
+
+
+def _describe(detail: Any) -> str:
+    if isinstance(detail, list):
+        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
+    return str(detail)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Where the API is and the token to use: arguments first, then `TOWERQ_API_URL` /
+    `TOWERQ_TOKEN`, then `~/.config/towerq/config.toml` (written by `towerq login`), then a
+    local `towerq up`'s `var/admin-token`."""
+
+    url: str
+    token: str | None
+
+    @classmethod
+    def load(cls, url: str | None = None, token: str | None = None, path: Path | None = None) -> Config:
+        saved = read_config(path or CONFIG_FILE)
+        url = url or os.environ.get("TOWERQ_API_URL") or saved.get("url") or DEFAULT_URL
+        token = (
+            token
+            or os.environ.get("TOWERQ_TOKEN")
+            or saved.get("token")
+            or _read(LEGACY_TOKEN_FILE)
+            or _read(Path(os.environ.get("TOWERQ_VAR_DIR", "var")) / "admin-token")
+        )
+        return cls(url=url.rstrip("/"), token=token)
+
+
+def read_config(path: Path) -> dict[str, str]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    section = data.get("default", data)
+    return {key: str(value) for key, value in section.items() if key in ("url", "token")}
+
+
+def write_config(url: str, token: str, path: Path | None = None) -> Path:
+    """Save the URL and token for later commands, readable by their owner alone."""
+    path = path or CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"[default]\nurl = {json.dumps(url)}\ntoken = {json.dumps(token)}\n")
+    os.replace(temporary, path)
+    return path
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class Client:
+    """A towerq API: `Client(url=None, token=None)` (see `Config`). Requests that find the
+    API down, or a gateway error, are retried with back-off (`retries` times)."""
+
+    def __init__(
+        self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0, retries: int = 4
+    ) -> None:
+        self.config = Config.load(url, token)
+        self.url = self.config.url
+        self.retries = retries
+        headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON answer of `method path`; raises ApiError, AuthError or UnreachableError."""
+        response = self._send(lambda: self.http.request(method, path, **kwargs))
+        return response.json() if response.content else None
+
+    def _send(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                response = send()
+            except httpx.TransportError as err:
+                if attempt == self.retries:
+                    raise UnreachableError(f"cannot reach the API at {self.url}: {err}") from err
+            else:
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    return _checked(response)
+            time.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
+        """Submit a job spec; a retried submit (same `idempotency_key`, one is made for you)
+        never makes two jobs."""
+        key = idempotency_key or uuid.uuid4().hex
+        data = self.request("POST", "/api/jobs", json=spec, headers={"Idempotency-Key": key})
+        return Job(self, data)
+
+    def job(self, job_id: int) -> Job:
+        return Job(self, self.request("GET", f"/api/jobs/{job_id}"))
+
+    def jobs(self, *, state: str | list[str] | None = None, user: str | None = None, limit: int = 20) -> list[Job]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = [state] if isinstance(state, str) else state
+        if user:
+            params["user"] = user
+        return [Job(self, item) for item in self.request("GET", "/api/jobs", params=params)["items"]]
+
+    def cancel(self, job_id: int) -> Job:
+        return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
+
+    def upload_code(self, name: str, data: bytes) -> dict[str, Any]:
+        """Upload a code bundle (a .py, or a .zip / .tar.gz of a folder); its id and files."""
+        return dict(self.request("POST", "/api/code", files={"file": (name, data)}))
+
+    def metrics(self, job_id: int, split: str | None = None, *, as_frame: bool = False) -> Any:
+        """Every metric row of a job (a list of dicts; a pandas DataFrame with `as_frame`)."""
+        rows: list[dict[str, Any]] = []
+        for chosen in [split] if split else ["train", "eval"]:
+            rows += self._metrics_after(job_id, chosen, -1)
+        rows.sort(key=lambda row: (row["step"], row["split"]))
+        if not as_frame:
+            return rows
+        import pandas
+
+        flat = [{**{k: v for k, v in row.items() if k != "custom"}, **(row.get("custom") or {})} for row in rows]
+        return pandas.DataFrame(flat)
+
+    def _metrics_after(self, job_id: int, split: str, after: int) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        while True:
+            params = {"split": split, "after_step": after, "limit": 20000}
+            page = self.request("GET", f"/api/jobs/{job_id}/metrics", params=params)
+            rows += page
+            if len(page) < 20000:
+                return rows
+            after = page[-1]["step"]
+
+    def events(self, job_id: int) -> Iterator[dict[str, Any]]:
+        """The job's live events (`metric`, `eval`, `log`, `state`, each a dict with `type`)
+        until it ends. When the connection drops (the API restarted) it reconnects with
+        back-off, first replaying the metric rows stored meanwhile, so none is missed."""
+        seen = {"train": -1, "eval": -1}
+        failures = 0
+        while True:
+            job = self.job(job_id)
+            for split in ("train", "eval"):
+                for row in self._metrics_after(job_id, split, seen[split]):
+                    seen[split] = row["step"]
+                    yield {"type": "metric" if split == "train" else "eval", **row}
+            if job.state in FINAL_STATES:
+                yield {"type": "state", "state": job.state, "message": job.data.get("error")}
+                return
+            try:
+                for event in self._stream(job_id):
+                    failures = 0
+                    kind = event.get("type")
+                    if kind in ("metric", "eval"):
+                        split = "train" if kind == "metric" else "eval"
+                        if event.get("step", -1) <= seen[split]:
+                            continue
+                        seen[split] = event["step"]
+                    yield event
+                    if kind == "state" and event.get("state") in FINAL_STATES:
+                        # Rows published while this stream was being opened are stored by
+                        # now (the worker writes them before the job ends): the rest.
+                        for split in ("train", "eval"):
+                            for row in self._metrics_after(job_id, split, seen[split]):
+                                yield {"type": "metric" if split == "train" else "eval", **row}
+                        return
+            except (httpx.TransportError, UnreachableError):
+                time.sleep(backoff(failures))
+                failures += 1
+
+    def _stream(self, job_id: int) -> Iterator[dict[str, Any]]:
+        timeout = httpx.Timeout(10.0, read=60.0)  # the API sends a keepalive every 15 s
+        with self.http.stream("GET", f"/api/jobs/{job_id}/stream", timeout=timeout) as response:
+            _checked(response, streaming=True)
+            data: list[str] = []
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif not line and data:
+                    try:
+                        yield json.loads("\n".join(data))
+                    except json.JSONDecodeError:
+                        pass
+                    data = []
+
+    def download(self, job_id: int, path: str | None = None, to: str | Path = ".") -> Path:
+        """A file of the job's artifacts into the folder `to` (or everything, as
+        `job-<id>.tar.gz`); returns where it landed."""
+        route = f"/api/jobs/{job_id}/artifacts/{path.strip('/')}" if path else f"/api/jobs/{job_id}/artifacts.tar.gz"
+        target = Path(to) / (Path(path).name if path else f"job-{job_id}.tar.gz")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with self.http.stream("GET", route, timeout=httpx.Timeout(30, read=300)) as response:
+                _checked(response, streaming=True)
+                if response.headers.get("x-towerq-archive") == "folder" and path:
+                    target = target.with_name(target.name + ".tar.gz")
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes(256 * 1024):
+                        out.write(chunk)
+        except httpx.TransportError as err:
+            partial.unlink(missing_ok=True)
+            raise UnreachableError(f"download from {self.url} failed: {err}") from err
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(target)
+        return target
+
+
+def backoff(attempt: int) -> float:
+    """0.5 s, 1 s, 2 s ... up to 10 s, with jitter so many clients do not retry in step."""
+    return min(BACKOFF_MAX_S, 0.5 * 2**attempt) * (0.75 + 0.5 * random.random())
+
+
+def _checked(response: httpx.Response, streaming: bool = False) -> httpx.Response:
+    if response.status_code < 400:
+        return response
+    if streaming:
+        response.read()
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text[:500]
+    if response.status_code == 401:
+        raise AuthError(401, detail)
+    raise ApiError(response.status_code, detail)
+
+
+class Job:
+    """One job as the API last described it (`data`); its methods ask the API again."""
+
+    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+        self.client = client
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.name!r} {self.state}>"
+
+    @property
+    def id(self) -> int:
+        return int(self.data["id"])
+
+    @property
+    def name(self) -> str:
+        return str(self.data["name"])
+
+    @property
+    def state(self) -> str:
+        return str(self.data["state"])
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def refresh(self) -> Job:
+        self.data = self.client.job(self.id).data
+        return self
+
+    def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> Job:
+        """Block until the job ends (succeeded, failed or cancelled); returns it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.refresh().done:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still {self.state} after {timeout} s")
+            time.sleep(poll_s)
+        return self
+
+    def follow(self) -> Iterator[dict[str, Any]]:
+        """The job's metric rows (train and eval, with `split`) as they arrive, until it ends."""
+        for event in self.client.events(self.id):
+            if event.get("type") in ("metric", "eval"):
+                row = {k: v for k, v in event.items() if k not in ("type", "job_id")}
+                row.setdefault("split", "eval" if event["type"] == "eval" else "train")
+                yield row
+        self.refresh()
+
+    def metrics(self, split: str | None = None, *, as_frame: bool = False) -> Any:
+        return self.client.metrics(self.id, split, as_frame=as_frame)
+
+    def cancel(self) -> Job:
+        self.data = self.client.cancel(self.id).data
+        return self
+
+    def download(self, path: str | None = None, to: str | Path = ".") -> Path:
+        return self.client.download(self.id, path, to)
