@@ -34,3 +34,7 @@ def host_control_channel(host: str) -> str:
 def refused_count(host: str) -> str:
     """A counter of the messages a host's worker found on its queue and refused to run."""
     return f"{PREFIX}refused:{host}"
+
+
+PASS_HISTOGRAM = "towerq:scheduler:pass_seconds"
+"""Hash of scheduling-pass durations by histogram bucket, and their sum (`/metrics`)."""

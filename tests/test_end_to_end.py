@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.stack import Stack, wait_for
 
@@ -66,6 +67,18 @@ def test_lenet5_on_two_simulated_gpus_trains_digits_to_90_percent(stack: Stack, 
     assert evals[-1]["accuracy"] >= 0.9
     assert job["latest"]["eval_accuracy"] == evals[-1]["accuracy"]
     assert client.get("/api/gpus").json()[0]["holders"] == []  # allocation freed
+
+    # Prometheus sees it: the wait histograms counted the job, the scheduler its passes.
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+    }
+    assert samples[("towerq_queue_wait_seconds_count", ())] == 1
+    assert samples[("towerq_submit_to_running_seconds_count", ())] == 1
+    assert 0 < samples[("towerq_submit_to_running_seconds_sum", ())] < 120
+    assert samples[("towerq_scheduling_pass_seconds_count", ())] >= 1
+    assert samples[("towerq_jobs", (("state", "succeeded"), ("user", "alice")))] == 1
 
 
 def running_interval(job: dict) -> tuple[datetime, datetime]:

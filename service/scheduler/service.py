@@ -9,6 +9,7 @@ import redis
 
 from service import defaults, keys
 from service.context import Context
+from service.prometheus import record_pass
 from service.scheduler.live import LiveScheduler
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ def serve(ctx: Context, stop: threading.Event) -> None:
             stop.wait(defaults.MIN_PASS_GAP_S)
         if report is not None:
             log.debug("pass of %.1f ms: %d waiting", report.seconds * 1000, report.waiting)
+            try:
+                record_pass(ctx.redis, report.seconds)
+            except redis.RedisError:
+                pass  # a lost sample of a histogram, not a failed pass
         if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):
             log.info(
                 "pass: started %d, waiting %d, requeued %d, hosts down %s (%.1f ms)",

@@ -1,0 +1,46 @@
+"""`GET /metrics` in Prometheus text, parsed with Prometheus' own parser: what the lab's
+jobs and GPUs are, by state, user and host, from the shared database."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.service.api.conftest import Api
+
+SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
+
+
+def scrape(api: Api) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = api.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_jobs_queue_and_gpus_by_state(alice: Api, as_user, make_token) -> None:
+    bob = as_user("bob")
+    for api in (alice, alice, bob):
+        assert api.post("/api/jobs", json=SPEC).status_code == 201
+    admin = as_user("root", admin=True)
+    assert admin.post("/api/gpus/lab-a/3/drain").status_code in (200, 202)
+    samples = scrape(alice)
+    assert samples[("towerq_jobs", (("state", "queued"), ("user", "alice")))] == 2
+    assert samples[("towerq_jobs", (("state", "queued"), ("user", "bob")))] == 1
+    assert samples[("towerq_queue_length", ())] == 3
+    assert samples[("towerq_submissions_total", ())] == 3
+    assert samples[("towerq_crashes_total", ())] == 0
+    assert samples[("towerq_gpus", ())] == 4
+    assert samples[("towerq_gpus_by_state", (("host", "lab-a"), ("state", "free")))] == 3
+    assert samples[("towerq_gpus_by_state", (("host", "lab-a"), ("state", "drained")))] == 1
+    assert samples[("towerq_hosts", (("state", "up"),))] == 1
+    for histogram in (
+        "towerq_queue_wait_seconds",
+        "towerq_submit_to_running_seconds",
+        "towerq_scheduling_pass_seconds",
+    ):
+        assert samples[(f"{histogram}_count", ())] == 0
+        assert ((f"{histogram}_bucket"), (("le", "+Inf"),)) in samples
+    assert alice.client.get("/metrics").status_code == 401  # scrape with a token (docs/deployment.md)
