@@ -18,8 +18,8 @@ from service.db import Database
 from service.exceptions import NotFoundError, SpecError
 from service.hosts import HostInventory
 from service.intake import Submission, SubmissionWriter, store_submissions
-from service.models import Allocation, Gpu, Host, Job, JobState, User, utcnow
-from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage
+from service.models import Allocation, Gpu, Host, Job, JobState, Notification, User, utcnow
+from service.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut
 from service.settings import Settings
 from worker.trainer.paths import PathEscapeError, resolve_inside
 from worker.trainer.spec import MIN_MEMORY_LIMIT_MB, JobSpec, memory_limit_mb
@@ -268,7 +268,11 @@ def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
 
 def job_detail(session: Session, job: Job) -> JobDetailOut:
     allocation = allocations_of(session, [job]).get(job.id)
-    return JobDetailOut.model_validate(job).model_copy(update={"allocation": allocation})
+    owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
+    notifications = [NotificationOut.model_validate(n) for n in owed]
+    return JobDetailOut.model_validate(job).model_copy(
+        update={"allocation": allocation, "notifications": notifications}
+    )
 
 
 def job_detail_of_new(job: Job, event: JobEventOut) -> JobDetailOut:

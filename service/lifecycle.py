@@ -15,9 +15,10 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from service.exceptions import NotFoundError, StaleAttemptError, StateConflictError
-from service.models import Allocation, Gpu, Job, JobEvent, JobState, utcnow
+from service.models import FINAL_STATES, Allocation, Gpu, Job, JobEvent, JobState, utcnow
 from service.notify import job_message, kick_scheduler
 from service.schemas import JobEventOut
+from service.webhooks import owe_notifications
 
 
 def record_state(session: Session, job: Job, state: JobState, message: str | None = None) -> JobEvent:
@@ -27,6 +28,8 @@ def record_state(session: Session, job: Job, state: JobState, message: str | Non
     job.updated_at = now
     event = JobEvent(job_id=job.id, time=now, state=state, attempt=job.attempts, message=message)
     session.add(event)
+    if state in FINAL_STATES:
+        owe_notifications(session, job)
     job_message(
         session,
         job.id,

@@ -299,6 +299,31 @@ class LogLine(Base):
     message: Mapped[str] = mapped_column(Text)
 
 
+class NotificationState(enum.StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class Notification(Base):
+    """A webhook owed for a finished job: written in the transaction that ends the job (so
+    none is lost or made twice), sent in the background by the scheduler process."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (Index("ix_notifications_due", "state", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    url: Mapped[str | None] = mapped_column(Text, default=None)
+    """The job's (or its sweep's) `notify_url`; None: the lab's TOWERQ_WEBHOOK_URL."""
+    state: Mapped[str] = mapped_column(String(16), default=NotificationState.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class JobEvent(Base):
     """One state transition of a job, with its time and why."""
 

@@ -80,8 +80,19 @@ class JobOut(Out):
     cancel_requested: bool
 
 
+class NotificationOut(Out):
+    url: str | None
+    """None: the lab's TOWERQ_WEBHOOK_URL."""
+    state: str
+    attempts: int
+    last_error: str | None
+    delivered_at: datetime | None
+
+
 class JobDetailOut(JobOut):
     events: list[JobEventOut]
+    notifications: list[NotificationOut] = []
+    """The webhooks sent (or being retried) since the job ended."""
 
 
 class JobPage(BaseModel):

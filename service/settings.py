@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     api_port: int = 8000
     api_workers: int = Field(default=2, ge=1, le=64)
     """API processes: Python serves one request at a time per process."""
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://")
+    """Where to POST a JSON notification whenever a job ends (Slack-compatible `text`)."""
+    webhook_secret: str | None = None
+    webhook_retry_s: float = Field(default=2.0, gt=0)
+    """The first retry of a failed webhook waits this long; later ones 5, 15, 60 ... times it."""
+    """Signs each notification: `X-Towerq-Signature: sha256=<HMAC-SHA256 of the body>`."""
     api_parent_pid: int | None = None
     """Set by `towerq api` for its worker processes, which die with it (not a user setting)."""
     api_url: str = "http://127.0.0.1:8000"

@@ -17,7 +17,7 @@ import redis
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from service import defaults, keys
+from service import defaults, joblog, keys
 from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
@@ -147,16 +147,7 @@ class MetricSink:
     def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
         """Every line also goes to the job's `log.txt` artifact: the database keeps only the
         newest lines of a long job, the file keeps them all (`GET .../logs.txt`)."""
-        lines = "".join(
-            f"{row['time']:%Y-%m-%dT%H:%M:%S.%fZ} attempt {row['attempt']} {row['level']:<7} {row['message']}\n"
-            for row in logs
-        )
-        try:
-            self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_file.open("a", encoding="utf-8", errors="replace") as out:
-                out.write(lines)
-        except OSError as err:
-            log.warning("cannot append to %s: %s", self.log_file, err)
+        joblog.append(self.log_file, logs)
 
     def forget_after(self, step: int) -> None:
         """Delete points after `step`: a resumed attempt trains those steps again."""

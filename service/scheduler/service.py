@@ -11,6 +11,7 @@ from service import defaults, keys
 from service.context import Context
 from service.prometheus import record_pass
 from service.scheduler.live import LiveScheduler
+from service.webhooks import Deliverer
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 def serve(ctx: Context, stop: threading.Event) -> None:
     """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
     scheduler = LiveScheduler(ctx)
+    Deliverer(ctx, stop).start()  # webhooks, in a thread of their own: never inside a pass
     interval = ctx.settings.scheduler_interval_s
     log.info("scheduler started (pass every %.1fs and on demand)", interval)
     while not stop.is_set():

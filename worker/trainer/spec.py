@@ -339,6 +339,12 @@ class JobSpec(TrainSpec):
     priority: Priority = Priority.NORMAL
     time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    notify_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="POST a JSON notification here when the job ends (besides the lab's TOWERQ_WEBHOOK_URL)",
+    )
     code: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",

@@ -13,6 +13,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from service import joblog
 from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
 from service.artifacts import folder_of, list_artifacts, resolve_artifact, tar_gz_stream
 from service.exceptions import NotFoundError
@@ -88,7 +89,6 @@ def whole_log(job_id: JobId, session: SessionDep, ctx: ContextDep, _: CallerDep)
         with ctx.db.read() as reading:
             rows = reading.scalars(select(LogLine).where(LogLine.job_id == job_id).order_by(LogLine.id))
             for row in rows:
-                stamp = f"{row.time:%Y-%m-%dT%H:%M:%S.%fZ}"
-                yield f"{stamp} attempt {row.attempt} {row.level:<7} {row.message}\n".encode()
+                yield joblog.format_line(row.time, row.attempt, row.level, row.message).encode()
 
     return StreamingResponse(from_database(), media_type="text/plain; charset=utf-8")
