@@ -33,18 +33,17 @@ def submit(
     idempotency_key: str | None = None,
     inventory: HostInventory | None = None,
     writer: SubmissionWriter | None = None,
+    sweep_id: int | None = None,
 ) -> tuple[JobDetailOut, bool]:
     """Store a new queued job; returns (job, created). A repeated idempotency key returns
     the job first submitted with it. The checks read a cached inventory; the job is stored
     by `writer` (group commit) when there is one, else in a transaction of its own."""
-    caller.check_priority(spec.priority)
     inventory = inventory or HostInventory(db)
-    host = check_resources(inventory, spec)
-    check_memory_fraction(inventory, spec, host, settings)
-    check_files(spec, settings, caller.name)
+    host = check_submission(caller, spec, settings, inventory)
     if spec.hyperparameters.seed is None:
         spec.hyperparameters.seed = secrets.randbelow(2**31)
     row = new_job(caller, spec, host, settings, idempotency_key)
+    row["sweep_id"] = sweep_id
     if writer is not None:
         job_id, event = writer.store(row, caller.name)
     else:
@@ -53,6 +52,16 @@ def submit(
         with db.read() as session:
             return job_detail(session, get_job(session, job_id)), False
     return job_detail_of_new(Job(id=job_id, user=User(id=caller.user_id, name=caller.name), **row), event), True
+
+
+def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventory: HostInventory) -> str | None:
+    """Everything a submission must pass besides the spec's own validation; the host the
+    job must run on, if one."""
+    caller.check_priority(spec.priority)
+    host = check_resources(inventory, spec)
+    check_memory_fraction(inventory, spec, host, settings)
+    check_files(spec, settings, caller.name)
+    return host
 
 
 def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings, key: str | None) -> dict[str, Any]:

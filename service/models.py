@@ -248,6 +248,8 @@ class Sweep(Base):
     grid: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
+    user: Mapped[User] = relationship()
+
 
 class Allocation(Base):
     """One GPU (or a fraction of it) held by one attempt of one job."""

@@ -26,6 +26,7 @@ from service.api.routes import (
     jobs,
     session,
     stream,
+    sweeps,
     users,
     workers,
 )
@@ -134,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    for module in (jobs, artifacts, code, datasets, stream, gpus, workers, users, health, session, catalog):
+    for module in (jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, health, session, catalog):
         app.include_router(module.router)
     uploads = {
         "/api/code": (settings.max_code_bytes, "TOWERQ_MAX_CODE_BYTES"),

@@ -31,6 +31,7 @@ from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
 from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Decision, Policy, PolicyConfig, QueuedJob
+from service.sweeps import held_by_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class LiveScheduler:
         self._repair(now, report)
         with self.ctx.db.read() as session:
             queued, stored = read_queued(session)
+            held = held_by_sweeps(session, [q.id for q in queued])
+            queued = [q for q in queued if q.id not in held]
             cluster, _ = read_cluster(session)
             usage = self.ledger.usage(session, now)
             fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
@@ -96,6 +99,7 @@ class LiveScheduler:
                 self._commit(session, decision, {q.id: q for q in queued}, report)
         started_ids = {job_id for job_id, *_ in report.placed}
         self._write_pending(decision, stored, now.timestamp(), started_ids)
+        self._write_held(held, stored)
         for job_id, attempt, host in report.repairs.resend:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
@@ -176,6 +180,18 @@ class LiveScheduler:
                 statement = update(Job).where(Job.state == JobState.QUEUED)
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
             self.pending_written_at = time.monotonic()
+
+    def _write_held(self, held: dict[int, str], stored: dict[int, Stored]) -> None:
+        """Jobs their sweep's `max_parallel` keeps waiting: that is their reason."""
+        changes = [
+            {"id": job_id, "queue_position": None, "pending_reason": reason, "reserved_start_at": None}
+            for job_id, reason in held.items()
+            if stored.get(job_id) != (None, reason, None)
+        ]
+        if changes:
+            with self.ctx.db.write() as session:
+                statement = update(Job).where(Job.state == JobState.QUEUED)
+                session.execute(statement, changes, execution_options={"synchronize_session": None})
 
     def send_launch(self, job_id: int, attempt: int, host: str) -> None:
         launches.send(self.ctx.redis, host, job_id, attempt)

@@ -1,0 +1,174 @@
+"""Sweeps: launch a grid or random search of one job spec, follow it, cancel it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session, joinedload
+
+from service import sweeps
+from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
+from service.exceptions import ForbiddenError, NotFoundError, SpecError
+from service.jobs import check_submission, submit
+from service.lifecycle import locked_job, request_cancel
+from service.models import Job, Sweep
+from service.notify import kick_scheduler
+from worker.trainer.spec import JobSpec
+
+router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
+SweepId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+class SweepJob(BaseModel):
+    id: int
+    name: str
+    state: str
+    setting: dict[str, Any]
+    result: float | None
+    """The sweep's metric at the job's end (its latest value while it runs)."""
+    step: int | None
+    total_steps: int
+
+
+class SweepOut(BaseModel):
+    id: int
+    name: str
+    user: str
+    created_at: datetime
+    metric: str
+    goal: str
+    max_parallel: int | None
+    fields: list[str]
+    """The swept fields, in order."""
+    counts: dict[str, int]
+    """Jobs by state."""
+    done: int
+    total: int
+    best_job: int | None
+    jobs: list[SweepJob]
+
+
+class SweepList(BaseModel):
+    items: list[SweepOut]
+
+
+def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut:
+    jobs = list(session.scalars(select(Job).where(Job.sweep_id == sweep.id).order_by(Job.id)))
+    metric, goal = sweep.spec["metric"], sweep.spec["goal"]
+    settings = sweep.spec.get("settings", [])
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job.state] = counts.get(job.state, 0) + 1
+    listed = [
+        SweepJob(
+            id=job.id,
+            name=job.name,
+            state=job.state,
+            setting=settings[i] if i < len(settings) else {},
+            result=sweeps.result_of(job, metric),
+            step=job.step,
+            total_steps=job.total_steps,
+        )
+        for i, job in enumerate(jobs)
+    ]
+    return SweepOut(
+        id=sweep.id,
+        name=sweep.name,
+        user=sweep.user.name,
+        created_at=sweep.created_at,
+        metric=metric,
+        goal=goal,
+        max_parallel=sweep.spec.get("max_parallel"),
+        fields=list(settings[0]) if settings else [],
+        counts=counts,
+        done=sum(counts.get(state, 0) for state in sweeps.FINAL),
+        total=len(jobs),
+        best_job=sweeps.best_job(jobs, metric, goal),
+        jobs=listed if with_jobs else [],
+    )
+
+
+@router.post("", status_code=201, response_model=SweepOut)
+def create(
+    body: sweeps.SweepIn,
+    caller: CallerDep,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    inventory: InventoryDep,
+    writer: WriterDep,
+) -> SweepOut:
+    """Every setting becomes a job spec, checked like a submission before anything is
+    stored; then the sweep and its jobs (queued) are stored."""
+    checked: list[tuple[dict[str, Any], JobSpec]] = []
+    for index, (setting, raw) in enumerate(sweeps.job_specs(body)):
+        try:
+            spec = JobSpec.model_validate(raw)
+            check_submission(caller, spec, settings, inventory)
+        except (ValidationError, SpecError) as err:
+            raise sweeps.refusal(index, setting, err) from None
+        checked.append((setting, spec))
+    definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
+    with db.write() as session:
+        sweep = Sweep(
+            name=body.name,
+            user_id=caller.user_id,
+            spec={
+                "base": body.base,
+                "metric": body.metric,
+                "goal": body.goal,
+                "max_parallel": body.max_parallel,
+                "notify_url": body.notify_url,
+                "settings": [setting for setting, _ in checked],
+            },
+            grid=definition,
+        )
+        session.add(sweep)
+        session.flush()
+        sweep_id = sweep.id
+    for _, spec in checked:
+        submit(db, caller, spec, settings, inventory=inventory, writer=writer, sweep_id=sweep_id)
+    with db.read() as session:
+        return describe(session, _get(session, sweep_id))
+
+
+@router.get("", response_model=SweepList)
+def listing(session: SessionDep, _: CallerDep) -> SweepList:
+    """Every sweep, newest first, with its progress and best job (not its jobs)."""
+    rows = session.scalars(select(Sweep).options(joinedload(Sweep.user)).order_by(Sweep.id.desc()).limit(200))
+    return SweepList(items=[describe(session, sweep, with_jobs=False) for sweep in rows])
+
+
+@router.get("/{sweep_id}", response_model=SweepOut)
+def show(sweep_id: SweepId, session: SessionDep, _: CallerDep) -> SweepOut:
+    """The sweep: its jobs with their settings, states and results; progress; the best job."""
+    return describe(session, _get(session, sweep_id))
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepOut)
+def cancel(sweep_id: SweepId, db: DatabaseDep, caller: CallerDep) -> SweepOut:
+    """Cancel every unfinished job of the sweep (its owner or an admin)."""
+    with db.write() as session:
+        sweep = _get(session, sweep_id)
+        if sweep.user_id != caller.user_id and not caller.is_admin:
+            raise ForbiddenError(f"sweep {sweep_id} is {sweep.user.name}'s: only they or an admin may cancel it")
+        unfinished = session.scalars(
+            select(Job.id).where(Job.sweep_id == sweep_id, Job.state.not_in(sweeps.FINAL)).order_by(Job.id)
+        ).all()
+        for job_id in unfinished:
+            job = locked_job(session, job_id)
+            if job.state not in sweeps.FINAL and job.cancel_requested_at is None:
+                request_cancel(session, job, caller.name)
+        kick_scheduler(session)
+    with db.read() as session:
+        return describe(session, _get(session, sweep_id))
+
+
+def _get(session: Session, sweep_id: int) -> Sweep:
+    sweep = session.scalars(select(Sweep).options(joinedload(Sweep.user)).where(Sweep.id == sweep_id)).one_or_none()
+    if sweep is None:
+        raise NotFoundError(f"sweep {sweep_id} not found")
+    return sweep
