@@ -10,6 +10,8 @@ const pages = {
   gpus: () => import("./pages/gpus.js"),
   submit: () => import("./pages/submit.js"),
   compare: () => import("./pages/compare.js"),
+  sweeps: () => import("./pages/sweeps.js"),
+  sweep: () => import("./pages/sweep.js"),
 };
 
 let leave = null;
@@ -21,6 +23,7 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   const params = Object.fromEntries(new URLSearchParams(query));
   if (parts[0] === "jobs" && parts[1]) return { page: "job", params: { ...params, id: parts[1] } };
+  if (parts[0] === "sweeps" && parts[1]) return { page: "sweep", params: { ...params, id: parts[1] } };
   return { page: pages[parts[0]] ? parts[0] : "jobs", params };
 }
 
@@ -31,7 +34,8 @@ async function show() {
   }
   const { page, params } = route();
   document.querySelectorAll("[data-nav]").forEach((a) => {
-    a.toggleAttribute("aria-current", a.dataset.nav === page || (page === "job" && a.dataset.nav === "jobs"));
+    const parent = { job: "jobs", sweep: "sweeps" }[page];
+    a.toggleAttribute("aria-current", a.dataset.nav === page || a.dataset.nav === parent);
   });
   const visit = ++shown;
   const main = document.getElementById("main");

@@ -91,6 +91,11 @@ def add_commands(commands: Any) -> None:
     gpus = command("gpus", "every GPU and who holds it", read=True)
     gpus.set_defaults(run=run_gpus)
 
+    sweep = command("sweep", "launch a sweep (YAML or JSON: name, base, grid or random, metric, goal, max_parallel)")
+    sweep.add_argument("spec", help="the sweep's file, or -")
+    sweep.add_argument("--follow", action="store_true", help="follow it until every job ended")
+    sweep.set_defaults(run=run_sweep)
+
     follow = command("follow", "follow a job live until it ends (exit code: 0 succeeded, 1 failed, 3 cancelled)")
     follow.add_argument("id", type=int)
     follow.set_defaults(run=run_follow)
@@ -374,6 +379,42 @@ def run_show(args: argparse.Namespace) -> int:
 def _json(value: Any) -> int:
     print(json.dumps(value, indent=2))
     return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    api = Api(args)
+    sweep = api.call("POST", "/api/sweeps", json=read_spec(args.spec))
+    ids = [job["id"] for job in sweep["jobs"]]
+    print(f"sweep {sweep['id']} ({sweep['name']}): {sweep['total']} jobs, {ids[0]}-{ids[-1]}", flush=True)
+    if not args.follow:
+        return 0
+    live = sys.stdout.isatty()
+    shown = ""
+    while sweep["done"] < sweep["total"]:
+        time.sleep(2)
+        sweep = api.call("GET", f"/api/sweeps/{sweep['id']}")
+        line = _sweep_line(sweep)
+        if live:
+            print(f"\r{line}\x1b[K", end="", flush=True)
+        elif line != shown:
+            print(line, flush=True)
+        shown = line
+    if live:
+        print()
+    print(_sweep_line(sweep), flush=True)
+    counts = sweep["counts"]
+    if counts.get("failed"):
+        return 1
+    return 3 if counts.get("cancelled") else 0
+
+
+def _sweep_line(sweep: dict[str, Any]) -> str:
+    states = ", ".join(f"{state} {n}" for state, n in sorted(sweep["counts"].items()))
+    line = f"sweep {sweep['id']}: {sweep['done']}/{sweep['total']} done ({states})"
+    best = next((job for job in sweep["jobs"] if job["id"] == sweep["best_job"]), None)
+    if best is not None:
+        line += f"; best: job {best['id']}, {sweep['metric']} {best['result']:.4g}"
+    return line
 
 
 def run_follow(args: argparse.Namespace) -> int:

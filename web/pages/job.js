@@ -166,6 +166,7 @@ function summaryOf(job) {
     ["Submitted", `${when(job.created_at)} (${age(job.created_at)} ago)`],
     ["Finished", when(job.finished_at)],
   ];
+  if (job.sweep_id) pairs.splice(1, 0, ["Sweep", el("a", { href: `#/sweeps/${job.sweep_id}`, id: "sweep-link" }, `#${job.sweep_id}`)]);
   if (job.state === "queued") {
     const position = job.queue_position ? `#${job.queue_position}: ` : "";
     pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
