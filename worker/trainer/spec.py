@@ -101,19 +101,21 @@ class Hyperparameters(Strict):
     """Training hyperparameters. `None` means "choose for me"; the resolved value is stored."""
 
     batch_size: int = Field(default=32, ge=1, le=65536, description="examples per tower per step")
-    steps: int = Field(default=1000, ge=1, le=100_000_000)
-    learning_rate: float = Field(default=0.001, gt=0, le=100)
+    steps: int = Field(default=1000, ge=1, le=100_000_000, description="training steps (one update each)")
+    learning_rate: float = Field(default=0.001, gt=0, le=100, description="at step 0, before any decay")
     lr_decay_rate: float = Field(default=1.0, gt=0, le=1, description="1 = no decay")
-    lr_decay_steps: int = Field(default=1000, ge=1)
-    staircase: bool = False
+    lr_decay_steps: int = Field(default=1000, ge=1, description="the rate applies once per this many steps")
+    staircase: bool = Field(default=False, description="decay in steps rather than smoothly")
     optimizer: Optimizer = "adam"
-    momentum: float = Field(default=0.9, ge=0, lt=1)
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="optimizer momentum only")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="L2 coefficient")
-    ema_decay: float | None = Field(default=None, gt=0, lt=1)
+    ema_decay: float | None = Field(
+        default=None, gt=0, lt=1, description="moving averages of the weights; evaluation and model.keras use them"
+    )
     eval_every: int | None = Field(default=None, ge=0, description="0 = only at the end")
-    log_every: int = Field(default=10, ge=1)
+    log_every: int = Field(default=10, ge=1, description="a metric row every this many steps")
     checkpoint_every: int | None = Field(default=None, ge=0, description="0 = only at the end")
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="none: one is drawn and stored")
     model_options: dict[OptionName, OptionValue] = Field(
         default_factory=dict, max_length=32, description="passed to the model builder (e.g. mlp: hidden)"
     )
@@ -139,8 +141,8 @@ class DatasetOptions(Strict):
         default=None, min_length=1, max_length=3, description="synthetic: one example's shape"
     )
     classes: int | None = Field(default=None, ge=2, le=100_000, description="synthetic")
-    train_examples: int | None = Field(default=None, ge=1, le=10_000_000)
-    test_examples: int | None = Field(default=None, ge=1, le=10_000_000)
+    train_examples: int | None = Field(default=None, ge=1, le=10_000_000, description="synthetic; others: at most")
+    test_examples: int | None = Field(default=None, ge=1, le=10_000_000, description="synthetic")
     test_fraction: float = Field(default=0.2, gt=0, lt=1, description="datasets that have no test split of their own")
     image_size: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
         default=None, min_length=2, max_length=2, description="images: [height, width]"
@@ -166,12 +168,12 @@ class TrainSpec(Strict):
     """The training half of a job spec: what to train, on what, how."""
 
     model: str = Field(min_length=1, max_length=200, description="built-in name or module:function")
-    dataset: str = Field(min_length=1, max_length=1024)
+    dataset: str = Field(min_length=1, max_length=1024, description="a name, or kind:PATH under TOWERQ_DATA_DIR")
     dataset_options: DatasetOptions = Field(default_factory=DatasetOptions, validate_default=True)
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
-    variable_device: VariableDevice = "cpu"
+    variable_device: VariableDevice = Field(default="cpu", description="where the shared variables live")
     tower_weights: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
-        default=None, min_length=1, max_length=64
+        default=None, min_length=1, max_length=64, description="uneven batch slices for unequal GPUs, one per GPU"
     )
 
     @field_validator("model")
@@ -330,15 +332,23 @@ GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 class JobSpec(TrainSpec):
     """A job as submitted: what to train (`TrainSpec`) and where/when it may run."""
 
-    name: Name | None = None
-    gpus: list[GpuIndex] | None = Field(default=None, min_length=1, max_length=MAX_GPUS_PER_JOB)
-    gpu_count: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_JOB)
-    host: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
-    memory_growth: bool = False
-    priority: Priority = Priority.NORMAL
-    time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    name: Name | None = Field(default=None, description="default: model-dataset")
+    gpus: list[GpuIndex] | None = Field(
+        default=None, min_length=1, max_length=MAX_GPUS_PER_JOB, description="these GPU indices (with host)"
+    )
+    gpu_count: int | None = Field(
+        default=None, ge=1, le=MAX_GPUS_PER_JOB, description="any this many GPUs of one host (default 1)"
+    )
+    host: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(default=None, description="run only there")
+    gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1, description="below 1: share GPUs with other jobs")
+    memory_growth: bool = Field(default=False, description="let TensorFlow take GPU memory as it needs it")
+    priority: Priority = Field(default=Priority.NORMAL, description="high is for admins and users allowed it")
+    time_limit_s: int | None = Field(
+        default=None, ge=1, le=365 * 24 * 3600, description="stopped (after a checkpoint) when it runs longer"
+    )
+    max_attempts: int | None = Field(
+        default=None, ge=1, le=100, description="crashes before it fails (default TOWERQ_MAX_ATTEMPTS)"
+    )
     notify_url: str | None = Field(
         default=None,
         max_length=2048,
