@@ -101,6 +101,10 @@ def test_login_follow_exit_codes_and_json(
     assert "succeeded (loss" in drawn and "eval accuracy" in drawn
     job_id = int(drawn.split("job ")[1].split()[0])
     assert towerq(home, "follow", str(job_id)).returncode == 0  # an ended job: at once
+    board = towerq(home, "tensorboard", str(job_id), "--no-launch")
+    assert board.returncode == 0, board.stderr
+    name, _, folder = board.stdout.strip().partition(":")
+    assert name == f"job-{job_id}" and list(Path(folder).glob("events.out.tfevents.*"))
 
     # A job that fails: exit 1, with the reason.
     (settings.models_path / "broken.py").write_text(FAILING_MODEL)
@@ -181,6 +185,13 @@ def test_the_python_client_follows_across_an_api_restart_and_submits_once(
     assert [row["step"] for row in rows if row["split"] == "eval"][-1] == 2000
     assert [row["step"] for row in job.metrics("train")] == train
     assert job.wait().state == "succeeded"
+
+    sweep = client.sweep(
+        {"name": "two", "base": {**spec, "hyperparameters": {"steps": 20}}, "grid": {"name": ["a", "b"]}}
+    )
+    assert [j["setting"] for j in sweep["jobs"]] == [{"name": "a"}, {"name": "b"}]
+    wait_for(lambda: client.sweep_status(sweep["id"])["done"] == 2, 180, "the sweep", 1)
+    assert client.sweep_status(sweep["id"])["counts"] == {"succeeded": 2}
 
     with pytest.raises(AuthError):
         Client(url, "tq_wrong").jobs()

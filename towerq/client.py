@@ -171,6 +171,15 @@ class Client:
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
 
+    def sweep(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Launch a sweep (`name`, `base`, `grid` or `random`, `metric`, `goal`, ...; see
+        docs/sweeps.md): the sweep with its jobs (`jobs`: id, setting, state)."""
+        return dict(self.request("POST", "/api/sweeps", json=body))
+
+    def sweep_status(self, sweep_id: int) -> dict[str, Any]:
+        """A sweep's progress, results and best job."""
+        return dict(self.request("GET", f"/api/sweeps/{sweep_id}"))
+
     def upload_code(self, name: str, data: bytes) -> dict[str, Any]:
         """Upload a code bundle (a .py, or a .zip / .tar.gz of a folder); its id and files."""
         return dict(self.request("POST", "/api/code", files={"file": (name, data)}))
