@@ -15,6 +15,11 @@ import shutil
 import signal
 import socket
 import time
+
+# Imported now, not lazily: the warnings machinery imports tracemalloc the first time it
+# formats a ResourceWarning, which a garbage collection can do in the middle of another
+# import, and CPython 3.11's import lock then fails with a KeyError (fixed in 3.12).
+import tracemalloc  # noqa: F401
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path

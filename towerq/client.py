@@ -259,20 +259,33 @@ class Client:
                     data = []
 
     def download(self, job_id: int, path: str | None = None, to: str | Path = ".") -> Path:
-        """A file of the job's artifacts into the folder `to` (or everything, as
-        `job-<id>.tar.gz`); returns where it landed."""
+        """A file of the job's artifacts into the folder `to` (a folder, or everything, as a
+        `.tar.gz`); returns where it landed."""
         route = f"/api/jobs/{job_id}/artifacts/{path.strip('/')}" if path else f"/api/jobs/{job_id}/artifacts.tar.gz"
         target = Path(to) / (Path(path).name if path else f"job-{job_id}.tar.gz")
+        headers = self.stream_to(route, target)
+        if path and headers.get("x-towerq-archive") == "folder":
+            target = target.replace(target.with_name(target.name + ".tar.gz"))
+        return target
+
+    def stream_to(
+        self, route: str, target: Path, progress: Callable[[int, int | None], None] | None = None
+    ) -> httpx.Headers:
+        """Stream `route` into `target` (through `target.part`, renamed when complete);
+        `progress(bytes so far, total or None)` after each chunk. The response's headers."""
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         try:
             with self.http.stream("GET", route, timeout=httpx.Timeout(30, read=300)) as response:
                 _checked(response, streaming=True)
-                if response.headers.get("x-towerq-archive") == "folder" and path:
-                    target = target.with_name(target.name + ".tar.gz")
+                total = int(response.headers.get("content-length") or 0) or None
+                received = 0
                 with partial.open("wb") as out:
                     for chunk in response.iter_bytes(256 * 1024):
                         out.write(chunk)
+                        received += len(chunk)
+                        if progress is not None:
+                            progress(received, total)
         except httpx.TransportError as err:
             partial.unlink(missing_ok=True)
             raise UnreachableError(f"download from {self.url} failed: {err}") from err
@@ -280,7 +293,7 @@ class Client:
             partial.unlink(missing_ok=True)
             raise
         partial.replace(target)
-        return target
+        return response.headers
 
 
 def backoff(attempt: int) -> float:

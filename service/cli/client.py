@@ -149,30 +149,17 @@ class Api:
         return self.client.request(method, path, **kwargs)
 
     def download(self, path: str, target: Path) -> httpx.Headers:
-        """Stream `path` into `target` (through `target.part`, renamed at the end), with a
-        progress line on a terminal; returns the response headers."""
-        partial = target.with_name(target.name + ".part")
-        try:
-            with self.client.http.stream("GET", path, timeout=httpx.Timeout(30, read=300)) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise ClientError(f"{response.status_code}: {_detail(response)}")
-                total = int(response.headers.get("content-length") or 0) or None
-                progress = Progress(target.name, total)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes(256 * 1024):
-                        out.write(chunk)
-                        progress.advance(len(chunk))
-                progress.done()
-        except httpx.HTTPError as err:
-            partial.unlink(missing_ok=True)
-            raise ClientError(f"download from the API at {self.url} failed: {err}") from err
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        partial.replace(target)
-        return response.headers
+        """Stream `path` into `target`, with a progress line on a terminal."""
+        progress: Progress | None = None
+
+        def show(received: int, total: int | None) -> None:
+            nonlocal progress
+            progress = progress or Progress(target.name, total)
+            progress.advance(received - progress.received)
+
+        headers = self.client.stream_to(path, target, show)
+        (progress or Progress(target.name, 0)).done()
+        return headers
 
 
 class Progress:
@@ -206,23 +193,6 @@ def _bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} GB"
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        detail = response.json().get("detail")
-    except ValueError:
-        return response.text[:500]
-    if isinstance(detail, list):
-        return "; ".join(str(d.get("msg", d)) for d in detail)
-    return str(detail)
 
 
 def run_login(args: argparse.Namespace) -> int:
