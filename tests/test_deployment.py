@@ -206,6 +206,7 @@ def test_the_build_context_holds_code_and_no_local_state() -> None:
         "README.md",
         "scripts/requirements.py",
         "service",
+        "towerq",
         "worker",
         "migrations",
         "web",
