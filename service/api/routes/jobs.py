@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
 
 from service import defaults
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
@@ -88,13 +89,47 @@ def metrics(
     after_step: Step = -1,
     split: Annotated[str | None, Query(pattern="^(train|eval)$")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 20_000,
+    points: Annotated[int | None, Query(ge=4, le=20_000)] = None,
 ) -> list[Metric]:
-    """The job's metric series, in step order, after `after_step`."""
+    """The job's metric series, in step order, after `after_step`. With `points`, a series
+    longer than that comes down-sampled on the server: the steps split into `points / 2`
+    equal buckets per split, each giving its lowest- and highest-loss rows, so spikes and
+    dips survive (a chart of 100,000 steps needs no more than its width in points)."""
     get_job(session, job_id)
     query = select(Metric).where(Metric.job_id == job_id, Metric.step > after_step)
     if split is not None:
         query = query.where(Metric.split == split)
+    if points is not None:
+        return downsampled(session, query, points)
     return list(session.scalars(query.order_by(Metric.step, Metric.split).limit(limit)))
+
+
+def downsampled(session: Session, query: Select[Any], points: int) -> list[Metric]:
+    """At most about `points` rows per split: per step bucket, the min- and max-loss rows."""
+    series = query.subquery()
+    spans = select(
+        series.c.id,
+        series.c.split,
+        series.c.step,
+        series.c.loss,
+        func.min(series.c.step).over(partition_by=series.c.split).label("low"),
+        func.max(series.c.step).over(partition_by=series.c.split).label("high"),
+    ).subquery()
+    buckets = max(1, points // 2)
+    bucket = (spans.c.step - spans.c.low) * buckets // (spans.c.high - spans.c.low + 1)
+    within = [spans.c.split, bucket]
+    ranked = select(
+        spans.c.id,
+        func.row_number().over(partition_by=within, order_by=[spans.c.loss.asc(), spans.c.step]).label("lowest"),
+        func.row_number().over(partition_by=within, order_by=[spans.c.loss.desc(), spans.c.step]).label("highest"),
+    ).subquery()
+    kept = (
+        select(Metric)
+        .join(ranked, Metric.id == ranked.c.id)
+        .where((ranked.c.lowest == 1) | (ranked.c.highest == 1))
+        .order_by(Metric.step, Metric.split)
+    )
+    return list(session.scalars(kept))
 
 
 @router.get("/{job_id}/logs", response_model=list[LogLineOut])

@@ -1,0 +1,44 @@
+"""`GET /api/jobs/{id}/metrics?points=N`: a long series comes down-sampled on the server,
+keeping each bucket's lowest and highest loss, so a spike or a dip is never averaged away."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import insert
+
+from service.db import Database
+from service.models import Metric
+from tests.service.api.conftest import Api
+
+STEPS = 20_000
+
+
+def test_a_long_series_is_down_sampled_keeping_its_extremes(alice: Api, db: Database) -> None:
+    job_id = alice.post("/api/jobs", json={"model": "mlp", "dataset": "digits", "gpus": [0]}).json()["id"]
+    now = datetime.now(UTC)
+    rows = []
+    for step in range(1, STEPS + 1):
+        loss = 2.0 - step / STEPS
+        if step == 12_345:
+            loss = 9.0  # a spike
+        if step == 777:
+            loss = -1.0  # a dip
+        rows.append({"job_id": job_id, "attempt": 1, "step": step, "split": "train", "loss": loss, "time": now})
+    rows += [
+        {"job_id": job_id, "attempt": 1, "step": s, "split": "eval", "loss": 1.0, "time": now}
+        for s in range(500, STEPS + 1, 500)
+    ]
+    with db.write() as session:
+        session.execute(insert(Metric), rows)
+
+    full = alice.get(f"/api/jobs/{job_id}/metrics", params={"split": "train", "limit": 100_000}).json()
+    assert len(full) == STEPS
+    sampled = alice.get(f"/api/jobs/{job_id}/metrics", params={"split": "train", "points": 200}).json()
+    assert 100 <= len(sampled) <= 200
+    steps = [row["step"] for row in sampled]
+    assert steps == sorted(steps) and 12_345 in steps and 777 in steps
+    assert max(row["loss"] for row in sampled) == 9.0 and min(row["loss"] for row in sampled) == -1.0
+    both = alice.get(f"/api/jobs/{job_id}/metrics", params={"points": 200}).json()
+    assert len([r for r in both if r["split"] == "eval"]) == 40  # a short series comes whole
+    assert alice.get(f"/api/jobs/{job_id}/metrics", params={"points": 2}).status_code == 422
