@@ -16,14 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from service.exceptions import NotFoundError, SpecError
-from worker.trainer.paths import PathEscapeError, job_folder, resolve_inside
+from worker.trainer.paths import PathEscapeError, resolve_inside
 
 LIST_LIMIT = 10_000
 CHUNK_BYTES = 256 * 1024
-
-
-def folder_of(artifacts_root: Path, job_id: int) -> Path:
-    return job_folder(artifacts_root, job_id)
 
 
 def _files(root: Path) -> list[Path]:

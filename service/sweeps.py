@@ -22,12 +22,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.exceptions import SpecError
-from service.models import Job, JobState, Sweep
+from service.models import FINAL_STATES, Job, JobState, Sweep
 
 MAX_JOBS_PER_SWEEP = 1000
 METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
 ACTIVE = (JobState.DISPATCHED.value, JobState.RUNNING.value)
-FINAL = (JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value)
+FINAL = tuple(state.value for state in FINAL_STATES)
 
 
 class Distribution(BaseModel):

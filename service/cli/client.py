@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 
 from service.cli.follow import follow_job
+from service.exceptions import SpecError
 from service.settings import Settings
+from service.sweeps import set_dotted
 from towerq import AuthError, Client
 from towerq.client import write_config
 
@@ -219,11 +221,10 @@ def set_field(spec: dict[str, Any], assignment: str) -> None:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
-    target = spec
-    *parents, last = path.split(".")
-    for key in parents:
-        target = target.setdefault(key, {})
-    target[last] = value
+    try:
+        set_dotted(spec, path, value)
+    except SpecError as err:
+        raise UsageError(f"--set {assignment!r}: {err}") from None
 
 
 def read_spec(source: str) -> dict[str, Any]:

@@ -15,11 +15,11 @@ from sqlalchemy import select
 
 from service import joblog
 from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
-from service.artifacts import folder_of, list_artifacts, resolve_artifact, tar_gz_stream
+from service.artifacts import list_artifacts, resolve_artifact, tar_gz_stream
 from service.exceptions import NotFoundError
 from service.jobs import get_job
 from service.models import LogLine
-from worker.trainer.paths import JOB_LOG_FILE
+from worker.trainer.paths import JOB_LOG_FILE, job_folder
 
 router = APIRouter(prefix="/api/jobs", tags=["artifacts"])
 
@@ -52,14 +52,14 @@ def _archive(folder: FsPath, top: str) -> StreamingResponse:
 def artifacts(job_id: JobId, session: SessionDep, settings: SettingsDep, _: CallerDep) -> dict[str, object]:
     """The job's files: checkpoints, TensorBoard events, the exported model, its log."""
     get_job(session, job_id)
-    return list_artifacts(folder_of(settings.artifacts_dir, job_id))
+    return list_artifacts(job_folder(settings.artifacts_dir, job_id))
 
 
 @router.get("/{job_id}/artifacts.tar.gz", response_class=StreamingResponse)
 def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, _: CallerDep) -> StreamingResponse:
     """All of the job's artifacts as one .tar.gz stream (the folder `job-<id>/`)."""
     get_job(session, job_id)
-    folder = folder_of(settings.artifacts_dir, job_id)
+    folder = job_folder(settings.artifacts_dir, job_id)
     if not folder.is_dir():
         raise NotFoundError(f"job {job_id} has no artifacts yet")
     return _archive(folder, f"job-{job_id}")
@@ -71,7 +71,7 @@ def artifact(
 ) -> FileResponse | StreamingResponse:
     """One file (HTTP ranges supported, so a download can resume), or a folder as .tar.gz."""
     get_job(session, job_id)
-    found = resolve_artifact(folder_of(settings.artifacts_dir, job_id), path)
+    found = resolve_artifact(job_folder(settings.artifacts_dir, job_id), path)
     if found.is_dir():
         return _archive(found, f"job-{job_id}-{found.name}")
     return FileResponse(found, filename=found.name)
@@ -81,7 +81,7 @@ def artifact(
 def whole_log(job_id: JobId, session: SessionDep, ctx: ContextDep, _: CallerDep) -> Response:
     """The job's whole log as text: every line of every attempt."""
     get_job(session, job_id)
-    file = folder_of(ctx.settings.artifacts_dir, job_id) / JOB_LOG_FILE
+    file = job_folder(ctx.settings.artifacts_dir, job_id) / JOB_LOG_FILE
     if file.is_file():
         return FileResponse(file, media_type="text/plain; charset=utf-8")
 
