@@ -30,9 +30,9 @@ LOG_LINES_KEPT = 20_000
 KILL_CHECK_INTERVAL_S = 0.2
 """How often a stopping runner checks whether the trainer's process group is gone."""
 
-MIN_PASS_GAP_S = 0.5
-"""Kicks that arrive faster are served together: at most one pass per this many seconds,
-so a burst of submissions does not turn into back-to-back passes."""
+MAX_PASS_GAP_S = 0.5
+"""The longest pause after a pass before the next kick is served (the pause is as long
+as the pass took: `service.scheduler.service.pass_gap`)."""
 
 PENDING_REFRESH_S = 1.0
 """Queued jobs' positions and reasons are rewritten at most this often (new jobs at once)."""
