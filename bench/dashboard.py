@@ -166,6 +166,7 @@ def time_metric_to_chart(browser: object, api: str, token: str, ctx: Context, jo
         step += 20
         relayed = time.time() * 1000
         sink.metric({"event": "metric", "step": step, "loss": 0.1 + 0.01 * i, "accuracy": 0.9, "learning_rate": 0.001})
+        sink.send()  # as the runner does after each read of the trainer's output
         page.wait_for_function(f"Number(document.querySelector('#charts').dataset.points) >= {shown + i + 1}")
         delays.append(page.evaluate("window.__towerqChartDrawnAt") - relayed)
         page.wait_for_timeout(100)  # a trainer logs every so often, not in a burst

@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
     while they saturate the CPU; idle cores still go to them."""
 
+    trainer_pool: int = Field(default=1, ge=0, le=16)
+    """Warm trainers a worker keeps: processes that have loaded TensorFlow and wait for a
+    job, so a job trains without waiting for that (worker/pool.py; 0 turns them off). Each
+    costs the memory of a Python process with TensorFlow loaded, and never serves twice."""
+
     sandbox: str = Field(default="auto", pattern=r"^(auto|bwrap|none)$")
     """Where trainers run: `auto` (in bubblewrap where it is installed and works), `bwrap`
     (required), `none`. worker/sandbox.py says what a sandboxed trainer can reach."""

@@ -35,6 +35,7 @@ from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
 from worker.launch import read_launch
 from worker.outcome import Stop
+from worker.pool import TrainerPool
 from worker.processes import is_trainer, kill_group, pid_alive
 from worker.runner import JobRunner
 from worker.sandbox import SandboxError as SandboxError  # for `towerq worker`
@@ -78,6 +79,7 @@ class HostAgent:
         self.name = name
         self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
         self.sandboxed = sandbox.resolve(ctx.settings.sandbox)
+        self.pool = TrainerPool(ctx.settings, name, ctx.settings.trainer_pool, self.sandboxed, self.inventory.simulated)
         self.runners: dict[tuple[int, int], JobRunner] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -106,6 +108,7 @@ class HostAgent:
             "simulated" if self.inventory.simulated else "NVIDIA",
         )
         self._recover_leftovers()
+        self.pool.start()
         for target, label in ((self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")):
             threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True).start()
         self._kick()
@@ -121,10 +124,12 @@ class HostAgent:
             log.exception("could not mark %s down", self.name)
         with self.lock:
             runners = list(self.runners.values())
+        self.pool.stop_warming()
         for runner in runners:
             runner.request_stop(Stop.SHUTDOWN, f"worker on {self.name} shut down")
         for runner in runners:
             runner.join()
+        self.pool.close()  # only now: a trainer dies with the pool's thread, taken ones too
         self.inventory.close()
         log.info("worker %s stopped", self.name)
 
@@ -170,7 +175,7 @@ class HostAgent:
         except StaleAttemptError as err:
             log.info("ignoring launch: %s", err)
             return {"status": "stale", "reason": str(err)}
-        runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
+        runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)
         with self.lock:
             self.runners[runner.key] = runner
         runner.start()
@@ -196,7 +201,7 @@ class HostAgent:
                 with self.lock:
                     attempts = list(self.runners)
                 with self.ctx.db.write() as session:
-                    if not heartbeat(session, self.name, states, attempts):
+                    if not heartbeat(session, self.name, states, attempts, self.pool.ready()):
                         register(session, self.name, self.inventory, host_info())
             except Exception:
                 log.exception("heartbeat of %s failed", self.name)

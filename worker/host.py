@@ -48,8 +48,11 @@ def register(session: Session, name: str, inventory: Inventory, info: dict[str, 
     return host
 
 
-def heartbeat(session: Session, name: str, states: list[GpuState], attempts: list[tuple[int, int]]) -> bool:
-    """Record that the host is alive, with fresh GPU numbers; False if it is not registered.
+def heartbeat(
+    session: Session, name: str, states: list[GpuState], attempts: list[tuple[int, int]], warm_trainers: int = 0
+) -> bool:
+    """Record that the host is alive, with fresh GPU numbers and how many warm trainers wait
+    there (`info.warm_trainers`); False if it is not registered.
 
     `attempts` are the (job, attempt) pairs whose trainers this worker still supervises. A
     host that was marked down (its jobs went back to the queue) comes back up only once
@@ -59,6 +62,8 @@ def heartbeat(session: Session, name: str, states: list[GpuState], attempts: lis
     if host is None:
         return False
     host.last_heartbeat_at = utcnow()
+    if (host.info or {}).get("warm_trainers") != warm_trainers:
+        host.info = {**(host.info or {}), "warm_trainers": warm_trainers}
     if host.state != HostState.UP:
         lost = lost_attempts(session, name, attempts)
         if lost:

@@ -74,14 +74,18 @@ def artifacts_dir(settings: Settings, job_id: int) -> Path:
     return job_folder(settings.artifacts_dir, job_id)
 
 
-def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sandboxed: bool = False) -> Path:
+def write_trainer_spec(
+    launch: Launch, settings: Settings, artifacts: Path, sandboxed: bool = False, seen_as: Path | None = None
+) -> Path:
     """The trainer's spec file of this attempt. Raises pydantic's ValidationError when the
     job's stored spec no longer passes the contract. In the sandbox the trainer's parent is
-    bwrap, which dies with the worker (so the trainer does not watch the worker's pid)."""
+    bwrap, which dies with the worker (so the trainer does not watch the worker's pid).
+    `seen_as`: the name the trainer knows its folder by, where not `artifacts` (a warm
+    trainer in the sandbox, `worker.pool`)."""
     runtime = RuntimeSpec(
         job_id=launch.job_id,
         attempt=launch.attempt,
-        artifacts_dir=str(artifacts),
+        artifacts_dir=str(seen_as or artifacts),
         data_dir=str(settings.data_dir.resolve()),
         models_path=str(settings.models_path.resolve()),
         code_path=str(bundle_root(settings.code_dir, launch.spec["code"])) if launch.spec.get("code") else None,
@@ -138,18 +142,28 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
     command = [sys.executable, "-m", "worker.trainer", str(spec_path)]
     if not sandboxed:
         return command
-    options = launch.spec.get("dataset_options") or {}
-    asked = [str(launch.spec.get("dataset", "")).partition(":")[2], options.get("test_path") or ""]
-    code = launch.spec.get("code")
+    datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
         command,
         job_folder=spec_path.parent,
         repo_root=REPO_ROOT,
         models_path=settings.models_path,
         data_dir=settings.data_dir,
-        datasets=sandbox.dataset_folders(settings.data_dir, [path for path in asked if path]),
-        code_path=bundle_root(settings.code_dir, code).parent if code else None,
+        datasets=datasets,
+        code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
+    )
+
+
+def sandbox_extras(launch: Launch, settings: Settings) -> tuple[list[Path], Path | None]:
+    """What the job's sandbox shows beyond every job's view: its uploaded dataset folders
+    and its code bundle's folder."""
+    options = launch.spec.get("dataset_options") or {}
+    asked = [str(launch.spec.get("dataset", "")).partition(":")[2], options.get("test_path") or ""]
+    code = launch.spec.get("code")
+    return (
+        sandbox.dataset_folders(settings.data_dir, [path for path in asked if path]),
+        bundle_root(settings.code_dir, code).parent if code else None,
     )
 
 

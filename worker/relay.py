@@ -1,13 +1,18 @@
 """Relaying what a trainer prints: Redis at once (live charts), the database in batches.
 
-Every database write checks, in its transaction, that this attempt is still the job's
-current one (fencing): an attempt the scheduler gave up on cannot write results.
+The batches are written by a thread of their own, in order, so the thread that reads the
+trainer's output never waits on the database (a write held up by a lock must not hold up
+reading, or the trainer would block on a full pipe). Every database write checks, in its
+transaction, that this attempt is still the job's current one (fencing): an attempt the
+scheduler gave up on cannot write results.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +26,7 @@ from service import defaults, joblog, keys
 from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
-from service.models import Job, LogLine, Metric
+from service.models import LogLine, Metric
 from worker.trainer.paths import JOB_LOG_FILE, job_folder
 from worker.trainer.protocol import read_metrics_log
 
@@ -63,6 +68,16 @@ class MetricSink:
         self.logs: list[dict[str, Any]] = []
         self.latest: dict[str, Any] = {}
         self.first_buffered: float | None = None
+        self.first_metric_pending = True
+        self.urgent = False
+        """Write at the next chance: the attempt's first train point (the figure a user waits for)."""
+        self.batches: queue.Queue[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]] | None] = (
+            queue.Queue()
+        )
+        self.unsent: list[str] = []
+        self.writer: threading.Thread | None = None
+        self.failure: Exception | None = None
+        """What stopped the writer (StaleAttemptError, or a database error): raised by `flush`."""
         self.channel = keys.job_channel(job_id)
         self.log_file = job_folder(ctx.settings.artifacts_dir, job_id) / JOB_LOG_FILE
 
@@ -86,6 +101,9 @@ class MetricSink:
         self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
         self._note_latest(point, event)
         self._buffered()
+        if split == "train" and publish and self.first_metric_pending:
+            self.first_metric_pending = False
+            self.urgent = True
 
     def log(self, level: str, message: str, when: datetime | None = None) -> None:
         when = when or datetime.now(UTC)
@@ -113,36 +131,80 @@ class MetricSink:
             self.first_buffered = time.monotonic()
 
     def _publish(self, kind: str, data: dict[str, Any]) -> None:
-        payload = json.dumps({"type": kind, "job_id": self.job_id, "attempt": self.attempt, **data})
+        self.unsent.append(json.dumps({"type": kind, "job_id": self.job_id, "attempt": self.attempt, **data}))
+
+    def send(self) -> None:
+        """Publish what came since the last call, in one round trip: the runner calls this
+        after each read of the trainer's output, so a burst of lines costs one."""
+        if not self.unsent:
+            return
+        messages, self.unsent = self.unsent, []
         try:
-            self.ctx.redis.publish(self.channel, payload)
+            pipe = self.ctx.redis.pipeline(transaction=False)
+            for payload in messages:
+                pipe.publish(self.channel, payload)
+            pipe.execute()
         except redis.RedisError as err:
             log.debug("publish to %s failed: %s", self.channel, err)
 
     # -- writing ------------------------------------------------------------------------
 
     def due(self) -> bool:
+        if self.failure is not None or self.urgent:
+            return True
         if self.first_buffered is None:
             return False
         full = len(self.metrics) + len(self.logs) >= defaults.METRIC_FLUSH_ROWS
         return full or time.monotonic() - self.first_buffered >= defaults.METRIC_FLUSH_INTERVAL_S
 
-    def flush(self, job_updates: dict[str, Any] | None = None) -> Job:
-        """Write what is buffered (and `job_updates`) if this attempt is still current.
-        Raises `StaleAttemptError` otherwise; the buffers are dropped either way."""
-        metrics, logs, latest = self.metrics, self.logs, self.latest
-        self.metrics, self.logs, self.latest, self.first_buffered = [], [], {}, None
+    def flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
+        """Hand what is buffered (and `job_updates`) to the writer; with `wait`, return once
+        everything handed over so far is written. Raises what stopped the writer: a
+        `StaleAttemptError` when this attempt is no longer current (the buffers are dropped)."""
+        self.send()
+        batch = (self.metrics, self.logs, {**self.latest, **(job_updates or {})})
+        self.metrics, self.logs, self.latest, self.first_buffered, self.urgent = [], [], {}, None, False
+        if self.failure is None and any(batch):
+            if self.writer is None:
+                self.writer = threading.Thread(target=self._write_batches, name=f"relay-{self.job_id}", daemon=True)
+                self.writer.start()
+            self.batches.put(batch)
+        if wait and self.writer is not None:
+            self.batches.join()
+        if self.failure is not None:
+            raise self.failure
+
+    def close(self) -> None:
+        """Stop the writer once it has written what it was given."""
+        if self.writer is not None:
+            self.batches.put(None)
+            self.writer.join()
+            self.writer = None
+
+    def _write_batches(self) -> None:
+        while True:
+            batch = self.batches.get()
+            try:
+                if batch is not None and self.failure is None:
+                    self._write(*batch)
+            except Exception as err:  # noqa: BLE001 - the reading thread raises it (flush)
+                self.failure = err
+            finally:
+                self.batches.task_done()
+            if batch is None:
+                return
+
+    def _write(self, metrics: list[dict[str, Any]], logs: list[dict[str, Any]], latest: dict[str, Any]) -> None:
         with self.ctx.db.write() as session:
             job = current_attempt(session, self.job_id, self.attempt)
             if metrics:
                 session.execute(insert_ignoring_duplicates(session, Metric), metrics)
             if logs:
                 session.execute(insert(LogLine), logs)
-            for field, value in {**latest, **(job_updates or {})}.items():
+            for field, value in latest.items():
                 setattr(job, field, value)
         if logs:
             self._append_log_file(logs)
-        return job
 
     def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
         """Every line also goes to the job's `log.txt` artifact: the database keeps only the
@@ -151,6 +213,7 @@ class MetricSink:
 
     def forget_after(self, step: int) -> None:
         """Delete points after `step`: a resumed attempt trains those steps again."""
+        self.flush(wait=True)
         with self.ctx.db.write() as session:
             current_attempt(session, self.job_id, self.attempt)
             session.execute(delete(Metric).where(Metric.job_id == self.job_id, Metric.step > step))

@@ -36,6 +36,8 @@ from worker.launch import (
     write_trainer_spec,
 )
 from worker.outcome import Outcome, Stop, level_of, protocol_event
+from worker.pool import TrainerPool, hand_over
+from worker.pool import end as end_warm
 from worker.processes import kill_group, live_members, output_lines, signal_group, signal_process
 from worker.relay import MetricSink, parse_time
 from worker.trainer.protocol import METRICS_LOG
@@ -57,9 +59,13 @@ class JobRunner:
         launch: Launch,
         on_exit: Callable[[JobRunner], None],
         sandboxed: bool = False,
+        pool: TrainerPool | None = None,
     ) -> None:
         self.ctx = ctx
         self.sandboxed = sandboxed
+        self.pool = pool
+        self.warm = False
+        """The trainer came warm from the pool (`worker.pool`)."""
         self.trainer_pids: set[int] = set()
         """The trainer's pids: the process started, and (in the sandbox) the trainer inside."""
         self.inventory = inventory
@@ -102,19 +108,31 @@ class JobRunner:
             self._kill_group()
             self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
         finally:
+            self._refill()
+            self.sink.close()
             self.on_exit(self)
 
     def _start(self) -> bool:
+        env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
+        warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None else None
         try:
-            spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts, self.sandboxed)
+            spec_path = write_trainer_spec(
+                self.launch, self.ctx.settings, self.artifacts, self.sandboxed, warm.slot if warm else None
+            )
         except ValidationError as err:
+            if warm is not None:
+                end_warm(warm.process)
             self.outcome.stop = Stop.BAD_SPEC
             self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
             return False
-        env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
-        command = trainer_command(self.launch, self.ctx.settings, spec_path, self.sandboxed)
-        self.process = start_trainer(command, spec_path, env)
+        if warm is not None and hand_over(warm, spec_path, env):
+            self.process, self.warm = warm.process, True
+        else:
+            command = trainer_command(self.launch, self.ctx.settings, spec_path, self.sandboxed)
+            self.process = start_trainer(command, spec_path, env)
         self.trainer_pids.add(self.process.pid)
+        how = "a warm trainer from the pool" if self.warm else "a new trainer (cold start)"
+        self.sink.log("info", f"attempt {self.launch.attempt} runs in {how}, pid {self.process.pid}")
         if isinstance(self.inventory, SimulatedInventory):
             self.inventory.attach(self.process.pid, self.launch.indices)
         try:
@@ -146,6 +164,7 @@ class JobRunner:
             if line is not None:
                 self._line(*line)
                 continue
+            self.sink.send()
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + CHECK_EVERY_S
@@ -176,13 +195,14 @@ class JobRunner:
             self.sink.metric(event)
             if kind == "metric" and isinstance(event.get("step"), int):
                 self.outcome.step = event["step"]
+                self._refill()
         elif kind == "log":
             self.sink.log(str(event.get("level", "info")), str(event.get("message", "")), parse_time(event.get("time")))
         elif kind == "started":
             self._on_started(event)
         elif kind == "checkpoint":
             self.sink.log("info", f"checkpoint at step {event.get('step')}: {event.get('path')}")
-            self._flush()  # what led up to a checkpoint is stored before going on
+            self._flush()  # what led up to a checkpoint goes to the database at once
         elif kind == "done":
             self.outcome.done = event
         elif kind == "error":
@@ -207,9 +227,15 @@ class JobRunner:
             }
         )
 
-    def _flush(self, job_updates: dict[str, Any] | None = None) -> None:
+    def _refill(self) -> None:
+        """This job is training (or over): the pool may warm the next trainer."""
+        if self.warm and self.pool is not None:
+            self.warm = False
+            self.pool.refill()
+
+    def _flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
         try:
-            self.sink.flush(job_updates)
+            self.sink.flush(job_updates, wait)
         except StaleAttemptError as err:
             self._stale(str(err))
 
@@ -258,7 +284,7 @@ class JobRunner:
         self._wait_gpus_free()
         if self.outcome.stop == Stop.STALE:
             return
-        self._flush()
+        self._flush(wait=True)
         if self.outcome.stop == Stop.STALE:
             return
         state, message = self.outcome.verdict(self.launch.fraction)

@@ -1,4 +1,12 @@
-"""`python -m worker.trainer SPEC.json`: one training run, reported as JSON lines."""
+"""`python -m worker.trainer SPEC.json`: one training run, reported as JSON lines.
+
+`python -m worker.trainer --warm NICE` is a warm trainer of the worker's pool
+(`worker.pool`): it imports TensorFlow and the trainer, touching no device, prints a
+`warm` line and waits on stdin for one line, `{"spec": PATH, "cwd": DIR, "env": {...}}`,
+the job it is given. It sets that environment (`CUDA_VISIBLE_DEVICES` above all) before
+TensorFlow initialises any device, then runs the job as a cold trainer would, once: a
+trainer process never serves a second job. End of input (the pool closing) ends it.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from worker.trainer.errors import SpecFileError, TrainerError
-from worker.trainer.protocol import EXIT_ERROR, Reporter
+from worker.trainer.protocol import EXIT_ERROR, EXIT_OK, Reporter
 from worker.trainer.spec import TrainerInput, describe
 
 PR_SET_PDEATHSIG = 1
@@ -54,15 +62,40 @@ def read_spec(path: str) -> TrainerInput:
         raise SpecFileError(f"invalid spec: {describe(err)}") from err
 
 
+def wait_for_job(reporter: Reporter, nice: int) -> str | None:
+    """A warm trainer's life before its job: TensorFlow imported, the job read from stdin,
+    its environment and folder taken. The spec path, or None when the pool closed first."""
+    die_with_parent(None)
+    lower_priority(nice)
+    from worker.trainer import loop  # noqa: F401 - the import is the point: TensorFlow, Keras, the trainer
+
+    reporter.emit("warm", pid=os.getpid())
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    job = json.loads(line)
+    os.environ.update({str(name): str(value) for name, value in job.get("env", {}).items()})
+    os.chdir(job["cwd"])
+    return str(job["spec"])
+
+
 def main(argv: list[str]) -> int:
     reporter = Reporter()
-    if len(argv) != 2:
-        reporter.emit("error", kind="spec", message="usage: python -m worker.trainer SPEC.json")
+    warm = len(argv) == 3 and argv[1] == "--warm"
+    if len(argv) != 2 and not warm:
+        reporter.emit("error", kind="spec", message="usage: python -m worker.trainer SPEC.json | --warm NICE")
         return EXIT_ERROR
     try:
-        spec = read_spec(argv[1])
-        die_with_parent(spec.runtime.parent_pid)
-        lower_priority(spec.runtime.nice)
+        if warm:
+            path = wait_for_job(reporter, int(argv[2]))
+            if path is None:
+                return EXIT_OK
+            spec = read_spec(path)
+            die_with_parent(spec.runtime.parent_pid)
+        else:
+            spec = read_spec(argv[1])
+            die_with_parent(spec.runtime.parent_pid)
+            lower_priority(spec.runtime.nice)
         from worker.trainer import loop  # TensorFlow loads here, after the cheap checks
 
         stop = loop.StopFlag()

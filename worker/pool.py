@@ -1,0 +1,263 @@
+"""Warm trainers: trainer processes started ahead of their job, so a job starts training
+without waiting for TensorFlow to load.
+
+A warm trainer (`python -m worker.trainer --warm`) has imported TensorFlow, Keras and the
+trainer but touched no device: it was started with `CUDA_VISIBLE_DEVICES` empty and learns
+its GPUs with its job, before TensorFlow initialises any. It serves exactly one job and
+ends with it, like a cold trainer: no state passes between jobs or users. The pool holds
+`TOWERQ_TRAINER_POOL` of them (default 1; 0 turns warm trainers off) and warms the next
+one in the background once the job that took one is training (or after `REFILL_AFTER_S`),
+so loading TensorFlow for the next job does not compete with the start of this one.
+
+In the sandbox (`worker.sandbox`) a warm trainer's view is fixed when it starts, before
+its job is known: the system, the Python environment, the shared models and data (uploads
+hidden), and a folder of its own under `<artifacts>/.warm/`, which becomes the job's folder
+when a job takes it (renamed on the host; the trainer still sees it under its first name).
+So in the sandbox a job takes a warm trainer only when that view is all it needs: no code
+bundle, no uploaded dataset, no folder of an earlier attempt to resume from, and no device
+nodes (simulated GPUs). Every other job starts cold, as it would without a pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.settings import Settings
+from worker import sandbox
+from worker.launch import REPO_ROOT, Launch, sandbox_extras, trainer_environment
+from worker.processes import kill_group
+
+log = logging.getLogger(__name__)
+
+REFILL_AFTER_S = 15.0
+"""Warm the next trainer this long after a take even if the job has not reported training."""
+WARM_LINE = b'"event": "warm"'
+SLOTS = ".warm"
+
+
+@dataclass
+class WarmTrainer:
+    process: subprocess.Popen[bytes]
+    slot: Path | None
+    """In the sandbox: the folder it sees as its working folder, which becomes the job's."""
+    ready: bool = False
+    """It has loaded TensorFlow and waits for its job."""
+
+
+class TrainerPool:
+    """The warm trainers of one worker, kept by a thread of their own, which must outlive
+    them and the jobs they take: a trainer dies with the thread that started it."""
+
+    def __init__(self, settings: Settings, host: str, size: int, sandboxed: bool, simulated: bool) -> None:
+        self.settings = settings
+        self.size = size
+        self.sandboxed = sandboxed
+        self.simulated = simulated
+        self.slots = settings.artifacts_dir.resolve() / SLOTS
+        self.prefix = f"{host}-"
+        self.warm: list[WarmTrainer] = []
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.closed = threading.Event()
+        self.taken_at: float | None = None
+        self.thread = threading.Thread(target=self._keep, name=f"{host}-trainer-pool", daemon=True)
+
+    # -- the worker's side ----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.size <= 0:
+            return
+        self._clear_slots()
+        self.thread.start()
+
+    def stop_warming(self) -> None:
+        """No more warm trainers started or given out (the worker is stopping)."""
+        self.closed.set()
+        self.wake.set()
+
+    def close(self) -> None:
+        """End the pool's thread and every warm trainer (end of input first, then SIGKILL),
+        and remove their folders. Only once no taken trainer runs: the kernel kills every
+        process the thread started when it ends (`PR_SET_PDEATHSIG`, `--die-with-parent`)."""
+        self.stop_warming()
+        if self.thread.is_alive():
+            self.thread.join(30)
+        with self.lock:
+            left, self.warm = self.warm, []
+        for trainer in left:
+            end(trainer.process)
+        self._clear_slots()
+
+    def ready(self) -> int:
+        with self.lock:
+            return sum(1 for t in self.warm if t.ready and t.process.poll() is None)
+
+    def take(self, launch: Launch, folder: Path) -> WarmTrainer | None:
+        """A warm trainer for this attempt, with `folder` its job folder (in the sandbox, the
+        trainer's own folder renamed to it), or None when the job must start cold."""
+        if self.size <= 0 or self.closed.is_set() or not self._fits(launch, folder):
+            return None
+        with self.lock:
+            alive = [t for t in self.warm if t.process.poll() is None]
+            for dead in (t for t in self.warm if t not in alive):
+                end(dead.process)
+                self._remove_slot(dead.slot)
+            alive.sort(key=lambda t: not t.ready)  # one that is ready first
+            if not alive:
+                self.warm = []
+                return None
+            trainer, self.warm = alive[0], alive[1:]
+            self.taken_at = time.monotonic()
+        if trainer.slot is not None:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            trainer.slot.rename(folder)
+        return trainer
+
+    def refill(self) -> None:
+        """The job that took a warm trainer is training (or over): warm the next one now."""
+        self.taken_at = None
+        self.wake.set()
+
+    def _fits(self, launch: Launch, folder: Path) -> bool:
+        if not self.sandboxed:
+            return True
+        datasets, code = sandbox_extras(launch, self.settings)
+        return launch.simulated and not datasets and code is None and not folder.exists()
+
+    # -- the pool's thread ----------------------------------------------------------------
+
+    def _keep(self) -> None:
+        while not self.closed.is_set():
+            try:
+                self._top_up()
+                self._await_warm_lines()
+            except Exception:
+                log.exception("the trainer pool failed; trying again")
+                self.closed.wait(5.0)
+
+    def _top_up(self) -> None:
+        taken_at = self.taken_at
+        if taken_at is not None and time.monotonic() - taken_at < REFILL_AFTER_S:
+            return  # the job that took the last one is still starting: leave it the cores
+        with self.lock:
+            self.warm = [t for t in self.warm if t.process.poll() is None or end(t.process)]
+            missing = self.size - len(self.warm)
+        for _ in range(missing):
+            trainer = self._spawn()
+            with self.lock:
+                if self.closed.is_set():
+                    end(trainer.process)
+                    return
+                self.warm.append(trainer)
+
+    def _await_warm_lines(self) -> None:
+        """Wait (a while) for the starting trainers' `warm` lines, or a wake-up."""
+        with self.lock:
+            starting = [t for t in self.warm if not t.ready and t.process.poll() is None]
+        if not starting:
+            self.wake.wait(1.0)
+            self.wake.clear()
+            return
+        with selectors.DefaultSelector() as selector:
+            for trainer in starting:
+                assert trainer.process.stdout is not None
+                selector.register(trainer.process.stdout, selectors.EVENT_READ, trainer)
+            for key, _ in selector.select(timeout=0.5):
+                trainer = key.data
+                with self.lock:  # a trainer taken meanwhile: what it prints is its runner's
+                    if trainer in self.warm and _read_line(key.fd).find(WARM_LINE) >= 0:
+                        trainer.ready = True
+
+    def _spawn(self) -> WarmTrainer:
+        command = [sys.executable, "-m", "worker.trainer", "--warm", str(self.settings.trainer_nice)]
+        slot = None
+        if self.sandboxed:
+            slot = self.slots / f"{self.prefix}{uuid.uuid4().hex[:12]}"
+            slot.mkdir(parents=True)
+            command = sandbox.bwrap_command(
+                command,
+                job_folder=slot,
+                repo_root=REPO_ROOT,
+                models_path=self.settings.models_path,
+                data_dir=self.settings.data_dir,
+                datasets=[],
+                code_path=None,
+                devices=[],
+            )
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=trainer_environment([], self.settings.trainer_env_pass),
+            cwd=slot or self.settings.artifacts_dir.resolve().parent,
+            start_new_session=True,
+        )
+        return WarmTrainer(process, slot)
+
+    def _clear_slots(self) -> None:
+        if self.slots.is_dir():
+            for slot in self.slots.glob(f"{self.prefix}*"):
+                self._remove_slot(slot)
+
+    @staticmethod
+    def _remove_slot(slot: Path | None) -> None:
+        if slot is not None:
+            shutil.rmtree(slot, ignore_errors=True)
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from a warm trainer's stdout, a byte at a time: nothing after it may be read
+    here, since the rest belongs to the job's runner."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
+def hand_over(trainer: WarmTrainer, spec_path: Path, env: dict[str, str]) -> bool:
+    """Give a warm trainer its job: the spec file and working folder as it sees them, and the
+    job's GPUs. False when it can no longer take one (it died warming): start one cold."""
+    seen = trainer.slot or spec_path.parent
+    gpus = {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
+    job = {"spec": str(seen / spec_path.name), "cwd": str(seen), "env": gpus}
+    assert trainer.process.stdin is not None
+    try:
+        trainer.process.stdin.write(json.dumps(job).encode() + b"\n")
+        trainer.process.stdin.close()
+    except OSError as err:
+        log.warning("warm trainer %s could not take its job (%s): starting one cold", trainer.process.pid, err)
+        end(trainer.process)
+        return False
+    return True
+
+
+def end(process: subprocess.Popen[bytes]) -> bool:
+    """End a warm trainer that has no job: end of input, then SIGKILL to its group. False,
+    for use in filters."""
+    try:
+        if process.stdin is not None:
+            process.stdin.close()
+        process.wait(timeout=2.0)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    kill_group(process.pid)
+    process.wait()
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+    return False
