@@ -56,10 +56,14 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     field(page, "hyperparameters.steps").fill("100000")
     field(page, "hyperparameters.log_every").fill("5")
     field(page, "hyperparameters.eval_every").fill("100")
+    field(page, "precision").select_option("mixed_bfloat16")
+    field(page, "jit_compile").check()
     shot(page, "submit-form")
     page.click("#submit")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
+    stored = client.get(f"/api/jobs/{job_id}").json()["spec"]
+    assert (stored["precision"], stored["jit_compile"]) == ("mixed_bfloat16", True)
 
     # The list: the row appears and turns running without a reload.
     page.click('nav a[data-nav="jobs"]')

@@ -237,6 +237,12 @@ function whereSection(catalog, gpus, errors) {
     catalog.variable_devices.map((d) => el("option", { value: d }, d)),
   );
   const towerWeights = el("input", { placeholder: "e.g. 2,1", pattern: "[0-9., ]*" });
+  const precision = el(
+    "select",
+    {},
+    catalog.precisions.map((p) => el("option", { value: p.name, title: p.description }, p.name)),
+  );
+  const jitCompile = el("input", { type: "checkbox" });
   const switchMode = () => {
     picker.enable(picker.mode.pick.checked);
     gpuCount.disabled = picker.mode.pick.checked;
@@ -264,6 +270,8 @@ function whereSection(catalog, gpus, errors) {
     errors.field("gpu_memory_fraction", "Memory fraction of each GPU", fraction, "below 1: GPUs may be shared with other such jobs"),
     errors.field("tower_weights", "Tower weights", towerWeights, "unequal batch slices for unequal GPUs"),
     errors.field("variable_device", "Variables on", variableDevice),
+    errors.field("precision", "Precision", precision, "mixed: float16 or bfloat16 maths, float32 weights"),
+    errors.field("jit_compile", "Compile with XLA", jitCompile, "each tower's step, on its own GPU"),
     errors.field("priority", "Priority", priority),
     errors.field("time_limit_s", "Time limit (s)", timeLimit),
   );
@@ -283,6 +291,8 @@ function whereSection(catalog, gpus, errors) {
       fraction.value = spec.gpu_memory_fraction;
       towerWeights.value = spec.tower_weights ? spec.tower_weights.join(",") : "";
       variableDevice.value = spec.variable_device;
+      precision.value = spec.precision || "float32";
+      jitCompile.checked = Boolean(spec.jit_compile);
       priority.value = spec.priority;
       timeLimit.value = spec.time_limit_s ?? "";
     },
@@ -297,6 +307,8 @@ function whereSection(catalog, gpus, errors) {
       spec.gpu_memory_fraction = Number(fraction.value);
       if (towerWeights.value.trim()) spec.tower_weights = towerWeights.value.split(",").map((w) => Number(w.trim()));
       spec.variable_device = variableDevice.value;
+      spec.precision = precision.value;
+      spec.jit_compile = jitCompile.checked;
       spec.priority = priority.value;
       if (timeLimit.value) spec.time_limit_s = Number(timeLimit.value);
     },

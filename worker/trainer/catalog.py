@@ -13,6 +13,12 @@ from typing import Literal, get_args
 Task = Literal["classification", "regression"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 VariableDevice = Literal["cpu", "gpu0"]
+Precision = Literal["float32", "mixed_float16", "mixed_bfloat16"]
+PRECISION_NOTES = {
+    "float32": "every op and variable in float32",
+    "mixed_float16": "ops in float16, variables in float32, dynamic loss scaling (Volta and newer GPUs)",
+    "mixed_bfloat16": "ops in bfloat16, variables in float32, no loss scaling needed (Ampere and newer GPUs)",
+}
 
 
 @dataclass(frozen=True)
@@ -105,5 +111,6 @@ BUILTIN_DATASETS = tuple(name for name, d in DATASETS.items() if not d.file_kind
 FILE_DATASET_KINDS = tuple(name for name, d in DATASETS.items() if d.file_kind)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 VARIABLE_DEVICES: tuple[str, ...] = get_args(VariableDevice)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 SYNTHETIC_MAX_VALUES = 2**28
 """A synthetic dataset is made in memory: its shape × examples stays under this many values."""

@@ -54,7 +54,16 @@ class StopFlag:
         self.set = True
 
 
-def make_optimizer(hp: Hyperparameters) -> keras.optimizers.Optimizer:
+def make_optimizer(hp: Hyperparameters, precision: str = "float32") -> keras.optimizers.Optimizer:
+    """The optimizer the hyperparameters ask for; with float16, wrapped in dynamic loss
+    scaling (bfloat16 has float32's range and needs none)."""
+    optimizer = _base_optimizer(hp)
+    if precision == "mixed_float16":
+        return keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _base_optimizer(hp: Hyperparameters) -> keras.optimizers.Optimizer:
     learning_rate: Any = hp.learning_rate
     if hp.lr_decay_rate < 1.0:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(
@@ -93,6 +102,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
     setup = devices.configure(spec.runtime, spec.train.variable_device)
     hp = spec.train.hyperparameters
     keras.utils.set_random_seed(hp.seed or 0)
+    keras.config.set_dtype_policy(spec.train.precision)  # before any layer is made
     data = datasets.load(spec.train, Path(spec.runtime.data_dir))
     k = len(setup.devices)
     global_batch = hp.batch_size * k
@@ -102,7 +112,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         model = build_model(
             spec.train.model, data.input_shape, data.classes, hp.model_dump(), Path(spec.runtime.models_path), code
         )
-        optimizer = make_optimizer(hp)
+        optimizer = make_optimizer(hp, spec.train.precision)
         metrics_fn = user_metrics(spec.train.model)
         try:
             names = probe_metrics(metrics_fn, model, data.input_shape, data.task == "regression") if metrics_fn else []
@@ -120,13 +130,17 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         hp.ema_decay,
         metrics_fn,
         names,
+        spec.train.jit_compile,
     )
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, ema=step.ema)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, ema=step.ema, steps_done=step.steps_done)
     manager = tf.train.CheckpointManager(checkpoint, str(artifacts / "checkpoints"), max_to_keep=3)
     start_step = 0
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        start_step = int(optimizer.iterations.numpy())
+        # steps_done counts the steps loss scaling skipped too; a checkpoint from before it
+        # existed has only the optimizer's count
+        start_step = int(step.steps_done.numpy()) or int(optimizer.iterations.numpy())
+        step.steps_done.assign(start_step)
     writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
     reporter.keep_metrics(artifacts / METRICS_LOG, start_step, spec.runtime.attempt)
     return Run(spec, reporter, setup, data, step, manager, checkpoint, start_step, global_batch, writer)
@@ -181,8 +195,7 @@ def train(run: Run, stop: StopFlag) -> int:
     if run.start_step >= hp.steps:
         return finish(run, hp.steps, started)
     batches = feeding.train_batches(run.data, run.global_batch, hp.seed or 0, run.start_step, hp.steps)
-    if not run.start_step:
-        write_graph(run, batches.element_spec)
+    graph_due = not run.start_step  # written after the first report, which it must not delay
     iterator = iter(batches)
     # The throughput window counts training only: time spent evaluating or checkpointing
     # inside it is taken out, so examples/s does not dip after every evaluation.
@@ -204,6 +217,9 @@ def train(run: Run, stop: StopFlag) -> int:
             report_metric(run, done, result, window_steps * run.global_batch / elapsed, elapsed / window_steps)
             window_start, window_steps, window_paused = time.monotonic(), 0, 0.0
         paused = time.monotonic()
+        if graph_due:
+            write_graph(run, batches.element_spec)
+            graph_due = False
         if hp.eval_every and done % hp.eval_every == 0 and done != hp.steps:
             evaluate(run, done)
         if hp.checkpoint_every and done % hp.checkpoint_every == 0 and done != hp.steps:

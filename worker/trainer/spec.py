@@ -37,6 +37,7 @@ from worker.trainer.catalog import (
     MODELS,
     SYNTHETIC_MAX_VALUES,
     Optimizer,
+    Precision,
     VariableDevice,
 )
 from worker.trainer.paths import PathEscapeError, check_relative
@@ -175,6 +176,10 @@ class TrainSpec(Strict):
     tower_weights: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
         default=None, min_length=1, max_length=64, description="uneven batch slices for unequal GPUs, one per GPU"
     )
+    precision: Precision = Field(
+        default="float32", description="mixed_float16 (with loss scaling) or mixed_bfloat16: float32 variables"
+    )
+    jit_compile: bool = Field(default=False, description="compile each tower's step with XLA")
 
     @field_validator("model")
     @classmethod

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -91,6 +91,11 @@ def split_sizes(total: int, weights: Sequence[float]) -> list[int]:
     return sizes
 
 
+def _widened(out: tf.Tensor) -> tf.Tensor:
+    """A mixed-precision model's 16-bit outputs as float32: the loss is computed in float32."""
+    return tf.cast(out, tf.float32) if out.dtype in (tf.float16, tf.bfloat16) else out
+
+
 @dataclass(frozen=True)
 class Objective:
     """What is minimised and counted: cross-entropy and accuracy, or squared error."""
@@ -98,11 +103,13 @@ class Objective:
     regression: bool
 
     def losses(self, y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+        out = _widened(out)
         if self.regression:
             return tf.reduce_mean(tf.square(tf.cast(y, out.dtype) - out), axis=-1)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=out)
 
     def correct(self, y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+        out = _widened(out)
         if self.regression:
             return tf.zeros(tf.shape(out)[:1])
         return tf.cast(tf.equal(tf.argmax(out, axis=-1, output_type=tf.int32), tf.cast(y, tf.int32)), tf.float32)
@@ -124,6 +131,7 @@ class TowerStep:
         ema_decay: float | None = None,
         metrics_fn: MetricsFn | None = None,
         metric_names: Sequence[str] = (),
+        jit_compile: bool = False,
     ) -> None:
         self.model = model
         self.metrics_fn = metrics_fn
@@ -147,6 +155,9 @@ class TowerStep:
         with tf.device(variable_device):
             optimizer.build(self.trainable)
             self.ema = [tf.Variable(v.value, trainable=False, name="ema") for v in self.trainable] if ema_decay else []
+            self.steps_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
+            """Steps trained (the optimizer's count leaves out steps that loss scaling skipped)."""
+        self.jit_compile = jit_compile
         self.train = tf.function(self._train)
         self.train_steps = tf.function(self._train_steps)
         self.averaged_gradients = tf.function(self._averaged_gradients)
@@ -162,6 +173,7 @@ class TowerStep:
                 variable.assign(value)
             if self.ema:
                 self._update_ema()
+            self.steps_done.assign_add(1)
             result: dict[str, Any] = {"loss": loss, "accuracy": correct / self.global_batch}
             if self.metric_names:
                 result["metrics"] = {name: sums[name] / self.global_batch for name in self.metric_names}
@@ -201,7 +213,21 @@ class TowerStep:
         self, x: tf.Tensor, y: tf.Tensor
     ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tf.Tensor], dict[str, tf.Tensor]]:
         """Forward and backward on every tower; returns (averaged gradients, loss, number
-        correct, the non-trainable variables' new values, the user metrics' sums)."""
+        correct, the non-trainable variables' new values, the user metrics' sums).
+
+        With `jit_compile` the towers' ops are marked for XLA (`jit_scope`, their gradients
+        too) and compiled in clusters that each stay on one device, so every tower still runs
+        on its own GPU. (`tf.function(jit_compile=True)` would compile the whole step for one
+        device and silently drop the towers' placement.)"""
+        with self._xla():
+            return self._tower_ops(x, y)
+
+    def _xla(self) -> AbstractContextManager[object]:
+        return tf.xla.experimental.jit_scope() if self.jit_compile else nullcontext()
+
+    def _tower_ops(
+        self, x: tf.Tensor, y: tf.Tensor
+    ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tf.Tensor], dict[str, tf.Tensor]]:
         with tf.device(self.variable_device):
             params = [v.value for v in self.trainable]
             state = [v.value for v in self.state]
@@ -218,16 +244,29 @@ class TowerStep:
         # One backward pass through all towers: each gradient op lands on its forward op's
         # device, and the towers' contributions to a variable meet (are summed) where the
         # variable was read, on the variable device.
-        grads = tf.gradients(loss, params)
+        #
+        # With float16 loss scaling the loss is scaled before the backward pass, so small
+        # gradients survive in float16; the sums that meet on the variable device are then
+        # unscaled once, by the optimizer (`LossScaleOptimizer.apply`), which skips a step
+        # whose gradients overflowed and lowers the scale.
+        scale = self.loss_scale()
+        grads = tf.gradients(loss * scale if scale is not None else loss, params)
         grads = [tf.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
         with tf.device(self.variable_device), tf.name_scope("average"):
             if self.weight_decay:
+                decay = self.weight_decay * scale if scale is not None else self.weight_decay
                 for j in self.decayed:
-                    grads[j] = grads[j] + self.weight_decay * params[j]
+                    grads[j] = grads[j] + decay * params[j]
                 loss = loss + 0.5 * self.weight_decay * tf.add_n(
                     [tf.reduce_sum(tf.square(params[j])) for j in self.decayed]
                 )
             return grads, loss, tf.add_n(tower_correct), new_state, self._metric_sums(ys, outs)
+
+    def loss_scale(self) -> tf.Tensor | None:
+        """The current float16 loss scale, or None without loss scaling."""
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return tf.cast(self.optimizer.dynamic_scale, tf.float32)
+        return None
 
     def _update_ema(self) -> None:
         count = tf.cast(self.optimizer.iterations, tf.float32)

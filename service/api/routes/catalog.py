@@ -19,7 +19,14 @@ from fastapi import APIRouter
 from service import datasets, defaults
 from service.api.deps import CallerDep, SettingsDep
 from service.settings import Settings
-from worker.trainer.catalog import DATASETS, FILE_DATASET_KINDS, MODELS, OPTIMIZERS, VARIABLE_DEVICES
+from worker.trainer.catalog import (
+    DATASETS,
+    FILE_DATASET_KINDS,
+    MODELS,
+    OPTIMIZERS,
+    PRECISION_NOTES,
+    VARIABLE_DEVICES,
+)
 from worker.trainer.spec import DatasetOptions, Hyperparameters, Priority
 
 router = APIRouter(prefix="/api", tags=["catalog"])
@@ -31,7 +38,7 @@ SCAN_LIMIT_ENTRIES = 20_000
 @router.get("/catalog")
 def catalog(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
     """Models, datasets (built-in, the lab's shared files, your uploads), optimizers,
-    priorities and hyperparameter defaults."""
+    priorities, precisions and hyperparameter defaults."""
     own = [
         {"name": d["dataset"], "description": f"your upload {d['name']} ({d['kind']})"}
         for d in datasets.list_own(settings.data_dir, caller.name)
@@ -47,6 +54,7 @@ def catalog(caller: CallerDep, settings: SettingsDep) -> dict[str, Any]:
         "optimizers": list(OPTIMIZERS),
         "priorities": [p.value for p in Priority],
         "variable_devices": list(VARIABLE_DEVICES),
+        "precisions": [{"name": name, "description": note} for name, note in PRECISION_NOTES.items()],
         "hyperparameters": Hyperparameters.model_json_schema()["properties"],
     }
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -44,8 +45,8 @@ def write_spec(tmp_path: Path, name: str, towers: int = 2, **train: Any) -> Path
     return path
 
 
-def start(spec: Path, new_session: bool = False) -> subprocess.Popen[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+def start(spec: Path, new_session: bool = False, **extra_env: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra_env}
     return subprocess.Popen(
         [sys.executable, "-m", "worker.trainer", str(spec)],
         cwd=REPO,
@@ -57,8 +58,8 @@ def start(spec: Path, new_session: bool = False) -> subprocess.Popen[str]:
     )
 
 
-def run(spec: Path) -> tuple[int, list[dict[str, Any]]]:
-    process = start(spec)
+def run(spec: Path, **extra_env: str) -> tuple[int, list[dict[str, Any]]]:
+    process = start(spec, **extra_env)
     out, _ = process.communicate(timeout=300)
     return process.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
@@ -251,3 +252,26 @@ def test_the_trainer_runs_at_the_niceness_it_is_given_and_so_does_its_session(tm
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_a_mixed_precision_xla_run_trains_checkpoints_resumes_and_exports(tmp_path: Path, precision: str) -> None:
+    """Each tower's step is compiled by XLA (one cluster per tower device at least), and a
+    run stopped half-way resumes at its step in the same precision."""
+    dumps = tmp_path / "xla"
+    hyper = {"steps": 8, "log_every": 2, "eval_every": 0, "checkpoint_every": 4, "learning_rate": 0.01}
+    spec = write_spec(tmp_path, "mixed", precision=precision, jit_compile=True, hyperparameters=hyper)
+    code, lines = run(spec, XLA_FLAGS=f"--xla_dump_to={dumps}")
+    assert code == EXIT_OK, lines
+    losses = [m["loss"] for m in events(lines, "metric")]
+    assert len(losses) == 4 and all(np.isfinite(losses)), losses
+    modules = {path.name.split(".")[1] for path in dumps.glob("module_*.txt")}
+    assert len(modules) >= 2, sorted(dumps.iterdir())[:10]
+    model = keras.models.load_model(tmp_path / "mixed" / "model.keras")
+    assert {layer.dtype_policy.name for layer in model.layers if layer.weights} == {precision}
+
+    again = write_spec(tmp_path, "mixed", precision=precision, jit_compile=True, hyperparameters={**hyper, "steps": 12})
+    code, lines = run(again)
+    assert code == EXIT_OK
+    assert events(lines, "started")[0]["resumed_from_step"] == 8
+    assert [m["step"] for m in events(lines, "metric")] == [10, 12]

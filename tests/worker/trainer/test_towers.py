@@ -3,7 +3,7 @@ batch-norm statistics; and its ops sit where the design says."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -13,7 +13,9 @@ import tensorflow as tf
 
 from tests.worker.trainer.conftest import DEVICES
 from worker.trainer.lockstep import LockstepRunner, PerTowerRunner, batch_norm_report
+from worker.trainer.loop import make_optimizer
 from worker.trainer.models import ensure_built, lenet5, mlp, resnet20
+from worker.trainer.spec import Hyperparameters
 from worker.trainer.towers import Objective, TowerStep, split_sizes
 
 pytestmark = pytest.mark.slow
@@ -280,3 +282,69 @@ def test_batch_norm_the_walk_cannot_reach_is_reported_per_tower() -> None:
         "synchronized": ["custom/top_bn"],
         "per_tower": ["custom/convbn/inner_bn"],
     }
+
+
+# -- mixed precision and XLA ---------------------------------------------------------------
+
+
+@pytest.fixture
+def precision_reset() -> Iterator[None]:
+    """The dtype policy is global: every test here leaves it at float32."""
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def one_step(
+    precision: str, k: int, jit: bool = False, scale: float | None = None
+) -> tuple[list[np.ndarray], TowerStep]:
+    """lenet5 after one SGD step (L2 on) on `k` towers in `precision`."""
+    keras.config.set_dtype_policy(precision)
+    keras.utils.set_random_seed(1)
+    with tf.device(DEVICES[0]):
+        model = lenet5((28, 28, 3), 10, {})
+        opt = make_optimizer(Hyperparameters(optimizer="sgd", learning_rate=0.1), precision)
+        if scale is not None:
+            opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=scale)
+    step = TowerStep(model, opt, DEVICES[:k], DEVICES[0], Objective(False), BATCH, weight_decay=0.01, jit_compile=jit)
+    step.train(*batch((28, 28, 3)))
+    return values(model.trainable_variables), step
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_mixed_precision_towers_match_one_device_within_the_precision(
+    precision: str, k: int, precision_reset: None
+) -> None:
+    exact, _ = one_step("float32", 1)
+    one, single = one_step(precision, 1)
+    towers, step = one_step(precision, k)
+    assert step.model.dtype_policy.name == precision and step.model.layers[-1].compute_dtype != "float32"
+    rounding = max_diff(one, exact)  # what the precision itself costs one device
+    assert 0 < rounding <= 0.02  # in effect, and the loss scale (float16) taken back out of the update
+    assert max_diff(towers, one) <= 2 * rounding  # the split over towers adds no more than that
+    assert int(step.steps_done.numpy()) == 1 == int(step.optimizer.iterations.numpy())
+    if precision == "mixed_float16":
+        assert isinstance(single.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_a_float16_step_whose_scaled_gradients_overflow_is_skipped_and_the_scale_halved(
+    precision_reset: None,
+) -> None:
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(1)
+    with tf.device(DEVICES[0]):
+        before = values(lenet5((28, 28, 3), 10, {}).trainable_variables)
+    after, step = one_step("mixed_float16", 2, scale=2.0**60)  # float16 overflows far below 2**60
+    assert max_diff(after, before) == 0.0  # nothing applied, weight decay included
+    assert float(step.optimizer.dynamic_scale.numpy()) == 2.0**59
+    assert int(step.steps_done.numpy()) == 1 and int(step.optimizer.iterations.numpy()) == 0
+
+
+def test_xla_towers_train_like_the_plain_step_and_keep_their_devices(precision_reset: None) -> None:
+    plain, _ = one_step("float32", 2)
+    compiled, step = one_step("float32", 2, jit=True)
+    assert max_diff(compiled, plain) <= 1e-5
+    graph = step.train.get_concrete_function(*batch((28, 28, 3))).graph
+    marked = [op for op in graph.get_operations() if "_XlaCompile" in op.node_def.attr and op.get_attr("_XlaCompile")]
+    towers = {op.device for op in marked if "tower_" in op.name and op.device}
+    assert {tf.DeviceSpec.from_string(d).device_index for d in towers} == {0, 1}, towers
