@@ -17,8 +17,20 @@ export async function allMetrics(id, split) {
   }
 }
 
+// About two points per pixel of a wide chart: what a job page asks for at once, down-sampled
+// on the server; a range zoomed into is asked for again, at full resolution when it fits.
+export const CHART_POINTS = 2000;
+
+// One split of a job's series, down-sampled to CHART_POINTS (within `range` of steps if given).
+export function metricsOverview(id, split, range = null) {
+  let query = `api/jobs/${id}/metrics?split=${split}&points=${CHART_POINTS}`;
+  if (range) query += `&after_step=${Math.max(-1, Math.floor(range.min) - 1)}&until_step=${Math.max(0, Math.ceil(range.max))}`;
+  return api(query);
+}
+
 // A line chart over steps: `lines` = [{ label, color, points? }]; `data` = [steps, ...columns].
-export function lineChart(holder, { width, height, yLabel, lines, log = false, precise = false }, data) {
+// `onZoom({ min, max })` hears of a drag across the chart, `onReset()` of the double-click undoing it.
+export function lineChart(holder, { width, height, yLabel, lines, log = false, precise = false, onZoom, onReset }, data) {
   const options = {
     width,
     height,
@@ -30,6 +42,16 @@ export function lineChart(holder, { width, height, yLabel, lines, log = false, p
     ],
     cursor: { drag: { x: true, y: false } },
     legend: { live: true },
+    hooks: {
+      setSelect: [
+        (u) => {
+          if (onZoom && u.select.width > 0) {
+            onZoom({ min: u.posToVal(u.select.left, "x"), max: u.posToVal(u.select.left + u.select.width, "x") });
+          }
+        },
+      ],
+      ready: [(u) => onReset && u.over.addEventListener("dblclick", () => onReset())],
+    },
   };
   return new uPlot(options, data, holder);
 }

@@ -1,5 +1,5 @@
 // One job: live charts, spec, allocation, history, artifacts, log tail; Cancel and Clone.
-import { allMetrics, fitToWidth, lineChart } from "../charts.js";
+import { fitToWidth, lineChart, metricsOverview } from "../charts.js";
 import {
   age,
   api,
@@ -30,14 +30,20 @@ export async function render(main, params) {
   const id = Number(params.id);
   let job = await api(`api/jobs/${id}`);
   const series = new Series();
-  for (const split of ["train", "eval"]) series.add(await allMetrics(id, split));
+  for (const split of ["train", "eval"]) series.add(await metricsOverview(id, split));
 
   const header = el("div", { class: "job-header" });
   const summary = el("dl", { class: "summary" });
   const details = el("div", { class: "details" });
   const logBox = el("pre", { class: "log", tabindex: 0, "aria-label": "Trainer log" });
   const follow = el("input", { type: "checkbox", id: "follow", checked: true });
-  const charts = new Charts(series);
+  const charts = new Charts(series, async (range) => {
+    // A zoomed range comes again from the server, at full resolution when it is short enough.
+    for (const split of ["train", "eval"]) series.add(await metricsOverview(id, split, range));
+    charts.draw();
+    const inRange = series.steps.filter((s) => s >= range.min && s <= range.max && series.byStep.get(s).loss !== undefined);
+    charts.box.dataset.zoomPoints = String(inRange.length);
+  });
   const problem = problemLine();
   const artifacts = el("section", { "aria-labelledby": "artifacts-title", id: "artifacts" });
   const code = job.spec.code ? el("section", { "aria-labelledby": "code-title", id: "code" }) : null;
@@ -370,8 +376,10 @@ const CHARTS = [
 ];
 
 class Charts {
-  constructor(series) {
+  constructor(series, onZoom) {
     this.series = series;
+    this.onZoom = onZoom;
+    this.zoomed = new Set(); // charts showing a range the user chose: new data keeps it
     this.logScale = false;
     this.plots = {};
     this.box = el("div", { class: "charts", id: "charts" });
@@ -412,10 +420,21 @@ class Charts {
         if (existing) existing.replaceWith(holder);
         else this.box.append(holder);
         const lines = chart.keys.map(([, label, color]) => ({ label, color, points: label === "eval" }));
-        const look = { width: this.fit.width(), height: CHART_HEIGHT, lines, log: chart.log && this.logScale, precise: chart.precise };
+        const look = {
+          width: this.fit.width(),
+          height: CHART_HEIGHT,
+          lines,
+          log: chart.log && this.logScale,
+          precise: chart.precise,
+          onZoom: (range) => {
+            this.zoomed.add(chart.id);
+            this.onZoom(range).catch(reportError("Loading the zoomed range"));
+          },
+          onReset: () => this.zoomed.delete(chart.id),
+        };
         this.plots[chart.id] = lineChart(holder, look, data);
       } else {
-        this.plots[chart.id].setData(data);
+        this.plots[chart.id].setData(data, !this.zoomed.has(chart.id));
       }
     }
     this.box.dataset.points = String(this.series.trainPoints);

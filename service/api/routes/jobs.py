@@ -87,16 +87,20 @@ def metrics(
     session: SessionDep,
     _: CallerDep,
     after_step: Step = -1,
+    until_step: Step | None = None,
     split: Annotated[str | None, Query(pattern="^(train|eval)$")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 20_000,
     points: Annotated[int | None, Query(ge=4, le=20_000)] = None,
 ) -> list[Metric]:
-    """The job's metric series, in step order, after `after_step`. With `points`, a series
-    longer than that comes down-sampled on the server: the steps split into `points / 2`
-    equal buckets per split, each giving its lowest- and highest-loss rows, so spikes and
-    dips survive (a chart of 100,000 steps needs no more than its width in points)."""
+    """The job's metric series, in step order, after `after_step` (and up to `until_step`).
+    With `points`, a series longer than that comes down-sampled on the server: the steps
+    split into `points / 2` equal buckets per split, each giving its lowest- and
+    highest-loss rows, so spikes and dips survive (a chart of 100,000 steps needs no more
+    than its width in points; a chart zoomed in asks again for its range)."""
     get_job(session, job_id)
     query = select(Metric).where(Metric.job_id == job_id, Metric.step > after_step)
+    if until_step is not None:
+        query = query.where(Metric.step <= until_step)
     if split is not None:
         query = query.where(Metric.split == split)
     if points is not None:
