@@ -156,3 +156,43 @@ class WorkerOut(BaseModel):
     registered_at: datetime
     running_jobs: int
     info: dict[str, Any]
+
+
+class UsageRowOut(BaseModel):
+    key: str
+    """The user or host."""
+    gpu_hours: float
+    jobs: int
+    """Jobs that held GPUs in the window."""
+    started: int
+    """Jobs that first started in the window: the waits are theirs."""
+    median_wait_s: float | None
+    p95_wait_s: float | None
+
+
+class UsageOut(BaseModel):
+    since: datetime
+    until: datetime
+    by: str
+    rows: list[UsageRowOut]
+
+
+class FairShareUserOut(BaseModel):
+    user: str
+    share: float
+    usage_gpu_hours: float
+    """Decayed GPU hours (half-life `TOWERQ_FAIR_SHARE_HALF_LIFE_S`)."""
+    running_gpus: float
+    queued_jobs: int
+    owed: float | None
+    """Their share among the users present (queued or running), 0..1; None when absent."""
+    used: float | None
+    """Their part of the present users' use, running jobs' likely rest included."""
+    term: float | None
+    """What the scheduler adds to their jobs' rank now (0 to 1; lower goes first)."""
+
+
+class FairShareOut(BaseModel):
+    as_of: datetime
+    half_life_s: float
+    users: list[FairShareUserOut]

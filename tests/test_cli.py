@@ -198,3 +198,39 @@ def test_the_python_client_follows_across_an_api_restart_and_submits_once(
     with pytest.raises(UnreachableError):
         Client(f"http://127.0.0.1:{free_port()}", token, retries=1).jobs()
     client.close()
+
+
+def test_usage_and_fair_share_print_what_the_api_counts(
+    stack: Stack,
+    tmp_path: Path,
+    db: object,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from tests.service.api.test_usage import add_run
+
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    now = datetime.now(UTC).replace(microsecond=0)
+    add_run(db, "alice", "lab-a", [0, 1], now - timedelta(hours=6), now - timedelta(hours=5), now - timedelta(hours=2))
+    add_run(db, "bob", "lab-a", [2], now - timedelta(hours=2), now - timedelta(hours=1), None)
+    home = tmp_path / "home"
+    assert towerq(home, "login", url, "--token", make_token("alice")).returncode == 0
+
+    table = towerq(home, "usage", "--since", "1d")
+    assert table.returncode == 0, table.stderr
+    lines = {line.split()[0]: line.split() for line in table.stdout.splitlines()[2:]}
+    assert lines["alice"][1:6] == ["6.00", "1", "1", "1h00m", "1h00m"], table.stdout
+    assert lines["bob"][1] in ("1.00", "1.01") and lines["total"][1] in ("7.00", "7.01")
+    hosts = json.loads(towerq(home, "usage", "--since", "1d", "--by", "host", "-o", "json").stdout)
+    assert [row["key"] for row in hosts["rows"]] == ["lab-a"] and hosts["rows"][0]["jobs"] == 2
+
+    bad = towerq(home, "usage", "--since", "last tuesday")
+    assert bad.returncode == 2 and "--since 'last tuesday'" in bad.stderr, bad.stderr
+
+    fair = towerq(home, "fair-share")
+    assert fair.returncode == 0, fair.stderr
+    rows = {line.split()[0]: line.split() for line in fair.stdout.splitlines()[2:]}
+    assert rows["alice"][-1] == "-" and rows["bob"][3] == "1" and rows["bob"][-1] != "-"  # only bob is present

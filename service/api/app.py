@@ -27,6 +27,7 @@ from service.api.routes import (
     session,
     stream,
     sweeps,
+    usage,
     users,
     workers,
 )
@@ -135,7 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    for module in (jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, health, session, catalog):
+    for module in (
+        jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, health, session, catalog, usage,
+    ):  # fmt: skip
         app.include_router(module.router)
     uploads = {
         "/api/code": (settings.max_code_bytes, "TOWERQ_MAX_CODE_BYTES"),

@@ -106,6 +106,17 @@ def add_commands(commands: Any) -> None:
     queue.add_argument("--user", default=None)
     queue.set_defaults(run=run_queue)
 
+    usage = command("usage", "GPU hours, jobs and waits per user or host over a time window", read=True)
+    usage.add_argument("--since", default="7d", help="ISO time, or an age: 30m, 24h, 7d (default 7d)")
+    usage.add_argument("--until", default=None, help="ISO time, or an age (default now)")
+    usage.add_argument("--by", choices=("user", "host"), default="user")
+    usage.set_defaults(run=run_usage)
+
+    fair = command(
+        "fair-share", "each user's decayed usage, share and the rank term the scheduler gives them", read=True
+    )
+    fair.set_defaults(run=run_fair_share)
+
     tensorboard = command("tensorboard", "download jobs' TensorBoard events and start TensorBoard on them")
     tensorboard.add_argument("ids", type=int, nargs="+", metavar="ID")
     tensorboard.add_argument("--port", type=int, default=6006)
@@ -408,6 +419,71 @@ def run_queue(args: argparse.Namespace) -> int:
             f"{job['gpu_count']:>4}  {waited:>8}  {job['pending_reason'] or ''}"
         )
     print(f"({len(waiting)} waiting)")
+    return 0
+
+
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def when_from(text: str, option: str) -> str:
+    """An ISO time as given, or `30m` / `24h` / `7d` ago as an ISO time."""
+    from datetime import UTC, datetime, timedelta
+
+    unit = AGE_UNITS.get(text[-1:])
+    if unit is not None and text[:-1].replace(".", "", 1).isdigit():
+        return (datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * unit)).isoformat()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give an ISO time (2026-11-23T09:00Z) or an age (30m, 24h, 7d)") from None
+    return (moment if moment.tzinfo else moment.astimezone()).isoformat()
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    params = {"since": when_from(args.since, "--since"), "by": args.by}
+    if args.until:
+        params["until"] = when_from(args.until, "--until")
+    answer = Api(args).call("GET", "/api/usage", params=params)
+    if args.output_format == "json":
+        return _json(answer)
+    print(f"{answer['since'][:16]} to {answer['until'][:16]} (UTC)")
+    print(f"{args.by.upper():<16} {'GPU HOURS':>10} {'JOBS':>6} {'STARTED':>8} {'WAIT P50':>9} {'WAIT P95':>9}")
+    for row in answer["rows"]:
+        print(
+            f"{row['key'][:16]:<16} {row['gpu_hours']:>10.2f} {row['jobs']:>6} {row['started']:>8} "
+            f"{_duration(row['median_wait_s']):>9} {_duration(row['p95_wait_s']):>9}"
+        )
+    total = sum(row["gpu_hours"] for row in answer["rows"])
+    print(f"{'total':<16} {total:>10.2f}")
+    return 0
+
+
+def run_fair_share(args: argparse.Namespace) -> int:
+    answer = Api(args).call("GET", "/api/fair-share")
+    if args.output_format == "json":
+        return _json(answer)
+    half_life = answer["half_life_s"] / 3600
+    print(f"usage decays with a half-life of {half_life:g} h; a lower term goes first (0: used nothing, 0.5: fair)")
+    heads = ("SHARE", 6), ("USAGE GPU-H", 12), ("RUNNING", 8), ("QUEUED", 7), ("OWED", 6), ("USED", 6), ("TERM", 6)
+    print(f"{'USER':<16} " + " ".join(f"{head:>{width}}" for head, width in heads))
+
+    def part(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    for row in answer["users"]:
+        print(
+            f"{row['user'][:16]:<16} {row['share']:>6g} {row['usage_gpu_hours']:>12.2f} {row['running_gpus']:>8g} "
+            f"{row['queued_jobs']:>7} {part(row['owed']):>6} {part(row['used']):>6} {part(row['term']):>6}"
+        )
     return 0
 
 

@@ -95,7 +95,7 @@ class _Pass:
 
     def run(self) -> Decision:
         if self.config.policy == Policy.TOWERQ:
-            terms = _FairShareTerms(self.fair_share, self.cluster.running, {j.user for j in self.queued}, self.now)
+            terms = FairShareTerms(self.fair_share, self.cluster.running, {j.user for j in self.queued}, self.now)
             seen: set[int] = set()
             for job in _rank_order(self.queued, terms, self.now, self.config):
                 seen.add(job.id)
@@ -188,10 +188,10 @@ class _Pass:
         self.reservations += 1
         return known
 
-    def _rank_key(self, job: QueuedJob, terms: _FairShareTerms) -> tuple[float, float, int]:
+    def _rank_key(self, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
         return (_base_rank(job, self.now, self.config) + terms.term(job.user), job.submitted, job.id)
 
-    def _reserve_for_rest(self, rest: list[QueuedJob], terms: _FairShareTerms) -> None:
+    def _reserve_for_rest(self, rest: list[QueuedJob], terms: FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
         only work left is reservations, for the first starving gang jobs in that order. (A
         shortcut for the simulator, which wants no reasons: the outcome is the same. Not with
@@ -291,7 +291,7 @@ def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, flo
     return entry[0], entry[1], entry[2]
 
 
-def _rank_order(jobs: list[QueuedJob], terms: _FairShareTerms, now: float, config: PolicyConfig) -> Iterator[QueuedJob]:
+def _rank_order(jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig) -> Iterator[QueuedJob]:
     """Jobs by rank. Within a user the order never changes (waiting lifts all alike), so
     each user's jobs are sorted once and merged by a heap keyed on the user's current term,
     which `terms.started` raises as the pass starts their jobs."""
@@ -313,7 +313,7 @@ def _rank_order(jobs: list[QueuedJob], terms: _FairShareTerms, now: float, confi
             heapq.heappush(heap, (base + terms.term(user), submitted, job_id, user, k + 1))
 
 
-class _FairShareTerms:
+class FairShareTerms:
     """Each user's fair-share term (see the module docstring)."""
 
     def __init__(self, fair_share: FairShare, running: list[RunningJob], queued_users: set[str], now: float) -> None:
@@ -334,7 +334,13 @@ class _FairShareTerms:
         run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
         self.used[job.user] += job.gpus * job.fraction * run_s
 
+    def owed(self, user: str) -> float:
+        """The user's share among the users present."""
+        return self.fair_share.share(user) / self.total_share
+
+    def used_part(self, user: str) -> float:
+        """The user's part of the present users' use (decayed, plus their running jobs' likely rest)."""
+        return self.used[user] / self.total_used
+
     def term(self, user: str) -> float:
-        owed = self.fair_share.share(user) / self.total_share
-        used = self.used[user] / self.total_used
-        return 1.0 - 2.0 ** (-used / owed)
+        return 1.0 - 2.0 ** (-self.used_part(user) / self.owed(user))

@@ -1,0 +1,52 @@
+"""Usage and fair share: who used the GPUs, and how the scheduler ranks each user now."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from service.accounting import BY, fair_share_report, usage_report
+from service.api.deps import CallerDep, SessionDep, SettingsDep
+from service.exceptions import SpecError
+from service.models import utcnow
+from service.schemas import FairShareOut, UsageOut
+
+router = APIRouter(prefix="/api", tags=["usage"])
+DEFAULT_WINDOW = timedelta(days=7)
+
+
+@router.get("/usage", response_model=UsageOut)
+def usage(
+    session: SessionDep,
+    _: CallerDep,
+    since: Annotated[datetime | None, Query(description="ISO 8601; default: a week before `until`")] = None,
+    until: Annotated[datetime | None, Query(description="ISO 8601; default: now")] = None,
+    by: Annotated[str, Query(pattern="^(user|host)$", description=" or ".join(BY))] = "user",
+) -> UsageOut:
+    """GPU hours, jobs, and median / p95 wait (submit to first start) per user or host in
+    [since, until]. Running jobs count up to now."""
+    now = utcnow()
+    until = _aware(until, "until") if until is not None else now
+    since = _aware(since, "since") if since is not None else until - DEFAULT_WINDOW
+    if since >= until:
+        raise SpecError("since", f"must be before until ({until.isoformat()})")
+    rows = usage_report(session, since, until, by, now)
+    return UsageOut.model_validate({"since": since, "until": until, "by": by, "rows": [row.__dict__ for row in rows]})
+
+
+@router.get("/fair-share", response_model=FairShareOut)
+def fair_share(session: SessionDep, _: CallerDep, settings: SettingsDep) -> FairShareOut:
+    """Each user's decayed usage, share, and the rank term the scheduler's policy gives
+    their jobs now (0: used nothing lately; 0.5: used exactly their share; towards 1: more)."""
+    now = utcnow()
+    rows = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
+    users = [row.__dict__ for row in rows]
+    return FairShareOut.model_validate({"as_of": now, "half_life_s": settings.fair_share_half_life_s, "users": users})
+
+
+def _aware(value: datetime, field: str) -> datetime:
+    if value.tzinfo is None:
+        raise SpecError(field, "give a time zone (e.g. 2026-11-23T12:00:00Z)")
+    return value

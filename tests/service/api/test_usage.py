@@ -1,0 +1,174 @@
+"""`GET /api/usage` and `GET /api/fair-share`, on SQLite and PostgreSQL, from allocations
+written with known times: exact GPU hours inside a window, jobs, waits; and the fair-share
+terms the scheduler's policy gives the users present."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from service.db import Database
+from service.models import Allocation, Gpu, Host, Job, JobState, User
+from tests.service.api.conftest import Api
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def hours(n: float) -> datetime:
+    return T0 + timedelta(hours=n)
+
+
+def add_run(
+    db: Database,
+    user: str,
+    host: str,
+    indices: list[int],
+    submitted: datetime,
+    start: datetime,
+    end: datetime | None,
+    fraction: float = 1.0,
+) -> int:
+    """A job of `user` that waited from `submitted` to `start` and held GPUs until `end`
+    (None: it still runs)."""
+    with db.write() as session:
+        owner = session.scalar(select(User).where(User.name == user))
+        if owner is None:
+            owner = User(name=user)
+            session.add(owner)
+            session.flush()
+        job = Job(
+            name=f"{user}-run",
+            user_id=owner.id,
+            state=JobState.RUNNING if end is None else JobState.SUCCEEDED,
+            spec={"model": "mlp", "dataset": "digits"},
+            gpu_count=len(indices),
+            gpu_memory_fraction=fraction,
+            total_steps=10,
+            attempts=1,
+            created_at=submitted,
+            host_name=host,
+        )
+        session.add(job)
+        session.flush()
+        host_row = session.scalar(select(Host).where(Host.name == host))
+        assert host_row is not None
+        for index in indices:
+            gpu = session.scalar(select(Gpu).where(Gpu.host_id == host_row.id, Gpu.index == index))
+            assert gpu is not None
+            session.add(
+                Allocation(
+                    job_id=job.id,
+                    attempt=1,
+                    host_id=host_row.id,
+                    gpu_id=gpu.id,
+                    fraction=fraction,
+                    created_at=start,
+                    released_at=end,
+                )
+            )
+        return job.id
+
+
+@pytest.fixture
+def lab(alice: Api, db: Database, add_host: Callable[..., None]) -> Api:
+    """alice: 2 GPUs × 4 h (hours 0-4, waited 1 h), 1 GPU × 2 h (hours 10-12, waited 3 h);
+    bob: half a GPU × 6 h on lab-b (hours 2-8, waited 0.5 h)."""
+    add_host("lab-b", 2)
+    add_run(db, "alice", "lab-a", [0, 1], hours(-1), hours(0), hours(4))
+    add_run(db, "alice", "lab-a", [2], hours(7), hours(10), hours(12))
+    add_run(db, "bob", "lab-b", [0], hours(1.5), hours(2), hours(8), fraction=0.5)
+    return alice
+
+
+def by_key(answer: dict) -> dict[str, dict]:
+    return {row["key"]: row for row in answer["rows"]}
+
+
+def test_usage_per_user_and_host_counts_exact_gpu_hours_inside_the_window(lab: Api) -> None:
+    answer = lab.get("/api/usage", params={"since": hours(0).isoformat(), "until": hours(12).isoformat()})
+    assert answer.status_code == 200, answer.text
+    users = by_key(answer.json())
+    assert users["alice"]["gpu_hours"] == pytest.approx(2 * 4 + 1 * 2)
+    assert users["bob"]["gpu_hours"] == pytest.approx(0.5 * 6)
+    assert (users["alice"]["jobs"], users["bob"]["jobs"]) == (2, 1)
+    assert users["alice"]["started"] == 2 and users["alice"]["median_wait_s"] == pytest.approx(2 * 3600)
+    assert users["alice"]["p95_wait_s"] == pytest.approx(3 * 3600)
+    assert users["bob"]["median_wait_s"] == pytest.approx(1800)
+
+    # A window cutting through runs counts only the part inside it: hours 3-9.
+    cut = by_key(lab.get("/api/usage", params={"since": hours(3).isoformat(), "until": hours(9).isoformat()}).json())
+    assert cut["alice"]["gpu_hours"] == pytest.approx(2 * 1)
+    assert cut["bob"]["gpu_hours"] == pytest.approx(0.5 * 5)
+    assert cut["alice"]["started"] == 0 and cut["alice"]["median_wait_s"] is None  # started before the window
+
+    hosts = by_key(
+        lab.get(
+            "/api/usage", params={"since": hours(0).isoformat(), "until": hours(12).isoformat(), "by": "host"}
+        ).json()
+    )
+    assert hosts["lab-a"]["gpu_hours"] == pytest.approx(10) and hosts["lab-b"]["gpu_hours"] == pytest.approx(3)
+    assert hosts["lab-a"]["jobs"] == 2 and hosts["lab-b"]["started"] == 1
+
+
+def test_a_running_job_counts_up_to_now(lab: Api, db: Database) -> None:
+    now = datetime.now(UTC)
+    add_run(db, "carol", "lab-b", [1], now - timedelta(hours=3), now - timedelta(hours=2), None)
+    rows = by_key(lab.get("/api/usage", params={"since": (now - timedelta(days=1)).isoformat()}).json())
+    assert rows["carol"]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"since": hours(5).isoformat(), "until": hours(1).isoformat()}, "since"),
+        ({"by": "gpu"}, "by"),
+        ({"since": "yesterday"}, "since"),
+        ({"until": "2026-11-01T00:00:00"}, "until"),
+    ],
+)
+def test_bad_usage_queries_name_their_field(lab: Api, params: dict[str, str], field: str) -> None:
+    answer = lab.get("/api/usage", params=params)
+    assert answer.status_code == 422, answer.text
+    assert field in answer.text
+
+
+def test_fair_share_shows_each_present_users_term_as_the_policy_ranks_them(lab: Api, db: Database) -> None:
+    """Users with usage but nothing queued or running have no term; of two users with jobs
+    waiting, the one who used less lately ranks first (the lower term)."""
+    now = datetime.now(UTC)
+    add_run(db, "carol", "lab-b", [1], now - timedelta(hours=2), now - timedelta(hours=1), None)  # running
+    add_run(db, "erin", "lab-b", [0], now - timedelta(hours=5), now - timedelta(hours=4), now - timedelta(hours=3))
+    add_run(db, "alice", "lab-a", [0], now - timedelta(hours=5), now - timedelta(hours=4), now - timedelta(hours=3))
+    for user in ("alice", "dave"):
+        lab_user_queued(db, user)
+    answer = lab.get("/api/fair-share")
+    assert answer.status_code == 200, answer.text
+    users = {row["user"]: row for row in answer.json()["users"]}
+    assert users["erin"]["term"] is None and users["erin"]["usage_gpu_hours"] > 0  # used, not present
+    assert "bob" not in users  # three weeks ago: decayed out of the scheduler's history
+    assert users["dave"]["usage_gpu_hours"] == 0 and users["dave"]["term"] == 0.0  # nothing used: first
+    assert 0 < users["alice"]["term"] < 1 and users["alice"]["queued_jobs"] == 1
+    assert users["carol"]["running_gpus"] == 1 and users["carol"]["term"] > users["dave"]["term"]
+    assert sum(users[u]["owed"] for u in ("alice", "carol", "dave")) == pytest.approx(1.0)
+
+
+def lab_user_queued(db: Database, user: str) -> None:
+    with db.write() as session:
+        owner = session.scalar(select(User).where(User.name == user))
+        if owner is None:
+            owner = User(name=user)
+            session.add(owner)
+            session.flush()
+        session.add(
+            Job(
+                name=f"{user}-waiting",
+                user_id=owner.id,
+                state=JobState.QUEUED,
+                spec={"model": "mlp", "dataset": "digits"},
+                gpu_count=1,
+                total_steps=10,
+            )
+        )
