@@ -20,7 +20,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import Allocation, Host, Job, User
+from service.models import Allocation, Gpu, Host, Job, User
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import FairShareTerms
 from service.scheduler.snapshot import read_cluster, read_fair_share, read_queued
@@ -143,3 +143,87 @@ def fair_share_report(
         )
         for user in users
     ]
+
+
+@dataclass
+class Held:
+    job_id: int
+    job_name: str
+    user: str
+    host: str
+    gpu: int
+    fraction: float
+    start: datetime
+    end: datetime | None
+    """None: still held."""
+
+
+@dataclass
+class QueueSample:
+    time: datetime
+    queued: int
+    """Jobs waiting at this moment."""
+    started: int
+    """Jobs that first started since the previous sample..."""
+    median_wait_s: float | None
+    """...and their median wait."""
+
+
+TIMELINE_SAMPLES = 200
+
+
+def timeline(session: Session, since: datetime, until: datetime, now: datetime) -> tuple[list[Held], list[QueueSample]]:
+    """Who held which GPU when in [since, until] (each allocation, for a Gantt chart per GPU
+    or GPUs per user over time), and the queue's length and wait at 200 moments."""
+    held = [
+        Held(r.job_id, r.job_name, r.user, r.host, r.gpu, r.fraction, r.created_at, r.released_at)
+        for r in session.execute(
+            select(
+                Allocation.job_id,
+                Job.name.label("job_name"),
+                User.name.label("user"),
+                Host.name.label("host"),
+                Gpu.index.label("gpu"),
+                Allocation.fraction,
+                Allocation.created_at,
+                Allocation.released_at,
+            )
+            .join(Job, Allocation.job_id == Job.id)
+            .join(User, Job.user_id == User.id)
+            .join(Host, Allocation.host_id == Host.id)
+            .join(Gpu, Allocation.gpu_id == Gpu.id)
+            .where(Allocation.created_at < until)
+            .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
+            .order_by(Host.name, Gpu.index, Allocation.created_at)
+        )
+    ]
+    first = (
+        select(Allocation.job_id, func.min(Allocation.created_at).label("started"))
+        .group_by(Allocation.job_id)
+        .subquery()
+    )
+    waits = session.execute(
+        select(Job.created_at, Job.finished_at, first.c.started)
+        .outerjoin(first, first.c.job_id == Job.id)
+        .where(Job.created_at < until)
+        .where(
+            ((first.c.started.is_(None)) & ((Job.finished_at.is_(None)) | (Job.finished_at > since)))
+            | (first.c.started > since)
+        )
+    ).all()
+    step = (until - since) / TIMELINE_SAMPLES
+    samples = []
+    for i in range(TIMELINE_SAMPLES + 1):
+        moment = since + step * i
+        if moment > now:
+            break
+        queued = 0
+        started = []
+        for submitted, finished, start in waits:
+            end = start or finished or now
+            if submitted <= moment < end:
+                queued += 1
+            if start is not None and moment - step < start <= moment:
+                started.append((start - submitted).total_seconds())
+        samples.append(QueueSample(moment, queued, len(started), statistics.median(started) if started else None))
+    return held, samples

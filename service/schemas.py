@@ -196,3 +196,31 @@ class FairShareOut(BaseModel):
     as_of: datetime
     half_life_s: float
     users: list[FairShareUserOut]
+
+
+class HeldOut(BaseModel):
+    job_id: int
+    job_name: str
+    user: str
+    host: str
+    gpu: int
+    fraction: float
+    start: datetime
+    end: datetime | None
+    """None: still held."""
+
+
+class QueueSampleOut(BaseModel):
+    time: datetime
+    queued: int
+    started: int
+    """Jobs that first started since the previous sample; `median_wait_s` is theirs."""
+    median_wait_s: float | None
+
+
+class TimelineOut(BaseModel):
+    since: datetime
+    until: datetime
+    now: datetime
+    allocations: list[HeldOut]
+    queue: list[QueueSampleOut]

@@ -12,6 +12,7 @@ const pages = {
   compare: () => import("./pages/compare.js"),
   sweeps: () => import("./pages/sweeps.js"),
   sweep: () => import("./pages/sweep.js"),
+  usage: () => import("./pages/usage.js"),
 };
 
 let leave = null;

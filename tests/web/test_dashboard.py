@@ -259,6 +259,7 @@ def test_clone_compare_keyboard_and_phone(
         ("#/gpus", "[data-host]"),
         ("#/submit", "#submit"),
         (f"#/compare?ids={first},{second}", "#compare-chart canvas"),
+        ("#/usage", "#chart-gpus-per-user canvas"),
     ]:
         phone.goto(f"{url}/{route}")
         phone.wait_for_selector(ready)

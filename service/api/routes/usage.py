@@ -7,14 +7,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from service.accounting import BY, fair_share_report, usage_report
+from service.accounting import BY, fair_share_report, timeline, usage_report
 from service.api.deps import CallerDep, SessionDep, SettingsDep
 from service.exceptions import SpecError
 from service.models import utcnow
-from service.schemas import FairShareOut, UsageOut
+from service.schemas import FairShareOut, TimelineOut, UsageOut
 
 router = APIRouter(prefix="/api", tags=["usage"])
 DEFAULT_WINDOW = timedelta(days=7)
+TIMELINE_WINDOW = timedelta(days=1)
 
 
 @router.get("/usage", response_model=UsageOut)
@@ -28,10 +29,7 @@ def usage(
     """GPU hours, jobs, and median / p95 wait (submit to first start) per user or host in
     [since, until]. Running jobs count up to now."""
     now = utcnow()
-    until = _aware(until, "until") if until is not None else now
-    since = _aware(since, "since") if since is not None else until - DEFAULT_WINDOW
-    if since >= until:
-        raise SpecError("since", f"must be before until ({until.isoformat()})")
+    since, until = _window(since, until, now)
     rows = usage_report(session, since, until, by, now)
     return UsageOut.model_validate({"since": since, "until": until, "by": by, "rows": [row.__dict__ for row in rows]})
 
@@ -44,6 +42,39 @@ def fair_share(session: SessionDep, _: CallerDep, settings: SettingsDep) -> Fair
     rows = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
     users = [row.__dict__ for row in rows]
     return FairShareOut.model_validate({"as_of": now, "half_life_s": settings.fair_share_half_life_s, "users": users})
+
+
+@router.get("/usage/timeline", response_model=TimelineOut)
+def usage_timeline(
+    session: SessionDep,
+    _: CallerDep,
+    since: Annotated[datetime | None, Query(description="ISO 8601; default: a day before `until`")] = None,
+    until: Annotated[datetime | None, Query(description="ISO 8601; default: now")] = None,
+) -> TimelineOut:
+    """Every GPU allocation overlapping [since, until] (job, user, host, GPU, fraction, start,
+    end or null while held), and the queue's length and wait at 200 moments across it."""
+    now = utcnow()
+    since, until = _window(since, until, now, TIMELINE_WINDOW)
+    held, samples = timeline(session, since, until, now)
+    return TimelineOut.model_validate(
+        {
+            "since": since,
+            "until": until,
+            "now": now,
+            "allocations": [h.__dict__ for h in held],
+            "queue": [q.__dict__ for q in samples],
+        }
+    )
+
+
+def _window(
+    since: datetime | None, until: datetime | None, now: datetime, default: timedelta = DEFAULT_WINDOW
+) -> tuple[datetime, datetime]:
+    until = _aware(until, "until") if until is not None else now
+    since = _aware(since, "since") if since is not None else until - default
+    if since >= until:
+        raise SpecError("since", f"must be before until ({until.isoformat()})")
+    return since, until
 
 
 def _aware(value: datetime, field: str) -> datetime:

@@ -172,3 +172,19 @@ def lab_user_queued(db: Database, user: str) -> None:
                 total_steps=10,
             )
         )
+
+
+def test_the_timeline_lists_every_allocation_and_the_queue_over_time(lab: Api) -> None:
+    answer = lab.get("/api/usage/timeline", params={"since": hours(-2).isoformat(), "until": hours(18).isoformat()})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    held = sorted((a["user"], a["host"], a["gpu"], a["fraction"]) for a in body["allocations"])
+    assert held == [("alice", "lab-a", 0, 1.0), ("alice", "lab-a", 1, 1.0), ("alice", "lab-a", 2, 1.0),
+                    ("bob", "lab-b", 0, 0.5)]  # fmt: skip
+    queue = {datetime.fromisoformat(q["time"]): q for q in body["queue"]}
+    assert len(queue) == 201
+    assert queue[hours(-0.5)]["queued"] == 1  # alice's first job, submitted at -1, started at 0
+    assert queue[hours(1.7)]["queued"] == 1 and queue[hours(8)]["queued"] == 1  # bob's; alice's second
+    assert queue[hours(9)]["queued"] == 1 and queue[hours(12)]["queued"] == 0
+    started = [q for q in body["queue"] if q["started"]]
+    assert [(q["started"], q["median_wait_s"]) for q in started] == [(1, 3600), (1, 1800), (1, 3 * 3600)]

@@ -1,0 +1,76 @@
+"""The Usage page in a real browser, over several users' allocations: GPUs per user
+stacked, a timeline bar per allocation (hover names the job, a click opens it), the queue
+chart, and the fair-share table as the scheduler ranks users now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from service.db import Database
+from service.settings import Settings
+from tests.service.api.test_usage import add_run, lab_user_queued
+from tests.stack import Stack
+from tests.web.conftest import shot
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url, api_workers=1)
+
+
+def test_the_usage_page_shows_who_held_which_gpu_and_the_fair_share(
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    add_host("lab-b", 1)
+    now = datetime.now(UTC)
+    ago = lambda h: now - timedelta(hours=h)  # noqa: E731
+    runs = [
+        add_run(db, "alice", "lab-a", [0, 1], ago(20), ago(19), ago(12)),
+        add_run(db, "bob", "lab-a", [0], ago(13), ago(11), ago(5)),
+        add_run(db, "carol", "lab-b", [0], ago(9), ago(8), None, fraction=0.5),
+        add_run(db, "alice", "lab-a", [1], ago(6), ago(4), None),
+    ]
+    lab_user_queued(db, "bob")
+    token = make_token("alice")
+
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/usage")
+    page.wait_for_selector("#chart-gpus-per-user .uplot")
+    assert page.locator("#chart-gpus-per-user").get_attribute("data-users") == "alice,bob,carol"
+    legend = page.locator("#chart-gpus-per-user .u-legend").inner_text()
+    assert all(user in legend for user in ("alice", "bob", "carol"))
+    page.wait_for_selector("#chart-queue .uplot")
+
+    rows = page.locator(".gantt-row:not(.gantt-axis)")
+    assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.gpu)")) == ["lab-a:0", "lab-a:1", "lab-b:0"]
+    assert page.locator(".gantt-bar").count() == 5  # one per GPU of each allocation
+    bar = page.locator(f'.gantt-row[data-gpu="lab-b:0"] .gantt-bar[data-job="{runs[2]}"]')
+    assert f"job {runs[2]}" in (bar.get_attribute("title") or "") and "carol" in (bar.get_attribute("title") or "")
+    assert "now" in (bar.get_attribute("title") or "")  # still held
+
+    table = page.locator("#fair-share table")
+    assert sorted(table.locator("tbody tr").evaluate_all("rs => rs.map(r => r.dataset.user)")) == [
+        "alice", "bob", "carol",
+    ]  # fmt: skip
+    bob = table.locator('tr[data-user="bob"] td')
+    assert bob.nth(4).inner_text() == "1" and bob.nth(7).inner_text() != "–"  # queued, so ranked
+    shot(page, "usage")
+
+    page.click('a.window:text("last week")')
+    page.wait_for_url("**/#/usage?window=week")
+    page.wait_for_selector("#chart-gpus-per-user .uplot")
+    bar = page.locator(f'.gantt-bar[data-job="{runs[1]}"]')
+    bar.click()
+    page.wait_for_url(f"**/#/jobs/{runs[1]}")
+    page.wait_for_selector(".job-header")

@@ -1,0 +1,211 @@
+// Usage: who held the GPUs over the last day or week (stacked per user, and a timeline per
+// GPU), the queue's length and wait, and the fair-share ranking as the scheduler sees it now.
+import { COLORS, fitToWidth } from "../charts.js";
+import { api, dataTable, duration, el, poll, problemLine, session } from "../lib.js";
+import uPlot from "../vendor/uplot/uPlot.esm.js";
+
+const WINDOWS = { day: 86400, week: 7 * 86400 };
+const POINTS = 300; // samples across the window for the stacked chart
+const HEIGHT = 220;
+const POLL_MS = 30000;
+
+export async function render(main, params) {
+  await session.ready;
+  const span = WINDOWS[params.window] ? params.window : "day";
+  const problem = problemLine();
+  const picker = el(
+    "p",
+    { class: "chart-controls" },
+    ...Object.keys(WINDOWS).map((name) =>
+      el("a", { href: `#/usage?window=${name}`, "aria-current": name === span ? "page" : null, class: "window" }, `last ${name}`),
+    ),
+  );
+  const stacked = el("figure", { class: "chart", id: "chart-gpus-per-user" }, el("figcaption", {}, "GPUs in use per user"));
+  const queue = el(
+    "figure",
+    { class: "chart", id: "chart-queue" },
+    el("figcaption", {}, "Queue: jobs waiting, and the median wait of jobs starting"),
+  );
+  const gantt = el("div", { class: "gantt", id: "gantt", role: "list", "aria-label": "GPU timeline" });
+  const fair = el("div", { id: "fair-share" });
+  main.replaceChildren(
+    el("h1", {}, "Usage"),
+    problem,
+    picker,
+    stacked,
+    el("h2", {}, "Who held each GPU"),
+    gantt,
+    queue,
+    el("h2", {}, "Fair share now"),
+    el(
+      "p",
+      { class: "muted" },
+      "A job's rank gets its owner's term added: lower goes first. 0: used nothing lately; 0.5: used exactly their share.",
+    ),
+    fair,
+  );
+  const plots = [];
+  const fit = fitToWidth(main, () => plots, HEIGHT);
+
+  async function refresh() {
+    const until = new Date();
+    const since = new Date(until.getTime() - WINDOWS[span] * 1000);
+    const query = `since=${encodeURIComponent(since.toISOString())}&until=${encodeURIComponent(until.toISOString())}`;
+    const [timeline, shares] = await Promise.all([api(`api/usage/timeline?${query}`), api("api/fair-share")]);
+    const users = [...new Set(timeline.allocations.map((a) => a.user))].sort();
+    const color = (user) => COLORS[users.indexOf(user) % COLORS.length];
+    for (const plot of plots.splice(0)) plot.destroy();
+    plots.push(stackedChart(stacked, timeline, users, color, fit.width()));
+    plots.push(queueChart(queue, timeline, fit.width()));
+    drawGantt(gantt, timeline, color);
+    fair.replaceChildren(el("div", { class: "scroll" }, fairShareTable(shares)));
+  }
+  const poller = poll(refresh, POLL_MS, problem, "Refreshing usage");
+  await refresh();
+  return () => {
+    poller.stop();
+    fit.stop();
+    for (const plot of plots) plot.destroy();
+  };
+}
+
+const seconds = (iso) => new Date(iso).getTime() / 1000;
+
+// GPUs held per user at POINTS moments, stacked: each band is that user's share of the total.
+function stackedChart(figure, timeline, users, color, width) {
+  const from = seconds(timeline.since);
+  const to = Math.min(seconds(timeline.until), seconds(timeline.now));
+  const times = Array.from({ length: POINTS + 1 }, (_, i) => from + ((to - from) * i) / POINTS);
+  const now = seconds(timeline.now);
+  const own = users.map(() => times.map(() => 0));
+  timeline.allocations.forEach((a) => {
+    const u = users.indexOf(a.user);
+    const start = seconds(a.start);
+    const end = a.end ? seconds(a.end) : now;
+    times.forEach((t, i) => {
+      if (start <= t && t < end) own[u][i] += a.fraction;
+    });
+  });
+  const stacks = [];
+  let below = times.map(() => 0);
+  own.forEach((column) => {
+    below = below.map((v, i) => v + column[i]);
+    stacks.push(below);
+  });
+  // uPlot fills each series down to zero: draw the top of the stack first, the bottom last.
+  const order = users.map((_, i) => i).reverse();
+  const options = {
+    width,
+    height: HEIGHT,
+    scales: { x: { time: true } },
+    axes: [{}, { label: "GPUs", size: 60 }],
+    series: [{}, ...order.map((i) => ({ label: users[i], stroke: color(users[i]), fill: `${color(users[i])}cc`, width: 1 }))],
+    legend: { live: true },
+  };
+  figure.dataset.users = users.join(",");
+  figure.querySelector(".uplot")?.remove();
+  return new uPlot(options, [times, ...order.map((i) => stacks[i])], figure);
+}
+
+function queueChart(figure, timeline, width) {
+  const times = timeline.queue.map((q) => seconds(q.time));
+  const options = {
+    width,
+    height: HEIGHT,
+    scales: { x: { time: true }, wait: {} },
+    axes: [{}, { label: "jobs waiting", size: 60 }, { label: "median wait (min)", scale: "wait", side: 1, size: 60 }],
+    series: [
+      {},
+      { label: "waiting", stroke: COLORS[0], width: 1.5 },
+      { label: "median wait (min)", stroke: COLORS[1], scale: "wait", width: 0, points: { show: true, size: 5 } },
+    ],
+  };
+  const data = [
+    times,
+    timeline.queue.map((q) => q.queued),
+    timeline.queue.map((q) => (q.median_wait_s === null ? null : q.median_wait_s / 60)),
+  ];
+  figure.querySelector(".uplot")?.remove();
+  return new uPlot(options, data, figure);
+}
+
+// One row per GPU; each allocation a bar from its start to its end (or now), a link to its job.
+function drawGantt(box, timeline, color) {
+  const from = seconds(timeline.since);
+  const to = seconds(timeline.until);
+  const now = seconds(timeline.now);
+  const rows = new Map();
+  for (const a of timeline.allocations) {
+    const key = `${a.host}:${a.gpu}`;
+    if (!rows.has(key)) rows.set(key, []);
+    rows.get(key).push(a);
+  }
+  if (!rows.size) {
+    box.replaceChildren(el("p", { class: "muted" }, "No GPU was held in this window."));
+    return;
+  }
+  const place = (t) => `${((100 * (Math.min(Math.max(t, from), to) - from)) / (to - from)).toFixed(3)}%`;
+  const axis = el(
+    "div",
+    { class: "gantt-row gantt-axis", "aria-hidden": "true" },
+    el("span"),
+    el(
+      "div",
+      { class: "gantt-scale" },
+      el("span", {}, new Date(timeline.since).toLocaleString()),
+      el("span", {}, new Date(timeline.until).toLocaleString()),
+    ),
+  );
+  box.replaceChildren(
+    axis,
+    ...[...rows.entries()].map(([key, held]) =>
+      el(
+        "div",
+        { class: "gantt-row", role: "listitem", dataset: { gpu: key } },
+        el("span", { class: "gantt-label" }, key),
+        el(
+          "div",
+          { class: "gantt-track" },
+          held.map((a) => {
+            const start = seconds(a.start);
+            const end = a.end ? seconds(a.end) : now;
+            const left = place(start);
+            const width = `calc(${place(end)} - ${left})`;
+            const span = `${new Date(a.start).toLocaleString()} – ${a.end ? new Date(a.end).toLocaleString() : "now"}`;
+            return el(
+              "a",
+              {
+                class: "gantt-bar",
+                href: `#/jobs/${a.job_id}`,
+                title: `job ${a.job_id} ${a.job_name} · ${a.user}${a.fraction < 1 ? ` · ×${a.fraction}` : ""} · ${span} (${duration(end - start)})`,
+                style: `left:${left};width:${width};background:${color(a.user)};opacity:${0.4 + 0.6 * a.fraction}`,
+                dataset: { job: a.job_id },
+              },
+              el("span", { class: "visually-hidden" }, `job ${a.job_id} of ${a.user}`),
+            );
+          }),
+        ),
+      ),
+    ),
+  );
+}
+
+function fairShareTable(shares) {
+  const part = (v) => (v === null ? "–" : v.toFixed(3));
+  const columns = [
+    { title: "User", cell: (u) => u.user },
+    { title: "Share", class: "num", cell: (u) => String(u.share) },
+    { title: "Decayed GPU-hours", class: "num", cell: (u) => u.usage_gpu_hours.toFixed(2) },
+    { title: "Running GPUs", class: "num", cell: (u) => String(u.running_gpus) },
+    { title: "Queued jobs", class: "num", cell: (u) => String(u.queued_jobs) },
+    { title: "Owed", class: "num", cell: (u) => part(u.owed) },
+    { title: "Used", class: "num", cell: (u) => part(u.used) },
+    { title: "Term", class: "num", cell: (u) => part(u.term) },
+  ];
+  return dataTable(columns, shares.users, {
+    tableClass: "fair-share",
+    caption: "fair share",
+    attrs: (u) => ({ dataset: { user: u.user } }),
+    empty: "Nobody has used a GPU lately.",
+  }).table;
+}
