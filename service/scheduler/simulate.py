@@ -7,11 +7,14 @@ events at one instant (arrivals, completions). Durations are the jobs' true run 
 the policy sees them, as time limits, only with `oracle=True`.
 
 A trace job needing more GPUs than one host has takes whole hosts (as the Helios
-simulator does); jobs larger than the whole cluster are left out and counted.
+simulator does); jobs larger than the whole cluster are left out and counted. An optional
+`gpu_fraction` column (0 < f <= 1, one-GPU jobs only; empty or absent: 1) makes a job share
+a GPU as the live scheduler packs them: jobs whose fractions sum to at most 1 share it.
 
 Metrics: job completion time (JCT = finish - submit), wait (start - submit), makespan
 (first submit to last finish), utilization (GPU-seconds used / offered over the
-makespan), Jain's fairness index over users' average number of GPUs held while they had
+makespan), fragmentation (the share of the capacity left idle while some job waited: GPUs
+or parts of GPUs no waiting job could use), Jain's fairness index over users' average number of GPUs held while they had
 work waiting, and the wall time of the policy call per pass.
 """
 
@@ -41,6 +44,7 @@ from service.scheduler.types import (
 from service.scheduler.usage import decayed, interval_usage
 
 TRACE_COLUMNS = ("submit_time_s", "duration_s", "num_gpus", "user")
+FRACTION_COLUMN = "gpu_fraction"
 
 
 class TraceError(ValueError):
@@ -55,6 +59,8 @@ class TraceJob:
     gpus: int
     user: str
     start: float | None = None
+    fraction: float = 1.0
+    """Of each GPU (trace column `gpu_fraction`); below 1 the GPU may be shared."""
 
 
 def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
@@ -83,6 +89,16 @@ def _trace_job(index: int, row: dict[str, str], path: Path, line: int) -> TraceJ
         raise TraceError(f"{path}:{line}: {err}") from err
     if job.gpus < 1 or job.duration < 0 or not math.isfinite(job.submit) or not job.user:
         raise TraceError(f"{path}:{line}: needs num_gpus >= 1, duration_s >= 0 and a user")
+    fraction = (row.get(FRACTION_COLUMN) or "").strip()
+    if fraction:
+        try:
+            job.fraction = float(fraction)
+        except ValueError:
+            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} {fraction!r} is not a number") from None
+        if not 0 < job.fraction <= 1:
+            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} must be in (0, 1], got {fraction}")
+        if job.fraction < 1 and job.gpus != 1:
+            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} below 1 needs num_gpus 1 (got {job.gpus})")
     return job
 
 
@@ -100,6 +116,12 @@ class _State:
     waited_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     gpu_s_while_waiting: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     busy_gpu_s: float = 0.0
+    queued_load: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    entitled_gpu_s_while_waiting: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    capacity: float = 0.0
+    idle_while_waiting_gpu_s: float = 0.0
+    waiting_s: float = 0.0
+    """How long some job waited (the time fragmentation is measured over)."""
     history: RunTimes = field(default_factory=lambda: RunTimes())
 
 
@@ -119,7 +141,7 @@ def simulate(
     capacity = hosts * gpus_per_host
     runnable = [j for j in jobs if j.gpus <= capacity]
     host_list = [HostCapacity(f"h{i:03d}", [1.0] * gpus_per_host) for i in range(hosts)]
-    state = _State(hosts=host_list, by_name={h.name: h for h in host_list})
+    state = _State(hosts=host_list, by_name={h.name: h for h in host_list}, capacity=float(capacity))
     by_id = {j.id: j for j in runnable}
     arrivals = list(runnable)
     arrivals.reverse()
@@ -148,13 +170,14 @@ def simulate(
                 job.user,
                 1,
                 job.gpus,
-                1.0,
+                job.fraction,
                 job.submit,
                 limit_s=job.duration if oracle else None,
                 estimate_s=state.history.estimate(job.user),
                 typical_s=state.history.typical(job.user),
             )
             state.waiting[job.user] += 1
+            state.queued_load[job.user] += job.gpus * job.fraction
         started = time.perf_counter()
         decision = schedule(
             state.queued.values(),
@@ -176,16 +199,25 @@ def _advance(state: _State, start: float, end: float) -> None:
     if not math.isfinite(end) or end <= start:
         return
     span = end - start
-    state.busy_gpu_s += span * sum(r.gpu_load for r in state.running.values())
+    load = sum(r.gpu_load for r in state.running.values())
+    state.busy_gpu_s += span * load
+    if not state.queued:
+        return
+    state.waiting_s += span
+    state.idle_while_waiting_gpu_s += span * sum(max(0.0, f) for h in state.hosts for f in h.free)
+    demand = {u: state.held[u] + state.queued_load[u] for u in set(state.held) | set(state.queued_load)}
+    fair = water_fill({u: d for u, d in demand.items() if d > 1e-9}, state.capacity)
     for user, count in state.waiting.items():
         if count:
             state.waited_s[user] += span
             state.gpu_s_while_waiting[user] += span * state.held[user]
+            state.entitled_gpu_s_while_waiting[user] += span * fair.get(user, 0.0)
 
 
 def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> None:
     queued = state.queued.pop(job.id)
     state.waiting[job.user] -= 1
+    state.queued_load[job.user] -= job.gpus * queued.fraction
     job.start = now
     for host, indices in slots:
         for i in indices:
@@ -201,7 +233,7 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             limit_s=job.duration if oracle else None,
             estimate_s=queued.estimate_s,
         )
-    state.held[job.user] += job.gpus
+    state.held[job.user] += job.gpus * queued.fraction
 
 
 def _finish(state: _State, job_id: int, now: float, half_life_s: float) -> None:
@@ -250,6 +282,14 @@ def _metrics(
 ) -> dict[str, Any]:
     jct = [finished[j.id] - j.submit for j in jobs]
     wait = [(j.start or 0.0) - j.submit for j in jobs]
+    waits: dict[str, list[float]] = defaultdict(list)
+    for j in jobs:
+        waits[j.user].append((j.start or 0.0) - j.submit)
+
+    def while_waiting(gpu_s: dict[str, float], user: str) -> float:
+        waited = state.waited_s.get(user, 0.0)
+        return round(gpu_s.get(user, 0.0) / waited, 3) if waited else 0.0
+
     first = min((j.submit for j in jobs), default=0.0)
     makespan = max(finished.values(), default=first) - first
     shares = [state.gpu_s_while_waiting[u] / t for u, t in state.waited_s.items() if t > 0]
@@ -265,7 +305,32 @@ def _metrics(
         "max_wait_s": round(max(wait, default=0.0), 1),
         "makespan_s": round(makespan, 1),
         "utilization": round(state.busy_gpu_s / (capacity * makespan), 4) if makespan else 0.0,
+        "fragmentation": round(state.idle_while_waiting_gpu_s / (capacity * state.waiting_s), 4)
+        if state.waiting_s
+        else 0.0,
+        "shared_jobs": sum(1 for j in jobs if j.fraction < 1),
         "jain_fairness": round(jain, 4),
         "avg_pass_ms": round(sum(pass_ms) / len(pass_ms), 3) if pass_ms else 0.0,
         "max_pass_ms": round(max(pass_ms, default=0.0), 3),
+        "per_user": {
+            user: {
+                "jobs": len(waits[user]),
+                "p95_wait_s": round(_percentile(waits[user], 0.95), 1),
+                "p99_wait_s": round(_percentile(waits[user], 0.99), 1),
+                "gpus_while_waiting": while_waiting(state.gpu_s_while_waiting, user),
+                "entitled_while_waiting": while_waiting(state.entitled_gpu_s_while_waiting, user),
+            }
+            for user in sorted(waits)
+        },
     }
+
+
+def water_fill(demand: dict[str, float], capacity: float) -> dict[str, float]:
+    """Each user's max-min fair number of GPUs, with equal shares: the capacity split
+    equally, nobody entitled to more than they can use (running plus waiting), what they
+    leave split among the others."""
+    left, users, entitled = capacity, sorted(demand, key=lambda u: demand[u]), {}
+    for i, user in enumerate(users):
+        entitled[user] = min(demand[user], left / (len(users) - i))
+        left -= entitled[user]
+    return entitled
