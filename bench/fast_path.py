@@ -91,26 +91,36 @@ class Lab:
         self.settings = settings_in(self.workdir, self.url, "redis://unused")
         self.stack: Stack | None = None
 
-    def start(self) -> None:
+    def start(self, prepare: Callable[[str], Any] | None = None, worker: bool = True) -> Any:
+        """Start the stack (`worker=False`: the API alone) on a database that `prepare(url)`
+        may fill first; returns what `prepare` returned."""
         self.redis.start()
         upgrade_database(self.url)
+        prepared = prepare(self.url) if prepare is not None else None
         self.settings = settings_in(self.workdir, self.url, self.redis.url)
         self.db = Database(self.url)
         with self.db.write() as session:
             token = create_token(session, "bench")[1]
         self.stack = Stack(self.settings, self.workdir)
         self.stack.start_api()
-        self.stack.start_scheduler()
-        self.stack.start_worker("fast", 1, **self.worker_env)
         self.client = self.stack.client(token)
-        wait_for(self._worker_ready, 120, "the worker to register")
-        time.sleep(8.0)  # its warm trainer imports TensorFlow
+        if worker:
+            self.stack.start_scheduler()
+            self.stack.start_worker("fast", 1, **self.worker_env)
+            wait_for(self._worker_ready, 180, "the worker to register and warm its trainers", 0.5)
+        return prepared
 
     def _worker_ready(self) -> bool:
-        return any(w["state"] == "up" for w in self.client.get("/api/workers").json())
+        pool = int(str(self.worker_env.get("trainer_pool", 1)))
+        return any(
+            w["state"] == "up" and w["info"].get("warm_trainers", 0) >= pool
+            for w in self.client.get("/api/workers").json()
+        )
 
     def stop(self) -> None:
         if self.stack is not None:
+            if hasattr(self, "client"):
+                self.client.close()
             self.stack.stop_all()
         self.redis.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -342,16 +352,8 @@ def scale(rows: int, repeats: int = 200) -> bool:
     print(f"== API at lab scale: {SCALE_JOBS:,} jobs, {rows:,} metric rows, SQLite ==", flush=True)
     lab = Lab()
     try:
-        lab.redis.start()
-        upgrade_database(lab.url)
-        long_job = seed(lab.url, rows)
-        lab.settings = settings_in(lab.workdir, lab.url, lab.redis.url)
-        lab.db = Database(lab.url)
-        with lab.db.write() as session:
-            token = create_token(session, "bench")[1]
-        lab.stack = Stack(lab.settings, lab.workdir)
-        lab.stack.start_api()
-        client = lab.stack.client(token)
+        long_job = lab.start(lambda url: seed(url, rows), worker=False)
+        client = lab.client
         pages = {
             "GET /api/jobs": "/api/jobs",
             "GET /api/jobs?state=running": "/api/jobs?state=running",
@@ -377,7 +379,6 @@ def scale(rows: int, repeats: int = 200) -> bool:
         full = f"/api/jobs/{long_job}/metrics?split=train&limit=20000"
         full_p50 = statistics.median(timed(client, full, 10)) * 1000
         print(f"  control: the first 20,000 rows of it at full resolution, p50 {full_p50:6.1f} ms")
-        client.close()
         return ok and p99 <= 100
     finally:
         lab.stop()

@@ -11,6 +11,10 @@ estimates, and prints every metric of each policy with its ratio to `fifo` and t
 So that the policy is not judged on this one file only, the same comparison runs on
 bootstrapped traces (same arrival times, jobs drawn with replacement from the file; ten
 seeds), unless `--quick`, and says on how many of them both bars are met.
+
+Per user (the ten heaviest by GPU-time, on the file): p95 and p99 wait under towerq and
+fit-first, and the GPUs each held while they had work waiting against what max-min fair
+sharing entitled them to then (`entitled_while_waiting`).
 Usage: `python bench/scheduler_trace.py [--trace FILE] [--quick]`.
 """
 
@@ -98,6 +102,27 @@ def bootstrap(jobs: list[TraceJob], seed: int) -> list[TraceJob]:
     ]
 
 
+def print_users(jobs: list[TraceJob], results: dict[str, dict]) -> None:
+    gpu_s: dict[str, float] = {}
+    for j in jobs:
+        gpu_s[j.user] = gpu_s.get(j.user, 0.0) + j.gpus * j.duration
+    heaviest = sorted(gpu_s, key=lambda u: -gpu_s[u])[:10]
+    towerq, fit_first = results["towerq"]["per_user"], results["fit-first"]["per_user"]
+    print("\nper user (ten heaviest by GPU-time): waits in hours; GPUs held / entitled while they had work waiting")
+    print(
+        f"{'user':<8} {'jobs':>5} {'towerq p95':>11} {'p99':>7} {'fit-first p95':>14} {'p99':>7}"
+        f" {'towerq held/entitled':>21} {'fit-first held/entitled':>24}"
+    )
+    for user in heaviest:
+        t, f = towerq[user], fit_first[user]
+        print(
+            f"{user[:8]:<8} {t['jobs']:>5} {t['p95_wait_s'] / 3600:>11.1f} {t['p99_wait_s'] / 3600:>7.1f}"
+            f" {f['p95_wait_s'] / 3600:>14.1f} {f['p99_wait_s'] / 3600:>7.1f}"
+            f" {t['gpus_while_waiting']:>10.1f} / {t['entitled_while_waiting']:<8.1f}"
+            f" {f['gpus_while_waiting']:>12.1f} / {f['entitled_while_waiting']:<8.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -118,6 +143,7 @@ def main() -> None:
         f"one pass, {len(jobs)} queued on {HOSTS * GPUS_PER_HOST} busy GPUs: {plain:.1f} ms without reasons, "
         f"{explained:.1f} ms with every job's reason (bar <= 20 ms: {verdict})"
     )
+    print_users(jobs, results)
     if args.quick:
         return
     print("\nbootstrapped traces (same arrivals, jobs drawn with replacement):")

@@ -21,9 +21,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.models import Allocation, Gpu, Host, Job, User
-from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import FairShareTerms
-from service.scheduler.snapshot import read_cluster, read_fair_share, read_queued
+from service.scheduler.snapshot import live_inputs
 
 BY = ("user", "host")
 
@@ -115,12 +114,8 @@ def fair_share_report(
     session: Session, half_life_s: float, default_limit: int | None, now: datetime
 ) -> list[FairShareRow]:
     """Every user with usage or jobs, as the policy would rank them in a pass now."""
-    ledger = UsageLedger(half_life_s)
-    usage = ledger.usage(session, now)
-    queued, _ = read_queued(session)
-    cluster, _ = read_cluster(session)
-    fair_share = read_fair_share(session, usage, default_limit)
-    ledger.history.annotate(queued, cluster.running)
+    queued, cluster, fair_share, _ = live_inputs(session, half_life_s, default_limit, now)
+    usage = fair_share.usage
     present = {job.user for job in queued} | {job.user for job in cluster.running}
     terms = FairShareTerms(fair_share, cluster.running, {job.user for job in queued}, now.timestamp())
     running: dict[str, float] = defaultdict(float)

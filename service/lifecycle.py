@@ -76,6 +76,8 @@ def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fr
     job.queue_position = None
     job.pending_reason = None
     job.reserved_start_at = None
+    job.expected_start_at = None
+    job.expected_host = None
     indices = ",".join(str(gpu.index) for gpu in gpus)
     record_state(session, job, JobState.DISPATCHED, f"GPUs {indices} on {host_name}")
 

@@ -201,6 +201,9 @@ class Job(Base):
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
     pending_reason: Mapped[str | None] = mapped_column(Text, default=None)
     reserved_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    expected_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    """When the scheduler's forward replay expects it to start (`service.scheduler.forecast`)."""
+    expected_host: Mapped[str | None] = mapped_column(String(128), default=None)
 
     # What the current (or last) attempt saw and did.
     host_name: Mapped[str | None] = mapped_column(String(128), default=None)

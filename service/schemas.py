@@ -66,6 +66,10 @@ class JobOut(Out):
     queue_position: int | None
     pending_reason: str | None
     reserved_start_at: datetime | None
+    expected_start_at: datetime | None = Field(
+        default=None, description="queued: when the scheduler's forward replay expects it to start"
+    )
+    expected_host: str | None = None
     error: str | None
     exit_code: int | None
     step: int | None
@@ -224,3 +228,16 @@ class TimelineOut(BaseModel):
     now: datetime
     allocations: list[HeldOut]
     queue: list[QueueSampleOut]
+
+
+class DryRunOut(BaseModel):
+    """`POST /api/jobs?dry_run=true`: nothing stored; when the job would likely start."""
+
+    dry_run: bool
+    starts_now: bool
+    expected_start_at: datetime | None
+    """None: not within the forecast's reach (a host down, a queue too long, a month out)."""
+    expected_host: str | None
+    queue_position: int | None
+    reason: str | None
+    """Why it would wait, as the queue would say."""

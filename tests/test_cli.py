@@ -230,6 +230,15 @@ def test_usage_and_fair_share_print_what_the_api_counts(
     bad = towerq(home, "usage", "--since", "last tuesday")
     assert bad.returncode == 2 and "--since 'last tuesday'" in bad.stderr, bad.stderr
 
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": "mlp", "dataset": "digits", "gpu_count": 2}))
+    dry = towerq(home, "submit", str(spec), "--dry-run")
+    assert dry.returncode == 0 and "nothing submitted: it would start now on lab-a" in dry.stdout, dry.stdout
+    waits = towerq(home, "submit", str(spec), "--dry-run", "--set", "gpu_count=4", "-o", "json")
+    answer = json.loads(waits.stdout)
+    assert answer["starts_now"] is False and answer["queue_position"] == 1  # bob holds GPU 2
+    assert json.loads(towerq(home, "jobs", "-o", "json").stdout)["total"] == 2  # alice's and bob's runs only
+
     fair = towerq(home, "fair-share")
     assert fair.returncode == 0, fair.stderr
     rows = {line.split()[0]: line.split() for line in fair.stdout.splitlines()[2:]}

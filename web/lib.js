@@ -205,3 +205,13 @@ export function dataTable(columns, rows, { caption, tableClass, attrs = () => ({
   fill(rows);
   return { table, fill };
 }
+
+// "~14:05 on lab-a (in 12 min)": a queued job's start as the scheduler's replay expects it.
+export function expectedStart(job) {
+  const at = new Date(job.expected_start_at);
+  const sameDay = at.toDateString() === new Date().toDateString();
+  const clock = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const day = sameDay ? "" : `${at.toLocaleDateString([], { month: "short", day: "numeric" })} `;
+  const seconds = Math.max(0, (at.getTime() - Date.now()) / 1000);
+  return `~${day}${clock} on ${job.expected_host || "?"} (in ${duration(seconds)})`;
+}

@@ -69,6 +69,10 @@ def add_commands(commands: Any) -> None:
         metavar="PATH",
         help="upload a .py file or a folder as the job's code bundle (model: module:function in it)",
     )
+    submit.add_argument(
+        "--dry-run", action="store_true", help="submit nothing: check the spec and say when it would start"
+    )
+    submit.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
     submit.set_defaults(run=run_submit)
 
     jobs = command("jobs", "list jobs, newest first", read=True)
@@ -259,6 +263,14 @@ def run_submit(args: argparse.Namespace) -> int:
     for assignment in args.set:
         set_field(spec, assignment)
     api = Api(args)
+    if args.dry_run:
+        if args.code is not None:
+            raise UsageError("--dry-run does not upload --code: check the spec without it, or submit")
+        answer = api.call("POST", "/api/jobs", params={"dry_run": "true"}, json=spec)
+        if args.output_format == "json":
+            return _json(answer)
+        print(f"dry run, nothing submitted: {dry_run_line(answer)}")
+        return 0
     if args.code is not None:
         spec["code"] = upload_code(api, args.code)
     job = api.client.submit(spec)
@@ -348,6 +360,8 @@ def run_jobs(args: argparse.Namespace) -> int:
         )
         step = f"{job['step'] or 0}/{job['total_steps']}"
         extra = f"  — {job['pending_reason']}" if job["state"] == "queued" and job["pending_reason"] else ""
+        if job["state"] == "queued" and job.get("expected_start_at"):
+            extra += f"; starts {_expected(job)}"
         user = job["user"][:12]
         print(f"{job['id']:>5}  {job['state']:<10} {user:<12} {where[:14]:<14} {step:>12}  {job['name']}{extra}")
     print(f"({len(page['items'])} of {page['total']})")
@@ -411,12 +425,13 @@ def run_queue(args: argparse.Namespace) -> int:
     waiting = sorted(page["items"], key=lambda job: (job["queue_position"] or 1e9, job["id"]))
     if args.output_format == "json":
         return _json(waiting)
-    print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  WHY")
+    print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  {'STARTS':<22} WHY")
     for job in waiting:
         waited = _age(job["created_at"])
+        starts = _expected(job) if job.get("expected_start_at") else "-"
         print(
             f"{job['queue_position'] or '-':>4} {job['id']:>6}  {job['user'][:12]:<12} {job['priority']:<8} "
-            f"{job['gpu_count']:>4}  {waited:>8}  {job['pending_reason'] or ''}"
+            f"{job['gpu_count']:>4}  {waited:>8}  {starts:<22} {job['pending_reason'] or ''}"
         )
     print(f"({len(waiting)} waiting)")
     return 0
@@ -485,6 +500,27 @@ def run_fair_share(args: argparse.Namespace) -> int:
             f"{row['queued_jobs']:>7} {part(row['owed']):>6} {part(row['used']):>6} {part(row['term']):>6}"
         )
     return 0
+
+
+def dry_run_line(answer: dict[str, Any]) -> str:
+    if answer["starts_now"]:
+        return f"it would start now on {answer['expected_host']}"
+    where = f"#{answer['queue_position']} in the queue" if answer["queue_position"] else "queued"
+    why = f" ({answer['reason']})" if answer["reason"] else ""
+    if answer["expected_start_at"] is None:
+        return f"it would wait, {where}{why}; no estimate of its start (nothing known frees room for it)"
+    return f"it would wait, {where}{why}; starts {_expected(answer)}"
+
+
+def _expected(job: dict[str, Any]) -> str:
+    """`~14:05 on lab-a` (local time; with the date when not today), from the scheduler's replay."""
+    from datetime import datetime
+
+    when = datetime.fromisoformat(job["expected_start_at"]).astimezone()
+    clock = (
+        when.strftime("%H:%M") if when.date() == datetime.now().astimezone().date() else when.strftime("%b %d %H:%M")
+    )
+    return f"~{clock} on {job.get('expected_host') or '?'}"
 
 
 def _age(iso: str) -> str:

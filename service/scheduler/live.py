@@ -25,12 +25,14 @@ from service import defaults, keys, launches
 from service.context import Context
 from service.lifecycle import dispatch, request_preemption
 from service.models import Job, JobState, utcnow
+from service.scheduler.dryrun import policy_config
 from service.scheduler.explain import describe, describe_reserved
+from service.scheduler.forecast import Forecast, forecast
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
 from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
-from service.scheduler.types import Decision, Policy, PolicyConfig, QueuedJob
+from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from service.sweeps import held_by_sweeps
 
 log = logging.getLogger(__name__)
@@ -53,15 +55,9 @@ class LiveScheduler:
 
     def __init__(self, ctx: Context, policy: Policy = Policy.TOWERQ) -> None:
         self.ctx = ctx
-        s = ctx.settings
-        self.config = PolicyConfig(
-            policy=policy,
-            aging_s=s.aging_s,
-            reserve_after_s=s.reserve_after_s,
-            max_reservations=s.max_reservations,
-            preemption=s.preemption,
-        )
-        self.ledger = UsageLedger(s.fair_share_half_life_s)
+        self.config = policy_config(ctx.settings)
+        self.config.policy = policy
+        self.ledger = UsageLedger(ctx.settings.fair_share_half_life_s)
         self.pending_written_at = -math.inf
 
     def run_pass(self, blocking_timeout: float = 10.0) -> PassReport | None:
@@ -98,7 +94,7 @@ class LiveScheduler:
                 self._serialize(session)
                 self._commit(session, decision, {q.id: q for q in queued}, report)
         started_ids = {job_id for job_id, *_ in report.placed}
-        self._write_pending(decision, stored, now.timestamp(), started_ids)
+        self._write_pending(decision, stored, now.timestamp(), started_ids, (queued, cluster, fair_share))
         self._write_held(held, stored)
         for job_id, attempt, host in report.repairs.resend:
             log.warning(
@@ -150,14 +146,23 @@ class LiveScheduler:
                 request_preemption(session, job, for_job)
                 report.preempted.append(victim)
 
-    def _write_pending(self, decision: Decision, stored: dict[int, Stored], now: float, started: set[int]) -> None:
-        """Queue positions, reasons and reservations, written (in their own transaction)
-        only where they changed."""
+    def _write_pending(
+        self,
+        decision: Decision,
+        stored: dict[int, Stored],
+        now: float,
+        started: set[int],
+        inputs: tuple[list[QueuedJob], Cluster, FairShare],
+    ) -> None:
+        """Queue positions, reasons, reservations and expected starts, written (in their own
+        transaction) only where they changed."""
         changes = []
         # A long queue's positions shift with every pass; rewriting them all at most once a
         # second keeps the one-writer database free for submissions. A job not yet given a
         # position gets one at once.
         refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
+        fresh = any(stored.get(p.job_id, (None,))[0] is None for p in decision.pending)
+        expected = self._forecast(decision, inputs, now) if refresh or fresh else {}
         for pending in decision.pending:
             if pending.job_id in started or not (refresh or stored.get(pending.job_id, (None,))[0] is None):
                 continue
@@ -166,13 +171,18 @@ class LiveScheduler:
             if reason is not None:
                 reason = describe_reserved(reason, reserved, now)
             start = datetime.fromtimestamp(reserved, UTC) if reserved is not None and math.isfinite(reserved) else None
-            if stored.get(pending.job_id) != (pending.position, reason, start):
+            guess = expected.get(pending.job_id)
+            expected_at = datetime.fromtimestamp(round(guess.start), UTC) if guess is not None else None
+            expected_host = guess.host if guess is not None else None
+            if stored.get(pending.job_id) != (pending.position, reason, start, expected_at, expected_host):
                 changes.append(
                     {
                         "id": pending.job_id,
                         "queue_position": pending.position,
                         "pending_reason": reason,
                         "reserved_start_at": start,
+                        "expected_start_at": expected_at,
+                        "expected_host": expected_host,
                     }
                 )
         if changes:
@@ -181,12 +191,31 @@ class LiveScheduler:
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
             self.pending_written_at = time.monotonic()
 
+    def _forecast(
+        self, decision: Decision, inputs: tuple[list[QueuedJob], Cluster, FairShare], now: float
+    ) -> dict[int, Forecast]:
+        """Expected starts of the waiting jobs: the policy replayed forward (in queue order,
+        those placed in this pass first, as the pass saw them)."""
+        queued, cluster, fair_share = inputs
+        by_id = {q.id: q for q in queued}
+        order = [p.job_id for p in decision.placements] + [
+            p.job_id for p in sorted(decision.pending, key=lambda p: p.position)
+        ]
+        return forecast([by_id[i] for i in order if i in by_id], cluster, fair_share, now, self.config)
+
     def _write_held(self, held: dict[int, str], stored: dict[int, Stored]) -> None:
         """Jobs their sweep's `max_parallel` keeps waiting: that is their reason."""
         changes = [
-            {"id": job_id, "queue_position": None, "pending_reason": reason, "reserved_start_at": None}
+            {
+                "id": job_id,
+                "queue_position": None,
+                "pending_reason": reason,
+                "reserved_start_at": None,
+                "expected_start_at": None,
+                "expected_host": None,
+            }
             for job_id, reason in held.items()
-            if stored.get(job_id) != (None, reason, None)
+            if stored.get(job_id) != (None, reason, None, None, None)
         ]
         if changes:
             with self.ctx.db.write() as session:

@@ -9,6 +9,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User
+from service.scheduler.history import RunTimes
+from service.scheduler.ledger import UsageLedger
 from service.scheduler.types import (
     PRIORITY_RANK,
     Cluster,
@@ -17,9 +19,11 @@ from service.scheduler.types import (
     QueuedJob,
     RunningJob,
 )
+from service.sweeps import held_by_sweeps
 
-Stored = tuple[int | None, str | None, datetime | None]
-"""What a queued job shows now: (queue_position, pending_reason, reserved_start_at)."""
+Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | None]
+"""What a queued job shows now: (queue_position, pending_reason, reserved_start_at,
+expected_start_at, expected_host)."""
 
 
 def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
@@ -37,6 +41,8 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
             Job.queue_position,
             Job.pending_reason,
             Job.reserved_start_at,
+            Job.expected_start_at,
+            Job.expected_host,
         )
         .join(User, Job.user_id == User.id)
         .where(Job.state == JobState.QUEUED)
@@ -56,7 +62,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
             )
         )
-        current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at)
+        current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at, r.expected_start_at, r.expected_host)
     return queued, current
 
 
@@ -154,3 +160,20 @@ def free_room(session: Session, wanted: set[tuple[str, int]]) -> dict[tuple[str,
         ).all()
     )
     return {key: (gpu, 1.0 - float(used.get(gpu.id, 0.0))) for key, gpu in gpus.items()}
+
+
+def live_inputs(
+    session: Session, half_life_s: float, default_limit: int | None, now: datetime
+) -> tuple[list[QueuedJob], Cluster, FairShare, RunTimes]:
+    """The policy's inputs as a pass would read them now, for a look from outside a pass
+    (the fair-share view, a dry run): a fresh usage ledger, the owners' run-time estimates
+    on every job, and the run times they came from. Jobs their sweep holds back are left
+    out, as the pass leaves them out."""
+    ledger = UsageLedger(half_life_s)
+    usage = ledger.usage(session, now)
+    queued, _ = read_queued(session)
+    held = held_by_sweeps(session, [q.id for q in queued])
+    queued = [q for q in queued if q.id not in held]
+    cluster, _ = read_cluster(session)
+    ledger.history.annotate(queued, cluster.running)
+    return queued, cluster, read_fair_share(session, usage, default_limit), ledger.history

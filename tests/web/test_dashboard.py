@@ -161,6 +161,17 @@ def test_a_bad_field_gets_its_error_next_to_it_and_nothing_is_stored(
     page.wait_for_function("document.getElementById('err-dataset_options').textContent.length > 0")
     assert "classes does not apply to dataset 'digits'" in error_of(page, "dataset_options").inner_text()
 
+    # "When would it start?": a dry run, nothing stored; then the same error a submit gets.
+    field(page, "dataset_options").fill("")
+    page.click("#estimate")
+    page.wait_for_function("document.getElementById('estimate-answer').textContent.length > 0")
+    assert "would start at once on lab-a" in page.locator("#estimate-answer").inner_text()
+    shot(page, "submit-estimate")
+    field(page, "dataset").fill("no-such-dataset")
+    page.click("#estimate")
+    page.wait_for_function("document.getElementById('err-dataset').textContent.length > 0")
+    assert page.locator("#estimate-answer").inner_text() == ""
+
     assert page.url.endswith("#/submit")
     assert stack.client(make_token("bob")).get("/api/jobs").json()["total"] == 0
 

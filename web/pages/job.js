@@ -8,6 +8,7 @@ import {
   duration,
   el,
   eta,
+  expectedStart,
   gpusOf,
   number,
   percent,
@@ -176,6 +177,7 @@ function summaryOf(job) {
   if (job.state === "queued") {
     const position = job.queue_position ? `#${job.queue_position}: ` : "";
     pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
+    if (job.expected_start_at) pairs.splice(2, 0, ["Expected start", expectedStart(job)]);
   }
   if (job.error) pairs.splice(1, 0, ["Error", el("span", { class: "error" }, job.error)]);
   return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { field: k } }, v)]);

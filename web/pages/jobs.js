@@ -1,5 +1,20 @@
 // Jobs: every job, newest first; filters in the address (shareable); live.
-import { age, api, badge, count, dataTable, el, gpusOf, number, percent, poll, problemLine, progress, stream } from "../lib.js";
+import {
+  age,
+  api,
+  badge,
+  count,
+  dataTable,
+  el,
+  expectedStart,
+  gpusOf,
+  number,
+  percent,
+  poll,
+  problemLine,
+  progress,
+  stream,
+} from "../lib.js";
 
 const PAGE = 50;
 const STATES = ["", "queued", "dispatched", "running", "succeeded", "failed", "cancelled"];
@@ -123,7 +138,11 @@ const COLUMNS = [
     class: "queue",
     cell: (job) =>
       job.state === "queued"
-        ? [job.queue_position ? el("strong", {}, `#${job.queue_position} `) : "", job.pending_reason || "waiting for the scheduler"]
+        ? [
+            job.queue_position ? el("strong", {}, `#${job.queue_position} `) : "",
+            job.pending_reason || "waiting for the scheduler",
+            job.expected_start_at ? el("span", { class: "expected" }, `; starts ${expectedStart(job)}`) : "",
+          ]
         : "",
   },
 ];

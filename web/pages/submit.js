@@ -2,7 +2,7 @@
 // API's validation errors appear next to the field they name. `?clone=ID` fills it in.
 // The form is three sections (what, hyperparameters, where and when); each builds its
 // fields, fills them from a spec, and reads them back into one.
-import { ApiError, api, el, toast } from "../lib.js";
+import { ApiError, api, el, expectedStart, toast } from "../lib.js";
 
 const HIDDEN_HYPERPARAMETERS = new Set(["model_options"]);
 
@@ -16,19 +16,30 @@ export async function render(main, params) {
     el("h1", {}, source ? `Submit (clone of job ${params.clone})` : "Submit a job"),
     errors.formError,
     ...sections.map((s) => s.node),
-    el("p", {}, el("button", { type: "submit", id: "submit" }, "Submit")),
+    el(
+      "p",
+      { class: "actions" },
+      el("button", { type: "submit", id: "submit" }, "Submit"),
+      " ",
+      el("button", { type: "button", id: "estimate", class: "quiet" }, "When would it start?"),
+    ),
+    el("p", { id: "estimate-answer", "aria-live": "polite" }),
   );
   main.replaceChildren(form);
   for (const section of sections) section.start?.();
   if (source) for (const section of sections) section.fill(source);
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    send(form, sections, errors);
+    send(form, sections, errors, false);
   });
+  form.querySelector("#estimate").addEventListener("click", () => send(form, sections, errors, true));
 }
 
-async function send(form, sections, errors) {
+// Submit the form's spec; with `dryRun`, store nothing and say when it would start.
+async function send(form, sections, errors, dryRun) {
   errors.clear();
+  const answerBox = form.querySelector("#estimate-answer");
+  answerBox.textContent = "";
   const spec = { hyperparameters: {} };
   try {
     for (const section of sections) section.read(spec);
@@ -36,11 +47,16 @@ async function send(form, sections, errors) {
     errors.show(error.field, error.message);
     return;
   }
-  const button = form.querySelector("#submit");
+  const button = form.querySelector(dryRun ? "#estimate" : "#submit");
   button.disabled = true;
   try {
     const file = spec.codeFile;
     delete spec.codeFile;
+    if (dryRun) {
+      const answer = await api("api/jobs?dry_run=true", { method: "POST", body: spec });
+      answerBox.textContent = estimateText(answer);
+      return;
+    }
     if (file) spec.code = await uploadCode(file, errors);
     if (spec.code === null) return;
     const job = await api("api/jobs", { method: "POST", body: spec });
@@ -55,6 +71,14 @@ async function send(form, sections, errors) {
   } finally {
     button.disabled = false;
   }
+}
+
+function estimateText(answer) {
+  if (answer.starts_now) return `Submitted now, it would start at once on ${answer.expected_host}.`;
+  const where = answer.queue_position ? `#${answer.queue_position} in the queue` : "queued";
+  const why = answer.reason ? ` (${answer.reason})` : "";
+  if (!answer.expected_start_at) return `It would wait, ${where}${why}; no estimate of when it would start.`;
+  return `It would wait, ${where}${why}, and likely start ${expectedStart(answer)}.`;
 }
 
 // A code bundle from the form's file field: its id, or null (the error shown at "code").

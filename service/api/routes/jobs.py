@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 from service import defaults
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.exceptions import ForbiddenError, SpecError, StateConflictError
-from service.jobs import get_job, job_detail, list_jobs, submit
+from service.jobs import check_submission, get_job, job_detail, list_jobs, submit
 from service.lifecycle import locked_job, request_cancel
 from service.models import JobState, LogLine, Metric
 from service.notify import kick_scheduler
-from service.schemas import JobDetailOut, JobPage, LogLineOut, MetricOut
+from service.scheduler.dryrun import estimate
+from service.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
 from worker.trainer.spec import JobSpec, Priority
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -37,8 +38,20 @@ def submit_job(
     inventory: InventoryDep,
     writer: WriterDep,
     idempotency_key: IdempotencyKey = None,
+    dry_run: Annotated[
+        bool, Query(description="store nothing: check the spec and say when it would start if submitted now")
+    ] = False,
 ) -> Response:
-    """Submit a training job; it starts queued. A repeated Idempotency-Key returns the first job."""
+    """Submit a training job; it starts queued. A repeated Idempotency-Key returns the first
+    job. With `dry_run=true` nothing is stored: the answer (200, `DryRunOut`) says whether it
+    would start now, or where it would stand in the queue and when and where it would
+    likely start (the scheduler's forward replay of the live queue)."""
+    if dry_run:
+        host = check_submission(caller, spec, settings, inventory)
+        with db.read() as session:
+            answer = estimate(session, settings, caller.name, spec, host)
+        body = DryRunOut(dry_run=True, **answer.__dict__).model_dump_json()
+        return Response(body, 200, media_type="application/json")
     detail, created = submit(db, caller, spec, settings, idempotency_key, inventory, writer)
     # Serialised once, by pydantic, instead of validated again by FastAPI.
     headers = {} if created else {"Idempotent-Replayed": "true"}

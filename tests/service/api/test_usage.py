@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from service.db import Database
 from service.models import Allocation, Gpu, Host, Job, JobState, User
@@ -19,6 +20,15 @@ T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 def hours(n: float) -> datetime:
     return T0 + timedelta(hours=n)
+
+
+def user_named(session: Session, name: str) -> User:
+    owner = session.scalar(select(User).where(User.name == name))
+    if owner is None:
+        owner = User(name=name)
+        session.add(owner)
+        session.flush()
+    return owner
 
 
 def add_run(
@@ -34,11 +44,7 @@ def add_run(
     """A job of `user` that waited from `submitted` to `start` and held GPUs until `end`
     (None: it still runs)."""
     with db.write() as session:
-        owner = session.scalar(select(User).where(User.name == user))
-        if owner is None:
-            owner = User(name=user)
-            session.add(owner)
-            session.flush()
+        owner = user_named(session, user)
         job = Job(
             name=f"{user}-run",
             user_id=owner.id,
@@ -157,11 +163,7 @@ def test_fair_share_shows_each_present_users_term_as_the_policy_ranks_them(lab: 
 
 def lab_user_queued(db: Database, user: str) -> None:
     with db.write() as session:
-        owner = session.scalar(select(User).where(User.name == user))
-        if owner is None:
-            owner = User(name=user)
-            session.add(owner)
-            session.flush()
+        owner = user_named(session, user)
         session.add(
             Job(
                 name=f"{user}-waiting",

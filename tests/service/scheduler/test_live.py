@@ -263,3 +263,33 @@ def test_concurrent_submits_finishes_and_passes_never_over_commit_a_gpu(
     print(counts, len(samples))
     assert counts.get(JobState.SUCCEEDED, 0) > 10, "the hammer must have scheduled and finished many jobs"
     assert over_committed(ctx) == {}
+
+
+def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_they_start(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """A job with a one-hour limit holds both GPUs: the queue is replayed forward from there."""
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    first = submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
+    LiveScheduler(ctx).run_pass()
+    second = submit_job(ctx, alice, gpu_count=2, time_limit_s=600)
+    third = submit_job(ctx, alice, gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.read() as session:
+        first_allocated = session.scalar(select(func.min(Allocation.created_at)).where(Allocation.job_id == first))
+    waiting = [job_row(ctx, second), job_row(ctx, third)]
+    assert [j.expected_host for j in waiting] == ["lab-a", "lab-a"]
+    assert waiting[0].expected_start_at is not None and waiting[1].expected_start_at is not None
+    assert first_allocated is not None
+    # the one-GPU job goes first (smaller gangs first among fresh jobs) and, with no limit
+    # and no history, is taken to run an hour; the two-GPU job starts after it
+    assert abs((waiting[1].expected_start_at - first_allocated).total_seconds() - 3600) < 2
+    assert abs((waiting[0].expected_start_at - first_allocated).total_seconds() - 7200) < 2
+    with ctx.db.write() as session:
+        job = session.get(Job, first)
+        assert job is not None
+        finish(session, first, job.attempts, JobState.SUCCEEDED)
+    LiveScheduler(ctx).run_pass()
+    started = job_row(ctx, third)  # first in line, as the replay said
+    assert started.state == JobState.DISPATCHED and started.expected_start_at is None

@@ -1,0 +1,79 @@
+"""`POST /api/jobs?dry_run=true`: when would this job start if it were submitted now?
+
+The job is not stored: it joins a copy of the live queue (as a pass would read it) and the
+policy is replayed forward (`forecast`), exactly as for the jobs already waiting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+from service.scheduler.explain import describe
+from service.scheduler.forecast import forecast
+from service.scheduler.policy import schedule
+from service.scheduler.snapshot import live_inputs
+from service.scheduler.types import PRIORITY_RANK, PolicyConfig, QueuedJob
+from service.settings import Settings
+from worker.trainer.spec import JobSpec
+
+CANDIDATE = -1
+"""The id the job under question carries in the replay (stored jobs' ids are positive)."""
+
+
+@dataclass
+class Estimate:
+    starts_now: bool
+    expected_start_at: datetime | None
+    expected_host: str | None
+    queue_position: int | None
+    """Where it would stand in the queue now (None: it would start at once)."""
+    reason: str | None
+    """Why it would wait, in the words the queue shows."""
+
+
+def policy_config(settings: Settings) -> PolicyConfig:
+    return PolicyConfig(
+        aging_s=settings.aging_s,
+        reserve_after_s=settings.reserve_after_s,
+        max_reservations=settings.max_reservations,
+        preemption=settings.preemption,
+    )
+
+
+def estimate(session: Session, settings: Settings, user: str, spec: JobSpec, host: str | None) -> Estimate:
+    now = datetime.now(UTC)
+    t = now.timestamp()
+    queued, cluster, fair_share, history = live_inputs(
+        session, settings.fair_share_half_life_s, settings.user_gpu_limit, now
+    )
+    candidate = QueuedJob(
+        CANDIDATE,
+        user,
+        PRIORITY_RANK[spec.priority.value],
+        spec.gpu_count or len(spec.gpus or ()) or 1,
+        spec.gpu_memory_fraction,
+        t,
+        host=host,
+        indices=tuple(spec.gpus) if spec.gpus else None,
+        limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
+    )
+    history.annotate([candidate], [])
+    config = policy_config(settings)
+    everyone = [*queued, candidate]
+    decision = schedule(everyone, cluster, fair_share, t, config)
+    by_id = {q.id: q for q in everyone}
+    order = [p.job_id for p in decision.placements] + [
+        p.job_id for p in sorted(decision.pending, key=lambda p: p.position)
+    ]
+    found = forecast([by_id[i] for i in order], cluster, fair_share, t, config).get(CANDIDATE)
+    pending = next((p for p in decision.pending if p.job_id == CANDIDATE), None)
+    starts_now = any(p.job_id == CANDIDATE for p in decision.placements)
+    return Estimate(
+        starts_now=starts_now,
+        expected_start_at=datetime.fromtimestamp(round(found.start), UTC) if found is not None else None,
+        expected_host=found.host if found is not None else None,
+        queue_position=pending.position if pending is not None else None,
+        reason=describe(pending.reason, t) if pending is not None and pending.reason is not None else None,
+    )

@@ -1,0 +1,88 @@
+"""When will it start? The policy replayed forward from the live state.
+
+The live scheduler, `POST /api/jobs?dry_run=true` and the trace simulator's estimate of
+each arrival all call `forecast`: the same `schedule` function the passes call, run on a
+copy of the queue and the cluster on a virtual clock. Running jobs end when they are
+expected to (`capacity.expected_end`: time limit, else the owner's usual run time, else as
+long again as they have run so far); a job the replay starts runs for its time limit, else
+its owner's median run time, else `DEFAULT_RUN_S`. Nothing new arrives, nobody cancels,
+usage is held where it is now: an estimate, refreshed by every pass, never a promise.
+
+Cost is bounded: only the first `FORECAST_JOBS` waiting jobs (in queue order) are replayed,
+over at most `MAX_EVENTS` job ends and `HORIZON_S` ahead; the rest get no estimate.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from service.scheduler.capacity import expected_end
+from service.scheduler.policy import DEFAULT_RUN_S, schedule
+from service.scheduler.types import Cluster, FairShare, HostCapacity, PolicyConfig, QueuedJob, RunningJob
+
+FORECAST_JOBS = 200
+MAX_EVENTS = 1000
+HORIZON_S = 30 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    start: float
+    host: str
+
+
+def run_time(job: QueuedJob) -> float:
+    """How long a job the replay starts is taken to run."""
+    for known in (job.limit_s, job.typical_s, job.estimate_s):
+        if known is not None:
+            return known
+    return DEFAULT_RUN_S
+
+
+def forecast(
+    queued: Iterable[QueuedJob],
+    cluster: Cluster,
+    fair_share: FairShare,
+    now: float,
+    config: PolicyConfig,
+) -> dict[int, Forecast]:
+    """Expected (start, host) of each of `queued` (taken in the order given, at most
+    `FORECAST_JOBS`) that starts within the horizon; jobs starting at `now` included."""
+    queue = {job.id: job for job in list(queued)[:FORECAST_JOBS]}
+    hosts = [HostCapacity(h.name, list(h.free), h.unusable) for h in cluster.hosts]
+    by_name = {h.name: h for h in hosts}
+    running = [copy.copy(r) for r in cluster.running]
+    ends: list[tuple[float, int, RunningJob]] = []
+    for n, run in enumerate(running):
+        heapq.heappush(ends, (expected_end(run, now), n, run))
+    replay = replace(config, explain=False, preemption=False)
+    found: dict[int, Forecast] = {}
+    clock, events, counter = now, 0, len(running)
+    while queue and events <= MAX_EVENTS and clock <= now + HORIZON_S:
+        decision = schedule(queue.values(), Cluster(hosts, running), fair_share, clock, replay)
+        for placement in decision.placements:
+            job = queue.pop(placement.job_id)
+            found[job.id] = Forecast(clock, placement.host)
+            for host, indices in placement.slots:
+                for i in indices:
+                    by_name[host].free[i] -= job.fraction
+                started = RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s)
+                started.estimate_s = run_time(job)
+                running.append(started)
+                counter += 1
+                heapq.heappush(ends, (clock + run_time(job), counter, started))
+        if not ends:
+            break  # nothing will free up: the rest cannot start (a host down, too large)
+        clock = max(clock, ends[0][0])
+        while ends and ends[0][0] <= clock:
+            _, _, done = heapq.heappop(ends)
+            running.remove(done)
+            host_free = by_name.get(done.host)
+            for i in done.indices:
+                if host_free is not None and i < len(host_free.free) and i not in host_free.unusable:
+                    host_free.free[i] = min(1.0, host_free.free[i] + done.fraction)
+            events += 1
+    return found

@@ -1,0 +1,48 @@
+"""Expected start times: the policy replayed forward from the live state."""
+
+from __future__ import annotations
+
+from service.scheduler.forecast import DEFAULT_RUN_S, Forecast, forecast
+from service.scheduler.policy import schedule
+from service.scheduler.types import Cluster, FairShare, PolicyConfig
+from tests.service.scheduler.test_policy import NOW, cluster, job, running
+
+
+def test_a_job_waits_for_the_running_job_that_ends_first_then_the_next_for_it() -> None:
+    busy = [running(100, "lab-a", (0,), limit_s=150.0), running(101, "lab-a", (1,), limit_s=1000.0)]
+    first, second = job(1, typical_s=60.0), job(2)
+    found = forecast([first, second], cluster(2, running=busy), FairShare(), NOW, PolicyConfig())
+    # job 100 started 50 s ago with a 150 s limit: GPU 0 frees at NOW + 100
+    assert found[1] == Forecast(NOW + 100, "lab-a")
+    assert found[2] == Forecast(NOW + 160, "lab-a")  # after job 1's typical 60 s
+
+
+def test_a_job_that_fits_now_starts_now_as_the_pass_would_place_it() -> None:
+    c = cluster(2, 4, running=[running(100, "lab-a", (0, 1), limit_s=100.0)])
+    queued = [job(1, gpus=2), job(2, gpus=4), job(3, gpus=2)]
+    found = forecast(queued, c, FairShare(), NOW, PolicyConfig())
+    placed = {p.job_id: p.host for p in schedule(queued, c, FairShare(), NOW, PolicyConfig()).placements}
+    assert {j: f.host for j, f in found.items() if f.start == NOW} == placed
+    assert all(f.start >= NOW for f in found.values()) and set(found) == {1, 2, 3}
+
+
+def test_without_limits_or_history_a_job_is_taken_to_run_the_default_time() -> None:
+    busy = [running(100, "lab-a", (0,))]  # no limit, no history: as long again as so far (50 s), at least a minute
+    found = forecast([job(1), job(2)], cluster(1, running=busy), FairShare(), NOW, PolicyConfig())
+    assert found[1].start == NOW + 60
+    assert found[2].start == NOW + 60 + DEFAULT_RUN_S
+
+
+def test_a_job_for_a_host_that_is_not_there_gets_no_estimate() -> None:
+    found = forecast([job(1, host="lab-z")], cluster(1), FairShare(), NOW, PolicyConfig())
+    assert found == {}
+
+
+def test_only_the_first_jobs_are_replayed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import service.scheduler.forecast as module
+
+    monkeypatch.setattr(module, "FORECAST_JOBS", 3)
+    queued = [job(i, typical_s=10.0) for i in range(1, 8)]
+    found = forecast(queued, Cluster(cluster(1).hosts), FairShare(), NOW, PolicyConfig())
+    assert set(found) == {1, 2, 3}
+    assert [found[i].start for i in (1, 2, 3)] == [NOW, NOW + 10, NOW + 20]
