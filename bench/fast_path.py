@@ -284,6 +284,7 @@ def seed(url: str, rows: int) -> int:
     steps, the rest spread over the others. Returns the long job's id."""
     from sqlalchemy import insert
 
+    from service import rollups
     from service.models import User
 
     db = Database(url)
@@ -292,7 +293,7 @@ def seed(url: str, rows: int) -> int:
     spec = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 500}}
     with db.write() as session:
         session.execute(insert(User), [{"name": name} for name in USERS])
-        user_ids = dict(session.execute(select(User.name, User.id)).tuples().all())
+        user_ids = {name: user_id for name, user_id in session.execute(select(User.name, User.id))}
         session.execute(
             insert(Job),
             [
@@ -328,10 +329,12 @@ def seed(url: str, rows: int) -> int:
         if len(batch) == 50_000:
             with db.write() as session:
                 session.execute(insert(Metric), batch)
+                rollups.fold(session, batch)  # as the relay does when it writes rows
             written += len(batch)
             batch = []
     with db.write() as session:
         session.execute(insert(Metric), batch)
+        rollups.fold(session, batch)
     written += len(batch)
     db.engine.dispose()
     print(f"  seeded {SCALE_JOBS:,} jobs and {written:,} metric rows in {time.perf_counter() - started:.0f} s")

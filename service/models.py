@@ -292,6 +292,21 @@ class Metric(Base):
     time: Mapped[datetime] = mapped_column()
 
 
+class MetricRollup(Base):
+    """One bucket of `service.rollups.ROLLUP_STEPS` steps of a job's series: the steps of
+    its lowest and highest loss (kept as rows are written; charts of long jobs read these)."""
+
+    __tablename__ = "metric_rollups"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    split: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    min_step: Mapped[int] = mapped_column(Integer)
+    min_loss: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(Integer)
+    max_loss: Mapped[float] = mapped_column(Float)
+
+
 class LogLine(Base):
     __tablename__ = "log_lines"
     __table_args__ = (Index("ix_log_lines_job", "job_id", "id"),)

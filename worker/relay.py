@@ -22,7 +22,7 @@ import redis
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from service import defaults, joblog, keys
+from service import defaults, joblog, keys, rollups
 from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
@@ -199,6 +199,7 @@ class MetricSink:
             job = current_attempt(session, self.job_id, self.attempt)
             if metrics:
                 session.execute(insert_ignoring_duplicates(session, Metric), metrics)
+                rollups.fold(session, metrics)
             if logs:
                 session.execute(insert(LogLine), logs)
             for field, value in latest.items():
@@ -217,6 +218,7 @@ class MetricSink:
         with self.ctx.db.write() as session:
             current_attempt(session, self.job_id, self.attempt)
             session.execute(delete(Metric).where(Metric.job_id == self.job_id, Metric.step > step))
+            rollups.forget_after(session, self.job_id, step)
 
     def resume(self, step: int, metrics_log: Path) -> None:
         """An attempt resumed from the checkpoint of `step`: the points after it go (they

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -122,6 +123,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.inventory = HostInventory(app.state.context.db)
         app.state.writer = SubmissionWriter(app.state.context.db)
         recorder = asyncio.create_task(record_token_use(app.state.tokens, app.state.context))
+        # Everything loaded so far lives as long as the process: keep it out of the garbage
+        # collector's full passes, which otherwise walk it all in the middle of requests.
+        gc.freeze()
         try:
             yield
         finally:

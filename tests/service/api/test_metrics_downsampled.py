@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import insert
+import pytest
+from sqlalchemy import func, insert, select
 
+from service import rollups
 from service.db import Database
-from service.models import Metric
+from service.models import Metric, MetricRollup
 from tests.service.api.conftest import Api
 
 STEPS = 20_000
 
 
-def test_a_long_series_is_down_sampled_keeping_its_extremes(alice: Api, db: Database) -> None:
+@pytest.mark.parametrize("rolled_up", [True, False], ids=["rollups", "window-query"])
+def test_a_long_series_is_down_sampled_keeping_its_extremes(alice: Api, db: Database, rolled_up: bool) -> None:
+    """From the rollups the relay keeps as it writes rows, or (rows written without them)
+    by a window query over the rows: the same extremes survive either way."""
     job_id = alice.post("/api/jobs", json={"model": "mlp", "dataset": "digits", "gpus": [0]}).json()["id"]
     now = datetime.now(UTC)
     rows = []
@@ -31,6 +36,8 @@ def test_a_long_series_is_down_sampled_keeping_its_extremes(alice: Api, db: Data
     ]
     with db.write() as session:
         session.execute(insert(Metric), rows)
+        if rolled_up:
+            rollups.fold(session, rows)
 
     full = alice.get(f"/api/jobs/{job_id}/metrics", params={"split": "train", "limit": 100_000}).json()
     assert len(full) == STEPS
@@ -48,3 +55,26 @@ def test_a_long_series_is_down_sampled_keeping_its_extremes(alice: Api, db: Data
         params={"split": "train", "points": 2000, "after_step": 11_999, "until_step": 12_999},
     ).json()
     assert [row["step"] for row in zoomed] == list(range(12_000, 13_000))
+
+
+def test_a_resumed_attempt_drops_the_rollups_after_its_checkpoint_and_rebuilds_the_cut_bucket(
+    alice: Api, db: Database
+) -> None:
+    job_id = alice.post("/api/jobs", json={"model": "mlp", "dataset": "digits", "gpus": [0]}).json()["id"]
+    now = datetime.now(UTC)
+    rows = [
+        {"job_id": job_id, "attempt": 1, "step": s, "split": "train", "loss": float(s % 97), "time": now}
+        for s in range(1, 1001)
+    ]
+    with db.write() as session:
+        session.execute(insert(Metric), rows)
+        rollups.fold(session, rows)
+        session.execute(Metric.__table__.delete().where(Metric.step > 700))
+        rollups.forget_after(session, job_id, 700)
+    with db.read() as session:
+        kept = {r.bucket: r for r in session.scalars(select(MetricRollup).where(MetricRollup.job_id == job_id))}
+        assert max(kept) == 700 // rollups.ROLLUP_STEPS
+        cut = kept[700 // rollups.ROLLUP_STEPS]
+        steps = range(cut.bucket * rollups.ROLLUP_STEPS, 701)
+        assert cut.max_loss == max(float(s % 97) for s in steps) and cut.max_step <= 700
+        assert session.scalar(select(func.count()).select_from(MetricRollup)) == len(kept)
