@@ -18,8 +18,8 @@ Policies:
     users', and the owed part their share among present users. A user who used nothing
     lately gets 0, one who used exactly their share 1/2. A job started in the pass adds
     its expected use to its owner at once, so users interleave within a pass. A length
-    term (`LENGTH_CLASS` per doubling of the owner's median run time past 8 minutes, fading
-    like the size term) puts likely-short work first, which lowers the mean completion time.
+    term (`LENGTH_CLASS` per doubling of the owner's median run time away from an hour)
+    puts likely-short work first, which lowers the mean completion time.
   * Jobs start in rank order wherever they fit, on the tightest host (best fit keeps
     whole hosts free for big jobs).
   * Starvation guard. A job on one GPU can take any GPU that frees up, so its wait is
@@ -306,22 +306,23 @@ SIZE_CLASS = 0.3
 """Rank a fresh job loses per doubling of its GPU count (fading to 0 over `reserve_after_s`)."""
 
 
-LENGTH_CLASS = 0.1
-"""Rank a fresh job loses per doubling of its owner's typical run time past 8 minutes (up
-to 6 doublings: 8 hours), fading like the size term:
-shortest expected job first lowers the mean completion time, and the owner's median run
-time is the only length the scheduler knows. A third of the size term's weight, since a
-user's next job may be unlike their last ones (on the Philly bootstraps 0.05, 0.1, 0.15
-and 0.2 were tried: 0.1 met both bars on the most)."""
+LENGTH_CLASS = 0.05
+"""Rank a job loses per doubling of its owner's median run time past an hour, and gains per
+halving below it (at most 3 either way): shortest expected job first lowers the mean
+completion time, and the owner's recent run times are the only length the scheduler
+knows. It does not fade, so among a user's jobs the older always goes first, and it is
+small beside aging: the most it costs (0.15 of a class) is 0.6 day of waiting at the
+default `aging_s`. (On the Philly file and its bootstraps, 0.05 met both bars on 9 of 10
+bootstraps and the file; 0.1 and a fading variant met fewer.)"""
 LENGTH_REFERENCE_S = 3600.0
 
 
 def _length_doublings(typical_s: float | None) -> float:
-    """0 (typical runs of 8 minutes or less) to 6 (8 hours or more); 3 (an hour) when the
-    owner has no history. Never negative, so that as it fades, waiting only ever helps."""
+    """-3 (typical runs of 8 minutes or less) to 3 (8 hours or more); 0 (an hour) when the
+    owner has no history yet."""
     if typical_s is None:
-        return 3.0
-    return 3.0 + max(-3.0, min(3.0, math.log2(max(typical_s, 1.0) / LENGTH_REFERENCE_S)))
+        return 0.0
+    return max(-3.0, min(3.0, math.log2(max(typical_s, 1.0) / LENGTH_REFERENCE_S)))
 
 
 def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:
@@ -330,8 +331,7 @@ def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:
     fresh = max(0.0, 1.0 - waited / config.reserve_after_s) if config.reserve_after_s > 0 else 0.0
     if job.gpus > 1:
         rank += SIZE_CLASS * math.log2(job.gpus) * fresh
-    if fresh > 0:
-        rank += LENGTH_CLASS * _length_doublings(job.typical_s) * fresh
+    rank += LENGTH_CLASS * _length_doublings(job.typical_s)
     return rank
 
 
