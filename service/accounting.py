@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from service.models import Allocation, Gpu, Host, Job, User
 from service.scheduler.policy import FairShareTerms
 from service.scheduler.snapshot import live_inputs
+from service.schemas import FairShareUserOut
 
 BY = ("user", "host")
 
@@ -94,25 +95,9 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[int(rank) - 1]
 
 
-@dataclass
-class FairShareRow:
-    user: str
-    share: float
-    usage_gpu_hours: float
-    """Decayed GPU-seconds (the scheduler's half-life), in hours."""
-    running_gpus: float
-    queued_jobs: int
-    owed: float | None
-    """Their share among the users present now (queued or running), 0..1."""
-    used: float | None
-    """Their part of present users' decayed use plus what their running jobs will likely use."""
-    term: float | None
-    """Added to their jobs' rank: 0 (used nothing) to 1; None when they are not present."""
-
-
 def fair_share_report(
     session: Session, half_life_s: float, default_limit: int | None, now: datetime
-) -> list[FairShareRow]:
+) -> list[FairShareUserOut]:
     """Every user with usage or jobs, as the policy would rank them in a pass now."""
     queued, cluster, fair_share, _ = live_inputs(session, half_life_s, default_limit, now)
     usage = fair_share.usage
@@ -126,7 +111,7 @@ def fair_share_report(
         waiting[queued_job.user] += 1
     users = sorted(present | {user for user, value in usage.items() if value > 0})
     return [
-        FairShareRow(
+        FairShareUserOut(
             user=user,
             share=fair_share.share(user),
             usage_gpu_hours=usage.get(user, 0.0) / 3600,

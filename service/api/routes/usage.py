@@ -40,8 +40,7 @@ def fair_share(session: SessionDep, _: CallerDep, settings: SettingsDep) -> Fair
     their jobs now (0: used nothing lately; 0.5: used exactly their share; towards 1: more)."""
     now = utcnow()
     rows = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
-    users = [row.__dict__ for row in rows]
-    return FairShareOut.model_validate({"as_of": now, "half_life_s": settings.fair_share_half_life_s, "users": users})
+    return FairShareOut(as_of=now, half_life_s=settings.fair_share_half_life_s, users=rows)
 
 
 @router.get("/usage/timeline", response_model=TimelineOut)
