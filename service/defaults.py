@@ -34,6 +34,10 @@ MAX_PASS_GAP_S = 0.5
 """The longest pause after a pass before the next kick is served (the pause is as long
 as the pass took: `service.scheduler.service.pass_gap`)."""
 
+FORECAST_REFRESH_S = 5.0
+"""Waiting jobs' expected starts are replayed this often, and within a second of a job's
+arrival (the replay of a long queue costs its pass up to ~0.1 s; launches go out before)."""
+
 PENDING_REFRESH_S = 1.0
 """Queued jobs' positions and reasons are rewritten at most this often (new jobs at once)."""
 

@@ -59,6 +59,9 @@ class LiveScheduler:
         self.config.policy = policy
         self.ledger = UsageLedger(ctx.settings.fair_share_half_life_s)
         self.pending_written_at = -math.inf
+        self.forecast_at = -math.inf
+        self.expected: dict[int, Forecast] = {}
+        """The last replay's expected starts (`FORECAST_REFRESH_S` apart, or at a new job)."""
 
     def run_pass(self, blocking_timeout: float = 10.0) -> PassReport | None:
         """One pass under the scheduler lock; None when another process holds it too long."""
@@ -93,16 +96,16 @@ class LiveScheduler:
             with self.ctx.db.write() as session:
                 self._serialize(session)
                 self._commit(session, decision, {q.id: q for q in queued}, report)
-        started_ids = {job_id for job_id, *_ in report.placed}
-        self._write_pending(decision, stored, now.timestamp(), started_ids, (queued, cluster, fair_share))
-        self._write_held(held, stored)
         for job_id, attempt, host in report.repairs.resend:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
             )
             self.send_launch(job_id, attempt, host)
-        for job_id, attempt, host, _ in report.placed:
+        for job_id, attempt, host, _ in report.placed:  # first: what follows must not delay a start
             self.send_launch(job_id, attempt, host)
+        started_ids = {job_id for job_id, *_ in report.placed}
+        self._write_pending(decision, stored, now.timestamp(), started_ids, (queued, cluster, fair_share))
+        self._write_held(held, stored)
         report.waiting = len(decision.pending)
         report.seconds = time.perf_counter() - started
         return report
@@ -162,7 +165,11 @@ class LiveScheduler:
         # position gets one at once.
         refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
         fresh = any(stored.get(p.job_id, (None,))[0] is None for p in decision.pending)
-        expected = self._forecast(decision, inputs, now) if refresh or fresh else {}
+        since = time.monotonic() - self.forecast_at
+        if since >= defaults.FORECAST_REFRESH_S or (fresh and since >= defaults.PENDING_REFRESH_S):
+            self.expected = self._forecast(decision, inputs, now)
+            self.forecast_at = time.monotonic()
+        expected = self.expected
         for pending in decision.pending:
             if pending.job_id in started or not (refresh or stored.get(pending.job_id, (None,))[0] is None):
                 continue
