@@ -10,9 +10,10 @@ printed beside its bar (issue 12).
    tensorflow"` time (median of 3), the bar for submit → first metric row. The same
    rounds run once more with `TOWERQ_TRAINER_POOL=0` (no warm trainers) as the control.
 2. **Relay overhead.** The same trainer (mlp on digits, `log_every` 1, so one metric row per
-   step), its examples/s as it measures them itself: relayed by the worker into the
-   database and pub/sub (a job on the stack) against its output thrown away (the trainer
-   run by hand into /dev/null, same spec, same environment). Interleaved repeats, medians.
+   step), its examples/s by its own clock from step 100 to the end: relayed by the worker
+   into the database and pub/sub (a job on the stack, warm pool off so that no refill runs
+   beside it) against its output into a file nobody reads (the trainer run by hand, same
+   spec, same environment). Interleaved repeats, medians.
 3. **API at lab scale** (`--scale`): 10,000 jobs and 5,000,000 metric rows (one job of
    100,000 steps, the rest spread over the others) in SQLite; `GET /api/jobs` first page
    with several filters, and `GET /api/jobs/{id}/metrics?points=1000` for the long job:
@@ -253,7 +254,9 @@ def unrelayed(lab: Lab, spec_file: Path, run: int) -> float:
 def relay(repeats: int) -> bool:
     steps = RELAY_JOB["hyperparameters"]["steps"]  # type: ignore[index]
     print(f"== relay overhead: mlp on digits, {steps} steps, a metric row every step ==", flush=True)
-    lab = Lab()
+    # No warm trainer: the pool's refill (loading TensorFlow for the next job) would run
+    # beside the relayed job only, and this measures the relay alone.
+    lab = Lab(worker_env={"trainer_pool": 0})
     rates: dict[str, list[float]] = {"relayed": [], "thrown away": []}
     try:
         lab.start()

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import case, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.models import Metric, MetricRollup
@@ -34,7 +35,9 @@ def _merge(a: Extremes | None, b: Extremes) -> Extremes:
 
 
 def fold(session: Session, rows: Iterable[dict[str, Any]]) -> None:
-    """Fold metric rows (dicts with job_id, split, step, loss) into their buckets."""
+    """Fold metric rows (dicts with job_id, split, step, loss) into their buckets: one
+    upsert that keeps the lower minimum and the higher maximum of what is stored and what
+    comes (no read first: the relay calls this for every batch it writes)."""
     found: dict[tuple[int, str, int], Extremes] = {}
     for row in rows:
         loss = row.get("loss")
@@ -44,22 +47,23 @@ def fold(session: Session, rows: Iterable[dict[str, Any]]) -> None:
         found[key] = _merge(found.get(key), (row["step"], loss, row["step"], loss))
     if not found:
         return
-    existing = {
-        (r.job_id, r.split, r.bucket): r
-        for r in session.scalars(
-            select(MetricRollup).where(
-                tuple_(MetricRollup.job_id, MetricRollup.split, MetricRollup.bucket).in_(list(found))
-            )
-        )
-    }
-    for key, extremes in found.items():
-        rollup = existing.get(key)
-        if rollup is None:
-            session.add(MetricRollup(job_id=key[0], split=key[1], bucket=key[2], **_columns(extremes)))
-            continue
-        merged = _merge((rollup.min_step, rollup.min_loss, rollup.max_step, rollup.max_loss), extremes)
-        for name, value in _columns(merged).items():
-            setattr(rollup, name, value)
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    insert = dialect.insert(MetricRollup)
+    new, old = insert.excluded, MetricRollup.__table__.c
+    lower, higher = new.min_loss < old.min_loss, new.max_loss > old.max_loss
+    statement = insert.on_conflict_do_update(
+        index_elements=[old.job_id, old.split, old.bucket],
+        set_={
+            "min_step": case((lower, new.min_step), else_=old.min_step),
+            "min_loss": case((lower, new.min_loss), else_=old.min_loss),
+            "max_step": case((higher, new.max_step), else_=old.max_step),
+            "max_loss": case((higher, new.max_loss), else_=old.max_loss),
+        },
+    )
+    values = [
+        {"job_id": key[0], "split": key[1], "bucket": key[2], **_columns(extremes)} for key, extremes in found.items()
+    ]
+    session.execute(statement, values)
 
 
 def _columns(extremes: Extremes) -> dict[str, Any]:

@@ -66,6 +66,8 @@ class JobRunner:
         self.pool = pool
         self.warm = False
         """The trainer came warm from the pool (`worker.pool`)."""
+        self.owes_refill = False
+        """It did, and the pool has not yet been told to warm the next one."""
         self.trainer_pids: set[int] = set()
         """The trainer's pids: the process started, and (in the sandbox) the trainer inside."""
         self.inventory = inventory
@@ -126,7 +128,7 @@ class JobRunner:
             self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
             return False
         if warm is not None and hand_over(warm, spec_path, env):
-            self.process, self.warm = warm.process, True
+            self.process, self.warm, self.owes_refill = warm.process, True, True
         else:
             command = trainer_command(self.launch, self.ctx.settings, spec_path, self.sandboxed)
             self.process = start_trainer(command, spec_path, env)
@@ -229,8 +231,8 @@ class JobRunner:
 
     def _refill(self) -> None:
         """This job is training (or over): the pool may warm the next trainer."""
-        if self.warm and self.pool is not None:
-            self.warm = False
+        if self.owes_refill and self.pool is not None:
+            self.owes_refill = False
             self.pool.refill()
 
     def _flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
