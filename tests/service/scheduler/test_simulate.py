@@ -156,7 +156,8 @@ def test_towerq_simulate_prints_one_json_object(tmp_path: Path) -> None:
 
 # -- GPU sharing: the gpu_fraction column ---------------------------------------------------
 
-PHILLY = Path(__file__).resolve().parents[4] / "shared" / "data" / "philly_2017-10-23_5000.csv"
+PHILLY = Path(__file__).resolve().parent / "data" / "philly_first_1500.csv"
+"""The first 1,500 jobs of ../shared/data/philly_2017-10-23_5000.csv, kept with the tests."""
 
 
 def fractions_trace(tmp_path: Path, rows: list[str]) -> Path:
