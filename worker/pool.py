@@ -9,13 +9,12 @@ ends with it, like a cold trainer: no state passes between jobs or users. The po
 one in the background once the job that took one is training (or after `REFILL_AFTER_S`),
 so loading TensorFlow for the next job does not compete with the start of this one.
 
-In the sandbox (`worker.sandbox`) a warm trainer's view is fixed when it starts, before
-its job is known: the system, the Python environment, the shared models and data (uploads
-hidden), and a folder of its own under `<artifacts>/.warm/`, which becomes the job's folder
-when a job takes it (renamed on the host; the trainer still sees it under its first name).
-So in the sandbox a job takes a warm trainer only when that view is all it needs: no code
-bundle, no uploaded dataset, no folder of an earlier attempt to resume from, and no device
-nodes (simulated GPUs). Every other job starts cold, as it would without a pool.
+In the sandbox (`worker.sandbox`) a warm trainer's view would be fixed when it starts, before
+its job is known, and it would see the job's folder under the name it was started with;
+so sandboxed jobs start cold (`SANDBOXED_WARM`). The fixed-view variant (its own folder
+under `<artifacts>/.warm/`, renamed to the job's on take, only for jobs needing no code
+bundle, upload or device nodes) is kept behind that switch until the sandbox can show the
+job's own path.
 """
 
 from __future__ import annotations
@@ -40,6 +39,11 @@ from worker.processes import kill_group
 
 log = logging.getLogger(__name__)
 
+SANDBOXED_WARM = False
+"""Off: a sandboxed warm trainer sees its job folder under the name it was started with
+(`<artifacts>/.warm/...`), so user code's working folder and the paths it reports differ
+from a cold start's. Until the sandbox can show the job's own path, sandboxed jobs start
+cold; the code for the fixed-view warm sandbox stays behind this switch."""
 REFILL_AFTER_S = 15.0
 """Warm the next trainer this long after a take even if the job has not reported training."""
 WARM_LINE = b'"event": "warm"'
@@ -76,7 +80,9 @@ class TrainerPool:
     # -- the worker's side ----------------------------------------------------------------
 
     def start(self) -> None:
-        if self.size <= 0:
+        if self.size <= 0 or (self.sandboxed and not SANDBOXED_WARM):
+            if self.sandboxed and self.size > 0:
+                log.info("trainers run sandboxed: every job starts cold (no warm trainers in the sandbox yet)")
             return
         self._clear_slots()
         self.thread.start()
@@ -114,10 +120,14 @@ class TrainerPool:
                 end(dead.process)
                 self._remove_slot(dead.slot)
             alive.sort(key=lambda t: not t.ready)  # one that is ready first
-            if not alive:
-                self.warm = []
+            self.warm = alive
+            # In the sandbox only a ready one: until bwrap has set up its view, the folder it
+            # binds must not move (renamed away early, the trainer finds its folder missing).
+            usable = [t for t in alive if t.ready or not self.sandboxed]
+            if not usable:
                 return None
-            trainer, self.warm = alive[0], alive[1:]
+            trainer = usable[0]
+            self.warm = [t for t in alive if t is not trainer]
             self.taken_at = time.monotonic()
         if trainer.slot is not None:
             folder.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +142,8 @@ class TrainerPool:
     def _fits(self, launch: Launch, folder: Path) -> bool:
         if not self.sandboxed:
             return True
+        if not SANDBOXED_WARM:
+            return False
         datasets, code = sandbox_extras(launch, self.settings)
         return launch.simulated and not datasets and code is None and not folder.exists()
 
