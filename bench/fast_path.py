@@ -48,8 +48,10 @@ from service.auth import create_token  # noqa: E402
 from service.db import Database, upgrade_database  # noqa: E402
 from service.models import Job, JobEvent, Metric  # noqa: E402
 from service.redis_server import EmbeddedRedis  # noqa: E402
+from service.settings import Settings  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack, wait_for  # noqa: E402
+from worker import sandbox  # noqa: E402
 
 FINAL = ("succeeded", "failed", "cancelled")
 STARTUP_JOB = {
@@ -165,7 +167,12 @@ class Lab:
 
 
 def startup(jobs: int) -> bool:
-    print("== dispatch and start: lenet5 on digits, one simulated GPU, default settings ==", flush=True)
+    sandboxed = sandbox.resolve(Settings().sandbox)
+    print(
+        "== dispatch and start: lenet5 on digits, one simulated GPU, default settings"
+        f" (trainers {'in the bubblewrap sandbox' if sandboxed else 'unsandboxed'}) ==",
+        flush=True,
+    )
     measured: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for label, env in (("warm pool (default)", {}), ("control: TOWERQ_TRAINER_POOL=0", {"trainer_pool": 0})):
         lab = Lab(worker_env=env)

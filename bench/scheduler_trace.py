@@ -154,7 +154,7 @@ def main() -> None:
     print(
         f"one pass, {len(jobs)} queued on {HOSTS * GPUS_PER_HOST} busy GPUs: {plain:.1f} ms without reasons, "
         f"{explained:.1f} ms with every job's reason (bar <= 20 ms: {verdict}); "
-        f"{live:.0f} ms with the expected starts of the first {FORECAST_JOBS} too (a live pass, once a second)"
+        f"{live:.0f} ms with the expected starts of the first {FORECAST_JOBS} too (a live pass that writes positions)"
     )
     print_users(jobs, results)
     estimates = simulate(copy.deepcopy(jobs), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, estimates_every=10)

@@ -34,9 +34,12 @@ MAX_PASS_GAP_S = 0.5
 """The longest pause after a pass before the next kick is served (the pause is as long
 as the pass took: `service.scheduler.service.pass_gap`)."""
 
-FORECAST_REFRESH_S = 5.0
-"""Waiting jobs' expected starts are replayed this often, and within a second of a job's
-arrival (the replay of a long queue costs its pass up to ~0.1 s; launches go out before)."""
+FORECAST_COST_RATIO = 10.0
+"""Waiting jobs' expected starts are replayed by every pass that writes the queue's positions
+(each `PENDING_REFRESH_S`, and at once for a new job), so what is shown comes from that very
+pass; unless the last replay took over 1/this of the time since it (a long queue on hundreds
+of busy GPUs, ~0.1-0.2 s a replay), when the previous one is written until the replay has
+had its time: the replay then costs the scheduler at most ~1/this of its time."""
 
 PENDING_REFRESH_S = 1.0
 """Queued jobs' positions and reasons are rewritten at most this often (new jobs at once)."""

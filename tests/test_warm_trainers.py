@@ -1,20 +1,23 @@
 """Warm trainers (worker/pool.py), through real processes: a job takes the trainer the
 pool started before it was submitted, sees only its own GPUs, is served once and never
-again, and the pool warms the next one; in the sandbox jobs start cold; `TOWERQ_TRAINER_POOL=0` starts
-none; a warm trainer that died is replaced; stopping the worker leaves no
-trainer behind."""
+again, and the pool warms the next one, with and without the sandbox; in the sandbox a warm
+trainer's user code sees what a cold one's sees (its folder at /job, nothing else), and a
+job with a code bundle starts cold; `TOWERQ_TRAINER_POOL=0` starts none; a warm trainer
+that died is replaced; stopping the worker leaves no trainer behind."""
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import httpx
 import pytest
 
 from service.settings import Settings
 from tests.stack import Stack, wait_for
+from worker.launch import Launch
+from worker.pool import TrainerPool
 from worker.processes import all_processes
 from worker.trainer.paths import MODEL_FILE, job_folder
 
@@ -33,20 +36,29 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
     return make_settings(sqlite_url)
 
 
-def warm_pids(workdir_marker: str) -> dict[int, int]:
-    """The warm trainers' Python processes of this test (bwrap's child, in the sandbox), with
-    their parents (bwrap, or the worker)."""
+def warm_pids(worker: int) -> dict[int, int]:
+    """The warm trainers' Python processes under the worker process `worker`, each with the
+    worker's child it runs in (bwrap, in the sandbox; else itself)."""
+    parents = {p.pid: p.ppid for p in all_processes()}
     found = {}
-    for process in all_processes():
+    for pid in parents:
         try:
-            with open(f"/proc/{process.pid}/cmdline", "rb") as raw:
+            with open(f"/proc/{pid}/cmdline", "rb") as raw:
                 argv = raw.read().split(b"\0")
-            cwd = os.readlink(f"/proc/{process.pid}/cwd")
         except OSError:
             continue
-        if b"worker.trainer" in argv and b"--warm" in argv and argv[0] != b"bwrap" and workdir_marker in cwd:
-            found[process.pid] = process.ppid
+        if b"worker.trainer" not in argv or b"--warm" not in argv or argv[0] == b"bwrap":
+            continue
+        child = pid
+        while parents.get(child, 0) not in (worker, 0, 1):
+            child = parents[child]
+        if parents.get(child) == worker:
+            found[pid] = child
     return found
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    return [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
 
 
 def ready(client: httpx.Client) -> int:
@@ -69,63 +81,120 @@ def start(stack: Stack, token: str, **worker_env: object) -> httpx.Client:
     return client
 
 
-@pytest.mark.parametrize("sandbox", ["none"])
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
 def test_a_job_takes_the_warm_trainer_once_and_the_pool_warms_the_next(
     stack: Stack, settings: Settings, make_token: Callable[..., str], sandbox: str
 ) -> None:
     client = start(stack, make_token(), sandbox=sandbox)
-    marker = str(settings.artifacts_dir.resolve().parent)
+    worker = stack.processes["worker-lab-a"].pid
     wait_for(lambda: ready(client) == 1, 120, "a warm trainer", 0.3)
-    before = warm_pids(marker)
+    before = warm_pids(worker)
     assert len(before) == 1, before
 
     job = finished(client, client.post("/api/jobs", json=JOB).json()["id"])
     assert job["cuda_visible_devices"] == "1"  # as the trainer itself reported it
     log = client.get(f"/api/jobs/{job['id']}/logs.txt").text
-    ((pid, parent),) = before.items()
-    started_as = parent if sandbox == "bwrap" else pid  # the process warmed before the submit
+    ((started_as,),) = [before.values()]  # the process warmed before the submit
     assert f"runs in a warm trainer from the pool, pid {started_as}" in log, log[-3000:]
     folder = job_folder(settings.artifacts_dir, job["id"])
     assert (folder / MODEL_FILE).is_file() and (folder / "checkpoints").is_dir()
-    assert not list((settings.artifacts_dir / ".warm").glob("*")) or sandbox == "bwrap"
 
     wait_for(lambda: ready(client) == 1, 120, "the next warm trainer", 0.3)
-    after = warm_pids(marker)
+    after = warm_pids(worker)
     assert len(after) == 1 and not after.keys() & before.keys(), (before, after)  # a new process, never the same one
+    assert len(list((settings.artifacts_dir / ".warm").glob("*"))) == (sandbox == "bwrap")  # the next one's folder
 
     stack.stop("worker-lab-a")
-    assert not warm_pids(marker), "a warm trainer outlived its worker"
+    wait_for(lambda: not alive([*after, *after.values()]), 10, "the warm trainer to die with its worker")
     assert not list((settings.artifacts_dir / ".warm").glob("*")), "a warm trainer's folder was left behind"
     client.close()
 
 
-def test_in_the_sandbox_jobs_start_cold_and_no_trainer_waits(
+WHERE = """
+import os
+
+import keras
+
+
+def build(params):
+    print("WHERE cwd", os.getcwd())
+    for label, path in zip(params["model_options"]["names"], params["model_options"]["paths"]):
+        print("WHERE", label, "seen" if os.path.exists(path) else "hidden")
+    with open("written-by-the-job.txt", "w") as out:
+        out.write("ok")
+    return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(),
+                             keras.layers.Dense(params["num_classes"])])
+"""
+
+
+def test_in_the_sandbox_a_warm_trainer_sees_what_a_cold_one_sees(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
-    """A sandboxed trainer's view is fixed when it starts; until it can show the job's own
-    folder path, sandboxed jobs start cold and the pool keeps nobody waiting."""
+    """User code started warm and cold in the sandbox: the same working folder (/job), its
+    files land in the job's folder, and neither sees the artifacts root or the pool's folders."""
+    (settings.models_path / "where.py").write_text(WHERE)
+    warm_folders = settings.artifacts_dir.resolve() / ".warm"
+    targets = {"artifacts": str(settings.artifacts_dir.resolve()), "pool": str(warm_folders), "job": "/job"}
+    spec = {**JOB, "model": "where:build"}
+    spec["hyperparameters"] = {
+        **JOB["hyperparameters"],
+        "model_options": {"names": [*targets], "paths": [*targets.values()]},
+    }
     client = start(stack, make_token(), sandbox="bwrap")
-    job = finished(client, client.post("/api/jobs", json=JOB).json()["id"])
-    assert "runs in a new trainer (cold start)" in client.get(f"/api/jobs/{job['id']}/logs.txt").text
-    assert not warm_pids(str(settings.artifacts_dir.resolve().parent)) and ready(client) == 0
+    seen = {}
+    for how in ("warm", "cold"):
+        if how == "warm":
+            wait_for(lambda: ready(client) == 1, 120, "a warm trainer", 0.3)
+        else:
+            stack.stop("worker-lab-a")
+            stack.start_worker("lab-a", 2, heartbeat_interval_s=0.3, sandbox="bwrap", trainer_pool=0)
+        job = finished(client, client.post("/api/jobs", json=spec).json()["id"])
+        log = client.get(f"/api/jobs/{job['id']}/logs.txt").text
+        expected = "a warm trainer from the pool" if how == "warm" else "a new trainer (cold start)"
+        assert f"attempt 1 runs in {expected}" in log, log[-3000:]
+        seen[how] = sorted(line.split("WHERE ", 1)[1] for line in log.splitlines() if "WHERE " in line)
+        folder = job_folder(settings.artifacts_dir, job["id"])
+        assert (folder / "written-by-the-job.txt").read_text() == "ok"
+        assert job["artifacts_dir"] == str(folder)
+    assert seen["warm"] == seen["cold"] == ["artifacts hidden", "cwd /job", "job seen", "pool hidden"], seen
     client.close()
+
+
+def test_in_the_sandbox_only_jobs_with_every_jobs_view_take_a_warm_trainer(settings: Settings) -> None:
+    """A sandboxed warm trainer's view is fixed before its job is known: a job that needs
+    more shown (its code bundle, an upload, GPU device nodes) or resumes in its own folder
+    starts cold."""
+    pool = TrainerPool(settings, "lab-a", 1, sandboxed=True, simulated=True)
+    upload = settings.data_dir / "users" / "alice" / "mine"
+    upload.mkdir(parents=True)
+
+    def launch(simulated: bool = True, **spec: object) -> Launch:
+        return Launch(1, 1, "lab-a", [0], 1.0, {**JOB, **spec}, None, [1024], simulated)
+
+    fresh = settings.artifacts_dir / "job-1"
+    assert pool.fits(launch(), fresh)
+    assert not pool.fits(launch(code="a" * 64), fresh)
+    assert not pool.fits(launch(dataset="npz:users/alice/mine/data.npz"), fresh)
+    assert not pool.fits(launch(simulated=False), fresh)
+    fresh.mkdir(parents=True)
+    assert not pool.fits(launch(), fresh)
+    assert TrainerPool(settings, "lab-a", 1, sandboxed=False, simulated=False).fits(launch(simulated=False), fresh)
 
 
 def test_no_pool_starts_no_warm_trainer_and_a_dead_one_is_replaced(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
     token = make_token()
-    marker = str(settings.artifacts_dir.resolve().parent)
     client = start(stack, token, trainer_pool=0)
     finished(client, client.post("/api/jobs", json=JOB).json()["id"])
-    assert not warm_pids(marker) and ready(client) == 0
+    assert not warm_pids(stack.processes["worker-lab-a"].pid) and ready(client) == 0
     stack.stop("worker-lab-a")
 
-    stack.start_worker("lab-a", 2, heartbeat_interval_s=0.3, sandbox="none")
+    worker = stack.start_worker("lab-a", 2, heartbeat_interval_s=0.3, sandbox="none").pid
     wait_for(lambda: ready(client) == 1, 120, "a warm trainer", 0.3)
-    (dead,) = warm_pids(marker).keys()
+    (dead,) = warm_pids(worker).keys()
     os.kill(dead, signal.SIGKILL)
-    replaced = wait_for(lambda: (p := warm_pids(marker)) and dead not in p and ready(client) == 1 and p, 120, "another")
+    replaced = wait_for(lambda: (p := warm_pids(worker)) and dead not in p and ready(client) == 1 and p, 120, "another")
     job = finished(client, client.post("/api/jobs", json=JOB).json()["id"])
     log = client.get(f"/api/jobs/{job['id']}/logs.txt").text
     assert f"attempt 1 runs in a warm trainer from the pool, pid {next(iter(replaced))}" in log, log

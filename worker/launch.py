@@ -74,18 +74,15 @@ def artifacts_dir(settings: Settings, job_id: int) -> Path:
     return job_folder(settings.artifacts_dir, job_id)
 
 
-def write_trainer_spec(
-    launch: Launch, settings: Settings, artifacts: Path, sandboxed: bool = False, seen_as: Path | None = None
-) -> Path:
+def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sandboxed: bool = False) -> Path:
     """The trainer's spec file of this attempt. Raises pydantic's ValidationError when the
     job's stored spec no longer passes the contract. In the sandbox the trainer's parent is
-    bwrap, which dies with the worker (so the trainer does not watch the worker's pid).
-    `seen_as`: the name the trainer knows its folder by, where not `artifacts` (a warm
-    trainer in the sandbox, `worker.pool`)."""
+    bwrap, which dies with the worker (so the trainer does not watch the worker's pid), and
+    the trainer sees its folder at `sandbox.JOB_PATH`."""
     runtime = RuntimeSpec(
         job_id=launch.job_id,
         attempt=launch.attempt,
-        artifacts_dir=str(seen_as or artifacts),
+        artifacts_dir=str(sandbox.JOB_PATH if sandboxed else artifacts),
         data_dir=str(settings.data_dir.resolve()),
         models_path=str(settings.models_path.resolve()),
         code_path=str(bundle_root(settings.code_dir, launch.spec["code"])) if launch.spec.get("code") else None,
@@ -139,9 +136,9 @@ def trainer_environment(indices: list[int], extra_allowed: str = "") -> dict[str
 
 def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandboxed: bool) -> list[str]:
     """`python -m worker.trainer SPEC.json`, inside bubblewrap when `sandboxed`."""
-    command = [sys.executable, "-m", "worker.trainer", str(spec_path)]
     if not sandboxed:
-        return command
+        return [sys.executable, "-m", "worker.trainer", str(spec_path)]
+    command = [sys.executable, "-m", "worker.trainer", str(seen_path(spec_path, sandboxed))]
     datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
         command,
@@ -153,6 +150,11 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
     )
+
+
+def seen_path(path: Path, sandboxed: bool) -> Path:
+    """A file of the job folder as the trainer sees it."""
+    return sandbox.JOB_PATH / path.name if sandboxed else path
 
 
 def sandbox_extras(launch: Launch, settings: Settings) -> tuple[list[Path], Path | None]:

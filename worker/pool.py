@@ -9,12 +9,14 @@ ends with it, like a cold trainer: no state passes between jobs or users. The po
 one in the background once the job that took one is training (or after `REFILL_AFTER_S`),
 so loading TensorFlow for the next job does not compete with the start of this one.
 
-In the sandbox (`worker.sandbox`) a warm trainer's view would be fixed when it starts, before
-its job is known, and it would see the job's folder under the name it was started with;
-so sandboxed jobs start cold (`SANDBOXED_WARM`). The fixed-view variant (its own folder
-under `<artifacts>/.warm/`, renamed to the job's on take, only for jobs needing no code
-bundle, upload or device nodes) is kept behind that switch until the sandbox can show the
-job's own path.
+In the sandbox (`worker.sandbox`) a trainer's view is fixed when bwrap starts it, before a
+warm trainer's job is known. Every sandboxed trainer sees its job folder at `/job`, so a
+warm one is started with a folder of its own (`<artifacts>/.warm/<host>-<id>`) shown there,
+and the folder is renamed to the job's when a job takes it: the trainer, its working folder
+and its paths are the same as a cold start's. Only a trainer that is ready is taken (until
+bwrap has set up its view, its folder must not move), and only by a job whose view is
+every job's: no code bundle or uploaded dataset to show, no GPU device nodes (real GPUs),
+and no folder yet (a retry resumes in its own); the others start cold.
 """
 
 from __future__ import annotations
@@ -39,11 +41,6 @@ from worker.processes import kill_group
 
 log = logging.getLogger(__name__)
 
-SANDBOXED_WARM = False
-"""Off: a sandboxed warm trainer sees its job folder under the name it was started with
-(`<artifacts>/.warm/...`), so user code's working folder and the paths it reports differ
-from a cold start's. Until the sandbox can show the job's own path, sandboxed jobs start
-cold; the code for the fixed-view warm sandbox stays behind this switch."""
 REFILL_AFTER_S = 15.0
 """Warm the next trainer this long after a take even if the job has not reported training."""
 WARM_LINE = b'"event": "warm"'
@@ -54,7 +51,7 @@ SLOTS = ".warm"
 class WarmTrainer:
     process: subprocess.Popen[bytes]
     slot: Path | None
-    """In the sandbox: the folder it sees as its working folder, which becomes the job's."""
+    """In the sandbox: its folder (seen as `/job`), which becomes the job's."""
     ready: bool = False
     """It has loaded TensorFlow and waits for its job."""
 
@@ -80,9 +77,7 @@ class TrainerPool:
     # -- the worker's side ----------------------------------------------------------------
 
     def start(self) -> None:
-        if self.size <= 0 or (self.sandboxed and not SANDBOXED_WARM):
-            if self.sandboxed and self.size > 0:
-                log.info("trainers run sandboxed: every job starts cold (no warm trainers in the sandbox yet)")
+        if self.size <= 0:
             return
         self._clear_slots()
         self.thread.start()
@@ -112,7 +107,7 @@ class TrainerPool:
     def take(self, launch: Launch, folder: Path) -> WarmTrainer | None:
         """A warm trainer for this attempt, with `folder` its job folder (in the sandbox, the
         trainer's own folder renamed to it), or None when the job must start cold."""
-        if self.size <= 0 or self.closed.is_set() or not self._fits(launch, folder):
+        if self.size <= 0 or self.closed.is_set() or not self.fits(launch, folder):
             return None
         with self.lock:
             alive = [t for t in self.warm if t.process.poll() is None]
@@ -139,11 +134,10 @@ class TrainerPool:
         self.taken_at = None
         self.wake.set()
 
-    def _fits(self, launch: Launch, folder: Path) -> bool:
+    def fits(self, launch: Launch, folder: Path) -> bool:
+        """Whether this job may take a warm trainer (in the sandbox: its view is every job's)."""
         if not self.sandboxed:
             return True
-        if not SANDBOXED_WARM:
-            return False
         datasets, code = sandbox_extras(launch, self.settings)
         return launch.simulated and not datasets and code is None and not folder.exists()
 
@@ -244,7 +238,7 @@ def _read_line(fd: int) -> bytes:
 def hand_over(trainer: WarmTrainer, spec_path: Path, env: dict[str, str]) -> bool:
     """Give a warm trainer its job: the spec file and working folder as it sees them, and the
     job's GPUs. False when it can no longer take one (it died warming): start one cold."""
-    seen = trainer.slot or spec_path.parent
+    seen = sandbox.JOB_PATH if trainer.slot is not None else spec_path.parent
     gpus = {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
     job = {"spec": str(seen / spec_path.name), "cwd": str(seen), "env": gpus}
     assert trainer.process.stdin is not None

@@ -118,9 +118,7 @@ class JobRunner:
         env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
         warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None else None
         try:
-            spec_path = write_trainer_spec(
-                self.launch, self.ctx.settings, self.artifacts, self.sandboxed, warm.slot if warm else None
-            )
+            spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts, self.sandboxed)
         except ValidationError as err:
             if warm is not None:
                 end_warm(warm.process)

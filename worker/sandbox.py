@@ -6,7 +6,10 @@ in a mount namespace of its own that shows only what the job needs:
 - read-only: the system (`/usr`, `/etc`, ...), the Python environment, towerq's `worker`
   package, `TOWERQ_MODELS_PATH`, the job's own code bundle, and `TOWERQ_DATA_DIR` with
   every user's uploads (`users/`) hidden but the dataset folders the job asked for;
-- read-write: the job's own artifact folder (also its working folder) and a private `/tmp`;
+- read-write: the job's own artifact folder, shown at `/job` (`JOB_PATH`, also its working
+  folder: the same path for every job, so a trainer's view does not depend on which job it
+  runs, and a warm trainer can be started before its job is known, `worker.pool`), and a
+  private `/tmp`;
 - devices: a minimal `/dev`, plus the NVIDIA device nodes of its GPUs only.
 
 Not visible: the database file and the rest of `TOWERQ_VAR_DIR`, other jobs' artifacts,
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
 NVIDIA_SHARED_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 SANDBOX_KINDS = ("auto", "bwrap", "none")
+JOB_PATH = Path("/job")
+"""Where a sandboxed trainer sees its job folder."""
 
 
 class SandboxError(RuntimeError):
@@ -134,7 +139,8 @@ def bwrap_command(
     code_path: Path | None,
     devices: list[Path],
 ) -> list[str]:
-    """`command` wrapped in bwrap with the view described above."""
+    """`command` wrapped in bwrap with the view described above; `job_folder` is seen at
+    `JOB_PATH`."""
     args = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-uts"]
     for system in SYSTEM_PATHS:
         path = Path(system)
@@ -157,5 +163,5 @@ def bwrap_command(
             args += ["--ro-bind", str(folder), str(folder)]
     if code_path is not None:
         args += ["--ro-bind", str(code_path), str(code_path)]
-    args += ["--bind", str(job_folder), str(job_folder), "--chdir", str(job_folder)]
+    args += ["--bind", str(job_folder), str(JOB_PATH), "--chdir", str(JOB_PATH)]
     return [*args, "--", *command]

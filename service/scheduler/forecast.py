@@ -10,8 +10,9 @@ usage is held where it is now: an estimate, refreshed by every pass, never a pro
 
 Cost is bounded: only the first `FORECAST_JOBS` waiting jobs (in queue order) are replayed,
 over at most `MAX_EVENTS` job ends and `HORIZON_S` ahead; the rest get no estimate. Each
-event is a policy call over the whole cluster, so on 256 busy GPUs the replay costs ~0.1-0.2 s;
-the live scheduler runs it every `FORECAST_REFRESH_S`, after the pass's launches are out.
+event is a policy call over the whole cluster, so on 256 busy GPUs the replay costs ~0.1-0.2 s.
+The live scheduler replays in each pass that writes the queue's positions, after the pass's
+launches are out, within `defaults.FORECAST_COST_RATIO` of its time.
 """
 
 from __future__ import annotations

@@ -60,8 +60,9 @@ class LiveScheduler:
         self.ledger = UsageLedger(ctx.settings.fair_share_half_life_s)
         self.pending_written_at = -math.inf
         self.forecast_at = -math.inf
+        self.forecast_cost = 0.0
         self.expected: dict[int, Forecast] = {}
-        """The last replay's expected starts (`FORECAST_REFRESH_S` apart, or at a new job)."""
+        """The last replay's expected starts (see `defaults.FORECAST_COST_RATIO`)."""
 
     def run_pass(self, blocking_timeout: float = 10.0) -> PassReport | None:
         """One pass under the scheduler lock; None when another process holds it too long."""
@@ -165,22 +166,29 @@ class LiveScheduler:
         # position gets one at once.
         refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
         fresh = any(stored.get(p.job_id, (None,))[0] is None for p in decision.pending)
-        since = time.monotonic() - self.forecast_at
-        if since >= defaults.FORECAST_REFRESH_S or (fresh and since >= defaults.PENDING_REFRESH_S):
+        replayed = (refresh or fresh) and (
+            time.monotonic() - self.forecast_at >= self.forecast_cost * defaults.FORECAST_COST_RATIO
+        )
+        if replayed:
+            started_at = time.monotonic()
             self.expected = self._forecast(decision, inputs, now)
             self.forecast_at = time.monotonic()
+            self.forecast_cost = self.forecast_at - started_at
         expected = self.expected
         for pending in decision.pending:
-            if pending.job_id in started or not (refresh or stored.get(pending.job_id, (None,))[0] is None):
+            was = stored.get(pending.job_id, (None, None, None, None, None))
+            guess = expected.get(pending.job_id)
+            expected_at = datetime.fromtimestamp(round(guess.start), UTC) if guess is not None else None
+            expected_host = guess.host if guess is not None else None
+            # A new replay's expected starts are written at once (with the rest of the row).
+            moved = replayed and (was[3], was[4]) != (expected_at, expected_host)
+            if pending.job_id in started or not (refresh or was[0] is None or moved):
                 continue
             reason = describe(pending.reason, now) if pending.reason is not None else None
             reserved = pending.reserved_start
             if reason is not None:
                 reason = describe_reserved(reason, reserved, now)
             start = datetime.fromtimestamp(reserved, UTC) if reserved is not None and math.isfinite(reserved) else None
-            guess = expected.get(pending.job_id)
-            expected_at = datetime.fromtimestamp(round(guess.start), UTC) if guess is not None else None
-            expected_host = guess.host if guess is not None else None
             if stored.get(pending.job_id) != (pending.position, reason, start, expected_at, expected_host):
                 changes.append(
                     {

@@ -293,3 +293,29 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     LiveScheduler(ctx).run_pass()
     started = job_row(ctx, third)  # first in line, as the replay said
     assert started.state == JobState.DISPATCHED and started.expected_start_at is None
+
+
+def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """One scheduler, passes in quick succession: a high-priority job submitted after the
+    first pass moves the waiting job's expected start in the very next pass (never an
+    expected start replayed from an older pass's queue)."""
+    add_host("lab-a", 2)
+    scheduler = LiveScheduler(ctx)
+    first = submit_job(ctx, caller("alice"), gpus=[0, 1], time_limit_s=3600)
+    scheduler.run_pass()
+    waiting = submit_job(ctx, caller("alice"), gpu_count=2, time_limit_s=600)
+    scheduler.run_pass()
+    with ctx.db.read() as session:
+        held_from = session.scalar(select(func.min(Allocation.created_at)).where(Allocation.job_id == first))
+    assert held_from is not None
+    before = job_row(ctx, waiting).expected_start_at
+    assert before is not None and abs((before - held_from).total_seconds() - 3600) < 2
+
+    urgent = submit_job(ctx, caller("bob"), gpu_count=2, time_limit_s=900, priority="high")
+    scheduler.run_pass()
+    after, ahead = job_row(ctx, waiting), job_row(ctx, urgent)
+    assert ahead.expected_start_at == before and ahead.queue_position == 1
+    assert after.expected_start_at is not None and after.queue_position == 2
+    assert abs((after.expected_start_at - held_from).total_seconds() - 4500) < 2
