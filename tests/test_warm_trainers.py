@@ -7,9 +7,11 @@ that died is replaced; stopping the worker leaves no trainer behind."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
-from collections.abc import Callable, Iterable
+import zipfile
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,7 +20,7 @@ from service.settings import Settings
 from tests.stack import Stack, wait_for
 from worker.launch import Launch
 from worker.pool import TrainerPool
-from worker.processes import all_processes
+from worker.processes import all_processes, pid_alive
 from worker.trainer.paths import MODEL_FILE, job_folder
 
 pytestmark = pytest.mark.slow
@@ -39,26 +41,19 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 def warm_pids(worker: int) -> dict[int, int]:
     """The warm trainers' Python processes under the worker process `worker`, each with the
     worker's child it runs in (bwrap, in the sandbox; else itself)."""
-    parents = {p.pid: p.ppid for p in all_processes()}
+    processes = list(all_processes())
+    parents = {p.pid: p.ppid for p in processes}
     found = {}
-    for pid in parents:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as raw:
-                argv = raw.read().split(b"\0")
-        except OSError:
+    for process in processes:
+        argv = process.cmdline.split(" ")
+        if "worker.trainer" not in argv or "--warm" not in argv or argv[0] == "bwrap":
             continue
-        if b"worker.trainer" not in argv or b"--warm" not in argv or argv[0] == b"bwrap":
-            continue
-        child = pid
+        child = process.pid
         while parents.get(child, 0) not in (worker, 0, 1):
             child = parents[child]
         if parents.get(child) == worker:
-            found[pid] = child
+            found[process.pid] = child
     return found
-
-
-def alive(pids: Iterable[int]) -> list[int]:
-    return [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
 
 
 def ready(client: httpx.Client) -> int:
@@ -105,7 +100,8 @@ def test_a_job_takes_the_warm_trainer_once_and_the_pool_warms_the_next(
     assert len(list((settings.artifacts_dir / ".warm").glob("*"))) == (sandbox == "bwrap")  # the next one's folder
 
     stack.stop("worker-lab-a")
-    wait_for(lambda: not alive([*after, *after.values()]), 10, "the warm trainer to die with its worker")
+    gone = [*after, *after.values()]
+    wait_for(lambda: not any(pid_alive(pid) for pid in gone), 10, "the warm trainer to die with its worker")
     assert not list((settings.artifacts_dir / ".warm").glob("*")), "a warm trainer's folder was left behind"
     client.close()
 
@@ -157,6 +153,31 @@ def test_in_the_sandbox_a_warm_trainer_sees_what_a_cold_one_sees(
         assert (folder / "written-by-the-job.txt").read_text() == "ok"
         assert job["artifacts_dir"] == str(folder)
     assert seen["warm"] == seen["cold"] == ["artifacts hidden", "cwd /job", "job seen", "pool hidden"], seen
+    client.close()
+
+
+def test_in_the_sandbox_a_job_with_its_own_code_starts_cold(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    client = start(stack, make_token(), sandbox="bwrap")
+    worker = stack.processes["worker-lab-a"].pid
+    wait_for(lambda: ready(client) == 1, 120, "a warm trainer", 0.3)
+    before = warm_pids(worker)
+    bundle = io.BytesIO()
+    with zipfile.ZipFile(bundle, "w") as archive:
+        archive.writestr(
+            "mine.py",
+            "import keras\n\ndef build(params):\n    print('USER CODE RAN')\n"
+            "    return keras.Sequential([keras.Input(params['input_shape']), keras.layers.Flatten(),"
+            " keras.layers.Dense(params['num_classes'])])\n",
+        )
+    uploaded = client.post("/api/code", files={"file": ("code.zip", bundle.getvalue(), "application/zip")})
+    assert uploaded.status_code == 201, uploaded.text
+    spec = {**JOB, "model": "mine:build", "code": uploaded.json()["id"]}
+    job = finished(client, client.post("/api/jobs", json=spec).json()["id"])
+    log = client.get(f"/api/jobs/{job['id']}/logs.txt").text
+    assert "USER CODE RAN" in log and "runs in a new trainer (cold start)" in log, log[-3000:]
+    assert warm_pids(worker) == before, "the warm trainer was used for a job its sandbox cannot show the code of"
     client.close()
 
 

@@ -136,9 +136,9 @@ def trainer_environment(indices: list[int], extra_allowed: str = "") -> dict[str
 
 def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandboxed: bool) -> list[str]:
     """`python -m worker.trainer SPEC.json`, inside bubblewrap when `sandboxed`."""
-    if not sandboxed:
-        return [sys.executable, "-m", "worker.trainer", str(spec_path)]
     command = [sys.executable, "-m", "worker.trainer", str(seen_path(spec_path, sandboxed))]
+    if not sandboxed:
+        return command
     datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
         command,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from service.settings import Settings
 from worker import sandbox
-from worker.launch import REPO_ROOT, Launch, sandbox_extras, trainer_environment
+from worker.launch import REPO_ROOT, Launch, sandbox_extras, seen_path, trainer_environment
 from worker.processes import kill_group
 
 log = logging.getLogger(__name__)
@@ -238,9 +238,9 @@ def _read_line(fd: int) -> bytes:
 def hand_over(trainer: WarmTrainer, spec_path: Path, env: dict[str, str]) -> bool:
     """Give a warm trainer its job: the spec file and working folder as it sees them, and the
     job's GPUs. False when it can no longer take one (it died warming): start one cold."""
-    seen = sandbox.JOB_PATH if trainer.slot is not None else spec_path.parent
+    seen = seen_path(spec_path, sandboxed=trainer.slot is not None)
     gpus = {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
-    job = {"spec": str(seen / spec_path.name), "cwd": str(seen), "env": gpus}
+    job = {"spec": str(seen), "cwd": str(seen.parent), "env": gpus}
     assert trainer.process.stdin is not None
     try:
         trainer.process.stdin.write(json.dumps(job).encode() + b"\n")

@@ -189,7 +189,7 @@ class LiveScheduler:
             if reason is not None:
                 reason = describe_reserved(reason, reserved, now)
             start = datetime.fromtimestamp(reserved, UTC) if reserved is not None and math.isfinite(reserved) else None
-            if stored.get(pending.job_id) != (pending.position, reason, start, expected_at, expected_host):
+            if was != (pending.position, reason, start, expected_at, expected_host):
                 changes.append(
                     {
                         "id": pending.job_id,
