@@ -25,11 +25,12 @@ class RunTimes:
         self.cached: dict[str, float | None] = {}
 
     def add(self, user: str, seconds: float) -> bool:
-        """Record a completed run; True when the user's estimate changed."""
+        """Record a completed run; True when the user's estimate or median changed (the
+        simulator then refreshes their queued jobs, as the live service does every pass)."""
+        before = (self.cached.get(user), self.typical(user))
         self.recent[user].append(seconds)
-        before = self.cached.get(user)
         self.cached[user] = self._compute(user)
-        return self.cached[user] != before
+        return (self.cached[user], self.typical(user)) != before
 
     def estimate(self, user: str) -> float | None:
         """A run time the user's next job will very likely not exceed (90th percentile)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from service.scheduler.history import RunTimes
 from service.scheduler.simulate import TraceError, read_trace, simulate
 from service.scheduler.types import Policy, PolicyConfig
 
@@ -222,3 +223,16 @@ def test_on_a_real_mix_of_fractions_towerq_beats_fit_first_and_sharing_beats_who
     assert sum(u["jobs"] for u in users.values()) == 1500
     assert all(u["p99_wait_s"] >= u["p95_wait_s"] >= 0 for u in users.values())
     assert all(u["entitled_while_waiting"] >= 0 for u in users.values())
+
+
+def test_a_run_that_moves_only_the_median_is_reported_so_queued_jobs_are_refreshed() -> None:
+    # The simulator refreshes a user's queued jobs only when `add` says something
+    # changed; the live service re-annotates every pass, so the median (the length term's
+    # input) must count as a change even when the 90th percentile stays put.
+    history = RunTimes()
+    for seconds in (10.0, 20.0, 30.0, 40.0, 100.0):
+        history.add("ana", seconds)
+    assert (history.estimate("ana"), history.typical("ana")) == (100.0, 30.0)
+    assert history.add("ana", 35.0) is True
+    assert (history.estimate("ana"), history.typical("ana")) == (100.0, 35.0)
+    assert history.add("ana", 35.0) is False  # neither moved
