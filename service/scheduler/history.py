@@ -22,30 +22,30 @@ class RunTimes:
     def __init__(self, window: int = WINDOW, minimum: int = MINIMUM) -> None:
         self.minimum = minimum
         self.recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
-        self.cached: dict[str, float | None] = {}
+        self.cached: dict[str, tuple[float | None, float | None]] = {}
+        """User -> (90th percentile, median) of their recent runs, recomputed only by `add`."""
 
     def add(self, user: str, seconds: float) -> bool:
         """Record a completed run; True when the user's estimate or median changed (the
         simulator then refreshes their queued jobs, as the live service does every pass)."""
-        before = (self.cached.get(user), self.typical(user))
+        before = self.cached.get(user, (None, None))
         self.recent[user].append(seconds)
         self.cached[user] = self._compute(user)
-        return (self.cached[user], self.typical(user)) != before
+        return self.cached[user] != before
 
     def estimate(self, user: str) -> float | None:
         """A run time the user's next job will very likely not exceed (90th percentile)."""
-        return self.cached.get(user)
+        return self.cached.get(user, (None, None))[0]
 
     def typical(self, user: str) -> float | None:
         """The user's median run time."""
-        runs = sorted(self.recent[user])
-        return runs[len(runs) // 2] if len(runs) >= self.minimum else None
+        return self.cached.get(user, (None, None))[1]
 
-    def _compute(self, user: str) -> float | None:
+    def _compute(self, user: str) -> tuple[float | None, float | None]:
         runs = sorted(self.recent[user])
         if len(runs) < self.minimum:
-            return None
-        return runs[min(len(runs) - 1, int(QUANTILE * len(runs)))]
+            return None, None
+        return runs[min(len(runs) - 1, int(QUANTILE * len(runs)))], runs[len(runs) // 2]
 
     def annotate(self, queued: Iterable[QueuedJob], running: Iterable[RunningJob]) -> None:
         """Give jobs their owners' estimates."""
