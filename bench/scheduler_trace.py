@@ -15,6 +15,11 @@ bootstrapped traces (same arrival times, jobs drawn with replacement from the fi
 policy's constants were chosen looking at seeds 1-10, so only the held-out count says how
 it does on a week nobody looked at.
 
+The file has no time limits, and with no more than its owner's history to go by, no policy
+knows which job is short. So the same seeds run again with time limits as users give them:
+each job's run time padded by a factor drawn from U(1, `LIMIT_PADDING`) (its own
+seeded draw), which towerq ranks by and fit-first ignores (`--no-limits` skips them).
+
 Start estimates: every 10th job of the file gets its start estimated at submit time as the
 service would (the forecast: the policy replayed forward), against the naive "queue
 position × mean run time so far ÷ jobs running"; the errors against the real starts are
@@ -56,6 +61,9 @@ from service.scheduler.types import (  # noqa: E402
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "philly_2017-10-23_5000.csv"
 HOSTS, GPUS_PER_HOST = 32, 8
 JCT_BAR, WAIT_BAR = 0.75, 1.0
+LIMIT_PADDING = 4.0
+"""Time limits in the limits rows: run time × U(1, this); users pad limits so as not to be
+stopped, and 4x is a loose padding (a tight limit ranks a job further ahead)."""
 """towerq's avg JCT and max wait as fractions of fit-first's: the issue's bars."""
 METRICS = (
     "avg_jct_s",
@@ -111,19 +119,27 @@ def pass_time(jobs: list[TraceJob], explain: bool, repeats: int = 9, forecast_to
     return statistics.median(times)
 
 
-def bootstrap(jobs: list[TraceJob], seed: int) -> list[TraceJob]:
+def bootstrap(jobs: list[TraceJob], seed: int, limits: bool = False) -> list[TraceJob]:
+    """Same arrivals, jobs drawn with replacement; with `limits`, each job's run time
+    padded by U(1, LIMIT_PADDING) becomes its time limit (drawn apart, so the jobs drawn
+    are the same with and without)."""
     rng = random.Random(seed)
     picks = [rng.choice(jobs) for _ in jobs]
-    return [
+    sample = [
         TraceJob(i, arrival.submit, pick.duration, pick.gpus, pick.user)
         for i, (arrival, pick) in enumerate(zip(jobs, picks, strict=True))
     ]
+    if limits:
+        padding = random.Random(f"limits-{seed}")
+        for job in sample:
+            job.limit = job.duration * padding.uniform(1.0, LIMIT_PADDING)
+    return sample
 
 
-def bootstrap_ratios(work: tuple[list[TraceJob], int]) -> tuple[int, float, float]:
+def bootstrap_ratios(work: tuple[list[TraceJob], int, bool]) -> tuple[int, float, float]:
     """(seed, towerq/fit-first avg JCT, towerq/fit-first max wait) on one bootstrapped trace."""
-    jobs, seed = work
-    sample = bootstrap(jobs, seed)
+    jobs, seed, limits = work
+    sample = bootstrap(jobs, seed, limits)
     towerq = simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.TOWERQ)
     fit_first = simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.FIT_FIRST)
     return seed, towerq["avg_jct_s"] / fit_first["avg_jct_s"], towerq["max_wait_s"] / fit_first["max_wait_s"]
@@ -174,6 +190,7 @@ def main() -> None:
     parser.add_argument(
         "--held-out", type=int, default=20, metavar="N", help="bootstrapped traces beyond the bar's ten (default 20)"
     )
+    parser.add_argument("--no-limits", action="store_true", help="skip the bootstrapped traces with time limits")
     args = parser.parse_args()
     jobs = read_trace(args.trace)
     print(f"{args.trace.name}: {len(jobs)} jobs on {HOSTS} hosts x {GPUS_PER_HOST} GPUs, no run-time estimates\n")
@@ -207,12 +224,19 @@ def main() -> None:
     )
     if args.quick:
         return
+    seeds = range(1, 11 + args.held_out)
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        bar = list(pool.map(bootstrap_ratios, [(jobs, seed) for seed in range(1, 11)]))
-        held_out = list(pool.map(bootstrap_ratios, [(jobs, seed) for seed in range(11, 11 + args.held_out)]))
-    print_bootstraps("bootstrapped traces (same arrivals, jobs drawn with replacement), the bar's seeds:", bar)
-    if held_out:
-        print_bootstraps("held-out seeds (no constant was chosen on them):", held_out)
+        plain = list(pool.map(bootstrap_ratios, [(jobs, seed, False) for seed in seeds]))
+        limited = [] if args.no_limits else list(pool.map(bootstrap_ratios, [(jobs, seed, True) for seed in seeds]))
+    print_bootstraps("bootstrapped traces (same arrivals, jobs drawn with replacement), the bar's seeds:", plain[:10])
+    if args.held_out:
+        print_bootstraps("held-out seeds (no constant was chosen on them):", plain[10:])
+    if limited:
+        print_bootstraps(
+            f"the same seeds with time limits (run time x U(1, {LIMIT_PADDING:g})), the bar's seeds:", limited[:10]
+        )
+        if args.held_out:
+            print_bootstraps(f"with time limits, seeds 11-{10 + args.held_out}:", limited[10:])
 
 
 if __name__ == "__main__":

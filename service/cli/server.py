@@ -179,7 +179,10 @@ def run_up(args: argparse.Namespace) -> int:
 def add_simulate(commands: Any) -> None:
     simulate = commands.add_parser("simulate", help="replay a job trace through a scheduling policy")
     simulate.add_argument(
-        "--trace", required=True, type=Path, help="CSV: submit_time_s,duration_s,num_gpus,user[,gpu_fraction]"
+        "--trace",
+        required=True,
+        type=Path,
+        help="CSV: submit_time_s,duration_s,num_gpus,user[,gpu_fraction][,time_limit_s]",
     )
     simulate.add_argument("--hosts", type=int, required=True)
     simulate.add_argument("--gpus-per-host", type=int, required=True)

@@ -29,6 +29,18 @@ def expected_end(running: RunningJob, now: float) -> float:
     return now + max(now - running.started, MIN_EXPECTED_S)
 
 
+def likely_end(running: RunningJob, now: float) -> float:
+    """When a running job will most likely end, for expected starts (`expected_end` is
+    cautious, a 90th percentile, as lending held GPUs must be): its owner's median run time,
+    or once it has outlived that, as long again as it has run so far; never past its time
+    limit. With no median known, `expected_end`."""
+    if running.typical_s is None:
+        return expected_end(running, now)
+    typical = running.started + running.typical_s
+    end = typical if typical > now else now + max(now - running.started, MIN_EXPECTED_S)
+    return min(end, running.end)
+
+
 @dataclass(slots=True)
 class Hold:
     """GPUs set aside for a waiting job from `start` on (inf: when is not known)."""

@@ -2,11 +2,12 @@
 
 The live scheduler, `POST /api/jobs?dry_run=true` and the trace simulator's estimate of
 each arrival all call `forecast`: the same `schedule` function the passes call, run on a
-copy of the queue and the cluster on a virtual clock. Running jobs end when they are
-expected to (`capacity.expected_end`: time limit, else the owner's usual run time, else as
-long again as they have run so far); a job the replay starts runs for its time limit, else
-its owner's median run time, else `DEFAULT_RUN_S`. Nothing new arrives, nobody cancels,
-usage is held where it is now: an estimate, refreshed by every pass, never a promise.
+copy of the queue and the cluster on a virtual clock. Running jobs end when they most
+likely will (`capacity.likely_end`: the owner's median run time, or as long again as they
+have run so far once past it, never past the time limit); a job the replay starts runs
+for its owner's median run time (at most its limit), else its limit, else `DEFAULT_RUN_S`.
+Nothing new arrives, nobody cancels, usage is held where it is now: an estimate, refreshed
+by every pass, never a promise.
 
 Cost is bounded: only the first `FORECAST_JOBS` waiting jobs (in queue order) are replayed,
 over at most `MAX_EVENTS` job ends and `HORIZON_S` ahead; the rest get no estimate. Each
@@ -22,7 +23,7 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from service.scheduler.capacity import expected_end
+from service.scheduler.capacity import likely_end
 from service.scheduler.policy import DEFAULT_RUN_S, schedule
 from service.scheduler.types import Cluster, FairShare, HostCapacity, PolicyConfig, QueuedJob, RunningJob
 
@@ -38,11 +39,11 @@ class Forecast:
 
 
 def run_time(job: QueuedJob) -> float:
-    """How long a job the replay starts is taken to run."""
-    for known in (job.limit_s, job.typical_s, job.estimate_s):
-        if known is not None:
-            return known
-    return DEFAULT_RUN_S
+    """How long a job the replay starts is taken to run: its owner's median run time, never
+    above its time limit; else its limit; else `DEFAULT_RUN_S`."""
+    if job.typical_s is not None:
+        return min(job.typical_s, job.limit_s) if job.limit_s is not None else job.typical_s
+    return job.limit_s if job.limit_s is not None else DEFAULT_RUN_S
 
 
 def forecast(
@@ -60,7 +61,7 @@ def forecast(
     running = [copy.copy(r) for r in cluster.running]
     ends: list[tuple[float, int, RunningJob]] = []
     for n, run in enumerate(running):
-        heapq.heappush(ends, (expected_end(run, now), n, run))
+        heapq.heappush(ends, (likely_end(run, now), n, run))
     replay = replace(config, explain=False, preemption=False)
     found: dict[int, Forecast] = {}
     clock, events, counter = now, 0, len(running)
@@ -73,7 +74,7 @@ def forecast(
                 for i in indices:
                     by_name[host].free[i] -= job.fraction
                 started = RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s)
-                started.estimate_s = run_time(job)
+                started.estimate_s = started.typical_s = run_time(job)
                 running.append(started)
                 counter += 1
                 heapq.heappush(ends, (clock + run_time(job), counter, started))

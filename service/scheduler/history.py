@@ -52,4 +52,4 @@ class RunTimes:
         for job in queued:
             job.estimate_s, job.typical_s = self.estimate(job.user), self.typical(job.user)
         for run in running:
-            run.estimate_s = self.estimate(run.user)
+            run.estimate_s, run.typical_s = self.estimate(run.user), self.typical(run.user)

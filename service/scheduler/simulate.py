@@ -10,6 +10,9 @@ A trace job needing more GPUs than one host has takes whole hosts (as the Helios
 simulator does); jobs larger than the whole cluster are left out and counted. An optional
 `gpu_fraction` column (0 < f <= 1, one-GPU jobs only; empty or absent: 1) makes a job share
 a GPU as the live scheduler packs them: jobs whose fractions sum to at most 1 share it.
+An optional `time_limit_s` column (> 0; empty or absent: none) gives a job a time limit,
+which the policy sees as the live one does; a job that runs past its limit is stopped
+there, as the worker stops it.
 
 Metrics: job completion time (JCT = finish - submit), wait (start - submit), makespan
 (first submit to last finish), utilization (GPU-seconds used / offered over the
@@ -47,6 +50,7 @@ from service.scheduler.usage import decayed, interval_usage
 
 TRACE_COLUMNS = ("submit_time_s", "duration_s", "num_gpus", "user")
 FRACTION_COLUMN = "gpu_fraction"
+LIMIT_COLUMN = "time_limit_s"
 
 
 class TraceError(ValueError):
@@ -63,6 +67,13 @@ class TraceJob:
     start: float | None = None
     fraction: float = 1.0
     """Of each GPU (trace column `gpu_fraction`); below 1 the GPU may be shared."""
+    limit: float | None = None
+    """Time limit (trace column `time_limit_s`): the job is stopped there if still running."""
+
+    @property
+    def run_s(self) -> float:
+        """How long it holds its GPUs: its duration, cut at its time limit."""
+        return self.duration if self.limit is None else min(self.duration, self.limit)
 
 
 def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
@@ -101,6 +112,14 @@ def _trace_job(index: int, row: dict[str, str], path: Path, line: int) -> TraceJ
             raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} must be in (0, 1], got {fraction}")
         if job.fraction < 1 and job.gpus != 1:
             raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} below 1 needs num_gpus 1 (got {job.gpus})")
+    limit = (row.get(LIMIT_COLUMN) or "").strip()
+    if limit:
+        try:
+            job.limit = float(limit)
+        except ValueError:
+            raise TraceError(f"{path}:{line}: {LIMIT_COLUMN} {limit!r} is not a number") from None
+        if not (job.limit > 0 and math.isfinite(job.limit)):
+            raise TraceError(f"{path}:{line}: {LIMIT_COLUMN} must be a positive number of seconds, got {limit}")
     return job
 
 
@@ -166,7 +185,7 @@ def simulate(
             _finish(state, job_id, now, half_life_s)
             finished[job_id] = now
             done = by_id[job_id]
-            if state.history.add(done.user, done.duration):
+            if state.history.add(done.user, done.run_s):
                 estimate, typical = state.history.estimate(done.user), state.history.typical(done.user)
                 for queued in state.queued.values():
                     if queued.user == done.user:
@@ -182,7 +201,7 @@ def simulate(
                 job.gpus,
                 job.fraction,
                 job.submit,
-                limit_s=job.duration if oracle else None,
+                limit_s=job.run_s if oracle else job.limit,
                 estimate_s=state.history.estimate(job.user),
                 typical_s=state.history.typical(job.user),
             )
@@ -200,7 +219,7 @@ def simulate(
         for placement in decision.placements:
             job = by_id[placement.job_id]
             _start(state, job, placement.slots, now, oracle)
-            heapq.heappush(ends, (now + job.duration, job.id))
+            heapq.heappush(ends, (now + job.run_s, job.id))
     result = _metrics(runnable, finished, len(jobs) - len(runnable), state, capacity, pass_ms)
     if estimates_every:
         result["start_estimates"] = _estimate_errors(estimates, by_id)
@@ -227,7 +246,7 @@ def _estimate(
     ]
     found = forecast([state.queued[i] for i in order if i in state.queued], cluster, fair, now, config)
     position = {p.job_id: p.position for p in explained.pending}
-    done = [by_id[i].duration for i in finished]
+    done = [by_id[i].run_s for i in finished]
     mean_run = sum(done) / len(done) if done else DEFAULT_RUN_S
     at_once = max(1, len({key[0] for key in state.running}))
     for job_id in sampled:
@@ -299,8 +318,9 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             indices=indices,
             fraction=queued.fraction,
             started=now,
-            limit_s=job.duration if oracle else None,
+            limit_s=job.run_s if oracle else job.limit,
             estimate_s=queued.estimate_s,
+            typical_s=queued.typical_s,
         )
     state.held[job.user] += job.gpus * queued.fraction
 

@@ -62,6 +62,8 @@ class RunningJob:
     """Being stopped (cancel or preemption): its GPUs free up soon."""
     estimate_s: float | None = None
     """A likely run time from the owner's recent jobs; None when unknown."""
+    typical_s: float | None = None
+    """Its owner's median run time lately; None when unknown."""
 
     @property
     def end(self) -> float:

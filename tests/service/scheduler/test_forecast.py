@@ -46,3 +46,28 @@ def test_only_the_first_jobs_are_replayed(monkeypatch) -> None:  # type: ignore[
     found = forecast(queued, Cluster(cluster(1).hosts), FairShare(), NOW, PolicyConfig())
     assert set(found) == {1, 2, 3}
     assert [found[i].start for i in (1, 2, 3)] == [NOW, NOW + 10, NOW + 20]
+
+
+def test_running_jobs_are_taken_to_end_at_their_owners_median_not_the_cautious_90th_percentile() -> None:
+    # Started 50 s ago; its owner's runs take 10 min typically, 5 h at the 90th percentile.
+    busy = [running(100, "lab-a", (0,), typical_s=600.0, estimate_s=5 * 3600.0)]
+    found = forecast([job(1)], cluster(1, running=busy), FairShare(), NOW, PolicyConfig())
+    assert found[1].start == NOW + 550
+    # ...never past its time limit, and once it has outlived its median, as long again as so far.
+    capped = [running(100, "lab-a", (0,), typical_s=600.0, estimate_s=5 * 3600.0, limit_s=300.0)]
+    assert forecast([job(1)], cluster(1, running=capped), FairShare(), NOW, PolicyConfig())[1].start == NOW + 250
+    outlived = [running(100, "lab-a", (0,), typical_s=600.0, started=NOW - 1000)]
+    assert forecast([job(1)], cluster(1, running=outlived), FairShare(), NOW, PolicyConfig())[1].start == NOW + 1000
+
+
+def test_a_job_the_replay_starts_runs_for_its_owners_median_at_most_its_limit() -> None:
+    queued = [job(1, typical_s=600.0, estimate_s=3600.0), job(2, typical_s=600.0, limit_s=120.0), job(3)]
+    found = forecast(
+        queued,
+        cluster(1),
+        FairShare(),
+        NOW,
+        PolicyConfig(),
+    )
+    # job 2's tight limit puts it first: 120 s (its limit, under the median), then job 1's 600 s
+    assert [found[i].start for i in (2, 1, 3)] == [NOW, NOW + 120, NOW + 720]

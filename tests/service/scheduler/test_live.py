@@ -282,17 +282,18 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     assert [j.expected_host for j in waiting] == ["lab-a", "lab-a"]
     assert waiting[0].expected_start_at is not None and waiting[1].expected_start_at is not None
     assert first_allocated is not None
-    # the one-GPU job goes first (smaller gangs first among fresh jobs) and, with no limit
-    # and no history, is taken to run an hour; the two-GPU job starts after it
-    assert abs((waiting[1].expected_start_at - first_allocated).total_seconds() - 3600) < 2
-    assert abs((waiting[0].expected_start_at - first_allocated).total_seconds() - 7200) < 2
+    # the two-GPU job with a ten-minute limit goes first (a tight limit outranks no limit,
+    # more than its size costs it); the one-GPU job follows when that limit is up
+    assert abs((waiting[0].expected_start_at - first_allocated).total_seconds() - 3600) < 2
+    assert abs((waiting[1].expected_start_at - first_allocated).total_seconds() - 4200) < 2
     with ctx.db.write() as session:
         job = session.get(Job, first)
         assert job is not None
         finish(session, first, job.attempts, JobState.SUCCEEDED)
     LiveScheduler(ctx).run_pass()
-    started = job_row(ctx, third)  # first in line, as the replay said
+    started = job_row(ctx, second)  # first in line, as the replay said
     assert started.state == JobState.DISPATCHED and started.expected_start_at is None
+    assert job_row(ctx, third).expected_start_at is not None
 
 
 def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(

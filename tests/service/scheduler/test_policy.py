@@ -132,6 +132,34 @@ def test_among_fresh_jobs_smaller_gangs_go_first_until_the_big_one_has_waited() 
     assert set(placed(run([high_big, *small], Cluster(hosts(4))))) == {1}
 
 
+def test_a_tight_time_limit_goes_first_and_giving_one_never_costs_rank() -> None:
+    # One GPU free, one user, three fresh jobs: the one with a ten-minute limit starts
+    # before an older one with no limit and one with a two-hour limit.
+    queue = [job(1), job(2, limit_s=2 * 3600.0), job(3, limit_s=600.0)]
+    assert set(placed(run(queue, Cluster(hosts(1))))) == {3}
+    # Giving any limit never ranks a job below the same job without one; eight hours and
+    # more rank as no limit (the older then goes first), and so does the owner's median.
+    for limit in (60.0, 3600.0, 8 * 3600.0, 30 * DAY):
+        for typical in (None, 120.0, 20 * 3600.0):
+            without = job(1, typical_s=typical)
+            with_limit = job(2, limit_s=limit, typical_s=typical)
+            assert set(placed(run([without, with_limit], Cluster(hosts(1))))) == ({2} if limit < 8 * 3600.0 else {1}), (
+                limit,
+                typical,
+            )
+    # A job's limit caps its owner's median: a 5-minute job of a user whose runs take a day
+    # outranks another user's no-limit job with an hour's median.
+    short = job(2, "bob", limit_s=300.0, typical_s=DAY)
+    assert set(placed(run([job(1, "alice", typical_s=3600.0), short], Cluster(hosts(1))))) == {2}
+    # Fair share still weighs more than a limit within a few doublings of another's.
+    d = run(
+        [job(1, "heavy", limit_s=1800.0), job(2, "light", limit_s=3600.0)],
+        Cluster(hosts(1)),
+        usage={"heavy": 1e6, "light": 10.0},
+    )
+    assert set(placed(d)) == {2}
+
+
 def test_a_user_at_their_gpu_limit_waits_with_the_reason_in_words() -> None:
     busy = cluster(8, running=[running(90, "lab-a", (0, 1, 2, 3), user="alice")])
     fair = FairShare(limits={"alice": 4.0})

@@ -202,6 +202,40 @@ def test_a_bad_fraction_is_named_with_its_line(tmp_path: Path, row: str, message
         read_trace(fractions_trace(tmp_path, [row]))
 
 
+def limits_trace(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "limits.csv"
+    path.write_text("submit_time_s,duration_s,num_gpus,user,time_limit_s\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_time_limits_rank_jobs_and_stop_those_that_overrun(tmp_path: Path) -> None:
+    """One GPU. Three jobs queue behind the first: towerq runs the one whose limit says it
+    is short first (fit-first keeps submit order); a job past its limit is stopped there."""
+    rows = ["0,100,1,a,", "1,1000,1,b,", "2,500,1,c,2000", "3,50,1,d,600", "4,9000,1,e,30"]
+    towerq = read_trace(limits_trace(tmp_path, rows))
+    simulate(towerq, 1, 1, Policy.TOWERQ)
+    # e (30 s limit) at 100 and stopped at 130, d (600 s) at 130-180, c (2000 s) at 180, b last
+    assert [j.start for j in towerq] == [0, 680, 180, 130, 100]
+    fit_first = read_trace(limits_trace(tmp_path, rows))
+    result = simulate(fit_first, 1, 1, Policy.FIT_FIRST)
+    assert [j.start for j in fit_first] == [0, 100, 1100, 1600, 1650]
+    assert result["makespan_s"] == 1680.0  # e held the GPU 30 s, not its 9,000
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("0,1,1,u,0", "time_limit_s must be a positive number of seconds, got 0"),
+        ("0,1,1,u,-5", "time_limit_s must be a positive number of seconds, got -5"),
+        ("0,1,1,u,inf", "time_limit_s must be a positive number of seconds, got inf"),
+        ("0,1,1,u,soon", "time_limit_s 'soon' is not a number"),
+    ],
+)
+def test_a_bad_time_limit_is_named_with_its_line(tmp_path: Path, row: str, message: str) -> None:
+    with pytest.raises(TraceError, match=f"limits.csv:2: {message}"):
+        read_trace(limits_trace(tmp_path, [row]))
+
+
 def test_on_a_real_mix_of_fractions_towerq_beats_fit_first_and_sharing_beats_whole_gpus() -> None:
     """The first 1,500 Philly jobs on 4 hosts × 8 GPUs, half the one-GPU jobs asking for
     0.25-0.8 of a GPU: towerq finishes jobs sooner than fit-first, and sharing GPUs
