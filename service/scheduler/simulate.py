@@ -102,25 +102,30 @@ def _trace_job(index: int, row: dict[str, str], path: Path, line: int) -> TraceJ
         raise TraceError(f"{path}:{line}: {err}") from err
     if job.gpus < 1 or job.duration < 0 or not math.isfinite(job.submit) or not job.user:
         raise TraceError(f"{path}:{line}: needs num_gpus >= 1, duration_s >= 0 and a user")
-    fraction = (row.get(FRACTION_COLUMN) or "").strip()
-    if fraction:
-        try:
-            job.fraction = float(fraction)
-        except ValueError:
-            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} {fraction!r} is not a number") from None
-        if not 0 < job.fraction <= 1:
-            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} must be in (0, 1], got {fraction}")
-        if job.fraction < 1 and job.gpus != 1:
+    fraction = _optional_number(row, FRACTION_COLUMN, f"{path}:{line}")
+    if fraction is not None:
+        if not 0 < fraction <= 1:
+            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} must be in (0, 1], got {row[FRACTION_COLUMN].strip()}")
+        if fraction < 1 and job.gpus != 1:
             raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} below 1 needs num_gpus 1 (got {job.gpus})")
-    limit = (row.get(LIMIT_COLUMN) or "").strip()
-    if limit:
-        try:
-            job.limit = float(limit)
-        except ValueError:
-            raise TraceError(f"{path}:{line}: {LIMIT_COLUMN} {limit!r} is not a number") from None
-        if not (job.limit > 0 and math.isfinite(job.limit)):
-            raise TraceError(f"{path}:{line}: {LIMIT_COLUMN} must be a positive number of seconds, got {limit}")
+        job.fraction = fraction
+    job.limit = _optional_number(row, LIMIT_COLUMN, f"{path}:{line}")
+    if job.limit is not None and not (job.limit > 0 and math.isfinite(job.limit)):
+        raise TraceError(
+            f"{path}:{line}: {LIMIT_COLUMN} must be a positive number of seconds, got {row[LIMIT_COLUMN].strip()}"
+        )
     return job
+
+
+def _optional_number(row: dict[str, str], column: str, where: str) -> float | None:
+    """The number in an optional column; None when the column is absent or empty."""
+    text = (row.get(column) or "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise TraceError(f"{where}: {column} {text!r} is not a number") from None
 
 
 @dataclass
