@@ -61,10 +61,10 @@ from service.scheduler.types import (  # noqa: E402
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "philly_2017-10-23_5000.csv"
 HOSTS, GPUS_PER_HOST = 32, 8
 JCT_BAR, WAIT_BAR = 0.75, 1.0
+"""towerq's avg JCT and max wait as fractions of fit-first's: the issue's bars."""
 LIMIT_PADDING = 4.0
 """Time limits in the limits rows: run time × U(1, this); users pad limits so as not to be
 stopped, and 4x is a loose padding (a tight limit ranks a job further ahead)."""
-"""towerq's avg JCT and max wait as fractions of fit-first's: the issue's bars."""
 METRICS = (
     "avg_jct_s",
     "p50_jct_s",

@@ -20,13 +20,12 @@ Ends = tuple[float, float]
 
 def expected_end(running: RunningJob, now: float) -> float:
     """When a running job will likely end: its time limit; else its owner's usual run time;
-    else, or once it has outlived that, after as long again as it has run so far (with
-    heavy-tailed run times, the longer a job has run, the longer it is likely to go on)."""
+    else, or once it has outlived that, after as long again as it has run so far."""
     if running.limit_s is not None:
         return running.end
     if running.estimate_s is not None and running.started + running.estimate_s > now:
         return running.started + running.estimate_s
-    return now + max(now - running.started, MIN_EXPECTED_S)
+    return _as_long_again(running, now)
 
 
 def likely_end(running: RunningJob, now: float) -> float:
@@ -37,8 +36,13 @@ def likely_end(running: RunningJob, now: float) -> float:
     if running.typical_s is None:
         return expected_end(running, now)
     typical = running.started + running.typical_s
-    end = typical if typical > now else now + max(now - running.started, MIN_EXPECTED_S)
-    return min(end, running.end)
+    return min(typical if typical > now else _as_long_again(running, now), running.end)
+
+
+def _as_long_again(running: RunningJob, now: float) -> float:
+    """A job that has outlived what was known of it ends after as long again as it has run
+    (with heavy-tailed run times, the longer a job has run, the longer it is likely to go on)."""
+    return now + max(now - running.started, MIN_EXPECTED_S)
 
 
 @dataclass(slots=True)

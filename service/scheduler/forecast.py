@@ -41,9 +41,10 @@ class Forecast:
 def run_time(job: QueuedJob) -> float:
     """How long a job the replay starts is taken to run: its owner's median run time, never
     above its time limit; else its limit; else `DEFAULT_RUN_S`."""
-    if job.typical_s is not None:
-        return min(job.typical_s, job.limit_s) if job.limit_s is not None else job.typical_s
-    return job.limit_s if job.limit_s is not None else DEFAULT_RUN_S
+    for known in (job.likely_run_s, job.limit_s):
+        if known is not None:
+            return known
+    return DEFAULT_RUN_S
 
 
 def forecast(
@@ -74,10 +75,10 @@ def forecast(
                 for i in indices:
                     by_name[host].free[i] -= job.fraction
                 started = RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s)
-                started.estimate_s = started.typical_s = run_time(job)
+                started.estimate_s = started.typical_s = run_s = run_time(job)
                 running.append(started)
                 counter += 1
-                heapq.heappush(ends, (clock + run_time(job), counter, started))
+                heapq.heappush(ends, (clock + run_s, counter, started))
         if not ends:
             break  # nothing will free up: the rest cannot start (a host down, too large)
         clock = max(clock, ends[0][0])

@@ -344,10 +344,8 @@ def _length_doublings(seconds: float | None) -> float:
 def _length_rank(job: QueuedJob) -> float:
     """The length term: the job's time limit (none: the longest) and its owner's median
     run time, never taken above the limit."""
-    if job.limit_s is None:
-        return LIMIT_CLASS * MAX_DOUBLINGS + LENGTH_CLASS * _length_doublings(job.typical_s)
-    typical = min(job.typical_s, job.limit_s) if job.typical_s is not None else None
-    return LIMIT_CLASS * _length_doublings(job.limit_s) + LENGTH_CLASS * _length_doublings(typical)
+    limit = MAX_DOUBLINGS if job.limit_s is None else _length_doublings(job.limit_s)
+    return LIMIT_CLASS * limit + LENGTH_CLASS * _length_doublings(job.likely_run_s)
 
 
 def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:

@@ -47,6 +47,13 @@ class QueuedJob:
     typical_s: float | None = None
     """Its owner's median run time lately; None when unknown."""
 
+    @property
+    def likely_run_s(self) -> float | None:
+        """Its owner's median run time, never above its own time limit; None when unknown."""
+        if self.typical_s is None or self.limit_s is None:
+            return self.typical_s
+        return min(self.typical_s, self.limit_s)
+
 
 @dataclass(slots=True)
 class RunningJob:
