@@ -64,6 +64,10 @@ def describe(reason: Reason, now: float) -> str:
             host, job_ids = a
             jobs = ", ".join(f"job {j}" for j in job_ids)
             return f"stopping lower-priority {jobs} on {host} to make room"
+        case Wait.SLICING:
+            host, job_ids = a
+            jobs = ", ".join(f"job {j}" for j in job_ids)
+            return f"stopping {jobs} on {host} (had their time slice) to make room"
     return str(reason.kind)
 
 

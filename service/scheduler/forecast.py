@@ -63,7 +63,8 @@ def forecast(
     ends: list[tuple[float, int, RunningJob]] = []
     for n, run in enumerate(running):
         heapq.heappush(ends, (likely_end(run, now), n, run))
-    replay = replace(config, explain=False, preemption=False)
+    # The replay stops no job (time slicing included: it would only hold GPUs it never gets).
+    replay = replace(config, explain=False, preemption=False, demote_after_gpu_s=0.0)
     found: dict[int, Forecast] = {}
     clock, events, counter = now, 0, len(running)
     while queue and events <= MAX_EVENTS and clock <= now + HORIZON_S:

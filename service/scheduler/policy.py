@@ -36,6 +36,16 @@ Policies:
   * Preemption (optional): a `high` job that cannot start stops `low` jobs (the youngest
     first, so the least work is redone) on the host where that frees room soonest; their
     GPUs are held for it until they have checkpointed and gone back to the queue.
+  * Time slicing (optional, `demote_after_gpu_s` > 0; the simulator's for now): least
+    attained service in two levels, as Tiresias (NSDI '19) does for GPU clusters where
+    run times are unknown and heavy-tailed. A job that has run `demote_after_gpu_s`
+    GPU-seconds (all attempts) ranks `DEMOTED_CLASS` lower, and a fresh job that cannot
+    start may stop such jobs of its priority or lower, the most served first; they
+    checkpoint and queue again. So short work never waits behind long work, and long
+    work is found out by running rather than guessed from its owner's history. An attempt
+    is never stopped before it has run `MIN_RUN_S` and as long as all the job's earlier
+    attempts together, so slices double and a job is stopped at most about log2(its run
+    time / the threshold) times.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from service.scheduler.capacity import FreeGpus, Slots, expected_end
 from service.scheduler.types import (
@@ -65,6 +75,10 @@ from service.scheduler.types import (
 
 DEFAULT_RUN_S = 3600.0
 """Expected run time of a job whose owner has no history yet (for fair share only)."""
+DEMOTED_CLASS = 1.0
+"""Time slicing: rank a job loses once it has had its first `demote_after_gpu_s` (a whole
+class: fresh work of its priority goes first, as in a two-level least-attained-service
+queue; aging still lifts it)."""
 HIGH = PRIORITY_RANK["high"]
 LOW = PRIORITY_RANK["low"]
 
@@ -99,6 +113,11 @@ class _Pass:
         self.blocker: QueuedJob | None = None
         self.reservable: set[int] = set()
         self._reasons: dict[tuple[object, ...], Reason] = {}
+        self._no_victims: set[tuple[object, ...]] = set()
+        self._stops_jobs = config.policy == Policy.TOWERQ and (config.preemption or config.demote_after_gpu_s > 0)
+        """Preemption or time slicing may stop running jobs in this pass."""
+        self._sliceable = {r.id: r.served(now) for r in cluster.running if self._may_slice(r)}
+        """Time slicing: the running jobs fresh work may still stop, and what each has served."""
 
     def run(self) -> Decision:
         if self.config.policy == Policy.TOWERQ:
@@ -123,10 +142,14 @@ class _Pass:
                     # Nothing more starts in this pass, so no user's term changes: the rest
                     # of the rank order is one plain sort.
                     rest = [j for j in self.queued if j.id not in seen]
-                    if not self.config.explain and not self.config.preemption:
+                    if not self.config.explain and not self._may_preempt:
                         self._reserve_for_rest(rest, terms)
                         break
-                    for waiting in sorted(rest, key=lambda j: self._rank_key(j, terms)):
+                    ordered = sorted(rest, key=lambda j: self._rank_key(j, terms))
+                    for k, waiting in enumerate(ordered):
+                        if not self.config.explain and not self._may_preempt:
+                            self._reserve_for_rest(ordered[k:], terms)  # no victim left
+                            break
                         self._consider(waiting)
                     break
         else:
@@ -159,7 +182,8 @@ class _Pass:
         if strict:
             self.blocker = job
         reason = self._make_room(job)
-        reserved = self._reserve(job) if reason.kind != Wait.PREEMPTING and self._starving_gang(job) else None
+        starving = self._starving_gang(job) and reason.kind not in (Wait.PREEMPTING, Wait.SLICING)
+        reserved = self._reserve(job) if starving else None
         self._wait(job, reason, reserved)
         return False
 
@@ -234,22 +258,58 @@ class _Pass:
 
     # -- preemption -------------------------------------------------------------------------
 
+    @property
+    def _may_preempt(self) -> bool:
+        """Whether a job considered from here on might still stop a running one."""
+        return self.config.preemption or bool(self._sliceable)
+
+    def _may_slice(self, running: RunningJob) -> bool:
+        """Time slicing is on, the job is not stopping, it has had its first
+        `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
+        all its earlier attempts together."""
+        if self.config.demote_after_gpu_s <= 0 or running.stopping:
+            return False
+        this_attempt = self.now - running.started
+        earlier = running.served_gpu_s / running.gpu_load if running.gpu_load > 0 else 0.0
+        return running.served(self.now) >= self.config.demote_after_gpu_s and this_attempt >= max(MIN_RUN_S, earlier)
+
     def _make_room(self, job: QueuedJob) -> Reason:
-        if not self.config.preemption or job.priority != HIGH or self.config.policy != Policy.TOWERQ:
+        if not self._stops_jobs:
             return self._why_no_fit(job)
-        choice = self._victims(job)
+        if self.config.preemption and job.priority == HIGH:
+            choice, kind = self._victims(job, lambda r: r.priority == LOW, lambda r: -r.started), Wait.PREEMPTING
+        elif 0 < self.config.demote_after_gpu_s and job.served_gpu_s < self.config.demote_after_gpu_s:
+            choice, kind = self._slice_victims(job), Wait.SLICING
+        else:
+            return self._why_no_fit(job)
         if choice is None:
             return self._why_no_fit(job)
         host, indices, victims = choice
         for victim in victims:
             if not self._stopping(victim):
                 self.decision.preempt[victim.id] = job.id
+                self._sliceable.pop(victim.id, None)
         self.free.hold(job.id, [(host, indices)], self.now, self.now)
-        return Reason(Wait.PREEMPTING, (host, tuple(v.id for v in victims)))
+        return Reason(kind, (host, tuple(v.id for v in victims)))
 
-    def _victims(self, job: QueuedJob) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
-        """The host where stopping the fewest low jobs (youngest first) makes room; jobs
-        already stopping count as gone."""
+    def _slice_victims(self, job: QueuedJob) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
+        """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
+        the most served first. Within a pass, victims only get fewer and free GPUs
+        scarcer, so a shape that found none finds none later in the pass either."""
+        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority)
+        if shape in self._no_victims:
+            return None
+        served = self._sliceable
+        choice = self._victims(job, lambda r: r.id in served and r.priority >= job.priority, lambda r: -served[r.id])
+        if choice is None:
+            self._no_victims.add(shape)
+        return choice
+
+    def _victims(
+        self, job: QueuedJob, may_stop: Callable[[RunningJob], bool], order: Callable[[RunningJob], float]
+    ) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
+        """The host where stopping the fewest running jobs that `may_stop` (in `order`)
+        makes room; jobs already stopping count as gone."""
         best: tuple[int, str, tuple[int, ...], list[RunningJob]] | None = None
         hosts = [job.host] if job.host is not None else self.free.order
         for host in hosts:
@@ -257,9 +317,7 @@ class _Pass:
                 continue
             running = self.free.running_on[host]
             freed = [r for r in running if self._stopping(r)]
-            candidates = sorted(
-                (r for r in running if r.priority == LOW and not self._stopping(r)), key=lambda r: -r.started
-            )
+            candidates = sorted((r for r in running if may_stop(r) and not self._stopping(r)), key=order)
             indices = self.free.would_fit_if_freed(job, host, freed)
             for victim in candidates:
                 if indices is not None:
@@ -330,6 +388,10 @@ time × U(1, 4), mean avg JCT / fit-first and both bars met: 0.05: 0.661, 24; 0.
 26; 0.3: 0.629, 25; 0.5: 0.628, 28. The gain levels off by 0.3, and counts move by ±2 from
 one change to the next, so 0.3 stands on its reason above, not on these. A fading
 variant, like the size term's, met both on 23.)"""
+MIN_RUN_S = 600.0
+"""Time slicing stops no attempt younger than this: starting a job again costs about a
+minute (a new process, the graph built, the checkpoint restored), so each slice pays for
+it at least ten times over."""
 LENGTH_REFERENCE_S = 3600.0
 MAX_DOUBLINGS = 3.0
 
@@ -354,6 +416,8 @@ def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:
     fresh = max(0.0, 1.0 - waited / config.reserve_after_s) if config.reserve_after_s > 0 else 0.0
     if job.gpus > 1:
         rank += SIZE_CLASS * math.log2(job.gpus) * fresh
+    if 0 < config.demote_after_gpu_s <= job.served_gpu_s:
+        rank += DEMOTED_CLASS
     return rank + _length_rank(job)
 
 

@@ -14,7 +14,12 @@ An optional `time_limit_s` column (> 0; empty or absent: none) gives a job a tim
 which the policy sees as the live one does; a job that runs past its limit is stopped
 there, as the worker stops it.
 
-Metrics: job completion time (JCT = finish - submit), wait (start - submit), makespan
+With time slicing on (`PolicyConfig.demote_after_gpu_s`), a job the policy stops keeps
+running `CHECKPOINT_S` (it checkpoints), then queues again with the run time it has left
+plus `RESTART_S` (a new process, its graph built, the checkpoint restored).
+
+Metrics: job completion time (JCT = finish - submit), wait (all the time it spent queued:
+start - submit, plus the time queued again after each stop), makespan
 (first submit to last finish), utilization (GPU-seconds used / offered over the
 makespan), fragmentation (the share of the capacity left idle while some job waited: GPUs
 or parts of GPUs no waiting job could use), Jain's fairness index over users' average number of GPUs held while they had
@@ -48,6 +53,10 @@ from service.scheduler.types import (
 )
 from service.scheduler.usage import decayed, interval_usage
 
+CHECKPOINT_S = 30.0
+"""A stopped job holds its GPUs this long (it writes a checkpoint first)."""
+RESTART_S = 60.0
+"""Run time a stopped job loses when it starts again (process, graph, checkpoint restore)."""
 TRACE_COLUMNS = ("submit_time_s", "duration_s", "num_gpus", "user")
 FRACTION_COLUMN = "gpu_fraction"
 LIMIT_COLUMN = "time_limit_s"
@@ -69,6 +78,14 @@ class TraceJob:
     """Of each GPU (trace column `gpu_fraction`); below 1 the GPU may be shared."""
     limit: float | None = None
     """Time limit (trace column `time_limit_s`): the job is stopped there if still running."""
+    left: float | None = None
+    """Run time still to go (set when it first starts; a preempted job's grows by RESTART_S)."""
+    served: float = 0.0
+    """GPU-seconds it has run in earlier attempts."""
+    waited: float = 0.0
+    """Time spent queued, all attempts together."""
+    queued_at: float | None = None
+    attempt: int = 0
 
     @property
     def run_s(self) -> float:
@@ -175,18 +192,25 @@ def simulate(
     by_id = {j.id: j for j in runnable}
     arrivals = list(runnable)
     arrivals.reverse()
-    ends: list[tuple[float, int]] = []
+    ends: list[tuple[float, int, int]] = []
+    stops: list[tuple[float, int]] = []
     finished: dict[int, float] = {}
     pass_ms: list[float] = []
     estimates: dict[int, tuple[float, float]] = {}
     """Sampled job -> (forecast start, naive start), made at its arrival."""
     now = arrivals[-1].submit if arrivals else 0.0
     while arrivals or ends:
-        next_time = min(arrivals[-1].submit if arrivals else math.inf, ends[0][0] if ends else math.inf)
+        next_time = min(
+            arrivals[-1].submit if arrivals else math.inf,
+            ends[0][0] if ends else math.inf,
+            stops[0][0] if stops else math.inf,
+        )
         _advance(state, now, next_time)
         now = next_time
         while ends and ends[0][0] <= now:
-            _, job_id = heapq.heappop(ends)
+            _, job_id, attempt = heapq.heappop(ends)
+            if attempt != by_id[job_id].attempt:
+                continue
             _finish(state, job_id, now, half_life_s)
             finished[job_id] = now
             done = by_id[job_id]
@@ -195,6 +219,10 @@ def simulate(
                 for queued in state.queued.values():
                     if queued.user == done.user:
                         queued.estimate_s, queued.typical_s = estimate, typical
+        while stops and stops[0][0] <= now:
+            _, job_id = heapq.heappop(stops)
+            if job_id not in finished:
+                _requeue(state, by_id[job_id], now, half_life_s, oracle)
         arrived: list[int] = []
         while arrivals and arrivals[-1].submit <= now:
             job = arrivals.pop()
@@ -221,10 +249,16 @@ def simulate(
         sampled = [i for i in arrived if estimates_every and i % estimates_every == 0]
         if sampled:
             _estimate(state, decision, fair, sampled, (now, config), finished, by_id, estimates)
+        for victim in decision.preempt:
+            parts = [r for key, r in state.running.items() if key[0] == victim]
+            if parts and not parts[0].stopping:
+                for part in parts:
+                    part.stopping = True
+                heapq.heappush(stops, (now + CHECKPOINT_S, victim))
         for placement in decision.placements:
             job = by_id[placement.job_id]
-            _start(state, job, placement.slots, now, oracle)
-            heapq.heappush(ends, (now + job.run_s, job.id))
+            left = _start(state, job, placement.slots, now, oracle)
+            heapq.heappush(ends, (now + left, job.id, job.attempt))
     result = _metrics(runnable, finished, len(jobs) - len(runnable), state, capacity, pass_ms)
     if estimates_every:
         result["start_estimates"] = _estimate_errors(estimates, by_id)
@@ -307,11 +341,17 @@ def _advance(state: _State, start: float, end: float) -> None:
             state.entitled_gpu_s_while_waiting[user] += span * fair.get(user, 0.0)
 
 
-def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> None:
+def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> float:
+    """Start `job` on `slots`; returns the run time it has left."""
     queued = state.queued.pop(job.id)
     state.waiting[job.user] -= 1
     state.queued_load[job.user] -= job.gpus * queued.fraction
-    job.start = now
+    if job.start is None:
+        job.start = now
+    left = job.run_s if job.left is None else job.left
+    job.left = left
+    job.waited += now - (job.queued_at if job.queued_at is not None else job.submit)
+    job.attempt += 1
     for host, indices in slots:
         for i in indices:
             state.by_name[host].free[i] -= queued.fraction
@@ -323,11 +363,39 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             indices=indices,
             fraction=queued.fraction,
             started=now,
-            limit_s=job.run_s if oracle else job.limit,
+            limit_s=job.left if oracle else job.limit,
             estimate_s=queued.estimate_s,
             typical_s=queued.typical_s,
+            served_gpu_s=job.served,
         )
     state.held[job.user] += job.gpus * queued.fraction
+    return left
+
+
+def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracle: bool) -> None:
+    """A preempted job has checkpointed: its GPUs free up and it queues again, its run
+    time left grown by RESTART_S (starting again and restoring the checkpoint)."""
+    parts = [r for key, r in state.running.items() if key[0] == job.id]
+    ran = now - parts[0].started
+    _finish(state, job.id, now, half_life_s)
+    job.served += job.gpus * job.fraction * ran
+    job.left = max(0.0, (job.left or 0.0) - ran) + RESTART_S
+    job.queued_at = now
+    job.attempt += 1
+    state.queued[job.id] = QueuedJob(
+        job.id,
+        job.user,
+        1,
+        job.gpus,
+        job.fraction,
+        job.submit,
+        limit_s=job.left if oracle else job.limit,
+        estimate_s=state.history.estimate(job.user),
+        typical_s=state.history.typical(job.user),
+        served_gpu_s=job.served,
+    )
+    state.waiting[job.user] += 1
+    state.queued_load[job.user] += job.gpus * job.fraction
 
 
 def _finish(state: _State, job_id: int, now: float, half_life_s: float) -> None:
@@ -375,10 +443,10 @@ def _metrics(
     pass_ms: list[float],
 ) -> dict[str, Any]:
     jct = [finished[j.id] - j.submit for j in jobs]
-    wait = [(j.start or 0.0) - j.submit for j in jobs]
+    wait = [j.waited for j in jobs]
     waits: dict[str, list[float]] = defaultdict(list)
     for j in jobs:
-        waits[j.user].append((j.start or 0.0) - j.submit)
+        waits[j.user].append(j.waited)
 
     def while_waiting(gpu_s: dict[str, float], user: str) -> float:
         waited = state.waited_s.get(user, 0.0)

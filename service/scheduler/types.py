@@ -46,6 +46,8 @@ class QueuedJob:
     promise); None when unknown."""
     typical_s: float | None = None
     """Its owner's median run time lately; None when unknown."""
+    served_gpu_s: float = 0.0
+    """GPU-seconds its earlier attempts ran (0 for a job that never ran)."""
 
     @property
     def likely_run_s(self) -> float | None:
@@ -71,6 +73,12 @@ class RunningJob:
     """A likely run time from the owner's recent jobs; None when unknown."""
     typical_s: float | None = None
     """Its owner's median run time lately; None when unknown."""
+    served_gpu_s: float = 0.0
+    """GPU-seconds its earlier attempts ran (not counting this one)."""
+
+    def served(self, now: float) -> float:
+        """GPU-seconds it has run so far, earlier attempts included."""
+        return self.served_gpu_s + self.gpu_load * max(0.0, now - self.started)
 
     @property
     def end(self) -> float:
@@ -127,6 +135,9 @@ class PolicyConfig:
     max_reservations: int = DEFAULT_MAX_RESERVATIONS
     """How many jobs may hold reservations at once (each may idle GPUs while it waits)."""
     preemption: bool = False
+    demote_after_gpu_s: float = 0.0
+    """Time slicing (0: off): a job that has run this many GPU-seconds ranks a class lower,
+    and fresh work may stop it to start (see `policy`)."""
     explain: bool = True
     """Give every waiting job its position and reason (the simulator turns it off)."""
 
@@ -142,6 +153,7 @@ class Wait(enum.StrEnum):
     BEHIND = "behind"  # (blocking job id,)
     RESERVED = "reserved"  # (host, indices, for job id, start)
     PREEMPTING = "preempting"  # (host, job ids)
+    SLICING = "slicing"  # (host, job ids): time slicing stops long-served jobs for it
 
 
 @dataclass(slots=True, frozen=True)

@@ -253,6 +253,54 @@ def test_normal_jobs_never_preempt() -> None:
     assert run([job(1)], cluster(1, running=low), preemption=True).preempt == {}
 
 
+HOUR = 3600.0
+
+
+def test_time_slicing_stops_the_most_served_job_for_fresh_work_only_when_on() -> None:
+    long_served = [
+        running(100, "lab-a", (0,), started=NOW - 2 * HOUR),
+        running(101, "lab-a", (1,), started=NOW - 5 * HOUR),
+        running(102, "lab-b", (0,), started=NOW - 0.5 * HOUR),  # not yet had its slice
+    ]
+    fresh = job(1)
+    assert run([fresh], cluster(2, 1, running=long_served)).preempt == {}, "off by default"
+    on = run([fresh], cluster(2, 1, running=long_served), demote_after_gpu_s=HOUR)
+    assert on.preempt == {101: 1}, "the most served goes first, one is enough"
+    assert reasons(on)[1] == "stopping job 101 on lab-a (had their time slice) to make room"
+    assert placed(on) == {}, "it starts once the stopped job has checkpointed"
+
+
+def test_time_slices_double_so_a_job_is_stopped_only_a_few_times() -> None:
+    """An attempt is stopped only after MIN_RUN_S and as long as all earlier attempts."""
+    cases = {
+        # (GPU-seconds of earlier attempts, this attempt's run so far): may it be stopped?
+        (4 * HOUR, 2 * HOUR): False,
+        (4 * HOUR, 4.5 * HOUR): True,
+        (2 * HOUR, 300.0): False,
+        (0.0, 1.5 * HOUR): True,
+    }
+    for (earlier, this_attempt), stopped in cases.items():
+        long_run = [running(100, "lab-a", (0,), started=NOW - this_attempt, served_gpu_s=earlier)]
+        d = run([job(1)], cluster(1, running=long_run), demote_after_gpu_s=HOUR)
+        assert (d.preempt == {100: 1}) is stopped, (earlier, this_attempt)
+
+
+def test_a_served_job_ranks_behind_fresh_work_and_stops_nobody() -> None:
+    again = job(1, submitted=NOW - 2 * HOUR, served_gpu_s=3 * HOUR)  # stopped once, queued again
+    fresh = job(2, submitted=NOW - 60)
+    d = run([again, fresh], Cluster(hosts(1)), demote_after_gpu_s=HOUR)
+    assert placed(d) == {2: ("lab-a", (0,))}
+    long_run = [running(100, "lab-a", (0,), started=NOW - 5 * HOUR)]
+    assert run([again], cluster(1, running=long_run), demote_after_gpu_s=HOUR).preempt == {}
+
+
+def test_time_slicing_never_stops_higher_priority_work() -> None:
+    urgent_run = [running(100, "lab-a", (0,), priority=HIGH, started=NOW - 5 * HOUR)]
+    assert run([job(1)], cluster(1, running=urgent_run), demote_after_gpu_s=HOUR).preempt == {}
+    low_run = [running(100, "lab-a", (0,), priority=LOW, started=NOW - 5 * HOUR)]
+    assert run([job(1)], cluster(1, running=low_run), demote_after_gpu_s=HOUR).preempt == {100: 1}
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 8), min_size=1, max_size=4),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from service.scheduler.history import RunTimes
-from service.scheduler.simulate import TraceError, read_trace, simulate
+from service.scheduler.simulate import CHECKPOINT_S, RESTART_S, TraceError, read_trace, simulate
 from service.scheduler.types import Policy, PolicyConfig
 
 METRICS = {
@@ -186,6 +186,25 @@ def test_fragmentation_is_the_capacity_left_idle_while_a_job_waits(tmp_path: Pat
     result = simulate(jobs, 1, 1, Policy.TOWERQ)
     assert [j.start for j in jobs] == [0, 100] or [j.start for j in jobs] == [50, 0]
     assert result["fragmentation"] == pytest.approx(0.4)
+
+
+def test_time_slicing_stops_a_long_job_for_a_short_one_and_resumes_it(tmp_path: Path) -> None:
+    """One GPU; a 3-hour job runs when a 10-minute one arrives an hour and a half in.
+    With slicing after an hour the long job checkpoints (CHECKPOINT_S), the short one
+    runs, and the long one resumes with RESTART_S more to go; its wait counts the time it
+    was queued again. Off, the short one waits for the long one."""
+    rows = ["0,10800,1,a", "5400,600,1,b"]
+    off = read_trace(trace(tmp_path, rows))
+    simulate(off, 1, 1, Policy.TOWERQ)
+    assert [j.start for j in off] == [0, 10800]
+    on = read_trace(trace(tmp_path, rows))
+    result = simulate(on, 1, 1, Policy.TOWERQ, config=PolicyConfig(demote_after_gpu_s=3600))
+    stop = 5400 + CHECKPOINT_S
+    assert [j.start for j in on] == [0, stop]
+    assert on[0].waited == 600, "queued again from its stop until the short job ended"
+    assert result["max_wait_s"] == 600
+    assert result["makespan_s"] == 10800 + 600 + RESTART_S
+    assert result["avg_jct_s"] == round(((10800 + 600 + RESTART_S) + (stop + 600 - 5400)) / 2, 1)
 
 
 @pytest.mark.parametrize(
