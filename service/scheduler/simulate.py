@@ -227,19 +227,7 @@ def simulate(
         while arrivals and arrivals[-1].submit <= now:
             job = arrivals.pop()
             arrived.append(job.id)
-            state.queued[job.id] = QueuedJob(
-                job.id,
-                job.user,
-                1,
-                job.gpus,
-                job.fraction,
-                job.submit,
-                limit_s=job.run_s if oracle else job.limit,
-                estimate_s=state.history.estimate(job.user),
-                typical_s=state.history.typical(job.user),
-            )
-            state.waiting[job.user] += 1
-            state.queued_load[job.user] += job.gpus * job.fraction
+            _enqueue(state, job, oracle)
         started = time.perf_counter()
         fair = FairShare(usage=_usage_now(state, now, half_life_s))
         decision = schedule(
@@ -382,6 +370,11 @@ def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracl
     job.left = max(0.0, (job.left or 0.0) - ran) + RESTART_S
     job.queued_at = now
     job.attempt += 1
+    _enqueue(state, job, oracle)
+
+
+def _enqueue(state: _State, job: TraceJob, oracle: bool) -> None:
+    """Queue `job` (on arrival, or again after a stop) as the policy sees it."""
     state.queued[job.id] = QueuedJob(
         job.id,
         job.user,
@@ -389,7 +382,7 @@ def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracl
         job.gpus,
         job.fraction,
         job.submit,
-        limit_s=job.left if oracle else job.limit,
+        limit_s=(job.run_s if job.left is None else job.left) if oracle else job.limit,
         estimate_s=state.history.estimate(job.user),
         typical_s=state.history.typical(job.user),
         served_gpu_s=job.served,
