@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import random
 import statistics
@@ -160,7 +161,13 @@ def bootstrap_ratios(work: tuple[list[TraceJob], int, bool, float]) -> tuple[int
     config = PolicyConfig(demote_after_gpu_s=slice_gpu_s)
     towerq = simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, config=config)
     fit_first = simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.FIT_FIRST)
-    return seed, towerq["avg_jct_s"] / fit_first["avg_jct_s"], towerq["max_wait_s"] / fit_first["max_wait_s"]
+    return seed, ratio(towerq, fit_first, "avg_jct_s"), ratio(towerq, fit_first, "max_wait_s")
+
+
+def ratio(towerq: dict[str, float], fit_first: dict[str, float], metric: str) -> float:
+    """towerq's `metric` over fit-first's; nan when fit-first's is 0 (a trace where nobody
+    waits), which meets no bar and prints as nan."""
+    return towerq[metric] / fit_first[metric] if fit_first[metric] else math.nan
 
 
 def meets_bars(jct_ratio: float, wait_ratio: float) -> bool:
@@ -219,8 +226,8 @@ def main() -> None:
     print(f"{args.trace.name}: {len(jobs)} jobs on {HOSTS} hosts x {GPUS_PER_HOST} GPUs, no run-time estimates\n")
     results = replay(jobs)
     print_table(results)
-    jct = results["towerq"]["avg_jct_s"] / results["fit-first"]["avg_jct_s"]
-    wait = results["towerq"]["max_wait_s"] / results["fit-first"]["max_wait_s"]
+    jct = ratio(results["towerq"], results["fit-first"], "avg_jct_s")
+    wait = ratio(results["towerq"], results["fit-first"], "max_wait_s")
     plain, explained = pass_time(jobs, explain=False), pass_time(jobs, explain=True)
     live = pass_time(jobs, explain=True, repeats=3, forecast_too=True)
     print()
