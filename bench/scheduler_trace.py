@@ -123,10 +123,10 @@ def pass_time(
     ]
     queued = [QueuedJob(j.id, j.user, 1, j.gpus, 1.0, j.submit) for j in jobs]
     usage = {user: 1000.0 * k for k, user in enumerate(sorted({j.user for j in jobs}))}
+    config = replace(config or PolicyConfig(), explain=explain)
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        config = replace(config or PolicyConfig(), explain=explain)
         decision = schedule(queued, Cluster(hosts, running), FairShare(usage=usage), now, config)
         if forecast_too:
             by_id = {q.id: q for q in queued}

@@ -116,7 +116,11 @@ class _Pass:
         self._no_victims: set[tuple[object, ...]] = set()
         self._stops_jobs = config.policy == Policy.TOWERQ and (config.preemption or config.demote_after_gpu_s > 0)
         """Preemption or time slicing may stop running jobs in this pass."""
-        self._sliceable = {r.id: r.served(now) for r in cluster.running if self._may_slice(r)}
+        self._sliceable = (
+            {r.id: r.served(now) for r in cluster.running if self._may_slice(r)}
+            if config.demote_after_gpu_s > 0
+            else {}
+        )
         """Time slicing: the running jobs fresh work may still stop, and what each has served."""
 
     def run(self) -> Decision:
@@ -264,10 +268,10 @@ class _Pass:
         return self.config.preemption or bool(self._sliceable)
 
     def _may_slice(self, running: RunningJob) -> bool:
-        """Time slicing is on, the job is not stopping, it has had its first
+        """(Time slicing on.) The job is not stopping, it has had its first
         `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
         all its earlier attempts together."""
-        if self.config.demote_after_gpu_s <= 0 or running.stopping:
+        if running.stopping:
             return False
         this_attempt = self.now - running.started
         earlier = running.served_gpu_s / running.gpu_load if running.gpu_load > 0 else 0.0
