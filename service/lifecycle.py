@@ -156,12 +156,12 @@ def request_cancel(session: Session, job: Job, by: str) -> None:
         job_message(session, job.id, "cancel", {"attempt": job.attempts, "host": job.host_name, "by": by})
 
 
-def request_preemption(session: Session, job: Job, for_job: int) -> None:
-    """Ask the worker to checkpoint this job and put it back in the queue, to make room."""
+def request_preemption(session: Session, job: Job, reason: str) -> None:
+    """Ask the worker to checkpoint this job and put it back in the queue, to make room;
+    `reason` becomes the message of its return to the queue."""
     if job.preempt_requested_at is not None or not JobState(job.state).holds_gpus:
         return
     job.preempt_requested_at = utcnow()
-    reason = f"preempted to make room for high-priority job {for_job}"
     job_message(session, job.id, "preempt", {"attempt": job.attempts, "host": job.host_name, "reason": reason})
 
 

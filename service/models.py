@@ -195,7 +195,7 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
     preempt_requested_at: Mapped[datetime | None] = mapped_column(default=None)
-    """The scheduler asked this attempt to make room for a high-priority job."""
+    """The scheduler asked this attempt to make room for another job (preemption, time slicing)."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)

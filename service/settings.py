@@ -88,6 +88,14 @@ class Settings(BaseSettings):
     reserve_after_s: float = Field(default=DEFAULT_RESERVE_AFTER_S, ge=0)
     max_reservations: int = Field(default=DEFAULT_MAX_RESERVATIONS, ge=0)
     preemption: bool = False
+    time_slice_gpu_s: float = Field(default=3600.0, ge=0)
+    """Time slicing (0 turns it off): a job that has used this many GPU-seconds, all its
+    attempts together, ranks a class lower, and fresh work of its priority or higher may
+    stop it (it checkpoints and queues again) once this attempt has run 10 minutes and as
+    long as its earlier attempts together. Short work never waits days behind long work;
+    a long job is stopped at most about log2(its run time / its first slice) times. One
+    GPU-hour is the policy's reference length; 81% of the Philly trace sample's jobs use
+    less, so most work is never stopped."""
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

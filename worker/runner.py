@@ -263,7 +263,8 @@ class JobRunner:
         if row.cancel_requested_at is not None:
             self.request_stop(Stop.CANCEL, "cancelled")
         elif row.preempt_requested_at is not None:
-            self.request_stop(Stop.PREEMPT, "preempted to make room for a high-priority job")
+            # The control message (with the reason) usually comes first; this poll is its backstop.
+            self.request_stop(Stop.PREEMPT, "stopped to make room for another job; it resumes from its checkpoint")
         limit = self.launch.time_limit_s
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")

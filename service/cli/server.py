@@ -191,6 +191,13 @@ def add_simulate(commands: Any) -> None:
         "--estimates", default="none", choices=["none", "oracle"], help="oracle: true durations become time limits"
     )
     simulate.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
+    simulate.add_argument(
+        "--time-slice",
+        type=float,
+        default=None,
+        metavar="GPU_SECONDS",
+        help="time slicing after this many GPU-seconds, 0 for none (default TOWERQ_TIME_SLICE_GPU_S, 3600)",
+    )
     simulate.set_defaults(run=run_simulate)
 
 
@@ -199,16 +206,22 @@ def run_simulate(args: argparse.Namespace) -> int:
     import sys
 
     from service.scheduler.simulate import TraceError, read_trace, simulate
-    from service.scheduler.types import Policy
+    from service.scheduler.types import Policy, PolicyConfig
 
     if args.hosts < 1 or args.gpus_per_host < 1:
         print("towerq: --hosts and --gpus-per-host must be at least 1", file=sys.stderr)
+        return 2
+    time_slice = Settings().time_slice_gpu_s if args.time_slice is None else args.time_slice
+    if not time_slice >= 0:
+        print("towerq: --time-slice must be 0 (off) or a number of GPU-seconds", file=sys.stderr)
         return 2
     try:
         jobs = read_trace(args.trace, limit=args.limit)
     except TraceError as err:
         print(f"towerq: {err}", file=sys.stderr)
         return 2
-    result = simulate(jobs, args.hosts, args.gpus_per_host, Policy(args.policy), oracle=args.estimates == "oracle")
+    config = PolicyConfig(demote_after_gpu_s=time_slice)
+    oracle = args.estimates == "oracle"
+    result = simulate(jobs, args.hosts, args.gpus_per_host, Policy(args.policy), oracle=oracle, config=config)
     print(json.dumps(result))
     return 0

@@ -39,6 +39,7 @@ def policy_config(settings: Settings) -> PolicyConfig:
         reserve_after_s=settings.reserve_after_s,
         max_reservations=settings.max_reservations,
         preemption=settings.preemption,
+        demote_after_gpu_s=settings.time_slice_gpu_s,
     )
 
 

@@ -96,7 +96,8 @@ class LiveScheduler:
         if decision.placements or decision.preempt:
             with self.ctx.db.write() as session:
                 self._serialize(session)
-                self._commit(session, decision, {q.id: q for q in queued}, report)
+                stops = stop_reasons(decision, cluster, now.timestamp())
+                self._commit(session, decision, {q.id: q for q in queued}, stops, report)
         for job_id, attempt, host in report.repairs.resend:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
@@ -124,7 +125,14 @@ class LiveScheduler:
         if session.get_bind().dialect.name == "postgresql":
             session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_PASS_LOCK})
 
-    def _commit(self, session: Session, decision: Decision, queued: dict[int, QueuedJob], report: PassReport) -> None:
+    def _commit(
+        self,
+        session: Session,
+        decision: Decision,
+        queued: dict[int, QueuedJob],
+        stops: dict[int, str],
+        report: PassReport,
+    ) -> None:
         """Write the decision, re-checking in this transaction what the snapshot (read
         outside it) said: each job still queued, each GPU still up, undrained and with
         room. A placement that no longer holds is left to the next pass, so whatever
@@ -144,10 +152,10 @@ class LiveScheduler:
             for gpu in wanted:
                 room[gpu] = (room[gpu][0], room[gpu][1] - fraction)
             report.placed.append((job.id, job.attempts, placement.host, placement.indices))
-        for victim, for_job in decision.preempt.items():
+        for victim, reason in stops.items():
             job = session.get(Job, victim)
             if job is not None:
-                request_preemption(session, job, for_job)
+                request_preemption(session, job, reason)
                 report.preempted.append(victim)
 
     def _write_pending(
@@ -239,3 +247,19 @@ class LiveScheduler:
 
     def send_launch(self, job_id: int, attempt: int, host: str) -> None:
         launches.send(self.ctx.redis, host, job_id, attempt)
+
+
+def stop_reasons(decision: Decision, cluster: Cluster, now: float) -> dict[int, str]:
+    """What each job the pass stops is told (and its return to the queue records)."""
+    served = {r.id: r.served(now) for r in cluster.running}
+    reasons = {}
+    for victim, for_job in decision.preempt.items():
+        if victim in decision.sliced:
+            hours = served.get(victim, 0.0) / 3600
+            reasons[victim] = (
+                f"had its time slice ({hours:.1f} GPU-hours so far): stopped to make room for job {for_job}; "
+                "it queues again and resumes from its checkpoint"
+            )
+        else:
+            reasons[victim] = f"preempted to make room for high-priority job {for_job}"
+    return reasons

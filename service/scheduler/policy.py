@@ -36,7 +36,7 @@ Policies:
   * Preemption (optional): a `high` job that cannot start stops `low` jobs (the youngest
     first, so the least work is redone) on the host where that frees room soonest; their
     GPUs are held for it until they have checkpointed and gone back to the queue.
-  * Time slicing (optional, `demote_after_gpu_s` > 0; the simulator's for now): least
+  * Time slicing (`demote_after_gpu_s` > 0; the service's `time_slice_gpu_s`): least
     attained service in two levels, as Tiresias (NSDI '19) does for GPU clusters where
     run times are unknown and heavy-tailed. A job that has run `demote_after_gpu_s`
     GPU-seconds (all attempts) ranks `DEMOTED_CLASS` lower, and a fresh job that cannot
@@ -292,6 +292,8 @@ class _Pass:
         for victim in victims:
             if not self._stopping(victim):
                 self.decision.preempt[victim.id] = job.id
+                if kind == Wait.SLICING:
+                    self.decision.sliced.add(victim.id)
                 self._sliceable.pop(victim.id, None)
         self.free.hold(job.id, [(host, indices)], self.now, self.now)
         return Reason(kind, (host, tuple(v.id for v in victims)))
@@ -392,10 +394,14 @@ time × U(1, 4), mean avg JCT / fit-first and both bars met: 0.05: 0.661, 24; 0.
 26; 0.3: 0.629, 25; 0.5: 0.628, 28. The gain levels off by 0.3, and counts move by ±2 from
 one change to the next, so 0.3 stands on its reason above, not on these. A fading
 variant, like the size term's, met both on 23.)"""
+CHECKPOINT_S = 30.0
+"""A stopped job holds its GPUs this long (it writes a checkpoint first), in the simulator
+and the forecast; the worker gives it `cancel_grace_s` (30 s by default)."""
+RESTART_S = 60.0
+"""Run time a stopped job loses when it starts again (process, graph, checkpoint restore)."""
 MIN_RUN_S = 600.0
 """Time slicing stops no attempt younger than this: starting a job again costs about a
-minute (a new process, the graph built, the checkpoint restored), so each slice pays for
-it at least ten times over."""
+minute (`RESTART_S`), so each slice pays for it at least ten times over."""
 LENGTH_REFERENCE_S = 3600.0
 MAX_DOUBLINGS = 3.0
 

@@ -40,7 +40,7 @@ from typing import Any
 from service.defaults import DEFAULT_HALF_LIFE_S
 from service.scheduler.forecast import forecast
 from service.scheduler.history import RunTimes
-from service.scheduler.policy import DEFAULT_RUN_S, schedule
+from service.scheduler.policy import CHECKPOINT_S, DEFAULT_RUN_S, RESTART_S, schedule
 from service.scheduler.types import (
     Cluster,
     Decision,
@@ -53,10 +53,6 @@ from service.scheduler.types import (
 )
 from service.scheduler.usage import decayed, interval_usage
 
-CHECKPOINT_S = 30.0
-"""A stopped job holds its GPUs this long (it writes a checkpoint first)."""
-RESTART_S = 60.0
-"""Run time a stopped job loses when it starts again (process, graph, checkpoint restore)."""
 TRACE_COLUMNS = ("submit_time_s", "duration_s", "num_gpus", "user")
 FRACTION_COLUMN = "gpu_fraction"
 LIMIT_COLUMN = "time_limit_s"

@@ -26,6 +26,22 @@ Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | N
 expected_start_at, expected_host)."""
 
 
+def served_before(session: Session, states: tuple[JobState, ...]) -> dict[int, float]:
+    """GPU-seconds the earlier attempts of the jobs in `states` held GPUs (their released
+    allocations, each GPU times its fraction), for the jobs that have any. Only a job on its
+    second attempt or later can have one, which keeps the read small."""
+    rows = session.execute(
+        select(Allocation.job_id, Allocation.fraction, Allocation.created_at, Allocation.released_at)
+        .join(Job, Allocation.job_id == Job.id)
+        .where(Job.state.in_(states), Job.attempts > 1, Allocation.released_at.is_not(None))
+    )
+    served: dict[int, float] = defaultdict(float)
+    for job_id, fraction, created_at, released_at in rows:
+        if released_at is not None:  # excluded by the query; tells the type checker
+            served[job_id] += fraction * max(0.0, (released_at - created_at).total_seconds())
+    return served
+
+
 def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
     rows = session.execute(
         select(
@@ -48,6 +64,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
         .where(Job.state == JobState.QUEUED)
     )
     queued, current = [], {}
+    served = served_before(session, (JobState.QUEUED,))
     for r in rows:
         queued.append(
             QueuedJob(
@@ -60,6 +77,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 host=r.requested_host,
                 indices=tuple(r.requested_gpus) if r.requested_gpus is not None else None,
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
+                served_gpu_s=served.get(r.id, 0.0),
             )
         )
         current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at, r.expected_start_at, r.expected_host)
@@ -108,6 +126,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     )
     by_job: dict[int, RunningJob] = {}
     indices: dict[int, list[int]] = defaultdict(list)
+    served = served_before(session, (JobState.DISPATCHED, JobState.RUNNING))
     for r in rows:
         host = capacity.get(r.name)
         if host is not None and r.gpu_index < len(host.free) and r.gpu_index not in host.unusable:
@@ -124,6 +143,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 started=r.created_at.timestamp(),
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
                 stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
+                served_gpu_s=served.get(r.job_id, 0.0),
             )
     for job_id, running in by_job.items():
         running.indices = tuple(sorted(indices[job_id]))

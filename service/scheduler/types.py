@@ -192,3 +192,6 @@ class Decision:
     pending: list[Pending] = field(default_factory=list)
     preempt: dict[int, int] = field(default_factory=dict)
     """Running job to stop -> the queued job it makes room for."""
+    sliced: set[int] = field(default_factory=set)
+    """Those of `preempt` stopped because they had their time slice (the others: for a
+    higher-priority job)."""

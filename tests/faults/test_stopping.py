@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
-from tests.faults.helpers import FINAL, job_of, pid_alive, trainer_pids, wait_state, wait_step
+from service.db import Database
+from service.models import Allocation, utcnow
+from tests.faults.helpers import (
+    FINAL,
+    assert_metrics_continuous,
+    job_of,
+    pid_alive,
+    trainer_pids,
+    wait_state,
+    wait_step,
+)
 from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -77,3 +89,37 @@ def test_worker_shutdown_stops_every_trainer_and_requeues_its_jobs(
         assert (job["state"], job["attempts"], job["crashes"]) == ("queued", 2, 0)
         assert job["events"][-1]["message"] == "worker on lab-a shut down"
     assert {w["name"]: w["state"] for w in client.get("/api/workers").json()} == {"lab-a": "down"}
+
+
+def test_time_slicing_stops_a_long_job_for_fresh_work_and_it_resumes_from_its_checkpoint(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    client = start(stack, make_token)
+    long_spec = {**LONG, "hyperparameters": {**LONG["hyperparameters"], "steps": 1200}}
+    long = client.post("/api/jobs", json=long_spec).json()["id"]
+    first_pid = trainer_pid(wait_step(client, long, 100, 60))
+    # As if it had run two hours on its GPU: past its one-GPU-hour slice and the 10-minute floor.
+    db = Database(stack.settings.database_url)
+    try:
+        with db.write() as session:
+            session.execute(
+                update(Allocation)
+                .where(Allocation.job_id == long, Allocation.released_at.is_(None))
+                .values(created_at=utcnow() - timedelta(hours=2))
+            )
+    finally:
+        db.dispose()
+    short = client.post("/api/jobs", json={**long_spec, "hyperparameters": {"steps": 30, "batch_size": 16}}).json()
+
+    assert wait_state(client, short["id"], FINAL, 120)["state"] == "succeeded"
+    done = wait_state(client, long, FINAL, 180)
+    assert not pid_alive(first_pid)
+    assert done["state"] == "succeeded", done["error"]
+    assert (done["attempts"], done["crashes"]) == (2, 0)
+    requeued = [e["message"] for e in done["events"] if e["state"] == "queued"][-1]
+    assert requeued.startswith("had its time slice (2.0 GPU-hours so far)"), requeued
+    assert f"to make room for job {short['id']}" in requeued
+    logs = [line["message"] for line in client.get(f"/api/jobs/{long}/logs", params={"tail": 5000}).json()]
+    resumed = [int(m.rsplit(" ", 1)[1]) for m in logs if m.startswith("resumed from the checkpoint of step")]
+    assert len(resumed) == 1 and resumed[0] >= 100, "it checkpointed when stopped, not only every 500 steps"
+    assert_metrics_continuous(client, long, 10, 1200)

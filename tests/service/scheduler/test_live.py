@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -15,9 +16,10 @@ from service import keys, launches
 from service.auth import Caller, ensure_user
 from service.context import Context
 from service.jobs import submit
-from service.lifecycle import finish, mark_running
+from service.lifecycle import finish, locked_job, mark_running, requeue
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
 from service.scheduler.live import LiveScheduler
+from service.scheduler.snapshot import read_cluster, read_queued
 from service.settings import Settings
 from worker.trainer.spec import JobSpec, Priority
 
@@ -192,6 +194,93 @@ def test_a_high_job_asks_the_youngest_low_job_to_make_room_when_preemption_is_on
         assert job_row(ctx, high).pending_reason == f"stopping lower-priority job {low} on lab-a to make room"
         messages = [m for m in (pubsub.get_message(timeout=1) for _ in range(3)) if m and m["type"] == "message"]
         assert messages and b'"type": "preempt"' in messages[0]["data"]
+    finally:
+        ctx.close()
+
+
+def backdate_allocations(ctx: Context, job_id: int, seconds: float) -> None:
+    """As if the job's current attempt had started `seconds` ago."""
+    with ctx.db.write() as session:
+        session.execute(
+            update(Allocation)
+            .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+            .values(created_at=utcnow() - timedelta(seconds=seconds))
+        )
+
+
+def test_time_slicing_stops_a_job_past_its_slice_for_fresh_work_and_it_resumes_with_its_served_time(
+    make_settings: Callable[..., Settings],
+    database_url: str,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+) -> None:
+    ctx = Context.open(make_settings(database_url, time_slice_gpu_s=3600))
+    try:
+        add_host("lab-a", 1)
+        long = submit_job(ctx, caller("bob"))
+        LiveScheduler(ctx).run_pass()
+        with ctx.db.write() as session:
+            mark_running(session, long, 1, {"pid": 1})
+        backdate_allocations(ctx, long, 1800)  # half a slice: nobody may stop it yet
+        fresh = submit_job(ctx, caller("alice"))
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and report.preempted == []
+        assert job_row(ctx, fresh).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
+
+        backdate_allocations(ctx, long, 7200)  # two GPU-hours: past its slice
+        pubsub = ctx.redis.pubsub()
+        pubsub.subscribe(keys.host_control_channel("lab-a"))
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and report.preempted == [long]
+        assert job_row(ctx, fresh).pending_reason == f"stopping job {long} on lab-a (had their time slice) to make room"
+        messages = [m for m in (pubsub.get_message(timeout=1) for _ in range(3)) if m and m["type"] == "message"]
+        control = json.loads(messages[0]["data"])
+        assert control["type"] == "preempt" and control["reason"].startswith("had its time slice (2.0 GPU-hours")
+        assert f"to make room for job {fresh}" in control["reason"]
+
+        with ctx.db.write() as session:  # what the worker does once the trainer has checkpointed
+            requeue(session, locked_job(session, long), control["reason"], crashed=False)
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and [p[0] for p in report.placed] == [fresh]
+        with ctx.db.read() as session:
+            queued, _ = read_queued(session)
+        assert [(q.id, round(q.served_gpu_s, -1)) for q in queued] == [(long, 7200)]
+        assert job_row(ctx, long).attempts == 2 and job_row(ctx, long).crashes == 0
+
+        with ctx.db.write() as session:
+            finish(session, fresh, 1, JobState.SUCCEEDED)
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and [p[0] for p in report.placed] == [long]
+        with ctx.db.read() as session:
+            cluster, _ = read_cluster(session)
+        assert [(r.id, round(r.served_gpu_s, -1)) for r in cluster.running] == [(long, 7200)]
+        # Its second attempt is young: fresh work waits for it rather than stopping it again.
+        later = submit_job(ctx, caller("alice"))
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and report.preempted == []
+        assert job_row(ctx, later).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
+    finally:
+        ctx.close()
+
+
+def test_time_slicing_off_stops_nobody(
+    make_settings: Callable[..., Settings],
+    database_url: str,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+) -> None:
+    ctx = Context.open(make_settings(database_url, time_slice_gpu_s=0))
+    try:
+        add_host("lab-a", 1)
+        long = submit_job(ctx, caller("bob"))
+        LiveScheduler(ctx).run_pass()
+        with ctx.db.write() as session:
+            mark_running(session, long, 1, {"pid": 1})
+        backdate_allocations(ctx, long, 86400)
+        fresh = submit_job(ctx, caller("alice"))
+        report = LiveScheduler(ctx).run_pass()
+        assert report is not None and report.preempted == []
+        assert job_row(ctx, fresh).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
     finally:
         ctx.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from service.scheduler.history import RunTimes
-from service.scheduler.simulate import CHECKPOINT_S, RESTART_S, TraceError, read_trace, simulate
+from service.scheduler.policy import CHECKPOINT_S, RESTART_S
+from service.scheduler.simulate import TraceError, read_trace, simulate
 from service.scheduler.types import Policy, PolicyConfig
 
 METRICS = {
@@ -205,6 +207,24 @@ def test_time_slicing_stops_a_long_job_for_a_short_one_and_resumes_it(tmp_path: 
     assert result["max_wait_s"] == 600
     assert result["makespan_s"] == 10800 + 600 + RESTART_S
     assert result["avg_jct_s"] == round(((10800 + 600 + RESTART_S) + (stop + 600 - 5400)) / 2, 1)
+
+
+def run_simulate_cli(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = ["simulate", "--trace", str(path), "--hosts", "1", "--gpus-per-host", "1", *extra]
+    env = {k: v for k, v in os.environ.items() if k != "TOWERQ_TIME_SLICE_GPU_S"}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_towerq_simulate_slices_time_as_the_service_does_unless_told_otherwise(tmp_path: Path) -> None:
+    path = trace(tmp_path, ["0,10800,1,a", "5400,600,1,b"])
+    default = json.loads(run_simulate_cli(path).stdout)
+    assert default["makespan_s"] == 10800 + 600 + RESTART_S, "the service's default: a slice after one GPU-hour"
+    off = json.loads(run_simulate_cli(path, "--time-slice", "0").stdout)
+    assert off["makespan_s"] == 10800 + 600 and off["max_wait_s"] == 10800 - 5400
+    late = json.loads(run_simulate_cli(path, "--time-slice", "36000").stdout)
+    assert (late["makespan_s"], late["max_wait_s"]) == (off["makespan_s"], off["max_wait_s"])
+    bad = run_simulate_cli(path, "--time-slice", "-1")
+    assert bad.returncode == 2 and "--time-slice must be 0 (off) or a number of GPU-seconds" in bad.stderr
 
 
 @pytest.mark.parametrize(
