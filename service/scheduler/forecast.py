@@ -7,7 +7,10 @@ likely will (`capacity.likely_end`: the owner's median run time, or as long agai
 have run so far once past it, never past the time limit); a job the replay starts runs
 for its owner's median run time (at most its limit), else its limit, else `DEFAULT_RUN_S`.
 Nothing new arrives, nobody cancels, usage is held where it is now: an estimate, refreshed
-by every pass, never a promise.
+by every pass, never a promise. A job the replay stops (time slicing, preemption) frees its
+GPUs `CHECKPOINT_S` later and leaves the replay: it queues again behind the fresh work it
+made room for, and is not forecast. With time slicing on, the moment a running job may
+first be stopped (`sliceable_from`) is an event too, while fresh work waits.
 
 Cost is bounded: only the first `FORECAST_JOBS` waiting jobs (in queue order) are replayed,
 over at most `MAX_EVENTS` job ends and `HORIZON_S` ahead; the rest get no estimate. Each
@@ -24,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from service.scheduler.capacity import likely_end
-from service.scheduler.policy import DEFAULT_RUN_S, schedule
+from service.scheduler.policy import CHECKPOINT_S, DEFAULT_RUN_S, schedule, sliceable_from
 from service.scheduler.types import Cluster, FairShare, HostCapacity, PolicyConfig, QueuedJob, RunningJob
 
 FORECAST_JOBS = 100
@@ -60,15 +63,23 @@ def forecast(
     hosts = [HostCapacity(h.name, list(h.free), h.unusable) for h in cluster.hosts]
     by_name = {h.name: h for h in hosts}
     running = [copy.copy(r) for r in cluster.running]
-    ends: list[tuple[float, int, RunningJob]] = []
+    ends: list[tuple[float, int, RunningJob | None]] = []
+    """(time, tie-break, the job that ends then, or None: a job's slice is up then)."""
     for n, run in enumerate(running):
         heapq.heappush(ends, (likely_end(run, now), n, run))
-    # The replay stops no job (time slicing included: it would only hold GPUs it never gets).
-    replay = replace(config, explain=False, preemption=False, demote_after_gpu_s=0.0)
+    replay = replace(config, explain=False)
     found: dict[int, Forecast] = {}
     clock, events, counter = now, 0, len(running)
+    slice_s = config.demote_after_gpu_s
+    slices_due = {id(r) for r in running} if slice_s > 0 else set()
+    """Running jobs whose slice has not been put on the event heap yet."""
     while queue and events <= MAX_EVENTS and clock <= now + HORIZON_S:
         decision = schedule(queue.values(), Cluster(hosts, running), fair_share, clock, replay)
+        for run in running:
+            if run.id in decision.preempt and not run.stopping:
+                run.stopping = True
+                counter += 1
+                heapq.heappush(ends, (clock + CHECKPOINT_S, counter, run))
         for placement in decision.placements:
             job = queue.pop(placement.job_id)
             found[job.id] = Forecast(clock, placement.host)
@@ -77,14 +88,30 @@ def forecast(
                     by_name[host].free[i] -= job.fraction
                 started = RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s)
                 started.estimate_s = started.typical_s = run_s = run_time(job)
+                started.served_gpu_s = job.served_gpu_s
                 running.append(started)
+                if slice_s > 0:
+                    slices_due.add(id(started))
                 counter += 1
                 heapq.heappush(ends, (clock + run_s, counter, started))
+        if slices_due and any(q.served_gpu_s < slice_s for q in queue.values()):  # fresh work waits
+            for run in running:
+                if id(run) in slices_due:
+                    slices_due.discard(id(run))
+                    due = sliceable_from(run, slice_s)
+                    if clock < due < likely_end(run, clock):
+                        counter += 1
+                        heapq.heappush(ends, (due, counter, None))
         if not ends:
             break  # nothing will free up: the rest cannot start (a host down, too large)
         clock = max(clock, ends[0][0])
         while ends and ends[0][0] <= clock:
             _, _, done = heapq.heappop(ends)
+            if done is None:
+                events += 1  # a slice is up: the next call may stop that job
+                continue
+            if not any(r is done for r in running):
+                continue  # stopped, and already gone at the end of its checkpoint
             running.remove(done)
             host_free = by_name.get(done.host)
             for i in done.indices:

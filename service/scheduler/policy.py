@@ -271,11 +271,7 @@ class _Pass:
         """(Time slicing on.) The job is not stopping, it has had its first
         `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
         all its earlier attempts together."""
-        if running.stopping:
-            return False
-        this_attempt = self.now - running.started
-        earlier = running.served_gpu_s / running.gpu_load if running.gpu_load > 0 else 0.0
-        return running.served(self.now) >= self.config.demote_after_gpu_s and this_attempt >= max(MIN_RUN_S, earlier)
+        return not running.stopping and self.now >= sliceable_from(running, self.config.demote_after_gpu_s)
 
     def _make_room(self, job: QueuedJob) -> Reason:
         if not self._stops_jobs:
@@ -295,6 +291,8 @@ class _Pass:
                 if kind == Wait.SLICING:
                     self.decision.sliced.add(victim.id)
                 self._sliceable.pop(victim.id, None)
+        if kind == Wait.SLICING and len(self.decision.sliced) >= MAX_SLICES_PER_PASS:
+            self._sliceable.clear()  # the rest next pass
         self.free.hold(job.id, [(host, indices)], self.now, self.now)
         return Reason(kind, (host, tuple(v.id for v in victims)))
 
@@ -303,7 +301,7 @@ class _Pass:
         the most served first. Within a pass, victims only get fewer and free GPUs
         scarcer, so a shape that found none finds none later in the pass either."""
         shape = (job.gpus, job.fraction, job.host, job.indices, job.priority)
-        if shape in self._no_victims:
+        if not self._sliceable or shape in self._no_victims:
             return None
         served = self._sliceable
         choice = self._victims(job, lambda r: r.id in served and r.priority >= job.priority, lambda r: -served[r.id])
@@ -394,6 +392,12 @@ time × U(1, 4), mean avg JCT / fit-first and both bars met: 0.05: 0.661, 24; 0.
 26; 0.3: 0.629, 25; 0.5: 0.628, 28. The gain levels off by 0.3, and counts move by ±2 from
 one change to the next, so 0.3 stands on its reason above, not on these. A fading
 variant, like the size term's, met both on 23.)"""
+MAX_SLICES_PER_PASS = 32
+"""Time slicing stops at most this many jobs in one pass (a gang may take it a little
+over); fresh work that needs more stops them in the next passes, seconds later, while the
+first ones are still writing their checkpoints (`CHECKPOINT_S`). So a pass stays fast
+however many jobs are past their slice at once (a whole busy cluster after a quiet spell):
+each stop is a search of every host for the fewest victims."""
 CHECKPOINT_S = 30.0
 """A stopped job holds its GPUs this long (it writes a checkpoint first), in the simulator
 and the forecast; the worker gives it `cancel_grace_s` (30 s by default)."""
@@ -404,6 +408,16 @@ MIN_RUN_S = 600.0
 minute (`RESTART_S`), so each slice pays for it at least ten times over."""
 LENGTH_REFERENCE_S = 3600.0
 MAX_DOUBLINGS = 3.0
+
+
+def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
+    """When time slicing (after `slice_gpu_s`) may first stop this attempt: once the job has
+    served its slice, and the attempt has run `MIN_RUN_S` and as long as the earlier ones."""
+    load = running.gpu_load
+    if load <= 0:
+        return INFINITY
+    to_serve = (slice_gpu_s - running.served_gpu_s) / load
+    return running.started + max(to_serve, MIN_RUN_S, running.served_gpu_s / load)
 
 
 def _length_doublings(seconds: float | None) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.scheduler.forecast import DEFAULT_RUN_S, Forecast, forecast
-from service.scheduler.policy import schedule
+from service.scheduler.policy import CHECKPOINT_S, schedule
 from service.scheduler.types import Cluster, FairShare, PolicyConfig
 from tests.service.scheduler.test_policy import NOW, cluster, job, running
 
@@ -71,3 +71,25 @@ def test_a_job_the_replay_starts_runs_for_its_owners_median_at_most_its_limit() 
     )
     # job 2's tight limit puts it first: 120 s (its limit, under the median), then job 1's 600 s
     assert [found[i].start for i in (2, 1, 3)] == [NOW, NOW + 120, NOW + 720]
+
+
+def test_with_time_slicing_a_fresh_job_starts_once_the_served_job_has_checkpointed() -> None:
+    """Two hours into a job its owner's runs take a day over: slicing after an hour stops
+    it for the fresh job, which starts when the checkpoint is written; without slicing the
+    fresh job waits for it to end. The stopped job leaves the replay."""
+    busy = [running(100, "lab-a", (0,), typical_s=86400.0, started=NOW - 7200)]
+    queued = [job(1, typical_s=600.0), job(2, typical_s=600.0)]
+    sliced = forecast(queued, cluster(1, running=busy), FairShare(), NOW, PolicyConfig(demote_after_gpu_s=3600))
+    assert sliced == {1: Forecast(NOW + CHECKPOINT_S, "lab-a"), 2: Forecast(NOW + CHECKPOINT_S + 600, "lab-a")}
+    plain = forecast(queued, cluster(1, running=busy), FairShare(), NOW, PolicyConfig())
+    assert plain[1] == Forecast(NOW + 86400 - 7200, "lab-a")
+    # A job the replay started itself is stopped when its slice is up (an event of its own).
+    alike = [job(1, typical_s=5 * 3600.0), job(2, typical_s=5 * 3600.0)]
+    found = forecast(alike, cluster(1), FairShare(), NOW, PolicyConfig(demote_after_gpu_s=3600))
+    assert found == {1: Forecast(NOW, "lab-a"), 2: Forecast(NOW + 3600 + CHECKPOINT_S, "lab-a")}
+    # A job running since now with a 10-minute floor: a 4-GPU job serves its hour in 15 min.
+    gang = [running(100, "lab-a", (0, 1, 2, 3), typical_s=86400.0, started=NOW)]
+    found = forecast(
+        [job(1, gpus=4)], cluster(4, running=gang), FairShare(), NOW, PolicyConfig(demote_after_gpu_s=3600)
+    )
+    assert found == {1: Forecast(NOW + 900 + CHECKPOINT_S, "lab-a")}

@@ -19,6 +19,7 @@ from service.jobs import submit
 from service.lifecycle import finish, locked_job, mark_running, requeue
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
 from service.scheduler.live import LiveScheduler
+from service.scheduler.policy import CHECKPOINT_S
 from service.scheduler.snapshot import read_cluster, read_queued
 from service.settings import Settings
 from worker.trainer.spec import JobSpec, Priority
@@ -372,9 +373,11 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     assert waiting[0].expected_start_at is not None and waiting[1].expected_start_at is not None
     assert first_allocated is not None
     # the two-GPU job with a ten-minute limit goes first (a tight limit outranks no limit,
-    # more than its size costs it); the one-GPU job follows when that limit is up
-    assert abs((waiting[0].expected_start_at - first_allocated).total_seconds() - 3600) < 2
-    assert abs((waiting[1].expected_start_at - first_allocated).total_seconds() - 4200) < 2
+    # more than its size costs it), once time slicing has stopped the first job: on two
+    # GPUs it has had its GPU-hour after 30 minutes, and it takes CHECKPOINT_S to stop;
+    # the one-GPU job follows when that limit is up
+    assert abs((waiting[0].expected_start_at - first_allocated).total_seconds() - (1800 + CHECKPOINT_S)) < 2
+    assert abs((waiting[1].expected_start_at - first_allocated).total_seconds() - (2400 + CHECKPOINT_S)) < 2
     with ctx.db.write() as session:
         job = session.get(Job, first)
         assert job is not None
@@ -401,11 +404,12 @@ def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
         held_from = session.scalar(select(func.min(Allocation.created_at)).where(Allocation.job_id == first))
     assert held_from is not None
     before = job_row(ctx, waiting).expected_start_at
-    assert before is not None and abs((before - held_from).total_seconds() - 3600) < 2
+    # time slicing stops the first job once it has had its GPU-hour (30 min on two GPUs)
+    assert before is not None and abs((before - held_from).total_seconds() - (1800 + CHECKPOINT_S)) < 2
 
     urgent = submit_job(ctx, caller("bob"), gpu_count=2, time_limit_s=900, priority="high")
     scheduler.run_pass()
     after, ahead = job_row(ctx, waiting), job_row(ctx, urgent)
     assert ahead.expected_start_at == before and ahead.queue_position == 1
     assert after.expected_start_at is not None and after.queue_position == 2
-    assert abs((after.expected_start_at - held_from).total_seconds() - 4500) < 2
+    assert abs((after.expected_start_at - held_from).total_seconds() - (1800 + CHECKPOINT_S + 900)) < 2

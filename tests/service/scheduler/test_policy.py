@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from service.defaults import DAY
 from service.scheduler.explain import describe
-from service.scheduler.policy import schedule
+from service.scheduler.policy import MAX_SLICES_PER_PASS, schedule
 from service.scheduler.types import (
     Cluster,
     FairShare,
@@ -299,6 +299,19 @@ def test_time_slicing_never_stops_higher_priority_work() -> None:
     assert run([job(1)], cluster(1, running=urgent_run), demote_after_gpu_s=HOUR).preempt == {}
     low_run = [running(100, "lab-a", (0,), priority=LOW, started=NOW - 5 * HOUR)]
     assert run([job(1)], cluster(1, running=low_run), demote_after_gpu_s=HOUR).preempt == {100: 1}
+
+
+def test_one_pass_stops_at_most_max_slices_per_pass_jobs_and_the_next_pass_the_rest() -> None:
+    busy = [running(100 + i, "lab-a", (i,), started=NOW - 2 * HOUR - i) for i in range(MAX_SLICES_PER_PASS + 8)]
+    fresh = [job(i) for i in range(1, len(busy) + 1)]
+    first = run(fresh, cluster(len(busy), running=busy), demote_after_gpu_s=HOUR)
+    assert len(first.preempt) == len(first.sliced) == MAX_SLICES_PER_PASS
+    oldest = {r.id for r in sorted(busy, key=lambda r: r.started)[:MAX_SLICES_PER_PASS]}
+    assert set(first.preempt) == oldest, "the most served first"
+    for r in busy:
+        r.stopping = r.id in first.preempt
+    second = run(fresh, cluster(len(busy), running=busy), demote_after_gpu_s=HOUR)
+    assert len(second.preempt) == 8 and not set(second.preempt) & oldest
 
 
 @settings(max_examples=150, deadline=None)
