@@ -276,12 +276,11 @@ class _Pass:
     def _make_room(self, job: QueuedJob) -> Reason:
         if not self._stops_jobs:
             return self._why_no_fit(job)
+        choice, kind = None, Wait.PREEMPTING
         if self.config.preemption and job.priority == HIGH:
-            choice, kind = self._victims(job, lambda r: r.priority == LOW, lambda r: -r.started), Wait.PREEMPTING
-        elif 0 < self.config.demote_after_gpu_s and job.served_gpu_s < self.config.demote_after_gpu_s:
+            choice = self._victims(job, lambda r: r.priority == LOW, lambda r: -r.started)
+        if choice is None and 0 < self.config.demote_after_gpu_s and job.served_gpu_s < self.config.demote_after_gpu_s:
             choice, kind = self._slice_victims(job), Wait.SLICING
-        else:
-            return self._why_no_fit(job)
         if choice is None:
             return self._why_no_fit(job)
         host, indices, victims = choice

@@ -301,6 +301,17 @@ def test_time_slicing_never_stops_higher_priority_work() -> None:
     assert run([job(1)], cluster(1, running=low_run), demote_after_gpu_s=HOUR).preempt == {100: 1}
 
 
+def test_with_preemption_on_a_high_job_with_no_low_job_to_stop_still_slices_time() -> None:
+    normal_run = [running(100, "lab-a", (0,), started=NOW - 5 * HOUR)]
+    urgent = job(1, priority=HIGH)
+    d = run([urgent], cluster(1, running=normal_run), preemption=True, demote_after_gpu_s=HOUR)
+    assert d.preempt == {100: 1} and d.sliced == {100}
+    assert run([urgent], cluster(1, running=normal_run), preemption=True).preempt == {}
+    low_run = [running(101, "lab-a", (0,), priority=LOW, started=NOW - 60)]
+    d = run([urgent], cluster(1, running=low_run), preemption=True, demote_after_gpu_s=HOUR)
+    assert d.preempt == {101: 1} and d.sliced == set(), "preemption first: a low job, however young"
+
+
 def test_one_pass_stops_at_most_max_slices_per_pass_jobs_and_the_next_pass_the_rest() -> None:
     busy = [running(100 + i, "lab-a", (i,), started=NOW - 2 * HOUR - i) for i in range(MAX_SLICES_PER_PASS + 8)]
     fresh = [job(i) for i in range(1, len(busy) + 1)]
