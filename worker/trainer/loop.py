@@ -48,6 +48,12 @@ class StopFlag:
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
 
+    def keep(self) -> None:
+        """Take SIGTERM back if user code (a model module, a layer while traced) replaced
+        the handler: a stop must still checkpoint, not wait for the SIGKILL after the grace."""
+        if signal.getsignal(signal.SIGTERM) != self._handle:
+            self.install()
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self.in_loop:
             raise SystemExit(EXIT_STOPPED)  # nothing trained since the last checkpoint
@@ -201,6 +207,7 @@ def train(run: Run, stop: StopFlag) -> int:
     # inside it is taken out, so examples/s does not dip after every evaluation.
     window_start, window_steps, window_paused = time.monotonic(), 0, 0.0
     done = run.start_step
+    stop.keep()
     stop.in_loop = True
     while done < hp.steps:
         pause = next_pause(done, hp)
@@ -210,6 +217,7 @@ def train(run: Run, stop: StopFlag) -> int:
             raise OutOfMemoryError(
                 f"out of memory at step {done + 1}: lower batch_size or raise gpu_memory_fraction ({err.message[:300]})"
             ) from err
+        stop.keep()
         window_steps += pause - done
         done = pause
         if done % hp.log_every == 0 or done == hp.steps:

@@ -151,6 +151,47 @@ def test_sigterm_checkpoints_then_exits_143_and_the_next_run_resumes_there(tmp_p
     assert lines[-1]["event"] == "done" and lines[-1]["step"] == stopped + 2
 
 
+IGNORING_MODEL = """
+import signal
+
+import keras
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # user code that wants no signals
+
+
+class Deaf(keras.layers.Layer):
+    def call(self, x):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # again while traced
+        return x
+
+
+def deaf(hparams):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return keras.Sequential([keras.Input(hparams["input_shape"]), Deaf(), keras.layers.Flatten(),
+                             keras.layers.Dense(hparams["num_classes"])])
+"""
+
+
+def test_user_code_that_ignores_sigterm_still_checkpoints_when_stopped(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "nets.py").write_text(IGNORING_MODEL)
+    spec = write_spec(tmp_path, "deaf", model="nets:deaf", hyperparameters={"steps": 100000, "checkpoint_every": 0})
+    process = start(spec)
+    assert process.stdout is not None
+    try:
+        for raw in process.stdout:
+            if raw.startswith("{") and json.loads(raw).get("step") == 5:
+                process.send_signal(signal.SIGTERM)
+                break
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.communicate()
+    assert process.returncode == EXIT_STOPPED
+    rest = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert events(rest, "checkpoint")[-1]["step"] == events(rest, "stopped")[0]["step"]
+
+
 @pytest.mark.parametrize(
     ("train", "kind", "words"),
     [
