@@ -23,8 +23,8 @@ seeded draw), which towerq ranks by and fit-first ignores (`--no-limits` skips t
 `--slicing` also replays the file and the no-limit seeds with time slicing after
 `SLICE_GPU_S`, the live service's default (see `service.scheduler.policy`): jobs that have
 had an hour of GPU time rank lower and fresh work may stop them; waits count every spell
-in the queue. It times the pass and measures the start estimates with slicing too (with
-`--quick`: the file only).
+in the queue. It times the pass, and measures the start estimates and the per-user
+figures with slicing too (with `--quick`: the file only).
 
 Start estimates: every 10th job of the file gets its start estimated at submit time as the
 service would (the forecast: the policy replayed forward), against the naive "queue
@@ -249,7 +249,7 @@ def main() -> None:
     print_estimates(jobs, PolicyConfig())
     if args.quick:
         if args.slicing:
-            print_slicing(jobs, [bootstrap_ratios((jobs, 0, False, SLICE_GPU_S))], 0)
+            print_slicing(jobs, [bootstrap_ratios((jobs, 0, False, SLICE_GPU_S))], 0, results["fit-first"])
         return
     seeds = range(1, 11 + args.held_out)
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -272,10 +272,11 @@ def main() -> None:
         if args.held_out:
             print_bootstraps(f"with time limits, seeds 11-{10 + args.held_out}:", limited[10:])
     if sliced:
-        print_slicing(jobs, sliced, args.held_out)
+        print_slicing(jobs, sliced, args.held_out, results["fit-first"])
 
 
-def print_estimates(jobs: list[TraceJob], config: PolicyConfig) -> None:
+def print_estimates(jobs: list[TraceJob], config: PolicyConfig) -> dict:
+    """Start estimates at submit on `jobs` under towerq with `config`; returns the run's metrics."""
     estimates = simulate(copy.deepcopy(jobs), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, config=config, estimates_every=10)
     e = estimates["start_estimates"]
     print(
@@ -286,9 +287,10 @@ def print_estimates(jobs: list[TraceJob], config: PolicyConfig) -> None:
         f"  |error| forecast: median {e['forecast_median_h']:.2f} h, p90 {e['forecast_p90_h']:.2f} h;"
         f"  naive: median {e['naive_median_h']:.2f} h, p90 {e['naive_p90_h']:.2f} h"
     )
+    return estimates
 
 
-def print_slicing(jobs: list[TraceJob], sliced: list[tuple[int, float, float]], held_out: int) -> None:
+def print_slicing(jobs: list[TraceJob], sliced: list[tuple[int, float, float]], held_out: int, fit_first: dict) -> None:
     """The rows with time slicing (no time limits): the file (seed 0), then the seeds."""
     _, jct, wait = sliced[0]
     print(f"\ntime slicing after {SLICE_GPU_S:g} GPU-seconds, no time limits: the file {jct:.3f} / {wait:.3f}")
@@ -299,7 +301,7 @@ def print_slicing(jobs: list[TraceJob], sliced: list[tuple[int, float, float]], 
         f"one pass with slicing on: {plain:.1f} ms without reasons, {explained:.1f} ms with (bar <= 20 ms); "
         f"{live:.0f} ms with the expected starts too"
     )
-    print_estimates(jobs, config)
+    print_users(jobs, {"towerq": print_estimates(jobs, config), "fit-first": fit_first})
     if len(sliced) == 1:
         return
     print_bootstraps("with time slicing, the bar's seeds:", sliced[1:11])
