@@ -18,7 +18,7 @@ from service.context import Context
 from service.jobs import submit
 from service.lifecycle import finish, locked_job, mark_running, requeue
 from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
-from service.scheduler.live import LiveScheduler
+from service.scheduler.live import LiveScheduler, PassReport
 from service.scheduler.policy import CHECKPOINT_S
 from service.scheduler.snapshot import read_cluster, read_queued
 from service.settings import Settings
@@ -209,6 +209,21 @@ def backdate_allocations(ctx: Context, job_id: int, seconds: float) -> None:
         )
 
 
+def long_job_and_a_fresh_one(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], ran_s: float
+) -> tuple[int, int, PassReport | None]:
+    """bob's job has run `ran_s` on lab-a's one GPU when alice submits one: the two jobs,
+    and the pass after."""
+    add_host("lab-a", 1)
+    long = submit_job(ctx, caller("bob"))
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.write() as session:
+        mark_running(session, long, 1, {"pid": 1})
+    backdate_allocations(ctx, long, ran_s)
+    fresh = submit_job(ctx, caller("alice"))
+    return long, fresh, LiveScheduler(ctx).run_pass()
+
+
 def test_time_slicing_stops_a_job_past_its_slice_for_fresh_work_and_it_resumes_with_its_served_time(
     make_settings: Callable[..., Settings],
     database_url: str,
@@ -217,15 +232,8 @@ def test_time_slicing_stops_a_job_past_its_slice_for_fresh_work_and_it_resumes_w
 ) -> None:
     ctx = Context.open(make_settings(database_url, time_slice_gpu_s=3600))
     try:
-        add_host("lab-a", 1)
-        long = submit_job(ctx, caller("bob"))
-        LiveScheduler(ctx).run_pass()
-        with ctx.db.write() as session:
-            mark_running(session, long, 1, {"pid": 1})
-        backdate_allocations(ctx, long, 1800)  # half a slice: nobody may stop it yet
-        fresh = submit_job(ctx, caller("alice"))
-        report = LiveScheduler(ctx).run_pass()
-        assert report is not None and report.preempted == []
+        long, fresh, report = long_job_and_a_fresh_one(ctx, caller, add_host, 1800)  # half a slice
+        assert report is not None and report.preempted == [], "nobody may stop it yet"
         assert job_row(ctx, fresh).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
 
         backdate_allocations(ctx, long, 7200)  # two GPU-hours: past its slice
@@ -272,14 +280,7 @@ def test_time_slicing_off_stops_nobody(
 ) -> None:
     ctx = Context.open(make_settings(database_url, time_slice_gpu_s=0))
     try:
-        add_host("lab-a", 1)
-        long = submit_job(ctx, caller("bob"))
-        LiveScheduler(ctx).run_pass()
-        with ctx.db.write() as session:
-            mark_running(session, long, 1, {"pid": 1})
-        backdate_allocations(ctx, long, 86400)
-        fresh = submit_job(ctx, caller("alice"))
-        report = LiveScheduler(ctx).run_pass()
+        long, fresh, report = long_job_and_a_fresh_one(ctx, caller, add_host, 86400)
         assert report is not None and report.preempted == []
         assert job_row(ctx, fresh).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
     finally:
