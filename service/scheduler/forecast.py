@@ -66,7 +66,9 @@ def forecast(
     ends: list[tuple[float, int, RunningJob | None]] = []
     """(time, tie-break, the job that ends then, or None: a job's slice is up then)."""
     for n, run in enumerate(running):
-        heapq.heappush(ends, (likely_end(run, now), n, run))
+        # One being stopped (cancel, preemption, time slice) is gone once it has checkpointed.
+        end = min(likely_end(run, now), now + CHECKPOINT_S) if run.stopping else likely_end(run, now)
+        heapq.heappush(ends, (end, n, run))
     replay = replace(config, explain=False)
     found: dict[int, Forecast] = {}
     clock, events, counter = now, 0, len(running)

@@ -93,3 +93,12 @@ def test_with_time_slicing_a_fresh_job_starts_once_the_served_job_has_checkpoint
         [job(1, gpus=4)], cluster(4, running=gang), FairShare(), NOW, PolicyConfig(demote_after_gpu_s=3600)
     )
     assert found == {1: Forecast(NOW + 900 + CHECKPOINT_S, "lab-a")}
+
+
+def test_a_job_being_stopped_is_taken_to_be_gone_once_it_has_checkpointed() -> None:
+    """Stopped by an earlier pass (a time slice, a preemption, a cancel): its GPUs are the
+    waiting job's within CHECKPOINT_S, not at the stopped job's likely end a day on."""
+    stopping = [running(100, "lab-a", (0,), typical_s=86400.0, stopping=True)]
+    assert forecast([job(1)], cluster(1, running=stopping), FairShare(), NOW, PolicyConfig()) == {
+        1: Forecast(NOW + CHECKPOINT_S, "lab-a")
+    }
