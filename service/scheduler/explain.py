@@ -60,13 +60,11 @@ def describe(reason: Reason, now: float) -> str:
         case Wait.RESERVED:
             host, indices, job_id, start = a
             return f"{gpu_list(indices)} on {host} reserved for job {job_id} from {_when(start, now)}"
-        case Wait.PREEMPTING:
+        case Wait.PREEMPTING | Wait.SLICING:
             host, job_ids = a
             jobs = ", ".join(f"job {j}" for j in job_ids)
-            return f"stopping lower-priority {jobs} on {host} to make room"
-        case Wait.SLICING:
-            host, job_ids = a
-            jobs = ", ".join(f"job {j}" for j in job_ids)
+            if reason.kind == Wait.PREEMPTING:
+                return f"stopping lower-priority {jobs} on {host} to make room"
             return f"stopping {jobs} on {host} (had their time slice) to make room"
     return str(reason.kind)
 

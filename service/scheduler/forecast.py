@@ -66,8 +66,9 @@ def forecast(
     ends: list[tuple[float, int, RunningJob | None]] = []
     """(time, tie-break, the job that ends then, or None: a job's slice is up then)."""
     for n, run in enumerate(running):
-        # One being stopped (cancel, preemption, time slice) is gone once it has checkpointed.
-        end = min(likely_end(run, now), now + CHECKPOINT_S) if run.stopping else likely_end(run, now)
+        end = likely_end(run, now)
+        if run.stopping:  # cancel, preemption, time slice: gone once it has checkpointed
+            end = min(end, now + CHECKPOINT_S)
         heapq.heappush(ends, (end, n, run))
     replay = replace(config, explain=False)
     found: dict[int, Forecast] = {}
