@@ -2,12 +2,16 @@
 
 Artifacts live in `TOWERQ_ARTIFACTS_DIR/job-<id>/` on storage the workers and the API share.
 Every path a caller names is confined to that folder (no absolute paths, no `..`, no links
-leading out), as for datasets.
+leading out), as for datasets. The folder is written by the job's own code, so nothing in it
+is followed as a link: every file is opened component by component with O_NOFOLLOW
+(`worker.trainer.paths.open_beneath`), which also closes the race between a check and the
+open, and links, FIFOs and hard-linked files are left out of listings and archives.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -16,21 +20,30 @@ from pathlib import Path
 from typing import Any
 
 from service.exceptions import NotFoundError, SpecError
-from worker.trainer.paths import PathEscapeError, resolve_inside
+from worker.trainer.paths import PathEscapeError, check_relative, open_beneath, open_folder
 
 LIST_LIMIT = 10_000
 CHUNK_BYTES = 256 * 1024
 
 
-def _files(root: Path) -> list[Path]:
-    """Regular files under `root`, sorted by path, not following links (a link could lead out)."""
-    found = [
-        Path(folder) / name
-        for folder, _, names in os.walk(root)
-        for name in names
-        if (Path(folder) / name).is_file() and not (Path(folder) / name).is_symlink()
-    ]
-    return sorted(found, key=lambda path: path.relative_to(root).as_posix())
+def _files(root: int) -> list[tuple[str, os.stat_result]]:
+    """(relative path, stat) of the plain files under the folder handle `root`, sorted by
+    path; links (to files or folders), FIFOs, devices and hard-linked files are left out,
+    never followed."""
+    found = []
+    try:
+        for folder, _, names, folder_fd in os.fwalk(".", follow_symlinks=False, dir_fd=root):
+            relative = Path(folder)
+            for name in names:
+                try:
+                    info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                    found.append(((relative / name).as_posix(), info))
+    except OSError:
+        pass  # the folder went away, or its top is not a folder
+    return sorted(found)
 
 
 def list_artifacts(root: Path) -> dict[str, Any]:
@@ -38,41 +51,70 @@ def list_artifacts(root: Path) -> dict[str, Any]:
     items: list[dict[str, Any]] = []
     total = 0
     truncated = False
-    if root.is_dir():
-        for path in _files(root):
-            if len(items) >= LIST_LIMIT:
-                truncated = True
-                break
-            stat = path.stat()
-            total += stat.st_size
-            modified = datetime.fromtimestamp(stat.st_mtime, UTC)
-            items.append({"path": path.relative_to(root).as_posix(), "size": stat.st_size, "modified": modified})
+    try:
+        handle = open_folder(root)
+    except (OSError, PathEscapeError):
+        return {"items": items, "total_bytes": total, "truncated": truncated}
+    try:
+        files = _files(handle)
+    finally:
+        os.close(handle)
+    for path, info in files:
+        if len(items) >= LIST_LIMIT:
+            truncated = True
+            break
+        total += info.st_size
+        items.append({"path": path, "size": info.st_size, "modified": datetime.fromtimestamp(info.st_mtime, UTC)})
     return {"items": items, "total_bytes": total, "truncated": truncated}
 
 
-def resolve_artifact(root: Path, path: str) -> Path:
-    """The file or folder `path` names inside the job's folder."""
+def open_artifact(root: Path, path: str) -> int | None:
+    """A read handle on the plain file `path` inside the job's folder (close it); None when
+    `path` is a folder there."""
     try:
-        found = resolve_inside(root, path)
+        check_relative(path)
+        return open_beneath(root, path)
+    except FileNotFoundError as err:
+        raise NotFoundError(f"no artifact {path!r}") from err
+    except NotADirectoryError as err:
+        raise NotFoundError(f"no artifact {path!r}") from err
+    except IsADirectoryError:
+        return None
     except PathEscapeError as err:
-        raise SpecError("path", f"{path!r} is not inside the job's artifacts (absolute, '..', or a link out)") from err
-    if not found.exists():
-        raise NotFoundError(f"no artifact {path!r}")
-    return found
+        raise SpecError(
+            "path", f"{path!r} is not a plain file inside the job's artifacts (absolute, '..', or a link)"
+        ) from err
 
 
-def tar_gz_stream(folder: Path, top: str) -> Iterator[bytes]:
-    """`folder` as a .tar.gz, produced by a thread into a pipe while it is sent, so a large
-    folder never sits in memory; stopping the iteration (the client left) stops the thread."""
+def tar_gz_stream(root: Path, relative: str, top: str) -> Iterator[bytes]:
+    """The folder `relative` of the job folder `root` as a .tar.gz, produced by a thread into
+    a pipe while it is sent, so a large folder never sits in memory; stopping the iteration
+    (the client left) stops the thread. NotFoundError when it is no folder (or a link)."""
+    try:
+        folder = open_folder(root, relative)
+    except (OSError, PathEscapeError) as err:
+        raise NotFoundError(f"no folder {relative or root.name!r} in the job's artifacts") from err
+    return _stream(folder, top)
+
+
+def _stream(folder: int, top: str) -> Iterator[bytes]:
     read_fd, write_fd = os.pipe()
 
     def produce() -> None:
         try:
             with os.fdopen(write_fd, "wb") as sink, tarfile.open(fileobj=sink, mode="w|gz") as archive:
-                for path in _files(folder):
-                    archive.add(path, arcname=f"{top}/{path.relative_to(folder).as_posix()}", recursive=False)
+                for path, _ in _files(folder):
+                    try:
+                        source = os.fdopen(open_beneath(folder, path), "rb")
+                    except (OSError, PathEscapeError):
+                        continue  # gone, or swapped for a link since the listing
+                    with source:
+                        info = archive.gettarinfo(arcname=f"{top}/{path}", fileobj=source)
+                        archive.addfile(info, source)
         except OSError:  # the reader went away (broken pipe), or a file vanished mid-read
             pass
+        finally:
+            os.close(folder)
 
     producer = threading.Thread(target=produce, name=f"tar {top}", daemon=True)
     producer.start()

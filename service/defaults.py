@@ -56,3 +56,20 @@ MAX_PAGE_SIZE = 500
 
 CATALOG_SCAN_MAX_AGE_S = 30.0
 """`GET /api/catalog` lists the user models and data files it found at most this long ago."""
+
+METRICS_LOG_READ_BYTES = 256 * 2**20
+"""How much of a trainer's `metrics.jsonl` the worker reads back when a job resumes: ~1 M
+points at ~250 bytes each; the trainer writes the file, so the read must be bounded."""
+
+TRAINER_LINE_BYTES = 1 * 2**20
+"""The longest line the worker takes from a trainer's stdout or stderr; past it the line is
+cut there (and said so in the job's log), so a trainer that writes without a newline
+cannot grow the worker's memory without bound."""
+
+METRIC_POINTS_PER_ATTEMPT = 1_000_000
+"""Metric points one attempt may store; past it more points are dropped and the job's log
+says so once. At the default `log_every` that is ~10 M steps."""
+
+LOG_LINES_PER_ATTEMPT = 200_000
+"""Log lines one attempt may relay (database and `log.txt`); past it they are dropped and
+the log says so once. The database keeps the newest LOG_LINES_KEPT of them anyway."""

@@ -88,9 +88,16 @@ def list_gpus(session: Session) -> list[GpuOut]:
                     free_fraction=max(0.0, 1.0 - sum(h.fraction for h in held)),
                     holders=held,
                     processes=list(gpu.processes or []),
+                    sandboxed=sandboxed(host),
                 )
             )
     return out
+
+
+def sandboxed(host: Host) -> bool | None:
+    """What the host's worker said of its trainers' sandbox at its last heartbeat."""
+    said = (host.info or {}).get("sandbox")
+    return None if said is None else said != "none"
 
 
 def list_workers(session: Session) -> list[WorkerOut]:
@@ -113,6 +120,7 @@ def list_workers(session: Session) -> list[WorkerOut]:
             registered_at=host.registered_at,
             running_jobs=running.get(host.name, 0),
             info=host.info,
+            sandboxed=sandboxed(host),
         )
         for host in session.scalars(select(Host).options(selectinload(Host.gpus)).order_by(Host.name))
     ]

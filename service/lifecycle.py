@@ -123,6 +123,7 @@ def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
     release_allocations(session, job)
     job.pid = None
     job.preempt_requested_at = None
+    job.stop_reason = None
     if crashed:
         job.crashes += 1
     if job.cancel_requested_at is not None:
@@ -153,6 +154,7 @@ def request_cancel(session: Session, job: Job, by: str) -> None:
         return
     if job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
+        job.stop_reason = f"cancelled by {by}"[:512]
         job_message(session, job.id, "cancel", {"attempt": job.attempts, "host": job.host_name, "by": by})
 
 
@@ -162,6 +164,7 @@ def request_preemption(session: Session, job: Job, reason: str) -> None:
     if job.preempt_requested_at is not None or not JobState(job.state).holds_gpus:
         return
     job.preempt_requested_at = utcnow()
+    job.stop_reason = reason[:512]
     job_message(session, job.id, "preempt", {"attempt": job.attempts, "host": job.host_name, "reason": reason})
 
 

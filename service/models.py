@@ -196,6 +196,9 @@ class Job(Base):
     cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
     preempt_requested_at: Mapped[datetime | None] = mapped_column(default=None)
     """The scheduler asked this attempt to make room for another job (preemption, time slicing)."""
+    stop_reason: Mapped[str | None] = mapped_column(String(512), default=None)
+    """Why the stop of the current attempt was asked for (cancel, preemption, time slice): the
+    worker reads it here; a control message only tells it to look."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -8,11 +8,12 @@ the truth (queues are rebuilt from it after a restart).
 from __future__ import annotations
 
 import importlib.util
+import secrets
 import shutil
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 import redis
 
@@ -60,6 +61,21 @@ def answers(url: str, timeout: float = 1.0) -> bool:
         return False
     finally:
         client.close()
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` in it (redis://:PASSWORD@host:port/db)."""
+    parsed = urlparse(url)
+    host = f"[{parsed.hostname}]" if parsed.hostname and ":" in parsed.hostname else parsed.hostname
+    port = f":{parsed.port}" if parsed.port else ""
+    return parsed._replace(netloc=f":{quote(password, safe='')}@{host}{port}").geturl()
+
+
+def embedded_url(url: str) -> str:
+    """The URL `towerq up` starts its own Redis with: `url` itself when it names a password,
+    else `url` with a fresh random one, so that nothing on this machine that is not given
+    the URL (a trainer with network, any local user) can publish, read or lock in it."""
+    return url if urlparse(url).password else with_password(url, secrets.token_urlsafe(24))
 
 
 class EmbeddedRedis:

@@ -148,6 +148,8 @@ class GpuOut(BaseModel):
     free_fraction: float
     holders: list[GpuHolder]
     processes: list[dict[str, Any]]
+    sandboxed: bool | None = None
+    """Whether its host runs trainers in the sandbox (None: the worker did not say)."""
 
 
 class WorkerOut(BaseModel):
@@ -160,6 +162,8 @@ class WorkerOut(BaseModel):
     registered_at: datetime
     running_jobs: int
     info: dict[str, Any]
+    sandboxed: bool | None = None
+    """False: this host runs members' code unsandboxed (TOWERQ_SANDBOX=none)."""
 
 
 class UsageRowOut(BaseModel):

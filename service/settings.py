@@ -69,8 +69,11 @@ class Settings(BaseSettings):
     costs the memory of a Python process with TensorFlow loaded, and never serves twice."""
 
     sandbox: str = Field(default="auto", pattern=r"^(auto|bwrap|none)$")
-    """Where trainers run: `auto` (in bubblewrap where it is installed and works), `bwrap`
-    (required), `none`. worker/sandbox.py says what a sandboxed trainer can reach."""
+    """Where trainers run: `auto` and `bwrap` (in bubblewrap; a worker where it cannot run
+    refuses to start), `none` (unsandboxed, an admin's explicit choice, shown on the GPUs
+    page). worker/sandbox.py says what a sandboxed trainer can reach."""
+    trainer_tmp_mb: int = Field(default=1024, ge=16)
+    """The size of a sandboxed trainer's private `/tmp` (held in memory)."""
     trainer_env_pass: str = ""
     """Environment variables (names, or NAME* prefixes; comma-separated) a trainer inherits
     besides the built-in allow-list (worker/launch.py). Names that look like secrets never pass."""

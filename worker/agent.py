@@ -100,7 +100,7 @@ class HostAgent:
 
     def start(self) -> None:
         with self.ctx.db.write() as session:
-            register(session, self.name, self.inventory, host_info())
+            register(session, self.name, self.inventory, host_info(self.sandboxed))
         log.info(
             "worker %s registered %d %s GPUs",
             self.name,
@@ -202,7 +202,7 @@ class HostAgent:
                     attempts = list(self.runners)
                 with self.ctx.db.write() as session:
                     if not heartbeat(session, self.name, states, attempts, self.pool.ready()):
-                        register(session, self.name, self.inventory, host_info())
+                        register(session, self.name, self.inventory, host_info(self.sandboxed))
             except Exception:
                 log.exception("heartbeat of %s failed", self.name)
 
@@ -228,12 +228,8 @@ class HostAgent:
             log.warning("bad control message: %r", data[:200])
             return
         runner = self.runner_for(job_id)
-        if runner is None:
-            return
-        if message.get("type") == "cancel":
-            runner.request_stop(Stop.CANCEL, f"cancelled by {message.get('by', 'someone')}")
-        elif message.get("type") == "preempt":
-            runner.request_stop(Stop.PREEMPT, str(message.get("reason", "preempted")))
+        if runner is not None:
+            runner.look()  # the job's row says whether and why to stop; the message only wakes it
 
     def _kick(self) -> None:
         try:

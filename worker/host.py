@@ -113,8 +113,9 @@ def _copy_state(gpu: Gpu, state: GpuState) -> None:
     gpu.updated_at = utcnow()
 
 
-def host_info() -> dict[str, Any]:
+def host_info(sandboxed: bool = True) -> dict[str, Any]:
     return {
+        "sandbox": "bwrap" if sandboxed else "none",
         "pid": os.getpid(),
         "cpus": os.cpu_count(),
         "platform": platform.platform(),

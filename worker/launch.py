@@ -17,12 +17,14 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import make_url
+
 from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.models import Job, JobState
 from service.settings import Settings
 from worker import sandbox
-from worker.trainer.paths import bundle_root, job_folder
+from worker.trainer.paths import bundle_root, job_folder, replace_beneath
 from worker.trainer.spec import RuntimeSpec, trainer_input
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -97,9 +99,9 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
     )
     spec = trainer_input(launch.spec, runtime)
     artifacts.mkdir(parents=True, exist_ok=True)
-    path = artifacts / f"spec-attempt-{launch.attempt}.json"
-    path.write_text(spec.model_dump_json(indent=2))
-    return path
+    name = f"spec-attempt-{launch.attempt}.json"
+    replace_beneath(artifacts, name, spec.model_dump_json(indent=2))  # never through a planted link
+    return artifacts / name
 
 
 TRAINER_ENV_ALLOWED = (
@@ -149,7 +151,19 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         datasets=datasets,
         code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
+        protected=protected_paths(settings),
+        network=bool(launch.spec.get("network")),
+        tmp_mb=settings.trainer_tmp_mb,
     )
+
+
+def protected_paths(settings: Settings) -> list[Path]:
+    """towerq's own state on this host, which no trainer's view may hold whole."""
+    paths = [settings.var_dir, settings.artifacts_dir, settings.code_dir, settings.data_dir / "users"]
+    database = make_url(settings.database_url).database if settings.database_url.startswith("sqlite") else None
+    if database:
+        paths.append(Path(database))
+    return paths
 
 
 def seen_path(path: Path, sandboxed: bool) -> Path:

@@ -10,7 +10,9 @@ import enum
 import json
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.models import JobState
 from worker.trainer.protocol import EXIT_STOPPED
@@ -78,6 +80,27 @@ class Outcome:
         if self.killed_from_outside:
             return JobState.QUEUED, exit_message(self.returncode, self.last_stderr)
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr)
+
+
+class Started(BaseModel):
+    """What a trainer's `started` line may write into its job's row. The line comes on the
+    stdout that user code prints to as well, so it is checked like any input: a line that
+    does not fit is ignored (and said in the job's log), never stored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    towers: int | None = Field(default=None, ge=1, le=1024)
+    devices: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=1024)
+    cuda_visible_devices: str | None = Field(default=None, max_length=256)
+    memory_limit_enforced: bool | None = None
+    batch_norm: (
+        dict[
+            Annotated[str, Field(max_length=32)],
+            Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=10_000)],
+        ]
+        | None
+    ) = Field(default=None, max_length=8)
+    resumed_from_step: int | None = Field(default=None, ge=0, le=2**62)
 
 
 def protocol_event(text: str) -> dict[str, Any] | None:

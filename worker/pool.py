@@ -36,7 +36,7 @@ from pathlib import Path
 
 from service.settings import Settings
 from worker import sandbox
-from worker.launch import REPO_ROOT, Launch, sandbox_extras, seen_path, trainer_environment
+from worker.launch import REPO_ROOT, Launch, protected_paths, sandbox_extras, seen_path, trainer_environment
 from worker.processes import kill_group
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,8 @@ class TrainerPool:
         if not self.sandboxed:
             return True
         datasets, code = sandbox_extras(launch, self.settings)
-        return launch.simulated and not datasets and code is None and not folder.exists()
+        network = bool(launch.spec.get("network"))
+        return launch.simulated and not datasets and code is None and not network and not folder.exists()
 
     # -- the pool's thread ----------------------------------------------------------------
 
@@ -200,6 +201,8 @@ class TrainerPool:
                 datasets=[],
                 code_path=None,
                 devices=[],
+                protected=protected_paths(self.settings),
+                tmp_mb=self.settings.trainer_tmp_mb,
             )
         process = subprocess.Popen(
             command,

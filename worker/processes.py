@@ -116,12 +116,18 @@ def kill_group(pgid: int, timeout: float = 30.0) -> bool:
         time.sleep(KILL_CHECK_INTERVAL_S)
 
 
-def output_lines(process: subprocess.Popen[bytes], tick_s: float) -> Iterator[tuple[str, bytes] | None]:
+def output_lines(
+    process: subprocess.Popen[bytes], tick_s: float, max_line: int = 2**20
+) -> Iterator[tuple[str, bytes] | None]:
     """The lines of a process's stdout and stderr as they come, as ("out" | "err", line),
     unbuffered; None after every wait of at most `tick_s`, so the caller can do its
-    periodic work. Ends when both pipes are closed (a last line without a newline too)."""
+    periodic work. Ends when both pipes are closed (a last line without a newline too).
+    A line longer than `max_line` bytes comes cut to that length (a caller can tell by its
+    length), and the rest of it, up to its newline, is dropped: what a process writes
+    without a newline never piles up here."""
     assert process.stdout is not None and process.stderr is not None
     partial = {"out": b"", "err": b""}
+    dropping = {"out": False, "err": False}
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ, "out")
         selector.register(process.stderr, selectors.EVENT_READ, "err")
@@ -131,14 +137,39 @@ def output_lines(process: subprocess.Popen[bytes], tick_s: float) -> Iterator[tu
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
-                    if partial[stream]:
+                    if partial[stream] and not dropping[stream]:
                         yield stream, partial[stream]
                     continue
                 lines = (partial[stream] + chunk).split(b"\n")
                 partial[stream] = lines.pop()
                 for line in lines:
-                    yield stream, line
+                    if dropping[stream]:
+                        dropping[stream] = False  # the end of a line already cut
+                        continue
+                    yield stream, line[:max_line]
+                if len(partial[stream]) > max_line and not dropping[stream]:
+                    yield stream, partial[stream][:max_line]
+                    dropping[stream] = True
+                if dropping[stream]:
+                    partial[stream] = b""
             yield None
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below `pid` (children, theirs, ...), by the host's pids: how the
+    worker finds a sandboxed trainer's processes without asking the trainer."""
+    children: dict[int, list[int]] = {}
+    for info in all_processes():
+        if info.state != "Z":
+            children.setdefault(info.ppid, []).append(info.pid)
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def marked(name: str, value: str) -> list[ProcessInfo]:

@@ -15,7 +15,6 @@ import queue
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -27,8 +26,8 @@ from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
 from service.models import LogLine, Metric
-from worker.trainer.paths import JOB_LOG_FILE, job_folder
-from worker.trainer.protocol import read_metrics_log
+from worker.trainer.paths import PathEscapeError, job_folder, read_beneath
+from worker.trainer.protocol import METRICS_LOG, parse_metrics_log
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +77,11 @@ class MetricSink:
         self.writer: threading.Thread | None = None
         self.failure: Exception | None = None
         """What stopped the writer (StaleAttemptError, or a database error): raised by `flush`."""
+        self.points = 0
+        self.lines = 0
+        """Metric points and log lines taken from this attempt, against their limits."""
         self.channel = keys.job_channel(job_id)
-        self.log_file = job_folder(ctx.settings.artifacts_dir, job_id) / JOB_LOG_FILE
+        self.folder = job_folder(ctx.settings.artifacts_dir, job_id)
 
     # -- buffering ----------------------------------------------------------------------
 
@@ -90,6 +92,11 @@ class MetricSink:
         step = event.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             self.log("warning", f"metric line without an integer step ignored: {event}")
+            return
+        self.points += 1
+        if self.points > defaults.METRIC_POINTS_PER_ATTEMPT:
+            if self.points == defaults.METRIC_POINTS_PER_ATTEMPT + 1:
+                self.log("warning", f"more than {defaults.METRIC_POINTS_PER_ATTEMPT:,} metric points: the rest dropped")
             return
         point: dict[str, Any] = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
         point["custom"] = _custom(event.get("metrics"))
@@ -106,6 +113,11 @@ class MetricSink:
             self.urgent = True
 
     def log(self, level: str, message: str, when: datetime | None = None) -> None:
+        self.lines += 1
+        if self.lines > defaults.LOG_LINES_PER_ATTEMPT:
+            if self.lines > defaults.LOG_LINES_PER_ATTEMPT + 1:
+                return
+            level, message = "warning", f"more than {defaults.LOG_LINES_PER_ATTEMPT:,} log lines: the rest dropped"
         when = when or datetime.now(UTC)
         message = message[:10_000]
         self._publish("log", {"level": level, "message": message, "time": when.isoformat()})
@@ -210,7 +222,7 @@ class MetricSink:
     def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
         """Every line also goes to the job's `log.txt` artifact: the database keeps only the
         newest lines of a long job, the file keeps them all (`GET .../logs.txt`)."""
-        joblog.append(self.log_file, logs)
+        joblog.append(self.folder, logs)
 
     def forget_after(self, step: int) -> None:
         """Delete points after `step`: a resumed attempt trains those steps again."""
@@ -220,12 +232,18 @@ class MetricSink:
             session.execute(delete(Metric).where(Metric.job_id == self.job_id, Metric.step > step))
             rollups.forget_after(session, self.job_id, step)
 
-    def resume(self, step: int, metrics_log: Path) -> None:
+    def resume(self, step: int) -> None:
         """An attempt resumed from the checkpoint of `step`: the points after it go (they
         will be trained again), and those up to it are restored from the trainer's own log
-        in the artifacts (a worker that died may not have stored them all)."""
+        in the artifacts (a worker that died may not have stored them all). The trainer wrote
+        that file, so it is read without following links and only up to a bound."""
         self.forget_after(step)
-        for point in read_metrics_log(metrics_log):
+        try:
+            raw = read_beneath(self.folder, METRICS_LOG, defaults.METRICS_LOG_READ_BYTES)
+        except (OSError, PathEscapeError) as err:
+            self.log("warning", f"{METRICS_LOG} not read: {err}")
+            raw = b""
+        for point in parse_metrics_log(raw.decode("utf-8", errors="replace")):
             if point["step"] <= step:
                 self.metric(point, publish=False)
         self.log("info", f"resumed from the checkpoint of step {step}")

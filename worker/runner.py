@@ -35,12 +35,11 @@ from worker.launch import (
     trainer_environment,
     write_trainer_spec,
 )
-from worker.outcome import Outcome, Stop, level_of, protocol_event
+from worker.outcome import Outcome, Started, Stop, level_of, protocol_event
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
-from worker.processes import kill_group, live_members, output_lines, signal_group, signal_process
+from worker.processes import descendants, kill_group, live_members, output_lines, signal_group, signal_process
 from worker.relay import MetricSink, parse_time
-from worker.trainer.protocol import METRICS_LOG
 from worker.trainer.spec import describe
 
 log = logging.getLogger(__name__)
@@ -77,6 +76,8 @@ class JobRunner:
         self.outcome = Outcome()
         self.process: subprocess.Popen[bytes] | None = None
         self._stop_requested = threading.Event()
+        self._look = threading.Event()
+        """A control message came for this job: read the database at the next tick."""
         self._stop_deadline: float | None = None
         self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
         self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
@@ -97,6 +98,11 @@ class JobRunner:
             self.outcome.stop = reason
             self.outcome.stop_message = message
         self._stop_requested.set()
+
+    def look(self) -> None:
+        """Read the job's row soon (a control message said something changed). What the
+        message itself says is not taken: anyone who reaches Redis can publish one."""
+        self._look.set()
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -160,15 +166,17 @@ class JobRunner:
         assert self.process is not None
         started = time.monotonic()
         next_check = started
-        for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S):
+        for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S, defaults.TRAINER_LINE_BYTES):
             if line is not None:
                 self._line(*line)
                 continue
             self.sink.send()
             now = time.monotonic()
-            if now >= next_check:
+            if now >= next_check or self._look.is_set():
+                self._look.clear()
                 next_check = now + CHECK_EVERY_S
                 self._check(now - started)
+                self._note_pids()
             self._escalate()
             if self.sink.due():
                 self._flush()
@@ -178,6 +186,11 @@ class JobRunner:
         self.outcome.returncode = self.process.returncode
 
     def _line(self, stream: str, raw: bytes) -> None:
+        if len(raw) >= defaults.TRAINER_LINE_BYTES:
+            limit = defaults.TRAINER_LINE_BYTES // 2**20
+            self.sink.log(
+                "warning", f"a line of the trainer's std{stream} over {limit} MiB was cut there (towerq's limit)"
+            )
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         if not text:
             return
@@ -212,20 +225,22 @@ class JobRunner:
             self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")
 
     def _on_started(self, event: dict[str, Any]) -> None:
-        if isinstance(event.get("pid"), int):
-            self.trainer_pids.add(event["pid"])
-        resumed = event.get("resumed_from_step")
-        if isinstance(resumed, int):
-            self.sink.resume(resumed, self.artifacts / METRICS_LOG)
-        self._flush(
-            {
-                "towers": event.get("towers"),
-                "devices": event.get("devices"),
-                "cuda_visible_devices": event.get("cuda_visible_devices"),
-                "memory_limit_enforced": event.get("memory_limit_enforced"),
-                "batch_norm": event.get("batch_norm"),
-            }
-        )
+        self._note_pids()  # the pid the line names is the trainer's word: not taken
+        try:
+            started = Started.model_validate(event)
+        except ValidationError as err:
+            self.sink.log("warning", f"a 'started' line that does not fit the protocol was ignored: {describe(err)}")
+            return
+        if started.resumed_from_step is not None:
+            self.sink.resume(started.resumed_from_step)
+        self._flush(started.model_dump(exclude={"resumed_from_step"}))
+
+    def _note_pids(self) -> None:
+        """The trainer's processes as the host numbers them (NVML's pids): bwrap's
+        descendants in the sandbox (its pid namespace numbers them otherwise), the
+        trainer's own outside it."""
+        if self.process is not None:
+            self.trainer_pids |= descendants(self.process.pid)
 
     def _refill(self) -> None:
         """This job is training (or over): the pool may warm the next trainer."""
@@ -249,9 +264,9 @@ class JobRunner:
         """Poll the database: cancel requested? attempt still current? time limit?"""
         with self.ctx.db.read() as session:
             row = session.execute(
-                select(Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at).where(
-                    Job.id == self.launch.job_id
-                )
+                select(
+                    Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason
+                ).where(Job.id == self.launch.job_id)
             ).one_or_none()
         if (
             row is None
@@ -261,10 +276,10 @@ class JobRunner:
             self._stale("the job moved on")
             return
         if row.cancel_requested_at is not None:
-            self.request_stop(Stop.CANCEL, "cancelled")
+            self.request_stop(Stop.CANCEL, row.stop_reason or "cancelled")
         elif row.preempt_requested_at is not None:
-            # The control message (with the reason) usually comes first; this poll is its backstop.
-            self.request_stop(Stop.PREEMPT, "stopped to make room for another job; it resumes from its checkpoint")
+            why = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
+            self.request_stop(Stop.PREEMPT, why)
         limit = self.launch.time_limit_s
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")

@@ -1,29 +1,46 @@
 """The trainer's sandbox: what user code can reach on a GPU host.
 
 A trainer runs a user's code, so with bubblewrap (`bwrap`, Debian's `bubblewrap`) it runs
-in a mount namespace of its own that shows only what the job needs:
+in namespaces of its own that show only what the job needs:
 
-- read-only: the system (`/usr`, `/etc`, ...), the Python environment, towerq's `worker`
-  package, `TOWERQ_MODELS_PATH`, the job's own code bundle, and `TOWERQ_DATA_DIR` with
-  every user's uploads (`users/`) hidden but the dataset folders the job asked for;
+- read-only: the system (`/usr`, `/etc`, ...), the Python installation the worker runs on
+  (its prefixes and the `sys.path` entries inside them), towerq's `worker` package,
+  `TOWERQ_MODELS_PATH`, the job's own code bundle, and `TOWERQ_DATA_DIR` with every user's
+  uploads (`users/`) hidden but the dataset folders the job asked for. Nothing that holds
+  towerq's own state is ever bound whole (the folder `towerq up` ran in, with its `var/`):
+  a path entry outside the prefixes, or above `TOWERQ_VAR_DIR`, the artifacts, the code
+  bundles or the database, is left out (`python_paths`);
 - read-write: the job's own artifact folder, shown at `/job` (`JOB_PATH`, also its working
   folder: the same path for every job, so a trainer's view does not depend on which job it
   runs, and a warm trainer can be started before its job is known, `worker.pool`), and a
-  private `/tmp`;
-- devices: a minimal `/dev`, plus the NVIDIA device nodes of its GPUs only.
+  private `/tmp` of at most `TOWERQ_TRAINER_TMP_MB` (it lives in memory);
+- devices: a minimal `/dev`, plus the NVIDIA device nodes of its GPUs only;
+- processes: a pid namespace of its own (bwrap's init is pid 1, the trainer pid 2): user
+  code sees and signals only its own processes, and when the trainer ends the kernel kills
+  whatever it left behind there, `setsid()` children too, since nothing leaves a pid
+  namespace. The worker finds the trainer's host pids (NVML reports those) as the
+  descendants of bwrap (`worker.processes.descendants`), never from what the trainer says;
+- network: none but its own loopback, unless the job asks (`network: true`: then it shares
+  the host's network and reaches what the host reaches, Redis and the database included,
+  so those must ask for a password; `towerq up`'s own Redis does);
+- privileges: every capability dropped, also when the worker runs as root (bwrap keeps
+  them for root otherwise: a root trainer could remount its read-only views or make
+  device nodes).
 
 Not visible: the database file and the rest of `TOWERQ_VAR_DIR`, other jobs' artifacts,
-other users' datasets and code bundles, the checkout the worker runs from, home folders.
-The network is shared (a model may download weights); the environment is already an
-allow-list (`worker.launch.trainer_environment`), so no credentials travel with it.
+other users' datasets and code bundles, the checkout the worker runs from, home folders,
+other processes. The environment is already an allow-list
+(`worker.launch.trainer_environment`), so no credentials travel with it.
 
-The host's pid namespace is kept, so NVML's pids are the trainer's. bwrap stays as the
-trainer's parent and leads its process group; a stop request (SIGTERM) goes to the rest
-of the group, not to bwrap, which would die of it and take the trainer with it
-(`--die-with-parent`) before it could checkpoint (`worker.runner`).
+bwrap stays as the trainer's parent and leads its process group; a stop request (SIGTERM)
+goes to the rest of the group, not to bwrap, which would die of it and take the trainer
+with it (`--die-with-parent`) before it could checkpoint (`worker.runner`); bwrap's init
+inside ignores it.
 
-`TOWERQ_SANDBOX`: `auto` (default: bwrap where it is installed and works, else none, said
-in the worker's log), `bwrap` (required: the worker refuses to start without it), `none`.
+`TOWERQ_SANDBOX`: `auto` (default: bwrap where it is installed and works; where it does not,
+the worker refuses to start and says why: user code must not run unsandboxed by
+accident), `bwrap` (the same, said explicitly), `none` (an admin's choice to run user code
+unsandboxed: said loudly in the worker's log, the GPUs page and `towerq gpus`).
 """
 
 from __future__ import annotations
@@ -63,36 +80,49 @@ def bwrap_works() -> str | None:
     return None if done.returncode == 0 else f"bwrap cannot run here: {done.stderr.strip()[:300]}"
 
 
+UNSANDBOXED_WARNING = (
+    "TRAINERS RUN WITHOUT A SANDBOX (TOWERQ_SANDBOX=none): every member's code runs as the worker's user, "
+    "with its files, its processes and its network (the database, Redis, other jobs)"
+)
+
+
 def resolve(kind: str) -> bool:
-    """Whether trainers run in the sandbox, for the setting `kind`."""
+    """Whether trainers run in the sandbox, for the setting `kind`; SandboxError when they
+    should and cannot (fail closed: `none` is the only way to run them unsandboxed)."""
     if kind not in SANDBOX_KINDS:
         raise SandboxError(f"TOWERQ_SANDBOX is {kind!r}: use {', '.join(SANDBOX_KINDS)}")
     if kind == "none":
+        log.warning(UNSANDBOXED_WARNING)
         return False
     why_not = bwrap_works()
     if why_not is None:
         return True
-    if kind == "bwrap":
-        raise SandboxError(f"TOWERQ_SANDBOX=bwrap but {why_not}")
-    log.warning("trainers run without a sandbox: %s (user code can read what the worker can)", why_not)
-    return False
+    raise SandboxError(
+        f"trainers must run in a sandbox and {why_not}; install bubblewrap (scripts/setup-system --run), "
+        "or, to run members' code unsandboxed knowingly, set TOWERQ_SANDBOX=none"
+    )
 
 
-def python_paths(repo_root: Path) -> list[Path]:
-    """What the trainer's Python needs: its installation and every folder on this process's
-    import path. A source checkout (towerq not installed as a wheel) is shown only as its
-    `worker` package and its `.venv`: a checkout also holds `var/`, where a local database
-    lives."""
+def python_paths(repo_root: Path, protected: Iterable[Path] = ()) -> list[Path]:
+    """What the trainer's Python needs: its installation (the prefixes) and the entries of
+    this process's import path inside them. A source checkout (towerq not installed as a
+    wheel) adds only its `worker` package: a checkout also holds `var/`. An entry outside
+    the prefixes (the folder the worker was started in, a user site) is left out, and so is
+    any path that holds one of `protected` (towerq's state: its database, artifacts, code)."""
     checkout = (repo_root / "pyproject.toml").is_file()
-    found: list[Path] = [repo_root / "worker"] if checkout else []  # PYTHONPATH finds it there
-    for entry in [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]:
-        if not entry:
+    prefixes = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p]
+    guarded = [path.resolve() for path in protected]
+    candidates = [repo_root / "worker"] if checkout else []
+    candidates += prefixes
+    candidates += [Path(entry).resolve() for entry in sys.path if entry]
+    found: list[Path] = []
+    for path in candidates:
+        inside = any(path == prefix or prefix in path.parents for prefix in prefixes)
+        if path != repo_root / "worker" and not inside:
             continue
-        path = Path(entry).resolve()
-        if checkout and path == repo_root:
-            path = repo_root / "worker"
-        elif checkout and repo_root in path.parents and not path.is_relative_to(repo_root / ".venv"):
-            continue  # another folder of the checkout: not needed, maybe not safe
+        if any(path == held or path in held.parents for held in guarded):
+            log.warning("not shown to trainers: %s holds towerq's own files", path)
+            continue
         if path.exists() and path not in found:
             found.append(path)
     return found
@@ -138,20 +168,26 @@ def bwrap_command(
     datasets: list[Path],
     code_path: Path | None,
     devices: list[Path],
+    protected: Iterable[Path] = (),
+    network: bool = False,
+    tmp_mb: int = 1024,
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above; `job_folder` is seen at
-    `JOB_PATH`."""
-    args = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-uts"]
+    `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
+    args = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-uts", "--unshare-pid", "--cap-drop", "ALL"]
+    if not network:
+        args.append("--unshare-net")
     for system in SYSTEM_PATHS:
         path = Path(system)
         if path.is_symlink():
             args += ["--symlink", str(path.readlink()), system]
         elif path.exists():
             args += ["--ro-bind", system, system]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--setenv", "HOME", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 2**20), "--tmpfs", "/tmp"]
+    args += ["--setenv", "HOME", "/tmp"]
     for device in devices:
         args += ["--dev-bind", str(device), str(device)]
-    for path in python_paths(repo_root):
+    for path in python_paths(repo_root, protected):
         args += ["--ro-bind", str(path), str(path)]
     for shared in (models_path.resolve(), data_dir.resolve()):
         if shared.exists():

@@ -681,6 +681,7 @@ def run_gpus(args: argparse.Namespace) -> int:
                 ("simulated", gpu["simulated"]),
                 ("drained", gpu["drained"]),
                 ("down", gpu["host_state"] != "up"),
+                ("UNSANDBOXED", gpu.get("sandboxed") is False),
             )
             if on
         ]
@@ -689,4 +690,6 @@ def run_gpus(args: argparse.Namespace) -> int:
         flags = f"  [{', '.join(badges)}]" if badges else ""
         host, name = gpu["host"][:14], gpu["name"][:36]
         print(f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {gpu['free_fraction']:>5.2f}  {holders}{flags}")
+    for host in sorted({gpu["host"] for gpu in gpus if gpu.get("sandboxed") is False}):
+        print(f"warning: {host} runs members' code WITHOUT a sandbox (TOWERQ_SANDBOX=none)", file=sys.stderr)
     return 0

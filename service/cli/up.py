@@ -24,7 +24,7 @@ from service.auth import bootstrap_admin
 from service.db import Database, upgrade_database
 from service.lifetime import dies_with_this_process
 from service.models import Host
-from service.redis_server import EmbeddedRedis, answers
+from service.redis_server import EmbeddedRedis, answers, embedded_url
 from service.settings import Settings, redacted
 from service.tokenfile import write_secret
 
@@ -88,10 +88,13 @@ class Supervisor:
         if answers(self.settings.redis_url):
             self.redis_note = f"Redis at {redacted(self.settings.redis_url)}"
             return
-        self.redis = EmbeddedRedis(self.settings.redis_url, self.settings.var_dir / "redis")
+        asked = self.settings.redis_url
+        url = embedded_url(asked)
+        self.redis = EmbeddedRedis(url, self.settings.var_dir / "redis")
         self.redis.start()
+        self.settings = self.settings.model_copy(update={"redis_url": url})  # what the children get
         self.redis_note = (
-            f"embedded Redis on port {self.redis.port} (none answered at {redacted(self.settings.redis_url)})"
+            f"embedded Redis on port {self.redis.port}, with a password (none answered at {redacted(asked)})"
         )
 
     def _bootstrap_admin(self) -> str | None:

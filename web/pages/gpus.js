@@ -57,6 +57,13 @@ function card(worker, gpus, actions) {
       " ",
       el("span", { class: `badge host-${worker.state}` }, worker.state),
       worker.simulated ? el("span", { class: "badge sim", title: "no NVIDIA driver: GPUs are logical CPU devices" }, "simulated") : null,
+      worker.sandboxed === false
+        ? el(
+            "span",
+            { class: "badge unsandboxed", title: "TOWERQ_SANDBOX=none: members' code runs with the worker's files, processes and network" },
+            "no sandbox",
+          )
+        : null,
     ),
     el("p", { class: "muted" }, `${worker.gpus} GPUs · ${jobs} · heartbeat ${duration(worker.heartbeat_age_s)} ago`),
     el(

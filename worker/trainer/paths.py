@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path, PurePosixPath
 
 
@@ -52,3 +55,110 @@ def resolve_inside(root: Path, path: str) -> Path:
     if resolved != real_root and real_root not in resolved.parents:
         raise PathEscapeError(f"{path!r} leads outside {root} (through a symbolic link)")
     return resolved
+
+
+# -- opening files in a job folder without following what its trainer planted ------------
+#
+# A job folder is written by user code, so any name in it may be a symbolic link (to the
+# database, a token, a `.pth` file), a FIFO (an open that never returns) or a hard link.
+# Whatever towerq itself opens there goes through these: every component is opened
+# relative to the folder handle above it with O_NOFOLLOW, so a link is refused wherever it
+# sits, also when it is planted between a check and the open.
+
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class UnsafeFileError(PathEscapeError):
+    """A name in a job folder that is a link, a FIFO, a device or a file with other names."""
+
+
+def _refused(name: str, err: OSError) -> UnsafeFileError:
+    if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EMLINK):
+        return UnsafeFileError(f"{name!r} is a link or not a plain file: refused")
+    raise err
+
+
+def open_folder(root: Path | int, relative: str = "") -> int:
+    """A handle on `root/relative` (close it), no component of it followed as a link;
+    FileNotFoundError when it is not there, UnsafeFileError when a component is a link.
+    `root` is a path or a folder handle (then left open)."""
+    parts = check_relative(relative).parts if relative else ()
+    try:
+        fd = os.open(root, FOLDER_FLAGS) if isinstance(root, Path) else os.dup(root)
+    except OSError as err:
+        raise _refused(str(root), err) from err
+    try:
+        for part in parts:
+            try:
+                inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
+            except OSError as err:
+                raise _refused(relative, err) from err
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_plain(folder: int, name: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """`name` in the folder handle `folder`, opened with `flags` only when it is a regular
+    file with no other name (a hard link could be another job's or towerq's file)."""
+    try:
+        fd = os.open(name, flags | FILE_FLAGS, mode, dir_fd=folder)
+    except OSError as err:
+        raise _refused(name, err) from err
+    info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, "a folder", name)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise UnsafeFileError(f"{name!r} is a link or not a plain file: refused")
+    return fd
+
+
+def open_beneath(root: Path | int, relative: str, flags: int = os.O_RDONLY) -> int:
+    """The plain file `root/relative`, every component opened without following links."""
+    folder, _, name = check_relative(relative).as_posix().rpartition("/")
+    handle = open_folder(root, folder)
+    try:
+        return open_plain(handle, name, flags)
+    finally:
+        os.close(handle)
+
+
+def append_beneath(root: Path, name: str, text: str) -> None:
+    """Append `text` to the plain file `root/name` (created when missing) in one write."""
+    fd = open_beneath(root, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, text.encode("utf-8", errors="replace"))
+    finally:
+        os.close(fd)
+
+
+def replace_beneath(root: Path, name: str, text: str) -> None:
+    """Write `root/name` afresh: whatever has that name now (a link, a FIFO) is removed,
+    never followed, and a new file is created in its place."""
+    folder = open_folder(root)
+    try:
+        try:
+            os.unlink(name, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        fd = open_plain(folder, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+    finally:
+        os.close(folder)
+
+
+def read_beneath(root: Path, name: str, limit: int) -> bytes:
+    """At most `limit` bytes of the plain file `root/name`; b"" when it is missing."""
+    try:
+        fd = open_beneath(root, name)
+    except FileNotFoundError:
+        return b""
+    with os.fdopen(fd, "rb") as source:
+        return source.read(limit)

@@ -95,6 +95,11 @@ def read_metrics_log(path: Path) -> list[dict[str, Any]]:
         text = path.read_text()
     except FileNotFoundError:
         return []
+    return parse_metrics_log(text)
+
+
+def parse_metrics_log(text: str) -> list[dict[str, Any]]:
+    """The metric and eval lines of a metrics log's text."""
     lines = []
     for raw in text.splitlines():
         try:

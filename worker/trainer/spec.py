@@ -360,6 +360,10 @@ class JobSpec(TrainSpec):
         pattern=r"^https?://[^\s]+$",
         description="POST a JSON notification here when the job ends (besides the lab's TOWERQ_WEBHOOK_URL)",
     )
+    network: bool = Field(
+        default=False,
+        description="in the sandbox, reach the network (a model downloading weights); default: loopback only",
+    )
     code: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",

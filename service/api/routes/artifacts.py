@@ -3,6 +3,7 @@ everything as a .tar.gz stream."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path as FsPath
@@ -12,14 +13,41 @@ from fastapi import APIRouter, Path
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from sqlalchemy import select
+from starlette.types import Receive, Scope, Send
 
 from service import joblog
 from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
-from service.artifacts import list_artifacts, resolve_artifact, tar_gz_stream
+from service.artifacts import list_artifacts, open_artifact, tar_gz_stream
 from service.exceptions import NotFoundError
 from service.jobs import get_job
 from service.models import LogLine
-from worker.trainer.paths import JOB_LOG_FILE, job_folder
+from worker.trainer.paths import JOB_LOG_FILE, PathEscapeError, job_folder, open_beneath
+
+
+class HandleResponse(FileResponse):
+    """A file response over an open handle (closed once sent), so what is sent is the file
+    that was checked, not whatever its name points at by then. Starlette reopens the file by
+    path for each range: `/proc/self/fd/N` reopens this very file, never a name in the job
+    folder."""
+
+    def __init__(self, fd: int, filename: str | None = None, media_type: str | None = None) -> None:
+        self.fd = fd
+        super().__init__(f"/proc/self/fd/{fd}", filename=filename, media_type=media_type, stat_result=os.fstat(fd))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __del__(self) -> None:  # never sent (an error came first): the handle still goes
+        self.close()
+
 
 router = APIRouter(prefix="/api/jobs", tags=["artifacts"])
 
@@ -39,9 +67,9 @@ class ArtifactList(BaseModel):
     """More than 10,000 files: the list stops there (the .tar.gz has them all)."""
 
 
-def _archive(folder: FsPath, top: str) -> StreamingResponse:
+def _archive(root: FsPath, relative: str, top: str) -> StreamingResponse:
     return StreamingResponse(
-        tar_gz_stream(folder, top),
+        tar_gz_stream(root, relative, top),
         media_type="application/gzip",
         # The CLI unpacks what is marked a folder; a user's own .tar.gz file comes as it is.
         headers={"Content-Disposition": f'attachment; filename="{top}.tar.gz"', "X-Towerq-Archive": "folder"},
@@ -62,7 +90,7 @@ def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, _: Cal
     folder = job_folder(settings.artifacts_dir, job_id)
     if not folder.is_dir():
         raise NotFoundError(f"job {job_id} has no artifacts yet")
-    return _archive(folder, f"job-{job_id}")
+    return _archive(folder, "", f"job-{job_id}")
 
 
 @router.get("/{job_id}/artifacts/{path:path}", response_model=None)
@@ -71,21 +99,26 @@ def artifact(
 ) -> FileResponse | StreamingResponse:
     """One file (HTTP ranges supported, so a download can resume), or a folder as .tar.gz."""
     get_job(session, job_id)
-    found = resolve_artifact(job_folder(settings.artifacts_dir, job_id), path)
-    if found.is_dir():
-        return _archive(found, f"job-{job_id}-{found.name}")
-    return FileResponse(found, filename=found.name)
+    root = job_folder(settings.artifacts_dir, job_id)
+    name = path.rstrip("/").rpartition("/")[2]
+    fd = open_artifact(root, path.rstrip("/"))
+    if fd is None:
+        return _archive(root, path.rstrip("/"), f"job-{job_id}-{name}")
+    return HandleResponse(fd, filename=name)
 
 
 @router.get("/{job_id}/logs.txt", response_class=Response)
 def whole_log(job_id: JobId, session: SessionDep, ctx: ContextDep, _: CallerDep) -> Response:
     """The job's whole log as text: every line of every attempt."""
     get_job(session, job_id)
-    file = job_folder(ctx.settings.artifacts_dir, job_id) / JOB_LOG_FILE
-    if file.is_file():
-        return FileResponse(file, media_type="text/plain; charset=utf-8")
+    try:
+        fd = open_beneath(job_folder(ctx.settings.artifacts_dir, job_id), JOB_LOG_FILE)
+    except (OSError, PathEscapeError):
+        fd = None  # no file, or the job's code replaced it with a link: the stored lines
+    if fd is not None:
+        return HandleResponse(fd, media_type="text/plain; charset=utf-8")
 
-    def from_database() -> Iterator[bytes]:  # no file (the job never ran here): the stored lines
+    def from_database() -> Iterator[bytes]:
         with ctx.db.read() as reading:
             rows = reading.scalars(select(LogLine).where(LogLine.job_id == job_id).order_by(LogLine.id))
             for row in rows:
