@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
     while they saturate the CPU; idle cores still go to them."""
 
+    trainer_memory_mb: int = Field(default=0, ge=0)
+    """Host memory one trainer attempt may use (its cgroup's, all its processes together);
+    0: its share of the host's memory by the GPUs it holds (GPUs x fraction / the host's
+    GPUs), at least 2,048 MB. Past it the kernel kills the attempt and the job fails, naming
+    the limit (worker/cgroups.py)."""
+    trainer_max_processes: int = Field(default=4096, ge=0)
+    """Processes and threads one trainer attempt may have at once (TensorFlow starts a few
+    dozen threads per device); 0: no limit. Past it a fork fails inside the job."""
+
     trainer_pool: int = Field(default=1, ge=0, le=16)
     """Warm trainers a worker keeps: processes that have loaded TensorFlow and wait for a
     job, so a job trains without waiting for that (worker/pool.py; 0 turns them off). Each

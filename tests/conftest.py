@@ -33,6 +33,7 @@ from service.auth import create_token
 from service.db import Database, upgrade_database
 from service.redis_server import EmbeddedRedis
 from service.settings import Settings
+from worker.cgroups import remove_stale
 from worker.host import register
 from worker.inventory import SimulatedInventory
 from worker.processes import marked
@@ -204,6 +205,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := marked(RUN_MARK, os.environ[RUN_MARK])) and time.monotonic() < deadline:
         time.sleep(0.5)
+    remove_stale()  # the attempt cgroups of the workers tests killed (a new worker would end them too)
     if not left:
         return
     lines = "\n".join(f"  pid {p.pid} (parent {p.ppid}): {p.cmdline[:200]}" for p in left)

@@ -29,7 +29,7 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.lifecycle import requeue
 from service.models import Job, JobState
-from worker import sandbox
+from worker import cgroups, sandbox
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
@@ -151,7 +151,10 @@ class HostAgent:
 
     def _recover_leftovers(self) -> None:
         """Jobs this host was running before the worker restarted: their trainers died with
-        the old worker (or are killed now); the jobs go back to the queue."""
+        the old worker (or are killed now, with whatever is left in their cgroups); the jobs
+        go back to the queue."""
+        if ended := cgroups.remove_stale():
+            log.warning("ended %d cgroups of trainer attempts left by a worker that is gone", ended)
         with self.ctx.db.write() as session:
             jobs = session.scalars(
                 select(Job).where(Job.host_name == self.name, Job.state == JobState.RUNNING).with_for_update()

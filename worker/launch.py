@@ -24,6 +24,7 @@ from service.exceptions import StaleAttemptError
 from service.models import Job, JobState
 from service.settings import Settings
 from worker import sandbox
+from worker.cgroups import AttemptGroup, Limits
 from worker.trainer.paths import bundle_root, job_folder, replace_beneath
 from worker.trainer.spec import RuntimeSpec, trainer_input
 
@@ -183,9 +184,12 @@ def sandbox_extras(launch: Launch, settings: Settings) -> tuple[list[Path], Path
     )
 
 
-def start_trainer(command: list[str], spec_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """The trainer process of one attempt, in a session of its own, its output piped, working
-    in the job's artifacts folder (where a model's own relative files land)."""
+def start_trainer(
+    command: list[str], spec_path: Path, env: dict[str, str], group: AttemptGroup | None = None
+) -> subprocess.Popen[bytes]:
+    """The trainer process of one attempt, in a session of its own (and in the attempt's
+    cgroups, before it runs anything), its output piped, working in the job's artifacts
+    folder (where a model's own relative files land)."""
     return subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
@@ -194,4 +198,21 @@ def start_trainer(command: list[str], spec_path: Path, env: dict[str, str]) -> s
         env=env,
         cwd=spec_path.parent,
         start_new_session=True,
+        preexec_fn=group.join if group is not None and group.exists else None,
     )
+
+
+def attempt_limits(launch: Launch, settings: Settings, host_gpus: int) -> Limits:
+    """The memory and process limits of one attempt (TOWERQ_TRAINER_MEMORY_MB, ..._MAX_PROCESSES)."""
+    memory = settings.trainer_memory_mb
+    if memory == 0:
+        share = len(launch.indices) * launch.fraction / max(host_gpus, len(launch.indices), 1)
+        memory = max(
+            MIN_TRAINER_MEMORY_MB, int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * share / 2**20)
+        )
+    return Limits(memory_mb=memory, processes=settings.trainer_max_processes or None)
+
+
+MIN_TRAINER_MEMORY_MB = 2048
+"""The least memory an attempt gets by default: a Python process with TensorFlow and a small
+model needs about 1 GB before its data."""

@@ -38,6 +38,8 @@ class Outcome:
     returncode: int | None = None
     last_stderr: list[str] = field(default_factory=list)
     step: int | None = None
+    limits_hit: list[str] = field(default_factory=list)
+    """Limits of the attempt's cgroup the kernel enforced (`worker.cgroups`)."""
 
     def stderr(self, line: str) -> None:
         self.last_stderr = (self.last_stderr + [line])[-STDERR_LINES_KEPT:]
@@ -71,6 +73,9 @@ class Outcome:
             return JobState.FAILED, self.stop_message
         if self.done is not None and self.returncode == 0:
             return JobState.SUCCEEDED, None
+        if self.limits_hit:
+            said = f"{self.error.get('message') or self.error.get('kind')}; " if self.error else ""
+            return JobState.FAILED, f"{said}it reached its {' and '.join(self.limits_hit)} (towerq's limits)"
         if self.out_of_memory and fraction < 1.0:
             return JobState.QUEUED, (
                 f"ran out of GPU memory on a shared GPU (fraction {fraction}): queued again for whole GPUs"

@@ -10,6 +10,7 @@ attempt's end becomes a job state is `worker.outcome`.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -25,11 +26,13 @@ from service.context import Context
 from service.exceptions import StaleAttemptError
 from service.lifecycle import current_attempt, finish, mark_running, requeue
 from service.models import Job, JobState
+from worker.cgroups import AttemptGroup
 from worker.host import drain
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import (
     Launch,
     artifacts_dir,
+    attempt_limits,
     start_trainer,
     trainer_command,
     trainer_environment,
@@ -45,6 +48,9 @@ from worker.trainer.spec import describe
 log = logging.getLogger(__name__)
 
 ZOMBIE_WAIT_S = 60.0
+LEFTOVER_GRACE_S = 5.0
+"""How long the trainer's output is still read after it exited: processes it started may
+hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
 CHECK_EVERY_S = 1.0
 
 
@@ -80,6 +86,8 @@ class JobRunner:
         """A control message came for this job: read the database at the next tick."""
         self._stop_deadline: float | None = None
         self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
+        self.group = AttemptGroup()
+        """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
 
     @property
@@ -117,6 +125,7 @@ class JobRunner:
             self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
         finally:
             self._refill()
+            self.group.remove()
             self.sink.close()
             self.on_exit(self)
 
@@ -131,14 +140,19 @@ class JobRunner:
             self.outcome.stop = Stop.BAD_SPEC
             self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
             return False
+        limits = attempt_limits(self.launch, self.ctx.settings, len(self.inventory.gpus()))
+        self.group = AttemptGroup.create(f"towerq-{os.getpid()}-job-{self.launch.job_id}-{self.launch.attempt}", limits)
+        if warm is not None:
+            self.group.adopt({warm.process.pid} | descendants(warm.process.pid))  # before it runs user code
         if warm is not None and hand_over(warm, spec_path, env):
             self.process, self.warm, self.owes_refill = warm.process, True, True
         else:
             command = trainer_command(self.launch, self.ctx.settings, spec_path, self.sandboxed)
-            self.process = start_trainer(command, spec_path, env)
+            self.process = start_trainer(command, spec_path, env, self.group)
         self.trainer_pids.add(self.process.pid)
         how = "a warm trainer from the pool" if self.warm else "a new trainer (cold start)"
         self.sink.log("info", f"attempt {self.launch.attempt} runs in {how}, pid {self.process.pid}")
+        self.sink.log("info", self.group.describe(limits))
         if isinstance(self.inventory, SimulatedInventory):
             self.inventory.attach(self.process.pid, self.launch.indices)
         try:
@@ -166,12 +180,19 @@ class JobRunner:
         assert self.process is not None
         started = time.monotonic()
         next_check = started
+        exited_at: float | None = None
         for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S, defaults.TRAINER_LINE_BYTES):
             if line is not None:
                 self._line(*line)
                 continue
             self.sink.send()
             now = time.monotonic()
+            if exited_at is None and self.process.poll() is not None:
+                exited_at = now
+                self.group.kill()  # what it left behind holds its pipes open: it goes now
+            elif exited_at is not None and now - exited_at > LEFTOVER_GRACE_S:
+                self.sink.log("warning", "processes the trainer left behind still hold its output: not read further")
+                break
             if now >= next_check or self._look.is_set():
                 self._look.clear()
                 next_check = now + CHECK_EVERY_S
@@ -240,7 +261,7 @@ class JobRunner:
         descendants in the sandbox (its pid namespace numbers them otherwise), the
         trainer's own outside it."""
         if self.process is not None:
-            self.trainer_pids |= descendants(self.process.pid)
+            self.trainer_pids |= descendants(self.process.pid) | self.group.pids()
 
     def _refill(self) -> None:
         """This job is training (or over): the pool may warm the next trainer."""
@@ -297,6 +318,9 @@ class JobRunner:
 
     def _end(self) -> None:
         self._kill_group()
+        self.outcome.limits_hit = self.group.limits_hit()
+        for hit in self.outcome.limits_hit:
+            self.sink.log("error", f"the attempt reached its {hit} (towerq's limit; see TOWERQ_TRAINER_*)")
         self._wait_gpus_free()
         if self.outcome.stop == Stop.STALE:
             return
@@ -342,6 +366,8 @@ class JobRunner:
         self.process.wait()
         if not kill_group(self.process.pid):
             log.error("the process group of job %s attempt %s outlived SIGKILL", *self.key)
+        if not self.group.kill():  # what left the group (setsid, double fork) is still in the cgroup
+            log.error("processes of job %s attempt %s outlived SIGKILL in its cgroup", *self.key)
         if self.outcome.returncode is None:
             self.outcome.returncode = self.process.returncode
 
