@@ -55,12 +55,12 @@ class Stack:
         self.logs: dict[str, Path] = {}
         self.api_url: str | None = None
 
-    def spawn(self, name: str, *args: str, **env_overrides: object) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str, cwd: Path = REPO, **env_overrides: object) -> subprocess.Popen[bytes]:
         log = self.workdir / f"{name}.log"
         self.logs[name] = log
         process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", *args],
-            cwd=REPO,
+            cwd=cwd,
             env=settings_env(self.settings, **env_overrides),
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
@@ -84,8 +84,11 @@ class Stack:
     def start_scheduler(self) -> None:
         self.spawn("scheduler", "scheduler")
 
-    def start_worker(self, name: str = "lab-a", gpus: int = 4, **env: object) -> subprocess.Popen[bytes]:
-        return self.spawn(f"worker-{name}", "worker", "--name", name, simulated_gpus=gpus, **env)
+    def start_worker(
+        self, name: str = "lab-a", gpus: int = 4, cwd: Path = REPO, **env: object
+    ) -> subprocess.Popen[bytes]:
+        """A worker, started in `cwd` (as `towerq up` in a lab's folder would be)."""
+        return self.spawn(f"worker-{name}", "worker", "--name", name, cwd=cwd, simulated_gpus=gpus, **env)
 
     def client(self, token: str) -> httpx.Client:
         assert self.api_url is not None

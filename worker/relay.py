@@ -90,8 +90,8 @@ class MetricSink:
         restored from the trainer's metrics log, stored but not streamed again)."""
         split = "eval" if event.get("event") == "eval" else "train"
         step = event.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
-            self.log("warning", f"metric line without an integer step ignored: {event}")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**62:
+            self.log("warning", f"metric line without a step from 0 to 2**62 ignored: {str(event)[:500]}")
             return
         self.points += 1
         if self.points > defaults.METRIC_POINTS_PER_ATTEMPT:

@@ -48,6 +48,8 @@ from worker.trainer.spec import describe
 log = logging.getLogger(__name__)
 
 ZOMBIE_WAIT_S = 60.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The levels a trainer's `log` line may carry; any other is stored as info."""
 LEFTOVER_GRACE_S = 5.0
 """How long the trainer's output is still read after it exited: processes it started may
 hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
@@ -231,7 +233,9 @@ class JobRunner:
                 self.outcome.step = event["step"]
                 self._refill()
         elif kind == "log":
-            self.sink.log(str(event.get("level", "info")), str(event.get("message", "")), parse_time(event.get("time")))
+            level = event.get("level")
+            level = level if level in LOG_LEVELS else "info"
+            self.sink.log(level, str(event.get("message", "")), parse_time(event.get("time")))
         elif kind == "started":
             self._on_started(event)
         elif kind == "checkpoint":
@@ -240,7 +244,10 @@ class JobRunner:
         elif kind == "done":
             self.outcome.done = event
         elif kind == "error":
-            self.outcome.error = event
+            self.outcome.error = {
+                "kind": str(event.get("kind", "error"))[:64],
+                "message": str(event.get("message") or "")[:10_000],
+            }
             self.sink.log("error", f"{event.get('kind', 'error')}: {event.get('message', '')}")
         elif kind == "stopped":
             self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")

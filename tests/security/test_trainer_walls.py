@@ -1,8 +1,8 @@
 """A member's model as the attacker, in the real sandbox: one code bundle whose `build`
 tries what the containment review found (a link from its log to the admin token, the
 host's processes, a `setsid()` child that outlives its job, Redis, root's capabilities, a
-forged `started` line, a line with no end), through the real API, scheduler, worker and
-bubblewrap. Nothing outside the job may change, and the service must still serve."""
+forged `started` line, log and metric lines no column holds, a line with no end), through
+the real API, scheduler, worker and bubblewrap. Nothing outside the job may change, and the service must still serve."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from service.settings import Settings
 from tests.stack import Stack, wait_for
@@ -51,9 +52,16 @@ def build(params):
     probe = socket.socket()
     probe.settimeout(2)
     report("redis", "reached" if probe.connect_ex(("127.0.0.1", options["redis_port"])) == 0 else "unreachable")
+    try:
+        open(options["database"], "rb").read(1)
+        report("database", "read")
+    except OSError:
+        report("database", "not visible")
     capabilities = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")]
     report("capabilities", capabilities[0])
     print(json.dumps({"event": "started", "devices": [1], "towers": "many"}), flush=True)
+    print(json.dumps({"event": "log", "level": "x" * 100, "message": "a level no column holds"}), flush=True)
+    print(json.dumps({"event": "metric", "step": 2**80, "loss": 1.0}), flush=True)
     sys.stdout.write("x" * (3 * 2**20) + "\\n")
     sys.stdout.flush()
     return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(),
@@ -86,7 +94,10 @@ def test_user_code_in_the_sandbox_reaches_nothing_of_towerq(
     token.write_text(SECRET)
     stack.start_api()
     stack.start_scheduler()
-    worker = stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
+    # Started in the folder that holds its state (as `towerq up` in a lab's folder): that
+    # folder is on its import path, and used to be shown to trainers whole.
+    lab = settings.var_dir.parent
+    worker = stack.start_worker("lab-a", 1, cwd=lab, sandbox="bwrap", trainer_pool=0)
     client = stack.client(make_token("mallory"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     bundle = client.post("/api/code", files={"file": ("attack.py", ATTACK.encode())})
@@ -97,6 +108,7 @@ def test_user_code_in_the_sandbox_reaches_nothing_of_towerq(
         "worker_pid": worker.pid,
         "marker": marker,
         "redis_port": urlparse(settings.redis_url).port or 6379,
+        "database": str(make_url(settings.database_url).database),
     }
     spec = {
         "model": "attack:build",
@@ -118,12 +130,17 @@ def test_user_code_in_the_sandbox_reaches_nothing_of_towerq(
     assert SECRET not in client.get(f"/api/jobs/{job_id}/logs.txt").text
     assert said["processes"] == [1, 2], said["processes"]  # bwrap's init and the trainer: nothing of the host
     assert said["signal worker"] == "no such process"
+    assert Path(str(options["database"])).is_relative_to(lab) and said["database"] == "not visible"
     assert said["redis"] == "unreachable"
     assert int(str(said["capabilities"]), 16) == 0
     wait_for(lambda: not escapees(marker), 10, "the setsid() child to die with its job")
     assert "'started' line that does not fit the protocol was ignored" in messages
     assert "was cut there" in messages
+    assert "a level no column holds" in messages and "metric line without a step from 0 to 2**62 ignored" in messages
     assert client.get("/api/jobs").status_code == 200 and job["towers"] == 1
+    bystander = stack.client(make_token("alice"))
+    assert bystander.get("/api/jobs").status_code == 200 and bystander.get("/api/gpus").status_code == 200
+    bystander.close()
     assert worker.poll() is None, "the worker died"
     client.close()
 
@@ -141,6 +158,10 @@ def test_a_folder_on_the_import_path_that_holds_towerq_state_is_not_shown(
     assert lab not in shown and all(lab not in path.parents for path in shown)
     python = Path(sys.base_prefix).resolve()
     assert any(path == python or python in path.parents for path in shown)  # Python itself still is
+    dependencies = tmp_path / "dependencies"  # a `.pth` file's folder of packages: still shown
+    dependencies.mkdir()
+    monkeypatch.setattr(sys, "path", [str(lab), str(dependencies), *sys.path])
+    assert dependencies.resolve() in sandbox.python_paths(Path(__file__).resolve().parents[2], protected=[lab / "var"])
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     guarded = sandbox.python_paths(Path(__file__).resolve().parents[2], protected=[Path(sys.prefix) / "var"])
     assert Path(sys.prefix).resolve() not in guarded  # a prefix that holds towerq's state is not shown whole
