@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from service.exceptions import NotFoundError, SpecError
-from worker.trainer.paths import PathEscapeError, check_relative, open_beneath, open_folder
+from worker.trainer.paths import JOB_LOG_FILE, PathEscapeError, check_relative, open_beneath, open_folder
 
 LIST_LIMIT = 10_000
 CHUNK_BYTES = 256 * 1024
@@ -46,20 +46,50 @@ def _files(root: int) -> list[tuple[str, os.stat_result]]:
     return sorted(found)
 
 
-def list_artifacts(root: Path) -> dict[str, Any]:
-    """Files under the job's folder: path (relative), size, modified (UTC)."""
+def _log_stat(log: Path) -> os.stat_result | None:
+    try:
+        info = os.stat(log, follow_symlinks=False)
+    except OSError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
+def _with_log(files: list[tuple[str, os.stat_result]], log: Path) -> list[tuple[str, os.stat_result]]:
+    """The folder's files with the job log as `log.txt` (a `log.txt` the job wrote itself
+    gives way to it); a job run before the log moved keeps the one in its folder."""
+    info = _log_stat(log)
+    if info is None:
+        return files
+    return sorted([entry for entry in files if entry[0] != JOB_LOG_FILE] + [(JOB_LOG_FILE, info)])
+
+
+def open_log(root: Path, log: Path) -> int | None:
+    """A read handle on the job's whole log (close it): the job log, or for a job run
+    before it moved the `log.txt` in its folder; None when there is neither (or the old
+    one is a link or no plain file)."""
+    for folder, name in ((log.parent, log.name), (root, JOB_LOG_FILE)):
+        try:
+            return open_beneath(folder, name)
+        except (OSError, PathEscapeError):
+            continue
+    return None
+
+
+def list_artifacts(root: Path, log: Path) -> dict[str, Any]:
+    """Files under the job's folder, and its log: path (relative), size, modified (UTC)."""
     items: list[dict[str, Any]] = []
     total = 0
     truncated = False
     try:
         handle = open_folder(root)
     except (OSError, PathEscapeError):
-        return {"items": items, "total_bytes": total, "truncated": truncated}
-    try:
-        files = _files(handle)
-    finally:
-        os.close(handle)
-    for path, info in files:
+        files = []
+    else:
+        try:
+            files = _files(handle)
+        finally:
+            os.close(handle)
+    for path, info in _with_log(files, log):
         if len(items) >= LIST_LIMIT:
             truncated = True
             break
@@ -68,9 +98,11 @@ def list_artifacts(root: Path) -> dict[str, Any]:
     return {"items": items, "total_bytes": total, "truncated": truncated}
 
 
-def open_artifact(root: Path, path: str) -> int | None:
-    """A read handle on the plain file `path` inside the job's folder (close it); None when
-    `path` is a folder there."""
+def open_artifact(root: Path, path: str, log: Path) -> int | None:
+    """A read handle on the plain file `path` inside the job's folder, or on its log for
+    `log.txt` (close it); None when `path` is a folder there."""
+    if path == JOB_LOG_FILE and _log_stat(log) is not None:
+        return open_beneath(log.parent, log.name)
     try:
         check_relative(path)
         return open_beneath(root, path)
@@ -86,26 +118,29 @@ def open_artifact(root: Path, path: str) -> int | None:
         ) from err
 
 
-def tar_gz_stream(root: Path, relative: str, top: str) -> Iterator[bytes]:
-    """The folder `relative` of the job folder `root` as a .tar.gz, produced by a thread into
-    a pipe while it is sent, so a large folder never sits in memory; stopping the iteration
-    (the client left) stops the thread. NotFoundError when it is no folder (or a link)."""
+def tar_gz_stream(root: Path, relative: str, top: str, log: Path) -> Iterator[bytes]:
+    """The folder `relative` of the job folder `root` (the whole folder: with the job's log
+    as `log.txt`) as a .tar.gz, produced by a thread into a pipe while it is sent, so a
+    large folder never sits in memory; stopping the iteration (the client left) stops the
+    thread. NotFoundError when it is no folder (or a link)."""
     try:
         folder = open_folder(root, relative)
     except (OSError, PathEscapeError) as err:
         raise NotFoundError(f"no folder {relative or root.name!r} in the job's artifacts") from err
-    return _stream(folder, top)
+    return _stream(folder, top, None if relative else log)
 
 
-def _stream(folder: int, top: str) -> Iterator[bytes]:
+def _stream(folder: int, top: str, log: Path | None) -> Iterator[bytes]:
     read_fd, write_fd = os.pipe()
 
     def produce() -> None:
         try:
             with os.fdopen(write_fd, "wb") as sink, tarfile.open(fileobj=sink, mode="w|gz") as archive:
-                for path, _ in _files(folder):
+                files = _files(folder)
+                for path, _ in _with_log(files, log) if log is not None else files:
                     try:
-                        source = os.fdopen(open_beneath(folder, path), "rb")
+                        where = (log.parent, log.name) if log is not None and path == JOB_LOG_FILE else (folder, path)
+                        source = os.fdopen(open_beneath(*where), "rb")
                     except (OSError, PathEscapeError):
                         continue  # gone, or swapped for a link since the listing
                     with source:

@@ -31,7 +31,7 @@ from service import joblog
 from service.context import Context
 from service.models import Job, LogLine, Notification, NotificationState, Sweep, utcnow
 from service.schemas import LatestMetrics
-from worker.trainer.paths import job_folder
+from worker.trainer.paths import job_log
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class Deliverer:
             row = {"attempt": job.attempts if job is not None else 1, "time": utcnow(), "level": "warning"}
             session.add(LogLine(job_id=notification.job_id, message=message, **row))
         joblog.append(
-            job_folder(self.ctx.settings.artifacts_dir, notification.job_id),
+            job_log(self.ctx.settings.artifacts_dir, notification.job_id),
             [{**row, "message": message}],
         )
         log.warning("%s (job %s)", message, notification.job_id)

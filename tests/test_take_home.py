@@ -16,7 +16,7 @@ import pytest
 from service.settings import Settings
 from tests.stack import REPO, Stack, wait_for
 from worker.sandbox import JOB_PATH, resolve
-from worker.trainer.paths import JOB_LOG_FILE, job_folder
+from worker.trainer.paths import JOB_LOG_FILE, job_folder, job_log
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -106,7 +106,8 @@ def test_the_trained_model_goes_home_and_scores_what_the_job_reported(
         assert value not in log
     folder = job_folder(settings.artifacts_dir, job_id)
     assert f"WORKING IN {JOB_PATH if resolve(settings.sandbox) else folder}" in log  # its own folder, as it sees it
-    assert (folder / JOB_LOG_FILE).read_text() == log
+    assert job_log(settings.artifacts_dir, job_id).read_text() == log  # out of the trainer's view
+    assert not (folder / JOB_LOG_FILE).exists()
 
     listing = [item["path"] for item in client.get(f"/api/jobs/{job_id}/artifacts").json()["items"]]
     assert "exported the trained model as model.keras" in log, log[-3000:]

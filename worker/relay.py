@@ -26,7 +26,7 @@ from service.context import Context
 from service.db import insert_ignoring_duplicates
 from service.lifecycle import current_attempt
 from service.models import LogLine, Metric
-from worker.trainer.paths import PathEscapeError, job_folder, read_beneath
+from worker.trainer.paths import PathEscapeError, job_folder, job_log, read_beneath
 from worker.trainer.protocol import METRICS_LOG, parse_metrics_log
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class MetricSink:
         """Metric points and log lines taken from this attempt, against their limits."""
         self.channel = keys.job_channel(job_id)
         self.folder = job_folder(ctx.settings.artifacts_dir, job_id)
+        self.log_file = job_log(ctx.settings.artifacts_dir, job_id)
 
     # -- buffering ----------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ class MetricSink:
     def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
         """Every line also goes to the job's `log.txt` artifact: the database keeps only the
         newest lines of a long job, the file keeps them all (`GET .../logs.txt`)."""
-        joblog.append(self.folder, logs)
+        joblog.append(self.log_file, logs)
 
     def forget_after(self, step: int) -> None:
         """Delete points after `step`: a resumed attempt trains those steps again."""

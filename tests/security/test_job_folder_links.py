@@ -53,8 +53,9 @@ def test_a_log_linked_to_the_admin_token_is_not_served(alice: Api, secret: Path,
 def test_appending_to_a_planted_log_link_leaves_its_target_alone(
     settings: Settings, secret: Path, folder: tuple[int, Path]
 ) -> None:
-    """The relay (and the webhook deliverer, through the same `joblog.append`) appends
-    here: a link to a `.pth` file would run the appended text in every towerq process."""
+    """The relay (and the webhook deliverer, through the same `joblog.append`) appended
+    to the folder's `log.txt`: a link to a `.pth` file would run the appended text in every
+    towerq process. The log now lives outside the folder; a link there changes nothing."""
     job_id, path = folder
     (path / JOB_LOG_FILE).symlink_to(secret)
     row = {"time": datetime.now(UTC), "attempt": 1, "level": "info", "message": "import os; os.system('id')"}

@@ -13,7 +13,11 @@ class PathEscapeError(ValueError):
 
 
 JOB_LOG_FILE = "log.txt"
-"""The whole log of a job (every attempt), beside its checkpoints: the relay appends to it."""
+"""The whole log of a job (every attempt) as its artifacts list and downloads show it."""
+
+JOB_LOGS = "logs"
+"""Where the job logs live: `<TOWERQ_ARTIFACTS_DIR>/logs/job-<id>.txt`, beside the job
+folders, never inside one: a job folder is its trainer's to write, the log only towerq's."""
 
 
 MODEL_FILE = "model.keras"
@@ -33,6 +37,13 @@ def job_folder(artifacts_root: Path, job_id: int) -> Path:
     """Where one job's artifacts live: `<TOWERQ_ARTIFACTS_DIR>/job-<id>` (shared storage, so
     the worker that writes them and the API that serves them agree)."""
     return artifacts_root.resolve() / f"job-{job_id}"
+
+
+def job_log(artifacts_root: Path, job_id: int) -> Path:
+    """The whole log of a job, which the relay and the webhook deliverer append to; shown
+    as `log.txt` among the job's artifacts. (Jobs run before it moved have theirs in their
+    folder, which is read there, without following links, when this one is missing.)"""
+    return artifacts_root.resolve() / JOB_LOGS / f"job-{job_id}.txt"
 
 
 def check_relative(path: str) -> PurePosixPath:

@@ -17,11 +17,11 @@ from starlette.types import Receive, Scope, Send
 
 from service import joblog
 from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
-from service.artifacts import list_artifacts, open_artifact, tar_gz_stream
+from service.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream
 from service.exceptions import NotFoundError
 from service.jobs import get_job
 from service.models import LogLine
-from worker.trainer.paths import JOB_LOG_FILE, PathEscapeError, job_folder, open_beneath
+from worker.trainer.paths import job_folder, job_log
 
 
 class HandleResponse(FileResponse):
@@ -67,9 +67,9 @@ class ArtifactList(BaseModel):
     """More than 10,000 files: the list stops there (the .tar.gz has them all)."""
 
 
-def _archive(root: FsPath, relative: str, top: str) -> StreamingResponse:
+def _archive(root: FsPath, relative: str, top: str, log: FsPath) -> StreamingResponse:
     return StreamingResponse(
-        tar_gz_stream(root, relative, top),
+        tar_gz_stream(root, relative, top, log),
         media_type="application/gzip",
         # The CLI unpacks what is marked a folder; a user's own .tar.gz file comes as it is.
         headers={"Content-Disposition": f'attachment; filename="{top}.tar.gz"', "X-Towerq-Archive": "folder"},
@@ -80,7 +80,7 @@ def _archive(root: FsPath, relative: str, top: str) -> StreamingResponse:
 def artifacts(job_id: JobId, session: SessionDep, settings: SettingsDep, _: CallerDep) -> dict[str, object]:
     """The job's files: checkpoints, TensorBoard events, the exported model, its log."""
     get_job(session, job_id)
-    return list_artifacts(job_folder(settings.artifacts_dir, job_id))
+    return list_artifacts(job_folder(settings.artifacts_dir, job_id), job_log(settings.artifacts_dir, job_id))
 
 
 @router.get("/{job_id}/artifacts.tar.gz", response_class=StreamingResponse)
@@ -90,7 +90,7 @@ def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, _: Cal
     folder = job_folder(settings.artifacts_dir, job_id)
     if not folder.is_dir():
         raise NotFoundError(f"job {job_id} has no artifacts yet")
-    return _archive(folder, "", f"job-{job_id}")
+    return _archive(folder, "", f"job-{job_id}", job_log(settings.artifacts_dir, job_id))
 
 
 @router.get("/{job_id}/artifacts/{path:path}", response_model=None)
@@ -99,11 +99,11 @@ def artifact(
 ) -> FileResponse | StreamingResponse:
     """One file (HTTP ranges supported, so a download can resume), or a folder as .tar.gz."""
     get_job(session, job_id)
-    root = job_folder(settings.artifacts_dir, job_id)
+    root, log = job_folder(settings.artifacts_dir, job_id), job_log(settings.artifacts_dir, job_id)
     name = path.rstrip("/").rpartition("/")[2]
-    fd = open_artifact(root, path.rstrip("/"))
+    fd = open_artifact(root, path.rstrip("/"), log)
     if fd is None:
-        return _archive(root, path.rstrip("/"), f"job-{job_id}-{name}")
+        return _archive(root, path.rstrip("/"), f"job-{job_id}-{name}", log)
     return HandleResponse(fd, filename=name)
 
 
@@ -111,14 +111,11 @@ def artifact(
 def whole_log(job_id: JobId, session: SessionDep, ctx: ContextDep, _: CallerDep) -> Response:
     """The job's whole log as text: every line of every attempt."""
     get_job(session, job_id)
-    try:
-        fd = open_beneath(job_folder(ctx.settings.artifacts_dir, job_id), JOB_LOG_FILE)
-    except (OSError, PathEscapeError):
-        fd = None  # no file, or the job's code replaced it with a link: the stored lines
+    fd = open_log(job_folder(ctx.settings.artifacts_dir, job_id), job_log(ctx.settings.artifacts_dir, job_id))
     if fd is not None:
         return HandleResponse(fd, media_type="text/plain; charset=utf-8")
 
-    def from_database() -> Iterator[bytes]:
+    def from_database() -> Iterator[bytes]:  # no file (the job never ran here): the stored lines
         with ctx.db.read() as reading:
             rows = reading.scalars(select(LogLine).where(LogLine.job_id == job_id).order_by(LogLine.id))
             for row in rows:

@@ -13,7 +13,7 @@ import pytest
 
 from service.settings import Settings
 from tests.service.api.conftest import Api
-from worker.trainer.paths import JOB_LOG_FILE, job_folder
+from worker.trainer.paths import JOB_LOG_FILE, job_folder, job_log
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
 
@@ -26,7 +26,9 @@ def job(alice: Api, settings: Settings) -> tuple[int, Path]:
     (folder / "checkpoints" / "ckpt-10.index").write_bytes(b"index")
     (folder / "checkpoints" / "ckpt-10.data-00000-of-00001").write_bytes(os.urandom(300_000))
     (folder / "model.keras").write_bytes(bytes(range(256)) * 40)
-    (folder / JOB_LOG_FILE).write_text("2026-11-23T10:00:00.000000Z attempt 1 info    hello\n")
+    log = job_log(settings.artifacts_dir, job_id)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("2026-11-23T10:00:00.000000Z attempt 1 info    hello\n")
     return job_id, folder
 
 
@@ -105,6 +107,30 @@ def test_the_whole_log_comes_from_the_log_file(alice: Api, job: tuple[int, Path]
     text = alice.get(f"/api/jobs/{job_id}/logs.txt")
     assert text.headers["content-type"].startswith("text/plain")
     assert text.text == "2026-11-23T10:00:00.000000Z attempt 1 info    hello\n"
+
+
+def test_the_log_is_towerqs_not_the_jobs(alice: Api, job: tuple[int, Path]) -> None:
+    """The whole log lives outside the job folder; a `log.txt` the job wrote itself gives
+    way to it in the list, the downloads and the archive."""
+    job_id, folder = job
+    (folder / JOB_LOG_FILE).write_text("forged by the job\n")
+    listed = [item["path"] for item in alice.get(f"/api/jobs/{job_id}/artifacts").json()["items"]]
+    assert listed.count(JOB_LOG_FILE) == 1
+    assert alice.get(f"/api/jobs/{job_id}/artifacts/{JOB_LOG_FILE}").text.endswith("hello\n")
+    assert "forged" not in alice.get(f"/api/jobs/{job_id}/logs.txt").text
+    with tarfile.open(fileobj=io.BytesIO(alice.get(f"/api/jobs/{job_id}/artifacts.tar.gz").content)) as archive:
+        member = archive.extractfile(f"job-{job_id}/{JOB_LOG_FILE}")
+        assert member is not None and member.read().endswith(b"hello\n")
+        assert archive.getnames().count(f"job-{job_id}/{JOB_LOG_FILE}") == 1
+
+
+def test_a_job_run_before_the_log_moved_keeps_its_log(alice: Api, settings: Settings) -> None:
+    job_id = alice.post("/api/jobs", json=SPEC).json()["id"]
+    folder = job_folder(settings.artifacts_dir, job_id)
+    folder.mkdir(parents=True)
+    (folder / JOB_LOG_FILE).write_text("an older job's line\n")
+    assert alice.get(f"/api/jobs/{job_id}/logs.txt").text == "an older job's line\n"
+    assert [item["path"] for item in alice.get(f"/api/jobs/{job_id}/artifacts").json()["items"]] == [JOB_LOG_FILE]
 
 
 def test_artifacts_need_a_token(client, job: tuple[int, Path]) -> None:
