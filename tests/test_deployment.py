@@ -417,8 +417,8 @@ def test_the_compose_services_run_a_job_against_password_protected_postgres_and_
     first = services.run("bootstrap")
     assert first.returncode == 0, first.stderr
     login = next(line for line in first.stdout.splitlines() if "log in:" in line)
-    token = login.split("?token=")[1].strip()
-    assert login.split()[-1] == f"https://lab.example/towerq/?token={token}"
+    token = login.split("#token=")[1].strip()
+    assert login.split()[-1] == f"https://lab.example/towerq/#token={token}"
     again = services.run("bootstrap")
     assert again.returncode == 0 and "nothing to do" in again.stdout and token not in again.stdout
 

@@ -103,7 +103,7 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
     port = free_port()
     up = Up(tmp_path, port, free_port())
     try:
-        login = up.wait_for_line(r"log in:\s+(http://\S+/\?token=(\S+))", 120)
+        login = up.wait_for_line(r"log in:\s+(http://\S+/#token=(\S+))", 120)
         token = login.group(2)
         banner = up.text()
         assert f"dashboard and API on http://127.0.0.1:{port}" in banner

@@ -113,12 +113,15 @@ document.getElementById("logout").addEventListener("click", async () => {
 
 async function start() {
   performance.mark("app-start");
-  // A login link (`towerq up` prints one) carries the token once; the session keeps it in
-  // an HttpOnly cookie and the address bar forgets it.
+  // A login link (`towerq up` prints one) carries the token once, in the fragment (`#token=`),
+  // which no browser sends to a server or in a Referer; the session keeps it in an HttpOnly
+  // cookie and the address bar forgets it. (`?token=` links of older versions still work.)
   const query = new URLSearchParams(location.search);
-  if (query.has("token")) {
-    const ok = await login(query.get("token"));
-    history.replaceState(null, "", location.pathname + location.hash);
+  const fragment = location.hash.startsWith("#token=") ? decodeURIComponent(location.hash.slice(7)) : null;
+  const token = fragment ?? query.get("token");
+  if (token) {
+    const ok = await login(token);
+    history.replaceState(null, "", location.pathname + (fragment ? "#/" : location.hash));
     if (!ok) toast("The token in the link was refused.");
   }
   // Who we are is asked while the first page loads; pages that need it await it.

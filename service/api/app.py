@@ -52,6 +52,26 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024
 """Room for a multipart upload's headers and boundaries around the file itself."""
 
 
+class NoReferrer:
+    """`Referrer-Policy: no-referrer` on every response: no page of towerq's tells another
+    site (or a proxy's log) where it was, an old `?token=` login link included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_policy(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"referrer-policy", b"no-referrer")]
+            await send(message)
+
+        await self.app(scope, receive, with_policy)
+
+
 class BodySizeLimit:
     """Refuses request bodies over their limit with 413, before anyone parses them: `limit`
     (TOWERQ_MAX_REQUEST_BYTES), or for an upload route in `uploads` that route's own."""
@@ -149,6 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/api/datasets": (settings.user_data_quota_bytes, "TOWERQ_USER_DATA_QUOTA_BYTES"),
     }
     app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes, uploads=uploads)
+    app.add_middleware(NoReferrer)
     web = dashboard_dir()
     if (web / "index.html").is_file():
         app.mount("/", StaticFiles(directory=web, html=True), name="web")

@@ -85,7 +85,7 @@ def run_admin_bootstrap(args: argparse.Namespace) -> int:
     url = (args.url or settings.public_url or settings.api_url).rstrip("/")
     saved = f"; also saved in {args.token_file}" if args.token_file is not None else ""
     print(f"towerq: created the first admin, user {args.user!r}")
-    print(f"  log in:  {url}/?token={secret}")
+    print(f"  log in:  {url}/#token={secret}")  # a fragment: never sent to a server
     print(f"  admin token (shown once{saved}):")
     print(f"  {secret}", flush=True)
     return 0

@@ -155,7 +155,7 @@ class Supervisor:
         lines = ["", f"towerq is up: dashboard and API on {url}" + ("" if healthy else " (not answering yet)")]
         if token:
             lines += [
-                f"  log in:  {url}/?token={token}",
+                f"  log in:  {url}/#token={token}",
                 f"  admin token (shown once; also saved in {self.settings.var_dir / 'admin-token'}):",
                 f"  {token}",
             ]
