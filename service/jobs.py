@@ -6,13 +6,13 @@ import secrets
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session, joinedload
 
 from service import code as code_bundles
-from service import datasets
+from service import datasets, outbound
 from service.auth import Caller
 from service.db import Database
 from service.exceptions import NotFoundError, SpecError
@@ -61,6 +61,8 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
     host = check_resources(inventory, spec)
     check_memory_fraction(inventory, spec, host, settings)
     check_files(spec, settings, caller.name)
+    if spec.notify_url:
+        outbound.check_url(spec.notify_url, settings.webhook_allow)
     return host
 
 
@@ -269,6 +271,24 @@ def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, Allocatio
         )
         for job_id, group in grouped.items()
     }
+
+
+HIDDEN_URL = "(hidden: only its owner and admins see a webhook URL)"
+
+Shown = TypeVar("Shown", JobOut, JobDetailOut)
+
+
+def as_seen_by(out: Shown, caller: Caller) -> Shown:
+    """A job as `caller` may see it: its webhook URLs (a Slack hook URL is a secret) only
+    for its owner and admins."""
+    if caller.is_admin or out.user == caller.name:
+        return out
+    update: dict[str, Any] = {}
+    if out.spec.get("notify_url"):
+        update["spec"] = {**out.spec, "notify_url": HIDDEN_URL}
+    if isinstance(out, JobDetailOut) and any(n.url for n in out.notifications):
+        update["notifications"] = [n.model_copy(update={"url": n.url and HIDDEN_URL}) for n in out.notifications]
+    return out.model_copy(update=update) if update else out
 
 
 def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:

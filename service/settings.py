@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     webhook_url: str | None = Field(default=None, pattern=r"^https?://")
     """Where to POST a JSON notification whenever a job ends (Slack-compatible `text`)."""
     webhook_secret: str | None = None
+    webhook_allow: str = ""
+    """Hosts and networks (comma-separated: `chat.lab.internal, 10.0.5.0/24`) that members'
+    `notify_url`s may reach although they are not public addresses; by default those reach
+    the internet only (service/outbound.py). The lab's own TOWERQ_WEBHOOK_URL is not filtered."""
     webhook_retry_s: float = Field(default=2.0, gt=0)
     """The first retry of a failed webhook waits this long; later ones 5, 15, 60 ... times it."""
     """Signs each notification: `X-Towerq-Signature: sha256=<HMAC-SHA256 of the body>`."""

@@ -8,7 +8,10 @@ reason, final metrics and dashboard link, a Slack-compatible `text`, and, with
 `TOWERQ_WEBHOOK_SECRET`, the header `X-Towerq-Signature: sha256=<HMAC-SHA256 of the body>`.
 `X-Towerq-Delivery` carries the notification's id, which stays the same across retries.
 A failed attempt (no answer in 10 s, or not 2xx) is retried with back-off, up to
-`MAX_ATTEMPTS` times over about six hours; each failure is a line in the job's log.
+`MAX_ATTEMPTS` times over about six hours; each failure is a line in the job's log. A
+member's URL goes only to public (or allow-listed) addresses, to the address that was
+checked (`service.outbound`); no attempt takes longer than SEND_DEADLINE_S in all, and no
+answer's body is read (its status is all that counts).
 
 Nothing here runs on a worker or inside a scheduling pass: a slow receiver slows nobody.
 """
@@ -23,11 +26,12 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import httpx
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from service import joblog
+from service import joblog, outbound
 from service.context import Context
 from service.models import Job, LogLine, Notification, NotificationState, Sweep, utcnow
 from service.schemas import LatestMetrics
@@ -40,6 +44,9 @@ BACKOFF_STEPS = (1, 5, 15, 60, 300, 900, 1800, 7200)
 10 min, 30 min, 1 h, 4 h: about 6 hours in all)."""
 MAX_ATTEMPTS = len(BACKOFF_STEPS) + 1
 SEND_TIMEOUT_S = 10.0
+SEND_DEADLINE_S = 20.0
+"""One attempt, connection to status line, never takes longer (a receiver that drips its
+answer would otherwise hold the lab's one delivery thread)."""
 LEASE_S = 60.0
 """A claimed notification is not claimed again for this long (another deliverer, a crash)."""
 POLL_S = 1.0
@@ -97,10 +104,10 @@ def sign(secret: str, body: bytes) -> str:
 class Deliverer:
     """Sends due notifications until `stop` is set (a thread of `towerq scheduler`)."""
 
-    def __init__(self, ctx: Context, stop: threading.Event) -> None:
+    def __init__(self, ctx: Context, stop: threading.Event, deadline_s: float = SEND_DEADLINE_S) -> None:
         self.ctx = ctx
         self.stop = stop
-        self.http = httpx.Client(timeout=SEND_TIMEOUT_S, follow_redirects=False)
+        self.deadline_s = deadline_s
         self.thread = threading.Thread(target=self.run, name="webhooks", daemon=True)
 
     def start(self) -> None:
@@ -115,7 +122,6 @@ class Deliverer:
                 sent = 0
             if not sent:
                 self.stop.wait(POLL_S)
-        self.http.close()
 
     def deliver_due(self) -> int:
         """Claim and send the notifications that are due; how many were tried."""
@@ -168,15 +174,41 @@ class Deliverer:
         headers["X-Towerq-Delivery"] = str(notification_id)
         if settings.webhook_secret:
             headers["X-Towerq-Signature"] = sign(settings.webhook_secret, body)
-        try:
-            answer = self.http.post(url, content=body, headers=headers)
-            error = None if answer.is_success else f"HTTP {answer.status_code}"
-        except httpx.HTTPError as err:
-            error = f"{type(err).__name__}: {err}"
+        error = self.post(url, body, headers, checked=notification.url is not None)
         if error is None:
             self._delivered(notification_id)
         else:
             self._failed(notification_id, url, error)
+
+    def post(self, url: str, body: bytes, headers: dict[str, str], checked: bool) -> str | None:
+        """POST `body` to `url`; None when it answered 2xx, else what went wrong. With
+        `checked` (a member's URL) only to the public address it was resolved to."""
+        request_url, extensions = httpx.URL(url), dict[str, Any]()
+        if checked:
+            try:
+                address = outbound.resolve(url, self.ctx.settings.webhook_allow)
+            except outbound.RefusedAddressError as err:
+                return str(err)
+            headers = {**headers, "Host": request_url.netloc.decode()}
+            extensions = {"sni_hostname": request_url.host}
+            request_url = request_url.copy_with(host=address)
+        try:
+            return anyio.run(self._post, request_url, body, headers, extensions)
+        except TimeoutError:
+            return f"no answer within {self.deadline_s:g} s"
+        except httpx.HTTPError as err:
+            return f"{type(err).__name__}: {err}"
+
+    async def _post(
+        self, url: httpx.URL, body: bytes, headers: dict[str, str], extensions: dict[str, Any]
+    ) -> str | None:
+        """One attempt, cancelled at the deadline wherever it is (a dripping answer too)."""
+        with anyio.fail_after(self.deadline_s):
+            async with httpx.AsyncClient(timeout=SEND_TIMEOUT_S, follow_redirects=False) as client:
+                request = client.build_request("POST", url, content=body, headers=headers, extensions=extensions)
+                answer = await client.send(request, stream=True)  # the status is enough: no body is read
+                await answer.aclose()
+                return None if answer.is_success else f"HTTP {answer.status_code}"
 
     def _delivered(self, notification_id: int) -> None:
         with self.ctx.db.write() as session:

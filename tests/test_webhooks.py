@@ -68,7 +68,7 @@ def receiver() -> Iterator[Receiver]:
 def settings(make_settings: Callable[..., Settings], sqlite_url: str, receiver: Receiver) -> Settings:
     return make_settings(
         sqlite_url, webhook_url=f"{receiver.url}/lab", webhook_secret=SECRET, webhook_retry_s=0.3,
-        public_url="https://towerq.lab.example",
+        public_url="https://towerq.lab.example", webhook_allow="127.0.0.1",
     )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from service import defaults, rollups
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.exceptions import ForbiddenError, SpecError, StateConflictError
-from service.jobs import check_submission, get_job, job_detail, list_jobs, submit
+from service.jobs import as_seen_by, check_submission, get_job, job_detail, list_jobs, submit
 from service.lifecycle import locked_job, request_cancel
 from service.models import JobState, LogLine, Metric
 from service.notify import kick_scheduler
@@ -62,7 +62,7 @@ def submit_job(
 def jobs(
     request: Request,
     session: SessionDep,
-    _: CallerDep,
+    caller: CallerDep,
     state: Annotated[list[str] | None, Query(max_length=6, description=f"any of {', '.join(STATES)}")] = None,
     user: Annotated[str | None, Query(max_length=64)] = None,
     q: Annotated[str | None, Query(max_length=128, description="text in the name, or an id")] = None,
@@ -73,6 +73,7 @@ def jobs(
     an If-None-Match naming the page's current ETag (cheap polling)."""
     states = _states(state)
     page = list_jobs(session, states=states, user=user, text=q, limit=limit, offset=offset)
+    page.items = [as_seen_by(item, caller) for item in page.items]
     body = page.model_dump_json().encode()
     etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
     if request.headers.get("if-none-match") == etag:
@@ -89,9 +90,9 @@ def _states(values: list[str] | None) -> list[str]:
 
 
 @router.get("/{job_id}", response_model=JobDetailOut)
-def job(job_id: JobId, session: SessionDep, _: CallerDep) -> JobDetailOut:
+def job(job_id: JobId, session: SessionDep, caller: CallerDep) -> JobDetailOut:
     """One job: spec, state, allocation, attempts, history, latest metrics."""
-    return job_detail(session, get_job(session, job_id))
+    return as_seen_by(job_detail(session, get_job(session, job_id)), caller)
 
 
 @router.get("/{job_id}/metrics", response_model=list[MetricOut])

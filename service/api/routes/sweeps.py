@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
-from service import sweeps
+from service import outbound, sweeps
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.exceptions import ForbiddenError, NotFoundError, SpecError
 from service.jobs import check_submission, submit
@@ -103,6 +103,8 @@ def create(
 ) -> SweepOut:
     """Every setting becomes a job spec, checked like a submission before anything is
     stored; then the sweep and its jobs (queued) are stored."""
+    if body.notify_url:
+        outbound.check_url(body.notify_url, settings.webhook_allow)
     checked: list[tuple[dict[str, Any], JobSpec]] = []
     for index, (setting, raw) in enumerate(sweeps.job_specs(body)):
         try:
