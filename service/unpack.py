@@ -8,13 +8,15 @@ form field and the setting that limits it.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from service.exceptions import SpecError, TooLargeError
 from worker.trainer.paths import PathEscapeError, check_relative
@@ -96,23 +98,66 @@ class Unpacker:
                     raise SpecError(self.field, f"cannot read {info.filename!r} from the .zip: {err}") from None
 
     def untar(self, upload: IO[bytes]) -> None:
+        """A .tar.gz, streamed (`r|`): gzip only (bz2 and xz headers compress far better, so a
+        small upload could hold millions of entries), every entry counted against the file
+        limit (folders too), the bytes of each header and its padding bounded, and no entry
+        kept in memory once it is written."""
+        stream = _HeaderBudget(cast(IO[bytes], gzip.GzipFile(fileobj=upload, mode="rb")), self.field)
         try:
-            archive = tarfile.open(fileobj=upload, mode="r:*")
-        except tarfile.TarError as err:
+            archive = tarfile.open(fileobj=cast(IO[bytes], stream), mode="r|")  # it only reads
+            with archive:
+                seen = 0
+                while True:
+                    stream.start_header()
+                    info = archive.next()
+                    if info is None:
+                        break
+                    archive.members.clear()  # type: ignore[attr-defined]  # tarfile keeps each entry: 75 MB per 200,000
+                    seen += 1
+                    if seen > self.limits.files:
+                        raise TooLargeError(
+                            self.field, f"more than {self.limits.files} entries ({self.limits.files_setting})"
+                        )
+                    stream.in_header = False
+                    self._tar_member(archive, info)
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
             raise SpecError(self.field, f"not a readable .tar.gz: {err}") from None
-        with archive:
-            try:
-                for info in archive:
-                    if info.isdir():
-                        continue
-                    if not info.isfile():
-                        what = "a link" if info.issym() or info.islnk() else "not a plain file"
-                        raise SpecError(self.field, f"archive member {info.name!r} is {what}: only plain files")
-                    member = archive.extractfile(info)
-                    assert member is not None
-                    self.add(info.name, member)
-            except (tarfile.TarError, EOFError, OSError) as err:
-                raise SpecError(self.field, f"cannot read the .tar.gz: {err}") from None
+
+    def _tar_member(self, archive: tarfile.TarFile, info: tarfile.TarInfo) -> None:
+        if info.isdir():
+            return
+        if not info.isfile():
+            what = "a link" if info.issym() or info.islnk() else "not a plain file"
+            raise SpecError(self.field, f"archive member {info.name!r} is {what}: only plain files")
+        member = archive.extractfile(info)
+        assert member is not None
+        self.add(info.name, member)
+
+
+HEADER_BYTES = 64 * 1024
+"""The most an entry's header may take (with the padding before it): a pax header with a
+4,096-character path is under 10 KB; tarfile would read a header of any size into memory."""
+
+
+class _HeaderBudget:
+    """The decompressed tar stream, counting what is read while tarfile reads a header."""
+
+    def __init__(self, source: IO[bytes], field: str) -> None:
+        self.source = source
+        self.field = field
+        self.in_header = True
+        self.left = HEADER_BYTES
+
+    def start_header(self) -> None:
+        self.in_header, self.left = True, HEADER_BYTES
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size if size >= 0 else CHUNK)
+        if self.in_header:
+            self.left -= len(data)
+            if self.left < 0:
+                raise TooLargeError(self.field, f"an archive entry's header is over {HEADER_BYTES} bytes")
+        return data
 
 
 def read_only(root: Path) -> None:
