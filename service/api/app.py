@@ -11,12 +11,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import redis.asyncio as aioredis
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
+from service.api.deps import get_caller, get_context
 from service.api.routes import (
     artifacts,
     catalog,
@@ -34,6 +36,7 @@ from service.api.routes import (
 )
 from service.auth import TokenChecker
 from service.context import Context
+from service.exceptions import AuthError
 from service.hosts import HostInventory
 from service.intake import SubmissionWriter
 from service.lifetime import die_with_parent
@@ -50,6 +53,27 @@ def dashboard_dir() -> Path:
 
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 """Room for a multipart upload's headers and boundaries around the file itself."""
+
+
+class AuthBeforeUpload:
+    """An upload's token is checked before its body is read: FastAPI reads a multipart body
+    (into temporary files, up to the route's limit) before any dependency runs, so an
+    unauthenticated client could fill the API's disk before its 401."""
+
+    def __init__(self, app: ASGIApp, paths: set[str]) -> None:
+        self.app = app
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+            request = Request(scope)
+            try:
+                await get_caller(request, await get_context(request))
+            except AuthError as err:
+                refused = JSONResponse({"detail": str(err)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class NoReferrer:
@@ -169,6 +193,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/api/datasets": (settings.user_data_quota_bytes, "TOWERQ_USER_DATA_QUOTA_BYTES"),
     }
     app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes, uploads=uploads)
+    app.add_middleware(AuthBeforeUpload, paths=set(uploads))
     app.add_middleware(NoReferrer)
     web = dashboard_dir()
     if (web / "index.html").is_file():
