@@ -14,6 +14,7 @@ renamed into place only when complete and within the quota.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -42,6 +43,25 @@ def owner_of(relative: str) -> str | None:
     """The user whose upload a data path lies in (`users/<user>/...`), else None."""
     parts = PurePosixPath(relative).parts
     return parts[1] if len(parts) >= 2 and parts[0] == USERS else None
+
+
+GLOB_CHARACTERS = frozenset("*?[")
+
+
+def reaches_others(relative: str, user: str) -> str | None:
+    """Whose uploads a data path or pattern could reach besides `user`'s, as a reason to
+    refuse it, else None. A pattern is judged by what it could match, not by its letters:
+    `u*/alice/cells/*.tfrecord` or `*/alice/...` reach `users/alice/` as surely as the
+    literal path does, now or once alice uploads."""
+    parts = PurePosixPath(relative).parts
+    if not parts or not fnmatch.fnmatchcase(USERS, parts[0]):
+        return None
+    owner = parts[1] if len(parts) >= 2 else "*"
+    if GLOB_CHARACTERS & set(owner):
+        return f"{relative!r} could match other users' uploads ({USERS}/{owner}): name your own, {USERS}/{user}/..."
+    if owner != user:
+        return f"{relative!r} is {owner}'s upload: only {owner}'s jobs may use it"
+    return None
 
 
 def usage(data_dir: Path, user: str) -> int:

@@ -162,9 +162,9 @@ def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
     """Refuse paths that escape their folders or lie in another user's uploads; check that
     files exist where this host can see."""
     for field, path in (("dataset", spec.dataset_path), ("dataset_options", spec.dataset_options.test_path)):
-        owner = datasets.owner_of(path) if path else None
-        if owner is not None and owner != user:
-            raise SpecError(field, f"{path!r} is {owner}'s upload: only {owner}'s jobs may use it")
+        reason = datasets.reaches_others(path, user) if path else None
+        if reason is not None:
+            raise SpecError(field, reason)
     if spec.code is not None:
         _check_bundle(spec, settings)
     elif ":" in spec.model:
