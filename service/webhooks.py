@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -193,7 +194,9 @@ class Deliverer:
             extensions = {"sni_hostname": request_url.host}
             request_url = request_url.copy_with(host=address)
         try:
-            return anyio.run(self._post, request_url, body, headers, extensions)
+            # An event loop of its own, on a thread of its own: the caller's thread may run one.
+            with ThreadPoolExecutor(1, thread_name_prefix="webhook") as attempt:
+                return attempt.submit(anyio.run, self._post, request_url, body, headers, extensions).result()
         except TimeoutError:
             return f"no answer within {self.deadline_s:g} s"
         except httpx.HTTPError as err:

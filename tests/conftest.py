@@ -240,3 +240,6 @@ def stack(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) ->
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         print(running.dump_logs())
+
+
+from tests.browser import browser, open_page  # noqa: E402, F401 - one session browser for every folder

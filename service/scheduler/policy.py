@@ -114,6 +114,7 @@ class _Pass:
         self.reservable: set[int] = set()
         self._reasons: dict[tuple[object, ...], Reason] = {}
         self._no_victims: set[tuple[object, ...]] = set()
+        self.terms: FairShareTerms | None = None
         self._stops_jobs = config.policy == Policy.TOWERQ and (config.preemption or config.demote_after_gpu_s > 0)
         """Preemption or time slicing may stop running jobs in this pass."""
         self._sliceable = (
@@ -126,6 +127,7 @@ class _Pass:
     def run(self) -> Decision:
         if self.config.policy == Policy.TOWERQ:
             terms = FairShareTerms(self.fair_share, self.cluster.running, {j.user for j in self.queued}, self.now)
+            self.terms = terms
             seen: set[int] = set()
             # Starving gang jobs take reservations by age, not rank, and the eldest goes
             # first: a gang job's wait is bounded by the gang jobs older than it, however
@@ -297,13 +299,21 @@ class _Pass:
 
     def _slice_victims(self, job: QueuedJob) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
         """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
-        the most served first. Within a pass, victims only get fewer and free GPUs
-        scarcer, so a shape that found none finds none later in the pass either."""
-        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority)
+        the most served first; a user above their share (their part of the present users'
+        use is over their part of the shares) stops only their own jobs. Within a pass,
+        victims only get fewer and free GPUs scarcer, so a shape that found none finds none
+        later in the pass either."""
+        own_only = self.terms is not None and self.terms.used_part(job.user) > self.terms.owed(job.user)
+        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
         if not self._sliceable or shape in self._no_victims:
             return None
         served = self._sliceable
-        choice = self._victims(job, lambda r: r.id in served and r.priority >= job.priority, lambda r: -served[r.id])
+
+        def may_stop(running: RunningJob) -> bool:
+            mine = running.user == job.user or not own_only
+            return running.id in served and running.priority >= job.priority and mine
+
+        choice = self._victims(job, may_stop, lambda r: -served[r.id])
         if choice is None:
             self._no_victims.add(shape)
         return choice

@@ -270,6 +270,20 @@ def test_time_slicing_stops_the_most_served_job_for_fresh_work_only_when_on() ->
     assert placed(on) == {}, "it starts once the stopped job has checkpointed"
 
 
+def test_a_user_above_their_share_stops_no_one_elses_job_by_slicing() -> None:
+    """A heavy user feeding fresh short jobs must not keep stopping other members' long
+    jobs: slicing only lets a user at or under their share stop another's job."""
+    zeds = [running(100, "lab-a", (0,), user="zed", started=NOW - 2 * HOUR)]
+    usage = {"heavy": 50 * HOUR, "zed": 2 * HOUR}
+    heavy = run([job(1, "heavy")], cluster(1, running=zeds), usage=usage, demote_after_gpu_s=HOUR)
+    assert heavy.preempt == {} and placed(heavy) == {}, "above its share: it waits for the GPU"
+    light = run([job(1, "light")], cluster(1, running=zeds), usage=usage, demote_after_gpu_s=HOUR)
+    assert light.preempt == {100: 1}, "under its share: the served job is sliced"
+    own = [running(100, "lab-a", (0,), user="heavy", started=NOW - 2 * HOUR)]
+    mine = run([job(1, "heavy")], cluster(1, running=own), usage=usage, demote_after_gpu_s=HOUR)
+    assert mine.preempt == {100: 1}, "its own long job it may still slice for its fresh work"
+
+
 def test_time_slices_double_so_a_job_is_stopped_only_a_few_times() -> None:
     """An attempt is stopped only after MIN_RUN_S and as long as all earlier attempts."""
     cases = {
