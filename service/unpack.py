@@ -85,6 +85,10 @@ class Unpacker:
         except zipfile.BadZipFile as err:
             raise SpecError(self.field, f"not a readable .zip: {err}") from None
         with archive:
+            if len(archive.infolist()) > self.limits.files:  # folders count: each is an entry held in memory
+                raise TooLargeError(
+                    self.field, f"more than {self.limits.files} files and folders ({self.limits.files_setting})"
+                )
             for info in archive.infolist():
                 if info.is_dir():
                     continue
@@ -116,7 +120,7 @@ class Unpacker:
                     seen += 1
                     if seen > self.limits.files:
                         raise TooLargeError(
-                            self.field, f"more than {self.limits.files} entries ({self.limits.files_setting})"
+                            self.field, f"more than {self.limits.files} files and folders ({self.limits.files_setting})"
                         )
                     stream.in_header = False
                     self._tar_member(archive, info)

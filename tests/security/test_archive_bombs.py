@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import zipfile
 
 import pytest
 
@@ -54,7 +55,17 @@ def test_folder_entries_count_against_the_limit(alice: Api) -> None:
     many = archive("w:gz", lambda tar: add_folders(tar, 2_500))
     assert len(many) < 100_000
     refused = upload(alice, "lab.tar.gz", many)
-    assert refused.status_code == 413 and "more than 2000 entries" in refused.text, refused.text
+    assert refused.status_code == 413 and "more than 2000 files and folders" in refused.text, refused.text
+
+
+def test_folder_entries_of_a_zip_count_too(alice: Api) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zipped:
+        for i in range(2_500):
+            zipped.writestr(f"d{i}/", b"")
+        zipped.writestr("net.py", b"X = 1\n")
+    refused = upload(alice, "lab.zip", buffer.getvalue())
+    assert refused.status_code == 413 and "more than 2000 files and folders" in refused.text, refused.text
 
 
 def test_a_huge_header_is_refused_before_it_is_read_whole(alice: Api) -> None:
