@@ -169,8 +169,15 @@ def run_health_worker(args: argparse.Namespace) -> int:
 
 def run_up(args: argparse.Namespace) -> int:
     from service.cli.up import Supervisor
+    from worker.sandbox import SandboxError, resolve
 
     settings = Settings()
+    if not args.no_worker:
+        try:  # said once, before anything starts, not by a worker restarted five times
+            resolve(settings.sandbox)
+        except SandboxError as err:
+            print(f"towerq: {err}", file=sys.stderr)
+            return 1
     return Supervisor(
         settings, host=args.host or settings.api_host, port=args.port or settings.api_port, worker=not args.no_worker
     ).run()

@@ -41,6 +41,21 @@ def test_a_worker_without_bubblewrap_refuses_to_start(settings: Settings, stack:
     assert "TOWERQ_SANDBOX=none" in done.stderr
 
 
+def test_towerq_up_without_bubblewrap_says_why_before_starting_anything(settings: Settings, tmp_path: Path) -> None:
+    env = settings_env(settings, sandbox="auto")
+    env["PATH"] = str(Path(sys.executable).parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "up", "--port", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "trainers must run in a sandbox" in done.stderr, done.stderr[-2000:]
+    assert not (settings.var_dir / "admin-token").exists() and not (settings.var_dir / "redis").exists()
+
+
 def test_an_unsandboxed_host_is_shown_as_such(settings: Settings, stack: Stack, make_token: Callable[..., str]) -> None:
     stack.start_api()
     stack.start_worker("lab-a", 1, sandbox="none", trainer_pool=0)
