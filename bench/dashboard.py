@@ -46,9 +46,9 @@ from service.db import (
 from service.models import Job, Metric  # noqa: E402
 from service.redis_server import EmbeddedRedis  # noqa: E402
 from service.settings import Settings  # noqa: E402
+from tests.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack  # noqa: E402
-from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from worker.host import register  # noqa: E402
 from worker.inventory import SimulatedInventory  # noqa: E402
 from worker.relay import MetricSink  # noqa: E402

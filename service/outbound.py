@@ -51,10 +51,23 @@ def _allowed(address: Address, host: str, setting: str) -> bool:
     return _public(address) or any(address in network for network in networks)
 
 
+def _host_and_port(url: str) -> tuple[str, int]:
+    """The URL's host and port; ValueError when it has no readable host (`http://a]b`)."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host:
+        raise ValueError(f"{url!r} names no host")
+    return host, parts.port or (443 if parts.scheme == "https" else 80)
+
+
 def check_url(url: str, setting: str, field: str = "notify_url") -> None:
-    """At submit: refuse an address literal that is not public nor allow-listed (a host
-    name is checked when the notification is sent: what it resolves to may change)."""
-    host = urlsplit(url).hostname or ""
+    """At submit: refuse a URL without a readable host, and an address literal that is not
+    public nor allow-listed (a host name is checked when the notification is sent: what it
+    resolves to may change)."""
+    try:
+        host, _ = _host_and_port(url)
+    except ValueError as err:
+        raise SpecError(field, f"not a URL with a host and port towerq can read: {err}") from None
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -67,13 +80,14 @@ def resolve(url: str, setting: str) -> str:
     """The address to send `url` to: the first of its host's addresses, once every one of
     them is public or allow-listed; RefusedAddressError otherwise (or when it does not
     resolve)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        host, port = _host_and_port(url)
+    except ValueError as err:
+        raise RefusedAddressError(str(err)) from err
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as err:
-        raise RefusedAddressError(f"{host} does not resolve ({err.strerror or err})") from err
+    except (OSError, UnicodeError) as err:
+        raise RefusedAddressError(f"{host} does not resolve ({getattr(err, 'strerror', None) or err})") from err
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in found))
     refused = [a for a in addresses if not _allowed(a, host, setting)]
     if refused or not addresses:

@@ -77,8 +77,20 @@ def test_a_private_address_is_refused_at_submit(alice: Api, url: str) -> None:
     refused = alice.post("/api/jobs", json={**SPEC, "notify_url": url})
     assert refused.status_code == 422, refused.text
     assert "notify_url" in str(refused.json()["detail"]) and "TOWERQ_WEBHOOK_ALLOW" in str(refused.json()["detail"])
-    sweep = {"base": SPEC, "grid": {"hyperparameters.learning_rate": [0.1]}, "notify_url": url}
-    assert alice.post("/api/sweeps", json=sweep).status_code == 422
+    sweep = {"name": "probe", "base": SPEC, "grid": {"hyperparameters.learning_rate": [0.1]}, "notify_url": url}
+    refused = alice.post("/api/sweeps", json=sweep)
+    assert refused.status_code == 422 and "TOWERQ_WEBHOOK_ALLOW" in refused.text, refused.text
+
+
+@pytest.mark.parametrize("url", ["http://0\uccc2|a0\u00a3]x", "http://host:99999/"])
+def test_a_url_without_a_readable_host_is_refused_not_a_500(alice: Api, url: str) -> None:
+    """Found by schemathesis on a sweep: urlsplit raises on these, and the check answered 500."""
+    for path, body in (
+        ("/api/jobs", {**SPEC, "notify_url": url}),
+        ("/api/sweeps", {"name": "probe", "base": SPEC, "grid": {"hyperparameters.seed": [1]}, "notify_url": url}),
+    ):
+        refused = alice.post(path, json=body)
+        assert refused.status_code == 422 and "not a URL with a host" in refused.text, (path, refused.text)
 
 
 def test_a_name_that_resolves_to_loopback_is_refused_when_sent(
