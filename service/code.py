@@ -7,6 +7,12 @@ every path checked (no absolute paths, no `..`, no links), and stored read-only 
 the manifest (each file's path, size and SHA-256, sorted), so the same code uploaded twice,
 in any archive format, is stored once. Nothing is stored when an upload is refused: it is
 unpacked into a scratch folder and renamed into place only when complete.
+
+Who uploaded a bundle is recorded as an empty file `TOWERQ_CODE_DIR/.owners/<user>/<id>`:
+a bundle is private to its uploaders (and admins, and readers of a job that runs on it:
+service/privacy.py), and counts against each uploader's code quota
+(TOWERQ_USER_CODE_QUOTA_BYTES), checked and recorded under a per-user lock so that parallel
+uploads cannot each take the whole room.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from service.exceptions import NotFoundError, SpecError
+from service.exceptions import NotFoundError, SpecError, TooLargeError
+from service.quota import held as quota_lock
 from service.unpack import Limits, Unpacker, read_only, writable
 from worker.trainer.paths import BUNDLE_FILES, bundle_root
 
 BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
 MANIFEST = "manifest.json"
+OWNERS = ".owners"
 
 
 def check_id(bundle_id: str) -> str:
@@ -55,8 +63,44 @@ def bundle_file(code_dir: Path, bundle_id: str, path: str) -> Path:
     return bundle_root(code_dir, bundle_id) / path
 
 
-def store(upload: IO[bytes], filename: str, code_dir: Path, limits: Limits) -> tuple[dict[str, Any], bool]:
-    """Unpack and store the uploaded `filename`; returns (its manifest, whether it is new)."""
+def owns(code_dir: Path, user: str, bundle_id: str) -> bool:
+    """Whether `user` uploaded this bundle."""
+    return bool(BUNDLE_ID.match(bundle_id)) and (code_dir.resolve() / OWNERS / user / bundle_id).is_file()
+
+
+def usage(code_dir: Path, user: str) -> int:
+    """Bytes (unpacked) of the bundles `user` uploaded."""
+    mine = code_dir.resolve() / OWNERS / user
+    total = 0
+    for marker in mine.iterdir() if mine.is_dir() else []:
+        try:
+            total += int(manifest(code_dir, marker.name)["size"])
+        except (NotFoundError, SpecError, KeyError, ValueError):
+            continue
+    return total
+
+
+def _claim(code_dir: Path, user: str, described: dict[str, Any], quota: int) -> None:
+    """Record `user` as an uploader of the bundle, within their quota (TooLargeError)."""
+    mine = code_dir / OWNERS / user
+    with quota_lock(mine):
+        if (mine / described["id"]).is_file():
+            return
+        used = usage(code_dir, user)
+        if used + described["size"] > quota:
+            raise TooLargeError(
+                "file",
+                f"over your code quota (TOWERQ_USER_CODE_QUOTA_BYTES): your bundles take {used:,} of "
+                f"{quota:,} bytes and this one {described['size']:,}",
+            )
+        (mine / described["id"]).touch()
+
+
+def store(
+    upload: IO[bytes], filename: str, code_dir: Path, limits: Limits, user: str, quota: int
+) -> tuple[dict[str, Any], bool]:
+    """Unpack and store the uploaded `filename` as `user`'s; returns (its manifest, whether
+    it is new)."""
     kind = _kind(filename)
     code_dir = code_dir.resolve()
     code_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +126,7 @@ def store(upload: IO[bytes], filename: str, code_dir: Path, limits: Limits) -> t
             "sha256": {e["path"]: e["sha256"] for e in entries},
         }
         target = code_dir / bundle_id
+        _claim(code_dir, user, described, quota)
         if (target / MANIFEST).is_file():
             return described, False
         (scratch / MANIFEST).write_text(json.dumps(described, indent=1))

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from service.exceptions import NotFoundError, SpecError, StateConflictError, TooLargeError
+from service.quota import held as quota_lock
 from service.unpack import Limits, Unpacker, writable
 
 USERS = "users"
@@ -104,8 +105,15 @@ def store(
     target = root / name
     if target.exists():
         raise StateConflictError(f"you have a dataset {name!r} already: delete it first (DELETE /api/datasets/{name})")
-    root.mkdir(parents=True, exist_ok=True)
-    room = quota - usage(data_dir, user)
+    with quota_lock(root):  # the room is checked and spent by one upload at a time
+        return _store_within(upload, kind, name, data_dir, user, quota - usage(data_dir, user), max_files)
+
+
+def _store_within(
+    upload: IO[bytes], kind: str, name: str, data_dir: Path, user: str, room: int, max_files: int
+) -> dict[str, Any]:
+    root = user_folder(data_dir, user)
+    target = root / name
     scratch = Path(tempfile.mkdtemp(prefix=".incoming-", dir=root))
     try:
         if kind == "images":

@@ -19,6 +19,10 @@ class ForbiddenError(TowerqError):
     """The caller may not do this to this object."""
 
 
+class TooManyError(TowerqError):
+    """The caller holds as many of something (streams, queued jobs) as a limit allows (429)."""
+
+
 class AuthError(TowerqError):
     """No token, or a token that is unknown or revoked."""
 

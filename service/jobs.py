@@ -61,6 +61,8 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
     host = check_resources(inventory, spec)
     check_memory_fraction(inventory, spec, host, settings)
     check_files(spec, settings, caller.name)
+    if spec.code and not (caller.is_admin or code_bundles.owns(settings.code_dir, caller.name, spec.code)):
+        raise SpecError("code", f"bundle {spec.code[:12]}… is not one you uploaded: upload it yourself (same id)")
     if spec.notify_url:
         outbound.check_url(spec.notify_url, settings.webhook_allow)
     return host

@@ -31,6 +31,11 @@ def host_control_channel(host: str) -> str:
     return f"{PREFIX}control:{host}"
 
 
+def stream_slots(token_id: int) -> str:
+    """A sorted set of one token's open live streams (slot -> last refresh), for the cap."""
+    return f"{PREFIX}streams:{token_id}"
+
+
 def refused_count(host: str) -> str:
     """A counter of the messages a host's worker found on its queue and refused to run."""
     return f"{PREFIX}refused:{host}"

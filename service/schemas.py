@@ -97,6 +97,8 @@ class JobDetailOut(JobOut):
     events: list[JobEventOut]
     notifications: list[NotificationOut] = []
     """The webhooks sent (or being retried) since the job ended."""
+    outputs_readable: bool = True
+    """Whether the caller may read the job's log, artifacts and code (service/privacy.py)."""
 
 
 class JobPage(BaseModel):

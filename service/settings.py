@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     """The largest code bundle upload (packed)."""
     max_code_files: int = Field(default=2_000, ge=1)
     max_code_unpacked_bytes: int = Field(default=200_000_000, ge=1)
+    user_code_quota_bytes: int = Field(default=2_000_000_000, ge=0)
+    """What the code bundles one user uploaded may take in all (unpacked)."""
+    job_folder_max_bytes: int = Field(default=50_000_000_000, ge=0)
+    """What one job's folder (checkpoints, exports, its own files) may hold; a job past it
+    is stopped and fails, naming this limit (0: no limit)."""
     user_data_quota_bytes: int = Field(default=20_000_000_000, ge=0)
     """What one user's dataset uploads may take in all (`TOWERQ_DATA_DIR/users/<user>/`)."""
     max_dataset_files: int = Field(default=1_000_000, ge=1)
@@ -134,6 +139,9 @@ class Settings(BaseSettings):
     """The path prefix a reverse proxy serves towerq under (e.g. /towerq), the proxy stripping it."""
     forwarded_allow_ips: str = "127.0.0.1"
     """Proxies whose X-Forwarded-For/-Proto headers are trusted (comma-separated, or *)."""
+    max_streams_per_token: int = Field(default=50, ge=1)
+    """Live streams (open job pages, `towerq logs -f`, lists) one token may hold at once,
+    across every API process; they share one Redis subscription per process."""
     token: str | None = None
     max_request_bytes: int = 1_000_000
 

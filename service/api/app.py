@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
 from service.api.deps import get_caller, get_context
+from service.api.hub import StreamHub, StreamSlots
 from service.api.routes import (
     artifacts,
     catalog,
@@ -163,6 +164,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.context = Context.open(settings)
         app.state.aioredis = aioredis.Redis.from_url(settings.redis_url)
+        app.state.hub = StreamHub(app.state.aioredis)
+        app.state.stream_slots = StreamSlots(app.state.aioredis, settings.max_streams_per_token)
         app.state.tokens = TokenChecker()
         app.state.inventory = HostInventory(app.state.context.db)
         app.state.writer = SubmissionWriter(app.state.context.db)
@@ -174,6 +177,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             recorder.cancel()
+            await app.state.hub.close()
             await app.state.aioredis.aclose()
             app.state.context.close()
 

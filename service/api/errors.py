@@ -18,6 +18,7 @@ from service.exceptions import (
     StaleAttemptError,
     StateConflictError,
     TooLargeError,
+    TooManyError,
 )
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ STATUS = {
     StateConflictError: 409,
     StaleAttemptError: 409,
     ForbiddenError: 403,
+    TooManyError: 429,
 }
 
 

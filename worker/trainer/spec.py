@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -332,6 +332,7 @@ class TrainerInput(Strict):
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")]
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
+Visibility = Literal["private", "lab"]
 
 
 class JobSpec(TrainSpec):
@@ -368,6 +369,10 @@ class JobSpec(TrainSpec):
         default=None,
         pattern=r"^[0-9a-f]{64}$",
         description="a code bundle's id (POST /api/code): `model` is then `module:function` inside it",
+    )
+    visibility: Visibility = Field(
+        default="private",
+        description="who reads its log, artifacts and code: private (owner and admins) or lab (every member)",
     )
 
     @model_validator(mode="after")

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from starlette.types import Receive, Scope, Send
 
-from service import joblog
+from service import joblog, privacy
 from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
 from service.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream
 from service.exceptions import NotFoundError
@@ -77,16 +77,16 @@ def _archive(root: FsPath, relative: str, top: str, log: FsPath) -> StreamingRes
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList)
-def artifacts(job_id: JobId, session: SessionDep, settings: SettingsDep, _: CallerDep) -> dict[str, object]:
+def artifacts(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: CallerDep) -> dict[str, object]:
     """The job's files: checkpoints, TensorBoard events, the exported model, its log."""
-    get_job(session, job_id)
+    privacy.check_outputs(get_job(session, job_id), caller)
     return list_artifacts(job_folder(settings.artifacts_dir, job_id), job_log(settings.artifacts_dir, job_id))
 
 
 @router.get("/{job_id}/artifacts.tar.gz", response_class=StreamingResponse)
-def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, _: CallerDep) -> StreamingResponse:
+def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: CallerDep) -> StreamingResponse:
     """All of the job's artifacts as one .tar.gz stream (the folder `job-<id>/`)."""
-    get_job(session, job_id)
+    privacy.check_outputs(get_job(session, job_id), caller)
     folder = job_folder(settings.artifacts_dir, job_id)
     if not folder.is_dir():
         raise NotFoundError(f"job {job_id} has no artifacts yet")
@@ -95,10 +95,10 @@ def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, _: Cal
 
 @router.get("/{job_id}/artifacts/{path:path}", response_model=None)
 def artifact(
-    job_id: JobId, path: str, session: SessionDep, settings: SettingsDep, _: CallerDep
+    job_id: JobId, path: str, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> FileResponse | StreamingResponse:
     """One file (HTTP ranges supported, so a download can resume), or a folder as .tar.gz."""
-    get_job(session, job_id)
+    privacy.check_outputs(get_job(session, job_id), caller)
     root, log = job_folder(settings.artifacts_dir, job_id), job_log(settings.artifacts_dir, job_id)
     name = path.rstrip("/").rpartition("/")[2]
     fd = open_artifact(root, path.rstrip("/"), log)
@@ -108,9 +108,9 @@ def artifact(
 
 
 @router.get("/{job_id}/logs.txt", response_class=Response)
-def whole_log(job_id: JobId, session: SessionDep, ctx: ContextDep, _: CallerDep) -> Response:
+def whole_log(job_id: JobId, session: SessionDep, ctx: ContextDep, caller: CallerDep) -> Response:
     """The job's whole log as text: every line of every attempt."""
-    get_job(session, job_id)
+    privacy.check_outputs(get_job(session, job_id), caller)
     fd = open_log(job_folder(ctx.settings.artifacts_dir, job_id), job_log(ctx.settings.artifacts_dir, job_id))
     if fd is not None:
         return HandleResponse(fd, media_type="text/plain; charset=utf-8")

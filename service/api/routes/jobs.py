@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from service import defaults, rollups
+from service import defaults, privacy, rollups
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.exceptions import ForbiddenError, SpecError, StateConflictError
 from service.jobs import as_seen_by, check_submission, get_job, job_detail, list_jobs, submit
@@ -19,7 +19,7 @@ from service.models import JobState, LogLine, Metric
 from service.notify import kick_scheduler
 from service.scheduler.dryrun import estimate
 from service.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
-from worker.trainer.spec import JobSpec, Priority
+from worker.trainer.spec import JobSpec, Priority, Visibility
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -92,7 +92,9 @@ def _states(values: list[str] | None) -> list[str]:
 @router.get("/{job_id}", response_model=JobDetailOut)
 def job(job_id: JobId, session: SessionDep, caller: CallerDep) -> JobDetailOut:
     """One job: spec, state, allocation, attempts, history, latest metrics."""
-    return as_seen_by(job_detail(session, get_job(session, job_id)), caller)
+    found = get_job(session, job_id)
+    shown = as_seen_by(job_detail(session, found), caller)
+    return shown.model_copy(update={"outputs_readable": privacy.may_read_outputs(found, caller)})
 
 
 @router.get("/{job_id}/metrics", response_model=list[MetricOut])
@@ -186,12 +188,12 @@ def downsampled(session: Session, query: Select[Any], points: int) -> list[Metri
 def logs(
     job_id: JobId,
     session: SessionDep,
-    _: CallerDep,
+    caller: CallerDep,
     after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
     tail: Annotated[int, Query(ge=1, le=defaults.LOG_LINES_KEPT)] = 1000,
 ) -> list[LogLine]:
     """The trainer's log lines: the last `tail` of them, or those after `after_id`."""
-    get_job(session, job_id)
+    privacy.check_outputs(get_job(session, job_id), caller)
     query = select(LogLine).where(LogLine.job_id == job_id)
     if after_id:
         return list(session.scalars(query.where(LogLine.id > after_id).order_by(LogLine.id).limit(tail)))
@@ -200,19 +202,21 @@ def logs(
 
 
 class JobChange(BaseModel):
-    """What may change after submission: the name always; priority and time limit while
-    the job is queued."""
+    """What may change after submission: the name and who reads its outputs always;
+    priority and time limit while the job is queued."""
 
     model_config = {"extra": "forbid"}
 
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")] | None = None
     priority: Priority | None = None
     time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
+    visibility: Visibility | None = None
 
 
 @router.patch("/{job_id}", response_model=JobDetailOut)
 def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
-    """Rename a job, or change a queued job's priority or time limit (owner or admin)."""
+    """Rename a job, share its log and artifacts, or change a queued job's priority or time
+    limit (owner or admin)."""
     with db.write() as session:
         job = locked_job(session, job_id)
         if job.user_id != caller.user_id and not caller.is_admin:

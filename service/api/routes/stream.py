@@ -6,12 +6,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-import redis.asyncio as aioredis
+import anyio
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
-from service import keys
+from service import keys, privacy
 from service.api.deps import CallerDep, DatabaseDep
+from service.api.hub import StreamHub, StreamSlots
+from service.auth import Caller
+from service.db import Database
 from service.jobs import get_job
 
 router = APIRouter(tags=["stream"])
@@ -21,25 +25,34 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def relay(request: Request, channel: str) -> AsyncIterator[str]:
-    """Forward a Redis channel as SSE until the client goes away."""
-    client: aioredis.Redis = request.app.state.aioredis
-    pubsub = client.pubsub()
-    await pubsub.subscribe(channel)
+async def relay(request: Request, channel: str, caller: Caller, hide_logs: bool = False) -> AsyncIterator[str]:
+    """Forward a Redis channel as SSE until the client goes away (or holds too many)."""
+    hub: StreamHub = request.app.state.hub
+    slots: StreamSlots = request.app.state.stream_slots
+    slot = await slots.take(caller.token_id)
+    return _forward(request, hub, slots, channel, caller.token_id, slot, hide_logs)
+
+
+async def _forward(
+    request: Request, hub: StreamHub, slots: StreamSlots, channel: str, token_id: int, slot: str, hide_logs: bool
+) -> AsyncIterator[str]:
     try:
-        yield ": connected\n\n"
-        while not await request.is_disconnected():
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=KEEPALIVE_S)
-            if message is None:
-                yield ": keepalive\n\n"
-                continue
-            data = message["data"].decode() if isinstance(message["data"], bytes) else str(message["data"])
-            yield f"event: {_event_type(data)}\ndata: {data}\n\n"
-    except asyncio.CancelledError:
-        raise
+        async with hub.subscribe(channel) as queue:
+            yield ": connected\n\n"
+            while not await request.is_disconnected():
+                try:
+                    data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await slots.refresh(token_id, slot)
+                    yield ": keepalive\n\n"
+                    continue
+                kind = _event_type(data)
+                if hide_logs and kind == "log":
+                    continue
+                yield f"event: {kind}\ndata: {data}\n\n"
     finally:
-        await pubsub.unsubscribe(channel)
-        await pubsub.aclose()
+        with anyio.CancelScope(shield=True):  # a client gone cancels this; the slot still goes back
+            await slots.give_back(token_id, slot)
 
 
 def _event_type(data: str) -> str:
@@ -52,18 +65,22 @@ def _event_type(data: str) -> str:
 
 
 @router.get("/api/jobs/{job_id}/stream")
-def job_stream(job_id: JobId, request: Request, db: DatabaseDep, _: CallerDep) -> StreamingResponse:
+async def job_stream(job_id: JobId, request: Request, db: DatabaseDep, caller: CallerDep) -> StreamingResponse:
     """SSE: `metric`, `eval`, `state`, `log` events of one job as they happen."""
     # A session of its own, closed before streaming: a session from a dependency would be
     # held (a pooled connection, an open read snapshot) for as long as the page stays open.
+    hide_logs = not await run_in_threadpool(_sees_logs, db, job_id, caller)
+    events = await relay(request, keys.job_channel(job_id), caller, hide_logs)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _sees_logs(db: Database, job_id: int, caller: Caller) -> bool:
     with db.read() as session:
-        get_job(session, job_id)
-    return StreamingResponse(
-        relay(request, keys.job_channel(job_id)), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+        return privacy.may_read_outputs(get_job(session, job_id), caller)
 
 
 @router.get("/api/stream")
-def jobs_stream(request: Request, _: CallerDep) -> StreamingResponse:
+async def jobs_stream(request: Request, caller: CallerDep) -> StreamingResponse:
     """SSE: `state` events of every job, for live lists."""
-    return StreamingResponse(relay(request, keys.JOBS_CHANNEL), media_type="text/event-stream", headers=SSE_HEADERS)
+    events = await relay(request, keys.JOBS_CHANNEL, caller)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -24,6 +24,10 @@ class Api:
         headers = {**self.headers, **kwargs.pop("headers", {})}
         return self.client.post(path, headers=headers, **kwargs)
 
+    def patch(self, path: str, **kwargs: object):
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.client.patch(path, headers=headers, **kwargs)
+
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:

@@ -1,0 +1,137 @@
+"""Live streams share one Redis subscription per API process, and each token may hold only
+so many at once.
+
+Each SSE stream used to hold a Redis connection of its own: about 10,000 open pages (or
+one member's script) exhausted Redis's clients for the whole lab. The hub subscribes once
+per channel, whatever the number of streams on it, and hands every message to each
+stream's own bounded queue. The cap counts a token's open streams across every API
+process in a Redis sorted set whose entries each stream refreshes while it lives, so a
+process that dies frees its slots within STREAM_SLOT_TTL_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import redis.asyncio as aioredis
+
+from service import keys
+from service.exceptions import TooManyError
+
+log = logging.getLogger(__name__)
+
+STREAM_QUEUE = 1000
+"""Messages one stream may have waiting; a client that reads slower than that misses the
+overflow (a page re-reads what it missed when it reconnects) instead of holding memory."""
+STREAM_SLOT_TTL_S = 60.0
+"""A stream's slot is refreshed at every keepalive (15 s); one not refreshed for this long
+belonged to a process that is gone."""
+READ_TIMEOUT_S = 1.0
+
+
+class StreamHub:
+    """One pub/sub connection for every stream of this process."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.queues: dict[str, set[asyncio.Queue[str]]] = {}
+        self.lock = asyncio.Lock()
+        self.reader: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    @asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[str]]:
+        """A queue that receives every message published on `channel` while held."""
+        queue: asyncio.Queue[str] = asyncio.Queue(STREAM_QUEUE)
+        async with self.lock:
+            listeners = self.queues.setdefault(channel, set())
+            if not listeners:
+                await self.pubsub.subscribe(channel)
+            listeners.add(queue)
+            if self.reader is None or self.reader.done():
+                self.reader = asyncio.create_task(self._read())
+        try:
+            yield queue
+        finally:
+            with anyio.CancelScope(shield=True):  # a client gone cancels the stream; this still runs
+                async with self.lock:
+                    listeners.discard(queue)
+                    if not listeners:
+                        del self.queues[channel]
+                        with contextlib.suppress(Exception):  # the connection is gone: nothing to undo
+                            await self.pubsub.unsubscribe(channel)
+
+    async def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reader
+        await self.pubsub.aclose()
+
+    async def _read(self) -> None:
+        while self.queues:
+            try:
+                message = await self.pubsub.get_message(timeout=READ_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the stream hub lost Redis; reconnecting")
+                await asyncio.sleep(READ_TIMEOUT_S)
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            channel = _text(message["channel"])
+            data = _text(message["data"])
+            for queue in list(self.queues.get(channel, ())):
+                try:
+                    queue.put_nowait(data)
+                except asyncio.QueueFull:
+                    self.dropped += 1
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class StreamSlots:
+    """How many streams each token holds, across every API process."""
+
+    def __init__(self, client: aioredis.Redis, limit: int) -> None:
+        self.client = client
+        self.limit = limit
+
+    async def take(self, token_id: int) -> str:
+        """A slot for a new stream of this token; TooManyError when it holds `limit` already."""
+        key = keys.stream_slots(token_id)
+        slot = secrets.token_hex(8)
+        now = time.time()
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.zremrangebyscore(key, 0, now - STREAM_SLOT_TTL_S)
+            pipe.zadd(key, {slot: now})
+            pipe.zcard(key)
+            pipe.expire(key, int(STREAM_SLOT_TTL_S) * 2)
+            held = (await pipe.execute())[2]
+        if held > self.limit:
+            await self.client.zrem(key, slot)
+            raise TooManyError(
+                f"this token has {self.limit} live streams open already (TOWERQ_MAX_STREAMS_PER_TOKEN): "
+                "close a page or two, or wait a minute for closed ones to be counted out"
+            )
+        return slot
+
+    async def refresh(self, token_id: int, slot: str) -> None:
+        key = keys.stream_slots(token_id)
+        await self.client.zadd(key, {slot: time.time()}, xx=True)
+        await self.client.expire(key, int(STREAM_SLOT_TTL_S) * 2)
+
+    async def give_back(self, token_id: int, slot: str) -> None:
+        with contextlib.suppress(Exception):  # Redis gone: the slot ages out
+            await self.client.zrem(keys.stream_slots(token_id), slot)

@@ -1,0 +1,94 @@
+"""A member's outputs are theirs: any member could download every job's artifacts, log and
+code bundle (a bundle's id is in every job's spec), so a model trained on a member's
+private data left with anyone. The job list, specs and charts stay shared; the log,
+artifacts and code are the owner's (and admins') unless the job says `visibility: lab`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+
+from service.db import Database
+from service.models import LogLine
+from service.settings import Settings
+from tests.service.api.conftest import Api
+from worker.trainer.paths import job_folder, job_log
+
+SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
+NET = b"import keras\n\ndef build(params):\n    return keras.Sequential([keras.layers.Dense(3)])\n"
+OUTPUTS = ["/artifacts", "/artifacts.tar.gz", "/artifacts/model.keras", "/artifacts/checkpoints", "/logs.txt", "/logs"]
+
+
+@pytest.fixture
+def alices_job(as_user: Callable[..., Api], add_host: Callable[..., None], settings: Settings, db: Database) -> int:
+    add_host("lab-a", 2)
+    job_id: int = as_user("alice").post("/api/jobs", json=SPEC).json()["id"]
+    folder = job_folder(settings.artifacts_dir, job_id)
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "ckpt-1.index").write_bytes(b"weights")
+    (folder / "model.keras").write_bytes(b"the trained model")
+    log = job_log(settings.artifacts_dir, job_id)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("2026-11-25T10:00:00.000000Z attempt 1 info    trained on users/alice/cells\n")
+    with db.write() as session:
+        session.add(LogLine(job_id=job_id, attempt=1, level="info", message="secret", time=datetime.now(UTC)))
+    return job_id
+
+
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_another_member_cannot_read_a_private_jobs_outputs(
+    as_user: Callable[..., Api], alices_job: int, output: str
+) -> None:
+    refused = as_user("bob").get(f"/api/jobs/{alices_job}{output}")
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["detail"].startswith(f"job {alices_job}'s log and artifacts are private to alice")
+    assert f"towerq share {alices_job}" in refused.json()["detail"]
+
+
+def test_the_list_the_spec_and_the_charts_stay_shared(as_user: Callable[..., Api], alices_job: int) -> None:
+    bob = as_user("bob")
+    assert [job["id"] for job in bob.get("/api/jobs").json()["items"]] == [alices_job]
+    shown = bob.get(f"/api/jobs/{alices_job}").json()
+    assert shown["spec"]["model"] == "mlp" and shown["outputs_readable"] is False
+    assert bob.get(f"/api/jobs/{alices_job}/metrics").status_code == 200
+
+
+def test_the_owner_and_admins_read_everything(as_user: Callable[..., Api], alices_job: int) -> None:
+    for reader in (as_user("alice"), as_user("root", admin=True)):
+        assert reader.get(f"/api/jobs/{alices_job}").json()["outputs_readable"] is True
+        for output in OUTPUTS:
+            assert reader.get(f"/api/jobs/{alices_job}{output}").status_code == 200, output
+
+
+def test_a_job_shared_with_the_lab_is_readable_by_every_member(as_user: Callable[..., Api], alices_job: int) -> None:
+    alice, bob = as_user("alice"), as_user("bob")
+    assert bob.patch(f"/api/jobs/{alices_job}", json={"visibility": "lab"}).status_code == 403
+    shared = alice.patch(f"/api/jobs/{alices_job}", json={"visibility": "lab"})
+    assert shared.status_code == 200 and shared.json()["spec"]["visibility"] == "lab"
+    assert bob.get(f"/api/jobs/{alices_job}/artifacts/model.keras").content == b"the trained model"
+    assert alice.patch(f"/api/jobs/{alices_job}", json={"visibility": "private"}).status_code == 200
+    assert bob.get(f"/api/jobs/{alices_job}/logs.txt").status_code == 403
+
+
+def test_a_code_bundle_is_read_by_its_uploaders_and_the_readers_of_its_jobs(
+    as_user: Callable[..., Api], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 2)
+    alice, bob = as_user("alice"), as_user("bob")
+    bundle = alice.post("/api/code", files={"file": ("net.py", NET)}).json()["id"]
+    spec = {**SPEC, "model": "net:build", "code": bundle}
+    job_id = alice.post("/api/jobs", json=spec).json()["id"]
+    for path in (f"/api/code/{bundle}", f"/api/code/{bundle}/files/net.py", f"/api/code/{bundle}?job={job_id}"):
+        refused = bob.get(path)
+        assert refused.status_code == 403 and "private to the members who uploaded it" in refused.text, path
+    stolen = bob.post("/api/jobs", json=spec)
+    assert stolen.status_code == 422 and stolen.json()["detail"][0]["msg"].startswith("code: "), stolen.text
+    assert alice.get(f"/api/code/{bundle}/files/net.py").content == NET
+    alice.patch(f"/api/jobs/{job_id}", json={"visibility": "lab"})
+    assert bob.get(f"/api/code/{bundle}/files/net.py?job={job_id}").content == NET
+    assert bob.get(f"/api/code/{bundle}/files/net.py").status_code == 403  # only through the shared job
+    again = bob.post("/api/code", files={"file": ("net.py", NET)})  # the same code: now his too
+    assert again.status_code == 200 and again.json()["id"] == bundle
+    assert bob.post("/api/jobs", json=spec).status_code == 201

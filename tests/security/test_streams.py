@@ -1,0 +1,107 @@
+"""Live streams cannot exhaust Redis: each SSE stream held a Redis connection of its own
+with no cap, so about 10,000 open streams (one member's script) took every Redis client of
+the lab. Now an API process holds one subscription whatever the number of streams, and a
+token may hold TOWERQ_MAX_STREAMS_PER_TOKEN of them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import httpx
+import redis
+
+from tests.stack import Stack
+
+SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 10}}
+CAP = 8
+
+
+class Stream:
+    """An open SSE response and its one line iterator (dropping the iterator would close it)."""
+
+    def __init__(self, stack: ExitStack, url: str, token: str, path: str) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        client = stack.enter_context(httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(30, read=None)))
+        self.response = stack.enter_context(client.stream("GET", path))
+        self.status_code = self.response.status_code
+        if self.status_code == 200:
+            self.lines = self.response.iter_lines()
+            assert next(self.lines).startswith(": connected")
+
+    def events(self) -> Iterator[str]:
+        for line in self.lines:
+            if line.startswith("data: "):
+                yield line[len("data: ") :]
+
+
+def open_stream(stack: ExitStack, url: str, token: str, path: str) -> Stream:
+    return Stream(stack, url, token, path)
+
+
+def clients_of(redis_client: redis.Redis) -> int:
+    return len(redis_client.client_list())
+
+
+def test_streams_share_one_redis_subscription_and_a_token_holds_at_most_its_cap(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], redis_client: redis.Redis
+) -> None:
+    url = stack.start_api(api_workers=1, max_streams_per_token=CAP)
+    add_host("lab-a", 4)
+    alice, bob = make_token("alice"), make_token("bob")
+    job_id = stack.client(alice).post("/api/jobs", json=SPEC).json()["id"]
+    with ExitStack() as held:
+        first = open_stream(held, url, alice, f"/api/jobs/{job_id}/stream")
+        baseline = clients_of(redis_client)
+        kept = [open_stream(held, url, alice, f"/api/jobs/{job_id}/stream") for _ in range(CAP - 1)]
+        assert [stream.status_code for stream in kept] == [200] * (CAP - 1)
+        refused = open_stream(held, url, alice, "/api/stream")
+        assert refused.status_code == 429
+        refused.response.read()
+        assert "TOWERQ_MAX_STREAMS_PER_TOKEN" in refused.response.json()["detail"]
+        kept += [open_stream(held, url, bob, f"/api/jobs/{job_id}/stream") for _ in range(CAP)]
+        assert [stream.status_code for stream in kept[CAP - 1 :]] == [200] * CAP, "bob is not held back by alice"
+        assert clients_of(redis_client) <= baseline + 1, "2 x CAP streams, at most one more Redis connection"
+
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(next(first.events())), daemon=True)
+        reader.start()
+        redis_client.publish(f"towerq:job:{job_id}", '{"type": "metric", "step": 7}')
+        reader.join(10)
+        assert got == ['{"type": "metric", "step": 7}'], "a message still reaches every stream"
+    # closed streams give their slots back
+    with ExitStack() as held:
+        assert open_stream(held, url, alice, "/api/stream").status_code == 200
+
+
+def test_another_members_stream_carries_no_log_lines_of_a_private_job(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], redis_client: redis.Redis
+) -> None:
+    url = stack.start_api(api_workers=1)
+    add_host("lab-a", 4)
+    alice, bob = make_token("alice"), make_token("bob")
+    job_id = stack.client(alice).post("/api/jobs", json=SPEC).json()["id"]
+    seen: dict[str, list[str]] = {"alice": [], "bob": []}
+    with ExitStack() as held:
+        readers, kept = [], []
+        for who, token in (("alice", alice), ("bob", bob)):
+            stream = open_stream(held, url, token, f"/api/jobs/{job_id}/stream")
+            kept.append(stream)
+
+            def read(stream: Stream = stream, into: list[str] = seen[who]) -> None:
+                for data in stream.events():
+                    into.append(data)
+                    if '"metric"' in data:
+                        return
+
+            readers.append(threading.Thread(target=read, daemon=True))
+        for reader in readers:
+            reader.start()
+        channel = f"towerq:job:{job_id}"
+        redis_client.publish(channel, '{"type": "log", "message": "trained on users/alice/cells"}')
+        redis_client.publish(channel, '{"type": "metric", "step": 1}')
+        for reader in readers:
+            reader.join(10)
+    assert [len(seen["alice"]), len(seen["bob"])] == [2, 1]
+    assert all('"log"' not in data for data in seen["bob"])
