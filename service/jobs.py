@@ -15,7 +15,7 @@ from service import code as code_bundles
 from service import datasets, outbound
 from service.auth import Caller
 from service.db import Database
-from service.exceptions import NotFoundError, SpecError
+from service.exceptions import NotFoundError, SpecError, TooManyError
 from service.hosts import HostInventory
 from service.intake import Submission, SubmissionWriter, store_submissions
 from service.models import Allocation, Gpu, Host, Job, JobState, Notification, User, utcnow
@@ -40,6 +40,8 @@ def submit(
     by `writer` (group commit) when there is one, else in a transaction of its own."""
     inventory = inventory or HostInventory(db)
     host = check_submission(caller, spec, settings, inventory)
+    if sweep_id is None:  # a sweep's jobs were counted together, before it was stored
+        check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
     if spec.hyperparameters.seed is None:
         spec.hyperparameters.seed = secrets.randbelow(2**31)
     row = new_job(caller, spec, host, settings, idempotency_key)
@@ -52,6 +54,22 @@ def submit(
         with db.read() as session:
             return job_detail(session, get_job(session, job_id)), False
     return job_detail_of_new(Job(id=job_id, user=User(id=caller.user_id, name=caller.name), **row), event), True
+
+
+def check_queue_room(db: Database, caller: Caller, adding: int, limit: int) -> None:
+    """TooManyError when `adding` more jobs would put more than `limit` of the caller's jobs
+    in the queue (0: no limit). A soft bound: submissions racing each other may each pass."""
+    if not limit:
+        return
+    with db.read() as session:
+        waiting = session.scalar(
+            select(func.count()).select_from(Job).where(Job.state == JobState.QUEUED, Job.user_id == caller.user_id)
+        )
+    if (waiting or 0) + adding > limit:
+        raise TooManyError(
+            f"you have {waiting:,} jobs queued; at most {limit:,} may wait at once (TOWERQ_USER_MAX_QUEUED_JOBS): "
+            "let some run or cancel some first"
+        )
 
 
 def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventory: HostInventory) -> str | None:

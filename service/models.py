@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -199,6 +200,8 @@ class Job(Base):
     stop_reason: Mapped[str | None] = mapped_column(String(512), default=None)
     """Why the stop of the current attempt was asked for (cancel, preemption, time slice): the
     worker reads it here; a control message only tells it to look."""
+    folder_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    """What the job's folder held on disk when its worker last measured it."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -70,6 +70,8 @@ class JobOut(Out):
         default=None, description="queued: when the scheduler's forward replay expects it to start"
     )
     expected_host: str | None = None
+    folder_bytes: int | None = None
+    """What its folder held on disk when its worker last measured it."""
     error: str | None
     exit_code: int | None
     step: int | None

@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     job_folder_max_bytes: int = Field(default=50_000_000_000, ge=0)
     """What one job's folder (checkpoints, exports, its own files) may hold; a job past it
     is stopped and fails, naming this limit (0: no limit)."""
+    job_folder_check_s: float = Field(default=30.0, gt=0)
+    """How often a worker measures a running job's folder (a walk of it: I/O on the worker)."""
     user_data_quota_bytes: int = Field(default=20_000_000_000, ge=0)
     """What one user's dataset uploads may take in all (`TOWERQ_DATA_DIR/users/<user>/`)."""
     max_dataset_files: int = Field(default=1_000_000, ge=1)
@@ -100,6 +102,12 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1)
 
     user_gpu_limit: int | None = Field(default=None, ge=1)
+    """GPUs one user may hold at once; none by default: fair share, time slicing (which never
+    lets a user above their share stop another's job) and this lab's idle GPUs going to
+    whoever waits already bound a heavy user, and a cap would leave GPUs idle on a quiet day."""
+    user_max_queued_jobs: int = Field(default=2000, ge=0)
+    """Jobs one user may have waiting at once (a sweep counts all its jobs); 0: no limit.
+    Room for a sweep of 1,000 and a day's other work; a flood past it gets 429."""
     fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0)
     aging_s: float = Field(default=DEFAULT_AGING_S, gt=0)
     reserve_after_s: float = Field(default=DEFAULT_RESERVE_AFTER_S, ge=0)

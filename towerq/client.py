@@ -171,6 +171,11 @@ class Client:
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
 
+    def share(self, job_id: int, visibility: str = "lab") -> Job:
+        """Let every member read the job's log, artifacts and code (`visibility="lab"`), or
+        only you and the admins again (`"private"`, the default of a new job)."""
+        return Job(self, self.request("PATCH", f"/api/jobs/{job_id}", json={"visibility": visibility}))
+
     def sweep(self, body: dict[str, Any]) -> dict[str, Any]:
         """Launch a sweep (`name`, `base`, `grid` or `random`, `metric`, `goal`, ...; see
         docs/sweeps.md): the sweep with its jobs (`jobs`: id, setting, state)."""
@@ -368,6 +373,10 @@ class Job:
 
     def cancel(self) -> Job:
         self.data = self.client.cancel(self.id).data
+        return self
+
+    def share(self, visibility: str = "lab") -> Job:
+        self.data = self.client.share(self.id, visibility).data
         return self
 
     def download(self, path: str | None = None, to: str | Path = ".") -> Path:

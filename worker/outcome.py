@@ -27,6 +27,7 @@ class Stop(enum.StrEnum):
     PREEMPT = "preempt"
     STALE = "stale"
     BAD_SPEC = "bad_spec"
+    FOLDER_FULL = "folder_full"
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Outcome:
             return JobState.CANCELLED, self.stop_message
         if self.stop == Stop.TIME_LIMIT:
             return JobState.FAILED, f"{self.stop_message} at step {self.step}"
-        if self.stop == Stop.BAD_SPEC:
+        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL):
             return JobState.FAILED, self.stop_message
         if self.done is not None and self.returncode == 0:
             return JobState.SUCCEEDED, None

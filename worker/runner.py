@@ -27,6 +27,7 @@ from service.exceptions import StaleAttemptError
 from service.lifecycle import current_attempt, finish, mark_running, requeue
 from service.models import Job, JobState
 from worker.cgroups import AttemptGroup
+from worker.folder import FolderWatch
 from worker.host import drain
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import (
@@ -88,6 +89,7 @@ class JobRunner:
         """A control message came for this job: read the database at the next tick."""
         self._stop_deadline: float | None = None
         self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
+        self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
@@ -200,6 +202,8 @@ class JobRunner:
                 next_check = now + CHECK_EVERY_S
                 self._check(now - started)
                 self._note_pids()
+            if self.folder.due(now):
+                self._measure_folder(now)
             self._escalate()
             if self.sink.due():
                 self._flush()
@@ -312,6 +316,14 @@ class JobRunner:
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
 
+    def _measure_folder(self, now: float, running: bool = True) -> None:
+        over = self.folder.measure(now)
+        self._flush({"folder_bytes": self.folder.bytes})
+        if running and over is not None and self.outcome.stop is None:
+            self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"stopped: {over}"
+            self.sink.log("error", f"stopped: {over}")
+            self._kill_group()  # a checkpoint would only write more
+
     def _escalate(self) -> None:
         if not self._stop_requested.is_set() or self.process is None or self.process.poll() is not None:
             return
@@ -325,6 +337,8 @@ class JobRunner:
 
     def _end(self) -> None:
         self._kill_group()
+        if self.outcome.stop != Stop.STALE:
+            self._measure_folder(time.monotonic(), running=False)  # its size, for the Usage page
         self.outcome.limits_hit = self.group.limits_hit()
         for hit in self.outcome.limits_hit:
             self.sink.log("error", f"the attempt reached its {hit} (towerq's limit; see TOWERQ_TRAINER_*)")

@@ -89,6 +89,11 @@ def add_commands(commands: Any) -> None:
     cancel.add_argument("id", type=int)
     cancel.set_defaults(run=run_cancel)
 
+    share = command("share", "let every member read a job's log, artifacts and code (--private: only you again)")
+    share.add_argument("id", type=int)
+    share.add_argument("--private", action="store_true", help="only you and the admins (a new job's default)")
+    share.set_defaults(run=run_share)
+
     logs = command("logs", "a job's trainer log", read=True)
     logs.add_argument("id", type=int)
     logs.add_argument("--follow", "-f", action="store_true")
@@ -568,6 +573,13 @@ def run_cancel(args: argparse.Namespace) -> int:
     print(
         f"job {job['id']}: {job['state']}" + (" (stop requested)" if job["state"] in ("dispatched", "running") else "")
     )
+    return 0
+
+
+def run_share(args: argparse.Namespace) -> int:
+    job = Api(args).call("PATCH", f"/api/jobs/{args.id}", json={"visibility": "private" if args.private else "lab"})
+    whom = "only you and the admins" if args.private else "every member"
+    print(f"job {job['id']}: its log, artifacts and code are readable by {whom}")
     return 0
 
 

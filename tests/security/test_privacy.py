@@ -14,6 +14,7 @@ from service.db import Database
 from service.models import LogLine
 from service.settings import Settings
 from tests.service.api.conftest import Api
+from tests.stack import Stack
 from worker.trainer.paths import job_folder, job_log
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
@@ -92,3 +93,37 @@ def test_a_code_bundle_is_read_by_its_uploaders_and_the_readers_of_its_jobs(
     again = bob.post("/api/code", files={"file": ("net.py", NET)})  # the same code: now his too
     assert again.status_code == 200 and again.json()["id"] == bundle
     assert bob.post("/api/jobs", json=spec).status_code == 201
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_job_page_says_whose_outputs_are_private_instead_of_showing_them(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api(api_workers=1)
+    add_host("lab-a", 2)
+    alice, bob = make_token("alice"), make_token("bob")
+    owner = stack.client(alice)
+    bundle = owner.post("/api/code", files={"file": ("net.py", NET)}).json()["id"]
+    job_id = owner.post("/api/jobs", json={**SPEC, "model": "net:build", "code": bundle}).json()["id"]
+
+    page = open_page()
+    refused: list[str] = []
+    page.on("response", lambda response: refused.append(response.url) if response.status == 403 else None)
+    page.goto(f"{url}/#token={bob}")
+    page.wait_for_selector("#who:has-text('bob')")
+    page.goto(f"{url}/#/jobs/{job_id}")
+    notes = page.locator(".private-note")
+    notes.first.wait_for()
+    texts = notes.all_inner_texts()
+    assert [text.split(" private")[0] for text in texts] == ["The code is", "The artifacts are", "The log is"]
+    assert all(f"private to alice (and admins); they can share them with towerq share {job_id}" in t for t in texts)
+    assert page.locator("#download-all").count() == 0 and refused == [], refused
+    assert "null" not in page.locator("main").inner_text().split()  # no stray null where a bundle is missing
+
+    mine = open_page()
+    mine.goto(f"{url}/#token={alice}")
+    mine.wait_for_selector("#who:has-text('alice')")
+    mine.goto(f"{url}/#/jobs/{job_id}")
+    mine.locator("#code a.mono:has-text('net.py')").wait_for()
+    assert mine.locator(".private-note").count() == 0

@@ -94,7 +94,7 @@ def test_two_code_uploads_side_by_side_cannot_both_take_the_room(tmp_path: Path)
 
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], database_url: str) -> Settings:
-    return make_settings(database_url, user_code_quota_bytes=100_000)
+    return make_settings(database_url, user_code_quota_bytes=100_000, user_max_queued_jobs=3)
 
 
 def test_the_code_quota_is_per_member_and_named_over_the_api(as_user: Callable[..., Api]) -> None:
@@ -106,3 +106,37 @@ def test_the_code_quota_is_per_member_and_named_over_the_api(as_user: Callable[.
     assert over.json()["detail"][0]["msg"].startswith("file: over your code quota (TOWERQ_USER_CODE_QUOTA_BYTES)")
     assert alice.post("/api/code", files={"file": ("a.py", big)}).status_code == 200  # hers already: no more room
     assert bob.post("/api/code", files={"file": ("b.py", big + b"# more\n")}).status_code == 201
+
+
+def test_a_member_cannot_flood_the_queue(as_user: Callable[..., Api], add_host: Callable[..., None]) -> None:
+    add_host("lab-a", 2)
+    mallory, alice = as_user("mallory"), as_user("alice")
+    spec = {"model": "mlp", "dataset": "digits", "gpus": [0]}
+    assert [mallory.post("/api/jobs", json=spec).status_code for _ in range(3)] == [201] * 3
+    flood = mallory.post("/api/jobs", json=spec)
+    assert flood.status_code == 429 and "TOWERQ_USER_MAX_QUEUED_JOBS" in flood.json()["detail"], flood.text
+    sweep = {"name": "s", "base": spec, "grid": {"hyperparameters.learning_rate": [0.1, 0.01]}}
+    assert mallory.post("/api/sweeps", json=sweep).status_code == 429
+    assert alice.post("/api/sweeps", json=sweep).status_code == 201  # another member is not held back
+    assert alice.post("/api/jobs", json=spec).status_code == 201  # her sweep's 2 and this one: 3
+    assert alice.post("/api/jobs", json=spec).status_code == 429
+
+
+def test_the_usage_page_numbers_say_what_each_member_stores(
+    as_user: Callable[..., Api], add_host: Callable[..., None], db: object
+) -> None:
+    from sqlalchemy import update
+
+    from service.models import Job
+
+    add_host("lab-a", 2)
+    alice = as_user("alice")
+    assert alice.post("/api/code", files={"file": ("a.py", b"x = 1\n" * 100)}).status_code == 201
+    job_id = alice.post("/api/jobs", json={"model": "mlp", "dataset": "digits", "gpus": [0]}).json()["id"]
+    with db.write() as session:  # as its worker measures it
+        session.execute(update(Job).where(Job.id == job_id).values(folder_bytes=5_000_000))
+    stored = as_user("bob").get("/api/usage/storage").json()
+    assert stored["code_quota_bytes"] == 100_000 and stored["job_folder_max_bytes"] > 0
+    assert stored["users"] == [
+        {"user": "alice", "datasets_bytes": 0, "code_bytes": 600, "job_folders_bytes": 5_000_000}
+    ]

@@ -95,3 +95,39 @@ def test_memory_and_processes_are_bounded_and_named_when_hit(
     assert job["state"] == "failed" and "process limit of 120" in job["error"], (job["error"], log[-2000:])
     assert client.get("/api/jobs").status_code == 200
     client.close()
+
+
+FILLER = """
+import time
+
+import keras
+
+
+def build(params):
+    with open("filler.bin", "wb") as out:  # in the job's folder, its working folder
+        out.write(b"x" * 3_000_000)
+    with open("sparse.bin", "wb") as out:  # a terabyte that takes no disk: not counted
+        out.truncate(2**40)
+    time.sleep(3)  # the worker measures every second here
+    return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(),
+                             keras.layers.Dense(params["num_classes"])])
+"""
+
+
+def test_a_job_that_fills_its_folder_past_the_limit_is_stopped_and_says_why(
+    stack: Stack, make_settings: Callable[..., Settings], sqlite_url: str, make_token: Callable[..., str]
+) -> None:
+    (make_settings(sqlite_url).models_path / "filler.py").write_text(FILLER)
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1, trainer_pool=0, job_folder_max_bytes=2_000_000, job_folder_check_s=1)
+    client = stack.client(make_token("mallory"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    spec = {"model": "filler:build", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 3}}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    job = wait_for(lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 180, "the job", 0.5)
+    assert job["state"] == "failed", job
+    assert "over the 2.0 MB a job folder may take (TOWERQ_JOB_FOLDER_MAX_BYTES)" in job["error"], job["error"]
+    assert job["folder_bytes"] >= 3_000_000
+    assert "TOWERQ_JOB_FOLDER_MAX_BYTES" in client.get(f"/api/jobs/{job_id}/logs.txt").text
+    client.close()

@@ -55,7 +55,7 @@ export async function render(main, params) {
     summary,
     el("section", { "aria-labelledby": "charts-title" }, el("h2", { id: "charts-title" }, "Training"), charts.controls(), charts.box),
     details,
-    code,
+    ...(code ? [code] : []), // replaceChildren would show a null as the text "null"
     artifacts,
     el(
       "section",
@@ -70,7 +70,16 @@ export async function render(main, params) {
     summary.replaceChildren(...summaryOf(job));
     details.replaceChildren(...detailsOf(job));
   };
-  const drawArtifacts = async () => artifacts.replaceChildren(...artifactsOf(job, await api(`api/jobs/${id}/artifacts`)));
+  // A member's log, artifacts and code are theirs unless the job is shared (visibility: lab).
+  const readable = job.outputs_readable !== false;
+  const privateNote = (what) =>
+    el("p", { class: "muted private-note" }, `${what} private to ${job.user} (and admins); they can share them with towerq share ${id}.`);
+  const drawArtifacts = async () =>
+    artifacts.replaceChildren(
+      ...(readable
+        ? artifactsOf(job, await api(`api/jobs/${id}/artifacts`))
+        : [el("h2", { id: "artifacts-title" }, "Artifacts"), privateNote("The artifacts are")]),
+    );
   async function reload() {
     const before = job.state;
     job = await api(`api/jobs/${id}`);
@@ -80,7 +89,13 @@ export async function render(main, params) {
   drawJob();
   charts.draw();
   await drawArtifacts();
-  if (code) code.replaceChildren(...codeOf(await api(`api/code/${job.spec.code}`)));
+  if (code) {
+    code.replaceChildren(
+      ...(readable
+        ? codeOf(await api(`api/code/${job.spec.code}?job=${id}`), id)
+        : [el("h2", { id: "code-title" }, "Code"), privateNote("The code is")]),
+    );
+  }
 
   const appendLog = (lines) => {
     for (const line of lines) {
@@ -89,7 +104,8 @@ export async function render(main, params) {
     while (logBox.childNodes.length > LOG_LINES_SHOWN) logBox.firstChild.remove();
     if (follow.checked) logBox.scrollTop = logBox.scrollHeight;
   };
-  appendLog(await api(`api/jobs/${id}/logs?tail=200`));
+  if (readable) appendLog(await api(`api/jobs/${id}/logs?tail=200`));
+  else logBox.replaceChildren(privateNote("The log is"));
 
   let redraw = null;
   const stop = stream(`api/jobs/${id}/stream`, {
@@ -197,7 +213,14 @@ function detailsOf(job) {
       el("dt", {}, "GPU UUIDs"),
       el("dd", { class: "mono" }, a ? a.gpu_uuids.join(", ") : "–"),
       el("dt", {}, "Memory fraction"),
-      el("dd", {}, `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : ""}`),
+      el(
+        "dd",
+        {
+          title:
+            "A limit TensorFlow keeps in this job's own process; other code on the GPU is not bound by it (docs/deployment.md: MIG, MPS)",
+        },
+        `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : job.gpu_memory_fraction < 1 ? " (kept by TensorFlow in this job's process)" : ""}`,
+      ),
       el("dt", {}, "CUDA_VISIBLE_DEVICES"),
       el("dd", { class: "mono" }, job.cuda_visible_devices ?? "–"),
       el("dt", {}, "Batch norm"),
@@ -224,14 +247,18 @@ function detailsOf(job) {
 const FILES_SHOWN = 200;
 
 // The job's code bundle: its files, each readable in the browser.
-function codeOf(bundle) {
+function codeOf(bundle, jobId) {
   const columns = [
     {
       title: "File",
       cell: (f) =>
         el(
           "a",
-          { href: `api/code/${bundle.id}/files/${f.path.split("/").map(encodeURIComponent).join("/")}`, target: "_blank", class: "mono" },
+          {
+            href: `api/code/${bundle.id}/files/${f.path.split("/").map(encodeURIComponent).join("/")}?job=${jobId}`,
+            target: "_blank",
+            class: "mono",
+          },
           f.path,
         ),
     },

@@ -28,6 +28,7 @@ export async function render(main, params) {
   );
   const gantt = el("div", { class: "gantt", id: "gantt", role: "list", "aria-label": "GPU timeline" });
   const fair = el("div", { id: "fair-share" });
+  const storage = el("div", { id: "storage" });
   main.replaceChildren(
     el("h1", {}, "Usage"),
     problem,
@@ -43,6 +44,8 @@ export async function render(main, params) {
       "A job's rank gets its owner's term added: lower goes first. 0: used nothing lately; 0.5: used exactly their share.",
     ),
     fair,
+    el("h2", {}, "Storage"),
+    storage,
   );
   const plots = [];
   const fit = fitToWidth(main, () => plots, HEIGHT);
@@ -51,7 +54,12 @@ export async function render(main, params) {
     const until = new Date();
     const since = new Date(until.getTime() - WINDOWS[span] * 1000);
     const query = `since=${encodeURIComponent(since.toISOString())}&until=${encodeURIComponent(until.toISOString())}`;
-    const [timeline, shares] = await Promise.all([api(`api/usage/timeline?${query}`), api("api/fair-share")]);
+    const [timeline, shares, stored] = await Promise.all([
+      api(`api/usage/timeline?${query}`),
+      api("api/fair-share"),
+      api("api/usage/storage"),
+    ]);
+    storage.replaceChildren(...storageOf(stored));
     const users = [...new Set(timeline.allocations.map((a) => a.user))].sort();
     const color = (user) => COLORS[users.indexOf(user) % COLORS.length];
     for (const plot of plots.splice(0)) plot.destroy();
@@ -208,4 +216,24 @@ function fairShareTable(shares) {
     attrs: (u) => ({ dataset: { user: u.user } }),
     empty: "Nobody has used a GPU lately.",
   }).table;
+}
+
+const GB = 1e9;
+const size = (n) => (n >= GB ? `${(n / GB).toFixed(1)} GB` : n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${Math.round(n / 1e3)} KB`);
+
+// Each member's uploads and job folders beside the quotas (TOWERQ_USER_*_QUOTA_BYTES).
+function storageOf(stored) {
+  const columns = [
+    { title: "User", cell: (row) => row.user },
+    { title: `Datasets (of ${size(stored.datasets_quota_bytes)})`, cell: (row) => size(row.datasets_bytes), class: "num" },
+    { title: `Code (of ${size(stored.code_quota_bytes)})`, cell: (row) => size(row.code_bytes), class: "num" },
+    { title: "Job folders", cell: (row) => size(row.job_folders_bytes), class: "num" },
+  ];
+  const limit = stored.job_folder_max_bytes ? `each job's folder at most ${size(stored.job_folder_max_bytes)}` : "no limit per job folder";
+  return [
+    el("p", { class: "muted" }, `What each member's uploads and jobs take on the lab's storage; ${limit}.`),
+    stored.users.length
+      ? el("div", { class: "scroll" }, dataTable(columns, stored.users, { caption: "Storage per user" }).table)
+      : el("p", { class: "muted" }, "Nothing stored yet."),
+  ];
 }

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, joinedload
 from service import outbound, sweeps
 from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.exceptions import ForbiddenError, NotFoundError, SpecError
-from service.jobs import check_submission, submit
+from service.jobs import check_queue_room, check_submission, submit
 from service.lifecycle import locked_job, request_cancel
 from service.models import Job, Sweep
 from service.notify import kick_scheduler
@@ -113,6 +113,7 @@ def create(
         except (ValidationError, SpecError) as err:
             raise sweeps.refusal(index, setting, err) from None
         checked.append((setting, spec))
+    check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
     definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
     with db.write() as session:
         sweep = Sweep(

@@ -6,11 +6,14 @@ from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import BaseModel
+from sqlalchemy import func, select
 
+from service import code, datasets
 from service.accounting import BY, fair_share_report, timeline, usage_report
 from service.api.deps import CallerDep, SessionDep, SettingsDep
 from service.exceptions import SpecError
-from service.models import utcnow
+from service.models import Job, User, utcnow
 from service.schemas import FairShareOut, TimelineOut, UsageOut
 
 router = APIRouter(prefix="/api", tags=["usage"])
@@ -41,6 +44,45 @@ def fair_share(session: SessionDep, _: CallerDep, settings: SettingsDep) -> Fair
     now = utcnow()
     rows = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
     return FairShareOut(as_of=now, half_life_s=settings.fair_share_half_life_s, users=rows)
+
+
+class StorageRow(BaseModel):
+    user: str
+    datasets_bytes: int
+    code_bytes: int
+    job_folders_bytes: int
+    """What the user's jobs' folders held when their workers last measured them."""
+
+
+class StorageOut(BaseModel):
+    datasets_quota_bytes: int
+    code_quota_bytes: int
+    job_folder_max_bytes: int
+    """Each job folder's limit (0: none); a job past it is stopped."""
+    users: list[StorageRow]
+
+
+@router.get("/usage/storage", response_model=StorageOut)
+def storage(session: SessionDep, settings: SettingsDep, _: CallerDep) -> StorageOut:
+    """What each member's uploads and job folders take, beside their quotas."""
+    summed = select(User.name, func.coalesce(func.sum(Job.folder_bytes), 0)).join(Job.user).group_by(User.name)
+    folders = {name: total for name, total in session.execute(summed)}
+    names = sorted(set(folders) | set(session.scalars(select(User.name))))
+    rows = [
+        StorageRow(
+            user=name,
+            datasets_bytes=datasets.usage(settings.data_dir, name),
+            code_bytes=code.usage(settings.code_dir, name),
+            job_folders_bytes=int(folders.get(name) or 0),
+        )
+        for name in names
+    ]
+    return StorageOut(
+        datasets_quota_bytes=settings.user_data_quota_bytes,
+        code_quota_bytes=settings.user_code_quota_bytes,
+        job_folder_max_bytes=settings.job_folder_max_bytes,
+        users=[row for row in rows if row.datasets_bytes or row.code_bytes or row.job_folders_bytes],
+    )
 
 
 @router.get("/usage/timeline", response_model=TimelineOut)
