@@ -8,7 +8,7 @@ the manifest (each file's path, size and SHA-256, sorted), so the same code uplo
 in any archive format, is stored once. Nothing is stored when an upload is refused: it is
 unpacked into a scratch folder and renamed into place only when complete.
 
-Who uploaded a bundle is recorded as an empty file `TOWERQ_CODE_DIR/.owners/<user>/<id>`:
+Who uploaded a bundle is recorded as a file `TOWERQ_CODE_DIR/.owners/<user>/<id>` holding its size:
 a bundle is private to its uploaders (and admins, and readers of a job that runs on it:
 service/privacy.py), and counts against each uploader's code quota
 (TOWERQ_USER_CODE_QUOTA_BYTES), checked and recorded under a per-user lock so that parallel
@@ -69,21 +69,23 @@ def owns(code_dir: Path, user: str, bundle_id: str) -> bool:
 
 
 def usage(code_dir: Path, user: str) -> int:
-    """Bytes (unpacked) of the bundles `user` uploaded."""
+    """Bytes (unpacked) of the bundles `user` uploaded: each owner mark holds its bundle's
+    size (written before the bundle is in place, so a parallel upload counts it already)."""
     mine = code_dir.resolve() / OWNERS / user
     total = 0
     for marker in mine.iterdir() if mine.is_dir() else []:
-        try:
-            total += int(manifest(code_dir, marker.name)["size"])
-        except (NotFoundError, SpecError, KeyError, ValueError):
-            continue
+        if BUNDLE_ID.match(marker.name):
+            try:
+                total += int(marker.read_text() or 0)
+            except (OSError, ValueError):
+                continue
     return total
 
 
 def _claim(code_dir: Path, user: str, described: dict[str, Any], quota: int) -> None:
     """Record `user` as an uploader of the bundle, within their quota (TooLargeError)."""
     mine = code_dir / OWNERS / user
-    with quota_lock(mine):
+    with quota_lock(mine / ".quota.lock"):
         if (mine / described["id"]).is_file():
             return
         used = usage(code_dir, user)
@@ -93,7 +95,7 @@ def _claim(code_dir: Path, user: str, described: dict[str, Any], quota: int) -> 
                 f"over your code quota (TOWERQ_USER_CODE_QUOTA_BYTES): your bundles take {used:,} of "
                 f"{quota:,} bytes and this one {described['size']:,}",
             )
-        (mine / described["id"]).touch()
+        (mine / described["id"]).write_text(str(described["size"]))
 
 
 def store(

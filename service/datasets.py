@@ -105,7 +105,9 @@ def store(
     target = root / name
     if target.exists():
         raise StateConflictError(f"you have a dataset {name!r} already: delete it first (DELETE /api/datasets/{name})")
-    with quota_lock(root):  # the room is checked and spent by one upload at a time
+    # The room is checked and spent by one upload at a time; the lock lives beside the
+    # users' folders (no user name starts with a dot), so nothing shows in the user's own.
+    with quota_lock(data_dir.resolve() / USERS / ".locks" / f"{user}.lock"):
         return _store_within(upload, kind, name, data_dir, user, quota - usage(data_dir, user), max_files)
 
 
@@ -114,6 +116,7 @@ def _store_within(
 ) -> dict[str, Any]:
     root = user_folder(data_dir, user)
     target = root / name
+    root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".incoming-", dir=root))
     try:
         if kind == "images":

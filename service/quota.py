@@ -9,14 +9,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LOCK_FILE = ".quota.lock"
-
 
 @contextmanager
-def held(folder: Path) -> Iterator[None]:
-    """Hold the quota lock of `folder` (one user's uploads of one kind)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK_FILE, "a") as lock:
+def held(lock_file: Path) -> Iterator[None]:
+    """Hold the quota lock `lock_file` (one user's uploads of one kind), kept where the
+    user's own listings never show it."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

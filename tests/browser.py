@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS
-
+ARTIFACTS = Path(__file__).parent / "artifacts"
+"""Screenshots and logs the tests leave (tests/conftest.py makes the folder). Defined here,
+not imported from conftest: bench/dashboard.py imports this module, and conftest imports it."""
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -41,7 +41,6 @@ from worker.processes import marked
 POSTGRES_ADMIN_URL = os.environ.get(
     "TOWERQ_TEST_POSTGRES_ADMIN_URL", "postgresql://towerq:towerq@127.0.0.1:5432/postgres"
 )
-ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
 def free_port() -> int:
@@ -242,4 +241,4 @@ def stack(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) ->
         print(running.dump_logs())
 
 
-from tests.browser import browser, open_page  # noqa: E402, F401 - one session browser for every folder
+from tests.browser import ARTIFACTS, browser, open_page  # noqa: E402, F401 - one session browser for every folder
