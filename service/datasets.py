@@ -108,13 +108,12 @@ def store(
     # The room is checked and spent by one upload at a time; the lock lives beside the
     # users' folders (no user name starts with a dot), so nothing shows in the user's own.
     with quota_lock(data_dir.resolve() / USERS / ".locks" / f"{user}.lock"):
-        return _store_within(upload, kind, name, data_dir, user, quota - usage(data_dir, user), max_files)
+        return _store_within(upload, kind, name, root, user, quota - usage(data_dir, user), max_files)
 
 
 def _store_within(
-    upload: IO[bytes], kind: str, name: str, data_dir: Path, user: str, room: int, max_files: int
+    upload: IO[bytes], kind: str, name: str, root: Path, user: str, room: int, max_files: int
 ) -> dict[str, Any]:
-    root = user_folder(data_dir, user)
     target = root / name
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".incoming-", dir=root))

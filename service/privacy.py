@@ -24,10 +24,10 @@ def may_read_outputs(job: Job, caller: Caller) -> bool:
     return caller.is_admin or job.user_id == caller.user_id or job.spec.get("visibility") == LAB
 
 
-def check_outputs(job: Job, caller: Caller, what: str = "log and artifacts") -> None:
+def check_outputs(job: Job, caller: Caller) -> None:
     """ForbiddenError unless `caller` may read the job's log and artifacts."""
     if not may_read_outputs(job, caller):
         raise ForbiddenError(
-            f"job {job.id}'s {what} are private to {job.user.name} (and admins); "
+            f"job {job.id}'s log and artifacts are private to {job.user.name} (and admins); "
             f"they can share them with `towerq share {job.id}` (visibility: lab)"
         )

@@ -54,12 +54,7 @@ export async function render(main, params) {
     const until = new Date();
     const since = new Date(until.getTime() - WINDOWS[span] * 1000);
     const query = `since=${encodeURIComponent(since.toISOString())}&until=${encodeURIComponent(until.toISOString())}`;
-    const [timeline, shares, stored] = await Promise.all([
-      api(`api/usage/timeline?${query}`),
-      api("api/fair-share"),
-      api("api/usage/storage"),
-    ]);
-    storage.replaceChildren(...storageOf(stored));
+    const [timeline, shares] = await Promise.all([api(`api/usage/timeline?${query}`), api("api/fair-share")]);
     const users = [...new Set(timeline.allocations.map((a) => a.user))].sort();
     const color = (user) => COLORS[users.indexOf(user) % COLORS.length];
     for (const plot of plots.splice(0)) plot.destroy();
@@ -70,6 +65,8 @@ export async function render(main, params) {
   }
   const poller = poll(refresh, POLL_MS, problem, "Refreshing usage");
   await refresh();
+  // Once per visit, not every poll: the server walks every member's uploads to answer it.
+  storage.replaceChildren(...storageOf(await api("api/usage/storage")));
   return () => {
     poller.stop();
     fit.stop();

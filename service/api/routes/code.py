@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
@@ -62,8 +62,7 @@ def show(
     bundle_id: BundleId, settings: SettingsDep, session: SessionDep, caller: CallerDep, job: ViaJob = None
 ) -> BundleOut:
     """The bundle's files and size (its uploaders, admins, and readers of `job` that runs on it)."""
-    _check_reader(bundle_id, settings, session, caller, job)
-    return BundleOut.model_validate(bundles.manifest(settings.code_dir, bundle_id))
+    return BundleOut.model_validate(_check_reader(bundle_id, settings, session, caller, job))
 
 
 @router.get("/{bundle_id}/files/{path:path}", response_class=FileResponse)
@@ -76,14 +75,17 @@ def read(
     return FileResponse(found, media_type="text/plain; charset=utf-8" if _texty(path) else "application/octet-stream")
 
 
-def _check_reader(bundle_id: str, settings: Settings, session: Session, caller: Caller, job_id: int | None) -> None:
-    bundles.manifest(settings.code_dir, bundle_id)  # 404 before 403: no such bundle
+def _check_reader(
+    bundle_id: str, settings: Settings, session: Session, caller: Caller, job_id: int | None
+) -> dict[str, Any]:
+    """The bundle's manifest if `caller` may read it (404 before 403: no such bundle)."""
+    found = bundles.manifest(settings.code_dir, bundle_id)
     if caller.is_admin or bundles.owns(settings.code_dir, caller.name, bundle_id):
-        return
+        return found
     if job_id is not None:
         job = get_job(session, job_id)
         if job.spec.get("code") == bundle_id and privacy.may_read_outputs(job, caller):
-            return
+            return found
     raise ForbiddenError(
         f"code bundle {bundle_id[:12]}… is private to the members who uploaded it"
         + (" (and readers of the jobs that run on it: add ?job=ID)" if job_id is None else "")

@@ -67,7 +67,7 @@ def storage(session: SessionDep, settings: SettingsDep, _: CallerDep) -> Storage
     """What each member's uploads and job folders take, beside their quotas."""
     summed = select(User.name, func.coalesce(func.sum(Job.folder_bytes), 0)).join(Job.user).group_by(User.name)
     folders = {name: total for name, total in session.execute(summed)}
-    names = sorted(set(folders) | set(session.scalars(select(User.name))))
+    names = sorted(session.scalars(select(User.name)))
     rows = [
         StorageRow(
             user=name,
