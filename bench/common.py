@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.settings import Settings
+from service.core.settings import Settings
 
 
 def settings_in(workdir: Path, database_url: str, redis_url: str, **overrides: object) -> Settings:

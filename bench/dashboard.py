@@ -37,15 +37,15 @@ from sqlalchemy import insert, update
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.auth import create_token  # noqa: E402
-from service.context import Context  # noqa: E402
-from service.db import (
+from service.cli.redis_server import EmbeddedRedis  # noqa: E402
+from service.core.context import Context  # noqa: E402
+from service.core.db import (
     Database,  # noqa: E402
     upgrade_database,  # noqa: E402
 )
-from service.models import Job, Metric  # noqa: E402
-from service.redis_server import EmbeddedRedis  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from service.core.models import Job, Metric  # noqa: E402
+from service.core.settings import Settings  # noqa: E402
+from service.lab.auth import create_token  # noqa: E402
 from tests.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack  # noqa: E402

@@ -37,13 +37,13 @@ from sqlalchemy import func, select, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import settings_in  # noqa: E402
-from service.auth import create_token  # noqa: E402
-from service.db import (
+from service.cli.redis_server import EmbeddedRedis  # noqa: E402
+from service.core.db import (
     Database,  # noqa: E402
     upgrade_database,  # noqa: E402
 )
-from service.models import Allocation, Job, JobEvent, Metric  # noqa: E402
-from service.redis_server import EmbeddedRedis  # noqa: E402
+from service.core.models import Allocation, Job, JobEvent, Metric  # noqa: E402
+from service.lab.auth import create_token  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack, wait_for  # noqa: E402
 from worker.host import register  # noqa: E402

@@ -53,9 +53,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from service.core.settings import Settings  # noqa: E402
 from service.scheduler.forecast import FORECAST_JOBS, forecast  # noqa: E402
 from service.scheduler.policy import schedule  # noqa: E402
-from service.scheduler.simulate import TraceJob, read_trace, simulate  # noqa: E402
+from service.scheduler.simulate import simulate  # noqa: E402
+from service.scheduler.trace import TraceJob, read_trace  # noqa: E402
 from service.scheduler.types import (  # noqa: E402
     Cluster,
     FairShare,
@@ -65,7 +67,6 @@ from service.scheduler.types import (  # noqa: E402
     QueuedJob,
     RunningJob,
 )
-from service.settings import Settings  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "philly_2017-10-23_5000.csv"
 HOSTS, GPUS_PER_HOST = 32, 8

@@ -43,15 +43,15 @@ Measure = Callable[[int], tuple[float, float]]
 
 
 def load_data():  # type: ignore[no-untyped-def]
+    from towerq.contract.spec import DatasetOptions
     from worker.trainer import datasets
-    from worker.trainer.spec import DatasetOptions
 
     return datasets.synthetic(DatasetOptions(shape=list(SHAPE), classes=10, train_examples=8192, test_examples=64))
 
 
 def towerq(k: int) -> Measure:
+    from towerq.contract.runtime import RuntimeSpec
     from worker.trainer.devices import configure
-    from worker.trainer.spec import RuntimeSpec
 
     setup = configure(RuntimeSpec(artifacts_dir="-", data_dir="-", models_path="-", num_devices=k), "cpu")
     import keras

@@ -6,9 +6,9 @@ from alembic import context
 from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import Connection
 
-from service.db import create_db_engine
-from service.models import Base, UTCDateTime
-from service.settings import Settings
+from service.core.db import create_db_engine
+from service.core.models import Base, UTCDateTime
+from service.core.settings import Settings
 
 config = context.config
 target_metadata = Base.metadata

@@ -29,10 +29,10 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from service.auth import create_token
-from service.db import Database, upgrade_database
-from service.redis_server import EmbeddedRedis
-from service.settings import Settings
+from service.cli.redis_server import EmbeddedRedis
+from service.core.db import Database, upgrade_database
+from service.core.settings import Settings
+from service.lab.auth import create_token
 from worker.cgroups import remove_stale
 from worker.host import register
 from worker.inventory import SimulatedInventory

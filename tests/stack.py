@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]

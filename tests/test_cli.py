@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import REPO, Stack, wait_for
 from towerq import AuthError, Client, UnreachableError

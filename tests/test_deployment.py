@@ -23,8 +23,8 @@ import psycopg
 import pytest
 
 from service.cli import parser as towerq_parser
-from service.redis_server import RedisUnavailableError, answers, redis_binary
-from service.settings import Settings
+from service.cli.redis_server import RedisUnavailableError, answers, redis_binary
+from service.core.settings import Settings
 from tests.compose import (
     COMPOSE,
     InterpolationError,

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import REPO, settings_env, wait_for
 from worker.processes import live_members, pid_alive
@@ -70,7 +70,7 @@ def test_api_workers_die_with_a_killed_api_and_a_restarted_api_gets_the_port(
 EMBEDDED = """
 import sys, time
 from pathlib import Path
-from service.redis_server import EmbeddedRedis
+from service.cli.redis_server import EmbeddedRedis
 redis = EmbeddedRedis(sys.argv[1], Path(sys.argv[2]))
 redis.start()
 print(redis.process.pid, flush=True)

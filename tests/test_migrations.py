@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import command
 
-from service.db import alembic_config
+from service.core.db import alembic_config
 
 
 def test_migrations_match_the_models(database_url: str) -> None:

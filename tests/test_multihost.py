@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from sqlalchemy.engine import make_url
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import Stack, wait_for
-from worker.trainer.paths import job_folder
+from towerq.contract.paths import job_folder
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import REPO, Stack, wait_for
+from towerq.contract.paths import JOB_LOG_FILE, job_folder, job_log
 from worker.sandbox import JOB_PATH, resolve
-from worker.trainer.paths import JOB_LOG_FILE, job_folder, job_log
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -51,7 +51,7 @@ import numpy as np
 import keras
 from pathlib import Path
 from worker.trainer import datasets, feeding
-from worker.trainer.spec import JobSpec
+from towerq.contract.spec import JobSpec
 
 model = keras.saving.load_model(sys.argv[1])
 train = JobSpec.model_validate(json.loads(sys.argv[2])).train_spec()

@@ -16,12 +16,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import Stack, wait_for
+from towerq.contract.paths import MODEL_FILE, job_folder
 from worker.launch import Launch
 from worker.pool import TrainerPool
 from worker.processes import all_processes, pid_alive
-from worker.trainer.paths import MODEL_FILE, job_folder
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import Stack, wait_for
 

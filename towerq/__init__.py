@@ -9,18 +9,28 @@ for row in job.follow():               # metric rows as they arrive
 job.wait().state                       # "succeeded"
 job.metrics(as_frame=True)             # a pandas DataFrame (with pandas installed)
 job.download("model.keras", to="out/")
+
+`towerq.contract` is the job spec, the catalog and the job-folder layout: the one contract the
+service, the trainer and this client share. The trainer imports it in its sandbox, so this
+package loads the client (and httpx) only when a name of the client is asked for.
 """
 
-from towerq.client import (
-    FINAL_STATES,
-    ApiError,
-    AuthError,
-    Client,
-    Config,
-    Job,
-    TowerqError,
-    UnreachableError,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from towerq.client import (
+        FINAL_STATES,
+        ApiError,
+        AuthError,
+        Client,
+        Config,
+        Job,
+        TowerqError,
+        UnreachableError,
+    )
 
 __all__ = [
     "FINAL_STATES",
@@ -32,3 +42,9 @@ __all__ = [
     "TowerqError",
     "UnreachableError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("towerq.client"), name)
+    raise AttributeError(f"module 'towerq' has no attribute {name!r}")

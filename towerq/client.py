@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from towerq.contract.messages import MessageError, decode
+
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 CONFIG_FILE = Path.home() / ".config" / "towerq" / "config.toml"
 LEGACY_TOKEN_FILE = Path.home() / ".config" / "towerq" / "token"
@@ -258,8 +260,8 @@ class Client:
                     data.append(line[5:].strip())
                 elif not line and data:
                     try:
-                        yield json.loads("\n".join(data))
-                    except json.JSONDecodeError:
+                        yield decode("\n".join(data)).model_dump(mode="json")
+                    except MessageError:
                         pass
                     data = []
 

@@ -12,7 +12,6 @@ and puts their jobs back in the queue.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -24,11 +23,12 @@ from rq.job import Job as RQJob
 from rq.worker import WorkerStatus
 from sqlalchemy import select
 
-from service import keys, launches
-from service.context import Context
-from service.exceptions import StaleAttemptError
-from service.lifecycle import requeue
-from service.models import Job, JobState
+from service.core import keys, launches
+from service.core.context import Context
+from service.core.exceptions import StaleAttemptError
+from service.core.lifecycle import requeue
+from service.core.models import Job, JobState
+from towerq.contract.messages import CancelMessage, MessageError, PreemptMessage, decode
 from worker import cgroups, sandbox
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -225,12 +225,13 @@ class HostAgent:
 
     def _control(self, data: bytes) -> None:
         try:
-            message = json.loads(data)
-            job_id = int(message["job_id"])
-        except (ValueError, KeyError, TypeError):
+            message = decode(data)
+        except MessageError:
+            message = None
+        if not isinstance(message, CancelMessage | PreemptMessage):
             log.warning("bad control message: %r", data[:200])
             return
-        runner = self.runner_for(job_id)
+        runner = self.runner_for(message.job_id)
         if runner is not None:
             runner.look()  # the job's row says whether and why to stop; the message only wakes it
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worker.trainer.paths import folder_usage
+from towerq.contract.paths import folder_usage
 
 JOB_FOLDER_MAX_ENTRIES = 1_000_000
 """Files and folders one job folder may hold: past that, walking it (for this limit, the

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Gpu, Host, HostState, Job, JobState, utcnow
+from service.core.models import Gpu, Host, HostState, Job, JobState, utcnow
 from worker.inventory import GpuState, Inventory
 
 log = logging.getLogger(__name__)

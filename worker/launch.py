@@ -3,7 +3,7 @@
 The trainer runs as `python -m worker.trainer SPEC.json` in its own session (so its whole
 process group can be signalled), with `CUDA_VISIBLE_DEVICES` set to exactly the allocated
 GPUs; it asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG, in the
-trainer). The spec file is built by the spec contract (`worker.trainer.spec.trainer_input`)
+trainer). The spec file is built by the spec contract (`towerq.contract.spec.trainer_input`)
 from the job's stored spec, never by hand.
 """
 
@@ -19,14 +19,14 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from service.context import Context
-from service.exceptions import StaleAttemptError
-from service.models import Job, JobState
-from service.settings import Settings
+from service.core.context import Context
+from service.core.exceptions import StaleAttemptError
+from service.core.models import Job, JobState
+from service.core.settings import Settings
+from towerq.contract.paths import bundle_root, job_folder, replace_beneath
+from towerq.contract.runtime import RuntimeSpec, trainer_input
 from worker import sandbox
 from worker.cgroups import AttemptGroup, Limits
-from worker.trainer.paths import bundle_root, job_folder, replace_beneath
-from worker.trainer.spec import RuntimeSpec, trainer_input
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

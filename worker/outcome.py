@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.models import JobState
+from service.core.models import JobState
 from worker.trainer.protocol import EXIT_STOPPED
 
 STDERR_LINES_KEPT = 20

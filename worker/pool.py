@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.settings import Settings
+from service.core.settings import Settings
 from worker import sandbox
 from worker.launch import REPO_ROOT, Launch, protected_paths, sandbox_extras, seen_path, trainer_environment
 from worker.processes import kill_group

@@ -197,3 +197,17 @@ def is_trainer(pid: int) -> bool:
 def trainer_pids() -> set[int]:
     """Every live trainer process on this machine."""
     return {p.pid for p in all_processes() if p.state != "Z" and "worker.trainer" in p.cmdline}
+
+
+def signal_trainer(leader: int, signum: int, sandboxed: bool) -> None:
+    """`signum` to a trainer's process group (`leader` is its first process). In the
+    sandbox a stop request spares bwrap, the group's leader: bwrap dies of SIGTERM and takes
+    the trainer with it before it could checkpoint. (Only bwrap alive: the trainer has not
+    started; it goes too.)"""
+    if sandboxed and signum != signal.SIGKILL:
+        inside = [p.pid for p in live_members(pgid=leader) if p.pid != leader]
+        if inside:
+            for pid in inside:
+                signal_process(pid, signum)
+            return
+    signal_group(leader, signum)

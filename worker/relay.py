@@ -9,7 +9,6 @@ scheduler gave up on cannot write results.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -21,12 +20,13 @@ import redis
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from service import defaults, joblog, keys, rollups
-from service.context import Context
-from service.db import insert_ignoring_duplicates
-from service.lifecycle import current_attempt
-from service.models import LogLine, Metric
-from worker.trainer.paths import PathEscapeError, job_folder, job_log, read_beneath
+from service.core import defaults, joblog, keys, rollups
+from service.core.context import Context
+from service.core.db import insert_ignoring_duplicates
+from service.core.lifecycle import current_attempt
+from service.core.models import LogLine, Metric
+from towerq.contract.messages import LogMessage, MetricMessage, encode
+from towerq.contract.paths import PathEscapeError, job_folder, job_log, read_beneath
 from worker.trainer.protocol import METRICS_LOG, parse_metrics_log
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,10 @@ class MetricSink:
         point["custom"] = _custom(event.get("metrics"))
         when = parse_time(event.get("time"))
         if publish:
-            extra = {} if split == "eval" else {"step_time_s": _number(event.get("step_time_s"))}
-            self._publish(split if split == "eval" else "metric", {**point, **extra, "time": when.isoformat()})
+            step_time = None if split == "eval" else _number(event.get("step_time_s"))
+            kind = "eval" if split == "eval" else "metric"
+            fields = {"type": kind, "job_id": self.job_id, "attempt": self.attempt, **point, "time": when}
+            self.unsent.append(encode(MetricMessage.model_validate({**fields, "step_time_s": step_time})))
         attempt = event.get("attempt", self.attempt) if not publish else self.attempt
         self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
         self._note_latest(point, event)
@@ -121,7 +123,8 @@ class MetricSink:
             level, message = "warning", f"more than {defaults.LOG_LINES_PER_ATTEMPT:,} log lines: the rest dropped"
         when = when or datetime.now(UTC)
         message = message[:10_000]
-        self._publish("log", {"level": level, "message": message, "time": when.isoformat()})
+        log_message = LogMessage(job_id=self.job_id, attempt=self.attempt, level=level, message=message, time=when)
+        self.unsent.append(encode(log_message))
         self.logs.append(
             {"job_id": self.job_id, "attempt": self.attempt, "time": when, "level": level, "message": message}
         )
@@ -142,9 +145,6 @@ class MetricSink:
     def _buffered(self) -> None:
         if self.first_buffered is None:
             self.first_buffered = time.monotonic()
-
-    def _publish(self, kind: str, data: dict[str, Any]) -> None:
-        self.unsent.append(json.dumps({"type": kind, "job_id": self.job_id, "attempt": self.attempt, **data}))
 
     def send(self) -> None:
         """Publish what came since the last call, in one round trip: the runner calls this

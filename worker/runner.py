@@ -21,11 +21,12 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from service import defaults
-from service.context import Context
-from service.exceptions import StaleAttemptError
-from service.lifecycle import current_attempt, finish, mark_running, requeue
-from service.models import Job, JobState
+from service.core import defaults
+from service.core.context import Context
+from service.core.exceptions import StaleAttemptError
+from service.core.lifecycle import current_attempt, finish, mark_running, requeue
+from service.core.models import Job, JobState
+from towerq.contract.spec import describe
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch
 from worker.host import drain
@@ -42,9 +43,8 @@ from worker.launch import (
 from worker.outcome import Outcome, Started, Stop, level_of, protocol_event
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
-from worker.processes import descendants, kill_group, live_members, output_lines, signal_group, signal_process
+from worker.processes import descendants, kill_group, output_lines, signal_trainer
 from worker.relay import MetricSink, parse_time
-from worker.trainer.spec import describe
 
 log = logging.getLogger(__name__)
 
@@ -366,18 +366,8 @@ class JobRunner:
             log.info("not recording the end of job %s attempt %s: %s", *self.key, err)
 
     def _signal_group(self, signum: int) -> None:
-        """`signum` to the trainer's process group. In the sandbox a stop request spares
-        bwrap, the group's leader: bwrap dies of SIGTERM and takes the trainer with it before
-        it could checkpoint. (Only bwrap alive: the trainer has not started; it goes too.)"""
-        if self.process is None:
-            return
-        if self.sandboxed and signum != signal.SIGKILL:
-            inside = [p.pid for p in live_members(pgid=self.process.pid) if p.pid != self.process.pid]
-            if inside:
-                for pid in inside:
-                    signal_process(pid, signum)
-                return
-        signal_group(self.process.pid, signum)
+        if self.process is not None:
+            signal_trainer(self.process.pid, signum, self.sandboxed)
 
     def _kill_group(self) -> None:
         """SIGKILL whatever is left of the trainer's process group and wait until it is gone."""

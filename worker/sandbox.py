@@ -4,7 +4,8 @@ A trainer runs a user's code, so with bubblewrap (`bwrap`, Debian's `bubblewrap`
 in namespaces of its own that show only what the job needs:
 
 - read-only: the system (`/usr`, `/etc`, ...), the Python installation the worker runs on
-  (its prefixes and its import path), towerq's `worker` package,
+  (its prefixes and its import path), towerq's `worker` package and the job-spec contract
+  (`towerq.contract`),
   `TOWERQ_MODELS_PATH`, the job's own code bundle, and `TOWERQ_DATA_DIR` with every user's
   uploads (`users/`) hidden but the dataset folders the job asked for. Nothing that holds
   towerq's own state is ever bound whole (the folder `towerq up` ran in, with its `var/`):
@@ -107,20 +108,22 @@ def python_paths(repo_root: Path, protected: Iterable[Path] = ()) -> list[Path]:
     """What the trainer's Python needs: its installation (the prefixes) and the folders on
     this process's import path (site-packages, `.pth` additions). Left out: the folder the
     worker was started in (`python -m` puts it first on the path: a lab's folder with its
-    `var/`), a source checkout but for its `worker` package and `.venv`, and any path that
+    `var/`), a source checkout but for its `worker` and `towerq` packages (the trainer and
+    the job-spec contract) and `.venv`, and any path that
     holds one of `protected` (towerq's state: its database, artifacts, code bundles)."""
     checkout = (repo_root / "pyproject.toml").is_file()
     prefixes = [Path(p).resolve() for p in dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix)) if p]
     started_in = {Path.cwd().resolve(), Path(sys.path[0] or ".").resolve()} if sys.path else {Path.cwd().resolve()}
     guarded = [path.resolve() for path in protected]
-    candidates = [repo_root / "worker"] if checkout else []
+    shown = [repo_root / "worker", repo_root / "towerq"]  # the trainer, and the contract it reads
+    candidates = list(shown) if checkout else []
     candidates += prefixes + [Path(entry).resolve() for entry in sys.path if entry]
     found: list[Path] = []
     for path in candidates:
         in_prefix = any(path == prefix or prefix in path.parents for prefix in prefixes)
         if path in started_in and not in_prefix:
             continue
-        if checkout and repo_root in [path, *path.parents] and path != repo_root / "worker" and not in_prefix:
+        if checkout and repo_root in [path, *path.parents] and path not in shown and not in_prefix:
             continue  # another folder of the checkout: not needed, maybe not safe
         if any(path == held or path in held.parents for held in guarded):
             log.warning("not shown to trainers: %s holds towerq's own files", path)

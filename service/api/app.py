@@ -35,13 +35,14 @@ from service.api.routes import (
     users,
     workers,
 )
-from service.auth import TokenChecker
-from service.context import Context
-from service.exceptions import AuthError
-from service.hosts import HostInventory
-from service.intake import SubmissionWriter
-from service.lifetime import die_with_parent
-from service.settings import Settings
+from service.core.context import Context
+from service.core.exceptions import AuthError
+from service.core.lifetime import die_with_parent
+from service.core.settings import Settings
+from service.executors import executor_for
+from service.jobs.intake import SubmissionWriter
+from service.lab.auth import TokenChecker
+from service.lab.hosts import HostInventory
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.hub = StreamHub(app.state.aioredis)
         app.state.stream_slots = StreamSlots(app.state.aioredis, settings.max_streams_per_token)
         app.state.tokens = TokenChecker()
-        app.state.inventory = HostInventory(app.state.context.db)
+        app.state.executor = executor_for(settings, app.state.context.redis)
+        app.state.inventory = HostInventory(app.state.context.db, app.state.executor)
         app.state.writer = SubmissionWriter(app.state.context.db)
         recorder = asyncio.create_task(record_token_use(app.state.tokens, app.state.context))
         # Everything loaded so far lives as long as the process: keep it out of the garbage

@@ -10,13 +10,14 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import Caller, TokenChecker
-from service.context import Context
-from service.db import Database
-from service.exceptions import ForbiddenError
-from service.hosts import HostInventory
-from service.intake import SubmissionWriter
-from service.settings import Settings
+from service.core.context import Context
+from service.core.db import Database
+from service.core.exceptions import ForbiddenError
+from service.core.settings import Settings
+from service.executors import Executor
+from service.jobs.intake import SubmissionWriter
+from service.lab.auth import Caller, TokenChecker
+from service.lab.hosts import HostInventory
 
 SESSION_COOKIE = "towerq_token"
 
@@ -52,6 +53,14 @@ async def get_inventory(request: Request) -> HostInventory:
 
 
 InventoryDep = Annotated[HostInventory, Depends(get_inventory)]
+
+
+async def get_executor(request: Request) -> Executor:
+    executor: Executor = request.app.state.executor
+    return executor
+
+
+ExecutorDep = Annotated[Executor, Depends(get_executor)]
 
 
 async def get_writer(request: Request) -> SubmissionWriter:

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.exceptions import (
+from service.core.exceptions import (
     AuthError,
     ForbiddenError,
     NotFoundError,

@@ -22,8 +22,12 @@ from contextlib import asynccontextmanager
 import anyio
 import redis.asyncio as aioredis
 
-from service import keys
-from service.exceptions import TooManyError
+from service.core import keys
+from service.core.exceptions import TooManyError
+from towerq.contract.messages import kind_of
+
+Event = tuple[str, str]
+"""A message's kind (`towerq.contract.messages.kind_of`) and its JSON, as streams forward it."""
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +45,14 @@ class StreamHub:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self.queues: dict[str, set[asyncio.Queue[str]]] = {}
+        self.queues: dict[str, set[asyncio.Queue[Event]]] = {}
         self.lock = asyncio.Lock()
         self.reader: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[str]]:
+    async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
         """A queue that receives every message published on `channel` while held."""
-        queue: asyncio.Queue[str] = asyncio.Queue(STREAM_QUEUE)
+        queue: asyncio.Queue[Event] = asyncio.Queue(STREAM_QUEUE)
         async with self.lock:
             listeners = self.queues.setdefault(channel, set())
             if not listeners:
@@ -88,9 +92,10 @@ class StreamHub:
                 continue
             channel = _text(message["channel"])
             data = _text(message["data"])
+            event = (kind_of(data), data)  # read once here, not by each of the channel's streams
             for queue in list(self.queues.get(channel, ())):
                 with contextlib.suppress(asyncio.QueueFull):  # a slow reader misses it (STREAM_QUEUE)
-                    queue.put_nowait(data)
+                    queue.put_nowait(event)
 
 
 def _text(value: bytes | str) -> str:

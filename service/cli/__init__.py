@@ -11,10 +11,10 @@ import sys
 import redis
 from sqlalchemy.exc import OperationalError
 
-from service.cli import admin, client, server
-from service.db import SchemaError
-from service.redis_server import RedisUnavailableError
-from service.settings import Settings, redacted
+from service.cli import admin, client, server, session
+from service.cli.redis_server import RedisUnavailableError
+from service.core.db import SchemaError
+from service.core.settings import Settings, redacted
 from towerq import AuthError, TowerqError, UnreachableError
 
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except client.UsageError as err:
+    except session.UsageError as err:
         print(f"towerq: {err}", file=sys.stderr)
         return EXIT_USAGE
     except (UnreachableError, AuthError) as err:  # no API, or it does not accept the token
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except TowerqError as err:  # the API refused: the message names the field or the cause
         print(f"towerq: {err}", file=sys.stderr)
         return 1
-    except (client.ClientError, RedisUnavailableError, SchemaError) as err:
+    except (session.ClientError, RedisUnavailableError, SchemaError) as err:
         print(f"towerq: {err}", file=sys.stderr)
         return 1
     except OperationalError as err:  # the database refused the credentials or did not answer

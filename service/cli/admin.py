@@ -8,12 +8,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.auth import USER_NAME_PATTERN, bootstrap_admin, create_token, revoke_token
-from service.db import Database, require_schema
-from service.models import ApiToken, User
-from service.settings import Settings
-from service.tokenfile import write_secret
-from worker.trainer.spec import Priority
+from service.core.db import Database, require_schema
+from service.core.models import ApiToken, User
+from service.core.settings import Settings
+from service.core.tokenfile import write_secret
+from service.lab.auth import USER_NAME_PATTERN, bootstrap_admin, create_token, revoke_token
+from towerq.contract.spec import Priority
 
 
 def add_commands(commands: Any) -> None:

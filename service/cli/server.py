@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from service.db import require_schema, upgrade_database
-from service.settings import Settings, redacted
+from service.core.db import require_schema, upgrade_database
+from service.core.settings import Settings, redacted
 
 
 def add_commands(commands: Any) -> None:
@@ -94,7 +94,7 @@ def run_api(args: argparse.Namespace) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from service.context import Context
+    from service.core.context import Context
     from worker.agent import HostAgent, NoGpusError, SandboxError
 
     settings = Settings()
@@ -111,8 +111,8 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_scheduler(args: argparse.Namespace) -> int:
-    from service.context import Context
-    from service.scheduler.service import serve
+    from service.cli.scheduling import serve
+    from service.core.context import Context
 
     settings = Settings()
     require_schema(settings.database_url)
@@ -143,8 +143,8 @@ def run_health_api(args: argparse.Namespace) -> int:
 def run_health_worker(args: argparse.Namespace) -> int:
     from sqlalchemy import select
 
-    from service.db import Database
-    from service.models import Host, utcnow
+    from service.core.db import Database
+    from service.core.models import Host, utcnow
 
     settings = Settings()
     name = args.name or settings.host_name
@@ -212,7 +212,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from service.scheduler.simulate import TraceError, read_trace, simulate
+    from service.scheduler.simulate import simulate
+    from service.scheduler.trace import TraceError, read_trace
     from service.scheduler.types import Policy, PolicyConfig
 
     if args.hosts < 1 or args.gpus_per_host < 1:

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 import httpx
 from sqlalchemy import select
 
-from service.auth import bootstrap_admin
-from service.db import Database, upgrade_database
-from service.lifetime import dies_with_this_process
-from service.models import Host
-from service.redis_server import EmbeddedRedis, answers, embedded_url
-from service.settings import Settings, redacted
-from service.tokenfile import write_secret
+from service.cli.redis_server import EmbeddedRedis, answers, embedded_url
+from service.core.db import Database, upgrade_database
+from service.core.lifetime import dies_with_this_process
+from service.core.models import Host
+from service.core.settings import Settings, redacted
+from service.core.tokenfile import write_secret
+from service.lab.auth import bootstrap_admin
 
 log = logging.getLogger("towerq.up")
 

@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
+from service.core.settings import Settings
 from service.scheduler.explain import describe
 from service.scheduler.forecast import forecast
 from service.scheduler.policy import schedule
 from service.scheduler.snapshot import live_inputs
 from service.scheduler.types import PRIORITY_RANK, PolicyConfig, QueuedJob
-from service.settings import Settings
-from worker.trainer.spec import JobSpec
+from towerq.contract.spec import JobSpec
 
 CANDIDATE = -1
 """The id the job under question carries in the replay (stored jobs' ids are positive)."""

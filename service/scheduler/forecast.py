@@ -27,7 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from service.scheduler.capacity import likely_end
-from service.scheduler.policy import CHECKPOINT_S, DEFAULT_RUN_S, schedule, sliceable_from
+from service.scheduler.policy import CHECKPOINT_S, schedule, sliceable_from
+from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.types import Cluster, FairShare, HostCapacity, PolicyConfig, QueuedJob, RunningJob
 
 FORECAST_JOBS = 100

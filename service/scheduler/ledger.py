@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Allocation, Job, JobState, User
+from service.core.models import Allocation, Job, JobState, User
 from service.scheduler.history import RunTimes
 from service.scheduler.usage import decayed, interval_usage
 

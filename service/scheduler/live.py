@@ -21,19 +21,20 @@ import redis
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from service import defaults, keys, launches
-from service.context import Context
-from service.lifecycle import dispatch, request_preemption
-from service.models import Job, JobState, utcnow
+from service.core import defaults, keys
+from service.core.context import Context
+from service.core.lifecycle import dispatch, request_preemption
+from service.core.models import Job, JobState, utcnow
+from service.executors import Attempt, executor_for
 from service.scheduler.dryrun import policy_config
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.forecast import Forecast, forecast
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
-from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
+from service.scheduler.snapshot import Stored, free_room, held_by_sweeps, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
-from service.sweeps import held_by_sweeps
+from towerq.contract.messages import PreemptMessage
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class LiveScheduler:
         self.pending_written_at = -math.inf
         self.forecast_at = -math.inf
         self.forecast_cost = 0.0
+        self.executor = executor_for(ctx.settings, ctx.redis)
         self.expected: dict[int, Forecast] = {}
         """The last replay's expected starts (see `defaults.FORECAST_COST_RATIO`)."""
 
@@ -93,18 +95,21 @@ class LiveScheduler:
             fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
         self.ledger.history.annotate(queued, cluster.running)
         decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
+        stopping: list[PreemptMessage] = []
         if decision.placements or decision.preempt:
             with self.ctx.db.write() as session:
                 self._serialize(session)
                 stops = stop_reasons(decision, cluster, now.timestamp())
-                self._commit(session, decision, {q.id: q for q in queued}, stops, report)
+                stopping = self._commit(session, decision, {q.id: q for q in queued}, stops, report)
         for job_id, attempt, host in report.repairs.resend:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
             )
             self.send_launch(job_id, attempt, host)
-        for job_id, attempt, host, _ in report.placed:  # first: what follows must not delay a start
-            self.send_launch(job_id, attempt, host)
+        for job_id, attempt, host, indices in report.placed:  # first: what follows must not delay a start
+            self.send_launch(job_id, attempt, host, indices)
+        for message in stopping:
+            self.executor.stop(message)
         started_ids = {job_id for job_id, *_ in report.placed}
         self._write_pending(decision, stored, now.timestamp(), started_ids, (queued, cluster, fair_share))
         self._write_held(held, stored)
@@ -119,7 +124,7 @@ class LiveScheduler:
         if needed:
             with self.ctx.db.write() as session:
                 mark_dead_hosts(session, self.ctx.settings, now, report.repairs)
-                resend_lost_launches(session, self.ctx.settings, self.ctx.redis, now, report.repairs)
+                resend_lost_launches(session, self.ctx.settings, self.executor, now, report.repairs)
 
     def _serialize(self, session: Session) -> None:
         if session.get_bind().dialect.name == "postgresql":
@@ -132,7 +137,7 @@ class LiveScheduler:
         queued: dict[int, QueuedJob],
         stops: dict[int, str],
         report: PassReport,
-    ) -> None:
+    ) -> list[PreemptMessage]:
         """Write the decision, re-checking in this transaction what the snapshot (read
         outside it) said: each job still queued, each GPU still up, undrained and with
         room. A placement that no longer holds is left to the next pass, so whatever
@@ -152,11 +157,14 @@ class LiveScheduler:
             for gpu in wanted:
                 room[gpu] = (room[gpu][0], room[gpu][1] - fraction)
             report.placed.append((job.id, job.attempts, placement.host, placement.indices))
+        stopping = []
         for victim, reason in stops.items():
             job = session.get(Job, victim)
             if job is not None:
-                request_preemption(session, job, reason)
+                if message := request_preemption(session, job, reason):
+                    stopping.append(message)
                 report.preempted.append(victim)
+        return stopping  # told to the executor once this commits
 
     def _write_pending(
         self,
@@ -245,8 +253,8 @@ class LiveScheduler:
                 statement = update(Job).where(Job.state == JobState.QUEUED)
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
 
-    def send_launch(self, job_id: int, attempt: int, host: str) -> None:
-        launches.send(self.ctx.redis, host, job_id, attempt)
+    def send_launch(self, job_id: int, attempt: int, host: str, gpus: tuple[int, ...] = ()) -> None:
+        self.executor.submit(Attempt(job_id, attempt, host, gpus))
 
 
 def stop_reasons(decision: Decision, cluster: Cluster, now: float) -> dict[int, str]:

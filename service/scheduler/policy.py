@@ -50,12 +50,11 @@ Policies:
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
-from service.scheduler.capacity import FreeGpus, Slots, expected_end
+from service.scheduler.capacity import FreeGpus, Slots
+from service.scheduler.ranking import FairShareTerms, base_rank, rank_order
 from service.scheduler.types import (
     EPSILON,
     INFINITY,
@@ -73,12 +72,6 @@ from service.scheduler.types import (
     Wait,
 )
 
-DEFAULT_RUN_S = 3600.0
-"""Expected run time of a job whose owner has no history yet (for fair share only)."""
-DEMOTED_CLASS = 1.0
-"""Time slicing: rank a job loses once it has had its first `demote_after_gpu_s` (a whole
-class: fresh work of its priority goes first, as in a two-level least-attained-service
-queue; aging still lifts it)."""
 HIGH = PRIORITY_RANK["high"]
 LOW = PRIORITY_RANK["low"]
 
@@ -138,7 +131,7 @@ class _Pass:
                 seen.add(starving[0].id)
                 if self._consider(starving[0]):
                     terms.started(starving[0])
-            for job in _rank_order(self.queued, terms, self.now, self.config):
+            for job in rank_order(self.queued, terms, self.now, self.config):
                 if job.id in seen:
                     continue
                 seen.add(job.id)
@@ -248,7 +241,7 @@ class _Pass:
         return known
 
     def _rank_key(self, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
-        return (_base_rank(job, self.now, self.config) + terms.term(job.user), job.submitted, job.id)
+        return (base_rank(job, self.now, self.config) + terms.term(job.user), job.submitted, job.id)
 
     def _reserve_for_rest(self, rest: list[QueuedJob], terms: FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
@@ -375,32 +368,6 @@ class _Pass:
         return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
 
 
-SIZE_CLASS = 0.3
-"""Rank a fresh job loses per doubling of its GPU count (fading to 0 over `reserve_after_s`)."""
-
-
-LENGTH_CLASS = 0.05
-"""Rank a job loses per doubling of its owner's median run time past an hour, and gains per
-halving below it (at most 3 either way): shortest expected job first lowers the mean
-completion time, and the owner's recent run times are the only length the scheduler
-knows. It does not fade, so among a user's jobs the older always goes first, and it is
-small beside aging: the most it costs (0.15 of a class) is 0.6 day of waiting at the
-default `aging_s`. (Chosen on the Philly file and its bootstraps 1-10, where 0.1 and a
-fading variant met the bars on fewer. On bootstraps 1-30, before the simulator refreshed
-queued jobs' medians, 0.05 met both bars on 15, 0.1 and 0.2 on 14, and 0 on 11.)"""
-LIMIT_CLASS = 0.3
-"""Rank a job loses per doubling of its own time limit past an hour, and gains per halving
-below it (at most 3 either way); a job without a limit ranks as one with the longest.
-A limit is a promise (the job is stopped there), so it ranks a job as firmly as its size
-does: a doubling of either doubles the GPU-time the job may take, hence SIZE_CLASS's 0.3.
-No limit ranks like the longest, so giving one never costs a job rank, and a tight one
-gains it (as Slurm's backfill rewards accurate limits). It does not fade: aging alone
-lifts long jobs. (The owner's median, a weak guess, did worse with weights this large;
-a limit is what a user knows of the job itself. On bootstraps 1-40 with limits of run
-time × U(1, 4), mean avg JCT / fit-first and both bars met: 0.05: 0.661, 24; 0.15: 0.634,
-26; 0.3: 0.629, 25; 0.5: 0.628, 28. The gain levels off by 0.3, and counts move by ±2 from
-one change to the next, so 0.3 stands on its reason above, not on these. A fading
-variant, like the size term's, met both on 23.)"""
 MAX_SLICES_PER_PASS = 32
 """Time slicing stops at most this many jobs in one pass (a gang may take it a little
 over); fresh work that needs more stops them in the next passes, seconds later, while the
@@ -415,8 +382,6 @@ RESTART_S = 60.0
 MIN_RUN_S = 600.0
 """Time slicing stops no attempt younger than this: starting a job again costs about a
 minute (`RESTART_S`), so each slice pays for it at least ten times over."""
-LENGTH_REFERENCE_S = 3600.0
-MAX_DOUBLINGS = 3.0
 
 
 def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
@@ -427,87 +392,3 @@ def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
         return INFINITY
     to_serve = (slice_gpu_s - running.served_gpu_s) / load
     return running.started + max(to_serve, MIN_RUN_S, running.served_gpu_s / load)
-
-
-def _length_doublings(seconds: float | None) -> float:
-    """-3 (8 minutes or less) to 3 (8 hours or more); 0 (an hour) when unknown."""
-    if seconds is None:
-        return 0.0
-    return max(-MAX_DOUBLINGS, min(MAX_DOUBLINGS, math.log2(max(seconds, 1.0) / LENGTH_REFERENCE_S)))
-
-
-def _length_rank(job: QueuedJob) -> float:
-    """The length term: the job's time limit (none: the longest) and its owner's median
-    run time, never taken above the limit."""
-    limit = MAX_DOUBLINGS if job.limit_s is None else _length_doublings(job.limit_s)
-    return LIMIT_CLASS * limit + LENGTH_CLASS * _length_doublings(job.likely_run_s)
-
-
-def _base_rank(job: QueuedJob, now: float, config: PolicyConfig) -> float:
-    waited = max(0.0, now - job.submitted)  # a submit clock ahead of the scheduler's counts as no wait
-    rank = job.priority - waited / config.aging_s
-    fresh = max(0.0, 1.0 - waited / config.reserve_after_s) if config.reserve_after_s > 0 else 0.0
-    if job.gpus > 1:
-        rank += SIZE_CLASS * math.log2(job.gpus) * fresh
-    if 0 < config.demote_after_gpu_s <= job.served_gpu_s:
-        rank += DEMOTED_CLASS
-    return rank + _length_rank(job)
-
-
-def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, float, int]:
-    return entry[0], entry[1], entry[2]
-
-
-def _rank_order(jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig) -> Iterator[QueuedJob]:
-    """Jobs by rank. Within a user the order never changes (waiting lifts all alike), so
-    each user's jobs are sorted once and merged by a heap keyed on the user's current term,
-    which `terms.started` raises as the pass starts their jobs."""
-    per_user: dict[str, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
-    for job in jobs:
-        per_user[job.user].append((_base_rank(job, now, config), job.submitted, job.id, job))
-    heap = []
-    for user, user_jobs in per_user.items():
-        user_jobs.sort(key=_first_three)
-        base, submitted, job_id, _ = user_jobs[0]
-        heap.append((base + terms.term(user), submitted, job_id, user, 0))
-    heapq.heapify(heap)
-    while heap:
-        _, _, _, user, k = heapq.heappop(heap)
-        user_jobs = per_user[user]
-        yield user_jobs[k][3]
-        if k + 1 < len(user_jobs):
-            base, submitted, job_id, _ = user_jobs[k + 1]
-            heapq.heappush(heap, (base + terms.term(user), submitted, job_id, user, k + 1))
-
-
-class FairShareTerms:
-    """Each user's fair-share term (see the module docstring)."""
-
-    def __init__(self, fair_share: FairShare, running: list[RunningJob], queued_users: set[str], now: float) -> None:
-        self.fair_share = fair_share
-        self.used: dict[str, float] = defaultdict(float)
-        for job in running:
-            self.used[job.user] += job.gpu_load * (expected_end(job, now) - now)
-        users = queued_users | set(self.used)
-        for user in users:
-            self.used[user] += fair_share.usage.get(user, 0.0)
-        self.total_share = sum(fair_share.share(u) for u in users) or 1.0
-        # Fixed for the pass, so every user's term stays comparable as jobs start; never
-        # below one typical job's use, so the first job started counts when nobody has
-        # used anything yet.
-        self.total_used = max(sum(self.used[u] for u in users), DEFAULT_RUN_S)
-
-    def started(self, job: QueuedJob) -> None:
-        run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
-        self.used[job.user] += job.gpus * job.fraction * run_s
-
-    def owed(self, user: str) -> float:
-        """The user's share among the users present."""
-        return self.fair_share.share(user) / self.total_share
-
-    def used_part(self, user: str) -> float:
-        """The user's part of the present users' use (decayed, plus their running jobs' likely rest)."""
-        return self.used[user] / self.total_used
-
-    def term(self, user: str) -> float:
-        return 1.0 - 2.0 ** (-self.used_part(user) / self.owed(user))

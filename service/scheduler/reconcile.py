@@ -12,14 +12,13 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import launches
-from service.lifecycle import requeue
-from service.models import Allocation, Host, HostState, Job, JobState
-from service.settings import Settings
+from service.core.lifecycle import requeue
+from service.core.models import Allocation, Host, HostState, Job, JobState
+from service.core.settings import Settings
+from service.executors import Attempt, Executor
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs
 
 
 def resend_lost_launches(
-    session: Session, settings: Settings, connection: redis.Redis, now: datetime, repairs: Repairs
+    session: Session, settings: Settings, executor: Executor, now: datetime, repairs: Repairs
 ) -> None:
     timeout = timedelta(seconds=settings.dispatch_timeout_s)
     rows = session.execute(
@@ -86,5 +85,5 @@ def resend_lost_launches(
                 session, job, f"no worker on {job.host_name} started it within {3 * timeout.seconds}s", crashed=True
             )
             repairs.requeued.append(job.id)
-        elif not launches.pending(connection, job.id, job.attempts):
+        elif not executor.observe(Attempt(job.id, job.attempts, job.host_name or "")).held:
             repairs.resend.append((job.id, job.attempts, job.host_name or ""))

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User
+from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState, Sweep, User
 from service.scheduler.history import RunTimes
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.types import (
@@ -19,7 +19,6 @@ from service.scheduler.types import (
     QueuedJob,
     RunningJob,
 )
-from service.sweeps import held_by_sweeps
 
 Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | None]
 """What a queued job shows now: (queue_position, pending_reason, reserved_start_at,
@@ -197,3 +196,36 @@ def live_inputs(
     cluster, _ = read_cluster(session)
     ledger.history.annotate(queued, cluster.running)
     return queued, cluster, read_fair_share(session, usage, default_limit), ledger.history
+
+
+def held_by_sweeps(session: Session, queued_ids: list[int]) -> dict[int, str]:
+    """Queued jobs that must wait because their sweep has `max_parallel` jobs on GPUs
+    already: job id -> the reason."""
+    rows = session.execute(
+        select(Job.id, Job.sweep_id).where(Job.id.in_(queued_ids), Job.sweep_id.is_not(None)).order_by(Job.id)
+    ).all()
+    if not rows:
+        return {}
+    sweep_ids = {sweep_id for _, sweep_id in rows}
+    limits = {
+        sweep.id: sweep.spec.get("max_parallel")
+        for sweep in session.scalars(select(Sweep).where(Sweep.id.in_(sweep_ids)))
+    }
+    active = dict(
+        session.execute(
+            select(Job.sweep_id, func.count(Job.id))
+            .where(Job.sweep_id.in_(sweep_ids), Job.state.in_((JobState.DISPATCHED.value, JobState.RUNNING.value)))
+            .group_by(Job.sweep_id)
+        ).all()
+    )
+    held: dict[int, str] = {}
+    admitted: dict[int, int] = {}
+    for job_id, sweep_id in rows:
+        limit = limits.get(sweep_id) if sweep_id is not None else None
+        if limit is None or sweep_id is None:
+            continue
+        if active.get(sweep_id, 0) + admitted.get(sweep_id, 0) >= limit:
+            held[job_id] = f"sweep {sweep_id} runs at most {limit} of its jobs at once"
+        else:
+            admitted[sweep_id] = admitted.get(sweep_id, 0) + 1
+    return held

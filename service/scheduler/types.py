@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.defaults import DEFAULT_AGING_S, DEFAULT_MAX_RESERVATIONS, DEFAULT_RESERVE_AFTER_S
+from service.core.defaults import DEFAULT_AGING_S, DEFAULT_MAX_RESERVATIONS, DEFAULT_RESERVE_AFTER_S
 
 INFINITY = math.inf
 EPSILON = 1e-9

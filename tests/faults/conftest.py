@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.redis_server import EmbeddedRedis
-from service.settings import Settings
+from service.cli.redis_server import EmbeddedRedis
+from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.faults.helpers import FINAL, job_of, wait_state, wait_step
 from tests.stack import Stack, wait_for

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from service.db import Database
-from service.models import Allocation, utcnow
+from service.core.db import Database
+from service.core.models import Allocation, utcnow
 from tests.faults.helpers import (
     FINAL,
     assert_metrics_continuous,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.faults.helpers import FINAL, wait_state, wait_step
 from tests.stack import Stack, wait_for
 from tests.worker.trainer.test_process import HUGE_MODEL

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import select
 
-from service.db import Database
-from service.models import Allocation
+from service.core.db import Database
+from service.core.models import Allocation
 from tests.faults.helpers import job_of, pid_alive, wait_state, wait_step
 from tests.stack import Stack, wait_for
 

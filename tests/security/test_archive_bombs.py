@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from service.unpack import HEADER_BYTES
+from service.uploads.unpack import HEADER_BYTES
 from tests.service.api.conftest import Api
 
 pytestmark = pytest.mark.usefixtures("settings")

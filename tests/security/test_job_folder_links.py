@@ -2,7 +2,7 @@
 towerq's own files (the admin token, the database), a FIFO or a hard link. What towerq
 itself reads or writes there must never reach past the folder, also when the name is
 swapped between a check and the open. Each case failed before the job folder was opened
-link by link (worker/trainer/paths.py)."""
+link by link (towerq/contract/paths.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from service.context import Context
-from service.settings import Settings
+from service.core.context import Context
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
+from towerq.contract.paths import JOB_LOG_FILE, UnsafeFileError, job_folder, read_beneath
 from worker.launch import Launch, write_trainer_spec
 from worker.relay import MetricSink
-from worker.trainer.paths import JOB_LOG_FILE, UnsafeFileError, job_folder, read_beneath
 
 SECRET = "tq_admin_secret_never_served"
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}

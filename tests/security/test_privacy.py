@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.db import Database
-from service.models import LogLine
-from service.settings import Settings
+from service.core.db import Database
+from service.core.models import LogLine
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
 from tests.stack import Stack
-from worker.trainer.paths import job_folder, job_log
+from towerq.contract.paths import job_folder, job_log
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
 NET = b"import keras\n\ndef build(params):\n    return keras.Sequential([keras.layers.Dense(3)])\n"

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service import code, datasets
-from service.exceptions import TooLargeError
-from service.settings import Settings
-from service.unpack import Limits
+from service.core.exceptions import TooLargeError
+from service.core.settings import Settings
+from service.uploads import code, datasets
+from service.uploads.unpack import Limits
 from tests.service.api.conftest import Api
 
 
@@ -127,7 +127,7 @@ def test_the_usage_page_numbers_say_what_each_member_stores(
 ) -> None:
     from sqlalchemy import update
 
-    from service.models import Job
+    from service.core.models import Job
 
     add_host("lab-a", 2)
     alice = as_user("alice")

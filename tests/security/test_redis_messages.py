@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from service import keys
-from service.redis_server import EmbeddedRedis, embedded_url
-from service.settings import Settings
+from service.cli.redis_server import EmbeddedRedis, embedded_url
+from service.core import keys
+from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import Stack, wait_for
 

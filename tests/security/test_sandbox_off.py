@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import REPO, Stack, settings_env, wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import Stack, wait_for
 from worker.cgroups import hierarchies
 from worker.processes import all_processes

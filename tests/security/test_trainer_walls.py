@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 from sqlalchemy.engine import make_url
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import Stack, wait_for
 from worker import sandbox
 from worker.processes import all_processes

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.stack import Stack
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from service.context import Context
-from service.settings import Settings
-from service.webhooks import Deliverer
+from service.core.context import Context
+from service.core.settings import Settings
+from service.notifications.webhooks import Deliverer
 from tests.conftest import free_port
 from tests.service.api.conftest import Api
 

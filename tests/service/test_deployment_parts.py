@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from service.auth import bootstrap_admin, create_token
-from service.db import Database, SchemaError, require_schema
-from service.models import ApiToken
-from service.redis_server import EmbeddedRedis, RedisUnavailableError, answers
-from service.settings import Settings, redacted
+from service.cli.redis_server import EmbeddedRedis, RedisUnavailableError, answers
+from service.core.db import Database, SchemaError, require_schema
+from service.core.models import ApiToken
+from service.core.settings import Settings, redacted
+from service.lab.auth import bootstrap_admin, create_token
 from tests.conftest import free_port
 from worker.inventory import NoGpusError, detect, open_nvml
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.tokenfile import write_secret
+from service.core.tokenfile import write_secret
 
 
 def test_a_token_file_is_0600_before_the_secret_is_written_even_with_an_open_umask(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from service.db import Database
-from service.models import Job, Metric
+from service.core.db import Database
+from service.core.models import Job, Metric
 from tests.stack import Stack, wait_for
 from tests.web.conftest import shot
 

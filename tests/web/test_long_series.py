@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import insert
 
-from service.db import Database
-from service.models import Metric
-from service.settings import Settings
+from service.core.db import Database
+from service.core.models import Metric
+from service.core.settings import Settings
 from tests.stack import Stack
 from tests.web.conftest import shot
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.db import Database
-from service.settings import Settings
+from service.core.db import Database
+from service.core.settings import Settings
 from tests.service.api.test_usage import add_run, lab_user_queued
 from tests.stack import Stack
 from tests.web.conftest import shot

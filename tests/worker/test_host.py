@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
-from service.db import Database
-from service.models import Host, HostState, Job, User
+from service.core.db import Database
+from service.core.models import Host, HostState, Job, User
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.models import JobState
-from service.settings import Settings
+from service.core.models import JobState
+from service.core.settings import Settings
+from towerq.contract.runtime import TrainerInput
+from towerq.contract.spec import JobSpec, describe
 from worker.launch import Launch, write_trainer_spec
 from worker.outcome import Outcome, Stop
-from worker.trainer.spec import JobSpec, TrainerInput, describe
 
 
 def launch_of(stored: dict[str, object], fraction: float = 1.0) -> Launch:

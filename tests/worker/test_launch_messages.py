@@ -10,7 +10,7 @@ from pathlib import Path
 import redis
 from rq import Queue
 
-from service import keys, launches
+from service.core import keys, launches
 from worker.agent import LaunchWorker
 
 

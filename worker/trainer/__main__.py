@@ -20,9 +20,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from towerq.contract.runtime import TrainerInput
+from towerq.contract.spec import describe
 from worker.trainer.errors import SpecFileError, TrainerError
 from worker.trainer.protocol import EXIT_ERROR, EXIT_OK, Reporter
-from worker.trainer.spec import TrainerInput, describe
 
 PR_SET_PDEATHSIG = 1
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from worker.trainer.catalog import Task
+from towerq.contract.catalog import Task
+from towerq.contract.paths import PathEscapeError, resolve_inside
+from towerq.contract.spec import DatasetOptions, TrainSpec
 from worker.trainer.errors import DatasetError
-from worker.trainer.paths import PathEscapeError, resolve_inside
-from worker.trainer.spec import DatasetOptions, TrainSpec
 
 FASHION_MNIST_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)
 FASHION_MNIST_FILES = {

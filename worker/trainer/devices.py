@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from towerq.contract.runtime import MIN_MEMORY_LIMIT_MB, RuntimeSpec, memory_limit_mb
 from worker.trainer.errors import DeviceError
-from worker.trainer.spec import MIN_MEMORY_LIMIT_MB, RuntimeSpec, memory_limit_mb
 
 
 @dataclass

@@ -26,13 +26,14 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from towerq.contract.paths import MODEL_FILE
+from towerq.contract.runtime import TrainerInput
+from towerq.contract.spec import Hyperparameters
 from worker.trainer import datasets, devices, feeding
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.lockstep import batch_norm_report
 from worker.trainer.models import ModelError, build_model, user_metrics
-from worker.trainer.paths import MODEL_FILE
 from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED, METRICS_LOG, Reporter
-from worker.trainer.spec import Hyperparameters, TrainerInput
 from worker.trainer.towers import EvalResult, Objective, TowerStep, UserMetricsError, probe_metrics
 
 MAX_STEPS_PER_CALL = 50

@@ -17,9 +17,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from worker.trainer.catalog import MODELS
+from towerq.contract.catalog import MODELS
+from towerq.contract.paths import PathEscapeError, resolve_inside
 from worker.trainer.errors import ModelError
-from worker.trainer.paths import PathEscapeError, resolve_inside
 
 Builder = Callable[[tuple[int, ...], int, dict[str, Any]], keras.Model]
 

@@ -15,13 +15,14 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from starlette.types import Receive, Scope, Send
 
-from service import joblog, privacy
 from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
-from service.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream
-from service.exceptions import NotFoundError
-from service.jobs import get_job
-from service.models import LogLine
-from worker.trainer.paths import job_folder, job_log
+from service.core import joblog
+from service.core.exceptions import NotFoundError
+from service.core.models import LogLine
+from service.jobs import privacy
+from service.jobs.read import get_job
+from service.uploads.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream
+from towerq.contract.paths import job_folder, job_log
 
 
 class HandleResponse(FileResponse):

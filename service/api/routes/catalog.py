@@ -1,7 +1,7 @@
 """What a job may ask for: models, datasets, optimizers, defaults (the submit form reads it).
 
-Everything here is derived from the spec contract (`worker.trainer.catalog` and the
-pydantic models of `worker.trainer.spec`), plus the user models and data files found on
+Everything here is derived from the spec contract (`towerq.contract.catalog` and the
+pydantic models of `towerq.contract.spec`), plus the user models and data files found on
 this host."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service import datasets, defaults
 from service.api.deps import CallerDep, SettingsDep
-from service.settings import Settings
-from worker.trainer.catalog import (
+from service.core import defaults
+from service.core.settings import Settings
+from service.uploads import datasets
+from towerq.contract.catalog import (
     DATASETS,
     FILE_DATASET_KINDS,
     MODELS,
@@ -27,7 +28,7 @@ from worker.trainer.catalog import (
     PRECISION_NOTES,
     VARIABLE_DEVICES,
 )
-from worker.trainer.spec import DatasetOptions, Hyperparameters, Priority
+from towerq.contract.spec import DatasetOptions, Hyperparameters, Priority
 
 router = APIRouter(prefix="/api", tags=["catalog"])
 SCAN_LIMIT_MODELS = 200

@@ -10,13 +10,13 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import code as bundles
-from service import privacy
 from service.api.deps import CallerDep, SessionDep, SettingsDep
-from service.auth import Caller
-from service.exceptions import ForbiddenError
-from service.jobs import get_job
-from service.settings import Settings
+from service.core.exceptions import ForbiddenError
+from service.core.settings import Settings
+from service.jobs import privacy
+from service.jobs.read import get_job
+from service.lab.auth import Caller
+from service.uploads import code as bundles
 
 router = APIRouter(prefix="/api/code", tags=["code"])
 

@@ -10,9 +10,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service import datasets
 from service.api.deps import CallerDep, SettingsDep
 from service.api.routes.catalog import shared_data
+from service.uploads import datasets
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
 

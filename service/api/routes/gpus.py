@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
-from service.hosts import find_gpu, list_gpus
-from service.notify import kick_scheduler
-from service.schemas import GpuOut
+from service.core.publish import kick_scheduler
+from service.core.schemas import GpuOut
+from service.lab.hosts import find_gpu, list_gpus
 
 router = APIRouter(prefix="/api/gpus", tags=["gpus"])
 

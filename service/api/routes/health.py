@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import text
 
 from service.api.deps import CallerDep, ContextDep
-from service.prometheus import TowerqCollector
+from service.notifications.prometheus import TowerqCollector
 
 router = APIRouter(tags=["health"])
 
@@ -33,7 +33,7 @@ def healthz(ctx: ContextDep) -> dict[str, str]:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 def prometheus(ctx: ContextDep, _: CallerDep) -> Response:
-    """Prometheus text (service/prometheus.py): jobs by state and user, queue length, GPUs by
+    """Prometheus text (service/notifications/prometheus.py): jobs by state and user, queue length, GPUs by
     host and state, utilization, queue-wait, submit-to-running and pass-time histograms."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TowerqCollector(ctx.db, ctx.redis))

@@ -10,16 +10,18 @@ from pydantic import BaseModel, Field, TypeAdapter
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from service import defaults, privacy, rollups
-from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.exceptions import ForbiddenError, SpecError, StateConflictError
-from service.jobs import as_seen_by, check_submission, get_job, job_detail, list_jobs, submit
-from service.lifecycle import locked_job, request_cancel
-from service.models import JobState, LogLine, Metric
-from service.notify import kick_scheduler
+from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
+from service.core import defaults, rollups
+from service.core.exceptions import ForbiddenError, SpecError, StateConflictError
+from service.core.lifecycle import locked_job, request_cancel
+from service.core.models import JobState, LogLine, Metric
+from service.core.publish import kick_scheduler
+from service.core.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
+from service.jobs import privacy
+from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
+from service.jobs.submit import check_submission, submit
 from service.scheduler.dryrun import estimate
-from service.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
-from worker.trainer.spec import JobSpec, Priority, Visibility
+from towerq.contract.spec import JobSpec, Priority, Visibility
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -238,12 +240,15 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobDetailOut)
-def cancel(job_id: JobId, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+def cancel(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDep) -> JobDetailOut:
     """Cancel a queued job now, or ask a running one to checkpoint and stop."""
     with db.write() as session:
         job = locked_job(session, job_id)
         if job.user_id != caller.user_id and not caller.is_admin:
             raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may cancel it")
-        request_cancel(session, job, caller.name)
+        stopping = request_cancel(session, job, caller.name)
         session.flush()
-        return job_detail(session, get_job(session, job_id))
+        detail = job_detail(session, get_job(session, job_id))
+    if stopping is not None:
+        executor.stop(stopping)
+    return detail

@@ -11,12 +11,13 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service import keys, privacy
 from service.api.deps import CallerDep, DatabaseDep
 from service.api.hub import StreamHub, StreamSlots
-from service.auth import Caller
-from service.db import Database
-from service.jobs import get_job
+from service.core import keys
+from service.core.db import Database
+from service.jobs import privacy
+from service.jobs.read import get_job
+from service.lab.auth import Caller
 
 router = APIRouter(tags=["stream"])
 
@@ -41,27 +42,17 @@ async def _forward(
             yield ": connected\n\n"
             while not await request.is_disconnected():
                 try:
-                    data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
                 except TimeoutError:
                     await slots.refresh(token_id, slot)
                     yield ": keepalive\n\n"
                     continue
-                kind = _event_type(data)
                 if hide_logs and kind == "log":
                     continue
                 yield f"event: {kind}\ndata: {data}\n\n"
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this; the slot still goes back
             await slots.give_back(token_id, slot)
-
-
-def _event_type(data: str) -> str:
-    # Payloads are JSON objects starting with {"type": "<kind>", ...} (see service.notify).
-    start = data.find('"type": "')
-    if start < 0:
-        return "message"
-    start += len('"type": "')
-    return data[start : data.find('"', start)]
 
 
 @router.get("/api/jobs/{job_id}/stream")

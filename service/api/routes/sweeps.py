@@ -10,14 +10,15 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
-from service import outbound, sweeps
-from service.api.deps import CallerDep, DatabaseDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.exceptions import ForbiddenError, NotFoundError, SpecError
-from service.jobs import check_queue_room, check_submission, submit
-from service.lifecycle import locked_job, request_cancel
-from service.models import Job, Sweep
-from service.notify import kick_scheduler
-from worker.trainer.spec import JobSpec
+from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
+from service.core.exceptions import ForbiddenError, NotFoundError, SpecError
+from service.core.lifecycle import locked_job, request_cancel
+from service.core.models import Job, Sweep
+from service.core.publish import kick_scheduler
+from service.jobs import sweeps
+from service.jobs.submit import check_queue_room, check_submission, submit
+from service.notifications import outbound
+from towerq.contract.spec import JobSpec
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
 SweepId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -152,7 +153,7 @@ def show(sweep_id: SweepId, session: SessionDep, _: CallerDep) -> SweepOut:
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepOut)
-def cancel(sweep_id: SweepId, db: DatabaseDep, caller: CallerDep) -> SweepOut:
+def cancel(sweep_id: SweepId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDep) -> SweepOut:
     """Cancel every unfinished job of the sweep (its owner or an admin)."""
     with db.write() as session:
         sweep = _get(session, sweep_id)
@@ -161,11 +162,15 @@ def cancel(sweep_id: SweepId, db: DatabaseDep, caller: CallerDep) -> SweepOut:
         unfinished = session.scalars(
             select(Job.id).where(Job.sweep_id == sweep_id, Job.state.not_in(sweeps.FINAL)).order_by(Job.id)
         ).all()
+        stopping = []
         for job_id in unfinished:
             job = locked_job(session, job_id)
             if job.state not in sweeps.FINAL and job.cancel_requested_at is None:
-                request_cancel(session, job, caller.name)
+                if message := request_cancel(session, job, caller.name):
+                    stopping.append(message)
         kick_scheduler(session)
+    for message in stopping:
+        executor.stop(message)
     with db.read() as session:
         return describe(session, _get(session, sweep_id))
 

@@ -9,12 +9,12 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from service import code, datasets
-from service.accounting import BY, fair_share_report, timeline, usage_report
 from service.api.deps import CallerDep, SessionDep, SettingsDep
-from service.exceptions import SpecError
-from service.models import Job, User, utcnow
-from service.schemas import FairShareOut, TimelineOut, UsageOut
+from service.core.exceptions import SpecError
+from service.core.models import Job, User, utcnow
+from service.core.schemas import FairShareOut, TimelineOut, UsageOut
+from service.lab.accounting import BY, fair_share_report, timeline, usage_report
+from service.uploads import code, datasets
 
 router = APIRouter(prefix="/api", tags=["usage"])
 DEFAULT_WINDOW = timedelta(days=7)

@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import joinedload, selectinload
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
-from service.auth import USER_NAME_PATTERN, TokenChecker, create_token, revoke_token
-from service.exceptions import ForbiddenError, NotFoundError
-from service.models import ApiToken, User
-from service.schemas import Out
-from worker.trainer.spec import Priority
+from service.core.exceptions import ForbiddenError, NotFoundError
+from service.core.models import ApiToken, User
+from service.core.schemas import Out
+from service.lab.auth import USER_NAME_PATTERN, TokenChecker, create_token, revoke_token
+from towerq.contract.spec import Priority
 
 router = APIRouter(prefix="/api", tags=["users"])
 

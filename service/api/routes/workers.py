@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import CallerDep, SessionDep
-from service.hosts import list_workers
-from service.schemas import WorkerOut
+from service.core.schemas import WorkerOut
+from service.lab.hosts import list_workers
 
 router = APIRouter(prefix="/api/workers", tags=["workers"])
 

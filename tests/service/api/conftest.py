@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.settings import Settings
+from service.core.settings import Settings
 
 
 class Api:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
-from worker.trainer.paths import JOB_LOG_FILE, job_folder, job_log
+from towerq.contract.paths import JOB_LOG_FILE, job_folder, job_log
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from service.db import Database
-from service.models import ApiToken
-from service.settings import Settings
+from service.core.db import Database
+from service.core.models import ApiToken
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
 
 NET = b"import keras\n\ndef build(params):\n    return keras.Sequential([keras.layers.Dense(params['num_classes'])])\n"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
 
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import update
 
-from service.db import Database
-from service.models import Job
+from service.core.db import Database
+from service.core.models import Job
 from service.scheduler.policy import CHECKPOINT_S
 from tests.service.api.conftest import Api
 from tests.service.api.test_usage import add_run

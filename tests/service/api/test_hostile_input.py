@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
 from tests.stack import Stack
 

@@ -10,13 +10,13 @@ import pytest
 from sqlalchemy import func, select
 
 from service.api.routes import catalog as catalog_route
-from service.db import Database
-from service.models import Job, JobEvent
-from service.settings import Settings
+from service.core.db import Database
+from service.core.models import Job, JobEvent
+from service.core.settings import Settings
 from tests.service.api.conftest import Api
+from towerq.contract.catalog import BUILTIN_DATASETS, DATASETS, MODELS
 from worker.host import register
 from worker.inventory import GpuState, SimulatedInventory
-from worker.trainer.catalog import BUILTIN_DATASETS, DATASETS, MODELS
 
 SPEC = {"model": "lenet5", "dataset": "digits", "gpus": [0, 1], "hyperparameters": {"steps": 300, "batch_size": 32}}
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, insert, select
 
-from service import rollups
-from service.db import Database
-from service.models import Metric, MetricRollup
+from service.core import rollups
+from service.core.db import Database
+from service.core.models import Metric, MetricRollup
 from tests.service.api.conftest import Api
 
 STEPS = 20_000

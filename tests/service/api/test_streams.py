@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from service.db import Database
-from service.models import Metric
+from service.core.db import Database
+from service.core.models import Metric
 from tests.stack import Stack
 
 pytestmark = pytest.mark.slow

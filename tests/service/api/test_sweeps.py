@@ -7,9 +7,9 @@ import math
 
 from sqlalchemy import func, select, update
 
-from service.db import Database
-from service.models import Job, Sweep
-from service.sweeps import held_by_sweeps
+from service.core.db import Database
+from service.core.models import Job, Sweep
+from service.scheduler.snapshot import held_by_sweeps
 from tests.service.api.conftest import Api
 
 BASE = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 50}}

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.db import Database
-from service.models import Allocation, Gpu, Host, Job, JobState, User
+from service.core.db import Database
+from service.core.models import Allocation, Gpu, Host, Job, JobState, User
 from tests.service.api.conftest import Api
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

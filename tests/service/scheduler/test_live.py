@@ -12,17 +12,17 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from service import keys, launches
-from service.auth import Caller, ensure_user
-from service.context import Context
-from service.jobs import submit
-from service.lifecycle import finish, locked_job, mark_running, requeue
-from service.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
+from service.core import keys, launches
+from service.core.context import Context
+from service.core.lifecycle import finish, locked_job, mark_running, requeue
+from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
+from service.core.settings import Settings
+from service.jobs.submit import submit
+from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler, PassReport
 from service.scheduler.policy import CHECKPOINT_S
 from service.scheduler.snapshot import read_cluster, read_queued
-from service.settings import Settings
-from worker.trainer.spec import JobSpec, Priority
+from towerq.contract.spec import JobSpec, Priority
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.defaults import DAY
+from service.core.defaults import DAY
 from service.scheduler.policy import schedule
 from service.scheduler.types import Cluster, FairShare, HostCapacity, Policy, PolicyConfig, QueuedJob, RunningJob
 

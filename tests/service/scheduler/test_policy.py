@@ -7,7 +7,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.defaults import DAY
+from service.core.defaults import DAY
 from service.scheduler.explain import describe
 from service.scheduler.policy import MAX_SLICES_PER_PASS, schedule
 from service.scheduler.types import (

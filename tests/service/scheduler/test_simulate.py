@@ -14,7 +14,8 @@ import pytest
 
 from service.scheduler.history import RunTimes
 from service.scheduler.policy import CHECKPOINT_S, RESTART_S
-from service.scheduler.simulate import TraceError, read_trace, simulate
+from service.scheduler.simulate import simulate
+from service.scheduler.trace import TraceError, read_trace
 from service.scheduler.types import Policy, PolicyConfig
 
 METRICS = {

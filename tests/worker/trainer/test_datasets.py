@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 from pydantic import ValidationError
 
+from towerq.contract.catalog import BUILTIN_DATASETS, MODELS
+from towerq.contract.spec import TrainSpec
 from worker.trainer import datasets, feeding
-from worker.trainer.catalog import BUILTIN_DATASETS, MODELS
 from worker.trainer.errors import DatasetError
 from worker.trainer.models import BUILTIN
-from worker.trainer.spec import TrainSpec
 
 
 def spec(dataset: str, **options: object) -> TrainSpec:

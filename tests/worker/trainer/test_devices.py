@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from towerq.contract.runtime import RuntimeSpec, TrainerInput
+from towerq.contract.spec import TrainSpec
 from worker.trainer.devices import configure, memory_limits_mb
 from worker.trainer.errors import DeviceError
-from worker.trainer.spec import RuntimeSpec, TrainerInput, TrainSpec
 
 
 def runtime(fraction: float, totals: list[int], reserved: int = 0, overhead: int = 0) -> RuntimeSpec:

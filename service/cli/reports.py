@@ -1,0 +1,187 @@
+"""Client commands that read the lab: the queue, sweeps, usage, fair share, GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from service.cli.session import Api, UsageError, print_json, read_spec
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    api = Api(args)
+    sweep = api.call("POST", "/api/sweeps", json=read_spec(args.spec))
+    ids = [job["id"] for job in sweep["jobs"]]
+    print(f"sweep {sweep['id']} ({sweep['name']}): {sweep['total']} jobs, {ids[0]}-{ids[-1]}", flush=True)
+    if not args.follow:
+        return 0
+    live = sys.stdout.isatty()
+    shown = ""
+    while sweep["done"] < sweep["total"]:
+        time.sleep(2)
+        sweep = api.call("GET", f"/api/sweeps/{sweep['id']}")
+        line = _sweep_line(sweep)
+        if live:
+            print(f"\r{line}\x1b[K", end="", flush=True)
+        elif line != shown:
+            print(line, flush=True)
+        shown = line
+    if live:
+        print()
+    print(_sweep_line(sweep), flush=True)
+    counts = sweep["counts"]
+    if counts.get("failed"):
+        return 1
+    return 3 if counts.get("cancelled") else 0
+
+
+def _sweep_line(sweep: dict[str, Any]) -> str:
+    states = ", ".join(f"{state} {n}" for state, n in sorted(sweep["counts"].items()))
+    line = f"sweep {sweep['id']}: {sweep['done']}/{sweep['total']} done ({states})"
+    best = next((job for job in sweep["jobs"] if job["id"] == sweep["best_job"]), None)
+    if best is not None:
+        line += f"; best: job {best['id']}, {sweep['metric']} {best['result']:.4g}"
+    return line
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"state": ["queued"], "limit": 500}
+    if args.user:
+        params["user"] = args.user
+    page = Api(args).call("GET", "/api/jobs", params=params)
+    waiting = sorted(page["items"], key=lambda job: (job["queue_position"] or 1e9, job["id"]))
+    if args.output_format == "json":
+        return print_json(waiting)
+    print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  {'STARTS':<22} WHY")
+    for job in waiting:
+        waited = _age(job["created_at"])
+        starts = expected_start_text(job) if job.get("expected_start_at") else "-"
+        print(
+            f"{job['queue_position'] or '-':>4} {job['id']:>6}  {job['user'][:12]:<12} {job['priority']:<8} "
+            f"{job['gpu_count']:>4}  {waited:>8}  {starts:<22} {job['pending_reason'] or ''}"
+        )
+    print(f"({len(waiting)} waiting)")
+    return 0
+
+
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def when_from(text: str, option: str) -> str:
+    """An ISO time as given, or `30m` / `24h` / `7d` ago as an ISO time."""
+    from datetime import UTC, datetime, timedelta
+
+    unit = AGE_UNITS.get(text[-1:])
+    if unit is not None and text[:-1].replace(".", "", 1).isdigit():
+        return (datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * unit)).isoformat()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give an ISO time (2026-11-23T09:00Z) or an age (30m, 24h, 7d)") from None
+    return (moment if moment.tzinfo else moment.astimezone()).isoformat()
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    params = {"since": when_from(args.since, "--since"), "by": args.by}
+    if args.until:
+        params["until"] = when_from(args.until, "--until")
+    answer = Api(args).call("GET", "/api/usage", params=params)
+    if args.output_format == "json":
+        return print_json(answer)
+    print(f"{answer['since'][:16]} to {answer['until'][:16]} (UTC)")
+    print(f"{args.by.upper():<16} {'GPU HOURS':>10} {'JOBS':>6} {'STARTED':>8} {'WAIT P50':>9} {'WAIT P95':>9}")
+    for row in answer["rows"]:
+        print(
+            f"{row['key'][:16]:<16} {row['gpu_hours']:>10.2f} {row['jobs']:>6} {row['started']:>8} "
+            f"{_duration(row['median_wait_s']):>9} {_duration(row['p95_wait_s']):>9}"
+        )
+    total = sum(row["gpu_hours"] for row in answer["rows"])
+    print(f"{'total':<16} {total:>10.2f}")
+    return 0
+
+
+def run_fair_share(args: argparse.Namespace) -> int:
+    answer = Api(args).call("GET", "/api/fair-share")
+    if args.output_format == "json":
+        return print_json(answer)
+    half_life = answer["half_life_s"] / 3600
+    print(f"usage decays with a half-life of {half_life:g} h; a lower term goes first (0: used nothing, 0.5: fair)")
+    heads = ("SHARE", 6), ("USAGE GPU-H", 12), ("RUNNING", 8), ("QUEUED", 7), ("OWED", 6), ("USED", 6), ("TERM", 6)
+    print(f"{'USER':<16} " + " ".join(f"{head:>{width}}" for head, width in heads))
+
+    def part(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    for row in answer["users"]:
+        print(
+            f"{row['user'][:16]:<16} {row['share']:>6g} {row['usage_gpu_hours']:>12.2f} {row['running_gpus']:>8g} "
+            f"{row['queued_jobs']:>7} {part(row['owed']):>6} {part(row['used']):>6} {part(row['term']):>6}"
+        )
+    return 0
+
+
+def dry_run_line(answer: dict[str, Any]) -> str:
+    if answer["starts_now"]:
+        return f"it would start now on {answer['expected_host']}"
+    where = f"#{answer['queue_position']} in the queue" if answer["queue_position"] else "queued"
+    why = f" ({answer['reason']})" if answer["reason"] else ""
+    if answer["expected_start_at"] is None:
+        return f"it would wait, {where}{why}; no estimate of its start (nothing known frees room for it)"
+    return f"it would wait, {where}{why}; starts {expected_start_text(answer)}"
+
+
+def expected_start_text(job: dict[str, Any]) -> str:
+    """`~14:05 on lab-a` (local time; with the date when not today), from the scheduler's replay."""
+    from datetime import datetime
+
+    when = datetime.fromisoformat(job["expected_start_at"]).astimezone()
+    clock = (
+        when.strftime("%H:%M") if when.date() == datetime.now().astimezone().date() else when.strftime("%b %d %H:%M")
+    )
+    return f"~{clock} on {job.get('expected_host') or '?'}"
+
+
+def _age(iso: str) -> str:
+    from datetime import UTC, datetime
+
+    seconds = max(0, int((datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
+
+def run_gpus(args: argparse.Namespace) -> int:
+    gpus = Api(args).call("GET", "/api/gpus")
+    if args.output_format == "json":
+        return print_json(gpus)
+    print(f"{'HOST':<14} {'GPU':>3}  {'NAME':<36} {'MEMORY':>15}  {'FREE':>5}  HELD BY")
+    for gpu in gpus:
+        badges = [
+            b
+            for b, on in (
+                ("simulated", gpu["simulated"]),
+                ("drained", gpu["drained"]),
+                ("down", gpu["host_state"] != "up"),
+                ("UNSANDBOXED", gpu.get("sandboxed") is False),
+            )
+            if on
+        ]
+        memory = f"{gpu['memory_used_mb']}/{gpu['memory_total_mb']} MB"
+        holders = ", ".join(f"job {h['job_id']} ({h['user']}, {h['fraction']:g})" for h in gpu["holders"]) or "-"
+        flags = f"  [{', '.join(badges)}]" if badges else ""
+        host, name = gpu["host"][:14], gpu["name"][:36]
+        print(f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {gpu['free_fraction']:>5.2f}  {holders}{flags}")
+    for host in sorted({gpu["host"] for gpu in gpus if gpu.get("sandboxed") is False}):
+        print(f"warning: {host} runs members' code WITHOUT a sandbox (TOWERQ_SANDBOX=none)", file=sys.stderr)
+    return 0

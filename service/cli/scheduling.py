@@ -1,0 +1,69 @@
+"""`towerq scheduler`: a pass whenever someone asks (submit, finish, cancel) and on a timer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from service.core import defaults, keys
+from service.core.context import Context
+from service.notifications.prometheus import record_pass
+from service.notifications.webhooks import Deliverer
+from service.scheduler.live import LiveScheduler
+
+log = logging.getLogger(__name__)
+
+
+def pass_gap(pass_s: float) -> float:
+    """The pause after a pass before the next kick is served: as long as the pass took, up
+    to `MAX_PASS_GAP_S`. Kicks that arrive meanwhile are served together, so a burst of
+    submissions costs the scheduler at most half its time, while a lone kick (a job
+    submitted the moment another ended) waits only as long as one pass."""
+    return min(defaults.MAX_PASS_GAP_S, pass_s)
+
+
+def serve(ctx: Context, stop: threading.Event) -> None:
+    """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
+    scheduler = LiveScheduler(ctx)
+    Deliverer(ctx, stop).start()  # webhooks, in a thread of their own: never inside a pass
+    interval = ctx.settings.scheduler_interval_s
+    log.info("scheduler started (pass every %.1fs and on demand)", interval)
+    while not stop.is_set():
+        try:
+            ctx.redis.blpop([keys.SCHEDULER_KICK], timeout=interval)
+            ctx.redis.delete(keys.SCHEDULER_KICK)
+        except redis.RedisError as err:
+            log.warning("Redis unavailable (%s); retrying", err)
+            stop.wait(min(interval, 2.0))
+            continue
+        started = time.monotonic()
+        try:
+            report = scheduler.run_pass()
+            ctx.db.checkpoint()
+        except redis.RedisError as err:
+            log.warning("pass skipped, Redis unavailable: %s", err)
+            continue
+        except Exception:
+            log.exception("scheduling pass failed")
+            stop.wait(1.0)
+            continue
+        finally:
+            stop.wait(pass_gap(time.monotonic() - started))
+        if report is not None:
+            log.debug("pass of %.1f ms: %d waiting", report.seconds * 1000, report.waiting)
+            try:
+                record_pass(ctx.redis, report.seconds)
+            except redis.RedisError:
+                pass  # a lost sample of a histogram, not a failed pass
+        if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):
+            log.info(
+                "pass: started %d, waiting %d, requeued %d, hosts down %s (%.1f ms)",
+                len(report.placed),
+                report.waiting,
+                len(report.repairs.requeued),
+                report.repairs.hosts_down or "none",
+                report.seconds * 1000,
+            )

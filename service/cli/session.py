@@ -1,0 +1,121 @@
+"""The client commands' common ground: their errors, the API as the CLI sees it
+(`towerq.Client` with the options' URL and token), a job spec from a file, progress lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.core.exceptions import SpecError
+from service.jobs.sweeps import set_dotted
+from towerq import AuthError, Client
+
+
+class ClientError(Exception):
+    """Something a client command could not do; the message is for people (exit code 1)."""
+
+
+class UsageError(ClientError):
+    """The command line or its input is wrong (exit code 2)."""
+
+
+class Api:
+    """The CLI's view of `towerq.Client` (the Python client): URL and token from the
+    options, the environment or `towerq login`'s config file."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.client = Client(url=args.api, token=args.token, retries=2)
+        self.url = self.client.url
+        if not self.client.config.token:
+            raise AuthError(401, "no token: pass --token, set TOWERQ_TOKEN, or run `towerq login URL`")
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.client.request(method, path, **kwargs)
+
+    def download(self, path: str, target: Path) -> httpx.Headers:
+        """Stream `path` into `target`, with a progress line on a terminal."""
+        progress: Progress | None = None
+
+        def show(received: int, total: int | None) -> None:
+            nonlocal progress
+            progress = progress or Progress(target.name, total)
+            progress.advance(received - progress.received)
+
+        headers = self.client.stream_to(path, target, show)
+        (progress or Progress(target.name, 0)).done()
+        return headers
+
+
+class Progress:
+    """`name  12.3 MB / 40.0 MB  31%  8.1 MB/s` redrawn in place on a terminal; one line at
+    the end otherwise."""
+
+    def __init__(self, name: str, total: int | None) -> None:
+        self.name, self.total, self.received = name, total, 0
+        self.started = self.drawn = time.monotonic()
+        self.live = sys.stderr.isatty()
+
+    def advance(self, count: int) -> None:
+        self.received += count
+        if self.live and time.monotonic() - self.drawn >= 0.1:
+            self.drawn = time.monotonic()
+            print(f"\r{self._line()}", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        print(("\r" if self.live else "") + self._line(), file=sys.stderr, flush=True)
+
+    def _line(self) -> str:
+        rate = self.received / max(time.monotonic() - self.started, 1e-6)
+        size = human_bytes(self.received) + (f" / {human_bytes(self.total)}" if self.total else "")
+        share = f"  {100 * self.received / self.total:3.0f}%" if self.total else ""
+        return f"{self.name}  {size}{share}  {human_bytes(rate)}/s\x1b[K" if self.live else f"{self.name}  {size}"
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+def print_json(value: Any) -> int:
+    print(json.dumps(value, indent=2))
+    return 0
+
+
+def set_field(spec: dict[str, Any], assignment: str) -> None:
+    """Apply `a.b=value` to `spec`; the value is JSON when it parses, else a string."""
+    path, sep, raw = assignment.partition("=")
+    if not sep or not path:
+        raise UsageError(f"--set expects FIELD=VALUE, got {assignment!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    try:
+        set_dotted(spec, path, value)
+    except SpecError as err:
+        raise UsageError(f"--set {assignment!r}: {err}") from None
+
+
+def read_spec(source: str) -> dict[str, Any]:
+    """A spec from a YAML or JSON file (or `-`: standard input); JSON is YAML too."""
+    import yaml
+
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        spec = yaml.safe_load(text)
+    except OSError as err:
+        raise UsageError(f"cannot read the spec: {err}") from err
+    except yaml.YAMLError as err:
+        raise UsageError(f"the spec is neither YAML nor JSON: {err}") from err
+    if not isinstance(spec, dict):
+        raise UsageError("the spec must be a mapping of fields (model, dataset, ...)")
+    return spec

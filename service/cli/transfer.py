@@ -1,0 +1,190 @@
+"""Client commands that move files: code bundles and datasets up, artifacts down, TensorBoard over a job's events."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.cli.session import Api, ClientError, human_bytes, print_json
+
+SKIPPED_FOLDERS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+                   ".ipynb_checkpoints", "node_modules", ".tox", ".nox"}  # fmt: skip
+
+
+CODE_FILE_LIMIT_BYTES = 10_000_000
+
+
+def pack_folder(folder: Path) -> tuple[bytes, int, list[str]]:
+    """`folder` as a .tar.gz of its code: (the archive, files packed, what was left out and why)."""
+    import io
+    import tarfile
+
+    skipped: list[str] = []
+    count = 0
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for current, subfolders, names in os.walk(folder):
+            here = Path(current)
+            for name in sorted(subfolders):
+                path = here / name
+                if name in SKIPPED_FOLDERS or (path / "pyvenv.cfg").exists() or path.is_symlink():
+                    why = (
+                        "a virtual environment"
+                        if (path / "pyvenv.cfg").exists()
+                        else "a link"
+                        if path.is_symlink()
+                        else ""
+                    )
+                    skipped.append(f"{path.relative_to(folder)}/" + (f" ({why})" if why else ""))
+                    subfolders.remove(name)
+            subfolders.sort()
+            for name in sorted(names):
+                path = here / name
+                relative = path.relative_to(folder).as_posix()
+                if path.is_symlink() or not path.is_file():
+                    skipped.append(f"{relative} (a link)" if path.is_symlink() else f"{relative} (not a file)")
+                elif name.endswith((".pyc", ".pyo")):
+                    continue
+                elif path.stat().st_size > CODE_FILE_LIMIT_BYTES:
+                    skipped.append(
+                        f"{relative} ({human_bytes(path.stat().st_size)}, over {human_bytes(CODE_FILE_LIMIT_BYTES)})"
+                    )
+                else:
+                    archive.add(path, arcname=relative, recursive=False)
+                    count += 1
+    return buffer.getvalue(), count, skipped
+
+
+def upload_code(api: Api, path: Path) -> str:
+    """Upload `path` (a .py file or a folder) as a code bundle; returns its id."""
+    if path.is_dir():
+        data, count, skipped = pack_folder(path)
+        if not count:
+            raise ClientError(f"--code {path}: no files to upload")
+        name = f"{path.resolve().name or 'code'}.tar.gz"
+    elif path.is_file():
+        data, count, skipped, name = path.read_bytes(), 1, [], path.name
+    else:
+        raise ClientError(f"--code {path}: no such file or folder")
+    bundle = api.call("POST", "/api/code", files={"file": (name, data)})
+    note = f"; left out: {', '.join(skipped)}" if skipped else ""
+    print(f"code: {count} files, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}{note}")
+    return str(bundle["id"])
+
+
+def run_tensorboard(args: argparse.Namespace) -> int:
+    """Each job's `tensorboard/` into ~/.cache/towerq/tensorboard/job-<id>, then TensorBoard
+    on all of them (named by job) unless --no-launch."""
+    import subprocess
+    import tarfile
+    import tempfile
+
+    api = Api(args)
+    root = Path.home() / ".cache" / "towerq" / "tensorboard"
+    spec = []
+    for job_id in args.ids:
+        target = root / f"job-{job_id}"
+        with tempfile.TemporaryDirectory() as scratch:
+            archive = Path(scratch) / "events.tar.gz"
+            api.download(f"/api/jobs/{job_id}/artifacts/tensorboard", archive)
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            with tarfile.open(archive) as events:
+                events.extractall(target, filter="data")
+        folders = [p for p in target.iterdir() if p.is_dir()]
+        spec.append(f"job-{job_id}:{folders[0] if folders else target}")
+    logdir_spec = ",".join(spec)
+    if args.no_launch:
+        print(logdir_spec)
+        return 0
+    binary = shutil.which("tensorboard")
+    if binary is None:
+        raise ClientError(f"tensorboard is not installed here (pip install tensorboard); the events are in {root}")
+    return subprocess.call([binary, "--logdir_spec", logdir_spec, "--port", str(args.port)])
+
+
+def run_download(args: argparse.Namespace) -> int:
+    """One file lands as `OUTPUT/<name>`; a folder or everything is unpacked into `OUTPUT`
+    (as `job-<id>/...` or `job-<id>-<folder>/...`)."""
+    import tarfile
+    import tempfile
+
+    api = Api(args)
+    output: Path = args.output
+    route = (
+        f"/api/jobs/{args.id}/artifacts/{args.path.strip('/')}"
+        if args.path
+        else f"/api/jobs/{args.id}/artifacts.tar.gz"
+    )
+    name = Path(args.path).name if args.path else f"job-{args.id}.tar.gz"
+    output.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output, prefix=".towerq-download-") as scratch:
+        fetched = Path(scratch) / (name or "artifact")
+        headers = api.download(route, fetched)
+        if headers.get("x-towerq-archive") != "folder":
+            target = output / fetched.name
+            fetched.replace(target)
+            print(f"saved {target}")
+            return 0
+        with tarfile.open(fetched, "r:gz") as archive:
+            top = {member.name.split("/", 1)[0] for member in archive.getmembers()}
+            archive.extractall(output, filter="data")  # no absolute paths, no links out
+        if not top:
+            raise ClientError(f"job {args.id}: {args.path or 'the artifacts'} holds no files")
+        for folder in sorted(top):
+            print(f"saved {output / folder}/")
+    return 0
+
+
+def run_data_upload(args: argparse.Namespace) -> int:
+    import io
+    import zipfile
+
+    api = Api(args)
+    path: Path = args.path
+    if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+                archive.write(file, file.relative_to(path).as_posix())
+        upload: Any = (f"{args.name}.zip", buffer.getvalue())
+    elif path.is_file():
+        upload = (path.name, path.open("rb"))
+    else:
+        raise ClientError(f"{path}: no such file or folder")
+    print(f"uploading {path} …", file=sys.stderr, flush=True)
+    described = api.call(
+        "POST",
+        "/api/datasets",
+        data={"name": args.name},
+        files={"file": upload},
+        timeout=httpx.Timeout(30, read=3600, write=3600),
+    )
+    print(
+        f'dataset {described["name"]}: {human_bytes(described["size"])}; use it as "dataset": "{described["dataset"]}"'
+    )
+    return 0
+
+
+def run_data_list(args: argparse.Namespace) -> int:
+    listing = Api(args).call("GET", "/api/datasets")
+    if args.output_format == "json":
+        return print_json(listing)
+    print(f"{'NAME':<28} {'OWNER':<12} {'KIND':<9} {'SIZE':>10}  USE AS")
+    for item in listing["items"]:
+        size = human_bytes(item["size"]) if item["size"] is not None else "-"
+        print(f"{item['name'][:28]:<28} {item['owner'][:12]:<12} {item['kind']:<9} {size:>10}  {item['dataset']}")
+    print(f"(your uploads take {human_bytes(listing['used_bytes'])} of {human_bytes(listing['quota_bytes'])})")
+    return 0
+
+
+def run_data_rm(args: argparse.Namespace) -> int:
+    Api(args).call("DELETE", f"/api/datasets/{args.name}")
+    print(f"dataset {args.name} deleted")
+    return 0

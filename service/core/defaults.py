@@ -1,0 +1,75 @@
+"""Named constants: the defaults of settings that two homes share, and constants that are
+not settings at all. Imports nothing, so anything may import it."""
+
+DAY = 24 * 3600.0
+
+DEFAULT_HALF_LIFE_S = 1 * DAY
+"""Fair share: usage this long ago counts half (`TOWERQ_FAIR_SHARE_HALF_LIFE_S`)."""
+
+DEFAULT_AGING_S = 4 * DAY
+"""Waiting this long lifts a job by one priority class (`TOWERQ_AGING_S`)."""
+
+DEFAULT_RESERVE_AFTER_S = 1 * DAY
+"""A gang job that cannot start after waiting this long gets a reservation (`TOWERQ_RESERVE_AFTER_S`)."""
+
+DEFAULT_MAX_RESERVATIONS = 2
+"""How many jobs may hold reservations at once (`TOWERQ_MAX_RESERVATIONS`)."""
+
+SCHEDULER_LOCK_TTL_S = 30
+"""A pass that dies holding the lock frees it after this long."""
+
+METRIC_FLUSH_INTERVAL_S = 0.25
+"""The worker writes buffered metric rows at most this long after the trainer prints them."""
+
+METRIC_FLUSH_ROWS = 200
+"""...or as soon as this many are buffered."""
+
+LOG_LINES_KEPT = 20_000
+"""Trainer log lines stored per job; older lines are dropped from the database."""
+
+KILL_CHECK_INTERVAL_S = 0.2
+"""How often a stopping runner checks whether the trainer's process group is gone."""
+
+MAX_PASS_GAP_S = 0.5
+"""The longest pause after a pass before the next kick is served (the pause is as long
+as the pass took: `service.cli.scheduling.pass_gap`)."""
+
+FORECAST_COST_RATIO = 10.0
+"""Waiting jobs' expected starts are replayed by every pass that writes the queue's positions
+(each `PENDING_REFRESH_S`, and at once for a new job), so what is shown comes from that very
+pass; unless the last replay took over 1/this of the time since it (a long queue on hundreds
+of busy GPUs, ~0.1-0.2 s a replay), when the previous one is written until the replay has
+had its time: the replay then costs the scheduler at most ~1/this of its time."""
+
+PENDING_REFRESH_S = 1.0
+"""Queued jobs' positions and reasons are rewritten at most this often (new jobs at once)."""
+
+RQ_LAUNCH_TIMEOUT_S = 120
+"""RQ timeout for a dispatch message: it only starts the trainer, which then runs for hours
+under the worker's own supervision, outside RQ's timeout."""
+
+JOB_PAGE_SIZE = 50
+"""Default page size of `GET /api/jobs`."""
+
+MAX_PAGE_SIZE = 500
+"""Largest page `GET /api/jobs` returns."""
+
+CATALOG_SCAN_MAX_AGE_S = 30.0
+"""`GET /api/catalog` lists the user models and data files it found at most this long ago."""
+
+METRICS_LOG_READ_BYTES = 256 * 2**20
+"""How much of a trainer's `metrics.jsonl` the worker reads back when a job resumes: ~1 M
+points at ~250 bytes each; the trainer writes the file, so the read must be bounded."""
+
+TRAINER_LINE_BYTES = 1 * 2**20
+"""The longest line the worker takes from a trainer's stdout or stderr; past it the line is
+cut there (and said so in the job's log), so a trainer that writes without a newline
+cannot grow the worker's memory without bound."""
+
+METRIC_POINTS_PER_ATTEMPT = 1_000_000
+"""Metric points one attempt may store; past it more points are dropped and the job's log
+says so once. At the default `log_every` that is ~10 M steps."""
+
+LOG_LINES_PER_ATTEMPT = 200_000
+"""Log lines one attempt may relay (database and `log.txt`); past it they are dropped and
+the log says so once. The database keeps the newest LOG_LINES_KEPT of them anyway."""

@@ -1,0 +1,189 @@
+"""A job's life: every state change goes through here, leaves a `JobEvent` and is published.
+
+States: queued -> dispatched -> running -> succeeded | failed | cancelled; dispatched or
+running -> queued again when an attempt is lost (crash, dead host, preemption), with the
+attempt count raised. Each attempt is fenced: a worker reporting for an attempt that is no
+longer the job's current one changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from service.core.exceptions import NotFoundError, StaleAttemptError, StateConflictError
+from service.core.models import FINAL_STATES, Allocation, Gpu, Job, JobEvent, JobState, Notification, Sweep, utcnow
+from service.core.publish import job_message, kick_scheduler
+from service.core.schemas import JobEventOut
+from towerq.contract.messages import CancelMessage, PreemptMessage, StateMessage
+
+
+def record_state(session: Session, job: Job, state: JobState, message: str | None = None) -> JobEvent:
+    """Move `job` to `state`, leaving an event with the time and the reason."""
+    now = utcnow()
+    job.state = state
+    job.updated_at = now
+    event = JobEvent(job_id=job.id, time=now, state=state, attempt=job.attempts, message=message)
+    session.add(event)
+    if state in FINAL_STATES:
+        owe_notifications(session, job)
+    job_message(session, StateMessage(job_id=job.id, state=str(state), attempt=job.attempts, message=message, time=now))
+    return event
+
+
+def record_new_job(session: Session, job_id: int, message: str) -> JobEventOut:
+    """The `queued` event of a job just inserted (without loading its row)."""
+    now = utcnow()
+    session.execute(
+        insert(JobEvent).values(job_id=job_id, time=now, state=JobState.QUEUED.value, attempt=1, message=message)
+    )
+    job_message(session, StateMessage(job_id=job_id, state="queued", attempt=1, message=message, time=now))
+    return JobEventOut(time=now, state=JobState.QUEUED.value, attempt=1, message=message)
+
+
+def locked_job(session: Session, job_id: int) -> Job:
+    """The job row, locked for this transaction (a no-op lock on SQLite's single writer)."""
+    job = session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
+    if job is None:
+        raise NotFoundError(f"job {job_id} not found")
+    return job
+
+
+def current_attempt(session: Session, job_id: int, attempt: int) -> Job:
+    """The locked job if `attempt` is still its current attempt; else `StaleAttemptError`."""
+    job = locked_job(session, job_id)
+    if job.attempts != attempt or not JobState(job.state).holds_gpus:
+        raise StaleAttemptError(f"job {job_id} attempt {attempt} is stale (job is {job.state}, attempt {job.attempts})")
+    return job
+
+
+def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fraction: float) -> None:
+    """Give `gpus` to the job's current attempt and mark it dispatched."""
+    for gpu in gpus:
+        session.add(
+            Allocation(job_id=job.id, attempt=job.attempts, host_id=gpu.host_id, gpu_id=gpu.id, fraction=fraction)
+        )
+    job.host_name = host_name
+    job.queue_position = None
+    job.pending_reason = None
+    job.reserved_start_at = None
+    job.expected_start_at = None
+    job.expected_host = None
+    indices = ",".join(str(gpu.index) for gpu in gpus)
+    record_state(session, job, JobState.DISPATCHED, f"GPUs {indices} on {host_name}")
+
+
+def mark_running(session: Session, job_id: int, attempt: int, started: dict[str, Any]) -> Job:
+    """The worker started the trainer for this attempt: record what it saw."""
+    job = current_attempt(session, job_id, attempt)
+    if job.state != JobState.DISPATCHED:
+        raise StaleAttemptError(f"job {job_id} attempt {attempt} is already {job.state}")
+    job.pid = started.get("pid")
+    job.cuda_visible_devices = started.get("cuda_visible_devices")
+    job.artifacts_dir = started.get("artifacts_dir")
+    if job.started_at is None:
+        job.started_at = utcnow()
+    record_state(session, job, JobState.RUNNING, f"pid {job.pid} on {job.host_name}")
+    return job
+
+
+def finish(
+    session: Session,
+    job_id: int,
+    attempt: int,
+    state: JobState,
+    error: str | None = None,
+    exit_code: int | None = None,
+) -> Job:
+    """End this attempt with a final state and free its GPUs."""
+    job = current_attempt(session, job_id, attempt)
+    release_allocations(session, job)
+    job.error = error
+    job.exit_code = exit_code
+    job.finished_at = utcnow()
+    job.pid = None
+    record_state(session, job, state, error)
+    kick_scheduler(session)
+    return job
+
+
+def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
+    """The current attempt ended early: free its GPUs and queue the next attempt. A crash
+    (dead host or worker) counts against `max_attempts`, and the job fails when it has
+    crashed that often; a planned stop (worker shutdown, preemption) does not count."""
+    release_allocations(session, job)
+    job.pid = None
+    job.preempt_requested_at = None
+    job.stop_reason = None
+    if crashed:
+        job.crashes += 1
+    if job.cancel_requested_at is not None:
+        job.finished_at = utcnow()
+        record_state(session, job, JobState.CANCELLED, f"cancelled; {reason}")
+    elif job.crashes >= job.max_attempts:
+        job.error = f"{reason}; gave up after {job.crashes} crashed attempts"
+        job.finished_at = utcnow()
+        record_state(session, job, JobState.FAILED, job.error)
+    else:
+        job.attempts += 1
+        record_state(session, job, JobState.QUEUED, reason)
+    kick_scheduler(session)
+
+
+def request_cancel(session: Session, job: Job, by: str) -> CancelMessage | None:
+    """Cancel a queued job now; ask the worker to stop a dispatched or running one."""
+    state = JobState(job.state)
+    if state.is_final:
+        raise StateConflictError(f"job {job.id} is already {state}")
+    if state == JobState.QUEUED:
+        job.finished_at = utcnow()
+        job.cancel_requested_at = job.finished_at
+        job.queue_position = None
+        job.pending_reason = None
+        record_state(session, job, JobState.CANCELLED, f"cancelled by {by} while queued")
+        kick_scheduler(session)
+        return None
+    if job.cancel_requested_at is not None:
+        return None
+    job.cancel_requested_at = utcnow()
+    job.stop_reason = f"cancelled by {by}"[:512]
+    message = CancelMessage(job_id=job.id, attempt=job.attempts, host=job.host_name, by=by)
+    job_message(session, message)
+    return message  # for the executor, once this commits (`Executor.stop`)
+
+
+def request_preemption(session: Session, job: Job, reason: str) -> PreemptMessage | None:
+    """Ask the worker to checkpoint this job and put it back in the queue, to make room;
+    `reason` becomes the message of its return to the queue. The message returned is for
+    the executor once this commits (`Executor.stop`); None when nothing is to stop."""
+    if job.preempt_requested_at is not None or not JobState(job.state).holds_gpus:
+        return None
+    job.preempt_requested_at = utcnow()
+    job.stop_reason = reason[:512]
+    message = PreemptMessage(job_id=job.id, attempt=job.attempts, host=job.host_name, reason=reason)
+    job_message(session, message)
+    return message
+
+
+def release_allocations(session: Session, job: Job) -> None:
+    """Free the GPUs of the job's active allocations (the scheduler counts their use)."""
+    session.execute(
+        update(Allocation)
+        .where(Allocation.job_id == job.id, Allocation.released_at.is_(None))
+        .values(released_at=utcnow())
+    )
+
+
+def owe_notifications(session: Session, job: Job) -> None:
+    """Queue the notifications of a job that just ended (in the same transaction)."""
+    session.add(Notification(job_id=job.id, url=None))  # the lab's webhook, if one is set
+    targets = {job.spec.get("notify_url")}
+    if job.sweep_id is not None:
+        sweep = session.get(Sweep, job.sweep_id)
+        if sweep is not None:
+            targets.add((sweep.spec or {}).get("notify_url"))
+    for url in sorted(t for t in targets if t):
+        session.add(Notification(job_id=job.id, url=url))

@@ -1,0 +1,364 @@
+"""Database models: the source of truth for jobs, allocations, metrics, hosts and users."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+from towerq.contract.spec import Priority
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC, also on SQLite (which stores it naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is not None:
+            return value
+        return value.replace(tzinfo=UTC)
+
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self in (JobState.DISPATCHED, JobState.RUNNING)
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class HostState(enum.StrEnum):
+    UP = "up"
+    DOWN = "down"
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    gpu_limit: Mapped[int | None] = mapped_column(Integer, default=None)
+    share: Mapped[float] = mapped_column(Float, default=1.0)
+    max_priority: Mapped[str | None] = mapped_column(String(8), default=None)
+    """The highest priority this user may ask for; None: normal (admins: always high)."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
+
+    @property
+    def allowed_priority(self) -> str:
+        return "high" if self.is_admin else self.max_priority or "normal"
+
+    @property
+    def active_tokens(self) -> int:
+        return sum(1 for token in self.tokens if token.revoked_at is None)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64), default="")
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    user: Mapped[User] = relationship(back_populates="tokens")
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default=HostState.UP)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    gpus: Mapped[list[Gpu]] = relationship(back_populates="host", order_by="Gpu.index")
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("host_id", "index", name="uq_gpus_host_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
+    memory_total_mb: Mapped[int] = mapped_column(Integer)
+    memory_used_mb: Mapped[int] = mapped_column(Integer, default=0)
+    utilization_pct: Mapped[float | None] = mapped_column(Float, default=None)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    present: Mapped[bool] = mapped_column(Boolean, default=True)
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    processes: Mapped[list[Any]] = mapped_column(default=list)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    host: Mapped[Host] = relationship(back_populates="gpus")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("user_id", "idempotency_key", name="uq_jobs_user_idempotency"),
+        Index("ix_jobs_state_created", "state", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)
+    requested_host: Mapped[str | None] = mapped_column(String(128), default=None)
+    requested_gpus: Mapped[list[Any] | None] = mapped_column(default=None)
+    time_limit_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    total_steps: Mapped[int] = mapped_column(Integer)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), default=None, index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
+
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """The current attempt's number: 1 at submit, raised each time the job is requeued."""
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Attempts lost to a crash (dead host or worker); planned stops do not count."""
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    """The job fails once this many attempts have crashed."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    preempt_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    """The scheduler asked this attempt to make room for another job (preemption, time slicing)."""
+    stop_reason: Mapped[str | None] = mapped_column(String(512), default=None)
+    """Why the stop of the current attempt was asked for (cancel, preemption, time slice): the
+    worker reads it here; a control message only tells it to look."""
+    folder_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    """What the job's folder held on disk when its worker last measured it."""
+
+    # What the scheduler says about a queued job.
+    queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
+    pending_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    reserved_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    expected_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    """When the scheduler's forward replay expects it to start (`service.scheduler.forecast`)."""
+    expected_host: Mapped[str | None] = mapped_column(String(128), default=None)
+
+    # What the current (or last) attempt saw and did.
+    host_name: Mapped[str | None] = mapped_column(String(128), default=None)
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    cuda_visible_devices: Mapped[str | None] = mapped_column(String(256), default=None)
+    towers: Mapped[int | None] = mapped_column(Integer, default=None)
+    devices: Mapped[list[Any] | None] = mapped_column(default=None)
+    memory_limit_enforced: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    batch_norm: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """{"synchronized": [...], "per_tower": [...]}: batch-norm layers, as the trainer ran them."""
+    artifacts_dir: Mapped[str | None] = mapped_column(Text, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+
+    # The latest numbers, kept on the row so that a list of jobs needs no metric query.
+    step: Mapped[int | None] = mapped_column(Integer, default=None)
+    loss: Mapped[float | None] = mapped_column(Float, default=None)
+    accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    eval_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    eval_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    examples_per_sec: Mapped[float | None] = mapped_column(Float, default=None)
+    step_time_s: Mapped[float | None] = mapped_column(Float, default=None)
+
+    user: Mapped[User] = relationship()
+    allocations: Mapped[list[Allocation]] = relationship(back_populates="job", order_by="Allocation.id")
+    events: Mapped[list[JobEvent]] = relationship(order_by="JobEvent.id")
+
+    @property
+    def latest_metrics(self) -> Job:
+        """The latest figures are columns of the job itself (`LatestMetrics` reads them)."""
+        return self
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    grid: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    user: Mapped[User] = relationship()
+
+
+class Allocation(Base):
+    """One GPU (or a fraction of it) held by one attempt of one job."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (Index("ix_allocations_gpu_active", "gpu_id", "released_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"))
+    fraction: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    job: Mapped[Job] = relationship(back_populates="allocations")
+    gpu: Mapped[Gpu] = relationship()
+    host: Mapped[Host] = relationship()
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("job_id", "split", "step", name="uq_metrics_point"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(8))
+    loss: Mapped[float | None] = mapped_column(Float)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    learning_rate: Mapped[float | None] = mapped_column(Float)
+    examples_per_sec: Mapped[float | None] = mapped_column(Float)
+    custom: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """A user model's own metrics at this point, by name (`metrics(labels, logits)`)."""
+    time: Mapped[datetime] = mapped_column()
+
+
+class MetricRollup(Base):
+    """One bucket of `service.core.rollups.ROLLUP_STEPS` steps of a job's series: the steps of
+    its lowest and highest loss (kept as rows are written; charts of long jobs read these)."""
+
+    __tablename__ = "metric_rollups"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    split: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    min_step: Mapped[int] = mapped_column(Integer)
+    min_loss: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(Integer)
+    max_loss: Mapped[float] = mapped_column(Float)
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+    __table_args__ = (Index("ix_log_lines_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    time: Mapped[datetime] = mapped_column()
+    level: Mapped[str] = mapped_column(String(8))
+    message: Mapped[str] = mapped_column(Text)
+
+
+class NotificationState(enum.StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class Notification(Base):
+    """A webhook owed for a finished job: written in the transaction that ends the job (so
+    none is lost or made twice), sent in the background by the scheduler process."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (Index("ix_notifications_due", "state", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    url: Mapped[str | None] = mapped_column(Text, default=None)
+    """The job's (or its sweep's) `notify_url`; None: the lab's TOWERQ_WEBHOOK_URL."""
+    state: Mapped[str] = mapped_column(String(16), default=NotificationState.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class JobEvent(Base):
+    """One state transition of a job, with its time and why."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text, default=None)

@@ -1,0 +1,251 @@
+"""Pydantic schemas of what the API returns. The job spec users submit is the contract in
+`towerq.contract.spec` (`JobSpec`), shared with the trainer."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AliasPath, BaseModel, ConfigDict, Field
+
+
+class Out(BaseModel):
+    """A schema read from ORM rows (`Out.model_validate(row)`), or built by field name."""
+
+    model_config = ConfigDict(from_attributes=True, validate_by_name=True, validate_by_alias=True)
+
+
+class AllocationOut(Out):
+    host: str
+    gpus: list[int]
+    gpu_uuids: list[str]
+    fraction: float
+    simulated: bool
+
+
+class JobEventOut(Out):
+    time: datetime
+    state: str
+    attempt: int
+    message: str | None
+
+
+class LatestMetrics(Out):
+    step: int | None
+    loss: float | None
+    accuracy: float | None
+    eval_loss: float | None
+    eval_accuracy: float | None
+    examples_per_sec: float | None
+    step_time_s: float | None
+
+
+class JobOut(Out):
+    """A job as the API shows it, read from a `Job` row (`JobOut.model_validate(job)`); the
+    allocation comes from the allocations table (`service.jobs.read.allocations_of`)."""
+
+    id: int
+    name: str
+    user: str = Field(validation_alias=AliasPath("user", "name"))
+    state: str
+    priority: str
+    spec: dict[str, Any]
+    gpu_count: int
+    gpu_memory_fraction: float
+    allocation: AllocationOut | None = None
+    cuda_visible_devices: str | None
+    towers: int | None
+    devices: list[str] | None
+    memory_limit_enforced: bool | None
+    batch_norm: dict[str, list[str]] | None = Field(
+        default=None, description="batch-norm layers synchronised across towers, and those run per tower"
+    )
+    attempts: int
+    crashes: int
+    max_attempts: int
+    queue_position: int | None
+    pending_reason: str | None
+    reserved_start_at: datetime | None
+    expected_start_at: datetime | None = Field(
+        default=None, description="queued: when the scheduler's forward replay expects it to start"
+    )
+    expected_host: str | None = None
+    folder_bytes: int | None = None
+    """What its folder held on disk when its worker last measured it."""
+    error: str | None
+    exit_code: int | None
+    step: int | None
+    total_steps: int
+    latest: LatestMetrics = Field(validation_alias="latest_metrics")
+    artifacts_dir: str | None
+    sweep_id: int | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested: bool
+
+
+class NotificationOut(Out):
+    url: str | None
+    """None: the lab's TOWERQ_WEBHOOK_URL."""
+    state: str
+    attempts: int
+    last_error: str | None
+    delivered_at: datetime | None
+
+
+class JobDetailOut(JobOut):
+    events: list[JobEventOut]
+    notifications: list[NotificationOut] = []
+    """The webhooks sent (or being retried) since the job ended."""
+    outputs_readable: bool = True
+    """Whether the caller may read the job's log, artifacts and code (service/jobs/privacy.py)."""
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class MetricOut(Out):
+    step: int
+    split: Literal["train", "eval"]
+    loss: float | None
+    accuracy: float | None
+    learning_rate: float | None
+    examples_per_sec: float | None
+    custom: dict[str, float | None] | None = None
+    """The user model's own metrics (`metrics(labels, logits)` in its module), by name."""
+    time: datetime
+    attempt: int
+
+
+class LogLineOut(Out):
+    id: int
+    time: datetime
+    level: str
+    message: str
+    attempt: int
+
+
+class GpuHolder(BaseModel):
+    job_id: int
+    job_name: str
+    user: str
+    fraction: float
+
+
+class GpuOut(BaseModel):
+    host: str
+    index: int
+    uuid: str
+    name: str
+    memory_total_mb: int
+    memory_used_mb: int
+    utilization_pct: float | None
+    simulated: bool
+    drained: bool
+    host_state: str
+    free_fraction: float
+    holders: list[GpuHolder]
+    processes: list[dict[str, Any]]
+    sandboxed: bool | None = None
+    """Whether its host runs trainers in the sandbox (None: the worker did not say)."""
+
+
+class WorkerOut(BaseModel):
+    name: str
+    state: str
+    simulated: bool
+    gpus: int
+    last_heartbeat_at: datetime
+    heartbeat_age_s: float
+    registered_at: datetime
+    running_jobs: int
+    info: dict[str, Any]
+    sandboxed: bool | None = None
+    """False: this host runs members' code unsandboxed (TOWERQ_SANDBOX=none)."""
+
+
+class UsageRowOut(BaseModel):
+    key: str
+    """The user or host."""
+    gpu_hours: float
+    jobs: int
+    """Jobs that held GPUs in the window."""
+    started: int
+    """Jobs that first started in the window: the waits are theirs."""
+    median_wait_s: float | None
+    p95_wait_s: float | None
+
+
+class UsageOut(BaseModel):
+    since: datetime
+    until: datetime
+    by: str
+    rows: list[UsageRowOut]
+
+
+class FairShareUserOut(BaseModel):
+    user: str
+    share: float
+    usage_gpu_hours: float
+    """Decayed GPU hours (half-life `TOWERQ_FAIR_SHARE_HALF_LIFE_S`)."""
+    running_gpus: float
+    queued_jobs: int
+    owed: float | None
+    """Their share among the users present (queued or running), 0..1; None when absent."""
+    used: float | None
+    """Their part of the present users' use, running jobs' likely rest included."""
+    term: float | None
+    """What the scheduler adds to their jobs' rank now (0 to 1; lower goes first)."""
+
+
+class FairShareOut(BaseModel):
+    as_of: datetime
+    half_life_s: float
+    users: list[FairShareUserOut]
+
+
+class HeldOut(BaseModel):
+    job_id: int
+    job_name: str
+    user: str
+    host: str
+    gpu: int
+    fraction: float
+    start: datetime
+    end: datetime | None
+    """None: still held."""
+
+
+class QueueSampleOut(BaseModel):
+    time: datetime
+    queued: int
+    started: int
+    """Jobs that first started since the previous sample; `median_wait_s` is theirs."""
+    median_wait_s: float | None
+
+
+class TimelineOut(BaseModel):
+    since: datetime
+    until: datetime
+    now: datetime
+    allocations: list[HeldOut]
+    queue: list[QueueSampleOut]
+
+
+class DryRunOut(BaseModel):
+    """`POST /api/jobs?dry_run=true`: nothing stored; when the job would likely start."""
+
+    dry_run: bool
+    starts_now: bool
+    expected_start_at: datetime | None
+    """None: not within the forecast's reach (a host down, a queue too long, a month out)."""
+    expected_host: str | None
+    queue_position: int | None
+    reason: str | None
+    """Why it would wait, as the queue would say."""

@@ -1,0 +1,174 @@
+"""The one settings object every towerq process reads (`TOWERQ_` environment prefix)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.core.defaults import (
+    DEFAULT_AGING_S,
+    DEFAULT_HALF_LIFE_S,
+    DEFAULT_MAX_RESERVATIONS,
+    DEFAULT_RESERVE_AFTER_S,
+)
+
+
+class Settings(BaseSettings):
+    """Settings shared by `towerq up`, `api`, `worker`, `scheduler` and `db upgrade`.
+
+    Every field is read from `TOWERQ_<NAME>` (e.g. `TOWERQ_DATABASE_URL`), so a test can
+    point a whole stack at its own database, Redis db and folders.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TOWERQ_", extra="ignore")
+
+    var_dir: Path = Path("./var")
+    """Local state of `towerq up`: the admin token file, the embedded Redis' folder."""
+    database_url: str = "sqlite:///./var/towerq.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    data_dir: Path = Path("./var/data")
+    artifacts_dir: Path = Path("./var/artifacts")
+    models_path: Path = Path("./var/models")
+    code_dir: Path = Path("./var/code")
+    """Uploaded code bundles, content-addressed; on storage every worker sees (like artifacts)."""
+    max_code_bytes: int = Field(default=20_000_000, ge=1)
+    """The largest code bundle upload (packed)."""
+    max_code_files: int = Field(default=2_000, ge=1)
+    max_code_unpacked_bytes: int = Field(default=200_000_000, ge=1)
+    user_code_quota_bytes: int = Field(default=2_000_000_000, ge=0)
+    """What the code bundles one user uploaded may take in all (unpacked)."""
+    job_folder_max_bytes: int = Field(default=50_000_000_000, ge=0)
+    """What one job's folder (checkpoints, exports, its own files) may hold; a job past it
+    is stopped and fails, naming this limit (0: no limit)."""
+    job_folder_check_s: float = Field(default=30.0, gt=0)
+    """How often a worker measures a running job's folder (a walk of it: I/O on the worker)."""
+    user_data_quota_bytes: int = Field(default=20_000_000_000, ge=0)
+    """What one user's dataset uploads may take in all (`TOWERQ_DATA_DIR/users/<user>/`)."""
+    max_dataset_files: int = Field(default=1_000_000, ge=1)
+    """The most files an uploaded image folder may hold."""
+
+    # None: NVML GPUs when a driver answers, else 4 simulated ones; a number forces simulation.
+    simulated_gpus: int | None = Field(default=None, ge=0, le=64)
+    host_name: str = Field(default_factory=socket.gethostname)
+    require_gpus: bool = False
+    """A GPU host: no NVIDIA driver answering is an error, not a fallback to simulated GPUs."""
+
+    gpu_memory_reserved_mb: int = Field(default=480, ge=0)
+    """Memory a GPU has in use with no process on it (an idle H100 80GB, driver 580: 480 MB).
+    A shared GPU's slices are fractions of what is left."""
+    gpu_process_overhead_mb: int = Field(default=526, ge=0)
+    """What each process pays on a GPU outside any framework limit (its CUDA context and
+    allocator): 526 MB measured on an H100 (a process holding a 2,048 MB tensor used
+    2,574 MB). `scripts/check-gpus.py --probe` measures it on a host."""
+
+    trainer_nice: int = Field(default=10, ge=0, le=19)
+    """CPU niceness of trainers: where they share a host's cores with towerq itself (the
+    worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
+    while they saturate the CPU; idle cores still go to them."""
+
+    trainer_memory_mb: int = Field(default=0, ge=0)
+    """Host memory one trainer attempt may use (its cgroup's, all its processes together);
+    0: its share of the host's memory by the GPUs it holds (GPUs x fraction / the host's
+    GPUs), at least 2,048 MB. Past it the kernel kills the attempt and the job fails, naming
+    the limit (worker/cgroups.py)."""
+    trainer_max_processes: int = Field(default=4096, ge=0)
+    """Processes and threads one trainer attempt may have at once (TensorFlow starts a few
+    dozen threads per device); 0: no limit. Past it a fork fails inside the job."""
+
+    trainer_pool: int = Field(default=1, ge=0, le=16)
+    """Warm trainers a worker keeps: processes that have loaded TensorFlow and wait for a
+    job, so a job trains without waiting for that (worker/pool.py; 0 turns them off). Each
+    costs the memory of a Python process with TensorFlow loaded, and never serves twice."""
+
+    executor: str = Field(default="local", pattern=r"^local$")
+    """What runs the jobs the scheduler places (`service/executors/`): `local`, the lab's own
+    hosts, each with a `towerq worker` (the only one so far)."""
+    sandbox: str = Field(default="auto", pattern=r"^(auto|bwrap|none)$")
+    """Where trainers run: `auto` and `bwrap` (in bubblewrap; a worker where it cannot run
+    refuses to start), `none` (unsandboxed, an admin's explicit choice, shown on the GPUs
+    page). worker/sandbox.py says what a sandboxed trainer can reach."""
+    trainer_tmp_mb: int = Field(default=1024, ge=16)
+    """The size of a sandboxed trainer's private `/tmp` (held in memory)."""
+    trainer_env_pass: str = ""
+    """Environment variables (names, or NAME* prefixes; comma-separated) a trainer inherits
+    besides the built-in allow-list (worker/launch.py). Names that look like secrets never pass."""
+
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    scheduler_interval_s: float = Field(default=5.0, gt=0)
+    dispatch_timeout_s: float = Field(default=60.0, gt=0)
+    cancel_grace_s: float = Field(default=30.0, ge=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+    user_gpu_limit: int | None = Field(default=None, ge=1)
+    """GPUs one user may hold at once; none by default: fair share, time slicing (which never
+    lets a user above their share stop another's job) and this lab's idle GPUs going to
+    whoever waits already bound a heavy user, and a cap would leave GPUs idle on a quiet day."""
+    user_max_queued_jobs: int = Field(default=2000, ge=0)
+    """Jobs one user may have waiting at once (a sweep counts all its jobs); 0: no limit.
+    Room for a sweep of 1,000 and a day's other work; a flood past it gets 429."""
+    fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0)
+    aging_s: float = Field(default=DEFAULT_AGING_S, gt=0)
+    reserve_after_s: float = Field(default=DEFAULT_RESERVE_AFTER_S, ge=0)
+    max_reservations: int = Field(default=DEFAULT_MAX_RESERVATIONS, ge=0)
+    preemption: bool = False
+    time_slice_gpu_s: float = Field(default=3600.0, ge=0)
+    """Time slicing (0 turns it off): a job that has used this many GPU-seconds, all its
+    attempts together, ranks a class lower, and fresh work of its priority or higher may
+    stop it (it checkpoints and queues again) once this attempt has run 10 minutes and as
+    long as its earlier attempts together. Short work never waits days behind long work;
+    a long job is stopped at most about log2(its run time / its first slice) times. One
+    GPU-hour is the policy's reference length; 81% of the Philly trace sample's jobs use
+    less, so most work is never stopped."""
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_workers: int = Field(default=2, ge=1, le=64)
+    """API processes: Python serves one request at a time per process."""
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://")
+    """Where to POST a JSON notification whenever a job ends (Slack-compatible `text`)."""
+    webhook_secret: str | None = None
+    webhook_allow: str = ""
+    """Hosts and networks (comma-separated: `chat.lab.internal, 10.0.5.0/24`) that members'
+    `notify_url`s may reach although they are not public addresses; by default those reach
+    the internet only (service/notifications/outbound.py). The lab's own TOWERQ_WEBHOOK_URL is not filtered."""
+    webhook_retry_s: float = Field(default=2.0, gt=0)
+    """The first retry of a failed webhook waits this long; later ones 5, 15, 60 ... times it."""
+    """Signs each notification: `X-Towerq-Signature: sha256=<HMAC-SHA256 of the body>`."""
+    api_parent_pid: int | None = None
+    """Set by `towerq api` for its worker processes, which die with it (not a user setting)."""
+    api_url: str = "http://127.0.0.1:8000"
+    """Where the CLI finds the API."""
+    public_url: str | None = None
+    """The dashboard's address as users reach it (behind a proxy, e.g. https://lab.example/towerq):
+    the login link `towerq admin bootstrap` prints. Default: the API's own address."""
+    root_path: str = Field(default="", pattern=r"^(/[^/\s]+)*$")
+    """The path prefix a reverse proxy serves towerq under (e.g. /towerq), the proxy stripping it."""
+    forwarded_allow_ips: str = "127.0.0.1"
+    """Proxies whose X-Forwarded-For/-Proto headers are trusted (comma-separated, or *)."""
+    max_streams_per_token: int = Field(default=50, ge=1)
+    """Live streams (open job pages, `towerq logs -f`, lists) one token may hold at once,
+    across every API process; they share one Redis subscription per process."""
+    token: str | None = None
+    max_request_bytes: int = 1_000_000
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced by `***`, for logs and banners."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,50 @@
+"""The local executor: the lab's own GPU hosts, each running `towerq worker`.
+
+- submit: a launch message (job id and attempt, `service.core.launches`) on the host's RQ
+  queue `towerq:host:<name>`; the host's worker starts the trainer (`worker.agent`).
+- observe: whether that launch still waits on the queue.
+- stop: the stop message on the host's control channel `towerq:control:<name>`; the worker
+  reads the job's row and signals the trainer.
+- capacity: the hosts and GPUs the workers registered (`hosts` and `gpus` rows).
+"""
+
+from __future__ import annotations
+
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from service.core import keys, launches
+from service.core.models import Host
+from service.executors.base import Attempt, Capacity, Seen
+from towerq.contract.messages import CancelMessage, PreemptMessage, encode
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, connection: redis.Redis) -> None:
+        self.connection = connection
+
+    def submit(self, attempt: Attempt) -> None:
+        launches.send(self.connection, attempt.host, attempt.job_id, attempt.attempt)
+
+    def observe(self, attempt: Attempt) -> Seen:
+        held = launches.pending(self.connection, attempt.job_id, attempt.attempt)
+        return Seen(held=held, reason=f"waiting for the worker on {attempt.host}" if held else None)
+
+    def stop(self, message: CancelMessage | PreemptMessage) -> None:
+        if message.host:
+            self.connection.publish(keys.host_control_channel(message.host), encode(message))
+
+    def capacity(self, session: Session) -> dict[str, Capacity]:
+        hosts = session.scalars(select(Host).options(selectinload(Host.gpus)))
+        return {
+            host.name: Capacity(
+                gpus=tuple(sorted(g.index for g in host.gpus if g.present)),
+                smallest_gpu_mb=min(
+                    (g.memory_total_mb for g in host.gpus if g.present and not g.simulated), default=None
+                ),
+            )
+            for host in hosts
+        }

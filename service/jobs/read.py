@@ -1,0 +1,125 @@
+"""Finding and describing jobs: one job, a page of the list, a job's allocation, and what
+another member may see of it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy.orm import Session, joinedload
+
+from service.core.exceptions import NotFoundError
+from service.core.models import Allocation, Gpu, Host, Job, Notification, User
+from service.core.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut
+from service.lab.auth import Caller
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.scalars(select(Job).options(joinedload(Job.user)).where(Job.id == job_id)).one_or_none()
+    if job is None:
+        raise NotFoundError(f"job {job_id} not found")
+    return job
+
+
+def list_jobs(
+    session: Session,
+    *,
+    states: Sequence[str] = (),
+    user: str | None = None,
+    text: str | None = None,
+    limit: int,
+    offset: int,
+) -> JobPage:
+    query = select(Job)
+    if states:
+        query = query.where(Job.state.in_(states))
+    if user:
+        query = query.join(User, Job.user_id == User.id).where(User.name == user)
+    if text:
+        pattern = f"%{text}%"
+        clauses: list[ColumnElement[bool]] = [Job.name.ilike(pattern)]
+        if text.isdigit():
+            clauses.append(Job.id == int(text))
+        query = query.where(or_(*clauses))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    jobs = list(
+        session.scalars(query.options(joinedload(Job.user)).order_by(Job.id.desc()).limit(limit).offset(offset))
+    )
+    allocations = allocations_of(session, jobs)
+    return JobPage(
+        items=[job_out(job, allocations.get(job.id)) for job in jobs],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, AllocationOut]:
+    """The allocation of each job's latest attempt (kept after it ends, to show where it ran)."""
+    if not jobs:
+        return {}
+    attempts = {job.id: job.attempts for job in jobs}
+    rows = session.execute(
+        select(
+            Allocation.job_id, Allocation.attempt, Allocation.fraction, Host.name, Gpu.index, Gpu.uuid, Gpu.simulated
+        )
+        .join(Gpu, Allocation.gpu_id == Gpu.id)
+        .join(Host, Allocation.host_id == Host.id)
+        .where(Allocation.job_id.in_(attempts))
+        .order_by(Allocation.job_id, Allocation.attempt.desc(), Gpu.index)
+    )
+    grouped: dict[int, list[tuple[int, float, str, int, str, bool]]] = defaultdict(list)
+    for job_id, attempt, fraction, host, index, uuid, simulated in rows:
+        group = grouped[job_id]
+        if group and group[0][0] != attempt:
+            continue
+        group.append((attempt, fraction, host, index, uuid, simulated))
+    return {
+        job_id: AllocationOut(
+            host=group[0][2],
+            gpus=[g[3] for g in group],
+            gpu_uuids=[g[4] for g in group],
+            fraction=group[0][1],
+            simulated=all(g[5] for g in group),
+        )
+        for job_id, group in grouped.items()
+    }
+
+
+HIDDEN_URL = "(hidden: only its owner and admins see a webhook URL)"
+
+Shown = TypeVar("Shown", JobOut, JobDetailOut)
+
+
+def as_seen_by(out: Shown, caller: Caller) -> Shown:
+    """A job as `caller` may see it: its webhook URLs (a Slack hook URL is a secret) only
+    for its owner and admins."""
+    if caller.is_admin or out.user == caller.name:
+        return out
+    update: dict[str, Any] = {}
+    if out.spec.get("notify_url"):
+        update["spec"] = {**out.spec, "notify_url": HIDDEN_URL}
+    if isinstance(out, JobDetailOut) and any(n.url for n in out.notifications):
+        update["notifications"] = [n.model_copy(update={"url": n.url and HIDDEN_URL}) for n in out.notifications]
+    return out.model_copy(update=update) if update else out
+
+
+def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
+    return JobOut.model_validate(job).model_copy(update={"allocation": allocation})
+
+
+def job_detail(session: Session, job: Job) -> JobDetailOut:
+    allocation = allocations_of(session, [job]).get(job.id)
+    owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
+    notifications = [NotificationOut.model_validate(n) for n in owed]
+    return JobDetailOut.model_validate(job).model_copy(
+        update={"allocation": allocation, "notifications": notifications}
+    )
+
+
+def job_detail_of_new(job: Job, event: JobEventOut) -> JobDetailOut:
+    """The detail of a job just inserted, without asking the database again (`job` is a
+    transient row holding what was inserted)."""
+    return JobDetailOut.model_validate(job).model_copy(update={"events": [event]})

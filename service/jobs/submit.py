@@ -1,0 +1,222 @@
+"""Submitting jobs: the checks a spec must pass beyond its own fields (GPUs that exist, files
+inside their roots, the queue's room), and storing it."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from service.core.context import connect_redis
+from service.core.db import Database
+from service.core.exceptions import NotFoundError, SpecError, TooManyError
+from service.core.models import Job, JobState, User, utcnow
+from service.core.schemas import JobDetailOut
+from service.core.settings import Settings
+from service.executors import executor_for
+from service.jobs.intake import Submission, SubmissionWriter, store_submissions
+from service.jobs.read import get_job, job_detail, job_detail_of_new
+from service.lab.auth import Caller
+from service.lab.hosts import HostInventory
+from service.notifications import outbound
+from service.uploads import code as code_bundles
+from service.uploads import datasets
+from towerq.contract.paths import PathEscapeError, resolve_inside
+from towerq.contract.runtime import MIN_MEMORY_LIMIT_MB, memory_limit_mb
+from towerq.contract.spec import JobSpec
+
+
+def submit(
+    db: Database,
+    caller: Caller,
+    spec: JobSpec,
+    settings: Settings,
+    idempotency_key: str | None = None,
+    inventory: HostInventory | None = None,
+    writer: SubmissionWriter | None = None,
+    sweep_id: int | None = None,
+) -> tuple[JobDetailOut, bool]:
+    """Store a new queued job; returns (job, created). A repeated idempotency key returns
+    the job first submitted with it. The checks read a cached inventory; the job is stored
+    by `writer` (group commit) when there is one, else in a transaction of its own."""
+    inventory = inventory or HostInventory(db, executor_for(settings, connect_redis(settings.redis_url)))
+    host = check_submission(caller, spec, settings, inventory)
+    if sweep_id is None:  # a sweep's jobs were counted together, before it was stored
+        check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
+    if spec.hyperparameters.seed is None:
+        spec.hyperparameters.seed = secrets.randbelow(2**31)
+    row = new_job(caller, spec, host, settings, idempotency_key)
+    row["sweep_id"] = sweep_id
+    if writer is not None:
+        job_id, event = writer.store(row, caller.name)
+    else:
+        job_id, event = store_submissions(db, [Submission(row, caller.name)])[0]
+    if event is None:
+        with db.read() as session:
+            return job_detail(session, get_job(session, job_id)), False
+    return job_detail_of_new(Job(id=job_id, user=User(id=caller.user_id, name=caller.name), **row), event), True
+
+
+def check_queue_room(db: Database, caller: Caller, adding: int, limit: int) -> None:
+    """TooManyError when `adding` more jobs would put more than `limit` of the caller's jobs
+    in the queue (0: no limit). A soft bound: submissions racing each other may each pass."""
+    if not limit:
+        return
+    with db.read() as session:
+        waiting = session.scalar(
+            select(func.count()).select_from(Job).where(Job.state == JobState.QUEUED, Job.user_id == caller.user_id)
+        )
+    if (waiting or 0) + adding > limit:
+        raise TooManyError(
+            f"you have {waiting:,} jobs queued; at most {limit:,} may wait at once (TOWERQ_USER_MAX_QUEUED_JOBS): "
+            "let some run or cancel some first"
+        )
+
+
+def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventory: HostInventory) -> str | None:
+    """Everything a submission must pass besides the spec's own validation; the host the
+    job must run on, if one."""
+    caller.check_priority(spec.priority)
+    host = check_resources(inventory, spec)
+    check_memory_fraction(inventory, spec, host, settings)
+    check_files(spec, settings, caller.name)
+    if spec.code and not (caller.is_admin or code_bundles.owns(settings.code_dir, caller.name, spec.code)):
+        raise SpecError("code", f"bundle {spec.code[:12]}… is not one you uploaded: upload it yourself (same id)")
+    if spec.notify_url:
+        outbound.check_url(spec.notify_url, settings.webhook_allow)
+    return host
+
+
+def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings, key: str | None) -> dict[str, Any]:
+    """The row of a job as submitted."""
+    now = utcnow()
+    return dict(
+        name=spec.name,
+        user_id=caller.user_id,
+        state=JobState.QUEUED.value,
+        spec=spec.model_dump(mode="json"),
+        priority=spec.priority.value,
+        gpu_count=spec.gpu_count,
+        gpu_memory_fraction=spec.gpu_memory_fraction,
+        requested_host=host,
+        requested_gpus=spec.gpus,
+        time_limit_s=spec.time_limit_s,
+        total_steps=spec.hyperparameters.steps,
+        max_attempts=spec.max_attempts or settings.max_attempts,
+        idempotency_key=key,
+        attempts=1,
+        crashes=0,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def check_resources(inventory: HostInventory, spec: JobSpec) -> str | None:
+    """Check that the GPUs asked for exist; returns the host the job is bound to, if any.
+    A refusal is decided on a fresh inventory, not on the cached one."""
+    try:
+        return _check_resources(inventory.hosts(), spec)
+    except SpecError:
+        return _check_resources(inventory.hosts(fresh=True), spec)
+
+
+def _check_resources(hosts: dict[str, list[int]], spec: JobSpec) -> str | None:
+    host = spec.host
+    if host is not None and host not in hosts:
+        known = ", ".join(sorted(hosts)) or "none yet"
+        raise SpecError("host", f"unknown host {host!r} (registered hosts: {known})")
+    if spec.gpus is not None:
+        host = host or _only_host(hosts)
+        missing = [i for i in spec.gpus if i not in hosts[host]]
+        if missing:
+            raise SpecError(
+                "gpus",
+                f"GPU {missing[0]} does not exist on {host} (it has GPUs {_ranges(hosts[host])})",
+            )
+        return host
+    count = spec.gpu_count or 1
+    sizes = [len(hosts[host])] if host is not None else [len(g) for g in hosts.values()]
+    if sizes and count > max(sizes):
+        where = f"host {host}" if host is not None else "the largest host"
+        raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
+    return host
+
+
+def check_memory_fraction(inventory: HostInventory, spec: JobSpec, host: str | None, settings: Settings) -> None:
+    """Refuse a fraction of a real GPU too small to leave the job memory after the card's
+    reserve and its process's CUDA context (simulated GPUs have no real limit)."""
+    if spec.gpu_memory_fraction >= 1.0:
+        return
+    smallest = inventory.smallest_gpu_mb()
+    sizes = [smallest.get(host)] if host is not None else list(smallest.values())
+    if not sizes or any(size is None for size in sizes):
+        return
+    best = max(size for size in sizes if size is not None)
+    reserved, overhead = settings.gpu_memory_reserved_mb, settings.gpu_process_overhead_mb
+    left = memory_limit_mb(spec.gpu_memory_fraction, best, reserved, overhead)
+    if left < MIN_MEMORY_LIMIT_MB:
+        raise SpecError(
+            "gpu_memory_fraction",
+            f"{spec.gpu_memory_fraction} of a {best} MB GPU leaves {left} MB after the {reserved} MB the card "
+            f"reserves and the {overhead} MB each process's CUDA context costs (at least {MIN_MEMORY_LIMIT_MB} MB)",
+        )
+
+
+def _only_host(hosts: dict[str, list[int]]) -> str:
+    if not hosts:
+        raise SpecError("gpus", "no GPU host has registered yet: start `towerq worker` first")
+    if len(hosts) > 1:
+        names = ", ".join(sorted(hosts))
+        raise SpecError("host", f"several hosts have GPUs ({names}): say which one with 'host'")
+    return next(iter(hosts))
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    if not indices:
+        return "none"
+    if list(indices) == list(range(indices[0], indices[-1] + 1)) and len(indices) > 2:
+        return f"{indices[0]}-{indices[-1]}"
+    return ", ".join(str(i) for i in indices)
+
+
+def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
+    """Refuse paths that escape their folders or lie in another user's uploads; check that
+    files exist where this host can see."""
+    for field, path in (("dataset", spec.dataset_path), ("dataset_options", spec.dataset_options.test_path)):
+        reason = datasets.reaches_others(path, user) if path else None
+        if reason is not None:
+            raise SpecError(field, reason)
+    if spec.code is not None:
+        _check_bundle(spec, settings)
+    elif ":" in spec.model:
+        module = spec.model.split(":")[0].replace(".", "/") + ".py"
+        _check_inside(settings.models_path, module, "model", "TOWERQ_MODELS_PATH")
+    if spec.dataset_path is not None:
+        _check_inside(settings.data_dir, spec.dataset_path, "dataset", "TOWERQ_DATA_DIR")
+    if spec.dataset_options.test_path is not None:
+        _check_inside(settings.data_dir, spec.dataset_options.test_path, "dataset_options", "TOWERQ_DATA_DIR")
+
+
+def _check_bundle(spec: JobSpec, settings: Settings) -> None:
+    """The bundle exists and holds the module the model names."""
+    assert spec.code is not None
+    try:
+        files = {entry["path"] for entry in code_bundles.manifest(settings.code_dir, spec.code)["files"]}
+    except NotFoundError as err:
+        raise SpecError("code", str(err)) from None
+    module = spec.model.split(":")[0].replace(".", "/")
+    if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
+        shown = ", ".join(sorted(path for path in files if path.endswith(".py"))[:10])
+        raise SpecError("model", f"bundle {spec.code[:12]}… has no {module}.py (its Python files: {shown or 'none'})")
+
+
+def _check_inside(root: Path, relative: str, field: str, setting: str) -> None:
+    try:
+        resolved = resolve_inside(root, relative.split("*")[0] or ".")
+    except PathEscapeError as err:
+        raise SpecError(field, str(err)) from None
+    if root.is_dir() and "*" not in relative and not resolved.exists():
+        raise SpecError(field, f"{relative!r} not found under {setting} ({root})")

@@ -1,0 +1,161 @@
+"""Sweeps: many settings of one job spec, launched from one request and followed as one.
+
+A sweep is a `base` job spec and either a `grid` (`{"hyperparameters.learning_rate": [0.1,
+0.01], ...}`: the cartesian product) or `random` settings (`{"count": 20, "space":
+{"hyperparameters.learning_rate": {"log_uniform": [1e-4, 1e-1]}, ...}}`). Every setting is
+made into a job spec and checked like a submission before anything is stored; then the
+sweep and all its jobs are stored. `max_parallel` holds the rest of a sweep's jobs in the
+queue while that many of them hold GPUs (the scheduler reads `service.scheduler.snapshot.held_by_sweeps`); `metric`
+and `goal` name the best job.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+from typing import Any, Self
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from service.core.exceptions import SpecError
+from service.core.models import FINAL_STATES, Job, JobState
+
+MAX_JOBS_PER_SWEEP = 1000
+METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
+FINAL = tuple(state.value for state in FINAL_STATES)
+
+
+class Distribution(BaseModel):
+    """One dimension of a random search: exactly one of these."""
+
+    model_config = {"extra": "forbid"}
+
+    uniform: tuple[float, float] | None = None
+    log_uniform: tuple[float, float] | None = None
+    int_uniform: tuple[int, int] | None = None
+    choice: list[Any] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        given = [
+            name for name in ("uniform", "log_uniform", "int_uniform", "choice") if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError("give exactly one of uniform, log_uniform, int_uniform, choice")
+        if self.log_uniform is not None and not 0 < self.log_uniform[0] <= self.log_uniform[1]:
+            raise ValueError("log_uniform needs 0 < low <= high")
+        for bounds in (self.uniform, self.int_uniform):
+            if bounds is not None and bounds[0] > bounds[1]:
+                raise ValueError("low must not exceed high")
+        return self
+
+    def draw(self, rng: random.Random) -> Any:
+        if self.uniform is not None:
+            return rng.uniform(*self.uniform)
+        if self.log_uniform is not None:
+            return math.exp(rng.uniform(math.log(self.log_uniform[0]), math.log(self.log_uniform[1])))
+        if self.int_uniform is not None:
+            return rng.randint(*self.int_uniform)
+        assert self.choice is not None
+        return rng.choice(self.choice)
+
+
+class RandomSearch(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    count: int = Field(ge=1, le=MAX_JOBS_PER_SWEEP)
+    space: dict[str, Distribution] = Field(min_length=1)
+    seed: int = 0
+
+
+class SweepIn(BaseModel):
+    """A sweep as submitted."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f]*$")
+    base: dict[str, Any]
+    grid: dict[str, list[Any]] | None = None
+    random: RandomSearch | None = None
+    metric: str = Field(default="eval_accuracy", pattern=r"^(eval_accuracy|eval_loss|accuracy|loss)$")
+    goal: str = Field(default="max", pattern=r"^(max|min)$")
+    max_parallel: int | None = Field(default=None, ge=1, le=MAX_JOBS_PER_SWEEP)
+    notify_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
+
+    @model_validator(mode="after")
+    def _grid_or_random(self) -> Self:
+        if (self.grid is None) == (self.random is None):
+            raise ValueError("give a grid or a random search (one of them)")
+        if self.grid is not None:
+            if not self.grid or any(not values for values in self.grid.values()):
+                raise ValueError("grid: each field needs at least one value")
+            size = math.prod(len(values) for values in self.grid.values())
+            if size > MAX_JOBS_PER_SWEEP:
+                raise ValueError(f"grid: {size} settings; a sweep has at most {MAX_JOBS_PER_SWEEP}")
+        return self
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Each job's values for the swept fields, in order."""
+        if self.grid is not None:
+            fields = list(self.grid)
+            return [dict(zip(fields, values, strict=True)) for values in itertools.product(*self.grid.values())]
+        assert self.random is not None
+        rng = random.Random(self.random.seed)
+        return [{f: d.draw(rng) for f, d in self.random.space.items()} for _ in range(self.random.count)]
+
+
+def set_dotted(spec: dict[str, Any], path: str, value: Any) -> None:
+    """`spec["a"]["b"] = value` for `a.b`, making the dicts on the way."""
+    *parents, last = path.split(".")
+    target = spec
+    for key in parents:
+        nested = target.setdefault(key, {})
+        if not isinstance(nested, dict):
+            raise SpecError(path, f"{key} is not a group of fields")
+        target = nested
+    target[last] = value
+
+
+def job_specs(sweep: SweepIn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(setting, the job spec it makes) for each setting; each spec named after its setting."""
+    made = []
+    for index, setting in enumerate(sweep.settings()):
+        spec = copy.deepcopy(sweep.base)
+        for path, value in setting.items():
+            set_dotted(spec, path, value)
+        label = " ".join(f"{path.rsplit('.', 1)[-1]}={_short(value)}" for path, value in setting.items())
+        spec["name"] = f"{sweep.name} {label}"[:128] if label else f"{sweep.name} #{index + 1}"
+        made.append((setting, spec))
+    return made
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def refusal(index: int, setting: dict[str, Any], err: ValidationError | SpecError) -> SpecError:
+    """A setting's spec that does not validate, as an error naming the setting and its field."""
+    where = ", ".join(f"{k}={_short(v)}" for k, v in setting.items())
+    if isinstance(err, SpecError):
+        return SpecError(f"settings.{index}.{err.field}", f"setting {index + 1} ({where}): {err.message}")
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    return SpecError(
+        f"settings.{index}.{field}" if field else f"settings.{index}",
+        f"setting {index + 1} ({where}): {field}: {first['msg']}",
+    )
+
+
+def result_of(job: Job, metric: str) -> float | None:
+    value = getattr(job, metric, None)
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:
+    scored = [(result_of(j, metric), j.id) for j in jobs if j.state == JobState.SUCCEEDED.value]
+    scored = [(value, job_id) for value, job_id in scored if value is not None]
+    if not scored:
+        return None
+    return (max if goal == "max" else min)(scored)[1]

@@ -1,0 +1,209 @@
+"""Usage accounting and the fair-share view: who used the lab's GPUs, and why the scheduler
+ranks each user where it does.
+
+- `usage_report`: per user or per host, over a time window, from the allocation rows: GPU
+  hours (each allocation's fraction × the part of its life inside the window; a running one
+  counts up to now), the jobs that held GPUs in the window, and the wait (submit to first
+  start) of the jobs that first started in it, median and p95.
+- `fair_share_report`: each user's decayed usage, share, and the rank term the policy
+  gives them now, computed by the policy's own `FairShareTerms` from the same rows and
+  estimates a scheduling pass reads (`service.scheduler.snapshot`, the usage ledger).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.core.models import Allocation, Gpu, Host, Job, User
+from service.core.schemas import FairShareUserOut
+from service.scheduler.ranking import FairShareTerms
+from service.scheduler.snapshot import live_inputs
+
+BY = ("user", "host")
+
+
+@dataclass
+class UsageRow:
+    key: str
+    gpu_hours: float = 0.0
+    jobs: int = 0
+    started: int = 0
+    """Jobs that first started in the window (their waits are the wait figures)."""
+    median_wait_s: float | None = None
+    p95_wait_s: float | None = None
+    job_ids: set[int] = field(default_factory=set, repr=False)
+    waits: list[float] = field(default_factory=list, repr=False)
+
+
+def usage_report(session: Session, since: datetime, until: datetime, by: str, now: datetime) -> list[UsageRow]:
+    """Usage per user or host in [since, until], most GPU hours first."""
+    key = User.name if by == "user" else Host.name
+    rows: dict[str, UsageRow] = {}
+
+    def row(name: str) -> UsageRow:
+        return rows.setdefault(name, UsageRow(name))
+
+    held = session.execute(
+        select(key, Allocation.job_id, Allocation.fraction, Allocation.created_at, Allocation.released_at)
+        .join(Job, Allocation.job_id == Job.id)
+        .join(User, Job.user_id == User.id)
+        .join(Host, Allocation.host_id == Host.id)
+        .where(Allocation.created_at < until)
+        .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
+    )
+    for name, job_id, fraction, created_at, released_at in held:
+        end = min(released_at or now, until)
+        seconds = (end - max(created_at, since)).total_seconds()
+        entry = row(name)
+        entry.gpu_hours += fraction * max(0.0, seconds) / 3600
+        entry.job_ids.add(job_id)
+    first = (
+        select(Allocation.job_id, func.min(Allocation.created_at).label("started"))
+        .group_by(Allocation.job_id)
+        .subquery()
+    )
+    starts = session.execute(
+        select(key, Job.created_at, first.c.started)
+        .join(first, first.c.job_id == Job.id)
+        .join(User, Job.user_id == User.id)
+        .join(Allocation, (Allocation.job_id == Job.id) & (Allocation.created_at == first.c.started))
+        .join(Host, Allocation.host_id == Host.id)
+        .where(first.c.started >= since, first.c.started <= until)
+        .distinct()
+    )
+    for name, submitted, started in starts:
+        row(name).waits.append(max(0.0, (started - submitted).total_seconds()))
+    for entry in rows.values():
+        entry.jobs = len(entry.job_ids)
+        entry.started = len(entry.waits)
+        if entry.waits:
+            entry.median_wait_s = statistics.median(entry.waits)
+            entry.p95_wait_s = percentile(entry.waits, 95)
+    return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * p // 100))
+    return ordered[int(rank) - 1]
+
+
+def fair_share_report(
+    session: Session, half_life_s: float, default_limit: int | None, now: datetime
+) -> list[FairShareUserOut]:
+    """Every user with usage or jobs, as the policy would rank them in a pass now."""
+    queued, cluster, fair_share, _ = live_inputs(session, half_life_s, default_limit, now)
+    usage = fair_share.usage
+    present = {job.user for job in queued} | {job.user for job in cluster.running}
+    terms = FairShareTerms(fair_share, cluster.running, {job.user for job in queued}, now.timestamp())
+    running: dict[str, float] = defaultdict(float)
+    for job in cluster.running:
+        running[job.user] += job.gpu_load
+    waiting: dict[str, int] = defaultdict(int)
+    for queued_job in queued:
+        waiting[queued_job.user] += 1
+    users = sorted(present | {user for user, value in usage.items() if value > 0})
+    return [
+        FairShareUserOut(
+            user=user,
+            share=fair_share.share(user),
+            usage_gpu_hours=usage.get(user, 0.0) / 3600,
+            running_gpus=running[user],
+            queued_jobs=waiting[user],
+            owed=terms.owed(user) if user in present else None,
+            used=terms.used_part(user) if user in present else None,
+            term=terms.term(user) if user in present else None,
+        )
+        for user in users
+    ]
+
+
+@dataclass
+class Held:
+    job_id: int
+    job_name: str
+    user: str
+    host: str
+    gpu: int
+    fraction: float
+    start: datetime
+    end: datetime | None
+    """None: still held."""
+
+
+@dataclass
+class QueueSample:
+    time: datetime
+    queued: int
+    """Jobs waiting at this moment."""
+    started: int
+    """Jobs that first started since the previous sample..."""
+    median_wait_s: float | None
+    """...and their median wait."""
+
+
+TIMELINE_SAMPLES = 200
+
+
+def timeline(session: Session, since: datetime, until: datetime, now: datetime) -> tuple[list[Held], list[QueueSample]]:
+    """Who held which GPU when in [since, until] (each allocation, for a Gantt chart per GPU
+    or GPUs per user over time), and the queue's length and wait at 200 moments."""
+    held = [
+        Held(r.job_id, r.job_name, r.user, r.host, r.gpu, r.fraction, r.created_at, r.released_at)
+        for r in session.execute(
+            select(
+                Allocation.job_id,
+                Job.name.label("job_name"),
+                User.name.label("user"),
+                Host.name.label("host"),
+                Gpu.index.label("gpu"),
+                Allocation.fraction,
+                Allocation.created_at,
+                Allocation.released_at,
+            )
+            .join(Job, Allocation.job_id == Job.id)
+            .join(User, Job.user_id == User.id)
+            .join(Host, Allocation.host_id == Host.id)
+            .join(Gpu, Allocation.gpu_id == Gpu.id)
+            .where(Allocation.created_at < until)
+            .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
+            .order_by(Host.name, Gpu.index, Allocation.created_at)
+        )
+    ]
+    first = (
+        select(Allocation.job_id, func.min(Allocation.created_at).label("started"))
+        .group_by(Allocation.job_id)
+        .subquery()
+    )
+    waits = session.execute(
+        select(Job.created_at, Job.finished_at, first.c.started)
+        .outerjoin(first, first.c.job_id == Job.id)
+        .where(Job.created_at < until)
+        .where(
+            ((first.c.started.is_(None)) & ((Job.finished_at.is_(None)) | (Job.finished_at > since)))
+            | (first.c.started > since)
+        )
+    ).all()
+    step = (until - since) / TIMELINE_SAMPLES
+    samples = []
+    for i in range(TIMELINE_SAMPLES + 1):
+        moment = since + step * i
+        if moment > now:
+            break
+        queued = 0
+        started = []
+        for submitted, finished, start in waits:
+            end = start or finished or now
+            if submitted <= moment < end:
+                queued += 1
+            if start is not None and moment - step < start <= moment:
+                started.append((start - submitted).total_seconds())
+        samples.append(QueueSample(moment, queued, len(started), statistics.median(started) if started else None))
+    return held, samples

@@ -1,0 +1,239 @@
+"""Webhooks when jobs end: the job's `notify_url` (or its sweep's) and the lab's
+`TOWERQ_WEBHOOK_URL`.
+
+The transaction that ends a job also writes a `Notification` row per target (an outbox),
+so a notification is neither lost when a process dies nor made twice. The `Deliverer`, a
+thread of the scheduler process, sends what is due: a JSON POST with the job's state,
+reason, final metrics and dashboard link, a Slack-compatible `text`, and, with
+`TOWERQ_WEBHOOK_SECRET`, the header `X-Towerq-Signature: sha256=<HMAC-SHA256 of the body>`.
+`X-Towerq-Delivery` carries the notification's id, which stays the same across retries.
+A failed attempt (no answer in 10 s, or not 2xx) is retried with back-off, up to
+`MAX_ATTEMPTS` times over about six hours; each failure is a line in the job's log. A
+member's URL goes only to public (or allow-listed) addresses, to the address that was
+checked (`service.notifications.outbound`); no attempt takes longer than SEND_DEADLINE_S in all, and no
+answer's body is read (its status is all that counts).
+
+Nothing here runs on a worker or inside a scheduling pass: a slow receiver slows nobody.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import httpx
+from sqlalchemy import delete, select, update
+
+from service.core import joblog
+from service.core.context import Context
+from service.core.models import Job, LogLine, Notification, NotificationState, utcnow
+from service.core.schemas import LatestMetrics
+from service.notifications import outbound
+from towerq.contract.paths import job_log
+
+log = logging.getLogger(__name__)
+
+BACKOFF_STEPS = (1, 5, 15, 60, 300, 900, 1800, 7200)
+"""Waits before each retry, in units of TOWERQ_WEBHOOK_RETRY_S (2 s: 2 s, 10 s, 30 s, 2 min,
+10 min, 30 min, 1 h, 4 h: about 6 hours in all)."""
+MAX_ATTEMPTS = len(BACKOFF_STEPS) + 1
+SEND_TIMEOUT_S = 10.0
+SEND_DEADLINE_S = 20.0
+"""One attempt, connection to status line, never takes longer (a receiver that drips its
+answer would otherwise hold the lab's one delivery thread)."""
+LEASE_S = 60.0
+"""A claimed notification is not claimed again for this long (another deliverer, a crash)."""
+POLL_S = 1.0
+BATCH = 20
+
+
+def payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
+    link = f"{public_url.rstrip('/')}/#/jobs/{job.id}"
+    latest = LatestMetrics.model_validate(job).model_dump()
+    final = {k: v for k, v in latest.items() if v is not None}
+    summary = ", ".join(
+        f"{k.replace('_', ' ')} {100 * v:.1f}%" if "accuracy" in k else f"{k.replace('_', ' ')} {v:.4g}"
+        for k, v in final.items()
+        if k in ("eval_accuracy", "eval_loss", "accuracy", "loss")
+    )
+    reason = f" ({job.error})" if job.error else ""
+    text = f"towerq: job {job.id} {job.name!r} of {job.user.name} {job.state}{reason}"
+    text += f" — {summary}" if summary else ""
+    return {
+        "event": "job.finished",
+        "delivery": delivery,
+        "job": {
+            "id": job.id,
+            "name": job.name,
+            "user": job.user.name,
+            "state": job.state,
+            "reason": job.error,
+            "attempts": job.attempts,
+            "final": final,
+            "sweep_id": job.sweep_id,
+            "started_at": job.started_at.isoformat() if job.started_at else None,
+            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+            "url": link,
+        },
+        "text": f"{text} <{link}>",
+    }
+
+
+def sign(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+class Deliverer:
+    """Sends due notifications until `stop` is set (a thread of `towerq scheduler`)."""
+
+    def __init__(self, ctx: Context, stop: threading.Event, deadline_s: float = SEND_DEADLINE_S) -> None:
+        self.ctx = ctx
+        self.stop = stop
+        self.deadline_s = deadline_s
+        self.thread = threading.Thread(target=self.run, name="webhooks", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                sent = self.deliver_due()
+            except Exception:  # noqa: BLE001 - the database was away: try again later
+                log.exception("webhook delivery pass failed")
+                sent = 0
+            if not sent:
+                self.stop.wait(POLL_S)
+
+    def deliver_due(self) -> int:
+        """Claim and send the notifications that are due; how many were tried."""
+        tried = 0
+        for notification_id in self._due():
+            if self._claim(notification_id):
+                self._send(notification_id)
+                tried += 1
+        return tried
+
+    def _due(self) -> list[int]:
+        with self.ctx.db.read() as session:
+            query = (
+                select(Notification.id)
+                .where(Notification.state == NotificationState.PENDING, Notification.next_attempt_at <= utcnow())
+                .order_by(Notification.next_attempt_at)
+                .limit(BATCH)
+            )
+            return list(session.scalars(query))
+
+    def _claim(self, notification_id: int) -> bool:
+        """Lease it, so no other deliverer sends it meanwhile; False if another got it."""
+        now = utcnow()
+        with self.ctx.db.write() as session:
+            claimed = session.execute(
+                update(Notification)
+                .where(
+                    Notification.id == notification_id,
+                    Notification.state == NotificationState.PENDING,
+                    Notification.next_attempt_at <= now,
+                )
+                .values(next_attempt_at=now + timedelta(seconds=LEASE_S))
+            )
+            return bool(claimed.rowcount)  # type: ignore[attr-defined]
+
+    def _send(self, notification_id: int) -> None:
+        settings = self.ctx.settings
+        with self.ctx.db.read() as session:
+            notification = session.get(Notification, notification_id)
+            assert notification is not None
+            job = session.get(Job, notification.job_id)
+            assert job is not None
+            url = notification.url or settings.webhook_url
+            body = b"" if not url else json.dumps(payload(job, notification.id, _public(settings))).encode()
+        if not url:  # no lab webhook configured: nothing is owed
+            with self.ctx.db.write() as session:
+                session.execute(delete(Notification).where(Notification.id == notification_id))
+            return
+        headers = {"Content-Type": "application/json", "X-Towerq-Event": "job.finished"}
+        headers["X-Towerq-Delivery"] = str(notification_id)
+        if settings.webhook_secret:
+            headers["X-Towerq-Signature"] = sign(settings.webhook_secret, body)
+        error = self.post(url, body, headers, checked=notification.url is not None)
+        if error is None:
+            self._delivered(notification_id)
+        else:
+            self._failed(notification_id, url, error)
+
+    def post(self, url: str, body: bytes, headers: dict[str, str], checked: bool) -> str | None:
+        """POST `body` to `url`; None when it answered 2xx, else what went wrong. With
+        `checked` (a member's URL) only to the public address it was resolved to."""
+        request_url, extensions = httpx.URL(url), dict[str, Any]()
+        if checked:
+            try:
+                address = outbound.resolve(url, self.ctx.settings.webhook_allow)
+            except outbound.RefusedAddressError as err:
+                return str(err)
+            headers = {**headers, "Host": request_url.netloc.decode()}
+            extensions = {"sni_hostname": request_url.host}
+            request_url = request_url.copy_with(host=address)
+        try:
+            # An event loop of its own, on a thread of its own: the caller's thread may run one.
+            with ThreadPoolExecutor(1, thread_name_prefix="webhook") as attempt:
+                return attempt.submit(anyio.run, self._post, request_url, body, headers, extensions).result()
+        except TimeoutError:
+            return f"no answer within {self.deadline_s:g} s"
+        except httpx.HTTPError as err:
+            return f"{type(err).__name__}: {err}"
+
+    async def _post(
+        self, url: httpx.URL, body: bytes, headers: dict[str, str], extensions: dict[str, Any]
+    ) -> str | None:
+        """One attempt, cancelled at the deadline wherever it is (a dripping answer too)."""
+        with anyio.fail_after(self.deadline_s):
+            async with httpx.AsyncClient(timeout=SEND_TIMEOUT_S, follow_redirects=False) as client:
+                request = client.build_request("POST", url, content=body, headers=headers, extensions=extensions)
+                answer = await client.send(request, stream=True)  # the status is enough: no body is read
+                await answer.aclose()
+                return None if answer.is_success else f"HTTP {answer.status_code}"
+
+    def _delivered(self, notification_id: int) -> None:
+        with self.ctx.db.write() as session:
+            notification = session.get(Notification, notification_id)
+            assert notification is not None
+            notification.state = NotificationState.DELIVERED
+            notification.attempts += 1
+            notification.delivered_at = utcnow()
+
+    def _failed(self, notification_id: int, url: str, error: str) -> None:
+        host = httpx.URL(url).host
+        with self.ctx.db.write() as session:
+            notification = session.get(Notification, notification_id)
+            assert notification is not None
+            notification.attempts += 1
+            notification.last_error = error
+            attempts = notification.attempts
+            if attempts >= MAX_ATTEMPTS:
+                notification.state = NotificationState.FAILED
+                message = f"webhook to {host} failed for good after {attempts} attempts: {error}"
+            else:
+                wait = BACKOFF_STEPS[attempts - 1] * self.ctx.settings.webhook_retry_s
+                notification.next_attempt_at = utcnow() + timedelta(seconds=wait)
+                message = f"webhook to {host} failed (attempt {attempts} of {MAX_ATTEMPTS}): {error}"
+                message += f"; next try in {wait:g} s"
+            job = session.get(Job, notification.job_id)
+            row = {"attempt": job.attempts if job is not None else 1, "time": utcnow(), "level": "warning"}
+            session.add(LogLine(job_id=notification.job_id, message=message, **row))
+        joblog.append(
+            job_log(self.ctx.settings.artifacts_dir, notification.job_id),
+            [{**row, "message": message}],
+        )
+        log.warning("%s (job %s)", message, notification.job_id)
+
+
+def _public(settings: Any) -> str:
+    return str(settings.public_url or settings.api_url)

@@ -1,0 +1,77 @@
+"""What a worker adds to a stored spec to run one attempt (`RuntimeSpec`: devices, memory
+limits, folders), and the trainer's input file built from both (`TrainerInput`, made only
+by `trainer_input`)."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from towerq.contract.spec import JobSpec, PositiveInt, Strict, TrainSpec
+
+MIN_MEMORY_LIMIT_MB = 256
+"""A shared GPU's slice must leave at least this much to the job after the per-process cost."""
+
+
+def memory_limit_mb(fraction: float, total_mb: int, reserved_mb: int, process_overhead_mb: int) -> int:
+    """The framework memory limit of a job given `fraction` of a GPU it may share.
+
+    The card is never wholly free (`reserved_mb`: what the driver uses with no process on
+    it), and every process pays for its CUDA context outside any framework limit
+    (`process_overhead_mb`). So the limit is f × (total − reserved) − overhead: jobs whose
+    fractions sum to at most 1 then fit together, context and all."""
+    return int(fraction * (total_mb - reserved_mb)) - process_overhead_mb
+
+
+class RuntimeSpec(Strict):
+    """Where and how this attempt runs; written by the worker, not by the user."""
+
+    job_id: int | None = None
+    attempt: int = Field(default=1, ge=1)
+    artifacts_dir: str
+    data_dir: str
+    models_path: str
+    code_path: str | None = Field(default=None, description="the job's code bundle, first on the import path")
+    simulated: bool = True
+    num_devices: PositiveInt = 1
+    gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
+    gpu_memory_total_mb: list[int] = Field(default_factory=list)
+    gpu_memory_reserved_mb: int = Field(default=0, ge=0, description="used on a card with no process on it")
+    gpu_process_overhead_mb: int = Field(default=0, ge=0, description="what a process's CUDA context costs")
+    memory_growth: bool = False
+    parent_pid: int | None = Field(default=None, description="the trainer exits if this process is gone")
+    nice: int = Field(default=0, ge=0, le=19, description="CPU niceness the trainer runs at")
+
+
+class TrainerInput(Strict):
+    """The whole spec file given to `python -m worker.trainer SPEC.json`."""
+
+    train: TrainSpec
+    runtime: RuntimeSpec
+
+    @model_validator(mode="after")
+    def _weights_match_devices(self) -> Self:
+        weights = self.train.tower_weights
+        if weights is not None and len(weights) != self.runtime.num_devices:
+            raise ValueError(
+                f"tower_weights has {len(weights)} entries but the job has {self.runtime.num_devices} towers"
+            )
+        if self.runtime.memory_growth and self.runtime.gpu_memory_fraction < 1:
+            raise ValueError(
+                "memory_growth cannot be combined with gpu_memory_fraction < 1: TensorFlow "
+                "applies a memory limit through a logical device, which excludes memory growth"
+            )
+        return self
+
+
+def trainer_input(stored: dict[str, Any], runtime: RuntimeSpec) -> TrainerInput:
+    """The trainer's spec file for one attempt of a job whose spec was stored as `stored`
+    (a `JobSpec` dump). Raises pydantic's ValidationError when the stored spec no longer
+    passes today's rules."""
+    job = JobSpec.model_validate(stored)
+    runtime = runtime.model_copy(update={"memory_growth": job.memory_growth})
+    return TrainerInput(train=job.train_spec(), runtime=runtime)
