@@ -1,6 +1,9 @@
 # The two commands of the README:
 #   make run   - set up (first time) and start the whole service for this machine
 #   make test  - set up (first time) and run the whole test suite, as CI does
+# and a developer's inner loop:
+#   make test-quick - lint, import contracts and the tests that start no stack, train no
+#                     model and drive no browser (SQLite only): under 3 minutes
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +11,7 @@ STAMP := $(VENV)/.towerq-installed
 
 BIOME := node_modules/.bin/biome
 
-.PHONY: run test lint lint-web typecheck pytest setup clean
+.PHONY: run test test-quick lint lint-web typecheck pytest setup clean
 
 run: setup
 	$(BIN)/towerq up
@@ -16,6 +19,11 @@ run: setup
 test: setup
 	scripts/setup-system --test
 	$(MAKE) --no-print-directory lint typecheck pytest
+
+test-quick: setup
+	$(BIN)/ruff check service worker migrations towerq tests bench
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/pytest -q -m "not slow and not browser and not postgres"
 
 lint:
 	$(BIN)/ruff check service worker migrations towerq tests bench
@@ -34,8 +42,9 @@ $(BIOME): package.json package-lock.json
 typecheck:
 	$(BIN)/mypy service worker towerq
 
+# --durations: the slowest tests of every run, to keep the suite under its 20 minutes.
 pytest:
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=15
 
 setup: $(STAMP)
 

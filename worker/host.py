@@ -121,11 +121,3 @@ def host_info(sandboxed: bool = True) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
-
-
-def drain(session: Session, host: str, indices: list[int]) -> None:
-    """Give no new work to these GPUs of `host` until an admin undrains them."""
-    for gpu in session.scalars(
-        select(Gpu).join(Host, Gpu.host_id == Host.id).where(Host.name == host, Gpu.index.in_(indices))
-    ):
-        gpu.drained = True

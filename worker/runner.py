@@ -24,12 +24,12 @@ from sqlalchemy import select
 from service.core import defaults
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
+from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
 from service.core.models import Job, JobState
 from towerq.contract.spec import describe
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch
-from worker.host import drain
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import (
     Launch,
@@ -391,4 +391,4 @@ class JobRunner:
             "pids %s still hold GPUs %s of job %s: draining them", self.trainer_pids, self.launch.indices, self.key[0]
         )
         with self.ctx.db.write() as session:
-            drain(session, self.launch.host, self.launch.indices)
+            set_drained(session, self.launch.host, self.launch.indices, True)

@@ -31,6 +31,15 @@ class Caller:
     max_priority: Priority = Priority.NORMAL
     """The highest priority this caller may give a job (admins: high)."""
 
+    def may_change(self, owner_id: int) -> bool:
+        """Whether the caller may change or stop what `owner_id` owns: its owner, or an admin."""
+        return owner_id == self.user_id or self.is_admin
+
+    def check_owner(self, owner_id: int, what: str, owner: str, action: str) -> None:
+        """Refuse (403) a change to `what` unless the caller owns it or is an admin."""
+        if not self.may_change(owner_id):
+            raise ForbiddenError(f"{what} belongs to {owner}; only they or an admin may {action} it")
+
     def check_priority(self, priority: Priority) -> None:
         """Refuse a priority above the caller's: high priority may stop other users' jobs
         (with preemption on), so it is for admins and for users an admin allows."""

@@ -2,13 +2,13 @@
 
 `JobSpec` is what a user submits (what to train, and where/when it may run); the API
 stores its validated dump. The worker turns a stored spec into the trainer's input with
-`trainer_input` (the training half, `TrainSpec`, plus this attempt's `RuntimeSpec`), and
-the trainer validates that file again before it builds anything. Everything the trainer
+`trainer_input` (the training half, `TrainSpec`, plus this attempt's `RuntimeSpec`, both in
+`towerq.contract.runtime`), and the trainer validates that file again before it builds anything. Everything the trainer
 would refuse for a reason known at submit time is refused here, so the API answers 422
 naming the field instead of accepting a job that fails later.
 
-Pure pydantic (no TensorFlow, no database): `service` imports this module, the catalog
-and `paths`, and nothing else of `worker`. Every error names the field it is about.
+Pure pydantic (no TensorFlow, no database), in the contract every side imports (the
+service, the worker, the trainer, the client). Every error names the field it is about.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 // The form is three sections (what, hyperparameters, where and when); each builds its
 // fields, fills them from a spec, and reads them back into one.
 import { ApiError, api, el, expectedStart, toast } from "../lib.js";
+import { inputFor, jsonText, parseJson, readValue, setValue } from "./form-fields.js";
 
 const HIDDEN_HYPERPARAMETERS = new Set(["model_options"]);
 
@@ -390,48 +391,4 @@ function gpuChoice(gpu) {
     ` GPU ${gpu.index} `,
     el("span", { class: "muted" }, `${gpu.name}${gpu.simulated ? " (simulated)" : ""} · ${who}`),
   );
-}
-
-function inputFor(schema) {
-  const types = schema.anyOf ? schema.anyOf.map((s) => s.type) : [schema.type];
-  const base = schema.anyOf ? schema.anyOf.find((s) => s.type !== "null") : schema;
-  if (schema.enum || base.enum) {
-    return el(
-      "select",
-      {},
-      (schema.enum || base.enum).map((v) => el("option", { value: v, selected: v === schema.default }, v)),
-    );
-  }
-  if (types.includes("boolean")) return el("input", { type: "checkbox", checked: schema.default === true });
-  const input = el("input", { type: "number", step: types.includes("integer") ? 1 : "any" });
-  if (base.minimum !== undefined) input.setAttribute("min", base.minimum);
-  if (base.maximum !== undefined) input.setAttribute("max", base.maximum);
-  if (schema.default !== null && schema.default !== undefined) input.value = schema.default;
-  else input.placeholder = "auto";
-  return input;
-}
-
-function readValue(input) {
-  if (input.type === "checkbox") return input.checked;
-  if (input.tagName === "SELECT") return input.value;
-  if (input.value === "") return undefined;
-  return Number(input.value);
-}
-
-function setValue(input, value) {
-  if (input.type === "checkbox") input.checked = Boolean(value);
-  else input.value = value ?? "";
-}
-
-function jsonText(value) {
-  return Object.keys(value).length ? JSON.stringify(value) : "";
-}
-
-function parseJson(text, fieldName) {
-  if (!text.trim()) return {};
-  try {
-    return JSON.parse(text);
-  } catch {
-    throw Object.assign(new Error("not valid JSON"), { field: fieldName });
-  }
 }

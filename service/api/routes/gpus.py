@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
-from service.core.publish import kick_scheduler
+from service.core.gpus import set_drained
 from service.core.schemas import GpuOut
 from service.lab.hosts import find_gpu, list_gpus
 
@@ -27,7 +27,8 @@ def gpus(session: SessionDep, _: CallerDep) -> list[GpuOut]:
 def drain(host: HostName, index: Index, db: DatabaseDep, _: AdminDep) -> list[GpuOut]:
     """Drain a GPU: its jobs finish, it takes no new ones (admins)."""
     with db.write() as session:
-        find_gpu(session, host, index).drained = True
+        find_gpu(session, host, index)
+        set_drained(session, host, [index], True)
         session.flush()
         return [g for g in list_gpus(session) if g.host == host]
 
@@ -36,7 +37,7 @@ def drain(host: HostName, index: Index, db: DatabaseDep, _: AdminDep) -> list[Gp
 def undrain(host: HostName, index: Index, db: DatabaseDep, _: AdminDep) -> list[GpuOut]:
     """Give a drained GPU back to the scheduler (admins)."""
     with db.write() as session:
-        find_gpu(session, host, index).drained = False
-        kick_scheduler(session)
+        find_gpu(session, host, index)
+        set_drained(session, host, [index], False)
         session.flush()
         return [g for g in list_gpus(session) if g.host == host]

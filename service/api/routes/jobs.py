@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.core import defaults, rollups
-from service.core.exceptions import ForbiddenError, SpecError, StateConflictError
+from service.core.exceptions import SpecError, StateConflictError
 from service.core.lifecycle import locked_job, request_cancel
 from service.core.models import JobState, LogLine, Metric
 from service.core.publish import kick_scheduler
@@ -221,8 +221,7 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -
     limit (owner or admin)."""
     with db.write() as session:
         job = locked_job(session, job_id)
-        if job.user_id != caller.user_id and not caller.is_admin:
-            raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may change it")
+        caller.check_owner(job.user_id, f"job {job_id}", job.user.name, "change")
         if (body.priority is not None or body.time_limit_s is not None) and job.state != JobState.QUEUED:
             raise StateConflictError(f"job {job_id} is {job.state}: priority and time limit change only while queued")
         if body.name is not None:
@@ -244,8 +243,7 @@ def cancel(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: Executor
     """Cancel a queued job now, or ask a running one to checkpoint and stop."""
     with db.write() as session:
         job = locked_job(session, job_id)
-        if job.user_id != caller.user_id and not caller.is_admin:
-            raise ForbiddenError(f"job {job_id} belongs to {job.user.name}; only they or an admin may cancel it")
+        caller.check_owner(job.user_id, f"job {job_id}", job.user.name, "cancel")
         stopping = request_cancel(session, job, caller.name)
         session.flush()
         detail = job_detail(session, get_job(session, job_id))

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.core.exceptions import ForbiddenError, NotFoundError, SpecError
+from service.core.exceptions import NotFoundError, SpecError
 from service.core.lifecycle import locked_job, request_cancel
 from service.core.models import Job, Sweep
 from service.core.publish import kick_scheduler
@@ -157,8 +157,7 @@ def cancel(sweep_id: SweepId, db: DatabaseDep, caller: CallerDep, executor: Exec
     """Cancel every unfinished job of the sweep (its owner or an admin)."""
     with db.write() as session:
         sweep = _get(session, sweep_id)
-        if sweep.user_id != caller.user_id and not caller.is_admin:
-            raise ForbiddenError(f"sweep {sweep_id} is {sweep.user.name}'s: only they or an admin may cancel it")
+        caller.check_owner(sweep.user_id, f"sweep {sweep_id}", sweep.user.name, "cancel")
         unfinished = session.scalars(
             select(Job.id).where(Job.sweep_id == sweep_id, Job.state.not_in(sweeps.FINAL)).order_by(Job.id)
         ).all()

@@ -123,7 +123,7 @@ def revoke(token_id: TokenId, db: DatabaseDep, caller: CallerDep, request: Reque
     within seconds in every other API process."""
     with db.write() as session:
         token = session.get(ApiToken, token_id)
-        if token is None or (token.user_id != caller.user_id and not caller.is_admin):
+        if token is None or not caller.may_change(token.user_id):
             raise NotFoundError(f"token {token_id} not found")
         revoke_token(session, token_id)
         out = TokenOut.model_validate(token)
