@@ -187,7 +187,7 @@ def messages_section() -> list[str]:
         messages.PreemptMessage,
     ):
         kinds = model.model_fields["type"].annotation.__args__  # type: ignore[union-attr]
-        doc = " ".join((model.__doc__ or "").split()) if model.__doc__ != messages._Message.__doc__ else ""
+        doc = " ".join((model.__doc__ or "").split())
         lines += [f"### {' / '.join(f'`{k}`' for k in kinds)}", ""]
         lines += [doc, ""] if doc else []
         lines += [*fields_table(model, skip=("type",)), ""]

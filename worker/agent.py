@@ -28,7 +28,7 @@ from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import requeue
 from service.core.models import Job, JobState
-from towerq.contract.messages import CancelMessage, MessageError, PreemptMessage, decode
+from towerq.contract.messages import MessageError, StopMessage, decode
 from worker import cgroups, sandbox
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -228,7 +228,7 @@ class HostAgent:
             message = decode(data)
         except MessageError:
             message = None
-        if not isinstance(message, CancelMessage | PreemptMessage):
+        if not isinstance(message, StopMessage):
             log.warning("bad control message: %r", data[:200])
             return
         runner = self.runner_for(message.job_id)

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.core.models import Gpu, Host, HostState, Job, JobState, utcnow
+from service.core.models import HOLDING_STATES, Gpu, Host, HostState, Job, utcnow
 from worker.inventory import GpuState, Inventory
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def lost_attempts(session: Session, name: str, attempts: list[tuple[int, int]]) 
             select(Job.id, Job.attempts).where(
                 Job.id.in_([job_id for job_id, _ in attempts]),
                 Job.host_name == name,
-                Job.state.in_([JobState.DISPATCHED, JobState.RUNNING]),
+                Job.state.in_(HOLDING_STATES),
             )
         )
     }

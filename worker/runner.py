@@ -26,7 +26,7 @@ from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
 from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
-from service.core.models import Job, JobState
+from service.core.models import HOLDING_STATES, Job, JobState
 from towerq.contract.spec import describe
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch
@@ -300,11 +300,7 @@ class JobRunner:
                     Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason
                 ).where(Job.id == self.launch.job_id)
             ).one_or_none()
-        if (
-            row is None
-            or row.attempts != self.launch.attempt
-            or row.state not in (JobState.DISPATCHED, JobState.RUNNING)
-        ):
+        if row is None or row.attempts != self.launch.attempt or row.state not in HOLDING_STATES:
             self._stale("the job moved on")
             return
         if row.cancel_requested_at is not None:

@@ -78,10 +78,12 @@ class JobState(enum.StrEnum):
 
     @property
     def holds_gpus(self) -> bool:
-        return self in (JobState.DISPATCHED, JobState.RUNNING)
+        return self in HOLDING_STATES
 
 
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+HOLDING_STATES = (JobState.DISPATCHED, JobState.RUNNING)
+"""The states of a job whose attempt holds GPUs (an allocation, a trainer starting or running)."""
 
 
 class HostState(enum.StrEnum):

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from towerq.contract.messages import CancelMessage, PreemptMessage
+from towerq.contract.messages import StopMessage
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,6 @@ class Executor(Protocol):
 
     def observe(self, attempt: Attempt) -> Seen: ...
 
-    def stop(self, message: CancelMessage | PreemptMessage) -> None: ...
+    def stop(self, message: StopMessage) -> None: ...
 
     def capacity(self, session: Session) -> dict[str, Capacity]: ...

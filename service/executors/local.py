@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, selectinload
 from service.core import keys, launches
 from service.core.models import Host
 from service.executors.base import Attempt, Capacity, Seen
-from towerq.contract.messages import CancelMessage, PreemptMessage, encode
+from towerq.contract.messages import StopMessage, encode
 
 
 class LocalExecutor:
@@ -30,10 +30,9 @@ class LocalExecutor:
         launches.send(self.connection, attempt.host, attempt.job_id, attempt.attempt)
 
     def observe(self, attempt: Attempt) -> Seen:
-        held = launches.pending(self.connection, attempt.job_id, attempt.attempt)
-        return Seen(held=held, reason=f"waiting for the worker on {attempt.host}" if held else None)
+        return Seen(held=launches.pending(self.connection, attempt.job_id, attempt.attempt))
 
-    def stop(self, message: CancelMessage | PreemptMessage) -> None:
+    def stop(self, message: StopMessage) -> None:
         if message.host:
             self.connection.publish(keys.host_control_channel(message.host), encode(message))
 

@@ -11,8 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from service.core.db import Database
-from service.core.exceptions import NotFoundError
-from service.core.models import Allocation, Gpu, Host, Job, JobState, User, utcnow
+from service.core.models import HOLDING_STATES, Allocation, Host, Job, User, utcnow
 from service.core.schemas import GpuHolder, GpuOut, WorkerOut
 from service.executors import Executor
 
@@ -103,9 +102,7 @@ def sandboxed(host: Host) -> bool | None:
 def list_workers(session: Session) -> list[WorkerOut]:
     running = dict(
         session.execute(
-            select(Job.host_name, func.count(Job.id))
-            .where(Job.state.in_([JobState.DISPATCHED, JobState.RUNNING]))
-            .group_by(Job.host_name)
+            select(Job.host_name, func.count(Job.id)).where(Job.state.in_(HOLDING_STATES)).group_by(Job.host_name)
         ).all()
     )
     now = utcnow()
@@ -124,12 +121,3 @@ def list_workers(session: Session) -> list[WorkerOut]:
         )
         for host in session.scalars(select(Host).options(selectinload(Host.gpus)).order_by(Host.name))
     ]
-
-
-def find_gpu(session: Session, host_name: str, index: int) -> Gpu:
-    gpu = session.scalars(
-        select(Gpu).join(Host, Gpu.host_id == Host.id).where(Host.name == host_name, Gpu.index == index)
-    ).one_or_none()
-    if gpu is None:
-        raise NotFoundError(f"no GPU {index} on host {host_name}")
-    return gpu

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.core.lifecycle import requeue
-from service.core.models import Allocation, Host, HostState, Job, JobState
+from service.core.models import HOLDING_STATES, Allocation, Host, HostState, Job, JobState
 from service.core.settings import Settings
 from service.executors import Attempt, Executor
 
@@ -57,7 +57,7 @@ def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs
             select(Job)
             .where(
                 Job.host_name == host.name,
-                Job.state.in_([JobState.DISPATCHED, JobState.RUNNING]),
+                Job.state.in_(HOLDING_STATES),
             )
             .with_for_update()
         ).all()

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState, Sweep, User
+from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, HostState, Job, JobState, Sweep, User
 from service.scheduler.history import RunTimes
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.types import (
@@ -125,7 +125,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     )
     by_job: dict[int, RunningJob] = {}
     indices: dict[int, list[int]] = defaultdict(list)
-    served = served_before(session, (JobState.DISPATCHED, JobState.RUNNING))
+    served = served_before(session, HOLDING_STATES)
     for r in rows:
         host = capacity.get(r.name)
         if host is not None and r.gpu_index < len(host.free) and r.gpu_index not in host.unusable:
@@ -214,7 +214,7 @@ def held_by_sweeps(session: Session, queued_ids: list[int]) -> dict[int, str]:
     active = dict(
         session.execute(
             select(Job.sweep_id, func.count(Job.id))
-            .where(Job.sweep_id.in_(sweep_ids), Job.state.in_((JobState.DISPATCHED.value, JobState.RUNNING.value)))
+            .where(Job.sweep_id.in_(sweep_ids), Job.state.in_(HOLDING_STATES))
             .group_by(Job.sweep_id)
         ).all()
     )

@@ -93,11 +93,10 @@ class PreemptMessage(_Message):
     reason: str = Field(description="why it must make room")
 
 
-Message = Annotated[
-    StateMessage | MetricMessage | LogMessage | CancelMessage | PreemptMessage, Field(discriminator="type")
-]
-CONTROL_KINDS = ("cancel", "preempt")
-"""Kinds also sent to the worker of the job's host, which acts on them."""
+StopMessage = CancelMessage | PreemptMessage
+"""A stop request: the executor delivers it to where the attempt runs."""
+AnyMessage = StateMessage | MetricMessage | LogMessage | StopMessage
+Message = Annotated[AnyMessage, Field(discriminator="type")]
 
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
 
@@ -112,9 +111,6 @@ class UnknownMessage(BaseModel):
 
 class MessageError(ValueError):
     """What came is not a towerq message (not JSON, or not an object with a job id)."""
-
-
-AnyMessage = StateMessage | MetricMessage | LogMessage | CancelMessage | PreemptMessage
 
 
 def encode(message: AnyMessage) -> str:
