@@ -239,12 +239,12 @@ class FreeGpus:
     def would_fit_if_freed(self, job: QueuedJob, host: str, freed: list[RunningJob]) -> tuple[int, ...] | None:
         """The GPUs `job` would get on `host` if the `freed` jobs' GPUs were free (not those
         held for another job: a GPU freed for one high-priority job is not freed twice)."""
-        free = list(self.free[host])
+        after = HostCapacity(host, list(self.free[host]), self.hosts[host].unusable)
         for running in freed:
-            for i in running.indices:
-                free[i] = min(1.0, free[i] + running.fraction)
+            after.give(running.indices, running.fraction)
+        free = after.free
         held = {i for i, hold in self.holds.get(host, {}).items() if hold.job_id != job.id}
-        unusable = self.hosts[host].unusable | held
+        unusable = after.unusable | held
         wanted = job.indices if job.indices is not None else range(len(free))
         fitting = [i for i in wanted if i not in unusable and free[i] >= job.fraction - EPSILON]
         if job.indices is not None:

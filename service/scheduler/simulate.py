@@ -14,8 +14,9 @@ An optional `time_limit_s` column (> 0; empty or absent: none) gives a job a tim
 which the policy sees as the live one does; a job that runs past its limit is stopped
 there, as the worker stops it.
 
-With time slicing on (`PolicyConfig.demote_after_gpu_s`), a job the policy stops keeps
-running `CHECKPOINT_S` (it checkpoints), then queues again with the run time it has left
+Starts, ends and stops happen on the simulated cluster of `clock`, the forecast's too. With
+time slicing on (`PolicyConfig.demote_after_gpu_s`), a job the policy stops keeps running
+`CHECKPOINT_S` (it checkpoints), then queues again with the run time it has left
 plus `RESTART_S` (a new process, its graph built, the checkpoint restored).
 
 Metrics: job completion time (JCT = finish - submit), wait (all the time it spent queued:
@@ -28,7 +29,6 @@ work waiting, and the wall time of the policy call per pass.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections import defaultdict
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.core.defaults import DEFAULT_HALF_LIFE_S
+from service.scheduler.clock import Happens, SimCluster
 from service.scheduler.forecast import forecast
 from service.scheduler.history import RunTimes
-from service.scheduler.policy import CHECKPOINT_S, RESTART_S, schedule
+from service.scheduler.policy import RESTART_S, schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.trace import TraceJob
 from service.scheduler.types import (
-    Cluster,
     Decision,
     FairShare,
     HostCapacity,
@@ -56,10 +56,7 @@ from service.scheduler.usage import decayed, interval_usage
 
 @dataclass
 class _State:
-    hosts: list[HostCapacity]
-    by_name: dict[str, HostCapacity] = field(default_factory=dict)
-    running: dict[tuple[int, str], RunningJob] = field(default_factory=dict)
-    """(job id, host) -> the job's part on that host (trace jobs may span hosts)."""
+    sim: SimCluster
     queued: dict[int, QueuedJob] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     usage_at: float = 0.0
@@ -97,41 +94,35 @@ def simulate(
     capacity = hosts * gpus_per_host
     runnable = [j for j in jobs if j.gpus <= capacity]
     host_list = [HostCapacity(f"h{i:03d}", [1.0] * gpus_per_host) for i in range(hosts)]
-    state = _State(hosts=host_list, by_name={h.name: h for h in host_list}, capacity=float(capacity))
+    state = _State(sim=SimCluster(host_list), capacity=float(capacity))
+    sim = state.sim
     by_id = {j.id: j for j in runnable}
     arrivals = list(runnable)
     arrivals.reverse()
-    ends: list[tuple[float, int, int]] = []
-    stops: list[tuple[float, int]] = []
     finished: dict[int, float] = {}
     pass_ms: list[float] = []
     estimates: dict[int, tuple[float, float]] = {}
     """Sampled job -> (forecast start, naive start), made at its arrival."""
     now = arrivals[-1].submit if arrivals else 0.0
-    while arrivals or ends:
-        next_time = min(
-            arrivals[-1].submit if arrivals else math.inf,
-            ends[0][0] if ends else math.inf,
-            stops[0][0] if stops else math.inf,
-        )
+    while True:
+        upcoming = sim.next_time()
+        if not arrivals and upcoming is None:
+            break
+        next_time = min(arrivals[-1].submit if arrivals else math.inf, math.inf if upcoming is None else upcoming)
         _advance(state, now, next_time)
         now = next_time
-        while ends and ends[0][0] <= now:
-            _, job_id, attempt = heapq.heappop(ends)
-            if attempt != by_id[job_id].attempt:
+        for event in sim.due(now):
+            if event.happens is Happens.STOPPED:
+                _requeue(state, by_id[event.job_id], now, half_life_s, oracle)
                 continue
-            _finish(state, job_id, now, half_life_s)
-            finished[job_id] = now
-            done = by_id[job_id]
+            _finish(state, event.job_id, now, half_life_s)
+            finished[event.job_id] = now
+            done = by_id[event.job_id]
             if state.history.add(done.user, done.run_s):
                 estimate, typical = state.history.estimate(done.user), state.history.typical(done.user)
                 for queued in state.queued.values():
                     if queued.user == done.user:
                         queued.estimate_s, queued.typical_s = estimate, typical
-        while stops and stops[0][0] <= now:
-            _, job_id = heapq.heappop(stops)
-            if job_id not in finished:
-                _requeue(state, by_id[job_id], now, half_life_s, oracle)
         arrived: list[int] = []
         while arrivals and arrivals[-1].submit <= now:
             job = arrivals.pop()
@@ -139,23 +130,15 @@ def simulate(
             _enqueue(state, job, oracle)
         started = time.perf_counter()
         fair = FairShare(usage=_usage_now(state, now, half_life_s))
-        decision = schedule(
-            state.queued.values(), Cluster(state.hosts, list(state.running.values())), fair, now, config
-        )
+        decision = schedule(state.queued.values(), sim.view(), fair, now, config)
         pass_ms.append((time.perf_counter() - started) * 1000)
         sampled = [i for i in arrived if estimates_every and i % estimates_every == 0]
         if sampled:
             _estimate(state, decision, fair, sampled, (now, config), finished, by_id, estimates)
         for victim in decision.preempt:
-            parts = [r for key, r in state.running.items() if key[0] == victim]
-            if parts and not parts[0].stopping:
-                for part in parts:
-                    part.stopping = True
-                heapq.heappush(stops, (now + CHECKPOINT_S, victim))
+            sim.stop(victim, now)
         for placement in decision.placements:
-            job = by_id[placement.job_id]
-            left = _start(state, job, placement.slots, now, oracle)
-            heapq.heappush(ends, (now + left, job.id, job.attempt))
+            _start(state, by_id[placement.job_id], placement.slots, now, oracle)
     result = _metrics(runnable, finished, len(jobs) - len(runnable), state, capacity, pass_ms)
     if estimates_every:
         result["start_estimates"] = _estimate_errors(estimates, by_id)
@@ -174,7 +157,7 @@ def _estimate(
 ) -> None:
     """Estimates of the sampled arrivals' starts, as the service would make them now."""
     now, config = when
-    cluster = Cluster(state.hosts, list(state.running.values()))
+    cluster = state.sim.view()
     # The replay keeps no reasons; the service's pass does, and orders the queue by them.
     explained = schedule(state.queued.values(), cluster, fair, now, replace(config, explain=True))
     order = [p.job_id for p in decision.placements] + [
@@ -184,7 +167,7 @@ def _estimate(
     position = {p.job_id: p.position for p in explained.pending}
     done = [by_id[i].run_s for i in finished]
     mean_run = sum(done) / len(done) if done else DEFAULT_RUN_S
-    at_once = max(1, len({key[0] for key in state.running}))
+    at_once = max(1, len(state.sim.parts))
     for job_id in sampled:
         guess = found.get(job_id)
         naive = now + position.get(job_id, 0) * mean_run / at_once
@@ -223,12 +206,12 @@ def _advance(state: _State, start: float, end: float) -> None:
     if not math.isfinite(end) or end <= start:
         return
     span = end - start
-    load = sum(r.gpu_load for r in state.running.values())
+    load = sum(r.gpu_load for r in state.sim.running)
     state.busy_gpu_s += span * load
     if not state.queued:
         return
     state.waiting_s += span
-    state.idle_while_waiting_gpu_s += span * sum(max(0.0, f) for h in state.hosts for f in h.free)
+    state.idle_while_waiting_gpu_s += span * sum(max(0.0, f) for h in state.sim.hosts for f in h.free)
     demand = {u: state.held[u] + state.queued_load[u] for u in set(state.held) | set(state.queued_load)}
     fair = water_fill({u: d for u, d in demand.items() if d > 1e-9}, state.capacity)
     for user, count in state.waiting.items():
@@ -238,8 +221,8 @@ def _advance(state: _State, start: float, end: float) -> None:
             state.entitled_gpu_s_while_waiting[user] += span * fair.get(user, 0.0)
 
 
-def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> float:
-    """Start `job` on `slots`; returns the run time it has left."""
+def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> None:
+    """Start `job` on `slots`, to end when the run time it has left is up."""
     queued = state.queued.pop(job.id)
     state.waiting[job.user] -= 1
     state.queued_load[job.user] -= job.gpus * queued.fraction
@@ -248,11 +231,8 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
     left = job.run_s if job.left is None else job.left
     job.left = left
     job.waited += now - (job.queued_at if job.queued_at is not None else job.submit)
-    job.attempt += 1
-    for host, indices in slots:
-        for i in indices:
-            state.by_name[host].free[i] -= queued.fraction
-        state.running[(job.id, host)] = RunningJob(
+    parts = [
+        RunningJob(
             id=job.id,
             user=job.user,
             priority=1,
@@ -265,20 +245,20 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             typical_s=queued.typical_s,
             served_gpu_s=job.served,
         )
+        for host, indices in slots
+    ]
+    state.sim.start(parts, left)
     state.held[job.user] += job.gpus * queued.fraction
-    return left
 
 
 def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracle: bool) -> None:
     """A preempted job has checkpointed: its GPUs free up and it queues again, its run
     time left grown by RESTART_S (starting again and restoring the checkpoint)."""
-    parts = [r for key, r in state.running.items() if key[0] == job.id]
-    ran = now - parts[0].started
+    ran = now - state.sim.parts[job.id][0].started
     _finish(state, job.id, now, half_life_s)
     job.served += job.gpus * job.fraction * ran
     job.left = max(0.0, (job.left or 0.0) - ran) + RESTART_S
     job.queued_at = now
-    job.attempt += 1
     _enqueue(state, job, oracle)
 
 
@@ -301,11 +281,7 @@ def _enqueue(state: _State, job: TraceJob, oracle: bool) -> None:
 
 
 def _finish(state: _State, job_id: int, now: float, half_life_s: float) -> None:
-    for key in [k for k in state.running if k[0] == job_id]:
-        running = state.running.pop(key)
-        free = state.by_name[running.host].free
-        for i in running.indices:
-            free[i] = min(1.0, free[i] + running.fraction)
+    for running in state.sim.release(job_id):
         _fold_usage(state, now, half_life_s)
         state.usage[running.user] += interval_usage(running.gpu_load, running.started, now, now, half_life_s)
         state.held[running.user] -= running.gpu_load
@@ -321,7 +297,7 @@ def _fold_usage(state: _State, now: float, half_life_s: float) -> None:
 def _usage_now(state: _State, now: float, half_life_s: float) -> dict[str, float]:
     _fold_usage(state, now, half_life_s)
     usage = dict(state.usage)
-    for running in state.running.values():
+    for running in state.sim.running:
         usage[running.user] = usage.get(running.user, 0.0) + interval_usage(
             running.gpu_load, running.started, now, now, half_life_s
         )

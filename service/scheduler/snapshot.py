@@ -128,8 +128,8 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     served = served_before(session, HOLDING_STATES)
     for r in rows:
         host = capacity.get(r.name)
-        if host is not None and r.gpu_index < len(host.free) and r.gpu_index not in host.unusable:
-            host.free[r.gpu_index] = max(0.0, host.free[r.gpu_index] - r.fraction)
+        if host is not None:
+            host.take((r.gpu_index,), r.fraction)
         indices[r.job_id].append(r.gpu_index)
         if r.job_id not in by_job:
             by_job[r.job_id] = RunningJob(

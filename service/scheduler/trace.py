@@ -41,8 +41,6 @@ class TraceJob:
     """Time spent queued, all attempts together."""
     queued_at: float | None = None
     """When it last went back to the queue after a stop (None: never stopped)."""
-    attempt: int = 0
-    """Bumped at each start and each stop, so an end scheduled for an earlier attempt is ignored."""
 
     @property
     def run_s(self) -> float:

@@ -102,6 +102,19 @@ class HostCapacity:
     def size(self) -> int:
         return len(self.free) - len(self.unusable)
 
+    def take(self, indices: tuple[int, ...], fraction: float) -> None:
+        """`fraction` of each of these GPUs is taken (never below 0 free)."""
+        for i in indices:
+            if i < len(self.free):
+                self.free[i] = max(0.0, self.free[i] - fraction)
+
+    def give(self, indices: tuple[int, ...], fraction: float) -> None:
+        """`fraction` of each of these GPUs is free again (never above 1; a GPU that takes
+        no new work stays at 0)."""
+        for i in indices:
+            if i < len(self.free) and i not in self.unusable:
+                self.free[i] = min(1.0, self.free[i] + fraction)
+
 
 @dataclass(slots=True)
 class Cluster:
