@@ -1,4 +1,5 @@
-"""The client itself: configuration, HTTP with retries, jobs, following a job live.
+"""The client itself: HTTP with retries, jobs, sweeps, uploads, reports, following a job
+live (where it finds the API and its token: `towerq.config`).
 
 Standard library and httpx only: it imports nothing of the service, so a laptop needs
 neither TensorFlow nor a database driver to use it.
@@ -6,25 +7,19 @@ neither TensorFlow nor a database driver to use it.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import time
-import tomllib
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
+from towerq.config import Config
 from towerq.contract.messages import MessageError, decode
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
-CONFIG_FILE = Path.home() / ".config" / "towerq" / "config.toml"
-LEGACY_TOKEN_FILE = Path.home() / ".config" / "towerq" / "token"
-DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = (502, 503, 504)
 BACKOFF_MAX_S = 10.0
 
@@ -55,57 +50,6 @@ def _describe(detail: Any) -> str:
     if isinstance(detail, list):
         return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
     return str(detail)
-
-
-@dataclass(frozen=True)
-class Config:
-    """Where the API is and the token to use: arguments first, then `TOWERQ_API_URL` /
-    `TOWERQ_TOKEN`, then `~/.config/towerq/config.toml` (written by `towerq login`), then a
-    local `towerq up`'s `var/admin-token`."""
-
-    url: str
-    token: str | None
-
-    @classmethod
-    def load(cls, url: str | None = None, token: str | None = None, path: Path | None = None) -> Config:
-        saved = read_config(path or CONFIG_FILE)
-        url = url or os.environ.get("TOWERQ_API_URL") or saved.get("url") or DEFAULT_URL
-        token = (
-            token
-            or os.environ.get("TOWERQ_TOKEN")
-            or saved.get("token")
-            or _read(LEGACY_TOKEN_FILE)
-            or _read(Path(os.environ.get("TOWERQ_VAR_DIR", "var")) / "admin-token")
-        )
-        return cls(url=url.rstrip("/"), token=token)
-
-
-def read_config(path: Path) -> dict[str, str]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-    section = data.get("default", data)
-    return {key: str(value) for key, value in section.items() if key in ("url", "token")}
-
-
-def write_config(url: str, token: str, path: Path | None = None) -> Path:
-    """Save the URL and token for later commands, readable by their owner alone."""
-    path = path or CONFIG_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(f"[default]\nurl = {json.dumps(url)}\ntoken = {json.dumps(token)}\n")
-    os.replace(temporary, path)
-    return path
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 class Client:
@@ -163,12 +107,28 @@ class Client:
         return Job(self, self.request("GET", f"/api/jobs/{job_id}"))
 
     def jobs(self, *, state: str | list[str] | None = None, user: str | None = None, limit: int = 20) -> list[Job]:
+        return [Job(self, item) for item in self.jobs_page(state=state, user=user, limit=limit)["items"]]
+
+    def jobs_page(
+        self, *, state: str | list[str] | None = None, user: str | None = None, limit: int = 20
+    ) -> dict[str, Any]:
+        """Jobs newest first, as the API pages them: `items` and the `total` that match."""
         params: dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = [state] if isinstance(state, str) else state
         if user:
             params["user"] = user
-        return [Job(self, item) for item in self.request("GET", "/api/jobs", params=params)["items"]]
+        return dict(self.request("GET", "/api/jobs", params=params))
+
+    def dry_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Check a spec and say where and when it would start; submits nothing."""
+        return dict(self.request("POST", "/api/jobs", params={"dry_run": "true"}, json=spec))
+
+    def logs(self, job_id: int, *, tail: int | None = None, after_id: int | None = None) -> list[dict[str, Any]]:
+        """A job's log lines (`id`, `time`, `level`, `message`): the last `tail`, or those
+        after the line `after_id`."""
+        params = {k: v for k, v in (("tail", tail), ("after_id", after_id)) if v is not None}
+        return list(self.request("GET", f"/api/jobs/{job_id}/logs", params=params))
 
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
@@ -190,6 +150,40 @@ class Client:
     def upload_code(self, name: str, data: bytes) -> dict[str, Any]:
         """Upload a code bundle (a .py, or a .zip / .tar.gz of a folder); its id and files."""
         return dict(self.request("POST", "/api/code", files={"file": (name, data)}))
+
+    # -- datasets and the lab ---------------------------------------------------------------
+
+    def upload_dataset(self, name: str, filename: str, content: bytes | BinaryIO) -> dict[str, Any]:
+        """Upload a dataset (.npz, .tfrecord, or a .zip of images, one folder per class)."""
+        timeout = httpx.Timeout(30, read=3600, write=3600)
+        answer = self.request(
+            "POST", "/api/datasets", data={"name": name}, files={"file": (filename, content)}, timeout=timeout
+        )
+        return dict(answer)
+
+    def datasets(self) -> dict[str, Any]:
+        """Your datasets and the lab's shared ones (`items`), with your quota."""
+        return dict(self.request("GET", "/api/datasets"))
+
+    def delete_dataset(self, name: str) -> None:
+        self.request("DELETE", f"/api/datasets/{name}")
+
+    def me(self) -> dict[str, Any]:
+        """Who the token belongs to: `user`, `is_admin`."""
+        return dict(self.request("GET", "/api/me"))
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """Every GPU of the lab and who holds it."""
+        return list(self.request("GET", "/api/gpus"))
+
+    def usage(self, since: str, until: str | None = None, by: str = "user") -> dict[str, Any]:
+        """GPU hours, jobs and waits per user (or host) between two ISO times."""
+        params = {"since": since, "by": by} | ({"until": until} if until else {})
+        return dict(self.request("GET", "/api/usage", params=params))
+
+    def fair_share(self) -> dict[str, Any]:
+        """Each user's decayed usage, share and the rank term the scheduler gives them."""
+        return dict(self.request("GET", "/api/fair-share"))
 
     def metrics(self, job_id: int, split: str | None = None, *, as_frame: bool = False) -> Any:
         """Every metric row of a job (a list of dicts; a pandas DataFrame with `as_frame`)."""

@@ -1,6 +1,6 @@
 """The `towerq` command: servers (`up`, `api`, `worker`, `scheduler`, `db`), admin
-(`token`, `user`), the trace simulator (`simulate`), and a client for the REST API
-(`submit`, `jobs`, `show`, `cancel`, `logs`, `gpus`)."""
+(`token`, `user`), the trace simulator (`simulate`), and the client commands of `towerq.cli`
+(`submit`, `jobs`, `show`, `cancel`, `logs`, `gpus`, ...), which sit on the Python client."""
 
 from __future__ import annotations
 
@@ -11,19 +11,20 @@ import sys
 import redis
 from sqlalchemy.exc import OperationalError
 
-from service.cli import admin, client, server, session
+from service.cli import admin, server
 from service.cli.redis_server import RedisUnavailableError
 from service.core.db import SchemaError
 from service.core.settings import Settings, redacted
-from towerq import AuthError, TowerqError, UnreachableError
+from towerq.cli import commands, session
+from towerq.client import AuthError, TowerqError, UnreachableError
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="towerq", description="Multi-GPU training service.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    server.add_commands(commands)
-    admin.add_commands(commands)
-    client.add_commands(commands)
+    subcommands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    server.add_commands(subcommands)
+    admin.add_commands(subcommands)
+    commands.add_commands(subcommands)
     return top
 
 

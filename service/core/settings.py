@@ -15,6 +15,7 @@ from service.core.defaults import (
     DEFAULT_MAX_RESERVATIONS,
     DEFAULT_RESERVE_AFTER_S,
 )
+from towerq.contract.api import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_URL
 
 
 class Settings(BaseSettings):
@@ -125,8 +126,8 @@ class Settings(BaseSettings):
     GPU-hour is the policy's reference length; 81% of the Philly trace sample's jobs use
     less, so most work is never stopped."""
 
-    api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    api_host: str = DEFAULT_HOST
+    api_port: int = DEFAULT_PORT
     api_workers: int = Field(default=2, ge=1, le=64)
     """API processes: Python serves one request at a time per process."""
     webhook_url: str | None = Field(default=None, pattern=r"^https?://")
@@ -141,8 +142,10 @@ class Settings(BaseSettings):
     """Signs each notification: `X-Towerq-Signature: sha256=<HMAC-SHA256 of the body>`."""
     api_parent_pid: int | None = None
     """Set by `towerq api` for its worker processes, which die with it (not a user setting)."""
-    api_url: str = "http://127.0.0.1:8000"
-    """Where the CLI finds the API."""
+    api_url: str = DEFAULT_URL
+    """The API's own address, in links it sends (webhooks, `towerq admin bootstrap`) when
+    `public_url` is not set. The client commands read TOWERQ_API_URL themselves
+    (`towerq.config`)."""
     public_url: str | None = None
     """The dashboard's address as users reach it (behind a proxy, e.g. https://lab.example/towerq):
     the login link `towerq admin bootstrap` prints. Default: the API's own address."""

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from service.core.exceptions import SpecError
 from service.core.models import FINAL_STATES, Job, JobState
+from towerq.contract.spec import set_dotted
 
 MAX_JOBS_PER_SWEEP = 1000
 METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
@@ -106,25 +107,16 @@ class SweepIn(BaseModel):
         return [{f: d.draw(rng) for f, d in self.random.space.items()} for _ in range(self.random.count)]
 
 
-def set_dotted(spec: dict[str, Any], path: str, value: Any) -> None:
-    """`spec["a"]["b"] = value` for `a.b`, making the dicts on the way."""
-    *parents, last = path.split(".")
-    target = spec
-    for key in parents:
-        nested = target.setdefault(key, {})
-        if not isinstance(nested, dict):
-            raise SpecError(path, f"{key} is not a group of fields")
-        target = nested
-    target[last] = value
-
-
 def job_specs(sweep: SweepIn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(setting, the job spec it makes) for each setting; each spec named after its setting."""
     made = []
     for index, setting in enumerate(sweep.settings()):
         spec = copy.deepcopy(sweep.base)
         for path, value in setting.items():
-            set_dotted(spec, path, value)
+            try:
+                set_dotted(spec, path, value)
+            except ValueError as err:
+                raise SpecError(path, str(err)) from None
         label = " ".join(f"{path.rsplit('.', 1)[-1]}={_short(value)}" for path, value in setting.items())
         spec["name"] = f"{sweep.name} {label}"[:128] if label else f"{sweep.name} #{index + 1}"
         made.append((setting, spec))

@@ -351,3 +351,16 @@ def describe(err: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"])
         problems.append(f"{where}: {error['msg']}" if where else str(error["msg"]))
     return "; ".join(problems)
+
+
+def set_dotted(spec: dict[str, Any], path: str, value: Any) -> None:
+    """`spec["a"]["b"] = value` for the field `a.b` (a sweep's setting, the CLI's `--set`),
+    making the groups on the way; ValueError when one on the way is not a group."""
+    *parents, last = path.split(".")
+    target = spec
+    for key in parents:
+        nested = target.setdefault(key, {})
+        if not isinstance(nested, dict):
+            raise ValueError(f"{key} is not a group of fields")
+        target = nested
+    target[last] = value

@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from service.cli.session import Api, ClientError, human_bytes, print_json
+from towerq.cli.session import Api, ClientError, human_bytes, print_json
 
 SKIPPED_FOLDERS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
                    ".ipynb_checkpoints", "node_modules", ".tox", ".nox"}  # fmt: skip
 
 
 CODE_FILE_LIMIT_BYTES = 10_000_000
+"""Larger files are left out of a bundle: data and weights do not belong in code (upload a
+dataset instead)."""
 
 
 def pack_folder(folder: Path) -> tuple[bytes, int, list[str]]:
@@ -72,7 +72,7 @@ def upload_code(api: Api, path: Path) -> str:
         data, count, skipped, name = path.read_bytes(), 1, [], path.name
     else:
         raise ClientError(f"--code {path}: no such file or folder")
-    bundle = api.call("POST", "/api/code", files={"file": (name, data)})
+    bundle = api.client.upload_code(name, data)
     note = f"; left out: {', '.join(skipped)}" if skipped else ""
     print(f"code: {count} files, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}{note}")
     return str(bundle["id"])
@@ -153,19 +153,13 @@ def run_data_upload(args: argparse.Namespace) -> int:
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
             for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
                 archive.write(file, file.relative_to(path).as_posix())
-        upload: Any = (f"{args.name}.zip", buffer.getvalue())
+        upload: tuple[str, Any] = (f"{args.name}.zip", buffer.getvalue())
     elif path.is_file():
         upload = (path.name, path.open("rb"))
     else:
         raise ClientError(f"{path}: no such file or folder")
     print(f"uploading {path} …", file=sys.stderr, flush=True)
-    described = api.call(
-        "POST",
-        "/api/datasets",
-        data={"name": args.name},
-        files={"file": upload},
-        timeout=httpx.Timeout(30, read=3600, write=3600),
-    )
+    described = api.client.upload_dataset(args.name, *upload)
     print(
         f'dataset {described["name"]}: {human_bytes(described["size"])}; use it as "dataset": "{described["dataset"]}"'
     )
@@ -173,7 +167,7 @@ def run_data_upload(args: argparse.Namespace) -> int:
 
 
 def run_data_list(args: argparse.Namespace) -> int:
-    listing = Api(args).call("GET", "/api/datasets")
+    listing = Api(args).client.datasets()
     if args.output_format == "json":
         return print_json(listing)
     print(f"{'NAME':<28} {'OWNER':<12} {'KIND':<9} {'SIZE':>10}  USE AS")
@@ -185,6 +179,6 @@ def run_data_list(args: argparse.Namespace) -> int:
 
 
 def run_data_rm(args: argparse.Namespace) -> int:
-    Api(args).call("DELETE", f"/api/datasets/{args.name}")
+    Api(args).client.delete_dataset(args.name)
     print(f"dataset {args.name} deleted")
     return 0

@@ -1,7 +1,8 @@
 """Client commands: talk to the REST API at TOWERQ_API_URL with a token.
 
-The token is `--token`, else TOWERQ_TOKEN, else the file written by `towerq login`
-(~/.config/towerq/token), else `var/admin-token` of a local `towerq up`.
+The URL is `--api`, else TOWERQ_API_URL, else the one `towerq login` saved; the token is
+`--token`, else TOWERQ_TOKEN, else the one `towerq login` saved (~/.config/towerq/config.toml),
+else `var/admin-token` of a local `towerq up` (`towerq.config`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.cli.follow import follow_job
-from service.cli.reports import (
+from towerq.cli.follow import follow_job
+from towerq.cli.reports import (
     dry_run_line,
     expected_start_text,
     run_fair_share,
@@ -22,8 +23,8 @@ from service.cli.reports import (
     run_sweep,
     run_usage,
 )
-from service.cli.session import Api, UsageError, print_json, read_spec, set_field
-from service.cli.transfer import (
+from towerq.cli.session import Api, UsageError, print_json, read_spec, set_field
+from towerq.cli.transfer import (
     run_data_list,
     run_data_rm,
     run_data_upload,
@@ -31,9 +32,9 @@ from service.cli.transfer import (
     run_tensorboard,
     upload_code,
 )
-from service.core.settings import Settings
-from towerq import Client
-from towerq.client import write_config
+from towerq.client import Client
+from towerq.config import write_config
+from towerq.contract.api import DEFAULT_URL
 
 
 def add_commands(commands: Any) -> None:
@@ -166,10 +167,10 @@ def run_login(args: argparse.Namespace) -> int:
 
     url, token = args.url, args.token
     if url.startswith("tq_") and token is None:  # `towerq login TOKEN`, as before
-        url, token = Settings().api_url, url
+        url, token = DEFAULT_URL, url
     token = token or os.environ.get("TOWERQ_TOKEN") or getpass.getpass("token: ").strip()
     with Client(url=url, token=token, retries=1) as client:
-        me = client.request("GET", "/api/me")
+        me = client.me()
     path = write_config(client.url, token)
     print(f"logged in to {client.url} as {me['user']}{' (admin)' if me['is_admin'] else ''}; saved in {path}")
     return 0
@@ -183,7 +184,7 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.code is not None:
             raise UsageError("--dry-run does not upload --code: check the spec without it, or submit")
-        answer = api.call("POST", "/api/jobs", params={"dry_run": "true"}, json=spec)
+        answer = api.client.dry_run(spec)
         if args.output_format == "json":
             return print_json(answer)
         print(f"dry run, nothing submitted: {dry_run_line(answer)}")
@@ -197,17 +198,8 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-"""Larger files are left out of a bundle: data and weights do not belong in code (upload a
-dataset instead)."""
-
-
 def run_jobs(args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {"limit": args.limit}
-    if args.state:
-        params["state"] = args.state
-    if args.user:
-        params["user"] = args.user
-    page = Api(args).call("GET", "/api/jobs", params=params)
+    page = Api(args).client.jobs_page(state=args.state, user=args.user, limit=args.limit)
     if args.output_format == "json":
         return print_json(page)
     print(f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>12}  NAME / WHY WAITING")
@@ -227,7 +219,7 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    return print_json(Api(args).call("GET", f"/api/jobs/{args.id}"))
+    return print_json(Api(args).client.job(args.id).data)
 
 
 def run_follow(args: argparse.Namespace) -> int:
@@ -235,24 +227,22 @@ def run_follow(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    job = Api(args).call("POST", f"/api/jobs/{args.id}/cancel")
-    print(
-        f"job {job['id']}: {job['state']}" + (" (stop requested)" if job["state"] in ("dispatched", "running") else "")
-    )
+    job = Api(args).client.cancel(args.id)
+    print(f"job {job.id}: {job.state}" + (" (stop requested)" if job.state in ("dispatched", "running") else ""))
     return 0
 
 
 def run_share(args: argparse.Namespace) -> int:
-    job = Api(args).call("PATCH", f"/api/jobs/{args.id}", json={"visibility": "private" if args.private else "lab"})
+    job = Api(args).client.share(args.id, "private" if args.private else "lab")
     whom = "only you and the admins" if args.private else "every member"
-    print(f"job {job['id']}: its log, artifacts and code are readable by {whom}")
+    print(f"job {job.id}: its log, artifacts and code are readable by {whom}")
     return 0
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    api = Api(args)
+    client = Api(args).client
     after = 0
-    lines = api.call("GET", f"/api/jobs/{args.id}/logs", params={"tail": 200})
+    lines = client.logs(args.id, tail=200)
     if args.output_format == "json" and not args.follow:
         return print_json(lines)
     while True:
@@ -261,8 +251,7 @@ def run_logs(args: argparse.Namespace) -> int:
             after = line["id"]
         if not args.follow:
             return 0
-        job = api.call("GET", f"/api/jobs/{args.id}")
-        if job["state"] in ("succeeded", "failed", "cancelled") and not lines:
+        if client.job(args.id).done and not lines:
             return 0
         time.sleep(1)
-        lines = api.call("GET", f"/api/jobs/{args.id}/logs", params={"after_id": after})
+        lines = client.logs(args.id, after_id=after)

@@ -12,9 +12,8 @@ from typing import Any
 
 import httpx
 
-from service.core.exceptions import SpecError
-from service.jobs.sweeps import set_dotted
-from towerq import AuthError, Client
+from towerq.client import AuthError, Client
+from towerq.contract.spec import set_dotted
 
 
 class ClientError(Exception):
@@ -34,9 +33,6 @@ class Api:
         self.url = self.client.url
         if not self.client.config.token:
             raise AuthError(401, "no token: pass --token, set TOWERQ_TOKEN, or run `towerq login URL`")
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self.client.request(method, path, **kwargs)
 
     def download(self, path: str, target: Path) -> httpx.Headers:
         """Stream `path` into `target`, with a progress line on a terminal."""
@@ -101,7 +97,7 @@ def set_field(spec: dict[str, Any], assignment: str) -> None:
         value = raw
     try:
         set_dotted(spec, path, value)
-    except SpecError as err:
+    except ValueError as err:
         raise UsageError(f"--set {assignment!r}: {err}") from None
 
 

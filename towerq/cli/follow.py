@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from towerq import Client
+from towerq.client import Client
 
 EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 3}
 PLAIN_EVERY_S = 5.0

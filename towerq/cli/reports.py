@@ -7,12 +7,12 @@ import sys
 import time
 from typing import Any
 
-from service.cli.session import Api, UsageError, print_json, read_spec
+from towerq.cli.session import Api, UsageError, print_json, read_spec
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    api = Api(args)
-    sweep = api.call("POST", "/api/sweeps", json=read_spec(args.spec))
+    client = Api(args).client
+    sweep = client.sweep(read_spec(args.spec))
     ids = [job["id"] for job in sweep["jobs"]]
     print(f"sweep {sweep['id']} ({sweep['name']}): {sweep['total']} jobs, {ids[0]}-{ids[-1]}", flush=True)
     if not args.follow:
@@ -21,7 +21,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     shown = ""
     while sweep["done"] < sweep["total"]:
         time.sleep(2)
-        sweep = api.call("GET", f"/api/sweeps/{sweep['id']}")
+        sweep = client.sweep_status(sweep["id"])
         line = _sweep_line(sweep)
         if live:
             print(f"\r{line}\x1b[K", end="", flush=True)
@@ -47,10 +47,7 @@ def _sweep_line(sweep: dict[str, Any]) -> str:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {"state": ["queued"], "limit": 500}
-    if args.user:
-        params["user"] = args.user
-    page = Api(args).call("GET", "/api/jobs", params=params)
+    page = Api(args).client.jobs_page(state="queued", user=args.user, limit=500)
     waiting = sorted(page["items"], key=lambda job: (job["queue_position"] or 1e9, job["id"]))
     if args.output_format == "json":
         return print_json(waiting)
@@ -93,10 +90,8 @@ def _duration(seconds: float | None) -> str:
 
 
 def run_usage(args: argparse.Namespace) -> int:
-    params = {"since": when_from(args.since, "--since"), "by": args.by}
-    if args.until:
-        params["until"] = when_from(args.until, "--until")
-    answer = Api(args).call("GET", "/api/usage", params=params)
+    until = when_from(args.until, "--until") if args.until else None
+    answer = Api(args).client.usage(when_from(args.since, "--since"), until, args.by)
     if args.output_format == "json":
         return print_json(answer)
     print(f"{answer['since'][:16]} to {answer['until'][:16]} (UTC)")
@@ -112,7 +107,7 @@ def run_usage(args: argparse.Namespace) -> int:
 
 
 def run_fair_share(args: argparse.Namespace) -> int:
-    answer = Api(args).call("GET", "/api/fair-share")
+    answer = Api(args).client.fair_share()
     if args.output_format == "json":
         return print_json(answer)
     half_life = answer["half_life_s"] / 3600
@@ -162,7 +157,7 @@ def _age(iso: str) -> str:
 
 
 def run_gpus(args: argparse.Namespace) -> int:
-    gpus = Api(args).call("GET", "/api/gpus")
+    gpus = Api(args).client.gpus()
     if args.output_format == "json":
         return print_json(gpus)
     print(f"{'HOST':<14} {'GPU':>3}  {'NAME':<36} {'MEMORY':>15}  {'FREE':>5}  HELD BY")
