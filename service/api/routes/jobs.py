@@ -6,22 +6,21 @@ import hashlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from pydantic import BaseModel, Field, TypeAdapter
-from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session
+from pydantic import TypeAdapter
+from sqlalchemy import select
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.core import defaults, rollups
-from service.core.exceptions import SpecError, StateConflictError
+from service.core import defaults
+from service.core.exceptions import SpecError
 from service.core.lifecycle import locked_job, request_cancel
-from service.core.models import JobState, LogLine, Metric
-from service.core.publish import kick_scheduler
+from service.core.models import JobState, LogLine
 from service.core.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
-from service.jobs import privacy
+from service.jobs import privacy, series
+from service.jobs.change import JobChange, change_job
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
 from service.jobs.submit import check_submission, submit
 from service.scheduler.dryrun import estimate
-from towerq.contract.spec import JobSpec, Priority, Visibility
+from towerq.contract.spec import JobSpec
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -116,74 +115,15 @@ def metrics(
     highest-loss rows, so spikes and dips survive (a chart of 100,000 steps needs no more
     than its width in points; a chart zoomed in asks again for its range)."""
     get_job(session, job_id)
-    query = select(Metric).where(Metric.job_id == job_id, Metric.step > after_step)
-    if until_step is not None:
-        query = query.where(Metric.step <= until_step)
-    if split is not None:
-        query = query.where(Metric.split == split)
-    if points is not None:
-        rows = _overview(session, job_id, query, points, after_step, until_step, split)
-        # Serialised once, by pydantic, from the plain rows (FastAPI would validate them again).
-        return Response(METRIC_ROWS.dump_json(METRIC_ROWS.validate_python(rows, from_attributes=True)),
-                        media_type="application/json")  # fmt: skip
-    return list(session.scalars(query.order_by(Metric.step, Metric.split).limit(limit)))
+    if points is None:
+        return series.metric_rows(session, job_id, after=after_step, until=until_step, split=split, limit=limit)
+    rows = series.overview(session, job_id, after=after_step, until=until_step, split=split, points=points)
+    # Serialised once, by pydantic, from the plain rows (FastAPI would validate them again).
+    body = METRIC_ROWS.dump_json(METRIC_ROWS.validate_python(rows, from_attributes=True))
+    return Response(body, media_type="application/json")
 
 
 METRIC_ROWS = TypeAdapter(list[MetricOut])
-
-
-def _overview(
-    session: Session, job_id: int, query: Select[Any], points: int, after: int, until: int | None, split: str | None
-) -> list[Metric]:
-    """Down-sampled from the rollups where a split has them and is long enough to need
-    them; else by a window query over the rows."""
-    rows: list[Any] = []
-    for one in [split] if split is not None else ["train", "eval"]:
-        span = select(Metric.step).where(Metric.job_id == job_id, Metric.split == one, Metric.step > after)
-        if until is not None:
-            span = span.where(Metric.step <= until)
-        steps = rollups.overview(session, job_id, one, after, until, points) if _long(session, span, points) else None
-        if steps is None:
-            rows += downsampled(session, query.where(Metric.split == one), points)
-        elif steps:  # plain rows, not ORM objects: a thousand of those cost more than the query
-            rows += session.execute(
-                select(*Metric.__table__.c).where(Metric.job_id == job_id, Metric.split == one, Metric.step.in_(steps))
-            ).all()
-    return sorted(rows, key=lambda m: (m.step, m.split))
-
-
-def _long(session: Session, rows: Select[Any], points: int) -> bool:
-    """More rows than a window query handles fast (4 × points), counted up to that."""
-    counted = session.scalar(select(func.count()).select_from(rows.limit(4 * points + 1).subquery())) or 0
-    return counted > 4 * points
-
-
-def downsampled(session: Session, query: Select[Any], points: int) -> list[Metric]:
-    """At most about `points` rows per split: per step bucket, the min- and max-loss rows."""
-    series = query.subquery()
-    spans = select(
-        series.c.id,
-        series.c.split,
-        series.c.step,
-        series.c.loss,
-        func.min(series.c.step).over(partition_by=series.c.split).label("low"),
-        func.max(series.c.step).over(partition_by=series.c.split).label("high"),
-    ).subquery()
-    buckets = max(1, points // 2)
-    bucket = (spans.c.step - spans.c.low) * buckets // (spans.c.high - spans.c.low + 1)
-    within = [spans.c.split, bucket]
-    ranked = select(
-        spans.c.id,
-        func.row_number().over(partition_by=within, order_by=[spans.c.loss.asc(), spans.c.step]).label("lowest"),
-        func.row_number().over(partition_by=within, order_by=[spans.c.loss.desc(), spans.c.step]).label("highest"),
-    ).subquery()
-    kept = (
-        select(Metric)
-        .join(ranked, Metric.id == ranked.c.id)
-        .where((ranked.c.lowest == 1) | (ranked.c.highest == 1))
-        .order_by(Metric.step, Metric.split)
-    )
-    return list(session.scalars(kept))
 
 
 @router.get("/{job_id}/logs", response_model=list[LogLineOut])
@@ -203,38 +143,12 @@ def logs(
     return newest[::-1]
 
 
-class JobChange(BaseModel):
-    """What may change after submission: the name and who reads its outputs always;
-    priority and time limit while the job is queued."""
-
-    model_config = {"extra": "forbid"}
-
-    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")] | None = None
-    priority: Priority | None = None
-    time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
-    visibility: Visibility | None = None
-
-
 @router.patch("/{job_id}", response_model=JobDetailOut)
 def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
     """Rename a job, share its log and artifacts, or change a queued job's priority or time
     limit (owner or admin)."""
     with db.write() as session:
-        job = locked_job(session, job_id)
-        caller.check_owner(job.user_id, f"job {job_id}", job.user.name, "change")
-        if (body.priority is not None or body.time_limit_s is not None) and job.state != JobState.QUEUED:
-            raise StateConflictError(f"job {job_id} is {job.state}: priority and time limit change only while queued")
-        if body.name is not None:
-            job.name = body.name
-        if body.priority is not None:
-            caller.check_priority(body.priority)
-            job.priority = body.priority
-            kick_scheduler(session)
-        if body.time_limit_s is not None:
-            job.time_limit_s = body.time_limit_s
-        # The spec says what the job is now: a clone or a resubmit gets the changed values.
-        job.spec = {**job.spec, **body.model_dump(mode="json", exclude_none=True)}
-        session.flush()
+        change_job(session, job_id, body, caller)
         return job_detail(session, get_job(session, job_id))
 
 
