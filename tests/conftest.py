@@ -193,14 +193,21 @@ LEFTOVER_GRACE_S = 15.0
 
 def pytest_configure(config: pytest.Config) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
-    os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+    run = os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker and not run.endswith(f"-{worker}"):  # a pytest-xdist worker: its processes are a part of the run
+        os.environ[RUN_MARK] = f"{run}-{worker}"
     # Trainers get an allow-listed environment: this marker is let through to them too.
     os.environ.setdefault("TOWERQ_TRAINER_ENV_PASS", RUN_MARK)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite leaves nothing running: a process a test started and did not end fails the
-    run, named here (and is killed, so the next run starts clean)."""
+    run, named here (and is killed, so the next run starts clean). With pytest-xdist the
+    controller checks, after its workers have ended (it ignores a worker's exit status)."""
+    if hasattr(session.config, "workerinput"):
+        return
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := marked(RUN_MARK, os.environ[RUN_MARK])) and time.monotonic() < deadline:
         time.sleep(0.5)

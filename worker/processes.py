@@ -173,9 +173,11 @@ def descendants(pid: int) -> set[int]:
 
 
 def marked(name: str, value: str) -> list[ProcessInfo]:
-    """The live processes started with `name=value` in their environment (a marker every
-    descendant of a process that set it inherits, wherever it was reparented to)."""
-    wanted = f"{name}={value}".encode()
+    """The live processes started with `name=value` (or `name=value-<more>`, a part of that
+    run: a test runner's worker) in their environment: a marker every descendant of a
+    process that set it inherits, wherever it was reparented to."""
+    exact = f"{name}={value}".encode()
+    part = exact + b"-"
     found = []
     for process in all_processes():
         try:
@@ -183,7 +185,7 @@ def marked(name: str, value: str) -> list[ProcessInfo]:
                 environment = raw.read().split(b"\0")
         except OSError:
             continue
-        if process.state != "Z" and wanted in environment:
+        if process.state != "Z" and any(e == exact or e.startswith(part) for e in environment):
             found.append(process)
     return found
 
