@@ -68,6 +68,14 @@ def test_lenet5_on_two_simulated_gpus_trains_digits_to_90_percent(stack: Stack, 
     assert job["latest"]["eval_accuracy"] == evals[-1]["accuracy"]
     assert client.get("/api/gpus").json()[0]["holders"] == []  # allocation freed
 
+    # The log says what happened, not TensorFlow's start-up chatter, and every evaluation.
+    log = client.get(f"/api/jobs/{job['id']}/logs").json()
+    messages = [line["message"] for line in log]
+    assert not [m for m in messages if "absl::InitializeLog" in m or "oneDNN custom operations" in m], messages[:5]
+    said = [m for m in messages if m.startswith("evaluation at step ")]
+    assert len(said) == len(evals) and said[-1].startswith(f"evaluation at step 300: loss {evals[-1]['loss']:.4g}, ")
+    assert said[-1].endswith(f"accuracy {100 * evals[-1]['accuracy']:.2f}%")
+
     # Prometheus sees it: the wait histograms counted the job, the scheduler its passes.
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

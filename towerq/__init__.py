@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         Client,
         Config,
         Job,
+        MissingPackageError,
         TowerqError,
         UnreachableError,
     )
@@ -39,6 +40,7 @@ __all__ = [
     "Client",
     "Config",
     "Job",
+    "MissingPackageError",
     "TowerqError",
     "UnreachableError",
 ]

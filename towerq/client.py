@@ -33,23 +33,40 @@ class UnreachableError(TowerqError):
 
 
 class ApiError(TowerqError):
-    """The API answered with an error: `status` and `detail` (a string or a list of
-    `{loc, msg}` problems, each naming a field)."""
+    """The API answered with an error: `status`, `detail` (the message, each problem naming
+    its field: `hyperparameters.steps: Input should be greater than 0`) and `errors` (the
+    API's problems as it sent them, each a `{loc, msg, ...}` dict; empty when it sent one
+    message)."""
 
     def __init__(self, status: int, detail: Any) -> None:
         self.status = status
-        self.detail = detail
-        super().__init__(f"{status}: {_describe(detail)}")
+        self.errors: list[Any] = detail if isinstance(detail, list) else []
+        self.detail = _describe(detail)
+        super().__init__(f"{status}: {self.detail}")
 
 
 class AuthError(ApiError):
     """401: no token, or one the API does not know (or has revoked)."""
 
 
+class MissingPackageError(TowerqError):
+    """An optional package the call needs is not installed; the message says which."""
+
+
 def _describe(detail: Any) -> str:
-    if isinstance(detail, list):
-        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
-    return str(detail)
+    if not isinstance(detail, list):
+        return str(detail)
+    return "; ".join(_problem(d) if isinstance(d, dict) else str(d) for d in detail)
+
+
+def _problem(problem: dict[str, Any]) -> str:
+    """`field.path: message`; the API's leading `body` / `query` is where, not which field."""
+    where = [str(part) for part in problem.get("loc") or []]
+    if where and where[0] in ("body", "query", "path", "header"):
+        where = where[1:]
+    message = str(problem.get("msg", problem))
+    field = ".".join(where)
+    return f"{field}: {message}" if field and not message.startswith(field) else message
 
 
 class Client:
@@ -143,6 +160,10 @@ class Client:
         docs/sweeps.md): the sweep with its jobs (`jobs`: id, setting, state)."""
         return dict(self.request("POST", "/api/sweeps", json=body))
 
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Every sweep, newest first: its progress and best job (without its jobs)."""
+        return list(self.request("GET", "/api/sweeps")["items"])
+
     def sweep_status(self, sweep_id: int) -> dict[str, Any]:
         """A sweep's progress, results and best job."""
         return dict(self.request("GET", f"/api/sweeps/{sweep_id}"))
@@ -193,8 +214,10 @@ class Client:
         rows.sort(key=lambda row: (row["step"], row["split"]))
         if not as_frame:
             return rows
-        import pandas
-
+        try:
+            import pandas
+        except ModuleNotFoundError:
+            raise MissingPackageError("metrics(as_frame=True) needs pandas: pip install pandas") from None
         flat = [{**{k: v for k, v in row.items() if k != "custom"}, **(row.get("custom") or {})} for row in rows]
         return pandas.DataFrame(flat)
 

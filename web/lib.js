@@ -130,11 +130,13 @@ export function progress(job) {
 }
 
 // A stream of server-sent events that the caller can close; named events are dispatched to
-// `handlers[type]`. It reconnects by itself (EventSource does).
+// `handlers[type]`, and `handlers.open()` is called each time it (re)connects: what changed
+// before then was not streamed. It reconnects by itself (EventSource does).
 export function stream(path, handlers) {
   const source = new EventSource(path);
   for (const [type, handler] of Object.entries(handlers)) {
-    source.addEventListener(type, (event) => handler(JSON.parse(event.data)));
+    if (type === "open") source.addEventListener("open", () => handler());
+    else source.addEventListener(type, (event) => handler(JSON.parse(event.data)));
   }
   return () => source.close();
 }
@@ -185,7 +187,7 @@ export function dataTable(columns, rows, { caption, tableClass, attrs = () => ({
       el(
         "tr",
         {},
-        columns.map((c) => el("th", { scope: "col" }, c.title)),
+        columns.map((c) => el("th", { scope: "col", class: c.class }, c.title)), // a number's heading stands over it
       ),
     ),
     body,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -121,18 +122,52 @@ def protocol_event(text: str) -> dict[str, Any] | None:
     return event if isinstance(event, dict) and "event" in event else None
 
 
+ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+NATIVE_LINE = re.compile(r"^(?:([IWEF])\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: ([IWEF]) )\S+:\d+\] ")
+"""A line of TensorFlow's native logging, its level letter captured: absl's `I1125
+19:33:12.123 4242 port.cc:153]` (before absl is set up: `I0000 00:00:1795635917.2 ...`) or
+TensorFlow's older `2026-11-25 19:33:12.123: W tensorflow/...cc:153]`."""
+NATIVE_LEVELS = {"I": "info", "W": "warning", "E": "error", "F": "error"}
+
+
+def _native_level(line: str) -> str | None:
+    found = NATIVE_LINE.match(line)
+    return NATIVE_LEVELS[found.group(1) or found.group(2)] if found else None
+
+
+def is_runtime_noise(line: str) -> bool:
+    """TensorFlow's start-up chatter that escapes `TF_CPP_MIN_LOG_LEVEL=1` (warnings and up,
+    as the trainer is started) because it is written before absl's logging is set up: the
+    banner that says so, and native INFO lines (the oneDNN and CPU-feature notices). Its
+    warnings and errors are kept."""
+    return line == ABSL_BANNER or _native_level(line) == "info"
+
+
 def level_of(line: str) -> str:
-    """The log level of a stderr line: TensorFlow's E/W prefixes, tracebacks, warnings."""
-    head = line[:1]
-    if head in ("E", "F") and line[1:2].isdigit():
-        return "error"
-    if head == "W" and line[1:2].isdigit():
-        return "warning"
+    """The log level of a stderr line: TensorFlow's native levels, tracebacks, warnings."""
+    native = _native_level(line)
+    if native is not None:
+        return native
     if "Traceback" in line or "Error" in line.split(":")[0]:
         return "error"
     if "Warning" in line.split(":")[0]:
         return "warning"
     return "info"
+
+
+def evaluation_line(event: dict[str, Any]) -> str:
+    """An `eval` line as the job's log says it: `evaluation at step 400: loss 0.4123, accuracy
+    91.20%` (and the custom metrics it carries)."""
+    figures = []
+    for name, value in [("loss", event.get("loss")), ("accuracy", event.get("accuracy"))] + sorted(
+        (event.get("custom") or {}).items() if isinstance(event.get("custom"), dict) else []
+    ):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            figures.append(
+                f"{str(name)[:64]} {100 * value:.2f}%" if name == "accuracy" else f"{str(name)[:64]} {value:.4g}"
+            )
+    step = event.get("step") if isinstance(event.get("step"), int) else "?"
+    return f"evaluation at step {step}: {', '.join(figures) or 'no figures'}"
 
 
 def exit_message(returncode: int | None, stderr: list[str]) -> str:

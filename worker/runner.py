@@ -40,7 +40,7 @@ from worker.launch import (
     trainer_environment,
     write_trainer_spec,
 )
-from worker.outcome import Outcome, Started, Stop, level_of, protocol_event
+from worker.outcome import Outcome, Started, Stop, evaluation_line, is_runtime_noise, level_of, protocol_event
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants, kill_group, output_lines, signal_trainer
@@ -226,6 +226,8 @@ class JobRunner:
             self._event(event)
             return
         if stream == "err":
+            if is_runtime_noise(text):
+                return
             self.outcome.stderr(text)
         self.sink.log(level_of(text) if stream == "err" else "info", text)
 
@@ -233,6 +235,8 @@ class JobRunner:
         kind = event["event"]
         if kind in ("metric", "eval"):
             self.sink.metric(event)
+            if kind == "eval":
+                self.sink.log("info", evaluation_line(event))
             if kind == "metric" and isinstance(event.get("step"), int):
                 self.outcome.step = event["step"]
                 self._refill()
@@ -252,7 +256,7 @@ class JobRunner:
                 "kind": str(event.get("kind", "error"))[:64],
                 "message": str(event.get("message") or "")[:10_000],
             }
-            self.sink.log("error", f"{event.get('kind', 'error')}: {event.get('message', '')}")
+            self.sink.log("error", self.outcome.error["message"] or self.outcome.error["kind"])  # as the job's error
         elif kind == "stopped":
             self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import redis
@@ -30,9 +31,11 @@ def parser() -> argparse.ArgumentParser:
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 4
+EXIT_BROKEN_PIPE = 128 + 13
 """Exit codes a script can trust: 0 done (a followed job succeeded), 1 failed (the job, or
 the API refused), 2 usage (argparse's too), 3 a followed job was cancelled, 4 the API is
-unreachable or refused the token."""
+unreachable or refused the token, 141 the reader of its output went away (`| head`), as for
+any command a SIGPIPE ends."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `towerq jobs | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return EXIT_BROKEN_PIPE
     except session.UsageError as err:
         print(f"towerq: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -143,7 +143,8 @@ def request_cancel(session: Session, job: Job, by: str) -> CancelMessage | None:
         job.cancel_requested_at = job.finished_at
         job.queue_position = None
         job.pending_reason = None
-        record_state(session, job, JobState.CANCELLED, f"cancelled by {by} while queued")
+        job.stop_reason = f"cancelled by {by} while queued"[:512]
+        record_state(session, job, JobState.CANCELLED, job.stop_reason)
         kick_scheduler(session)
         return None
     if job.cancel_requested_at is not None:

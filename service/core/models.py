@@ -248,6 +248,18 @@ class Job(Base):
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
 
+    @property
+    def reason(self) -> str | None:
+        """Why the job is where it is: what failed it, who or what cancelled it, why it
+        waits, why it is being stopped; None for a job that runs or succeeded as asked."""
+        if self.state == JobState.FAILED:
+            return self.error or "failed"
+        if self.state == JobState.CANCELLED:
+            return self.error or self.stop_reason or "cancelled"
+        if self.state == JobState.QUEUED:
+            return self.pending_reason
+        return f"stopping: {self.stop_reason}" if self.stop_reason and self.state in HOLDING_STATES else None
+
 
 class Sweep(Base):
     __tablename__ = "sweeps"

@@ -73,6 +73,9 @@ class JobOut(Out):
     folder_bytes: int | None = None
     """What its folder held on disk when its worker last measured it."""
     error: str | None
+    reason: str | None = None
+    """Why the job is where it is, in words: a failed job's error, who or what cancelled it,
+    why a queued one waits, why a running one is being stopped."""
     exit_code: int | None
     step: int | None
     total_steps: int
@@ -234,6 +237,8 @@ class TimelineOut(BaseModel):
     since: datetime
     until: datetime
     now: datetime
+    gpus: int = 0
+    """The lab's GPUs now (present on registered hosts): the full scale of a chart of GPUs held."""
     allocations: list[HeldOut]
     queue: list[QueueSampleOut]
 

@@ -128,16 +128,15 @@ def _short(value: Any) -> str:
 
 
 def refusal(index: int, setting: dict[str, Any], err: ValidationError | SpecError) -> SpecError:
-    """A setting's spec that does not validate, as an error naming the setting and its field."""
+    """A setting's spec that does not validate, as an error naming the setting and its field.
+    The field's path holds the setting's place (`settings.1.hyperparameters.steps`, counted
+    from 0 like every path); the message names the setting by its values, not again by place."""
     where = ", ".join(f"{k}={_short(v)}" for k, v in setting.items())
     if isinstance(err, SpecError):
-        return SpecError(f"settings.{index}.{err.field}", f"setting {index + 1} ({where}): {err.message}")
+        return SpecError(f"settings.{index}.{err.field}", f"with {where}: {err.message}")
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"])
-    return SpecError(
-        f"settings.{index}.{field}" if field else f"settings.{index}",
-        f"setting {index + 1} ({where}): {field}: {first['msg']}",
-    )
+    return SpecError(f"settings.{index}.{field}" if field else f"settings.{index}", f"with {where}: {first['msg']}")
 
 
 def result_of(job: Job, metric: str) -> float | None:

@@ -33,15 +33,21 @@ def _when(start: float, now: float) -> str:
     return f"~{clock(start, now)}" if math.isfinite(start) else "an unknown time"
 
 
+def _held(holders: Sequence[int], start: float, now: float) -> str:
+    held = ", ".join(f"job {j}" for j in holders) if holders else "another job"
+    return held + (f", ends {_when(start, now)}" if math.isfinite(start) else "")
+
+
 def describe(reason: Reason, now: float) -> str:
     """The sentence for `reason`."""
     a = reason.args
     match reason.kind:
         case Wait.GPUS_BUSY:
             host, indices, holders, start = a
-            held = ", ".join(f"job {j}" for j in holders) if holders else "another job"
-            ends = f", ends {_when(start, now)}" if math.isfinite(start) else ""
-            return f"waiting for {gpu_list(indices)} on {host} ({held}{ends})"
+            return f"waiting for {gpu_list(indices)} on {host} ({_held(holders, start, now)})"
+        case Wait.JOBS_HOLD:
+            host, count, fraction, holders, start = a
+            return f"waiting for {gpus_phrase(count, fraction)} on {host} ({_held(holders, start, now)})"
         case Wait.NO_FIT:
             if not a:
                 return "no host has enough free GPUs"

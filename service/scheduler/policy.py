@@ -363,8 +363,10 @@ class _Pass:
             start = min(holds[i].start for i in indices if i in holds and holds[i].job_id == held_by[0])
             return Reason(Wait.RESERVED, (host, indices, held_by[0], start))
         holders = tuple(sorted({r.id for r in self.free.running_on[host] if set(r.indices) & set(indices)}))
-        if job.indices is not None or holders:
+        if job.indices is not None:
             return Reason(Wait.GPUS_BUSY, (host, indices, holders, known))
+        if holders:  # the earliest GPUs are a forecast: the job takes whichever free up, so none is named
+            return Reason(Wait.JOBS_HOLD, (host, job.gpus, job.fraction, holders, known))
         return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
 
 

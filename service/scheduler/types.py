@@ -158,7 +158,8 @@ class PolicyConfig:
 class Wait(enum.StrEnum):
     """Why a queued job is not placed; `Reason.args` carries the details."""
 
-    GPUS_BUSY = "gpus_busy"  # (host, indices, holder job ids, end)
+    GPUS_BUSY = "gpus_busy"  # (host, indices, holder job ids, end): the GPUs the job named
+    JOBS_HOLD = "jobs_hold"  # (host, gpus, fraction, holder job ids, end): a count that jobs hold
     NO_FIT = "no_fit"  # (gpus, fraction, reserved start or inf)
     HOST_DOWN = "host_down"  # (host,)
     GPU_UNUSABLE = "gpu_unusable"  # (host, indices)

@@ -76,7 +76,12 @@ def test_a_sweep_runs_one_setting_per_gpu_and_its_pages_draw(
     page.click('button[aria-label="Sort by learning_rate"]')
     rates = page.locator("#sweep-table tbody tr td:nth-child(3)").all_inner_texts()
     assert [float(r) for r in rates] == sorted(float(r) for r in rates)
-    assert page.locator("#cancel-sweep").is_disabled()  # nothing left to cancel
+    assert page.locator("#cancel-sweep").count() == 0  # nothing left to cancel: no button
+    # A learning rate is read on a log axis; a seed gets whole ticks (issue 31: 1.1, 1.2).
+    rate = page.locator('#sweep-results figure[data-field="hyperparameters.learning_rate"]')
+    seed = page.locator('#sweep-results figure[data-field="hyperparameters.seed"]')
+    assert rate.get_attribute("data-scale") == "log"
+    assert (seed.get_attribute("data-scale"), seed.get_attribute("data-ticks")) == ("linear", "whole")
     shot(page, "sweep")
     page.goto(f"{url}/#/jobs/{sweep['best_job']}")
     page.wait_for_selector("#sweep-link")

@@ -74,3 +74,44 @@ def test_the_usage_page_shows_who_held_which_gpu_and_the_fair_share(
     bar.click()
     page.wait_for_url(f"**/#/jobs/{runs[1]}")
     page.wait_for_selector(".job-header")
+
+
+def test_the_usage_charts_fit_the_lab_show_short_jobs_and_read_at_phone_width(
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    """Issue 31: on a 4-GPU lab the GPU chart spanned 0-100 and stayed flat at 0 after 12
+    short jobs; the queue chart spanned 0-100 with nobody waiting; numbers stood under the
+    wrong headings."""
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    now = datetime.now(UTC)
+    for index in range(12):  # a minute each, an hour apart: shorter than a chart bucket (~5 min)
+        start = now - timedelta(hours=12 - index)
+        add_run(db, "alice", "lab-a", [index % 4], start, start, start + timedelta(minutes=1))
+    token = make_token("alice")
+
+    for viewport in ((1280, 900), (390, 844)):
+        page = open_page(viewport=viewport)
+        page.goto(f"{url}/?token={token}#/usage")
+        page.wait_for_selector("#chart-gpus-per-user .uplot")
+        page.wait_for_selector("#chart-queue .uplot")
+        gpus = page.locator("#chart-gpus-per-user")
+        assert gpus.get_attribute("data-scale") == "4"  # the lab, not 0-100
+        assert 0.1 < float(gpus.get_attribute("data-peak") or 0) <= 1  # a minute in a ~5-minute bucket
+        queue = page.locator("#chart-queue")
+        assert queue.get_attribute("data-most") == "0" and queue.get_attribute("data-unit") == "s"
+        widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], f"the page scrolls sideways at {viewport}: {widths}"
+        table = page.locator("#fair-share table")
+        headings = table.locator("th").evaluate_all("hs => hs.map(h => getComputedStyle(h).textAlign)")
+        cells = (
+            table.locator("tbody tr")
+            .first.locator("td")
+            .evaluate_all("cs => cs.map(c => getComputedStyle(c).textAlign)")
+        )
+        assert headings == cells, "every heading aligned as the figures under it"
+        shot(page, f"usage-{viewport[0]}")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from towerq.cli import views
 from towerq.cli.follow import follow_job
 from towerq.cli.reports import (
     dry_run_line,
@@ -21,6 +22,7 @@ from towerq.cli.reports import (
     run_gpus,
     run_queue,
     run_sweep,
+    run_sweeps,
     run_usage,
 )
 from towerq.cli.session import Api, UsageError, print_json, read_spec, set_field
@@ -85,7 +87,7 @@ def add_commands(commands: Any) -> None:
     jobs.add_argument("--limit", type=int, default=20)
     jobs.set_defaults(run=run_jobs)
 
-    show = command("show", "one job, as JSON", read=True)
+    show = command("show", "one job: state and why, GPUs, progress, metrics, history (-o json: all of it)", read=True)
     show.add_argument("id", type=int)
     show.set_defaults(run=run_show)
 
@@ -106,10 +108,19 @@ def add_commands(commands: Any) -> None:
     gpus = command("gpus", "every GPU and who holds it", read=True)
     gpus.set_defaults(run=run_gpus)
 
-    sweep = command("sweep", "launch a sweep (YAML or JSON: name, base, grid or random, metric, goal, max_parallel)")
-    sweep.add_argument("spec", help="the sweep's file, or -")
+    sweep = command(
+        "sweep",
+        "launch a sweep (YAML or JSON: name, base, grid or random, metric, goal, max_parallel); "
+        "`towerq sweep show ID`: one sweep's jobs, settings and results",
+        read=True,
+    )
+    sweep.add_argument("spec", metavar="SPEC|show", help="the sweep's file, or -; or `show`")
+    sweep.add_argument("id", type=int, nargs="?", default=None, help="with show: the sweep's id")
     sweep.add_argument("--follow", action="store_true", help="follow it until every job ended")
     sweep.set_defaults(run=run_sweep)
+
+    sweeps = command("sweeps", "list sweeps, newest first: progress and the best job", read=True)
+    sweeps.set_defaults(run=run_sweeps)
 
     follow = command("follow", "follow a job live until it ends (exit code: 0 succeeded, 1 failed, 3 cancelled)")
     follow.add_argument("id", type=int)
@@ -202,24 +213,16 @@ def run_jobs(args: argparse.Namespace) -> int:
     page = Api(args).client.jobs_page(state=args.state, user=args.user, limit=args.limit)
     if args.output_format == "json":
         return print_json(page)
-    print(f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>12}  NAME / WHY WAITING")
-    for job in page["items"]:
-        allocation = job["allocation"]
-        where = (
-            f"{allocation['host']}:{','.join(map(str, allocation['gpus']))}" if allocation else f"{job['gpu_count']}×"
-        )
-        step = f"{job['step'] or 0}/{job['total_steps']}"
-        extra = f"  — {job['pending_reason']}" if job["state"] == "queued" and job["pending_reason"] else ""
-        if job["state"] == "queued" and job.get("expected_start_at"):
-            extra += f"; starts {expected_start_text(job)}"
-        user = job["user"][:12]
-        print(f"{job['id']:>5}  {job['state']:<10} {user:<12} {where[:14]:<14} {step:>12}  {job['name']}{extra}")
-    print(f"({len(page['items'])} of {page['total']})")
+    print("\n".join(views.jobs_table(page, expected_start_text)))
     return 0
 
 
 def run_show(args: argparse.Namespace) -> int:
-    return print_json(Api(args).client.job(args.id).data)
+    job = Api(args).client.job(args.id).data
+    if args.output_format == "json":
+        return print_json(job)
+    print("\n".join(views.job_page(job, expected_start_text)))
+    return 0
 
 
 def run_follow(args: argparse.Namespace) -> int:

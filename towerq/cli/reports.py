@@ -7,11 +7,19 @@ import sys
 import time
 from typing import Any
 
+from towerq.cli import views
 from towerq.cli.session import Api, UsageError, print_json, read_spec
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     client = Api(args).client
+    if args.spec == "show":
+        if args.id is None:
+            raise UsageError("towerq sweep show ID: which sweep? (`towerq sweeps` lists them)")
+        found = client.sweep_status(args.id)
+        return print_json(found) if args.output_format == "json" else _print(views.sweep_page(found))
+    if args.id is not None:
+        raise UsageError(f"towerq sweep {args.spec} {args.id}: a sweep's file takes no id (did you mean `show`?)")
     sweep = client.sweep(read_spec(args.spec))
     ids = [job["id"] for job in sweep["jobs"]]
     print(f"sweep {sweep['id']} ({sweep['name']}): {sweep['total']} jobs, {ids[0]}-{ids[-1]}", flush=True)
@@ -22,28 +30,31 @@ def run_sweep(args: argparse.Namespace) -> int:
     while sweep["done"] < sweep["total"]:
         time.sleep(2)
         sweep = client.sweep_status(sweep["id"])
-        line = _sweep_line(sweep)
+        line = views.sweep_line(sweep)
         if live:
             print(f"\r{line}\x1b[K", end="", flush=True)
         elif line != shown:
             print(line, flush=True)
         shown = line
+    last = views.sweep_line(sweep)
     if live:
         print()
-    print(_sweep_line(sweep), flush=True)
+    elif last != shown:
+        print(last, flush=True)
     counts = sweep["counts"]
     if counts.get("failed"):
         return 1
     return 3 if counts.get("cancelled") else 0
 
 
-def _sweep_line(sweep: dict[str, Any]) -> str:
-    states = ", ".join(f"{state} {n}" for state, n in sorted(sweep["counts"].items()))
-    line = f"sweep {sweep['id']}: {sweep['done']}/{sweep['total']} done ({states})"
-    best = next((job for job in sweep["jobs"] if job["id"] == sweep["best_job"]), None)
-    if best is not None:
-        line += f"; best: job {best['id']}, {sweep['metric']} {best['result']:.4g}"
-    return line
+def run_sweeps(args: argparse.Namespace) -> int:
+    listed = Api(args).client.sweeps()
+    return print_json(listed) if args.output_format == "json" else _print(views.sweeps_table(listed))
+
+
+def _print(lines: list[str]) -> int:
+    print("\n".join(lines))
+    return 0
 
 
 def run_queue(args: argparse.Namespace) -> int:

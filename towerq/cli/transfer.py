@@ -74,7 +74,8 @@ def upload_code(api: Api, path: Path) -> str:
         raise ClientError(f"--code {path}: no such file or folder")
     bundle = api.client.upload_code(name, data)
     note = f"; left out: {', '.join(skipped)}" if skipped else ""
-    print(f"code: {count} files, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}{note}")
+    files = "1 file" if count == 1 else f"{count} files"
+    print(f"code: {files}, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}{note}")
     return str(bundle["id"])
 
 

@@ -25,7 +25,11 @@ export function codeOf(bundle, jobId) {
   ];
   return [
     el("h2", { id: "code-title" }, "Code"),
-    el("p", { class: "muted" }, `Bundle ${bundle.id.slice(0, 12)}… · ${bundle.files.length} files · ${bytes(bundle.size)}`),
+    el(
+      "p",
+      { class: "muted" },
+      `Bundle ${bundle.id.slice(0, 12)}… · ${bundle.files.length} file${bundle.files.length === 1 ? "" : "s"} · ${bytes(bundle.size)}`,
+    ),
     el("div", { class: "scroll" }, dataTable(columns, bundle.files.slice(0, FILES_SHOWN), { caption: "Code files" }).table),
   ];
 }

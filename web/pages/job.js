@@ -1,5 +1,5 @@
 // One job: live charts, spec, allocation, history, artifacts, log tail; Cancel and Clone.
-import { fitToWidth, lineChart, metricsOverview } from "../charts.js";
+import { metricsOverview } from "../charts.js";
 import {
   age,
   api,
@@ -21,11 +21,11 @@ import {
   toast,
   when,
 } from "../lib.js";
+import { Charts, Series } from "./job-charts.js";
 import { artifactsOf, codeOf } from "./job-files.js";
 
 const FINAL = ["succeeded", "failed", "cancelled"];
 const LOG_LINES_SHOWN = 1000;
-const CHART_HEIGHT = 220;
 
 export async function render(main, params) {
   await session.ready;
@@ -39,13 +39,17 @@ export async function render(main, params) {
   const details = el("div", { class: "details" });
   const logBox = el("pre", { class: "log", tabindex: 0, "aria-label": "Trainer log" });
   const follow = el("input", { type: "checkbox", id: "follow", checked: true });
-  const charts = new Charts(series, async (range) => {
-    // A zoomed range comes again from the server, at full resolution when it is short enough.
-    for (const split of ["train", "eval"]) series.add(await metricsOverview(id, split, range));
-    charts.draw();
-    const inRange = series.steps.filter((s) => s >= range.min && s <= range.max && series.byStep.get(s).loss !== undefined);
-    charts.box.dataset.zoomPoints = String(inRange.length);
-  });
+  const charts = new Charts(
+    series,
+    async (range) => {
+      // A zoomed range comes again from the server, at full resolution when it is short enough.
+      for (const split of ["train", "eval"]) series.add(await metricsOverview(id, split, range));
+      charts.draw();
+      const inRange = series.steps.filter((s) => s >= range.min && s <= range.max && series.byStep.get(s).loss !== undefined);
+      charts.box.dataset.zoomPoints = String(inRange.length);
+    },
+    () => job,
+  );
   const problem = problemLine();
   const artifacts = el("section", { "aria-labelledby": "artifacts-title", id: "artifacts" });
   const code = job.spec.code ? el("section", { "aria-labelledby": "code-title", id: "code" }) : null;
@@ -54,7 +58,14 @@ export async function render(main, params) {
     header,
     problem,
     summary,
-    el("section", { "aria-labelledby": "charts-title" }, el("h2", { id: "charts-title" }, "Training"), charts.controls(), charts.box),
+    el(
+      "section",
+      { "aria-labelledby": "charts-title" },
+      el("h2", { id: "charts-title" }, "Training"),
+      charts.controls(),
+      charts.empty,
+      charts.box,
+    ),
     details,
     ...(code ? [code] : []), // replaceChildren would show a null as the text "null"
     artifacts,
@@ -85,6 +96,7 @@ export async function render(main, params) {
     const before = job.state;
     job = await api(`api/jobs/${id}`);
     drawJob();
+    if (!series.steps.length) charts.draw(); // its words follow the state
     if (job.state !== before) await drawArtifacts();
   }
   drawJob();
@@ -109,9 +121,41 @@ export async function render(main, params) {
   else logBox.replaceChildren(privateNote("The log is"));
 
   let redraw = null;
+  // State changes must show as fast as metrics: a change between the first load and the
+  // stream's start was not streamed (reload on open), and a metric proves the job runs. One
+  // reload at a time; a change during one asks for one more.
+  let reloading = false;
+  let again = false;
+  const catchUp = () => {
+    if (reloading) {
+      again = true;
+      return;
+    }
+    reloading = true;
+    reload()
+      .catch(reportError("Reloading the job", problem))
+      .finally(() => {
+        reloading = false;
+        if (again) {
+          again = false;
+          catchUp();
+        }
+      });
+  };
+  // The points stored between the first load and the stream's start came on no stream.
+  const fillGap = async () => {
+    const after = series.steps.length ? series.steps.at(-1) : -1;
+    for (const split of ["train", "eval"]) series.add(await metricsOverview(id, split, { min: after + 1, max: 2 ** 31 - 1 }));
+    later(() => {});
+  };
   const stop = stream(`api/jobs/${id}/stream`, {
+    open: () => {
+      catchUp();
+      fillGap().catch(reportError("Loading the latest metrics", problem));
+    },
     metric: (point) =>
       later(() => {
+        if (job.state !== "running" && !FINAL.includes(job.state)) catchUp();
         series.add([{ ...point, split: "train" }]);
         if (point.step >= (job.step ?? 0)) {
           job.step = point.step;
@@ -125,7 +169,7 @@ export async function render(main, params) {
         Object.assign(job.latest, { eval_loss: point.loss, eval_accuracy: point.accuracy });
       }),
     log: (line) => appendLog([line]),
-    state: () => reload().catch(reportError("Reloading the job", problem)),
+    state: catchUp,
   });
   function later(change) {
     change();
@@ -153,7 +197,7 @@ function headerOf(job, reload) {
       type: "button",
       class: "danger",
       id: "cancel",
-      disabled: FINAL.includes(job.state) || job.cancel_requested || !mine,
+      disabled: job.cancel_requested || !mine,
       title: mine ? "Checkpoint and stop this job" : "Only its owner or an admin may cancel it",
       onclick: async () => {
         if (!confirm(`Cancel job ${job.id} (${job.name})?`)) return;
@@ -171,7 +215,7 @@ function headerOf(job, reload) {
   const clone = el("a", { class: "button", href: `#/submit?clone=${job.id}`, id: "clone" }, "Clone");
   return [
     el("h1", {}, el("span", { class: "muted" }, `#${job.id} `), job.name, " ", badge(job.state)),
-    el("div", { class: "actions" }, cancel, clone),
+    el("div", { class: "actions" }, FINAL.includes(job.state) ? null : cancel, clone), // nothing to cancel once ended
   ];
 }
 
@@ -264,135 +308,3 @@ const HISTORY_COLUMNS = [
 ];
 
 // Metric points by step, train and eval, as the aligned columns uPlot draws.
-class Series {
-  constructor() {
-    this.byStep = new Map();
-    this.steps = [];
-    this.customNames = new Set(); // the user model's own metrics seen so far
-  }
-
-  add(points) {
-    for (const p of points) {
-      const row = this.byStep.get(p.step) || {};
-      const prefix = p.split === "eval" ? "eval_" : "";
-      row[`${prefix}loss`] = p.loss;
-      row[`${prefix}accuracy`] = p.accuracy;
-      for (const [name, value] of Object.entries(p.custom || {})) {
-        this.customNames.add(name);
-        row[`${prefix}custom_${name}`] = value;
-      }
-      if (p.split !== "eval") {
-        row.learning_rate = p.learning_rate;
-        row.examples_per_sec = p.examples_per_sec;
-      }
-      this.byStep.set(p.step, row);
-    }
-    this.steps = [...this.byStep.keys()].sort((x, y) => x - y);
-  }
-
-  column(key) {
-    return this.steps.map((s) => {
-      const v = this.byStep.get(s)[key];
-      return v === undefined ? null : v;
-    });
-  }
-
-  get trainPoints() {
-    return this.steps.filter((s) => this.byStep.get(s).loss !== undefined).length;
-  }
-}
-
-const CHARTS = [
-  {
-    id: "loss",
-    title: "Loss",
-    keys: [
-      ["loss", "train", "#2563eb"],
-      ["eval_loss", "eval", "#dc2626"],
-    ],
-    log: true,
-  },
-  {
-    id: "accuracy",
-    title: "Accuracy",
-    keys: [
-      ["accuracy", "train", "#2563eb"],
-      ["eval_accuracy", "eval", "#dc2626"],
-    ],
-  },
-  { id: "lr", title: "Learning rate", keys: [["learning_rate", "lr", "#7c3aed"]], precise: true },
-  { id: "speed", title: "Examples/s", keys: [["examples_per_sec", "examples/s", "#059669"]] },
-];
-
-class Charts {
-  constructor(series, onZoom) {
-    this.series = series;
-    this.onZoom = onZoom;
-    this.zoomed = new Set(); // charts showing a range the user chose: new data keeps it
-    this.logScale = false;
-    this.plots = {};
-    this.box = el("div", { class: "charts", id: "charts" });
-    this.fit = fitToWidth(this.box, () => Object.values(this.plots), CHART_HEIGHT, true);
-  }
-
-  controls() {
-    const toggle = el("input", { type: "checkbox", id: "log-scale" });
-    toggle.addEventListener("change", () => {
-      this.logScale = toggle.checked;
-      this.plots.loss?.destroy();
-      delete this.plots.loss;
-      this.draw();
-    });
-    return el(
-      "p",
-      { class: "chart-controls" },
-      el("label", {}, toggle, " log-scale loss"),
-      el("span", { class: "muted" }, " · drag across a chart to zoom, double-click to reset"),
-    );
-  }
-
-  draw() {
-    const steps = this.series.steps;
-    const custom = [...this.series.customNames].sort().map((name) => ({
-      id: `custom-${name}`,
-      title: `${name} (from the model's metrics())`,
-      keys: [
-        [`custom_${name}`, "train", "#2563eb"],
-        [`eval_custom_${name}`, "eval", "#dc2626"],
-      ],
-    }));
-    for (const chart of [...CHARTS, ...custom]) {
-      const data = [steps, ...chart.keys.map(([key]) => this.series.column(key))];
-      if (!this.plots[chart.id]) {
-        const holder = el("figure", { class: "chart", id: `chart-${chart.id}` }, el("figcaption", {}, chart.title));
-        const existing = this.box.querySelector(`#chart-${chart.id}`);
-        if (existing) existing.replaceWith(holder);
-        else this.box.append(holder);
-        const lines = chart.keys.map(([, label, color]) => ({ label, color, points: label === "eval" }));
-        const look = {
-          width: this.fit.width(),
-          height: CHART_HEIGHT,
-          lines,
-          log: chart.log && this.logScale,
-          precise: chart.precise,
-          onZoom: (range) => {
-            this.zoomed.add(chart.id);
-            this.onZoom(range).catch(reportError("Loading the zoomed range"));
-          },
-          onReset: () => this.zoomed.delete(chart.id),
-        };
-        this.plots[chart.id] = lineChart(holder, look, data);
-      } else {
-        this.plots[chart.id].setData(data, !this.zoomed.has(chart.id));
-      }
-    }
-    this.box.dataset.points = String(this.series.trainPoints);
-    window.__towerqChartDrawnAt = Date.now();
-  }
-
-  destroy() {
-    this.fit.stop();
-    for (const plot of Object.values(this.plots)) plot.destroy();
-    this.plots = {};
-  }
-}

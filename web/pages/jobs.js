@@ -60,13 +60,33 @@ export async function render(main, params) {
     location.hash = `#/jobs${query.toString() ? `?${query}` : ""}`;
   });
 
-  const { table, fill } = dataTable(COLUMNS, [], {
-    caption: "Jobs, newest first",
-    tableClass: "jobs",
-    attrs: (job) => ({ dataset: { job: job.id, state: job.state } }),
-    empty: "No jobs match.",
-  });
-  main.replaceChildren(el("h1", {}, "Jobs"), form, status, problem, el("div", { class: "scroll" }, table), pager);
+  const chosen = chosenKeys();
+  let items = [];
+  let hyperparameters = [];
+  let table = null;
+  let fill = () => {};
+  const tableBox = el("div", { class: "scroll" });
+  const pickerList = el("div", { class: "column-list" });
+  const picker = el("details", { class: "columns", id: "columns" }, el("summary", {}, "Columns"), pickerList);
+  const build = () => {
+    // Hyperparameters stand with the figures, before the age and the reason.
+    const picked = COLUMNS.filter((c) => c.fixed || chosen.has(c.key));
+    const tail = picked.findIndex((c) => c.key === "age" || c.key === "why");
+    const at = tail < 0 ? picked.length : tail;
+    const extra = hyperparameters.filter((name) => chosen.has(`hp:${name}`)).map(hyperparameterColumn);
+    const shown = [...picked.slice(0, at), ...extra, ...picked.slice(at)];
+    ({ table, fill } = dataTable(shown, items, {
+      caption: "Jobs, newest first",
+      tableClass: "jobs",
+      attrs: (job) => ({ dataset: { job: job.id, state: job.state } }),
+      empty: "No jobs match.",
+    }));
+    tableBox.replaceChildren(table);
+  };
+  const offer = () => pickerList.replaceChildren(...columnPicker(chosen, hyperparameters, build));
+  build();
+  offer();
+  main.replaceChildren(el("h1", {}, "Jobs"), form, picker, status, problem, tableBox, pager);
 
   async function refresh() {
     const query = new URLSearchParams({ limit: PAGE, offset: (filters.page - 1) * PAGE });
@@ -82,7 +102,13 @@ export async function render(main, params) {
 
   let firstDraw = true;
   function draw(page) {
-    fill(page.items);
+    items = page.items;
+    const names = [...new Set(items.flatMap((job) => Object.keys(job.spec.hyperparameters || {})))].sort();
+    if (names.join() !== hyperparameters.join()) {
+      hyperparameters = names;
+      offer();
+      build();
+    } else fill(items);
     status.textContent = `${count(page.total)} job${page.total === 1 ? "" : "s"}`;
     const pages = Math.max(1, Math.ceil(page.total / PAGE));
     pager.replaceChildren(
@@ -90,10 +116,10 @@ export async function render(main, params) {
       el("span", {}, `page ${filters.page} of ${pages}`),
       el("button", { type: "button", disabled: filters.page >= pages, onclick: () => setFilter("page", filters.page + 1) }, "Older →"),
     );
+    table.dataset.drawn = "1";
     if (firstDraw) {
       firstDraw = false;
       performance.mark("jobs-table-drawn");
-      table.dataset.drawn = "1";
     }
   }
 
@@ -116,33 +142,96 @@ export async function render(main, params) {
   };
 }
 
+// Every column a person may show; `on` marks the default set. Hyperparameter columns
+// (`hp:<name>`) are offered for the names the listed jobs use.
 const COLUMNS = [
-  { title: "ID", cell: (job) => el("a", { href: `#/jobs/${job.id}` }, job.id) },
-  { title: "Name", class: "name", cell: (job) => el("a", { href: `#/jobs/${job.id}` }, job.name) },
-  { title: "State", cell: (job) => badge(job.state) },
-  { title: "User", cell: (job) => job.user },
+  { key: "id", title: "ID", fixed: true, cell: (job) => el("a", { href: `#/jobs/${job.id}` }, job.id) },
+  { key: "name", title: "Name", fixed: true, class: "name", cell: (job) => el("a", { href: `#/jobs/${job.id}` }, job.name) },
+  { key: "state", title: "State", fixed: true, cell: (job) => badge(job.state) },
+  { key: "user", title: "User", on: true, cell: (job) => job.user },
+  { key: "priority", title: "Priority", cell: (job) => job.priority },
   {
+    key: "gpus",
     title: "GPUs",
+    on: true,
     class: "mono",
     cell: (job) => [
       gpusOf(job),
       job.allocation?.simulated ? el("span", { class: "badge sim", title: "simulated GPUs (CPU logical devices)" }, "sim") : null,
     ],
   },
-  { title: "Progress", cell: (job) => progress(job) },
-  { title: "Loss", class: "num", cell: (job) => number(job.latest.loss) },
-  { title: "Accuracy", class: "num", cell: (job) => percent(job.latest.eval_accuracy ?? job.latest.accuracy) },
-  { title: "Age", class: "num", cell: (job) => el("span", { title: job.created_at }, age(job.created_at)) },
-  {
-    title: "Queue",
-    class: "queue",
-    cell: (job) =>
-      job.state === "queued"
-        ? [
-            job.queue_position ? el("strong", {}, `#${job.queue_position} `) : "",
-            job.pending_reason || "waiting for the scheduler",
-            job.expected_start_at ? el("span", { class: "expected" }, `; starts ${expectedStart(job)}`) : "",
-          ]
-        : "",
-  },
+  { key: "progress", title: "Progress", on: true, cell: (job) => progress(job) },
+  { key: "loss", title: "Train loss", on: true, class: "num", cell: (job) => number(job.latest.loss) },
+  { key: "accuracy", title: "Train accuracy", class: "num", cell: (job) => percent(job.latest.accuracy) },
+  { key: "eval_loss", title: "Eval loss", class: "num", cell: (job) => number(job.latest.eval_loss) },
+  { key: "eval_accuracy", title: "Eval accuracy", on: true, class: "num", cell: (job) => percent(job.latest.eval_accuracy) },
+  { key: "age", title: "Age", on: true, class: "num", cell: (job) => el("span", { title: job.created_at }, age(job.created_at)) },
+  { key: "why", title: "Why", on: true, class: "why", cell: (job) => why(job) },
 ];
+const CHOSEN_KEY = "towerq.jobs.columns";
+
+// Why a job is where it is, in one line (the whole text on hover): its place and reason
+// while it waits, what failed it, who or what cancelled it, why it is being stopped.
+function why(job) {
+  if (job.state === "queued") {
+    const reason = job.reason || "waiting for the scheduler";
+    return el(
+      "span",
+      { class: "reason", title: reason },
+      job.queue_position ? el("strong", {}, `#${job.queue_position} `) : "",
+      reason,
+      job.expected_start_at ? el("span", { class: "expected" }, `; starts ${expectedStart(job)}`) : "",
+    );
+  }
+  if (!job.reason) return "";
+  const first = job.reason.split("\n")[0];
+  return el("span", { class: `reason ${job.state === "failed" ? "failed" : ""}`, title: job.reason }, first);
+}
+
+function hyperparameterColumn(name) {
+  return {
+    key: `hp:${name}`,
+    title: name,
+    class: "num",
+    cell: (job) => {
+      const value = job.spec.hyperparameters?.[name];
+      return value === undefined ? "–" : typeof value === "number" ? number(value) : String(value);
+    },
+  };
+}
+
+function chosenKeys() {
+  try {
+    const saved = JSON.parse(localStorage.getItem(CHOSEN_KEY));
+    if (Array.isArray(saved)) return new Set(saved);
+  } catch {
+    // a damaged setting: the defaults
+  }
+  return new Set(COLUMNS.filter((c) => c.on).map((c) => c.key));
+}
+
+// The "Columns" menu: a checkbox per optional column and per hyperparameter the jobs use.
+function columnPicker(chosen, hyperparameters, changed) {
+  const box = (key, title) =>
+    el(
+      "label",
+      {},
+      el("input", {
+        type: "checkbox",
+        value: key,
+        checked: chosen.has(key),
+        onchange: (event) => {
+          if (event.target.checked) chosen.add(key);
+          else chosen.delete(key);
+          localStorage.setItem(CHOSEN_KEY, JSON.stringify([...chosen]));
+          changed();
+        },
+      }),
+      ` ${title}`,
+    );
+  return [
+    ...COLUMNS.filter((c) => !c.fixed).map((c) => box(c.key, c.title)),
+    hyperparameters.length ? el("span", { class: "muted" }, "Hyperparameters") : null,
+    ...hyperparameters.map((name) => box(`hp:${name}`, name)),
+  ];
+}

@@ -389,6 +389,10 @@ function gpuChoice(gpu) {
     { class: "gpu-choice", for: box.id },
     box,
     ` GPU ${gpu.index} `,
-    el("span", { class: "muted" }, `${gpu.name}${gpu.simulated ? " (simulated)" : ""} · ${who}`),
+    el(
+      "span",
+      { class: "muted" },
+      `${gpu.simulated && /simulated/i.test(gpu.name) ? gpu.name : `${gpu.name}${gpu.simulated ? " (simulated)" : ""}`} · ${who}`,
+    ),
   );
 }

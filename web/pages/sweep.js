@@ -88,12 +88,23 @@ export async function render(main, params) {
       if (!points.length) continue;
       const holder = el("figure", { class: "chart", "data-field": field }, el("figcaption", {}, field.replace("hyperparameters.", "")));
       scatterBox.append(holder);
-      const logX = points.every((j) => j.setting[field] > 0) && points.at(-1).setting[field] / points[0].setting[field] > 50;
+      // Values that span an order of magnitude (a learning rate, a weight decay) are compared
+      // as multiples: a log axis. Whole numbers (a seed, a batch size) get whole ticks.
+      const values = points.map((j) => j.setting[field]);
+      const logX = values.every((v) => v > 0) && values.at(-1) / values[0] >= 10;
+      const whole = values.every(Number.isInteger);
+      holder.dataset.scale = logX ? "log" : "linear";
+      holder.dataset.ticks = whole ? "whole" : "any";
+      const xAxis = { label: field.replace("hyperparameters.", "") };
+      if (whole && !logX) {
+        xAxis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000];
+        xAxis.values = (_, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : ""));
+      }
       const options = {
         width: fit.width(),
         height: CHART_HEIGHT,
         scales: { x: { time: false, distr: logX ? 3 : 1 } },
-        axes: [{ label: field.replace("hyperparameters.", "") }, { label: sweep.metric, size: 64 }],
+        axes: [xAxis, { label: sweep.metric, size: 64 }],
         series: [{ label: field }, { label: sweep.metric, stroke: COLORS[0], paths: () => null, points: { show: true, size: 8 } }],
         legend: { live: true },
       };
@@ -168,5 +179,9 @@ function headerOf(sweep, reload) {
     },
     "Cancel all",
   );
-  return [el("h1", {}, el("span", { class: "muted" }, `Sweep #${sweep.id} `), sweep.name), el("div", { class: "actions" }, cancel)];
+  // A finished sweep has nothing to cancel: no button, rather than a dead one.
+  return [
+    el("h1", {}, el("span", { class: "muted" }, `Sweep #${sweep.id} `), sweep.name),
+    el("div", { class: "actions" }, unfinished ? cancel : null),
+  ];
 }

@@ -76,20 +76,24 @@ export async function render(main, params) {
 
 const seconds = (iso) => new Date(iso).getTime() / 1000;
 
-// GPUs held per user at POINTS moments, stacked: each band is that user's share of the total.
+// GPUs held per user in each of POINTS buckets, stacked. A bucket's value is the GPU-seconds
+// held in it over its length (the average GPUs held), so a job shorter than a bucket still
+// shows, as a part of a GPU. The scale is the lab: 0 to its GPUs.
 function stackedChart(figure, timeline, users, color, width) {
   const from = seconds(timeline.since);
   const to = Math.min(seconds(timeline.until), seconds(timeline.now));
-  const times = Array.from({ length: POINTS + 1 }, (_, i) => from + ((to - from) * i) / POINTS);
+  const step = Math.max(1e-9, (to - from) / POINTS);
+  const times = Array.from({ length: POINTS }, (_, i) => from + step * i);
   const now = seconds(timeline.now);
   const own = users.map(() => times.map(() => 0));
   timeline.allocations.forEach((a) => {
     const u = users.indexOf(a.user);
-    const start = seconds(a.start);
-    const end = a.end ? seconds(a.end) : now;
-    times.forEach((t, i) => {
-      if (start <= t && t < end) own[u][i] += a.fraction;
-    });
+    const start = Math.max(seconds(a.start), from);
+    const end = Math.min(a.end ? seconds(a.end) : now, to);
+    for (let i = Math.max(0, Math.floor((start - from) / step)); i < POINTS && times[i] < end; i += 1) {
+      const overlap = Math.min(end, times[i] + step) - Math.max(start, times[i]);
+      if (overlap > 0) own[u][i] += (a.fraction * overlap) / step;
+    }
   });
   const stacks = [];
   let below = times.map(() => 0);
@@ -97,39 +101,72 @@ function stackedChart(figure, timeline, users, color, width) {
     below = below.map((v, i) => v + column[i]);
     stacks.push(below);
   });
+  const peak = Math.max(0, ...below);
   // uPlot fills each series down to zero: draw the top of the stack first, the bottom last.
   const order = users.map((_, i) => i).reverse();
   const options = {
     width,
     height: HEIGHT,
-    scales: { x: { time: true } },
-    axes: [{}, { label: "GPUs", size: 60 }],
-    series: [{}, ...order.map((i) => ({ label: users[i], stroke: color(users[i]), fill: `${color(users[i])}cc`, width: 1 }))],
+    scales: { x: { time: true }, y: { range: () => [0, Math.max(1, timeline.gpus, Math.ceil(peak))] } },
+    axes: [{}, { label: "GPUs (average held)", size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256] }],
+    series: [
+      {},
+      ...order.map((i) => ({
+        label: users[i],
+        stroke: color(users[i]),
+        fill: `${color(users[i])}cc`,
+        width: 1,
+        paths: uPlot.paths.stepped({ align: 1 }),
+      })),
+    ],
     legend: { live: true },
   };
   figure.dataset.users = users.join(",");
+  figure.dataset.scale = String(Math.max(1, timeline.gpus, Math.ceil(peak)));
+  figure.dataset.peak = peak.toFixed(3);
   figure.querySelector(".uplot")?.remove();
   return new uPlot(options, [times, ...order.map((i) => stacks[i])], figure);
 }
 
+// A wait in the unit that reads best for the longest one shown: seconds, minutes or hours.
+function waitUnit(longest) {
+  if (longest < 120) return { name: "s", per: 1 };
+  if (longest < 2 * 3600) return { name: "min", per: 60 };
+  return { name: "h", per: 3600 };
+}
+
 function queueChart(figure, timeline, width) {
   const times = timeline.queue.map((q) => seconds(q.time));
+  const waits = timeline.queue.map((q) => q.median_wait_s).filter((w) => w !== null);
+  const unit = waitUnit(Math.max(0, ...waits));
+  const most = Math.max(0, ...timeline.queue.map((q) => q.queued));
+  const longest = Math.max(0, ...waits) / unit.per;
   const options = {
     width,
     height: HEIGHT,
-    scales: { x: { time: true }, wait: {} },
-    axes: [{}, { label: "jobs waiting", size: 60 }, { label: "median wait (min)", scale: "wait", side: 1, size: 60 }],
+    scales: {
+      x: { time: true },
+      y: { range: () => [0, Math.max(1, most)] },
+      wait: { range: () => [0, Math.max(1, Math.ceil(longest))] },
+    },
+    axes: [
+      {},
+      { label: "jobs waiting", size: 60, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+      { label: `median wait (${unit.name})`, scale: "wait", side: 1, size: 60, incrs: [1, 2, 5, 10, 15, 30, 60, 120, 240] },
+    ],
     series: [
       {},
       { label: "waiting", stroke: COLORS[0], width: 1.5 },
-      { label: "median wait (min)", stroke: COLORS[1], scale: "wait", width: 0, points: { show: true, size: 5 } },
+      { label: `median wait (${unit.name})`, stroke: COLORS[1], scale: "wait", width: 0, points: { show: true, size: 5 } },
     ],
   };
   const data = [
     times,
     timeline.queue.map((q) => q.queued),
-    timeline.queue.map((q) => (q.median_wait_s === null ? null : q.median_wait_s / 60)),
+    timeline.queue.map((q) => (q.median_wait_s === null ? null : q.median_wait_s / unit.per)),
   ];
+  figure.dataset.most = String(most);
+  figure.dataset.unit = unit.name;
   figure.querySelector(".uplot")?.remove();
   return new uPlot(options, data, figure);
 }

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from service.api.deps import CallerDep, SessionDep, SettingsDep
 from service.core.exceptions import SpecError
-from service.core.models import Job, User, utcnow
+from service.core.models import Gpu, Job, User, utcnow
 from service.core.schemas import FairShareOut, TimelineOut, UsageOut
 from service.lab.accounting import BY, fair_share_report, timeline, usage_report
 from service.uploads import code, datasets
@@ -102,6 +102,7 @@ def usage_timeline(
             "since": since,
             "until": until,
             "now": now,
+            "gpus": session.scalar(select(func.count(Gpu.id)).where(Gpu.present)) or 0,
             "allocations": [h.__dict__ for h in held],
             "queue": [q.__dict__ for q in samples],
         }

@@ -92,7 +92,8 @@ def test_waiting_jobs_get_their_position_and_reason_in_words(
     waiting = [job_row(ctx, second), job_row(ctx, third)]
     assert [j.queue_position for j in waiting] == [1, 2]
     assert waiting[0].pending_reason == f"waiting for GPU 1 on lab-a (job {first})"
-    assert waiting[1].pending_reason == f"waiting for GPUs 0, 1 on lab-a (job {first})"
+    # A count names no GPUs: it takes whichever free up (issue 31: it was told "GPUs 0, 1").
+    assert waiting[1].pending_reason == f"waiting for 2 free GPUs on lab-a (job {first})"
 
 
 def test_a_drained_gpu_gets_no_new_job(
@@ -234,7 +235,7 @@ def test_time_slicing_stops_a_job_past_its_slice_for_fresh_work_and_it_resumes_w
     try:
         long, fresh, report = long_job_and_a_fresh_one(ctx, caller, add_host, 1800)  # half a slice
         assert report is not None and report.preempted == [], "nobody may stop it yet"
-        assert job_row(ctx, fresh).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
+        assert job_row(ctx, fresh).pending_reason == f"waiting for 1 free GPU on lab-a (job {long})"
 
         backdate_allocations(ctx, long, 7200)  # two GPU-hours: past its slice
         pubsub = ctx.redis.pubsub()
@@ -267,7 +268,7 @@ def test_time_slicing_stops_a_job_past_its_slice_for_fresh_work_and_it_resumes_w
         later = submit_job(ctx, caller("alice"))
         report = LiveScheduler(ctx).run_pass()
         assert report is not None and report.preempted == []
-        assert job_row(ctx, later).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
+        assert job_row(ctx, later).pending_reason == f"waiting for 1 free GPU on lab-a (job {long})"
     finally:
         ctx.close()
 
@@ -282,7 +283,7 @@ def test_time_slicing_off_stops_nobody(
     try:
         long, fresh, report = long_job_and_a_fresh_one(ctx, caller, add_host, 86400)
         assert report is not None and report.preempted == []
-        assert job_row(ctx, fresh).pending_reason == f"waiting for GPU 0 on lab-a (job {long})"
+        assert job_row(ctx, fresh).pending_reason == f"waiting for 1 free GPU on lab-a (job {long})"
     finally:
         ctx.close()
 

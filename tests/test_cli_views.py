@@ -1,0 +1,163 @@
+"""What the CLI shows a person (issue 31): why each job waits, failed or was cancelled, in one
+line; steps that fit their column; `towerq show` for people and `-o json` for scripts;
+sweeps listed and shown with their best job; a pipe closed early ends quietly; the client's
+errors read as sentences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from service.core.db import Database
+from service.core.models import Job, JobState
+from service.core.settings import Settings
+from tests.stack import Stack, wait_for
+from tests.test_cli import cli_env, towerq
+from towerq import ApiError, Client, MissingPackageError
+
+pytestmark = pytest.mark.slow
+SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 20}}
+TRACEBACK = "model nets:build: ValueError: the layer sizes do not match\nTraceback (most recent call last):\n  ..."
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def set_job(db: Database, job_id: int, **values: object) -> None:
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        for key, value in values.items():
+            setattr(job, key, value)
+
+
+@pytest.fixture
+def lab(
+    stack: Stack, db: Database, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> tuple[Client, Path, dict[str, int]]:
+    """An API with four jobs of alice's: failed, cancelled, waiting, and one very long."""
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    token = make_token("alice")
+    home = tmp_path / "home"
+    assert towerq(home, "login", url, "--token", token).returncode == 0
+    client = Client(url, token)
+    ids = {name: client.submit({**SPEC, "name": name}).id for name in ("broken", "dropped", "waiting", "long")}
+    set_job(db, ids["broken"], state=JobState.FAILED, error=TRACEBACK)
+    client.cancel(ids["dropped"])
+    set_job(db, ids["waiting"], pending_reason="waiting for 1 GPU: all 4 are held (bob's job 3 ends in ~2 h)")
+    set_job(db, ids["long"], state=JobState.RUNNING, step=13350, total_steps=100_000_000)
+    return client, home, ids
+
+
+def test_jobs_say_why_each_one_waits_failed_or_was_cancelled_in_one_line(
+    lab: tuple[Client, Path, dict[str, int]],
+) -> None:
+    client, home, ids = lab
+    table = towerq(home, "jobs")
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:-1]}
+    assert rows[str(ids["broken"])].endswith("— model nets:build: ValueError: the layer sizes do not match")
+    assert "Traceback" not in table.stdout  # the first line only; `towerq show` has the rest
+    assert rows[str(ids["dropped"])].endswith("— cancelled by alice while queued")
+    assert "— waiting for 1 GPU: all 4 are held" in rows[str(ids["waiting"])]
+    assert " 13.3k/100M  long" in rows[str(ids["long"])]  # fits the STEP column
+    header = table.stdout.splitlines()[0]
+    assert rows[str(ids["long"])].index(" long") + 1 == header.index("NAME")  # the columns stay aligned
+    listed = {job["id"]: job for job in client.jobs_page()["items"]}
+    assert listed[ids["dropped"]]["reason"] == "cancelled by alice while queued"
+    assert listed[ids["long"]]["reason"] is None
+
+
+def test_show_reads_as_a_page_and_json_for_scripts(lab: tuple[Client, Path, dict[str, int]]) -> None:
+    _, home, ids = lab
+    page = towerq(home, "show", str(ids["broken"]))
+    assert page.returncode == 0, page.stderr
+    lines = page.stdout.splitlines()
+    assert lines[0] == f"job {ids['broken']}  broken"
+    assert lines[1].split(None, 1) == ["state", "failed: " + TRACEBACK.splitlines()[0]]
+    assert any(line.split()[:2] == ["spec", "mlp"] for line in lines), page.stdout
+    assert "history" in page.stdout and "queued" in page.stdout
+    waiting = towerq(home, "show", str(ids["waiting"])).stdout
+    assert "1 wanted" in waiting and "waiting for 1 GPU" in waiting
+    scripted = json.loads(towerq(home, "show", str(ids["broken"]), "-o", "json").stdout)
+    assert scripted["id"] == ids["broken"] and scripted["state"] == "failed"
+
+
+def test_a_pipe_closed_early_ends_the_command_quietly(lab: tuple[Client, Path, dict[str, int]]) -> None:
+    client, home, _ = lab
+    for index in range(60):  # ~2 kB of JSON each: more than a pipe holds, so the writer meets the closed end
+        client.submit({**SPEC, "name": f"{index:03d} " + "x" * 120})
+    reader = subprocess.run(
+        f'{sys.executable} -m service.cli jobs --limit 200 -o json | head -c 10; echo " exit=${{PIPESTATUS[0]}}"',
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        env=cli_env(home),
+        timeout=60,
+    )
+    assert reader.stdout == '{\n  "items exit=141\n', reader.stdout
+    assert reader.stderr == "", reader.stderr  # no BrokenPipeError traceback
+
+
+def test_sweeps_are_listed_and_shown_with_their_best_job(
+    lab: tuple[Client, Path, dict[str, int]], db: Database, tmp_path: Path
+) -> None:
+    client, home, _ = lab
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(
+        "name: lr\nbase: {model: mlp, dataset: digits, hyperparameters: {steps: 20}}\n"
+        "grid: {hyperparameters.learning_rate: [0.1, 0.01]}\nmetric: eval_accuracy\n"
+    )
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "sweep", str(sweep_file), "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(home),
+    )
+    wait_for(lambda: client.sweeps(), 30, "the sweep to exist")
+    sweep = client.sweeps()[0]
+    with db.write() as session:
+        jobs = list(session.scalars(select(Job).where(Job.sweep_id == sweep["id"]).order_by(Job.id)))
+        for job, accuracy in zip(jobs, (0.91, 0.97), strict=True):
+            job.state, job.eval_accuracy, job.step = JobState.SUCCEEDED, accuracy, 20
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"sweep {sweep['id']}: 2/2 done (succeeded 2); best: job {jobs[1].id}")
+    assert out.count(last) == 1, out  # the last line once, not twice
+
+    listing = towerq(home, "sweeps")
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[1].split()[:4] == [str(sweep["id"]), "alice", "2/2", str(jobs[1].id)]
+    shown = towerq(home, "sweep", "show", str(sweep["id"]))
+    assert shown.returncode == 0, shown.stderr
+    best = next(line for line in shown.stdout.splitlines() if line.strip().startswith("*"))
+    assert best.split()[1:3] == [str(jobs[1].id), "succeeded"] and "learning_rate=0.01" in best
+    assert json.loads(towerq(home, "sweep", "show", str(sweep["id"]), "-o", "json").stdout)["best_job"] == jobs[1].id
+    missing = towerq(home, "sweep", "show")
+    assert missing.returncode == 2 and "which sweep?" in missing.stderr
+
+
+def test_client_errors_read_as_sentences_and_keep_the_problems(
+    lab: tuple[Client, Path, dict[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _, ids = lab
+    with pytest.raises(ApiError) as refused:
+        client.submit({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 0}})
+    assert refused.value.status == 422
+    assert isinstance(refused.value.detail, str) and refused.value.detail.startswith("hyperparameters.steps: ")
+    assert refused.value.errors[0]["loc"][-2:] == ["hyperparameters", "steps"]
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as on a laptop without pandas
+    with pytest.raises(MissingPackageError, match="pip install pandas"):
+        client.metrics(ids["broken"], as_frame=True)

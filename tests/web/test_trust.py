@@ -1,0 +1,156 @@
+"""Pages that never mislead (issue 31), in a real Chromium against a real stack: a job page
+catches up with a state change it was not streamed, a finished job or sweep offers no
+cancel, a job with no metric says why instead of drawing empty frames, and the jobs list
+labels train and eval figures, says why each job failed, waits or was cancelled, and lets
+a person add the columns that matter to them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import select
+
+from service.core.db import Database
+from service.core.models import Job, JobState
+from tests.stack import Stack, wait_for
+from tests.web.conftest import shot
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+TRACEBACK = "model nets:build: ValueError: the layer sizes do not match\nTraceback (most recent call last):\n  ..."
+SPEC = {
+    "model": "mlp",
+    "dataset": "digits",
+    "hyperparameters": {"steps": 100000, "log_every": 5, "learning_rate": 0.05},
+}
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
+    return make_settings(sqlite_url, api_workers=1)
+
+
+def set_job(db: Database, job_id: int, **values: object) -> None:
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        for key, value in values.items():
+            setattr(job, key, value)
+
+
+def test_the_job_page_shows_a_state_change_it_was_not_streamed_at_once(
+    stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()
+    stack.start_worker("lab-a", 1)
+    token = make_token("alice")
+    client = stack.client(token)
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
+    job_id = client.post("/api/jobs", json=SPEC).json()["id"]
+
+    # The page loads while the job waits; its stream is held back until the job runs, as
+    # when a job starts between the page's first load and its stream's start.
+    page = open_page()
+    held: list[object] = []
+    page.route(f"**/api/jobs/{job_id}/stream", lambda route: held.append(route))
+    page.goto(f"{url}/?token={token}#/jobs/{job_id}")
+    page.wait_for_selector('.job-header .badge:text("queued")')
+    assert page.locator("#no-metrics").inner_text() == "The charts start with the first logged step (every 5 steps)."
+    wait_for(lambda: held, 10, "the page to open its stream")
+    stack.start_scheduler()
+    wait_for(lambda: (client.get(f"/api/jobs/{job_id}").json()["step"] or 0) >= 10, 120, "the job to run")
+    held[0].continue_()
+    released = time.monotonic()
+    page.wait_for_selector('.job-header .badge:text("running")', timeout=10_000)
+    assert time.monotonic() - released < 3.0, "the header waited for its 5 s poll"
+    # The points stored while the stream was held are fetched, not left out of the charts.
+    page.wait_for_selector('#charts[data-points]:not([data-points="0"])', timeout=3_000)
+    assert page.locator("#no-metrics").is_hidden()
+    first = int(page.locator("#charts").get_attribute("data-points") or 0)
+    assert first >= 2  # steps 5 and 10 at least, stored before the stream started
+
+    client.post(f"/api/jobs/{job_id}/cancel")
+    page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000)
+    assert page.locator("#cancel").count() == 0  # nothing to cancel once it ended
+    assert page.locator("#clone").is_visible()
+
+
+def test_a_failed_job_and_a_finished_sweep_say_so_and_offer_no_cancel(
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    token = make_token("alice")
+    client = stack.client(token)
+    failed = client.post("/api/jobs", json={**SPEC, "name": "broken"}).json()["id"]
+    set_job(db, failed, state=JobState.FAILED, error=TRACEBACK)
+    sweep = client.post(
+        "/api/sweeps", json={"name": "lr", "base": SPEC, "grid": {"hyperparameters.learning_rate": [0.1, 0.01]}}
+    ).json()
+    with db.write() as session:
+        for job in session.scalars(select(Job).where(Job.sweep_id == sweep["id"])):
+            job.state = JobState.SUCCEEDED
+
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/jobs/{failed}")
+    page.wait_for_selector('.job-header .badge:text("failed")')
+    assert page.locator("#no-metrics").inner_text() == (
+        "No metrics: the job failed before it logged a step. Its log below says why."
+    )
+    assert page.locator("#charts figure").count() == 0  # no empty frames
+    assert page.locator("#cancel").count() == 0
+    lines = [line.strip() for line in page.locator("main").inner_text().splitlines()]
+    assert "null" not in lines  # no stray null between Spec and Artifacts
+    shot(page, "job-failed-without-metrics")
+
+    page.goto(f"{url}/#/sweeps/{sweep['id']}")
+    page.wait_for_selector("h1:has-text('Sweep #')")
+    assert page.locator("#cancel-sweep").count() == 0
+
+
+def test_the_jobs_list_labels_figures_says_why_and_takes_chosen_columns(
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    token = make_token("alice")
+    client = stack.client(token)
+    failed = client.post("/api/jobs", json={**SPEC, "name": "broken"}).json()["id"]
+    set_job(db, failed, state=JobState.FAILED, error=TRACEBACK)
+    done = client.post("/api/jobs", json={**SPEC, "name": "fine"}).json()["id"]
+    set_job(db, done, state=JobState.SUCCEEDED, loss=0.000004, accuracy=1.0, eval_accuracy=0.969, step=100000)
+    dropped = client.post("/api/jobs", json={**SPEC, "name": "dropped"}).json()["id"]
+    client.post(f"/api/jobs/{dropped}/cancel")
+
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/jobs")
+    page.wait_for_selector("table.jobs[data-drawn]")
+    headings = page.locator("table.jobs th").all_inner_texts()
+    assert "Train loss" in headings and "Eval accuracy" in headings
+    assert "Loss" not in headings and "Accuracy" not in headings  # no figure under a plain heading
+    why = page.locator(f'tr[data-job="{failed}"] td.why .reason')
+    assert why.inner_text() == TRACEBACK.splitlines()[0]
+    assert why.get_attribute("title") == TRACEBACK  # the whole text on hover
+    assert page.locator(f'tr[data-job="{dropped}"] td.why').inner_text() == "cancelled by alice while queued"
+    fine = page.locator(f'tr[data-job="{done}"]')
+    assert "96.9%" in fine.inner_text() and "100.0%" not in fine.inner_text()  # eval, not train, accuracy
+
+    page.click("#columns summary")
+    page.check('#columns input[value="hp:learning_rate"]')
+    page.check('#columns input[value="accuracy"]')
+    assert "learning_rate" in page.locator("table.jobs th").all_inner_texts()
+    assert "0.05" in fine.inner_text() and "100.0%" in fine.inner_text()
+    shot(page, "jobs-chosen-columns")
+    page.reload()
+    page.wait_for_selector("table.jobs[data-drawn]")
+    assert "learning_rate" in page.locator("table.jobs th").all_inner_texts()  # the choice is kept
+    assert "Train accuracy" in page.locator("table.jobs th").all_inner_texts()

@@ -1,0 +1,156 @@
+"""How jobs and sweeps read in a terminal: the rows of `towerq jobs` and `towerq sweeps`, and
+the pages of `towerq show` and `towerq sweep show` (`-o json` gives the API's answer)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+REASON_WIDTH = 70
+STEP_WIDTH = 11
+
+
+def count(n: float) -> str:
+    """12, 9,999, 13.4k, 100M: at most five characters from 10,000 up."""
+    if n < 10_000:
+        return f"{n:,.0f}"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
+    return f"{n:,.0f}"
+
+
+def steps(job: dict[str, Any]) -> str:
+    """`step/total` that fits the STEP column: `400/1,000`, `13.4k/100M`."""
+    return f"{count(job['step'] or 0)}/{count(job['total_steps'])}"
+
+
+def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
+    """The first line of `text`, cut to `width` with an ellipsis."""
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def where(job: dict[str, Any]) -> str:
+    allocation = job.get("allocation")
+    if allocation:
+        return f"{allocation['host']}:{','.join(map(str, allocation['gpus']))}"
+    return f"{job['gpu_count']}×"
+
+
+def jobs_table(page: dict[str, Any], start_text: Any) -> list[str]:
+    """The rows of `towerq jobs`: why a job waits, failed or was cancelled, in one line."""
+    lines = [f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>{STEP_WIDTH}}  NAME — WHY"]
+    for job in page["items"]:
+        why = one_line(job.get("reason"))
+        if job["state"] == "queued" and job.get("expected_start_at"):
+            why = f"{why}; starts {start_text(job)}" if why else f"starts {start_text(job)}"
+        tail = f"  — {why}" if why else ""
+        lines.append(
+            f"{job['id']:>5}  {job['state']:<10} {job['user'][:12]:<12} {where(job)[:14]:<14} "
+            f"{steps(job):>{STEP_WIDTH}}  {job['name']}{tail}"
+        )
+    lines.append(f"({len(page['items'])} of {page['total']})")
+    return lines
+
+
+def _percent(value: float | None) -> str | None:
+    return None if value is None else f"{100 * value:.2f}%"
+
+
+def _number(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4g}"
+
+
+def _clock(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def job_page(job: dict[str, Any], start_text: Any) -> list[str]:
+    """`towerq show ID`: the job as a person reads it."""
+    rows: list[tuple[str, str | None]] = [("state", job["state"] + (f": {job['reason']}" if job.get("reason") else ""))]
+    if job["state"] == "queued":
+        position = job.get("queue_position")
+        rows.append(("queue", f"#{position}" if position else "-"))
+        if job.get("expected_start_at"):
+            rows.append(("starts", start_text(job)))
+    rows.append(("user", job["user"]))
+    rows.append(("priority", job["priority"]))
+    share = "" if job["gpu_memory_fraction"] >= 1 else f", {job['gpu_memory_fraction']:g} of each GPU's memory"
+    allocation = job.get("allocation")
+    simulated = " (simulated)" if allocation and allocation.get("simulated") else ""
+    rows.append(("gpus", f"{where(job)}{simulated}{share}" if allocation else f"{job['gpu_count']} wanted{share}"))
+    total = job["total_steps"]
+    step = job.get("step") or 0
+    rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))
+    latest = job.get("latest") or {}
+    for label, loss, accuracy in (("train", "loss", "accuracy"), ("eval", "eval_loss", "eval_accuracy")):
+        parts = [f"loss {v}" for v in [_number(latest.get(loss))] if v] + [
+            f"accuracy {v}" for v in [_percent(latest.get(accuracy))] if v
+        ]
+        rows.append((label, "  ".join(parts) or None))
+    speed = latest.get("examples_per_sec")
+    rows.append(("speed", f"{speed:,.0f} examples/s" if speed else None))
+    rows.append(("attempts", f"{job['attempts']} (crashes {job['crashes']} of {job['max_attempts']} allowed)"))
+    if job.get("sweep_id"):
+        rows.append(("sweep", str(job["sweep_id"])))
+    rows.append(("submitted", _clock(job.get("created_at"))))
+    rows.append(("updated", _clock(job.get("updated_at"))))
+    spec = job.get("spec") or {}
+    model = spec.get("model", "?") if not spec.get("code") else f"{spec.get('model')} (code {spec['code']})"
+    hyper = spec.get("hyperparameters") or {}
+    settings = ", ".join(f"{key} {value}" for key, value in hyper.items() if not isinstance(value, dict | list))
+    rows.append(("spec", f"{model} on {spec.get('dataset', '?')}" + (f"; {settings}" if settings else "")))
+    lines = [f"job {job['id']}  {job['name']}"]
+    lines += [f"  {label:<10} {value}" for label, value in rows if value]
+    events = job.get("events") or []
+    if events:
+        lines.append("  history")
+        for event in events[-10:]:
+            message = f"  {one_line(event['message'])}" if event.get("message") else ""
+            lines.append(f"    {_clock(event['time'])}  {event['state']:<10}{message}")
+        if len(events) > 10:
+            lines.append(f"    ({len(events) - 10} earlier; -o json for all)")
+    return lines
+
+
+def sweep_line(sweep: dict[str, Any]) -> str:
+    """One line of a sweep's progress and its best job so far."""
+    states = ", ".join(f"{state} {n}" for state, n in sorted(sweep["counts"].items()))
+    line = f"sweep {sweep['id']}: {sweep['done']}/{sweep['total']} done ({states})"
+    best = next((job for job in sweep.get("jobs") or [] if job["id"] == sweep["best_job"]), None)
+    if best is not None and best["result"] is not None:
+        line += f"; best: job {best['id']}, {sweep['metric']} {best['result']:.4g}"
+    elif sweep.get("best_job") is not None:
+        line += f"; best: job {sweep['best_job']}"
+    return line
+
+
+def sweeps_table(sweeps: list[dict[str, Any]]) -> list[str]:
+    """The rows of `towerq sweeps`."""
+    lines = [f"{'ID':>5}  {'USER':<12} {'DONE':>9}  {'BEST':>6}  {'METRIC':<16} NAME"]
+    for sweep in sweeps:
+        done = f"{sweep['done']}/{sweep['total']}"
+        best = str(sweep["best_job"]) if sweep.get("best_job") is not None else "-"
+        metric = f"{sweep['goal']} {sweep['metric']}"
+        lines.append(f"{sweep['id']:>5}  {sweep['user'][:12]:<12} {done:>9}  {best:>6}  {metric:<16} {sweep['name']}")
+    lines.append(f"({len(sweeps)} sweeps)")
+    return lines
+
+
+def sweep_page(sweep: dict[str, Any]) -> list[str]:
+    """`towerq sweep show ID`: every job with its setting and result, the best one marked."""
+    lines = [f"sweep {sweep['id']}  {sweep['name']}  ({sweep['user']})", f"  {sweep_line(sweep)}"]
+    lines.append(f"  goal: {sweep['goal']} {sweep['metric']}; fields: {', '.join(sweep['fields'])}")
+    lines.append(f"  {'':1} {'JOB':>6}  {'STATE':<10} {'STEP':>{STEP_WIDTH}}  {'RESULT':>9}  SETTING")
+    for job in sweep["jobs"]:
+        mark = "*" if job["id"] == sweep["best_job"] else " "
+        result = f"{job['result']:.4g}" if job["result"] is not None else "-"
+        setting = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in job["setting"].items())
+        lines.append(f"  {mark} {job['id']:>6}  {job['state']:<10} {steps(job):>{STEP_WIDTH}}  {result:>9}  {setting}")
+    if sweep["best_job"] is not None:
+        lines.append("  (* the best job so far)")
+    return lines
