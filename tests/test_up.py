@@ -121,9 +121,22 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
         assert job["state"] == "succeeded", job["error"]
         assert job["allocation"]["simulated"] is True
 
-        started = time.monotonic()
-        assert up.ctrl_c() == 0
-        assert time.monotonic() - started < 60
+        # A dashboard's live stream stays open: Ctrl+C ends it at once and stops without a
+        # word of error (it waited for the supervisor's kill, a minute, before issue 31).
+        before = len(up.lines)
+        ended: list[str] = []
+        with client.stream("GET", "/api/stream") as live:
+            assert live.headers["content-type"].startswith("text/event-stream")
+            reading = threading.Thread(target=lambda: ended.extend(live.iter_lines()), daemon=True)
+            reading.start()
+            started = time.monotonic()
+            assert up.ctrl_c() == 0
+            stopped_in = time.monotonic() - started
+            reading.join(10)
+        assert stopped_in < 10, f"Ctrl+C took {stopped_in:.1f} s"
+        assert not reading.is_alive() and ": connected" in ended  # the stream ended, not cut off
+        said = "\n".join(up.lines[before:])
+        assert "ERROR" not in said and "Traceback" not in said, said
         assert processes_in_session(up.process.pid) == []
         assert "towerq stopped" in up.text()
     finally:

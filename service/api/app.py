@@ -6,9 +6,13 @@ import asyncio
 import gc
 import json
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
@@ -145,6 +149,25 @@ class _TooLarge(Exception):
 TOKEN_USE_EVERY_S = 10.0
 
 
+def end_streams_on_exit_signals(hub: StreamHub) -> None:
+    """When the server is told to stop (SIGINT, SIGTERM), end the live streams at once, then
+    let the server's own handler stop it: its graceful shutdown waits for open connections,
+    and a dashboard's stream never closes by itself. Only where signals can be handled (the
+    server's main thread), so not under a test client's thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+
+        def handle(number: int, frame: FrameType | None, previous: Any = previous) -> None:
+            loop.call_soon_threadsafe(hub.end_streams)
+            if callable(previous):
+                previous(number, frame)
+
+        signal.signal(signum, handle)
+
+
 async def record_token_use(tokens: TokenChecker, ctx: Context) -> None:
     """Write the tokens' last use now and then, in a worker thread."""
     while True:
@@ -172,6 +195,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.inventory = HostInventory(app.state.context.db, app.state.executor)
         app.state.writer = SubmissionWriter(app.state.context.db)
         recorder = asyncio.create_task(record_token_use(app.state.tokens, app.state.context))
+        end_streams_on_exit_signals(app.state.hub)
         # Everything loaded so far lives as long as the process: keep it out of the garbage
         # collector's full passes, which otherwise walk it all in the middle of requests.
         gc.freeze()

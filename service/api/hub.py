@@ -40,6 +40,10 @@ belonged to a process that is gone."""
 READ_TIMEOUT_S = 1.0
 
 
+END: Event = ("", "")
+"""Put in every stream's queue by `StreamHub.end_streams`: the stream ends there."""
+
+
 class StreamHub:
     """One pub/sub connection for every stream of this process."""
 
@@ -48,6 +52,7 @@ class StreamHub:
         self.queues: dict[str, set[asyncio.Queue[Event]]] = {}
         self.lock = asyncio.Lock()
         self.reader: asyncio.Task[None] | None = None
+        self.ending = False
 
     @asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
@@ -70,6 +75,16 @@ class StreamHub:
                         del self.queues[channel]
                         with contextlib.suppress(Exception):  # the connection is gone: nothing to undo
                             await self.pubsub.unsubscribe(channel)
+
+    def end_streams(self) -> None:
+        """The process is stopping: every stream gets `END` after what it has waiting, and
+        ends. Its client reconnects (to another API process, or this one restarted); the
+        server's shutdown waits for no open stream."""
+        self.ending = True
+        for queue in {q for listeners in self.queues.values() for q in listeners}:
+            if queue.full():
+                queue.get_nowait()  # it misses one message, as a slow reader does
+            queue.put_nowait(END)
 
     async def close(self) -> None:
         if self.reader is not None:

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from service.core import defaults
 from service.core.db import require_schema, upgrade_database
 from service.core.settings import Settings, redacted
 
@@ -84,6 +85,7 @@ def run_api(args: argparse.Namespace) -> int:
         forwarded_allow_ips=settings.forwarded_allow_ips,
         log_level="warning",
         access_log=False,
+        timeout_graceful_shutdown=defaults.API_SHUTDOWN_GRACE_S,
     )
     if workers == 1:
         uvicorn.run(create_app(settings), **serving)

@@ -73,3 +73,8 @@ says so once. At the default `log_every` that is ~10 M steps."""
 LOG_LINES_PER_ATTEMPT = 200_000
 """Log lines one attempt may relay (database and `log.txt`); past it they are dropped and
 the log says so once. The database keeps the newest LOG_LINES_KEPT of them anyway."""
+
+API_SHUTDOWN_GRACE_S = 3.0
+"""When the API stops, what it is answering gets this long to finish; then its live streams
+are closed (the dashboard and the client reconnect on their own). Without a bound, one open
+dashboard tab kept `towerq up` waiting for its supervisor's kill, a minute after Ctrl+C."""

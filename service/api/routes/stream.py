@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import CallerDep, DatabaseDep
-from service.api.hub import StreamHub, StreamSlots
+from service.api.hub import END, StreamHub, StreamSlots
 from service.core import keys
 from service.core.db import Database
 from service.jobs import privacy
@@ -40,13 +40,15 @@ async def _forward(
     try:
         async with hub.subscribe(channel) as queue:
             yield ": connected\n\n"
-            while not await request.is_disconnected():
+            while not hub.ending and not await request.is_disconnected():
                 try:
                     kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
                 except TimeoutError:
                     await slots.refresh(token_id, slot)
                     yield ": keepalive\n\n"
                     continue
+                if (kind, data) == END:
+                    return
                 if hide_logs and kind == "log":
                     continue
                 yield f"event: {kind}\ndata: {data}\n\n"
