@@ -57,7 +57,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) scripts/check-python.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	@# setuptools announces every editable install of a package-dir layout with a banner
+	@# (a UserWarning, "Editable installation."): that one message is silenced, nothing else.
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -e '.[cpu,dev]'
 	touch $(STAMP)
 
 clean:
