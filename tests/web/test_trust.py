@@ -104,6 +104,8 @@ def test_a_failed_job_and_a_finished_sweep_say_so_and_offer_no_cancel(
     )
     assert page.locator("#charts figure").count() == 0  # no empty frames
     assert page.locator("#cancel").count() == 0
+    summary = page.locator(".summary dt").all_inner_texts()
+    assert "Train loss" in summary and "Loss" not in summary  # the page labels its figures as the list does
     lines = [line.strip() for line in page.locator("main").inner_text().splitlines()]
     assert "null" not in lines  # no stray null between Spec and Artifacts
     shot(page, "job-failed-without-metrics")

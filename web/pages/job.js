@@ -223,8 +223,8 @@ function summaryOf(job) {
   const pairs = [
     ["Owner", job.user],
     ["Progress", progress(job)],
-    ["Loss", number(job.latest.loss)],
-    ["Accuracy", percent(job.latest.accuracy)],
+    ["Train loss", number(job.latest.loss)],
+    ["Train accuracy", percent(job.latest.accuracy)],
     ["Eval loss", number(job.latest.eval_loss)],
     ["Eval accuracy", percent(job.latest.eval_accuracy)],
     ["Examples/s", number(job.latest.examples_per_sec, 5)],
