@@ -31,6 +31,7 @@ from sqlalchemy import text
 
 from service.cli.redis_server import EmbeddedRedis
 from service.core.db import Database, upgrade_database
+from service.core.models import Job
 from service.core.settings import Settings
 from service.lab.auth import create_token
 from worker.cgroups import remove_stale
@@ -174,6 +175,21 @@ def make_token(db: Database) -> Callable[..., str]:
             return create_token(session, user, admin=admin)[1]
 
     return make
+
+
+@pytest.fixture
+def set_job(db: Database) -> Callable[..., None]:
+    """set_job(job_id, state=..., error=..., ...): put a stored job where a test needs it,
+    as a worker would have left it (a failure, a long run), without running one."""
+
+    def put(job_id: int, **values: object) -> None:
+        with db.write() as session:
+            job = session.get(Job, job_id)
+            assert job is not None, f"no job {job_id}"
+            for key, value in values.items():
+                setattr(job, key, value)
+
+    return put
 
 
 @pytest.fixture

@@ -31,17 +31,13 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
     return make_settings(sqlite_url)
 
 
-def set_job(db: Database, job_id: int, **values: object) -> None:
-    with db.write() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        for key, value in values.items():
-            setattr(job, key, value)
-
-
 @pytest.fixture
 def lab(
-    stack: Stack, db: Database, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+    stack: Stack,
+    set_job: Callable[..., None],
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    tmp_path: Path,
 ) -> tuple[Client, Path, dict[str, int]]:
     """An API with four jobs of alice's: failed, cancelled, waiting, and one very long."""
     url = stack.start_api()
@@ -51,10 +47,10 @@ def lab(
     assert towerq(home, "login", url, "--token", token).returncode == 0
     client = Client(url, token)
     ids = {name: client.submit({**SPEC, "name": name}).id for name in ("broken", "dropped", "waiting", "long")}
-    set_job(db, ids["broken"], state=JobState.FAILED, error=TRACEBACK)
+    set_job(ids["broken"], state=JobState.FAILED, error=TRACEBACK)
     client.cancel(ids["dropped"])
-    set_job(db, ids["waiting"], pending_reason="waiting for 1 GPU: all 4 are held (bob's job 3 ends in ~2 h)")
-    set_job(db, ids["long"], state=JobState.RUNNING, step=13350, total_steps=100_000_000)
+    set_job(ids["waiting"], pending_reason="waiting for 1 GPU: all 4 are held (bob's job 3 ends in ~2 h)")
+    set_job(ids["long"], state=JobState.RUNNING, step=13350, total_steps=100_000_000)
     return client, home, ids
 
 

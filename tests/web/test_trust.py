@@ -31,12 +31,19 @@ def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
     return make_settings(sqlite_url, api_workers=1)
 
 
-def set_job(db: Database, job_id: int, **values: object) -> None:
-    with db.write() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        for key, value in values.items():
-            setattr(job, key, value)
+@pytest.fixture
+def a_failed_job(
+    stack: Stack, set_job: Callable[..., None], make_token: Callable[..., str], add_host: Callable[..., None]
+) -> tuple[str, str, object, int]:
+    """An API on a 2-GPU lab, and alice's job that failed with a traceback before a metric:
+    (URL, alice's token, her client, the job's id)."""
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    token = make_token("alice")
+    client = stack.client(token)
+    failed = client.post("/api/jobs", json={**SPEC, "name": "broken"}).json()["id"]
+    set_job(failed, state=JobState.FAILED, error=TRACEBACK)
+    return url, token, client, failed
 
 
 def test_the_job_page_shows_a_state_change_it_was_not_streamed_at_once(
@@ -77,18 +84,9 @@ def test_the_job_page_shows_a_state_change_it_was_not_streamed_at_once(
 
 
 def test_a_failed_job_and_a_finished_sweep_say_so_and_offer_no_cancel(
-    stack: Stack,
-    db: Database,
-    make_token: Callable[..., str],
-    add_host: Callable[..., None],
-    open_page: Callable[..., object],
+    a_failed_job: tuple[str, str, object, int], db: Database, open_page: Callable[..., object]
 ) -> None:
-    url = stack.start_api()
-    add_host("lab-a", 2)
-    token = make_token("alice")
-    client = stack.client(token)
-    failed = client.post("/api/jobs", json={**SPEC, "name": "broken"}).json()["id"]
-    set_job(db, failed, state=JobState.FAILED, error=TRACEBACK)
+    url, token, client, failed = a_failed_job
     sweep = client.post(
         "/api/sweeps", json={"name": "lr", "base": SPEC, "grid": {"hyperparameters.learning_rate": [0.1, 0.01]}}
     ).json()
@@ -116,20 +114,11 @@ def test_a_failed_job_and_a_finished_sweep_say_so_and_offer_no_cancel(
 
 
 def test_the_jobs_list_labels_figures_says_why_and_takes_chosen_columns(
-    stack: Stack,
-    db: Database,
-    make_token: Callable[..., str],
-    add_host: Callable[..., None],
-    open_page: Callable[..., object],
+    a_failed_job: tuple[str, str, object, int], set_job: Callable[..., None], open_page: Callable[..., object]
 ) -> None:
-    url = stack.start_api()
-    add_host("lab-a", 2)
-    token = make_token("alice")
-    client = stack.client(token)
-    failed = client.post("/api/jobs", json={**SPEC, "name": "broken"}).json()["id"]
-    set_job(db, failed, state=JobState.FAILED, error=TRACEBACK)
+    url, token, client, failed = a_failed_job
     done = client.post("/api/jobs", json={**SPEC, "name": "fine"}).json()["id"]
-    set_job(db, done, state=JobState.SUCCEEDED, loss=0.000004, accuracy=1.0, eval_accuracy=0.969, step=100000)
+    set_job(done, state=JobState.SUCCEEDED, loss=0.000004, accuracy=1.0, eval_accuracy=0.969, step=100000)
     dropped = client.post("/api/jobs", json={**SPEC, "name": "dropped"}).json()["id"]
     client.post(f"/api/jobs/{dropped}/cancel")
 
