@@ -1,0 +1,50 @@
+"""What the client raises: every error is a `TowerqError` whose message is for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TowerqError(Exception):
+    """Anything the client could not do; the message is for people."""
+
+
+class UnreachableError(TowerqError):
+    """The API did not answer (after the retries)."""
+
+
+class ApiError(TowerqError):
+    """The API answered with an error: `status`, `detail` (the message, each problem naming
+    its field: `hyperparameters.steps: Input should be greater than 0`) and `errors` (the
+    API's problems as it sent them, each a `{loc, msg, ...}` dict; empty when it sent one
+    message)."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        self.status = status
+        self.errors: list[Any] = detail if isinstance(detail, list) else []
+        self.detail = _describe(detail)
+        super().__init__(f"{status}: {self.detail}")
+
+
+class AuthError(ApiError):
+    """401: no token, or one the API does not know (or has revoked)."""
+
+
+class MissingPackageError(TowerqError):
+    """An optional package the call needs is not installed; the message says which."""
+
+
+def _describe(detail: Any) -> str:
+    if not isinstance(detail, list):
+        return str(detail)
+    return "; ".join(_problem(d) if isinstance(d, dict) else str(d) for d in detail)
+
+
+def _problem(problem: dict[str, Any]) -> str:
+    """`field.path: message`; the API's leading `body` / `query` is where, not which field."""
+    where = [str(part) for part in problem.get("loc") or []]
+    if where and where[0] in ("body", "query", "path", "header"):
+        where = where[1:]
+    message = str(problem.get("msg", problem))
+    field = ".".join(where)
+    return f"{field}: {message}" if field and not message.startswith(field) else message
