@@ -161,7 +161,12 @@ def _job(
             **sweep.spec,
             "settings": [*sweep.spec["settings"], {"hyperparameters.learning_rate": hyper["learning_rate"]}],
         }
-    chosen = sorted(gpus, key=lambda gpu: free_at[gpu.id])[:gpu_count]
+    # One host's GPUs, those that free first there, on the host where that is soonest.
+    by_host = [
+        sorted((g for g in gpus if g.host_id == host), key=lambda g: free_at[g.id])
+        for host in {g.host_id for g in gpus}
+    ]
+    chosen = min((ranked[:gpu_count] for ranked in by_host), key=lambda some: max(free_at[g.id] for g in some))
     start = max(submitted, *(free_at[gpu.id] for gpu in chosen)) + timedelta(seconds=rng.uniform(2, 40))
     hours = rng.choice([rng.uniform(0.02, 0.3), rng.uniform(0.3, 3), rng.uniform(3, 10)])
     end = start + timedelta(hours=hours)

@@ -64,7 +64,10 @@ def test_the_job_page_shows_a_state_change_it_was_not_streamed_at_once(
     page.goto(f"{url}/?token={token}#/jobs/{job_id}")
     page.wait_for_selector('.job-header .badge:text("queued")')
     assert page.locator("#no-metrics").inner_text() == "The charts start with the first logged step (every 5 steps)."
-    wait_for(lambda: held, 10, "the page to open its stream")
+    deadline = time.monotonic() + 20
+    while not held and time.monotonic() < deadline:  # Playwright runs route handlers inside its own calls
+        page.wait_for_timeout(100)
+    assert held, "the page did not open its stream"
     stack.start_scheduler()
     wait_for(lambda: (client.get(f"/api/jobs/{job_id}").json()["step"] or 0) >= 10, 120, "the job to run")
     held[0].continue_()
@@ -107,6 +110,11 @@ def test_a_failed_job_and_a_finished_sweep_say_so_and_offer_no_cancel(
     lines = [line.strip() for line in page.locator("main").inner_text().splitlines()]
     assert "null" not in lines  # no stray null between Spec and Artifacts
     shot(page, "job-failed-without-metrics")
+
+    page.goto(f"{url}/#/gpus")  # simulated GPUs say so once, on their host's card
+    page.wait_for_selector('[data-host="lab-a"] tr[data-gpu="1"]')
+    assert page.locator('[data-host="lab-a"] h2 .badge.sim').count() == 1
+    assert page.locator('[data-host="lab-a"] tbody .badge.sim').count() == 0
 
     page.goto(f"{url}/#/sweeps/{sweep['id']}")
     page.wait_for_selector("h1:has-text('Sweep #')")

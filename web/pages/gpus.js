@@ -39,7 +39,7 @@ export async function render(main) {
 function card(worker, gpus, actions) {
   const down = worker.state !== "up";
   const columns = [
-    { title: "GPU", cell: (gpu) => [gpu.index, " ", badgesOf(gpu, down)] },
+    { title: "GPU", cell: (gpu) => [gpu.index, " ", badgesOf(gpu, down, worker.simulated)] },
     { title: "Model", cell: (gpu) => gpu.name },
     { title: "Memory", cell: memoryOf },
     { title: "Utilization", class: "num", cell: (gpu) => (gpu.utilization_pct === null ? "–" : `${gpu.utilization_pct}%`) },
@@ -74,11 +74,12 @@ function card(worker, gpus, actions) {
   );
 }
 
-function badgesOf(gpu, hostDown) {
+// A simulated GPU on a simulated host says so once, on the host's card.
+function badgesOf(gpu, hostDown, hostSimulated) {
   return [
     gpu.drained ? el("span", { class: "badge drained" }, "drained") : null,
     hostDown ? el("span", { class: "badge host-down" }, "down") : null,
-    gpu.simulated ? el("span", { class: "badge sim" }, "simulated") : null,
+    gpu.simulated && !hostSimulated ? el("span", { class: "badge sim" }, "simulated") : null,
   ];
 }
 
