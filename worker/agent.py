@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 _current: HostAgent | None = None
 RECONNECT_DELAY_S = 2.0
+LOOP_JOIN_S = 10.0
+"""How long the worker's stop waits for its heartbeat and control loops (each looks at the
+stop every second; a heartbeat in the middle of its database write finishes it)."""
 LEFTOVER_KILL_TIMEOUT_S = 10.0
 
 
@@ -82,6 +85,7 @@ class HostAgent:
         self.pool = TrainerPool(ctx.settings, name, ctx.settings.trainer_pool, self.sandboxed, self.inventory.simulated)
         self.runners: dict[tuple[int, int], JobRunner] = {}
         self.lock = threading.Lock()
+        self.loops: list[threading.Thread] = []
         self.stopping = threading.Event()
         self.rq_worker: SimpleWorker | None = None
 
@@ -110,7 +114,9 @@ class HostAgent:
         self._recover_leftovers()
         self.pool.start()
         for target, label in ((self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")):
-            threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True).start()
+            loop = threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True)
+            loop.start()
+            self.loops.append(loop)
         self._kick()
 
     def shutdown(self) -> None:
@@ -130,6 +136,11 @@ class HostAgent:
         for runner in runners:
             runner.join()
         self.pool.close()  # only now: a trainer dies with the pool's thread, taken ones too
+        # The loops end within a second of `stopping`; they must, before the context closes:
+        # a daemon thread frozen at exit inside Redis's connection pool holds its lock, and
+        # the client's close at exit then waited for it forever (the worker outlived SIGTERM).
+        for loop in self.loops:
+            loop.join(LOOP_JOIN_S)
         self.inventory.close()
         log.info("worker %s stopped", self.name)
 
@@ -213,12 +224,12 @@ class HostAgent:
         """Stop requests (cancel, preemption) published for this host."""
         while not self.stopping.is_set():
             try:
-                pubsub = self.ctx.redis.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(keys.host_control_channel(self.name))
-                while not self.stopping.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message is not None:
-                        self._control(message["data"])
+                with self.ctx.redis.pubsub(ignore_subscribe_messages=True) as pubsub:  # its connection goes back
+                    pubsub.subscribe(keys.host_control_channel(self.name))
+                    while not self.stopping.is_set():
+                        message = pubsub.get_message(timeout=1.0)
+                        if message is not None:
+                            self._control(message["data"])
             except redis.RedisError as err:
                 log.debug("control channel lost: %s", err)
                 self.stopping.wait(RECONNECT_DELAY_S)

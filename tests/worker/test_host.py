@@ -6,8 +6,11 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
+from service.core.context import Context
 from service.core.db import Database
 from service.core.models import Host, HostState, Job, User
+from service.core.settings import Settings
+from worker.agent import HostAgent
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
 
@@ -40,3 +43,19 @@ def test_a_returning_host_stays_down_while_it_runs_a_lost_attempt(
     with db.write() as session:
         assert heartbeat(session, "lab-a", states, [(job_id, 2)])  # the current attempt is fine
     assert host_state(db) == HostState.UP
+
+
+def test_a_stopped_worker_has_ended_its_loops_before_its_context_closes(settings: Settings) -> None:
+    """A heartbeat or control loop still in Redis's connection pool when the process exits
+    holds the pool's lock, frozen, and the client's close at exit then waits forever: the
+    worker outlived SIGTERM until its supervisor killed it, a minute later."""
+    ctx = Context.open(settings.model_copy(update={"trainer_pool": 0, "sandbox": "none"}))
+    agent = HostAgent(ctx, "lab-a", SimulatedInventory("lab-a", 1))
+    try:
+        agent.start()
+        assert [loop.name for loop in agent.loops] == ["lab-a-heartbeat", "lab-a-control"]
+        assert all(loop.is_alive() for loop in agent.loops)
+        agent.shutdown()
+        assert not any(loop.is_alive() for loop in agent.loops)
+    finally:
+        ctx.close()
