@@ -133,6 +133,8 @@ class MetricSink:
     def _note_latest(self, point: dict[str, Any], event: dict[str, Any]) -> None:
         if point["split"] == "eval":
             self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
+            if point["custom"]:
+                self.latest.update(eval_custom_metrics=point["custom"])
             return
         self.latest.update(
             step=point["step"],
@@ -141,6 +143,8 @@ class MetricSink:
             examples_per_sec=point["examples_per_sec"],
             step_time_s=_number(event.get("step_time_s")),
         )
+        if point["custom"]:
+            self.latest.update(custom_metrics=point["custom"])
 
     def _buffered(self) -> None:
         if self.first_buffered is None:

@@ -234,6 +234,10 @@ class Job(Base):
     eval_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
     examples_per_sec: Mapped[float | None] = mapped_column(Float, default=None)
     step_time_s: Mapped[float | None] = mapped_column(Float, default=None)
+    custom_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """The model's own metrics (`metrics()` of a code bundle) at the latest train point."""
+    eval_custom_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """The same at the latest evaluation."""
 
     user: Mapped[User] = relationship()
     allocations: Mapped[list[Allocation]] = relationship(back_populates="job", order_by="Allocation.id")

@@ -38,6 +38,10 @@ class LatestMetrics(Out):
     eval_accuracy: float | None
     examples_per_sec: float | None
     step_time_s: float | None
+    custom_metrics: dict[str, float | None] | None = None
+    """The model's own metrics at the latest train point (`metrics()` of a code bundle)."""
+    eval_custom_metrics: dict[str, float | None] | None = None
+    """The same at the latest evaluation."""
 
 
 class JobOut(Out):

@@ -121,6 +121,18 @@ def test_a_folder_of_code_with_its_own_metric_trains_and_is_charted(
     assert "null" not in page.locator("#artifacts").inner_text()
     shot(page, "job-own-code")
 
+    # The job keeps its latest own metrics, and the jobs list offers each as a column per split.
+    latest = client.get(f"/api/jobs/{job_id}").json()["latest"]
+    assert latest["eval_custom_metrics"]["top2"] == final["custom"]["top2"]
+    assert set(latest["custom_metrics"]) == {"top2", "margin"}
+    page.goto(f"{url}/#/jobs")
+    page.wait_for_selector("table.jobs[data-drawn]")
+    page.click("#columns summary")
+    page.check('#columns input[value="m:eval:top2"]')
+    assert "top2 (eval)" in page.locator("table.jobs th").all_inner_texts()
+    cells = page.locator(f'tr[data-job="{job_id}"] td').all_inner_texts()
+    assert f"{final['custom']['top2']:.4g}".rstrip("0").rstrip(".") in cells, cells
+
     # The compare page offers the metric as a curve.
     other = client.post("/api/jobs", json={**job["spec"], "name": "again", "hyperparameters": {"steps": 20}}).json()
     wait_for(lambda: client.get(f"/api/jobs/{other['id']}").json()["state"] in FINAL, 240, "the clone", 1)

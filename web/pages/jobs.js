@@ -63,6 +63,7 @@ export async function render(main, params) {
   const chosen = chosenKeys();
   let items = [];
   let hyperparameters = [];
+  let customs = [];
   let table = null;
   let fill = () => {};
   const tableBox = el("div", { class: "scroll" });
@@ -73,7 +74,10 @@ export async function render(main, params) {
     const picked = COLUMNS.filter((c) => c.fixed || chosen.has(c.key));
     const tail = picked.findIndex((c) => c.key === "age" || c.key === "why");
     const at = tail < 0 ? picked.length : tail;
-    const extra = hyperparameters.filter((name) => chosen.has(`hp:${name}`)).map(hyperparameterColumn);
+    const extra = [
+      ...customs.filter((key) => chosen.has(`m:${key}`)).map(customColumn),
+      ...hyperparameters.filter((name) => chosen.has(`hp:${name}`)).map(hyperparameterColumn),
+    ];
     const shown = [...picked.slice(0, at), ...extra, ...picked.slice(at)];
     ({ table, fill } = dataTable(shown, items, {
       caption: "Jobs, newest first",
@@ -83,7 +87,7 @@ export async function render(main, params) {
     }));
     tableBox.replaceChildren(table);
   };
-  const offer = () => pickerList.replaceChildren(...columnPicker(chosen, hyperparameters, build));
+  const offer = () => pickerList.replaceChildren(...columnPicker(chosen, customs, hyperparameters, build));
   build();
   offer();
   main.replaceChildren(el("h1", {}, "Jobs"), form, picker, status, problem, tableBox, pager);
@@ -104,8 +108,10 @@ export async function render(main, params) {
   function draw(page) {
     items = page.items;
     const names = [...new Set(items.flatMap((job) => Object.keys(job.spec.hyperparameters || {})))].sort();
-    if (names.join() !== hyperparameters.join()) {
+    const metrics = customNames(items);
+    if (names.join() !== hyperparameters.join() || metrics.join() !== customs.join()) {
       hyperparameters = names;
+      customs = metrics;
       offer();
       build();
     } else fill(items);
@@ -188,6 +194,29 @@ function why(job) {
   return el("span", { class: `reason ${job.state === "failed" ? "failed" : ""}`, title: job.reason }, first);
 }
 
+// The model's own metrics (a code bundle's `metrics()`), each split its own column.
+const SPLITS = { train: "custom_metrics", eval: "eval_custom_metrics" };
+
+function customNames(items) {
+  const names = new Set();
+  for (const job of items) {
+    for (const [split, field] of Object.entries(SPLITS)) {
+      for (const name of Object.keys(job.latest[field] || {})) names.add(`${split}:${name}`);
+    }
+  }
+  return [...names].sort();
+}
+
+function customColumn(key) {
+  const [split, name] = [key.slice(0, key.indexOf(":")), key.slice(key.indexOf(":") + 1)];
+  return {
+    key: `m:${key}`,
+    title: `${name} (${split})`,
+    class: "num",
+    cell: (job) => number(job.latest[SPLITS[split]]?.[name]),
+  };
+}
+
 function hyperparameterColumn(name) {
   return {
     key: `hp:${name}`,
@@ -210,8 +239,9 @@ function chosenKeys() {
   return new Set(COLUMNS.filter((c) => c.on).map((c) => c.key));
 }
 
-// The "Columns" menu: a checkbox per optional column and per hyperparameter the jobs use.
-function columnPicker(chosen, hyperparameters, changed) {
+// The "Columns" menu: a checkbox per optional column, per metric of the models' own and per
+// hyperparameter the listed jobs use.
+function columnPicker(chosen, customs, hyperparameters, changed) {
   const box = (key, title) =>
     el(
       "label",
@@ -231,6 +261,8 @@ function columnPicker(chosen, hyperparameters, changed) {
     );
   return [
     ...COLUMNS.filter((c) => !c.fixed).map((c) => box(c.key, c.title)),
+    customs.length ? el("span", { class: "muted" }, "The models' own metrics") : null,
+    ...customs.map((key) => box(`m:${key}`, customColumn(key).title)),
     hyperparameters.length ? el("span", { class: "muted" }, "Hyperparameters") : null,
     ...hyperparameters.map((name) => box(`hp:${name}`, name)),
   ];
