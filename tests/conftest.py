@@ -217,6 +217,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TOWERQ_TRAINER_ENV_PASS", RUN_MARK)
 
 
+LONGEST_FIRST = ("tests/test_chaos.py", "tests/service/api/test_hostile_input.py")
+"""Over 100 s each by design (two minutes of chaos; schemathesis's request budget): they start
+first, each on a worker, and the rest is shared around them."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files, then the stack tests (`slow`), then the quick ones: with two workers
+    taking a file at a time, a long file started near the end runs alone while the other
+    worker idles; quick files fill the tail instead. Within each kind, as collected."""
+
+    def rank(item: pytest.Item) -> tuple[bool, bool]:
+        return (not item.nodeid.startswith(LONGEST_FIRST), item.get_closest_marker("slow") is None)
+
+    items.sort(key=rank)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite leaves nothing running: a process a test started and did not end fails the
