@@ -17,7 +17,6 @@ from towerq.cli import views
 from towerq.cli.follow import follow_job
 from towerq.cli.reports import (
     dry_run_line,
-    expected_start_text,
     run_fair_share,
     run_gpus,
     run_queue,
@@ -213,7 +212,7 @@ def run_jobs(args: argparse.Namespace) -> int:
     page = Api(args).client.jobs_page(state=args.state, user=args.user, limit=args.limit)
     if args.output_format == "json":
         return print_json(page)
-    print("\n".join(views.jobs_table(page, expected_start_text)))
+    print("\n".join(views.jobs_table(page)))
     return 0
 
 
@@ -221,7 +220,7 @@ def run_show(args: argparse.Namespace) -> int:
     job = Api(args).client.job(args.id).data
     if args.output_format == "json":
         return print_json(job)
-    print("\n".join(views.job_page(job, expected_start_text)))
+    print("\n".join(views.job_page(job)))
     return 0
 
 

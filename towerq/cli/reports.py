@@ -65,7 +65,7 @@ def run_queue(args: argparse.Namespace) -> int:
     print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  {'STARTS':<22} WHY")
     for job in waiting:
         waited = _age(job["created_at"])
-        starts = expected_start_text(job) if job.get("expected_start_at") else "-"
+        starts = views.expected_start_text(job) if job.get("expected_start_at") else "-"
         print(
             f"{job['queue_position'] or '-':>4} {job['id']:>6}  {job['user'][:12]:<12} {job['priority']:<8} "
             f"{job['gpu_count']:>4}  {waited:>8}  {starts:<22} {job['pending_reason'] or ''}"
@@ -144,27 +144,13 @@ def dry_run_line(answer: dict[str, Any]) -> str:
     why = f" ({answer['reason']})" if answer["reason"] else ""
     if answer["expected_start_at"] is None:
         return f"it would wait, {where}{why}; no estimate of its start (nothing known frees room for it)"
-    return f"it would wait, {where}{why}; starts {expected_start_text(answer)}"
-
-
-def expected_start_text(job: dict[str, Any]) -> str:
-    """`~14:05 on lab-a` (local time; with the date when not today), from the scheduler's replay."""
-    from datetime import datetime
-
-    when = datetime.fromisoformat(job["expected_start_at"]).astimezone()
-    clock = (
-        when.strftime("%H:%M") if when.date() == datetime.now().astimezone().date() else when.strftime("%b %d %H:%M")
-    )
-    return f"~{clock} on {job.get('expected_host') or '?'}"
+    return f"it would wait, {where}{why}; starts {views.expected_start_text(answer)}"
 
 
 def _age(iso: str) -> str:
     from datetime import UTC, datetime
 
-    seconds = max(0, int((datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    )
+    return _duration(max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
 
 
 def run_gpus(args: argparse.Namespace) -> int:

@@ -30,7 +30,6 @@ class Api:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.client = Client(url=args.api, token=args.token, retries=2)
-        self.url = self.client.url
         if not self.client.config.token:
             raise AuthError(401, "no token: pass --token, set TOWERQ_TOKEN, or run `towerq login URL`")
 

@@ -14,11 +14,9 @@ def count(n: float) -> str:
     """12, 9,999, 13.4k, 100M: at most five characters from 10,000 up."""
     if n < 10_000:
         return f"{n:,.0f}"
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
-    return f"{n:,.0f}"
+    unit, size = next((unit, size) for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)) if n >= size)
+    value = n / size
+    return f"{value:.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
 
 
 def steps(job: dict[str, Any]) -> str:
@@ -26,9 +24,19 @@ def steps(job: dict[str, Any]) -> str:
     return f"{count(job['step'] or 0)}/{count(job['total_steps'])}"
 
 
+def expected_start_text(job: dict[str, Any]) -> str:
+    """`~14:05 on lab-a` (local time; with the date when not today), from the scheduler's replay."""
+    when = datetime.fromisoformat(job["expected_start_at"]).astimezone()
+    clock = (
+        when.strftime("%H:%M") if when.date() == datetime.now().astimezone().date() else when.strftime("%b %d %H:%M")
+    )
+    return f"~{clock} on {job.get('expected_host') or '?'}"
+
+
 def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
     """The first line of `text`, cut to `width` with an ellipsis."""
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    lines = (text or "").strip().splitlines()
+    line = lines[0] if lines else ""
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -39,13 +47,14 @@ def where(job: dict[str, Any]) -> str:
     return f"{job['gpu_count']}×"
 
 
-def jobs_table(page: dict[str, Any], start_text: Any) -> list[str]:
+def jobs_table(page: dict[str, Any]) -> list[str]:
     """The rows of `towerq jobs`: why a job waits, failed or was cancelled, in one line."""
     lines = [f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>{STEP_WIDTH}}  NAME — WHY"]
     for job in page["items"]:
         why = one_line(job.get("reason"))
         if job["state"] == "queued" and job.get("expected_start_at"):
-            why = f"{why}; starts {start_text(job)}" if why else f"starts {start_text(job)}"
+            starts = f"starts {expected_start_text(job)}"
+            why = f"{why}; {starts}" if why else starts
         tail = f"  — {why}" if why else ""
         lines.append(
             f"{job['id']:>5}  {job['state']:<10} {job['user'][:12]:<12} {where(job)[:14]:<14} "
@@ -69,14 +78,14 @@ def _clock(iso: str | None) -> str:
     return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def job_page(job: dict[str, Any], start_text: Any) -> list[str]:
+def job_page(job: dict[str, Any]) -> list[str]:
     """`towerq show ID`: the job as a person reads it."""
     rows: list[tuple[str, str | None]] = [("state", job["state"] + (f": {job['reason']}" if job.get("reason") else ""))]
     if job["state"] == "queued":
         position = job.get("queue_position")
         rows.append(("queue", f"#{position}" if position else "-"))
         if job.get("expected_start_at"):
-            rows.append(("starts", start_text(job)))
+            rows.append(("starts", expected_start_text(job)))
     rows.append(("user", job["user"]))
     rows.append(("priority", job["priority"]))
     share = "" if job["gpu_memory_fraction"] >= 1 else f", {job['gpu_memory_fraction']:g} of each GPU's memory"
