@@ -155,21 +155,6 @@ def level_of(line: str) -> str:
     return "info"
 
 
-def evaluation_line(event: dict[str, Any]) -> str:
-    """An `eval` line as the job's log says it: `evaluation at step 400: loss 0.4123, accuracy
-    91.20%` (and the custom metrics it carries)."""
-    figures = []
-    for name, value in [("loss", event.get("loss")), ("accuracy", event.get("accuracy"))] + sorted(
-        (event.get("custom") or {}).items() if isinstance(event.get("custom"), dict) else []
-    ):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            figures.append(
-                f"{str(name)[:64]} {100 * value:.2f}%" if name == "accuracy" else f"{str(name)[:64]} {value:.4g}"
-            )
-    step = event.get("step") if isinstance(event.get("step"), int) else "?"
-    return f"evaluation at step {step}: {', '.join(figures) or 'no figures'}"
-
-
 def exit_message(returncode: int | None, stderr: list[str]) -> str:
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name

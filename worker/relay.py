@@ -56,6 +56,16 @@ def _custom(values: Any) -> dict[str, float | None] | None:
     return {str(name)[:48]: _number(value) for name, value in list(values.items())[:MAX_CUSTOM_METRICS]}
 
 
+def evaluation_line(point: dict[str, Any]) -> str:
+    """An evaluation point as the job's log says it: `evaluation at step 400: loss 0.4123,
+    accuracy 91.20%, top2 0.97` (the model's own metrics after its loss and accuracy)."""
+    figures = [] if point["loss"] is None else [f"loss {point['loss']:.4g}"]
+    if point["accuracy"] is not None:
+        figures.append(f"accuracy {100 * point['accuracy']:.2f}%")
+    figures += [f"{name} {value:.4g}" for name, value in sorted((point["custom"] or {}).items()) if value is not None]
+    return f"evaluation at step {point['step']}: {', '.join(figures) or 'no figures'}"
+
+
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
@@ -110,6 +120,8 @@ class MetricSink:
         attempt = event.get("attempt", self.attempt) if not publish else self.attempt
         self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
         self._note_latest(point, event)
+        if split == "eval" and publish:
+            self.log("info", evaluation_line(point))
         self._buffered()
         if split == "train" and publish and self.first_metric_pending:
             self.first_metric_pending = False

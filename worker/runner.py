@@ -40,7 +40,7 @@ from worker.launch import (
     trainer_environment,
     write_trainer_spec,
 )
-from worker.outcome import Outcome, Started, Stop, evaluation_line, is_runtime_noise, level_of, protocol_event
+from worker.outcome import Outcome, Started, Stop, is_runtime_noise, level_of, protocol_event
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants, kill_group, output_lines, signal_trainer
@@ -235,8 +235,6 @@ class JobRunner:
         kind = event["event"]
         if kind in ("metric", "eval"):
             self.sink.metric(event)
-            if kind == "eval":
-                self.sink.log("info", evaluation_line(event))
             if kind == "metric" and isinstance(event.get("step"), int):
                 self.outcome.step = event["step"]
                 self._refill()

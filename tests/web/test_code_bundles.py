@@ -96,7 +96,11 @@ def test_a_folder_of_code_with_its_own_metric_trains_and_is_charted(
     assert job["towers"] == 2
     bundle = client.get(f"/api/code/{job['spec']['code']}").json()
     assert [f["path"] for f in bundle["files"]] == ["lab/__init__.py", "lab/layers.py", "lab/nets.py"]
-    assert "building the lab's net" in client.get(f"/api/jobs/{job_id}/logs.txt").text
+    log = client.get(f"/api/jobs/{job_id}/logs.txt").text
+    assert "building the lab's net" in log
+    # Each evaluation is logged with the model's own metrics (the trainer sends them as `metrics`).
+    said = [line for line in log.splitlines() if "evaluation at step " in line]
+    assert said and all(", margin " in line and ", top2 " in line for line in said), said[-3:]
 
     # The metric, averaged over both towers' examples like accuracy, in train and eval points.
     points = client.get(f"/api/jobs/{job_id}/metrics").json()

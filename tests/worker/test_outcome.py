@@ -1,11 +1,12 @@
-"""How the runner reads a trainer's lines: TensorFlow's start-up chatter left out of the job's
-log, its warnings and errors kept with their level, and an evaluation said in words."""
+"""How a trainer's lines reach the job's log: TensorFlow's start-up chatter left out, its
+warnings and errors kept with their level, and an evaluation said in words."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.outcome import evaluation_line, is_runtime_noise, level_of
+from worker.outcome import is_runtime_noise, level_of
+from worker.relay import evaluation_line
 
 # Printed by TensorFlow 2.21 (CPU) at import with TF_CPP_MIN_LOG_LEVEL=1, twice each.
 BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
@@ -40,6 +41,8 @@ def test_what_matters_is_kept_with_its_level(line: str, level: str) -> None:
 
 
 def test_an_evaluation_is_said_in_words() -> None:
-    event = {"event": "eval", "step": 400, "loss": 0.41234, "accuracy": 0.912, "custom": {"top5": 0.99}}
-    assert evaluation_line(event) == "evaluation at step 400: loss 0.4123, accuracy 91.20%, top5 0.99"
-    assert evaluation_line({"event": "eval", "step": "x", "loss": "nan?"}) == "evaluation at step ?: no figures"
+    # The point as the relay keeps it: numbers checked, the model's own metrics under `custom`.
+    point = {"step": 400, "split": "eval", "loss": 0.41234, "accuracy": 0.912, "custom": {"top5": 0.99, "odd": None}}
+    assert evaluation_line(point) == "evaluation at step 400: loss 0.4123, accuracy 91.20%, top5 0.99"
+    empty = {"step": 7, "split": "eval", "loss": None, "accuracy": None, "custom": None}
+    assert evaluation_line(empty) == "evaluation at step 7: no figures"
