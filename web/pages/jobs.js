@@ -148,7 +148,8 @@ export async function render(main, params) {
   };
 }
 
-// Every column a person may show; `on` marks the default set. Hyperparameter columns
+// Every column a person may show; `on` marks the default set. Columns of the models' own
+// metrics (`m:<split>:<name>`) and of hyperparameters
 // (`hp:<name>`) are offered for the names the listed jobs use.
 const COLUMNS = [
   { key: "id", title: "ID", fixed: true, cell: (job) => el("a", { href: `#/jobs/${job.id}` }, job.id) },
