@@ -81,8 +81,8 @@ class Stack:
         except httpx.HTTPError:
             return False
 
-    def start_scheduler(self) -> None:
-        self.spawn("scheduler", "scheduler")
+    def start_scheduler(self, **env: object) -> None:
+        self.spawn("scheduler", "scheduler", **env)
 
     def start_worker(
         self, name: str = "lab-a", gpus: int = 4, cwd: Path = REPO, **env: object

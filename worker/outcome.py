@@ -29,6 +29,10 @@ class Stop(enum.StrEnum):
     STALE = "stale"
     BAD_SPEC = "bad_spec"
     FOLDER_FULL = "folder_full"
+    EXECUTOR = "executor"
+    """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
+    a node going away): the trainer checkpoints, and the scheduler records the end from
+    what the cluster says (`service.executors.base.Ended`)."""
 
 
 @dataclass

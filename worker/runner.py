@@ -344,8 +344,8 @@ class JobRunner:
         if self.outcome.stop == Stop.STALE:
             return
         self._flush(wait=True)
-        if self.outcome.stop == Stop.STALE:
-            return
+        if self.outcome.stop in (Stop.STALE, Stop.EXECUTOR):
+            return  # an executor's stop: the scheduler records the end from the cluster's word
         state, message = self.outcome.verdict(self.launch.fraction)
         self._record(state, message)
 

@@ -76,6 +76,18 @@ def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fr
     record_state(session, job, JobState.DISPATCHED, f"GPUs {indices} on {host_name}")
 
 
+def hand_over(session: Session, job: Job, executor: str) -> None:
+    """Give the job's current attempt to an executor whose cluster places it itself
+    (Slurm): no GPUs are allocated here; the node is named when the attempt starts."""
+    job.host_name = None
+    job.queue_position = None
+    job.pending_reason = f"handed to {executor}"
+    job.reserved_start_at = None
+    job.expected_start_at = None
+    job.expected_host = None
+    record_state(session, job, JobState.DISPATCHED, f"handed to {executor}")
+
+
 def mark_running(session: Session, job_id: int, attempt: int, started: dict[str, Any]) -> Job:
     """The worker started the trainer for this attempt: record what it saw."""
     job = current_attempt(session, job_id, attempt)

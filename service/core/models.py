@@ -262,7 +262,11 @@ class Job(Base):
             return self.error or self.stop_reason or "cancelled"
         if self.state == JobState.QUEUED:
             return self.pending_reason
-        return f"stopping: {self.stop_reason}" if self.stop_reason and self.state in HOLDING_STATES else None
+        if self.stop_reason and self.state in HOLDING_STATES:
+            return f"stopping: {self.stop_reason}"
+        if self.state == JobState.DISPATCHED:
+            return self.pending_reason  # what an executor's cluster says of it (Slurm's reason), if any
+        return None
 
 
 class Sweep(Base):

@@ -85,9 +85,23 @@ class Settings(BaseSettings):
     job, so a job trains without waiting for that (worker/pool.py; 0 turns them off). Each
     costs the memory of a Python process with TensorFlow loaded, and never serves twice."""
 
-    executor: str = Field(default="local", pattern=r"^local$")
-    """What runs the jobs the scheduler places (`service/executors/`): `local`, the lab's own
-    hosts, each with a `towerq worker` (the only one so far)."""
+    executor: str = Field(default="local", pattern=r"^(local|slurm)$")
+    """What runs the jobs (`service/executors/`): `local`, the lab's own hosts, each with a
+    `towerq worker`, placed by towerq's scheduler; `slurm`, an existing Slurm cluster, which
+    decides where and when (docs/deployment.md, "On a Slurm cluster")."""
+    slurm_partition: str = Field(default="", pattern=r"^[A-Za-z0-9_.,-]*$")
+    """The partition(s) towerq's Slurm jobs go to (`sbatch --partition`); empty: the cluster's default."""
+    slurm_account: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$")
+    """The Slurm account they are charged to (`sbatch --account`); empty: the submitting user's default."""
+    slurm_job_prefix: str = Field(default="towerq", pattern=r"^[A-Za-z0-9_]{1,32}$")
+    """Slurm job names are `<prefix>-<job>-<attempt>`: how towerq finds its own jobs in
+    `squeue`. Two towerq services submitting as one user need different prefixes."""
+    slurm_python: str = ""
+    """The Python that runs an attempt on a compute node (with towerq installed at the same
+    path); empty: the one running the scheduler."""
+    slurm_log_dir: Path = Path("./var/slurm")
+    """Where Slurm writes each attempt's own output (`sbatch --output`), out of the jobs'
+    reach. What the trainer prints goes to the job's log, as on a local host."""
     sandbox: str = Field(default="auto", pattern=r"^(auto|bwrap|none)$")
     """Where trainers run: `auto` and `bwrap` (in bubblewrap; a worker where it cannot run
     refuses to start), `none` (unsandboxed, an admin's explicit choice, shown on the GPUs

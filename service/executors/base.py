@@ -4,15 +4,20 @@
   the executor gets a trainer started on those GPUs. It does not wait for the start: the
   trainer's side reports `running` through the core (`service.core.lifecycle`), as it
   reports metrics, logs and the end.
-- `observe(attempt)`: what the executor knows of an attempt that has not reported
-  `running` yet: whether it still holds it (queued, to start), and, where it can say, why it
-  waits and when it expects to start it. An attempt it no longer holds and that never
-  reported is lost: the reconciler resubmits it, then requeues the job.
+- `observe(attempt)`: what the executor knows of an attempt: whether it still holds it
+  (queued, to start, or running), and, where it can say, why it waits and when it expects
+  to start it. An attempt it no longer holds and that never reported is lost: the
+  reconciler resubmits it, then requeues the job. An executor whose cluster can end an
+  attempt on its own (Slurm: a time limit, a failed node, an admin's `scancel`) says how,
+  in `Seen.ended`; the reconciler records that end where the attempt did not record its own.
 - `stop(message)`: a stop the database already records (a cancel, a preemption or a time
   slice's end: `lifecycle.request_cancel` / `request_preemption`) is delivered to where the
   attempt runs; the trainer checkpoints and exits. The message only wakes the other side:
   what to do, and why, it reads from the job's row.
 - `capacity(session)`: the hosts and GPUs jobs can be placed on, for the checks at submit.
+- `places_jobs`: True where towerq's own policy places each attempt on the hosts and GPUs
+  `capacity` lists (local); False where the executor's cluster decides where and when
+  (Slurm): the scheduler then hands each queued job over as it comes.
 
 An executor is built once per process (`service.executors.executor_for`) and is safe to
 call from several threads.
@@ -36,7 +41,21 @@ class Attempt:
     job_id: int
     attempt: int
     host: str
+    """Local: the host it was placed on. Slurm: the node the job asked for, or ""."""
     gpus: tuple[int, ...] = ()
+    gpu_count: int = 0
+    """How many GPUs it asks for (an executor that places them itself reads this)."""
+    time_limit_s: int | None = None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How the executor's cluster ended an attempt that may not have recorded its end."""
+
+    outcome: str
+    """`cancelled`, `failed`, `requeue` (a crash: the job queues again and resumes from its
+    checkpoint; it counts against `max_attempts`) or `preempted` (the same, not counted)."""
+    message: str
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,8 @@ class Seen:
     reason: str | None = None
     """Why it waits, in the executor's words, where it says."""
     expected_start: datetime | None = None
+    ended: Ended | None = None
+    """Not held because the cluster ended it, and how."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +81,20 @@ class Capacity:
     """The memory of its smallest real GPU (None: simulated GPUs, no real limit)."""
 
 
+class ExecutorError(RuntimeError):
+    """The executor's cluster refused a request or could not be asked (its own words)."""
+
+    def __init__(self, message: str, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
+        """The request itself is wrong (a partition that does not exist): asking again will
+        not help, so the job fails with this message. Otherwise (the controller does not
+        answer) the attempt is asked for again later."""
+
+
 class Executor(Protocol):
     name: str
+    places_jobs: bool
 
     def submit(self, attempt: Attempt) -> None: ...
 

@@ -22,6 +22,7 @@ from towerq.contract.messages import StopMessage, encode
 
 class LocalExecutor:
     name = "local"
+    places_jobs = True
 
     def __init__(self, connection: redis.Redis) -> None:
         self.connection = connection

@@ -117,6 +117,10 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
 def check_resources(inventory: HostInventory, spec: JobSpec) -> str | None:
     """Check that the GPUs asked for exist; returns the host the job is bound to, if any.
     A refusal is decided on a fresh inventory, not on the cached one."""
+    if spec.gpus is not None and not inventory.executor.places_jobs:
+        raise SpecError(
+            "gpus", f"with TOWERQ_EXECUTOR={inventory.executor.name} the cluster picks the GPUs: ask for gpu_count"
+        )
     try:
         return _check_resources(inventory.hosts(), spec)
     except SpecError:

@@ -29,6 +29,7 @@ from service.executors import Attempt, executor_for
 from service.scheduler.dryrun import policy_config
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.forecast import Forecast, forecast
+from service.scheduler.handover import HandOver
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
@@ -63,6 +64,8 @@ class LiveScheduler:
         self.forecast_at = -math.inf
         self.forecast_cost = 0.0
         self.executor = executor_for(ctx.settings, ctx.redis)
+        self.handover = None if self.executor.places_jobs else HandOver(ctx, self.executor)
+        """Where the executor's cluster places jobs itself (Slurm), each pass hands them over."""
         self.expected: dict[int, Forecast] = {}
         """The last replay's expected starts (see `defaults.FORECAST_COST_RATIO`)."""
 
@@ -84,6 +87,13 @@ class LiveScheduler:
     def _locked_pass(self) -> PassReport:
         started = time.perf_counter()
         report = PassReport()
+        if self.handover is not None:
+            handed, held, stored = self.handover.run()
+            report.placed = [(a.job_id, a.attempt, self.executor.name, ()) for a in handed]
+            self._write_held(held, stored)
+            report.waiting = len(held)
+            report.seconds = time.perf_counter() - started
+            return report
         now = utcnow()
         self._repair(now, report)
         with self.ctx.db.read() as session:

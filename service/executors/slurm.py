@@ -1,0 +1,292 @@
+"""The Slurm executor: each attempt of a towerq job is one Slurm batch job, and Slurm
+decides where and when it runs (`TOWERQ_EXECUTOR=slurm`).
+
+- submit: `sbatch` of a job named `<prefix>-<job>-<attempt>` asking for the job's GPUs as
+  gres (`--gres=gpu:N`), in the partition and account the admin set, never requeued by
+  Slurm itself (`--no-requeue`: towerq owns retries, so a crash counts against the job's
+  `max_attempts` once, and the next attempt resumes from its checkpoint). Its batch script
+  runs `python -m worker.slurm <job> <attempt>` on the node Slurm picks: towerq's trainer
+  on the GPUs in Slurm's `CUDA_VISIBLE_DEVICES`, relaying into the database like a worker.
+- observe: one `squeue --me --states=all` shared by every attempt for a moment (the pass
+  asks about each holding job): Slurm's state, its reason and expected start
+  (`squeue --start`'s figure) for a pending job, and how the cluster ended one.
+- stop: a cancel of an attempt Slurm still holds pending is `scancel`; a running attempt's
+  runner reads the stop from the job's row within a second, checkpoints and ends.
+- capacity: the nodes `sinfo` lists and the GPUs each has as gres.
+
+Slurm's own commands, not slurmrestd: they are on every node that can submit, need no
+token and no extra daemon, and their output formats are stable across releases, where the
+REST API's version changes with each one (v0.0.38 in 22.05, v0.0.40 later).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from service.core.settings import Settings
+from service.executors.base import Attempt, Capacity, Ended, ExecutorError, Seen
+from towerq.contract.messages import CancelMessage, StopMessage
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT_TTL_S = 2.0
+"""How long one `squeue` answers for every attempt (a pass observes each holding job)."""
+COMMAND_TIMEOUT_S = 30.0
+SEP = "\x1f"
+"""Between squeue's fields: job names and reasons are free text."""
+HELD_STATES = frozenset(
+    {
+        "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+        "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED",
+    }
+)  # fmt: skip
+REASONS = {
+    "Resources": "the GPUs it asks for are in use",
+    "Priority": "jobs of higher priority wait before it",
+    "Dependency": "it waits for another Slurm job",
+    "QOSMaxGRESPerUser": "the QOS's GPU limit per user is reached",
+    "AssocGrpGRES": "the account's GPU limit is reached",
+    "PartitionTimeLimit": "its time limit is over the partition's",
+    "ReqNodeNotAvail": "the node it asks for is unavailable",
+    "BeginTime": "it may not start yet",
+    "JobHeldAdmin": "an admin holds it",
+    "JobHeldUser": "it is held",
+    "NodeDown": "a node it needs is down",
+    "PartitionDown": "the partition is down",
+    "PartitionInactive": "the partition is inactive",
+}
+"""Slurm's common pending reasons in a user's words (Slurm's own code is kept beside them)."""
+PENDING_NOW = {"None", "(null)", ""}
+
+
+TRANSIENT = ("unable to contact slurm controller", "socket timed out", "try again", "timed out", "temporarily")
+"""Words of a Slurm failure that asking again may cure (the controller restarting)."""
+
+
+class SlurmError(ExecutorError):
+    """A Slurm command failed; its message is Slurm's."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    id: int
+    name: str
+    state: str
+    reason: str
+    start: datetime | None
+    node: str
+    exit_code: str
+
+
+def parse_time(text: str) -> datetime | None:
+    """squeue's times, asked as epoch seconds (`SLURM_TIME_FORMAT=%s`); None for N/A."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return datetime.fromtimestamp(value, UTC) if value > 0 else None
+
+
+def parse_gpus(gres: str) -> int:
+    """GPUs in a node's gres (`gpu:4`, `gpu:a100:2(S:0-1),gpu:v100:2`, `(null)`)."""
+    total = 0
+    for part in re.split(r",(?![^(]*\))", gres):
+        fields = re.sub(r"\(.*\)$", "", part.strip()).split(":")
+        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+def job_name(prefix: str, job_id: int, attempt: int) -> str:
+    return f"{prefix}-{job_id}-{attempt}"
+
+
+def time_limit_minutes(attempt_limit_s: int | None, grace_s: float) -> int | None:
+    """Slurm's limit for an attempt: towerq's own (which stops the trainer with a
+    checkpoint and records the end) plus the grace and a minute, so that Slurm's is the
+    backstop, never the one that fires first."""
+    if attempt_limit_s is None:
+        return None
+    return max(1, math.ceil((attempt_limit_s + grace_s + 60) / 60))
+
+
+class SlurmExecutor:
+    name = "slurm"
+    places_jobs = False
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.prefix = settings.slurm_job_prefix
+        self._lock = threading.Lock()
+        self._snapshot: dict[str, list[SlurmJob]] = {}
+        self._read_at = -math.inf
+
+    # -- the four calls -------------------------------------------------------------------
+
+    def submit(self, attempt: Attempt) -> None:
+        """`sbatch` the attempt; raises SlurmError with Slurm's words when it refuses."""
+        slurm_id = self._run(self.sbatch_command(attempt)).strip().split(";")[0]
+        log.info("job %s attempt %s is Slurm job %s", attempt.job_id, attempt.attempt, slurm_id)
+        with self._lock:
+            self._read_at = -math.inf  # the next observe sees it
+
+    def observe(self, attempt: Attempt) -> Seen:
+        """Raises SlurmError when Slurm cannot be asked (then nothing is concluded)."""
+        jobs = self.snapshot().get(job_name(self.prefix, attempt.job_id, attempt.attempt), [])
+        if not jobs:
+            return Seen(held=False)
+        job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
+        if job.state in HELD_STATES:
+            return Seen(held=True, reason=self._pending_reason(job), expected_start=self._expected(job))
+        return Seen(held=False, ended=self._ended(job))
+
+    def stop(self, message: StopMessage) -> None:
+        if isinstance(message, CancelMessage):
+            name = job_name(self.prefix, message.job_id, message.attempt)
+            try:
+                self._run(["scancel", "--me", "--state=PENDING", f"--name={name}"])
+            except SlurmError as err:
+                log.warning("scancel of %s failed: %s", name, err)
+        with self._lock:
+            self._read_at = -math.inf
+
+    def capacity(self, session: Session) -> dict[str, Capacity]:
+        try:
+            out = self._run(["sinfo", "--noheader", "--Node", f"--format=%N{SEP}%G{SEP}%t"])
+        except SlurmError as err:
+            log.warning("sinfo failed: %s", err)
+            return {}
+        nodes: dict[str, Capacity] = {}
+        for line in out.splitlines():
+            fields = line.split(SEP)
+            if len(fields) != 3 or fields[2].rstrip("*~#!%$@^-") in ("down", "drain", "fail", "futr"):
+                continue
+            count = parse_gpus(fields[1])
+            if count and fields[0] not in nodes:  # sinfo lists a node once per partition
+                nodes[fields[0]] = Capacity(gpus=tuple(range(count)), smallest_gpu_mb=None)
+        return nodes
+
+    # -- what they say to Slurm -----------------------------------------------------------
+
+    def sbatch_command(self, attempt: Attempt) -> list[str]:
+        settings = self.settings
+        name = job_name(self.prefix, attempt.job_id, attempt.attempt)
+        log_dir = settings.slurm_log_dir.resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        python = settings.slurm_python or sys.executable
+        command = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={name}",
+            f"--gres=gpu:{max(1, attempt.gpu_count)}",
+            "--ntasks=1",
+            "--no-requeue",
+            "--export=ALL",
+            f"--chdir={REPO_ROOT}",
+            f"--output={log_dir}/{name}-%j.out",
+        ]
+        if settings.slurm_partition:
+            command.append(f"--partition={settings.slurm_partition}")
+        if settings.slurm_account:
+            command.append(f"--account={settings.slurm_account}")
+        if attempt.host:
+            command.append(f"--nodelist={attempt.host}")
+        minutes = time_limit_minutes(attempt.time_limit_s, settings.cancel_grace_s)
+        if minutes is not None:
+            command.append(f"--time={minutes}")
+        script = f"exec {shlex.quote(python)} -m worker.slurm {attempt.job_id} {attempt.attempt}"
+        return [*command, f"--wrap={script}"]
+
+    def snapshot(self) -> dict[str, list[SlurmJob]]:
+        """towerq's Slurm jobs by name, as one `squeue` saw them (shared for a moment)."""
+        with self._lock:
+            if time.monotonic() - self._read_at > SNAPSHOT_TTL_S:
+                self._snapshot = self._squeue()
+                self._read_at = time.monotonic()
+            return self._snapshot
+
+    def _squeue(self) -> dict[str, list[SlurmJob]]:
+        fields = SEP.join(("%i", "%T", "%S", "%N", "%r", "%j"))
+        out = self._run(["squeue", "--me", "--noheader", "--states=all", f"--format={fields}"])
+        jobs: dict[str, list[SlurmJob]] = {}
+        for line in out.splitlines():
+            parts = line.split(SEP, 5)
+            if len(parts) != 6 or not parts[0].isdigit() or not parts[5].startswith(f"{self.prefix}-"):
+                continue
+            job = SlurmJob(int(parts[0]), parts[5], parts[1], parts[4], parse_time(parts[2]), parts[3], "")
+            jobs.setdefault(job.name, []).append(job)
+        return jobs
+
+    def _run(self, command: list[str]) -> str:
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT_S,
+                env=_slurm_environment(),
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SlurmError(f"{command[0]}: {err}") from err
+        if result.returncode != 0:
+            said = (result.stderr or result.stdout).strip()[:500]
+            raise SlurmError(f"{command[0]}: {said}", lasting=not any(w in said.lower() for w in TRANSIENT))
+        return result.stdout
+
+    # -- what Slurm says, in towerq's words -----------------------------------------------
+
+    def _pending_reason(self, job: SlurmJob) -> str | None:
+        if job.state != "PENDING":
+            return None if job.state == "RUNNING" else f"Slurm job {job.id} is {job.state.lower()}"
+        code = job.reason
+        if code in PENDING_NOW:
+            return f"Slurm job {job.id} is pending: about to start"
+        words = REASONS.get(code)
+        return (
+            f"Slurm job {job.id} is pending ({code}: {words})" if words else f"Slurm job {job.id} is pending ({code})"
+        )
+
+    def _expected(self, job: SlurmJob) -> datetime | None:
+        """`squeue --start`'s figure where Slurm's backfill computed one within a year."""
+        if job.state != "PENDING" or job.start is None:
+            return None
+        if (job.start - datetime.now(UTC)).days >= 365:  # Slurm's "no idea" (a job without a time limit)
+            return None
+        return job.start
+
+    def _ended(self, job: SlurmJob) -> Ended:
+        where = f" on {job.node}" if job.node and job.node != "(null)" else ""
+        said = f"Slurm job {job.id}{where}"
+        state = job.state
+        if state == "CANCELLED":
+            return Ended("cancelled", f"cancelled in Slurm ({said} was cancelled, e.g. by scancel)")
+        if state in ("TIMEOUT", "DEADLINE"):
+            return Ended("failed", f"Slurm ended it at its time limit ({said}: {state})")
+        if state in ("NODE_FAIL", "BOOT_FAIL"):
+            return Ended("requeue", f"its node failed ({said}: {state}); it resumes from its checkpoint")
+        if state == "PREEMPTED":
+            return Ended("preempted", f"Slurm preempted it ({said}); it resumes from its checkpoint")
+        if state == "OUT_OF_MEMORY":
+            return Ended("failed", f"Slurm killed it for using more host memory than it was given ({said})")
+        if state == "COMPLETED":
+            return Ended("failed", f"{said} ended without reporting an end (see {self.settings.slurm_log_dir})")
+        return Ended("failed", f"{said} ended {state}: {job.reason} (see {self.settings.slurm_log_dir})")
+
+
+def _slurm_environment() -> dict[str, str]:
+    return {**os.environ, "SLURM_TIME_FORMAT": "%s"}

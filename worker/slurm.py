@@ -1,0 +1,141 @@
+"""One attempt of one job on a Slurm compute node: `python -m worker.slurm JOB ATTEMPT`,
+the batch script of the Slurm job towerq's Slurm executor submitted
+(`service.executors.slurm`).
+
+It runs the trainer exactly as a GPU host's worker does (`worker.runner.JobRunner`: the
+spec, the sandbox where bubblewrap exists, the attempt's cgroup where one can be made,
+metrics, logs, the folder's size, the recorded end), on the GPUs Slurm gave the job: the
+`CUDA_VISIBLE_DEVICES` Slurm set is passed on unchanged. No warm trainer: each Slurm job
+starts its own.
+
+A stop asked in towerq (a cancel) is read from the job's row, as on a host. A stop from
+Slurm (SIGTERM: `scancel`, a time limit, the node being taken away) asks the trainer to
+checkpoint and ends without recording anything: the scheduler records the end from what
+Slurm says of the job. An attempt that is no longer current (towerq moved on while Slurm
+held it) exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from types import FrameType
+
+from service.core.context import Context
+from service.core.exceptions import StaleAttemptError
+from service.core.lifecycle import current_attempt, finish
+from service.core.models import JobState
+from service.core.settings import Settings
+from worker import sandbox
+from worker.inventory import Inventory, NvmlInventory, SimulatedInventory, open_nvml
+from worker.launch import Launch
+from worker.outcome import Stop
+from worker.runner import JobRunner
+
+log = logging.getLogger("towerq.slurm")
+
+
+def slurm_gpus(environ: dict[str, str]) -> list[int]:
+    """The GPUs Slurm gave this job, from its `CUDA_VISIBLE_DEVICES` (indices only: a
+    cluster that sets UUIDs there is not supported yet, said plainly)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not value:
+        raise ValueError("Slurm set no CUDA_VISIBLE_DEVICES: does the partition have GPUs as gres (gres.conf)?")
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={value!r} is not a list of GPU indices") from None
+
+
+def node_inventory(node: str, indices: list[int], simulated_gpus: int | None) -> Inventory:
+    """The node's real GPUs where a driver answers, else simulated ones numbered as Slurm's."""
+    if simulated_gpus is None:
+        nvml, _ = open_nvml()
+        if nvml is not None:
+            return NvmlInventory(nvml)
+    return SimulatedInventory(node, max(indices) + 1)
+
+
+def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int], inventory: Inventory) -> Launch:
+    """The launch of this attempt, now that Slurm started it on `node`: the job's row names
+    the node; a stale attempt raises StaleAttemptError."""
+    gpus = {g.index: g for g in inventory.gpus()}
+    with ctx.db.write() as session:
+        job = current_attempt(session, job_id, attempt)
+        if job.state != JobState.DISPATCHED:
+            raise StaleAttemptError(f"job {job_id} attempt {attempt} is already {job.state}")
+        job.host_name = node
+        job.pending_reason = None
+        job.expected_start_at = None
+        spec, fraction, limit = job.spec, job.gpu_memory_fraction, job.time_limit_s
+    return Launch(
+        job_id=job_id,
+        attempt=attempt,
+        host=node,
+        indices=indices,
+        fraction=fraction,
+        spec=spec,
+        time_limit_s=limit,
+        memory_total_mb=[gpus[i].memory_total_mb if i in gpus else 0 for i in indices],
+        simulated=inventory.simulated,
+    )
+
+
+def refuse(ctx: Context, job_id: int, attempt: int, why: str) -> None:
+    """The attempt cannot run on this node: the job fails, saying why (a node set up
+    wrongly fails every attempt the same way, so trying again elsewhere is not done)."""
+    log.error("job %s attempt %s: %s", job_id, attempt, why)
+    try:
+        with ctx.db.write() as session:
+            finish(session, job_id, attempt, JobState.FAILED, error=why)
+    except StaleAttemptError:
+        pass
+
+
+def run(job_id: int, attempt: int) -> int:
+    settings = Settings()
+    ctx = Context.open(settings)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    try:
+        try:
+            indices = slurm_gpus(dict(os.environ))
+            sandboxed = sandbox.resolve(settings.sandbox)
+        except (ValueError, sandbox.SandboxError) as err:
+            refuse(ctx, job_id, attempt, f"node {node} cannot run it: {err}")
+            return 1
+        inventory = node_inventory(node, indices, settings.simulated_gpus)
+        try:
+            launch = claim(ctx, job_id, attempt, node, indices, inventory)
+        except StaleAttemptError as err:
+            log.info("nothing to run: %s", err)
+            return 0
+        runner = JobRunner(ctx, inventory, launch, lambda _: None, sandboxed)
+        slurm_id = os.environ.get("SLURM_JOB_ID", "?")
+        runner.sink.log("info", f"Slurm job {slurm_id} runs it on {node}, GPUs {','.join(map(str, indices))}")
+
+        def stopped_by_slurm(signum: int, _frame: FrameType | None) -> None:
+            runner.request_stop(Stop.EXECUTOR, f"Slurm stopped the attempt ({signal.Signals(signum).name})")
+
+        signal.signal(signal.SIGTERM, stopped_by_slurm)
+        signal.signal(signal.SIGINT, stopped_by_slurm)
+        runner.start()
+        while runner.thread.is_alive():
+            runner.join(0.5)  # short waits: the signal handler runs between them
+        return 0
+    finally:
+        ctx.close()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(argv) != 3 or not argv[1].isdigit() or not argv[2].isdigit():
+        print("usage: python -m worker.slurm JOB_ID ATTEMPT", file=sys.stderr)
+        return 2
+    return run(int(argv[1]), int(argv[2]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
