@@ -211,4 +211,23 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        subprocess.run(["pkill", "-KILL", "-f", f"slurmstepd.*{self.root}"], check=False)
+        for pid in self.own_processes():  # job steps outlive slurmd (by design); here they go too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def own_processes(self) -> list[int]:
+        """Processes started under this cluster (slurmstepd and the jobs' own): those whose
+        environment names its config."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found

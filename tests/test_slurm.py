@@ -1,96 +1,33 @@
 """towerq on a real Slurm cluster (`TOWERQ_EXECUTOR=slurm`): a single node from Debian's
-packages (`munged`, `slurmctld`, `slurmd`) with four fake GPUs as gres, started by this
-file (tests/slurm_cluster.py). Everything goes through towerq's REST API, as a user would;
+packages (`munged`, `slurmctld`, `slurmd`) with four fake GPUs as gres, started for this
+file (tests/slurm_cluster.py, tests/on_slurm.py). Everything goes through towerq's REST API, as a user would;
 Slurm is asked only what an admin would ask it (`squeue`) or told what an admin would do
 (`scancel`, a node's daemon dying)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from service.core.settings import Settings
-from tests.slurm_cluster import SlurmCluster, missing
-from tests.stack import Stack, wait_for
+from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
+from tests.slurm_cluster import SlurmCluster
+from tests.stack import REPO, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
-
-LONG = {"model": "mlp", "dataset": "digits", "gpu_count": 2, "hyperparameters": {"steps": 200000, "batch_size": 16}}
-FINAL = ("succeeded", "failed", "cancelled")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    running = SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=4, cpus=4)
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture
-def settings(make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Path) -> Settings:
-    return make_settings(
-        sqlite_url,
-        executor="slurm",
-        slurm_job_prefix=f"t{uuid.uuid4().hex[:8]}",  # one cluster for the file: each test its own jobs
-        slurm_log_dir=tmp_path / "slurm-logs",
-        simulated_gpus=None,
-        scheduler_interval_s=1.0,
-        cancel_grace_s=10.0,
-    )
-
-
-@pytest.fixture
-def on_slurm(
-    cluster: SlurmCluster, stack: Stack, make_token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Any]:
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    stack.start_api()
-    stack.start_scheduler()
-    with stack.client(make_token("alice")) as client:
-        yield client
-    for job in cluster.jobs():  # what a failed test left
-        if job["state"] in ("PENDING", "RUNNING"):
-            cluster.run("scancel", job["id"], check=False)
-
-
-def job_of(client: Any, job_id: int) -> dict[str, Any]:
-    return client.get(f"/api/jobs/{job_id}").json()
-
-
-def wait_state(client: Any, job_id: int, states: tuple[str, ...], timeout: float = 120) -> dict[str, Any]:
-    return wait_for(
-        lambda: (j := job_of(client, job_id))["state"] in states and j, timeout, f"job {job_id} to be {states}", 0.5
-    )
-
-
-def trained(client: Any, job_id: int, steps: int = 1, timeout: float = 120) -> dict[str, Any]:
-    def far_enough() -> dict[str, Any] | None:
-        job = job_of(client, job_id)
-        assert job["state"] not in FINAL, f"job {job_id} ended: {job['state']}, {job['reason']}"
-        return job if (job["latest"]["step"] or 0) >= steps else None
-
-    return wait_for(far_enough, timeout, f"job {job_id} to train {steps} steps", 0.5)
-
-
-def slurm_job(cluster: SlurmCluster, settings: Settings, job_id: int, attempt: int = 1) -> dict[str, str]:
-    name = f"{settings.slurm_job_prefix}-{job_id}-{attempt}"
-    return wait_for(
-        lambda: next((j for j in reversed(cluster.jobs()) if j["name"] == name), None), 30, f"Slurm job {name}"
-    )
+pytestmark = [pytest.mark.slow, needs_slurm]
+FIXTURES = (cluster, on_slurm, settings)  # pytest finds them by name in this module
 
 
 def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_scancel(
     on_slurm: Any, cluster: SlurmCluster, settings: Settings
 ) -> None:
     client = on_slurm
-    ids = [client.post("/api/jobs", json={**LONG, "name": f"long-{i}"}).json()["id"] for i in range(3)]
+    spec = {**LONG, "time_limit_s": 3600}  # Slurm's limit: 62 minutes (towerq's hour, its grace and a minute)
+    ids = [client.post("/api/jobs", json={**spec, "name": f"long-{i}"}).json()["id"] for i in range(3)]
     first, second = (trained(client, i) for i in ids[:2])
     assert {first["cuda_visible_devices"], second["cuda_visible_devices"]} == {"0,1", "2,3"}  # Slurm's choice
     assert first["state"] == "running" and first["allocation"] is None or first["allocation"]["host"] == cluster.node
@@ -101,6 +38,18 @@ def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_s
     assert third["state"] == "dispatched"
     assert third["reason"].startswith("Slurm job ") and "the GPUs it asks for are in use" in third["reason"]
     assert slurm_job(cluster, settings, ids[2])["state"] == "PENDING"
+    # `squeue --start`'s figure: when the first of the running two reaches its 62 minutes.
+    third = wait_for(lambda: (j := job_of(client, ids[2]))["expected_start_at"] and j, 30, "Slurm's expected start")
+    expected = datetime.fromisoformat(third["expected_start_at"])
+    now = datetime.now(UTC)
+    assert now + timedelta(minutes=55) < expected < now + timedelta(minutes=63), expected
+    env = {"TOWERQ_API_URL": str(client.base_url), "TOWERQ_TOKEN": client.token, "PYTHONPATH": str(REPO)}
+    queue = subprocess.run(
+        [sys.executable, "-m", "service.cli", "queue"], capture_output=True, text=True, env=env, timeout=60
+    )
+    line = next(line for line in queue.stdout.splitlines() if f" {ids[2]}  alice" in line)
+    assert "Resources: the GPUs it asks for are in use" in line, queue.stdout
+    assert f" on {cluster.node} " in line and third["expected_host"] == cluster.node  # Slurm's scheduled node
 
     # Cancel in towerq: the trainer checkpoints, the job is cancelled, its GPUs go to the third.
     assert client.post(f"/api/jobs/{ids[0]}/cancel").status_code == 202
@@ -116,3 +65,83 @@ def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_s
 
     client.post(f"/api/jobs/{ids[2]}/cancel")
     assert wait_state(client, ids[2], FINAL)["state"] == "cancelled"
+
+
+def test_a_node_whose_slurmd_dies_mid_job_requeues_it_and_it_resumes_from_its_checkpoint(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings
+) -> None:
+    client = on_slurm
+    spec = {**LONG, "gpu_count": 1, "hyperparameters": {"steps": 200000, "batch_size": 16, "checkpoint_every": 200}}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    trained(client, job_id, 400)
+    first = slurm_job(cluster, settings, job_id)
+    assert first["state"] == "RUNNING"
+
+    cluster.kill_slurmd()  # the node stops answering; its job's processes live on, as on a real node
+    requeued = wait_for(lambda: (j := job_of(client, job_id))["attempts"] == 2 and j, 90, "the job to queue again")
+    assert requeued["state"] in ("queued", "dispatched")
+    said = requeued["events"][-1] if requeued["events"][-1]["state"] == "queued" else requeued["events"][-2]
+    assert said["state"] == "queued" and said["attempt"] == 2, requeued["events"]
+    assert said["message"].startswith("its node failed (Slurm job ") and "NODE_FAIL" in said["message"]
+    assert slurm_job(cluster, settings, job_id)["state"] == "NODE_FAIL"
+
+    cluster.start_slurmd()  # the node comes back; towerq's next attempt runs there, from the checkpoint
+    again = wait_state(client, job_id, ("running",), 120)
+    assert again["attempts"] == 2 and again["crashes"] == 1
+
+    def resumed() -> int | None:
+        log = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
+        said = [m for m in log if m.startswith("resumed from the checkpoint of step ")]
+        return int(said[0].split()[-1]) if said else None
+
+    step = wait_for(resumed, 60, "the second attempt to resume")
+    assert step >= 400
+    trained(client, job_id, step + 200)
+    steps = [m["step"] for m in client.get(f"/api/jobs/{job_id}/metrics").json() if m["split"] == "train"]
+    assert steps == sorted(set(steps))  # one series: the steps trained again after the checkpoint are not twice
+    client.post(f"/api/jobs/{job_id}/cancel")
+    assert wait_state(client, job_id, FINAL)["state"] == "cancelled"
+
+
+def test_a_sweep_of_four_runs_through_slurm(on_slurm: Any, cluster: SlurmCluster, settings: Settings) -> None:
+    client = on_slurm
+    body = {
+        "name": "lr",
+        "base": {**LONG, "gpu_count": 1, "hyperparameters": {"steps": 40, "batch_size": 16}},
+        "grid": {"hyperparameters.learning_rate": [0.1, 0.05, 0.02, 0.01]},
+        "metric": "eval_accuracy",
+        "goal": "max",
+    }
+    created = client.post("/api/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep_id = created.json()["id"]
+    sweep = wait_for(
+        lambda: (s := client.get(f"/api/sweeps/{sweep_id}").json())["done"] == 4 and s, 240, "the sweep to end", 1
+    )
+    assert sweep["counts"] == {"succeeded": 4}, sweep["counts"]
+    assert sweep["best_job"] in {j["id"] for j in sweep["jobs"]}
+    names = {j["name"] for j in cluster.jobs()}
+    assert {f"{settings.slurm_job_prefix}-{j['id']}-1" for j in sweep["jobs"]} <= names
+
+
+def test_what_slurm_refuses_or_decides_is_said_plainly(
+    cluster: SlurmCluster, stack: Any, make_token: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    stack.start_api()
+    stack.start_scheduler(slurm_partition="nosuch")  # an admin's typo
+    with stack.client(make_token("alice")) as client:
+        said_plainly(client)
+
+
+def said_plainly(client: Any) -> None:
+    picked = client.post("/api/jobs", json={**LONG, "gpu_count": None, "gpus": [0, 1]})
+    assert picked.status_code == 422
+    assert "gpus" in picked.text and "the cluster picks the GPUs: ask for gpu_count" in picked.text
+    too_many = client.post("/api/jobs", json={**LONG, "gpu_count": 5})
+    assert too_many.status_code == 422 and "5 GPUs asked for but the largest host has 4" in too_many.text
+
+    job_id = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
+    failed = wait_state(client, job_id, FINAL, 60)
+    assert failed["state"] == "failed"
+    assert failed["reason"].startswith("Slurm refused it: sbatch: error: invalid partition"), failed["reason"]

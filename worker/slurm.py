@@ -70,6 +70,7 @@ def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int]
         job.host_name = node
         job.pending_reason = None
         job.expected_start_at = None
+        job.expected_host = None
         spec, fraction, limit = job.spec, job.gpu_memory_fraction, job.time_limit_s
     return Launch(
         job_id=job_id,

@@ -67,6 +67,8 @@ class Seen:
     reason: str | None = None
     """Why it waits, in the executor's words, where it says."""
     expected_start: datetime | None = None
+    expected_host: str | None = None
+    """Where it expects to start it, where it says."""
     ended: Ended | None = None
     """Not held because the cluster ended it, and how."""
 

@@ -89,7 +89,7 @@ class SlurmJob:
     reason: str
     start: datetime | None
     node: str
-    exit_code: str
+    """Where it runs or ran; for a pending job, where Slurm plans to start it (if it knows)."""
 
 
 def parse_time(text: str) -> datetime | None:
@@ -151,7 +151,13 @@ class SlurmExecutor:
             return Seen(held=False)
         job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
         if job.state in HELD_STATES:
-            return Seen(held=True, reason=self._pending_reason(job), expected_start=self._expected(job))
+            expected = self._expected(job)
+            return Seen(
+                held=True,
+                reason=self._pending_reason(job),
+                expected_start=expected,
+                expected_host=job.node if expected is not None else None,
+            )
         return Seen(held=False, ended=self._ended(job))
 
     def stop(self, message: StopMessage) -> None:
@@ -220,14 +226,15 @@ class SlurmExecutor:
             return self._snapshot
 
     def _squeue(self) -> dict[str, list[SlurmJob]]:
-        fields = SEP.join(("%i", "%T", "%S", "%N", "%r", "%j"))
+        fields = SEP.join(("%i", "%T", "%S", "%N", "%Y", "%r", "%j"))
         out = self._run(["squeue", "--me", "--noheader", "--states=all", f"--format={fields}"])
         jobs: dict[str, list[SlurmJob]] = {}
         for line in out.splitlines():
-            parts = line.split(SEP, 5)
-            if len(parts) != 6 or not parts[0].isdigit() or not parts[5].startswith(f"{self.prefix}-"):
+            parts = line.split(SEP, 6)
+            if len(parts) != 7 or not parts[0].isdigit() or not parts[6].startswith(f"{self.prefix}-"):
                 continue
-            job = SlurmJob(int(parts[0]), parts[5], parts[1], parts[4], parse_time(parts[2]), parts[3], "")
+            node = parts[3] if parts[1] != "PENDING" else parts[4]  # %Y: the nodes Slurm plans a pending job on
+            job = SlurmJob(int(parts[0]), parts[6], parts[1], parts[5], parse_time(parts[2]), _node(node))
             jobs.setdefault(job.name, []).append(job)
         return jobs
 
@@ -245,7 +252,8 @@ class SlurmExecutor:
             raise SlurmError(f"{command[0]}: {err}") from err
         if result.returncode != 0:
             said = (result.stderr or result.stdout).strip()[:500]
-            raise SlurmError(f"{command[0]}: {said}", lasting=not any(w in said.lower() for w in TRANSIENT))
+            said = said if said.startswith(f"{command[0]}: ") else f"{command[0]}: {said}"
+            raise SlurmError(said, lasting=not any(w in said.lower() for w in TRANSIENT))
         return result.stdout
 
     # -- what Slurm says, in towerq's words -----------------------------------------------
@@ -270,7 +278,7 @@ class SlurmExecutor:
         return job.start
 
     def _ended(self, job: SlurmJob) -> Ended:
-        where = f" on {job.node}" if job.node and job.node != "(null)" else ""
+        where = f" on {job.node}" if job.node else ""
         said = f"Slurm job {job.id}{where}"
         state = job.state
         if state == "CANCELLED":
@@ -286,6 +294,10 @@ class SlurmExecutor:
         if state == "COMPLETED":
             return Ended("failed", f"{said} ended without reporting an end (see {self.settings.slurm_log_dir})")
         return Ended("failed", f"{said} ended {state}: {job.reason} (see {self.settings.slurm_log_dir})")
+
+
+def _node(text: str) -> str:
+    return "" if text in ("(null)", "n/a", "N/A") else text
 
 
 def _slurm_environment() -> dict[str, str]:

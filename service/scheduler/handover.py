@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 LOST_AFTER_S = 15.0
 """How long the cluster may not know an attempt before it is asked for again (a submission
 that failed on the way, a controller that lost its state)."""
+SAID = ("pending_reason", "expected_start_at", "expected_host")
+"""What the cluster says of an attempt it holds, on the job's row."""
 RESUBMITS = 2
 """Times a lost attempt is asked for again before it counts as a crash."""
 
@@ -94,7 +96,7 @@ class HandOver:
                         attempt.job_id,
                         attempt.attempt,
                         JobState.FAILED,
-                        error=f"{self.executor.name} refused it: {err}",
+                        error=f"{self.executor.name.capitalize()} refused it: {err}",
                     )
             except StaleAttemptError:
                 pass
@@ -113,17 +115,18 @@ class HandOver:
                     Job.time_limit_s,
                     Job.pending_reason,
                     Job.expected_start_at,
+                    Job.expected_host,
                 ).where(Job.state.in_(HOLDING_STATES))
             ).all()
         said: list[dict[str, object]] = []
         ended: list[Observed] = []
         resubmit: list[Attempt] = []
         now = time.monotonic()
-        keys = set()
+        holding = set()
         for row in rows:
             attempt = Attempt(row.id, row.attempts, row.requested_host or "", (), row.gpu_count, row.time_limit_s)
             key = (row.id, row.attempts)
-            keys.add(key)
+            holding.add(key)
             try:
                 seen = self.executor.observe(attempt)
             except ExecutorError as err:
@@ -131,11 +134,10 @@ class HandOver:
                 return  # nothing is concluded from silence
             if seen.held:
                 self.lost_since.pop(key, None)
-                if row.state == JobState.DISPATCHED and (row.pending_reason, row.expected_start_at) != (
-                    seen.reason,
-                    seen.expected_start,
-                ):
-                    said.append({"id": row.id, "pending_reason": seen.reason, "expected_start_at": seen.expected_start})
+                stored = (row.pending_reason, row.expected_start_at, row.expected_host)
+                now_said = (seen.reason, seen.expected_start, seen.expected_host)
+                if row.state == JobState.DISPATCHED and stored != now_said:
+                    said.append({"id": row.id, **dict(zip(SAID, now_said, strict=True))})
             elif seen.ended is not None:
                 ended.append(Observed(row.id, row.attempts, row.state, seen.ended))
             elif now - self.lost_since.setdefault(key, now) >= LOST_AFTER_S:
@@ -146,7 +148,7 @@ class HandOver:
                 else:
                     why = f"{self.executor.name} lost its attempt {row.attempts} (no trace of it there)"
                     ended.append(Observed(row.id, row.attempts, row.state, Ended("requeue", why)))
-        for gone in set(self.lost_since) - keys:
+        for gone in set(self.lost_since) - holding:
             self.lost_since.pop(gone, None)
             self.resubmitted.pop(gone, None)
         self._write(said, ended)

@@ -58,8 +58,10 @@ def _print(lines: list[str]) -> int:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    page = Api(args).client.jobs_page(state="queued", user=args.user, limit=500)
-    waiting = sorted(page["items"], key=lambda job: (job["queue_position"] or 1e9, job["id"]))
+    # Dispatched jobs have left towerq's queue; those an executor's cluster still holds
+    # (Slurm's pending jobs) wait there, with its reason and expected start: listed first.
+    page = Api(args).client.jobs_page(state=["dispatched", "queued"], user=args.user, limit=500)
+    waiting = sorted(page["items"], key=lambda job: (job["state"] == "queued", job["queue_position"] or 1e9, job["id"]))
     if args.output_format == "json":
         return print_json(waiting)
     print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  {'STARTS':<22} WHY")
@@ -68,7 +70,7 @@ def run_queue(args: argparse.Namespace) -> int:
         starts = views.expected_start_text(job) if job.get("expected_start_at") else "-"
         print(
             f"{job['queue_position'] or '-':>4} {job['id']:>6}  {job['user'][:12]:<12} {job['priority']:<8} "
-            f"{job['gpu_count']:>4}  {waited:>8}  {starts:<22} {job['pending_reason'] or ''}"
+            f"{job['gpu_count']:>4}  {waited:>8}  {starts:<22} {job['reason'] or ''}"
         )
     print(f"({len(waiting)} waiting)")
     return 0

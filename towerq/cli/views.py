@@ -30,7 +30,8 @@ def expected_start_text(job: dict[str, Any]) -> str:
     clock = (
         when.strftime("%H:%M") if when.date() == datetime.now().astimezone().date() else when.strftime("%b %d %H:%M")
     )
-    return f"~{clock} on {job.get('expected_host') or '?'}"
+    host = job.get("expected_host")
+    return f"~{clock} on {host}" if host else f"~{clock}"
 
 
 def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
@@ -52,7 +53,7 @@ def jobs_table(page: dict[str, Any]) -> list[str]:
     lines = [f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>{STEP_WIDTH}}  NAME — WHY"]
     for job in page["items"]:
         why = one_line(job.get("reason"))
-        if job["state"] == "queued" and job.get("expected_start_at"):
+        if job["state"] in ("queued", "dispatched") and job.get("expected_start_at"):
             starts = f"starts {expected_start_text(job)}"
             why = f"{why}; {starts}" if why else starts
         tail = f"  — {why}" if why else ""
@@ -84,8 +85,8 @@ def job_page(job: dict[str, Any]) -> list[str]:
     if job["state"] == "queued":
         position = job.get("queue_position")
         rows.append(("queue", f"#{position}" if position else "-"))
-        if job.get("expected_start_at"):
-            rows.append(("starts", expected_start_text(job)))
+    if job["state"] in ("queued", "dispatched") and job.get("expected_start_at"):
+        rows.append(("starts", expected_start_text(job)))
     rows.append(("user", job["user"]))
     rows.append(("priority", job["priority"]))
     share = "" if job["gpu_memory_fraction"] >= 1 else f", {job['gpu_memory_fraction']:g} of each GPU's memory"

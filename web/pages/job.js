@@ -239,6 +239,10 @@ function summaryOf(job) {
     const position = job.queue_position ? `#${job.queue_position}: ` : "";
     pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
     if (job.expected_start_at) pairs.splice(2, 0, ["Expected start", expectedStart(job)]);
+  } else if (job.state === "dispatched" && job.reason) {
+    // Handed to an executor's cluster that still holds it (Slurm's pending reason), or stopping.
+    pairs.splice(1, 0, ["Waiting", job.reason]);
+    if (job.expected_start_at) pairs.splice(2, 0, ["Expected start", expectedStart(job)]);
   }
   if (job.error) pairs.splice(1, 0, ["Error", el("span", { class: "error" }, job.error)]);
   return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { field: k } }, v)]);

@@ -180,7 +180,7 @@ const CHOSEN_KEY = "towerq.jobs.columns";
 // Why a job is where it is, in one line (the whole text on hover): its place and reason
 // while it waits, what failed it, who or what cancelled it, why it is being stopped.
 function why(job) {
-  if (job.state === "queued") {
+  if (job.state === "queued" || (job.state === "dispatched" && job.reason)) {
     const reason = job.reason || "waiting for the scheduler";
     return el(
       "span",

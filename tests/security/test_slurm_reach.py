@@ -1,0 +1,112 @@
+"""On a Slurm cluster the trainer runs in the Slurm job towerq submitted, as the user that
+submitted it, beside towerq's own runner (`worker.slurm`, whose environment holds the
+database URL). A member's model there must not reach Slurm (with `scancel --me` it would
+cancel every towerq job of the lab, with `sbatch` take GPUs outside towerq), the runner's
+environment, or the folder Slurm writes the attempts' own output to. The sandbox is what
+stops it: run on Slurm without it (a runner that forgot it), this model cancels its
+neighbour's job."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.core.settings import Settings
+from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, slurm_settings, trained, wait_state
+from tests.slurm_cluster import SlurmCluster
+
+pytestmark = [pytest.mark.slow, needs_slurm]
+FIXTURES = (cluster, on_slurm)
+
+REACHER = """
+import json
+import os
+import socket
+import subprocess
+
+import keras
+
+SLURM_CONF, MUNGE_SOCKET, SLURM_LOGS = {paths!r}
+
+
+def attempt(what):
+    try:
+        return what()
+    except Exception as err:
+        return "refused: " + type(err).__name__
+
+
+def scancel():
+    env = dict(os.environ, SLURM_CONF=SLURM_CONF)
+    done = subprocess.run(["scancel", "--me"], env=env, capture_output=True, text=True, timeout=30)
+    return "exit %d %s" % (done.returncode, done.stderr.strip()[:200])
+
+
+def munge():
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(MUNGE_SOCKET)
+    return "connected"
+
+
+def environments():
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    if b"TOWERQ_DATABASE_URL" in f.read():
+                        found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
+def build(params):
+    said = {{
+        "scancel": attempt(scancel),
+        "munge": attempt(munge),
+        "environ": environments(),
+        "logs": attempt(lambda: os.listdir(SLURM_LOGS)),
+    }}
+    print("REACH " + json.dumps(said), flush=True)
+    return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(),
+                             keras.layers.Dense(params["num_classes"])])
+"""
+
+
+@pytest.fixture
+def settings(
+    make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Path, cluster: SlurmCluster
+) -> Settings:
+    made = slurm_settings(make_settings, sqlite_url, tmp_path)
+    made.models_path.mkdir(parents=True, exist_ok=True)
+    paths = (str(cluster.conf), str(cluster.root / "munge" / "munge.socket"), str(made.slurm_log_dir.resolve()))
+    (made.models_path / "reacher.py").write_text(REACHER.format(paths=paths))
+    return made
+
+
+def test_a_model_run_by_slurm_reaches_neither_slurm_nor_the_runner_nor_slurms_logs(
+    on_slurm: Any, cluster: SlurmCluster
+) -> None:
+    client = on_slurm
+    neighbour = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
+    trained(client, neighbour)
+    spec = {"model": "reacher:build", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 3}}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    done = wait_state(client, job_id, FINAL, 180)
+
+    log = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
+    reached = [json.loads(m.removeprefix("REACH ")) for m in log if m.startswith("REACH ")]
+    assert reached, log[-20:]
+    for said in reached:
+        assert not said["scancel"].startswith("exit 0"), said
+        assert said["munge"].startswith("refused"), said
+        assert said["environ"] == [], said
+        assert said["logs"].startswith("refused"), said
+    assert done["state"] == "succeeded", done["reason"]
+    assert job_of(client, neighbour)["state"] == "running"
+    assert all(j["state"] in ("RUNNING", "COMPLETED") for j in cluster.jobs() if j["name"].endswith("-1"))
