@@ -217,9 +217,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TOWERQ_TRAINER_ENV_PASS", RUN_MARK)
 
 
-LONGEST_FIRST = ("tests/test_chaos.py", "tests/service/api/test_hostile_input.py")
-"""Over 100 s each by design (two minutes of chaos; schemathesis's request budget): they start
-first, each on a worker, and the rest is shared around them."""
+LONGEST_FIRST = ("tests/test_chaos.py", "tests/service/api/test_hostile_input.py", "tests/test_slurm.py")
+"""Over 100 s each by design (two minutes of chaos; schemathesis's request budget; a Slurm
+cluster and five stacks on it): they start first, and the rest is shared around them."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -51,7 +51,14 @@ def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_s
     assert "Resources: the GPUs it asks for are in use" in line, queue.stdout
     assert f" on {cluster.node} " in line and third["expected_host"] == cluster.node  # Slurm's scheduled node
 
-    # Cancel in towerq: the trainer checkpoints, the job is cancelled, its GPUs go to the third.
+    # Cancel in towerq of a job Slurm holds pending: scancel, and it ends cancelled.
+    fourth = client.post("/api/jobs", json={**spec, "name": "long-3"}).json()["id"]
+    assert slurm_job(cluster, settings, fourth)["state"] == "PENDING"
+    assert client.post(f"/api/jobs/{fourth}/cancel").status_code == 202
+    assert wait_state(client, fourth, FINAL, 30)["reason"] == "cancelled by alice"
+    assert wait_for(lambda: slurm_job(cluster, settings, fourth)["state"] == "CANCELLED", 10, "scancel")
+
+    # Cancel in towerq of a running job: the trainer checkpoints, the job is cancelled, its GPUs go to the third.
     assert client.post(f"/api/jobs/{ids[0]}/cancel").status_code == 202
     cancelled = wait_state(client, ids[0], FINAL)
     assert cancelled["state"] == "cancelled" and cancelled["reason"] == "cancelled by alice"

@@ -215,5 +215,6 @@ export function expectedStart(job) {
   const clock = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
   const day = sameDay ? "" : `${at.toLocaleDateString([], { month: "short", day: "numeric" })} `;
   const seconds = Math.max(0, (at.getTime() - Date.now()) / 1000);
-  return `~${day}${clock} on ${job.expected_host || "?"} (in ${duration(seconds)})`;
+  const where = job.expected_host ? ` on ${job.expected_host}` : "";
+  return `~${day}${clock}${where} (in ${duration(seconds)})`;
 }

@@ -111,6 +111,23 @@ def parse_gpus(gres: str) -> int:
     return total
 
 
+SQUEUE_FORMAT = SEP.join(("%i", "%T", "%S", "%N", "%Y", "%r", "%j"))
+"""Id, state, (expected) start, nodes, nodes planned for a pending job, reason, name."""
+
+
+def parse_squeue(out: str, prefix: str) -> dict[str, list[SlurmJob]]:
+    """towerq's jobs (named `<prefix>-...`) in squeue's output, by name."""
+    jobs: dict[str, list[SlurmJob]] = {}
+    for line in out.splitlines():
+        parts = line.split(SEP, 6)
+        if len(parts) != 7 or not parts[0].isdigit() or not parts[6].startswith(f"{prefix}-"):
+            continue
+        node = parts[3] if parts[1] != "PENDING" else parts[4]
+        job = SlurmJob(int(parts[0]), parts[6], parts[1], parts[5], parse_time(parts[2]), _node(node))
+        jobs.setdefault(job.name, []).append(job)
+    return jobs
+
+
 def job_name(prefix: str, job_id: int, attempt: int) -> str:
     return f"{prefix}-{job_id}-{attempt}"
 
@@ -226,17 +243,8 @@ class SlurmExecutor:
             return self._snapshot
 
     def _squeue(self) -> dict[str, list[SlurmJob]]:
-        fields = SEP.join(("%i", "%T", "%S", "%N", "%Y", "%r", "%j"))
-        out = self._run(["squeue", "--me", "--noheader", "--states=all", f"--format={fields}"])
-        jobs: dict[str, list[SlurmJob]] = {}
-        for line in out.splitlines():
-            parts = line.split(SEP, 6)
-            if len(parts) != 7 or not parts[0].isdigit() or not parts[6].startswith(f"{self.prefix}-"):
-                continue
-            node = parts[3] if parts[1] != "PENDING" else parts[4]  # %Y: the nodes Slurm plans a pending job on
-            job = SlurmJob(int(parts[0]), parts[6], parts[1], parts[5], parse_time(parts[2]), _node(node))
-            jobs.setdefault(job.name, []).append(job)
-        return jobs
+        out = self._run(["squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"])
+        return parse_squeue(out, self.prefix)
 
     def _run(self, command: list[str]) -> str:
         try:

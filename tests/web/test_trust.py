@@ -153,3 +153,28 @@ def test_the_jobs_list_labels_figures_says_why_and_takes_chosen_columns(
     page.wait_for_selector("table.jobs[data-drawn]")
     assert "learning_rate" in page.locator("table.jobs th").all_inner_texts()  # the choice is kept
     assert "Train accuracy" in page.locator("table.jobs th").all_inner_texts()
+
+
+def test_a_job_an_executors_cluster_holds_says_why_it_waits_and_when_it_starts(
+    a_failed_job: tuple[str, str, object, int], set_job: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    """On Slurm a job is `dispatched` (handed over) while Slurm keeps it pending: the list
+    and its page say Slurm's reason and expected start, as they do for a queued job."""
+    from datetime import UTC, datetime, timedelta
+
+    url, token, client, _ = a_failed_job
+    held = client.post("/api/jobs", json={**SPEC, "name": "in-slurm"}).json()["id"]
+    reason = "Slurm job 41 is pending (Resources: the GPUs it asks for are in use)"
+    at = datetime.now(UTC) + timedelta(minutes=90)
+    set_job(held, state=JobState.DISPATCHED, pending_reason=reason, expected_start_at=at, expected_host="node7")
+
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/jobs")
+    page.wait_for_selector("table.jobs[data-drawn]")
+    why = page.locator(f'tr[data-job="{held}"] td.why').inner_text()
+    assert why.startswith(reason) and "; starts ~" in why and " on node7 (in 1h 29m" in why, why
+
+    page.goto(f"{url}/?token={token}#/jobs/{held}")
+    page.wait_for_selector('dd[data-field="Waiting"]')
+    assert page.locator('dd[data-field="Waiting"]').inner_text() == reason
+    assert " on node7 (in 1h 29m" in page.locator('dd[data-field="Expected start"]').inner_text()

@@ -1,0 +1,114 @@
+"""What the Slurm executor says to Slurm and reads back, without a cluster: the sbatch
+command, squeue's lines, gres, and Slurm's states and reasons in towerq's words. The
+whole path runs against a real Slurm in tests/test_slurm.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from service.core.settings import Settings
+from service.executors import Attempt, executor_for
+from service.executors.slurm import SEP, SlurmExecutor, SlurmJob, parse_gpus, parse_squeue, time_limit_minutes
+
+
+@pytest.fixture
+def slurm(make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Path) -> SlurmExecutor:
+    settings = make_settings(
+        sqlite_url,
+        executor="slurm",
+        slurm_partition="gpu,gpu-long",
+        slurm_account="vision",
+        slurm_job_prefix="lab",
+        slurm_python="/opt/towerq env/bin/python",
+        slurm_log_dir=tmp_path / "slurm",
+    )
+    executor = executor_for(settings, None)  # type: ignore[arg-type]  # Slurm needs no Redis
+    assert isinstance(executor, SlurmExecutor) and not executor.places_jobs
+    return executor
+
+
+def test_an_attempt_becomes_one_sbatch_asking_its_gpus_as_gres(slurm: SlurmExecutor, tmp_path: Path) -> None:
+    command = slurm.sbatch_command(Attempt(12, 3, "", (), gpu_count=2, time_limit_s=3600))
+    assert command[:2] == ["sbatch", "--parsable"]
+    assert "--job-name=lab-12-3" in command and "--gres=gpu:2" in command
+    assert "--no-requeue" in command and "--export=ALL" in command  # towerq owns retries
+    assert "--partition=gpu,gpu-long" in command and "--account=vision" in command
+    assert "--time=62" in command  # towerq's hour, the 30 s grace and a minute: Slurm's is the backstop
+    assert f"--output={tmp_path / 'slurm'}/lab-12-3-%j.out" in command
+    assert command[-1] == "--wrap=exec '/opt/towerq env/bin/python' -m worker.slurm 12 3"
+    assert not any(c.startswith(("--nodelist", "--time=")) for c in slurm.sbatch_command(Attempt(1, 1, "", ())))
+    assert "--nodelist=node7" in slurm.sbatch_command(Attempt(1, 1, "node7", (), 1))
+    assert "--gres=gpu:1" in slurm.sbatch_command(Attempt(1, 1, "", (), 0))  # a fractional job: one whole GPU
+
+
+def test_time_limits_round_up_to_whole_minutes() -> None:
+    assert time_limit_minutes(None, 30) is None
+    assert time_limit_minutes(1, 0) == 2
+    assert time_limit_minutes(600, 30) == 12
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [("gpu:4", 4), ("gpu:a100:2(S:0-1),gpu:v100:2(S:1)", 4), ("(null)", 0), ("gpu:tesla:8,nic:2", 8), ("", 0)],
+)
+def test_gres_gpus_are_counted_whatever_their_type(gres: str, gpus: int) -> None:
+    assert parse_gpus(gres) == gpus
+
+
+def test_squeue_lines_give_towerqs_jobs_only() -> None:
+    now = int(datetime.now(UTC).timestamp())
+    lines = [
+        SEP.join(("41", "RUNNING", str(now - 60), "node1", "(null)", "None", "lab-7-1")),
+        SEP.join(("42", "PENDING", str(now + 600), "", "node2", "Resources", "lab-8-1")),
+        SEP.join(("43", "PENDING", "N/A", "", "(null)", "Priority", "lab-9-2")),
+        SEP.join(("44", "RUNNING", str(now), "node1", "", "None", "someone-elses")),
+        SEP.join(("45", "PENDING", "0", "", "", "Resources", "lab-9-2")),  # a resubmission
+        "not a line squeue writes",
+    ]
+    jobs = parse_squeue("\n".join(lines), "lab")
+    assert sorted(jobs) == ["lab-7-1", "lab-8-1", "lab-9-2"]
+    assert jobs["lab-7-1"][0].node == "node1" and jobs["lab-7-1"][0].state == "RUNNING"
+    assert jobs["lab-8-1"][0].node == "node2"  # where Slurm plans to start a pending job
+    assert jobs["lab-8-1"][0].start == datetime.fromtimestamp(now + 600, UTC)
+    assert [j.id for j in jobs["lab-9-2"]] == [43, 45] and jobs["lab-9-2"][0].start is None
+
+
+def job(state: str, reason: str = "None", start: datetime | None = None, node: str = "node1") -> SlurmJob:
+    return SlurmJob(17, "lab-1-1", state, reason, start, node)
+
+
+def test_a_pending_job_says_slurms_reason_and_expected_start(slurm: SlurmExecutor) -> None:
+    soon = datetime.now(UTC) + timedelta(minutes=20)
+    assert slurm._pending_reason(job("PENDING", "Resources")) == (
+        "Slurm job 17 is pending (Resources: the GPUs it asks for are in use)"
+    )
+    assert slurm._pending_reason(job("PENDING", "QOSGrpNodeLimit")) == "Slurm job 17 is pending (QOSGrpNodeLimit)"
+    assert slurm._pending_reason(job("PENDING", "None")) == "Slurm job 17 is pending: about to start"
+    assert slurm._pending_reason(job("RUNNING")) is None
+    assert slurm._expected(job("PENDING", start=soon)) == soon
+    assert slurm._expected(job("PENDING", start=soon + timedelta(days=400))) is None  # Slurm's "no idea"
+    assert slurm._expected(job("RUNNING", start=soon)) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "outcome", "words"),
+    [
+        ("CANCELLED", "cancelled", "cancelled in Slurm (Slurm job 17 on node1 was cancelled"),
+        ("TIMEOUT", "failed", "Slurm ended it at its time limit (Slurm job 17 on node1: TIMEOUT)"),
+        ("NODE_FAIL", "requeue", "its node failed (Slurm job 17 on node1: NODE_FAIL); it resumes from its checkpoint"),
+        ("BOOT_FAIL", "requeue", "its node failed"),
+        ("PREEMPTED", "preempted", "Slurm preempted it"),
+        ("OUT_OF_MEMORY", "failed", "more host memory than it was given"),
+        ("COMPLETED", "failed", "ended without reporting an end"),
+        ("FAILED", "failed", "Slurm job 17 on node1 ended FAILED: NonZeroExitCode"),
+    ],
+)
+def test_an_end_slurm_decided_is_said_in_towerqs_words(
+    slurm: SlurmExecutor, state: str, outcome: str, words: str
+) -> None:
+    ended = slurm._ended(job(state, "NonZeroExitCode"))
+    assert ended.outcome == outcome and words in ended.message
