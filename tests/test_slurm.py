@@ -127,6 +127,8 @@ def test_a_sweep_of_four_runs_through_slurm(on_slurm: Any, cluster: SlurmCluster
     )
     assert sweep["counts"] == {"succeeded": 4}, sweep["counts"]
     assert sweep["best_job"] in {j["id"] for j in sweep["jobs"]}
+    usage = {row["key"]: row for row in client.get("/api/usage", params={"by": "host"}).json()["rows"]}
+    assert usage[cluster.node]["jobs"] == 4 and usage[cluster.node]["gpu_hours"] > 0  # from the jobs' events
     names = {j["name"] for j in cluster.jobs()}
     assert {f"{settings.slurm_job_prefix}-{j['id']}-1" for j in sweep["jobs"]} <= names
 

@@ -98,8 +98,19 @@ def mark_running(session: Session, job_id: int, attempt: int, started: dict[str,
     job.artifacts_dir = started.get("artifacts_dir")
     if job.started_at is None:
         job.started_at = utcnow()
-    record_state(session, job, JobState.RUNNING, f"pid {job.pid} on {job.host_name}")
+    record_state(session, job, JobState.RUNNING, running_message(job.pid, job.host_name))
     return job
+
+
+def running_message(pid: int | None, host: str | None) -> str:
+    """The `running` event's message: where the attempt runs (`host_of_running` reads it)."""
+    return f"pid {pid} on {host}"
+
+
+def host_of_running(message: str | None) -> str:
+    """The host a `running` event names (the usage report's host for an attempt that held
+    no allocation rows: one an executor's cluster placed)."""
+    return (message or "").rpartition(" on ")[2] or "?"
 
 
 def finish(

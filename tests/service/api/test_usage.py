@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.core.db import Database
-from service.core.models import Allocation, Gpu, Host, Job, JobState, User
+from service.core.models import Allocation, Gpu, Host, Job, JobEvent, JobState, User
 from tests.service.api.conftest import Api
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -124,6 +124,52 @@ def test_a_running_job_counts_up_to_now(lab: Api, db: Database) -> None:
     add_run(db, "carol", "lab-b", [1], now - timedelta(hours=3), now - timedelta(hours=2), None)
     rows = by_key(lab.get("/api/usage", params={"since": (now - timedelta(days=1)).isoformat()}).json())
     assert rows["carol"]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
+
+
+def test_attempts_slurm_placed_count_from_their_events_on_their_nodes(lab: Api, db: Database) -> None:
+    """No allocation rows on Slurm: dave's 2-GPU job ran hours 1-3 on node7, went back to the
+    queue (its node failed), ran again hours 5-6 on node8 and succeeded; erin's 1-GPU job
+    still runs on node7 since hour 11."""
+    with db.write() as session:
+        for user, gpus, events in (
+            (
+                "dave",
+                2,
+                [("queued", 0.5, 1), ("dispatched", 0.5, 1), ("running", 1, 1, "pid 7 on node7"), ("queued", 3, 2),
+                 ("dispatched", 3, 2), ("running", 5, 2, "pid 9 on node8"), ("succeeded", 6, 2)],
+            ),
+            ("erin", 1, [("queued", 10, 1), ("dispatched", 10, 1), ("running", 11, 1, "pid 3 on node7")]),
+        ):  # fmt: skip
+            job = Job(
+                name=f"{user}-slurm",
+                user_id=user_named(session, user).id,
+                state=events[-1][0],
+                spec={"model": "mlp", "dataset": "digits"},
+                gpu_count=gpus,
+                total_steps=10,
+                attempts=events[-1][2],
+                created_at=hours(events[0][1]),
+                started_at=hours(events[2][1]),
+                finished_at=hours(events[-1][1]) if events[-1][0] == "succeeded" else None,
+            )
+            session.add(job)
+            session.flush()
+            for state, at, attempt, *message in events:
+                session.add(
+                    JobEvent(
+                        job_id=job.id, state=state, time=hours(at), attempt=attempt, message=(message or [None])[0]
+                    )
+                )
+    window = {"since": hours(0).isoformat(), "until": hours(12).isoformat()}
+    users = by_key(lab.get("/api/usage", params=window).json())
+    assert users["dave"]["gpu_hours"] == pytest.approx(2 * 2 + 2 * 1)
+    assert users["dave"]["jobs"] == 1 and users["dave"]["started"] == 1
+    assert users["dave"]["median_wait_s"] == pytest.approx(0.5 * 3600)  # submit to its first start only
+    assert users["erin"]["gpu_hours"] == pytest.approx(1)  # up to the window's end
+    assert users["alice"]["gpu_hours"] == pytest.approx(2 * 4 + 1 * 2)  # allocations count as before
+    hosts = by_key(lab.get("/api/usage", params={**window, "by": "host"}).json())
+    assert hosts["node7"]["gpu_hours"] == pytest.approx(2 * 2 + 1) and hosts["node7"]["jobs"] == 2
+    assert hosts["node8"]["gpu_hours"] == pytest.approx(2)
 
 
 @pytest.mark.parametrize(
