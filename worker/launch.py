@@ -12,17 +12,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
 from service.core.models import Job, JobState
 from service.core.settings import Settings
+from service.core.sharing import shares_outputs
 from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
 from worker import sandbox
@@ -44,6 +46,10 @@ class Launch:
     time_limit_s: int | None
     memory_total_mb: list[int]
     simulated: bool
+    inputs: list[tuple[int, Path]] = field(default_factory=list)
+    """The folders of the jobs it waited for (`after`) that its owner may read: (job id, folder)."""
+    notes: list[str] = field(default_factory=list)
+    """What the attempt's log should say of its launch (a dependency's folder left out, and why)."""
 
 
 def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
@@ -59,6 +65,7 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
             for a in job.allocations
             if a.attempt == attempt and a.released_at is None
         ]
+        inputs, notes = job_inputs(session, job, ctx.settings)
     rows.sort()
     return Launch(
         job_id=job_id,
@@ -70,7 +77,38 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
         time_limit_s=job.time_limit_s,
         memory_total_mb=[r[1] for r in rows],
         simulated=all(r[2] for r in rows),
+        inputs=inputs,
+        notes=notes,
     )
+
+
+INPUTS_PATH = Path("/inputs")
+"""Where a sandboxed trainer sees the folders of the jobs it waited for: `/inputs/job-<id>`."""
+
+
+def job_inputs(session: Session, job: Job, settings: Settings) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The folders of the jobs `job` waited for, read-only inputs of its trainer: those its
+    owner may read now (a folder made private since the submit is left out, and said)."""
+    inputs: list[tuple[int, Path]] = []
+    notes: list[str] = []
+    for dependency_id in job.after_jobs or []:
+        dependency = session.get(Job, dependency_id)
+        folder = artifacts_dir(settings, dependency_id)
+        if dependency is None or not folder.is_dir():
+            notes.append(f"job {dependency_id} left no folder: no input from it")
+        elif not shares_outputs(dependency, job.user_id, job.user.is_admin):
+            notes.append(f"job {dependency_id}'s folder is private to its owner now: not given as an input")
+        else:
+            inputs.append((dependency_id, folder))
+    return inputs, notes
+
+
+def input_paths(launch: Launch, sandboxed: bool) -> dict[str, str]:
+    """Each input folder as the trainer sees it, by job id."""
+    return {
+        str(job_id): str(INPUTS_PATH / f"job-{job_id}" if sandboxed else folder.resolve())
+        for job_id, folder in launch.inputs
+    }
 
 
 def artifacts_dir(settings: Settings, job_id: int) -> Path:
@@ -97,6 +135,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
         gpu_process_overhead_mb=settings.gpu_process_overhead_mb,
         parent_pid=None if sandboxed else os.getpid(),
         nice=settings.trainer_nice,
+        inputs=input_paths(launch, sandboxed),
     )
     spec = trainer_input(launch.spec, runtime)
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -155,6 +194,7 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         protected=protected_paths(settings),
         network=bool(launch.spec.get("network")),
         tmp_mb=settings.trainer_tmp_mb,
+        inputs=[(folder, INPUTS_PATH / f"job-{job_id}") for job_id, folder in launch.inputs],
     )
 
 

@@ -140,7 +140,8 @@ class TrainerPool:
             return True
         datasets, code = sandbox_extras(launch, self.settings)
         network = bool(launch.spec.get("network"))
-        return launch.simulated and not datasets and code is None and not network and not folder.exists()
+        plain = not datasets and code is None and not network and not launch.inputs
+        return launch.simulated and plain and not folder.exists()
 
     # -- the pool's thread ----------------------------------------------------------------
 

@@ -157,6 +157,10 @@ class JobRunner:
         how = "a warm trainer from the pool" if self.warm else "a new trainer (cold start)"
         self.sink.log("info", f"attempt {self.launch.attempt} runs in {how}, pid {self.process.pid}")
         self.sink.log("info", self.group.describe(limits))
+        for job_id, _ in self.launch.inputs:
+            self.sink.log("info", f"job {job_id}'s folder is an input (read-only): params['inputs']['{job_id}']")
+        for note in self.launch.notes:
+            self.sink.log("warning", note)
         if isinstance(self.inventory, SimulatedInventory):
             self.inventory.attach(self.process.pid, self.launch.indices)
         try:

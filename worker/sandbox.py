@@ -11,6 +11,8 @@ in namespaces of its own that show only what the job needs:
   towerq's own state is ever bound whole (the folder `towerq up` ran in, with its `var/`):
   the folder the worker started in, and any path entry above `TOWERQ_VAR_DIR`, the
   artifacts, the code bundles or the database, is left out (`python_paths`);
+- read-only too: the folders of the jobs it waited for (`after`), at `/inputs/job-<id>`,
+  where its owner may read them;
 - read-write: the job's own artifact folder, shown at `/job` (`JOB_PATH`, also its working
   folder: the same path for every job, so a trainer's view does not depend on which job it
   runs, and a warm trainer can be started before its job is known, `worker.pool`), and a
@@ -176,6 +178,7 @@ def bwrap_command(
     protected: Iterable[Path] = (),
     network: bool = False,
     tmp_mb: int = 1024,
+    inputs: Iterable[tuple[Path, Path]] = (),
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above; `job_folder` is seen at
     `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
@@ -204,5 +207,7 @@ def bwrap_command(
             args += ["--ro-bind", str(folder), str(folder)]
     if code_path is not None:
         args += ["--ro-bind", str(code_path), str(code_path)]
+    for folder, seen in inputs:  # the folders of the jobs it waited for, read-only
+        args += ["--ro-bind", str(folder.resolve()), str(seen)]
     args += ["--bind", str(job_folder), str(JOB_PATH), "--chdir", str(JOB_PATH)]
     return [*args, "--", *command]

@@ -31,7 +31,7 @@ from service.core.models import JobState
 from service.core.settings import Settings
 from worker import sandbox
 from worker.inventory import Inventory, NvmlInventory, SimulatedInventory, open_nvml
-from worker.launch import Launch
+from worker.launch import Launch, job_inputs
 from worker.outcome import Stop
 from worker.runner import JobRunner
 
@@ -72,6 +72,7 @@ def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int]
         job.expected_start_at = None
         job.expected_host = None
         spec, fraction, limit = job.spec, job.gpu_memory_fraction, job.time_limit_s
+        inputs, notes = job_inputs(session, job, ctx.settings)
     return Launch(
         job_id=job_id,
         attempt=attempt,
@@ -82,6 +83,8 @@ def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int]
         time_limit_s=limit,
         memory_total_mb=[gpus[i].memory_total_mb if i in gpus else 0 for i in indices],
         simulated=inventory.simulated,
+        inputs=inputs,
+        notes=notes,
     )
 
 

@@ -162,13 +162,7 @@ def request_cancel(session: Session, job: Job, by: str) -> CancelMessage | None:
     if state.is_final:
         raise StateConflictError(f"job {job.id} is already {state}")
     if state == JobState.QUEUED:
-        job.finished_at = utcnow()
-        job.cancel_requested_at = job.finished_at
-        job.queue_position = None
-        job.pending_reason = None
-        job.stop_reason = f"cancelled by {by} while queued"[:512]
-        record_state(session, job, JobState.CANCELLED, job.stop_reason)
-        kick_scheduler(session)
+        cancel_queued(session, job, f"cancelled by {by} while queued")
         return None
     if job.cancel_requested_at is not None:
         return None
@@ -177,6 +171,18 @@ def request_cancel(session: Session, job: Job, by: str) -> CancelMessage | None:
     message = CancelMessage(job_id=job.id, attempt=job.attempts, host=job.host_name, by=by)
     job_message(session, message)
     return message  # for the executor, once this commits (`Executor.stop`)
+
+
+def cancel_queued(session: Session, job: Job, reason: str) -> None:
+    """Cancel a job that waits in the queue, saying why (a person, or a dependency that
+    failed)."""
+    job.finished_at = utcnow()
+    job.cancel_requested_at = job.finished_at
+    job.queue_position = None
+    job.pending_reason = None
+    job.stop_reason = reason[:512]
+    record_state(session, job, JobState.CANCELLED, job.stop_reason)
+    kick_scheduler(session)
 
 
 def request_preemption(session: Session, job: Job, reason: str) -> PreemptMessage | None:

@@ -185,6 +185,10 @@ class Job(Base):
     total_steps: Mapped[int] = mapped_column(Integer)
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), default=None, index=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
+    after_jobs: Mapped[list[Any] | None] = mapped_column(default=None)
+    """The jobs it waits for (its spec's `after`, sweeps resolved to their jobs at submit)."""
+    after_condition: Mapped[str | None] = mapped_column(String(16), default=None)
+    """`afterok` (each must succeed) or `afterany` (each must end); None: it waits for none."""
 
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     """The current attempt's number: 1 at submit, raised each time the job is requeued."""

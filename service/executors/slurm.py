@@ -12,7 +12,7 @@ decides where and when it runs (`TOWERQ_EXECUTOR=slurm`).
   (`squeue --start`'s figure) for a pending job, and how the cluster ended one.
 - stop: a cancel of an attempt Slurm still holds pending is `scancel`; a running attempt's
   runner reads the stop from the job's row within a second, checkpoints and ends.
-- capacity: the nodes `sinfo` lists and the GPUs each has as gres.
+- capacity: the nodes `sinfo` lists in the partition, up, and the GPUs each has as gres.
 
 Slurm's own commands, not slurmrestd: they are on every node that can submit, need no
 token and no extra daemon, and their output formats are stable across releases, where the
@@ -188,15 +188,18 @@ class SlurmExecutor:
             self._read_at = -math.inf
 
     def capacity(self, session: Session) -> dict[str, Capacity]:
+        command = ["sinfo", "--noheader", "--Node", f"--format=%N{SEP}%G{SEP}%t"]
+        if self.settings.slurm_partition:
+            command.append(f"--partition={self.settings.slurm_partition}")
         try:
-            out = self._run(["sinfo", "--noheader", "--Node", f"--format=%N{SEP}%G{SEP}%t"])
+            out = self._run(command)
         except SlurmError as err:
             log.warning("sinfo failed: %s", err)
             return {}
         nodes: dict[str, Capacity] = {}
         for line in out.splitlines():
             fields = line.split(SEP)
-            if len(fields) != 3 or fields[2].rstrip("*~#!%$@^-") in ("down", "drain", "fail", "futr"):
+            if len(fields) != 3 or fields[2].rstrip("*~#!%$@^-") in ("down", "drain", "drng", "fail", "futr"):
                 continue
             count = parse_gpus(fields[1])
             if count and fields[0] not in nodes:  # sinfo lists a node once per partition

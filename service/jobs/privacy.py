@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from service.core.exceptions import ForbiddenError
 from service.core.models import Job
+from service.core.sharing import LAB, shares_outputs
 from service.lab.auth import Caller
 
-LAB = "lab"
+__all__ = ["LAB", "check_outputs", "may_read_outputs"]
 
 
 def may_read_outputs(job: Job, caller: Caller) -> bool:
     """Whether `caller` may read the job's log and artifacts."""
-    return caller.is_admin or job.user_id == caller.user_id or job.spec.get("visibility") == LAB
+    return shares_outputs(job, caller.user_id, caller.is_admin)
 
 
 def check_outputs(job: Job, caller: Caller) -> None:

@@ -17,6 +17,7 @@ from service.core.models import Job, JobState, User, utcnow
 from service.core.schemas import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
+from service.jobs.dependencies import resolve_after
 from service.jobs.intake import Submission, SubmissionWriter, store_submissions
 from service.jobs.read import get_job, job_detail, job_detail_of_new
 from service.lab.auth import Caller
@@ -48,8 +49,12 @@ def submit(
         check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
     if spec.hyperparameters.seed is None:
         spec.hyperparameters.seed = secrets.randbelow(2**31)
+    with db.read() as session:
+        after = resolve_after(session, caller, spec)
     row = new_job(caller, spec, host, settings, idempotency_key)
     row["sweep_id"] = sweep_id
+    row["after_jobs"] = after
+    row["after_condition"] = spec.after_condition if after else None
     if writer is not None:
         job_id, event = writer.store(row, caller.name)
     else:

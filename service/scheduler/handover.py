@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
-from service.core.lifecycle import current_attempt, finish, hand_over, requeue
+from service.core.lifecycle import cancel_queued, current_attempt, finish, hand_over, requeue
 from service.core.models import HOLDING_STATES, Job, JobState
 from service.executors import Attempt, Ended, Executor, ExecutorError
-from service.scheduler.snapshot import Stored, held_by_sweeps, read_queued
+from service.scheduler.snapshot import Stored, held_back, read_queued
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ class HandOver:
         self.observe()
         with self.ctx.db.read() as session:
             queued, stored = read_queued(session)
-            held = held_by_sweeps(session, [q.id for q in queued])
-        ids = [q.id for q in queued if q.id not in held]
+            held, never = held_back(session, [q.id for q in queued])
+        cancel_never(self.ctx, never)
+        ids = [q.id for q in queued if q.id not in held and q.id not in never]
         return self.hand_over(ids), held, stored
 
     # -- handing over ---------------------------------------------------------------------
@@ -186,3 +187,14 @@ def record_end(session: Session, job: Job, ended: Ended) -> None:
 
 def attempt_of(job: Job) -> Attempt:
     return Attempt(job.id, job.attempts, job.requested_host or "", (), job.gpu_count, job.time_limit_s)
+
+
+def cancel_never(ctx: Context, never: dict[int, str]) -> None:
+    """Cancel the queued jobs that can never start (a job they need to succeed did not),
+    saying why; every pass does, whoever places the jobs."""
+    if not never:
+        return
+    with ctx.db.write() as session:
+        waiting = select(Job).where(Job.id.in_(never), Job.state == JobState.QUEUED)
+        for job in session.scalars(waiting.with_for_update()):
+            cancel_queued(session, job, never[job.id])

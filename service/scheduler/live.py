@@ -29,11 +29,11 @@ from service.executors import Attempt, executor_for
 from service.scheduler.dryrun import policy_config
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.forecast import Forecast, forecast
-from service.scheduler.handover import HandOver
+from service.scheduler.handover import HandOver, cancel_never
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
-from service.scheduler.snapshot import Stored, free_room, held_by_sweeps, read_cluster, read_fair_share, read_queued
+from service.scheduler.snapshot import Stored, free_room, held_back, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from towerq.contract.messages import PreemptMessage
 
@@ -98,11 +98,12 @@ class LiveScheduler:
         self._repair(now, report)
         with self.ctx.db.read() as session:
             queued, stored = read_queued(session)
-            held = held_by_sweeps(session, [q.id for q in queued])
-            queued = [q for q in queued if q.id not in held]
+            held, never = held_back(session, [q.id for q in queued])
+            queued = [q for q in queued if q.id not in held and q.id not in never]
             cluster, _ = read_cluster(session)
             usage = self.ledger.usage(session, now)
             fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
+        cancel_never(self.ctx, never)
         self.ledger.history.annotate(queued, cluster.running)
         decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
         stopping: list[PreemptMessage] = []

@@ -8,7 +8,18 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, HostState, Job, JobState, Sweep, User
+from service.core.models import (
+    FINAL_STATES,
+    HOLDING_STATES,
+    Allocation,
+    Gpu,
+    Host,
+    HostState,
+    Job,
+    JobState,
+    Sweep,
+    User,
+)
 from service.scheduler.history import RunTimes
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.types import (
@@ -191,11 +202,50 @@ def live_inputs(
     ledger = UsageLedger(half_life_s)
     usage = ledger.usage(session, now)
     queued, _ = read_queued(session)
-    held = held_by_sweeps(session, [q.id for q in queued])
-    queued = [q for q in queued if q.id not in held]
+    held, never = held_back(session, [q.id for q in queued])
+    queued = [q for q in queued if q.id not in held and q.id not in never]
     cluster, _ = read_cluster(session)
     ledger.history.annotate(queued, cluster.running)
     return queued, cluster, read_fair_share(session, usage, default_limit), ledger.history
+
+
+def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
+    """Queued jobs that may not start yet, with the reason: those waiting for the jobs they
+    name in `after`, then those their sweep's `max_parallel` holds back. And the jobs that
+    never can (one they need to succeed failed or was cancelled), with why: each pass
+    cancels those."""
+    waiting, never = held_by_dependencies(session, queued_ids)
+    free = [i for i in queued_ids if i not in waiting and i not in never]
+    return {**waiting, **held_by_sweeps(session, free)}, never
+
+
+def held_by_dependencies(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
+    """(job id -> why it waits, job id -> why it can never start) for the queued jobs that
+    name others in `after`."""
+    rows = session.execute(
+        select(Job.id, Job.after_jobs, Job.after_condition).where(
+            Job.id.in_(queued_ids), Job.after_condition.is_not(None)
+        )
+    ).all()
+    if not rows:
+        return {}, {}
+    needed = {d for _, after, _ in rows for d in after or ()}
+    states = dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(needed))).all())
+    waiting: dict[int, str] = {}
+    never: dict[int, str] = {}
+    for job_id, after, condition in rows:
+        after = after or []
+        if condition == "afterok":
+            lost = next((d for d in after if states.get(d) in (JobState.FAILED, JobState.CANCELLED)), None)
+            if lost is not None:
+                never[job_id] = f"job {lost}, which it waits for, {states[lost]}: it could never start (afterok)"
+                continue
+        pending = [d for d in after if d in states and JobState(states[d]) not in FINAL_STATES]
+        if pending:
+            more = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
+            to = "succeed" if condition == "afterok" else "end"
+            waiting[job_id] = f"waiting for job {pending[0]} to {to}{more}"
+    return waiting, never
 
 
 def held_by_sweeps(session: Session, queued_ids: list[int]) -> dict[int, str]:

@@ -75,6 +75,14 @@ def add_commands(commands: Any) -> None:
         help="upload a .py file or a folder as the job's code bundle (model: module:function in it)",
     )
     submit.add_argument(
+        "--after",
+        default=None,
+        metavar="REFS",
+        help="start after these jobs, comma-separated: job ids, or sweep:ID for all of a sweep's jobs "
+        "(they must succeed; with --after-any, end); their folders are the job's inputs",
+    )
+    submit.add_argument("--after-any", action="store_true", help="with --after: start once they end, however")
+    submit.add_argument(
         "--dry-run", action="store_true", help="submit nothing: check the spec and say when it would start"
     )
     submit.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
@@ -190,6 +198,12 @@ def run_submit(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     for assignment in args.set:
         set_field(spec, assignment)
+    if args.after:
+        spec["after"] = [int(ref) if ref.strip().isdigit() else ref.strip() for ref in args.after.split(",")]
+    if args.after_any:
+        if not args.after and not spec.get("after"):
+            raise UsageError("--after-any needs --after (or `after` in the spec)")
+        spec["after_condition"] = "afterany"
     api = Api(args)
     if args.dry_run:
         if args.code is not None:

@@ -45,6 +45,9 @@ class RuntimeSpec(Strict):
     memory_growth: bool = False
     parent_pid: int | None = Field(default=None, description="the trainer exits if this process is gone")
     nice: int = Field(default=0, ge=0, le=19, description="CPU niceness the trainer runs at")
+    inputs: dict[str, str] = Field(
+        default_factory=dict, description="the folders of the jobs it waited for (`after`), by job id; read-only"
+    )
 
 
 class TrainerInput(Strict):

@@ -278,6 +278,10 @@ class TrainSpec(Strict):
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")]
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 Visibility = Literal["private", "lab"]
+JobRef = Annotated[int, Field(ge=1, le=2**31 - 1)]
+SweepRef = Annotated[str, Field(pattern=r"^sweep:[1-9][0-9]{0,9}$")]
+MAX_DEPENDENCIES = 64
+AfterCondition = Literal["afterok", "afterany"]
 
 
 class JobSpec(TrainSpec):
@@ -319,6 +323,15 @@ class JobSpec(TrainSpec):
         default="private",
         description="who reads its log, artifacts and code: private (owner and admins) or lab (every member)",
     )
+    after: list[JobRef | SweepRef] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="jobs (ids) or sweeps ('sweep:ID', all its jobs) it waits for; their folders are its inputs",
+    )
+    after_condition: AfterCondition = Field(
+        default="afterok",
+        description="afterok: each must succeed (one that fails or is cancelled cancels this job); afterany: end",
+    )
 
     @model_validator(mode="after")
     def _gpus_and_count_agree(self) -> Self:
@@ -336,6 +349,8 @@ class JobSpec(TrainSpec):
             raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
         if self.code is not None and ":" not in self.model:
             raise ValueError("with code, model names a function in the bundle: module:function")
+        if len(set(self.after)) != len(self.after):
+            raise ValueError("after: each job or sweep may be named only once")
         if self.name is None:
             self.name = f"{self.model}-{self.dataset}"[:128]
         return self

@@ -117,7 +117,13 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
     with tf.device(setup.variable_device):
         code = Path(spec.runtime.code_path) if spec.runtime.code_path else None
         model = build_model(
-            spec.train.model, data.input_shape, data.classes, hp.model_dump(), Path(spec.runtime.models_path), code
+            spec.train.model,
+            data.input_shape,
+            data.classes,
+            hp.model_dump(),
+            Path(spec.runtime.models_path),
+            code,
+            spec.runtime.inputs,
         )
         optimizer = make_optimizer(hp, spec.train.precision)
         metrics_fn = user_metrics(spec.train.model)

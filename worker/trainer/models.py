@@ -140,9 +140,12 @@ def build_model(
     hyperparameters: dict[str, Any],
     models_path: Path,
     code_path: Path | None = None,
+    inputs: dict[str, str] | None = None,
 ) -> keras.Model:
     """The model called `name`, built for `input_shape` and `classes`: a built-in one, or
-    `module:function` from the job's code bundle (`code_path`) or `TOWERQ_MODELS_PATH`."""
+    `module:function` from the job's code bundle (`code_path`) or `TOWERQ_MODELS_PATH`. A
+    user's function gets `params["inputs"]`: the folders of the jobs this one waited for,
+    by job id (a model to fine-tune from: `inputs["12"] + "/model.keras"`)."""
     options = dict(hyperparameters.get("model_options") or {})
     if name in BUILTIN:
         try:
@@ -151,7 +154,13 @@ def build_model(
             raise ModelError(f"cannot build {name} for inputs {input_shape}: {err}") from err
     builder = load_bundle_builder(name, code_path) if code_path else load_user_builder(name, models_path)
     _loaded_builders[name] = builder
-    params = {**hyperparameters, "input_shape": input_shape, "num_classes": classes, "model_options": options}
+    params = {
+        **hyperparameters,
+        "input_shape": input_shape,
+        "num_classes": classes,
+        "model_options": options,
+        "inputs": dict(inputs or {}),
+    }
     try:
         model = builder(params)
     except Exception as err:

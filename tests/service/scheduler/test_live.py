@@ -415,3 +415,33 @@ def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
     assert ahead.expected_start_at == before and ahead.queue_position == 1
     assert after.expected_start_at is not None and after.queue_position == 2
     assert abs((after.expected_start_at - held_from).total_seconds() - (1800 + CHECKPOINT_S + 900)) < 2
+
+
+def test_a_job_waits_for_the_jobs_it_names_and_is_cancelled_when_one_it_needs_fails(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    alice = caller("alice")
+    first, second = submit_job(ctx, alice), submit_job(ctx, alice)
+    after_both = submit_job(ctx, alice, after=[first, second])
+    after_any = submit_job(ctx, alice, after=[second], after_condition="afterany")
+    scheduler = LiveScheduler(ctx)
+    report = scheduler.run_pass()
+    assert report is not None and sorted(p[0] for p in report.placed) == [first, second]
+    assert job_row(ctx, after_both).reason == f"waiting for job {first} to succeed (and 1 more)"
+    assert job_row(ctx, after_any).reason == f"waiting for job {second} to end"
+
+    with ctx.db.write() as session:
+        finish(session, first, 1, JobState.SUCCEEDED)
+    scheduler.pending_written_at = float("-inf")  # the next pass rewrites the reasons
+    scheduler.run_pass()
+    assert job_row(ctx, after_both).reason == f"waiting for job {second} to succeed"
+
+    with ctx.db.write() as session:
+        finish(session, second, 1, JobState.FAILED, error="diverged")
+    report = scheduler.run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [after_any]  # ended is enough for it
+    cancelled = job_row(ctx, after_both)
+    assert cancelled.state == JobState.CANCELLED
+    assert cancelled.reason == f"job {second}, which it waits for, failed: it could never start (afterok)"
+    assert cancelled.finished_at is not None and cancelled.cancel_requested_at is not None
