@@ -40,6 +40,7 @@ def slurm_settings(make_settings: Callable[..., Settings], database_url: str, tm
         simulated_gpus=None,
         scheduler_interval_s=1.0,
         cancel_grace_s=10.0,
+        slurm_max_pending=2,
     )
 
 

@@ -54,6 +54,14 @@ def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_s
     # Cancel in towerq of a job Slurm holds pending: scancel, and it ends cancelled.
     fourth = client.post("/api/jobs", json={**spec, "name": "long-3"}).json()["id"]
     assert slurm_job(cluster, settings, fourth)["state"] == "PENDING"
+    # Two wait in Slurm (TOWERQ_SLURM_MAX_PENDING here): a fifth waits in towerq's queue, saying so.
+    fifth = client.post("/api/jobs", json={**spec, "name": "long-4"}).json()["id"]
+    kept = wait_for(lambda: (j := job_of(client, fifth))["reason"] and j, 30, "the fifth's reason")
+    assert kept["state"] == "queued" and kept["reason"] == (
+        "waiting to be handed to slurm: 2 of towerq's jobs wait there already "
+        "(at most 2 at once, TOWERQ_SLURM_MAX_PENDING)"
+    )
+    assert client.post(f"/api/jobs/{fifth}/cancel").status_code == 202
     assert client.post(f"/api/jobs/{fourth}/cancel").status_code == 202
     assert wait_state(client, fourth, FINAL, 30)["reason"] == "cancelled by alice"
     assert wait_for(lambda: slurm_job(cluster, settings, fourth)["state"] == "CANCELLED", 10, "scancel")

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     slurm_python: str = ""
     """The Python that runs an attempt on a compute node (with towerq installed at the same
     path); empty: the one running the scheduler."""
+    slurm_max_pending: int = Field(default=200, ge=1)
+    """Jobs towerq keeps handed to Slurm and waiting there at once; the rest wait in towerq's
+    queue (saying so) and go over as those start. Bounds what one flood of submissions
+    puts in the cluster's queue, within a typical `MaxSubmitJobs`."""
     slurm_log_dir: Path = Path("./var/slurm")
     """Where Slurm writes each attempt's own output (`sbatch --output`), out of the jobs'
     reach. What the trainer prints goes to the job's log, as on a local host."""

@@ -73,8 +73,12 @@ REASONS = {
 PENDING_NOW = {"None", "(null)", ""}
 
 
-TRANSIENT = ("unable to contact slurm controller", "socket timed out", "try again", "timed out", "temporarily")
-"""Words of a Slurm failure that asking again may cure (the controller restarting)."""
+TRANSIENT = (
+    "unable to contact slurm controller", "socket timed out", "try again", "timed out", "temporarily",
+    "submit limit", "maxsubmitjob",
+)  # fmt: skip
+"""Words of a Slurm failure that asking again may cure (the controller restarting, a QOS's
+limit on submitted jobs)."""
 
 
 class SlurmError(ExecutorError):

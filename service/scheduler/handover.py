@@ -7,7 +7,9 @@ Each pass:
   expected start on its row; one the cluster ended without the attempt recording its end
   (an admin's `scancel`, a time limit, a failed node) ends, or queues again, with the
   cluster's reason; one the cluster lost is asked for again, then counted as a crash;
-- hands every queued job (a sweep's `max_parallel` still holds) to the cluster.
+- hands the queued jobs to the cluster, in order of priority then age, while fewer than
+  `TOWERQ_SLURM_MAX_PENDING` handed over wait there (those a sweep's `max_parallel` or their
+  `after` hold back stay in towerq's queue, as do the rest, saying why).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.core.context import Context
@@ -51,6 +53,8 @@ class HandOver:
     def __init__(self, ctx: Context, executor: Executor) -> None:
         self.ctx = ctx
         self.executor = executor
+        self.max_waiting = ctx.settings.slurm_max_pending
+        """Attempts handed over and not started yet, at most (the rest wait in towerq's queue)."""
         self.lost_since: dict[tuple[int, int], float] = {}
         self.resubmitted: dict[tuple[int, int], int] = {}
 
@@ -60,9 +64,20 @@ class HandOver:
         with self.ctx.db.read() as session:
             queued, stored = read_queued(session)
             held, never = held_back(session, [q.id for q in queued])
+            waiting = session.scalar(select(func.count()).select_from(Job).where(Job.state == JobState.DISPATCHED))
         cancel_never(self.ctx, never)
-        ids = [q.id for q in queued if q.id not in held and q.id not in never]
-        return self.hand_over(ids), held, stored
+        ready = sorted(
+            (q for q in queued if q.id not in held and q.id not in never),
+            key=lambda q: (q.priority, q.submitted, q.id),  # priority: 0 high (`PRIORITY_RANK`)
+        )
+        room = max(0, self.max_waiting - (waiting or 0))
+        if len(ready) > room:
+            reason = (
+                f"waiting to be handed to {self.executor.name}: {waiting} of towerq's jobs wait there already "
+                f"(at most {self.max_waiting} at once, TOWERQ_SLURM_MAX_PENDING)"
+            )
+            held.update({q.id: reason for q in ready[room:]})
+        return self.hand_over([q.id for q in ready[:room]]), held, stored
 
     # -- handing over ---------------------------------------------------------------------
 
