@@ -27,6 +27,8 @@ __all__ = [
 ]  # fmt: skip
 RETRY_STATUSES = (502, 503, 504)
 BACKOFF_MAX_S = 10.0
+FOLLOW_GIVE_UP_S = 300.0
+"""How long following a job waits for an unreachable API (one restarting) before it gives up."""
 
 
 class Client:
@@ -197,16 +199,18 @@ class Client:
         back-off, first replaying the metric rows stored meanwhile, so none is missed."""
         seen = {"train": -1, "eval": -1}
         failures = 0
+        unreachable_since: float | None = None
         while True:
-            job = self.job(job_id)
-            for split in ("train", "eval"):
-                for row in self._metrics_after(job_id, split, seen[split]):
-                    seen[split] = row["step"]
-                    yield {"type": "metric" if split == "train" else "eval", **row}
-            if job.state in FINAL_STATES:
-                yield {"type": "state", "state": job.state, "message": job.data.get("error")}
-                return
             try:
+                job = self.job(job_id)
+                unreachable_since = None
+                for split in ("train", "eval"):
+                    for row in self._metrics_after(job_id, split, seen[split]):
+                        seen[split] = row["step"]
+                        yield {"type": "metric" if split == "train" else "eval", **row}
+                if job.state in FINAL_STATES:
+                    yield {"type": "state", "state": job.state, "message": job.data.get("error")}
+                    return
                 for event in self._stream(job_id):
                     failures = 0
                     kind = event.get("type")
@@ -223,7 +227,12 @@ class Client:
                             for row in self._metrics_after(job_id, split, seen[split]):
                                 yield {"type": "metric" if split == "train" else "eval", **row}
                         return
-            except (httpx.TransportError, UnreachableError):
+            except (httpx.TransportError, UnreachableError) as err:
+                # The API may be restarting (the catch-up above is retried too, not only the
+                # stream): give up only once it has been unreachable for FOLLOW_GIVE_UP_S.
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > FOLLOW_GIVE_UP_S:
+                    raise UnreachableError(f"cannot reach the API at {self.url} for {FOLLOW_GIVE_UP_S:.0f} s") from err
                 time.sleep(backoff(failures))
                 failures += 1
 
