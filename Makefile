@@ -44,11 +44,13 @@ typecheck:
 
 # Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on the
 # processes of a stack, so two share this 2-core machine well (16 min instead of 20:26 for
-# the same tests). TEST_WORKERS=0 runs them in one process. --durations: the slowest tests of
-# every run, to keep the suite under its 20 minutes.
+# the same tests). TEST_WORKERS=0 runs them in one process. --no-loadscope-reorder: files go
+# out in the order tests/conftest.py sorts them (the longest first), not xdist's own (files
+# with the most tests first, which left the one-test chaos file to run alone at the end).
+# --durations: the slowest tests of every run, to keep the suite under its 20 minutes.
 TEST_WORKERS ?= 2
 pytest:
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 setup: $(STAMP)
 
