@@ -47,7 +47,8 @@ typecheck:
 # the same tests). TEST_WORKERS=0 runs them in one process. --no-loadscope-reorder: files go
 # out in the order tests/conftest.py sorts them (the longest first), not xdist's own (files
 # with the most tests first, which left the one-test chaos file to run alone at the end).
-# --durations: the slowest tests of every run, to keep the suite under its 20 minutes.
+# --durations: the slowest tests of every run, to keep the suite well under CI's 90 minutes
+# (32 in the last clean-clone run).
 TEST_WORKERS ?= 2
 pytest:
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
