@@ -103,10 +103,15 @@ def job_inputs(session: Session, job: Job, settings: Settings) -> tuple[list[tup
     return inputs, notes
 
 
+def input_in_sandbox(job_id: int) -> Path:
+    """Where a sandboxed trainer sees the folder of job `job_id`, one it waited for."""
+    return INPUTS_PATH / f"job-{job_id}"
+
+
 def input_paths(launch: Launch, sandboxed: bool) -> dict[str, str]:
     """Each input folder as the trainer sees it, by job id."""
     return {
-        str(job_id): str(INPUTS_PATH / f"job-{job_id}" if sandboxed else folder.resolve())
+        str(job_id): str(input_in_sandbox(job_id) if sandboxed else folder.resolve())
         for job_id, folder in launch.inputs
     }
 
@@ -194,7 +199,7 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         protected=protected_paths(settings),
         network=bool(launch.spec.get("network")),
         tmp_mb=settings.trainer_tmp_mb,
-        inputs=[(folder, INPUTS_PATH / f"job-{job_id}") for job_id, folder in launch.inputs],
+        inputs=[(folder, input_in_sandbox(job_id)) for job_id, folder in launch.inputs],
     )
 
 

@@ -84,6 +84,8 @@ class JobState(enum.StrEnum):
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 HOLDING_STATES = (JobState.DISPATCHED, JobState.RUNNING)
 """The states of a job whose attempt holds GPUs (an allocation, a trainer starting or running)."""
+UNSUCCESSFUL_STATES = frozenset({JobState.FAILED, JobState.CANCELLED})
+"""The ends after which a job that waits for this one to succeed (`afterok`) never can start."""
 
 
 class HostState(enum.StrEnum):

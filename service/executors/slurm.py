@@ -280,9 +280,8 @@ class SlurmExecutor:
         if code in PENDING_NOW:
             return f"Slurm job {job.id} is pending: about to start"
         words = REASONS.get(code)
-        return (
-            f"Slurm job {job.id} is pending ({code}: {words})" if words else f"Slurm job {job.id} is pending ({code})"
-        )
+        said = f"{code}: {words}" if words else code
+        return f"Slurm job {job.id} is pending ({said})"
 
     def _expected(self, job: SlurmJob) -> datetime | None:
         """`squeue --start`'s figure where Slurm's backfill computed one within a year."""

@@ -10,14 +10,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.core.exceptions import SpecError
-from service.core.models import Job, JobState, Sweep
+from service.core.models import UNSUCCESSFUL_STATES, Job, Sweep
 from service.jobs.privacy import may_read_outputs
 from service.lab.auth import Caller
 from towerq.contract.spec import JobSpec
 
 MAX_AFTER_JOBS = 2000
 """Jobs one job may wait for once sweeps are resolved (a sweep of 1,000 and then some)."""
-NEVER_SUCCEEDS = (JobState.FAILED, JobState.CANCELLED)
 
 
 def resolve_after(session: Session, caller: Caller, spec: JobSpec) -> list[int] | None:
@@ -45,7 +44,7 @@ def resolve_after(session: Session, caller: Caller, spec: JobSpec) -> list[int] 
                     f"job {job.id} is {job.user.name}'s and private: its folder would be this job's input "
                     f"(they can share it with `towerq share {job.id}`)",
                 )
-            if spec.after_condition == "afterok" and job.state in NEVER_SUCCEEDS:
+            if spec.after_condition == "afterok" and job.state in UNSUCCESSFUL_STATES:
                 raise SpecError(
                     "after",
                     f"job {job.id} {job.state}: a job after it (afterok) could never start; "

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from service.core.exceptions import ForbiddenError
 from service.core.models import Job
-from service.core.sharing import LAB, shares_outputs
+from service.core.sharing import shares_outputs
 from service.lab.auth import Caller
-
-__all__ = ["LAB", "check_outputs", "may_read_outputs"]
 
 
 def may_read_outputs(job: Job, caller: Caller) -> bool:

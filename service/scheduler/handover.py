@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Row, func, select, update
 from sqlalchemy.orm import Session
 
 from service.core.context import Context
@@ -43,7 +44,6 @@ RESUBMITS = 2
 class Observed:
     job_id: int
     attempt: int
-    state: str
     ended: Ended
 
 
@@ -140,7 +140,7 @@ class HandOver:
         now = time.monotonic()
         holding = set()
         for row in rows:
-            attempt = Attempt(row.id, row.attempts, row.requested_host or "", (), row.gpu_count, row.time_limit_s)
+            attempt = attempt_of(row)
             key = (row.id, row.attempts)
             holding.add(key)
             try:
@@ -155,7 +155,7 @@ class HandOver:
                 if row.state == JobState.DISPATCHED and stored != now_said:
                     said.append({"id": row.id, **dict(zip(SAID, now_said, strict=True))})
             elif seen.ended is not None:
-                ended.append(Observed(row.id, row.attempts, row.state, seen.ended))
+                ended.append(Observed(row.id, row.attempts, seen.ended))
             elif now - self.lost_since.setdefault(key, now) >= LOST_AFTER_S:
                 self.lost_since[key] = now
                 if row.state == JobState.DISPATCHED and self.resubmitted.get(key, 0) < RESUBMITS:
@@ -163,7 +163,7 @@ class HandOver:
                     resubmit.append(attempt)
                 else:
                     why = f"{self.executor.name} lost its attempt {row.attempts} (no trace of it there)"
-                    ended.append(Observed(row.id, row.attempts, row.state, Ended("requeue", why)))
+                    ended.append(Observed(row.id, row.attempts, Ended("requeue", why)))
         for gone in set(self.lost_since) - holding:
             self.lost_since.pop(gone, None)
             self.resubmitted.pop(gone, None)
@@ -200,7 +200,8 @@ def record_end(session: Session, job: Job, ended: Ended) -> None:
         requeue(session, job, ended.message, crashed=ended.outcome == "requeue")
 
 
-def attempt_of(job: Job) -> Attempt:
+def attempt_of(job: Job | Row[*tuple[Any, ...]]) -> Attempt:
+    """The current attempt of a job (its row, or the columns `observe` reads) as the executor takes it."""
     return Attempt(job.id, job.attempts, job.requested_host or "", (), job.gpu_count, job.time_limit_s)
 
 

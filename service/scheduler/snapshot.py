@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from service.core.models import (
     FINAL_STATES,
     HOLDING_STATES,
+    UNSUCCESSFUL_STATES,
     Allocation,
     Gpu,
     Host,
@@ -236,7 +237,7 @@ def held_by_dependencies(session: Session, queued_ids: list[int]) -> tuple[dict[
     for job_id, after, condition in rows:
         after = after or []
         if condition == "afterok":
-            lost = next((d for d in after if states.get(d) in (JobState.FAILED, JobState.CANCELLED)), None)
+            lost = next((d for d in after if states.get(d) in UNSUCCESSFUL_STATES), None)
             if lost is not None:
                 never[job_id] = f"job {lost}, which it waits for, {states[lost]}: it could never start (afterok)"
                 continue
