@@ -200,6 +200,35 @@ def test_the_python_client_follows_across_an_api_restart_and_submits_once(
     client.close()
 
 
+def test_followers_that_join_mid_run_get_every_row_once(stack: Stack, make_token: Callable[..., str]) -> None:
+    """A follower reads what is stored, then listens: a row published before it listened but
+    written after it read (the worker writes in batches) used to be lost."""
+    url = stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1)
+    client = Client(url, make_token("alice"))
+    wait_for(lambda: client.request("GET", "/api/gpus"), 30, "the worker to register its GPUs")
+    job = client.submit({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 3000, "log_every": 2}})
+    wait_for(lambda: job.refresh().data.get("step"), 120, "the first metric rows", 0.1)
+
+    followers: list[list[dict]] = []
+    threads = []
+    for _ in range(6):  # joining at different points of the worker's write cycle
+        rows: list[dict] = []
+        followers.append(rows)
+        threads.append(threading.Thread(target=lambda rows=rows: rows.extend(client.events(job.id)), daemon=True))
+        threads[-1].start()
+        time.sleep(0.37)
+    for thread in threads:
+        thread.join(300)
+        assert not thread.is_alive()
+    assert job.refresh().state == "succeeded"
+    for rows in followers:
+        train = [row["step"] for row in rows if row["type"] == "metric"]
+        assert train == list(range(2, 3001, 2)), "every row once, in order"
+    client.close()
+
+
 def test_usage_and_fair_share_print_what_the_api_counts(
     stack: Stack,
     tmp_path: Path,

@@ -29,6 +29,9 @@ RETRY_STATUSES = (502, 503, 504)
 BACKOFF_MAX_S = 10.0
 FOLLOW_GIVE_UP_S = 300.0
 """How long following a job waits for an unreachable API (one restarting) before it gives up."""
+GAP_WAIT_S = 10.0
+"""How long a follower that just connected waits for the worker to store the rows published
+before it listened (it writes them every quarter of a second)."""
 
 
 class Client:
@@ -193,6 +196,16 @@ class Client:
                 return rows
             after = page[-1]["step"]
 
+    def _rows_before(self, job_id: int, split: str, after: int, step: int) -> list[dict[str, Any]]:
+        """The stored rows after step `after` and before `step`, read once the row at `step`
+        is stored too (the worker writes in order), or after GAP_WAIT_S."""
+        deadline = time.monotonic() + GAP_WAIT_S
+        while True:
+            rows = self._metrics_after(job_id, split, after)
+            if (rows and rows[-1]["step"] >= step) or time.monotonic() > deadline:
+                return [row for row in rows if row["step"] < step]
+            time.sleep(0.1)
+
     def events(self, job_id: int) -> Iterator[dict[str, Any]]:
         """The job's live events (`metric`, `eval`, `log`, `state`, each a dict with `type`)
         until it ends. When the connection drops (the API restarted) it reconnects with
@@ -211,6 +224,10 @@ class Client:
                 if job.state in FINAL_STATES:
                     yield {"type": "state", "state": job.state, "message": job.data.get("error")}
                     return
+                # The rows published before the stream listened but written after the read
+                # above (the worker writes in batches) came on neither: the first row of
+                # each split on this stream is preceded by those stored before it.
+                filling = {"train", "eval"}
                 for event in self._stream(job_id):
                     failures = 0
                     kind = event.get("type")
@@ -218,6 +235,11 @@ class Client:
                         split = "train" if kind == "metric" else "eval"
                         if event.get("step", -1) <= seen[split]:
                             continue
+                        if split in filling:
+                            filling.discard(split)
+                            for row in self._rows_before(job_id, split, seen[split], event["step"]):
+                                seen[split] = row["step"]
+                                yield {"type": kind, **row}
                         seen[split] = event["step"]
                     yield event
                     if kind == "state" and event.get("state") in FINAL_STATES:

@@ -32,8 +32,9 @@ Event = tuple[str, str]
 log = logging.getLogger(__name__)
 
 STREAM_QUEUE = 1000
-"""Messages one stream may have waiting; a client that reads slower than that misses the
-overflow (a page re-reads what it missed when it reconnects) instead of holding memory."""
+"""Messages one stream may have waiting. A client that reads slower than that is not held in
+memory: its stream ends there (what waited is dropped), and it reconnects and re-reads what
+it missed from the database, as after any reconnect."""
 STREAM_SLOT_TTL_S = 60.0
 """A stream's slot is refreshed at every keepalive (15 s); one not refreshed for this long
 belonged to a process that is gone."""
@@ -83,8 +84,9 @@ class StreamHub:
         self.ending = True
         for queue in {q for listeners in self.queues.values() for q in listeners}:
             if queue.full():
-                queue.get_nowait()  # it misses one message, as a slow reader does
-            queue.put_nowait(END)
+                _end_overflowed(queue)
+            else:
+                queue.put_nowait(END)
 
     async def close(self) -> None:
         if self.reader is not None:
@@ -109,8 +111,18 @@ class StreamHub:
             data = _text(message["data"])
             event = (kind_of(data), data)  # read once here, not by each of the channel's streams
             for queue in list(self.queues.get(channel, ())):
-                with contextlib.suppress(asyncio.QueueFull):  # a slow reader misses it (STREAM_QUEUE)
+                try:
                     queue.put_nowait(event)
+                except asyncio.QueueFull:  # a slow reader (STREAM_QUEUE): its stream ends
+                    _end_overflowed(queue)
+
+
+def _end_overflowed(queue: asyncio.Queue[Event]) -> None:
+    """A stream that would miss a message ends instead, so its client knows to re-read: a
+    silent gap in a live chart, or in a script's rows, would be believed."""
+    while not queue.empty():
+        queue.get_nowait()
+    queue.put_nowait(END)
 
 
 def _text(value: bytes | str) -> str:

@@ -26,6 +26,9 @@ import { artifactsOf, codeOf } from "./job-files.js";
 
 const FINAL = ["succeeded", "failed", "cancelled"];
 const LOG_LINES_SHOWN = 1000;
+// How long the first live point after a (re)connect waits for the points before it to be stored.
+const GAP_TRIES = 20;
+const GAP_RETRY_MS = 500;
 
 export async function render(main, params) {
   await session.ready;
@@ -142,19 +145,32 @@ export async function render(main, params) {
         }
       });
   };
-  // The points stored between the first load and the stream's start came on no stream.
-  const fillGap = async () => {
-    const after = series.steps.length ? series.steps.at(-1) : -1;
-    for (const split of ["train", "eval"]) series.add(await metricsOverview(id, split, { min: after + 1, max: 2 ** 31 - 1 }));
+  // The points stored between the first load and the stream's start came on no stream; nor
+  // did those published before it listened but stored after (the worker writes in batches):
+  // the first live point after each (re)connect is preceded by what is stored up to it.
+  let openedAfter = null;
+  const fillGap = async (after, upTo = 2 ** 31 - 1) => {
+    for (let tries = 1; ; tries++) {
+      const rows = await metricsOverview(id, "train", { min: after + 1, max: upTo });
+      series.add(rows);
+      if (upTo === 2 ** 31 - 1 || rows.some((row) => row.step >= upTo) || tries === GAP_TRIES) break;
+      await new Promise((resolve) => setTimeout(resolve, GAP_RETRY_MS));
+    }
+    series.add(await metricsOverview(id, "eval", { min: after + 1, max: upTo }));
     later(() => {});
   };
   const stop = stream(`api/jobs/${id}/stream`, {
     open: () => {
       catchUp();
-      fillGap().catch(reportError("Loading the latest metrics", problem));
+      openedAfter = series.steps.length ? series.steps.at(-1) : -1;
+      fillGap(openedAfter).catch(reportError("Loading the latest metrics", problem));
     },
     metric: (point) =>
       later(() => {
+        if (openedAfter !== null && point.step > openedAfter + 1) {
+          fillGap(openedAfter, point.step).catch(reportError("Loading the latest metrics", problem));
+        }
+        openedAfter = null;
         if (job.state !== "running" && !FINAL.includes(job.state)) catchUp();
         series.add([{ ...point, split: "train" }]);
         if (point.step >= (job.step ?? 0)) {
