@@ -272,3 +272,49 @@ def test_usage_and_fair_share_print_what_the_api_counts(
     assert fair.returncode == 0, fair.stderr
     rows = {line.split()[0]: line.split() for line in fair.stdout.splitlines()[2:]}
     assert rows["alice"][-1] == "-" and rows["bob"][3] == "1" and rows["bob"][-1] != "-"  # only bob is present
+
+
+def test_groups_from_the_command_line(
+    stack: Stack, tmp_path: Path, make_token: Callable[..., str], add_host: Callable[..., None]
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    admin, member = tmp_path / "admin", tmp_path / "member"
+    assert towerq(admin, "login", url, "--token", make_token("root", True)).returncode == 0
+    assert towerq(member, "login", url, "--token", make_token("alice")).returncode == 0
+
+    assert "no groups yet" in towerq(member, "group", "list").stdout
+    made = towerq(admin, "group", "create", "vision", "--share", "2", "--max-gpus", "3")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.splitlines()[1].split()[:3] == ["vision", "2", "3"]
+    assert towerq(admin, "group", "create", "nlp", "--max-gpu-hours", "40").returncode == 0
+    refused = towerq(member, "group", "create", "mine")
+    assert refused.returncode == 1 and "admin" in refused.stderr, refused.stderr
+    bad = towerq(admin, "group", "set", "vision", "--max-gpus", "lots")
+    assert bad.returncode == 2 and "--max-gpus takes a number or `none`" in bad.stderr
+    assert towerq(admin, "group", "add", "vision", "alice").returncode == 0
+    assert towerq(admin, "group", "add", "nlp", "alice", "--default").returncode == 0
+    lines = {line.split()[0]: line for line in towerq(member, "group", "list").stdout.splitlines()[1:]}
+    assert lines["nlp"].endswith("alice*") and lines["vision"].endswith("alice")
+    assert "0.0 / 40" in lines["nlp"]
+    unset = towerq(admin, "group", "set", "vision", "--max-gpus", "none")
+    assert unset.returncode == 0 and unset.stdout.splitlines()[1].split()[2] == "-"
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": "mlp", "dataset": "digits"}))
+    submitted = towerq(member, "submit", str(spec), "--group", "vision", "-o", "json")
+    assert submitted.returncode == 0, submitted.stderr
+    default = towerq(member, "submit", str(spec))
+    assert default.returncode == 0
+    groups = [job["group"] for job in json.loads(towerq(member, "jobs", "-o", "json").stdout)["items"]]
+    assert sorted(groups) == ["nlp", "vision"]
+    outsider = towerq(member, "submit", str(spec), "--group", "robots")
+    assert outsider.returncode == 1 and "there is no group 'robots'" in outsider.stderr
+
+    tree = towerq(member, "fair-share").stdout.splitlines()
+    assert [line.split()[0] for line in tree[2:]] == ["[nlp]", "alice", "[vision]", "alice"], tree
+    assert "0.0 of 40 GPU-h this week" in tree[2]
+    usage = json.loads(towerq(member, "usage", "--by", "group", "-o", "json").stdout)
+    assert usage["by"] == "group"
+    held = towerq(admin, "group", "delete", "vision")
+    assert held.returncode == 1 and "waiting or running" in held.stderr

@@ -163,13 +163,38 @@ class Client:
         return list(self.request("GET", "/api/gpus"))
 
     def usage(self, since: str, until: str | None = None, by: str = "user") -> dict[str, Any]:
-        """GPU hours, jobs and waits per user (or host) between two ISO times."""
+        """GPU hours, jobs and waits per user (or host, or group) between two ISO times."""
         params = {"since": since, "by": by} | ({"until": until} if until else {})
         return dict(self.request("GET", "/api/usage", params=params))
 
     def fair_share(self) -> dict[str, Any]:
-        """Each user's decayed usage, share and the rank term the scheduler gives them."""
+        """Each user's (and group's) decayed usage, share and the rank term the scheduler
+        gives them: `users` and `groups`."""
         return dict(self.request("GET", "/api/fair-share"))
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def groups(self) -> list[dict[str, Any]]:
+        """Every group: share, quotas, GPU hours in the last 7 days, members."""
+        return list(self.request("GET", "/api/groups"))
+
+    def create_group(self, name: str, **fields: Any) -> dict[str, Any]:
+        """A new group (admins): `share`, `max_gpus`, `max_gpu_hours_week`."""
+        return dict(self.request("POST", "/api/groups", json={"name": name, **fields}))
+
+    def change_group(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Change a group's share or quotas (admins); a quota given as None is taken away."""
+        return dict(self.request("PATCH", f"/api/groups/{name}", json=fields))
+
+    def delete_group(self, name: str) -> None:
+        self.request("DELETE", f"/api/groups/{name}")
+
+    def add_to_group(self, name: str, user: str, default: bool = False) -> dict[str, Any]:
+        """Put a user in a group (admins); `default`: their jobs run in it when they name none."""
+        return dict(self.request("PUT", f"/api/groups/{name}/members/{user}", json={"default": default}))
+
+    def remove_from_group(self, name: str, user: str) -> dict[str, Any]:
+        return dict(self.request("DELETE", f"/api/groups/{name}/members/{user}"))
 
     def metrics(self, job_id: int, split: str | None = None, *, as_frame: bool = False) -> Any:
         """Every metric row of a job (a list of dicts; a pandas DataFrame with `as_frame`)."""

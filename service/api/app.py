@@ -30,6 +30,7 @@ from service.api.routes import (
     code,
     datasets,
     gpus,
+    groups,
     health,
     jobs,
     session,
@@ -215,7 +216,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
     for module in (
-        jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, health, session, catalog, usage,
+        jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, groups, health, session, catalog,
+        usage,
     ):  # fmt: skip
         app.include_router(module.router)
     uploads = {

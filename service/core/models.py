@@ -116,6 +116,40 @@ class User(Base):
         return sum(1 for token in self.tokens if token.revoked_at is None)
 
 
+class Group(Base):
+    """A part of the lab (a sub-group, a project) that shares its GPUs by agreement: its
+    share weighs it against the other groups, and its quotas cap it."""
+
+    __tablename__ = "groups"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    share: Mapped[float] = mapped_column(Float, default=1.0)
+    max_gpus: Mapped[float | None] = mapped_column(Float, default=None)
+    """At most this many GPUs at once (fractions count as such); None: no cap."""
+    max_gpu_hours_week: Mapped[float | None] = mapped_column(Float, default=None)
+    """At most this many GPU hours in any 7 days; None: no cap."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    members: Mapped[list[GroupMember]] = relationship(
+        back_populates="group", cascade="all, delete-orphan", order_by="GroupMember.id"
+    )
+
+
+class GroupMember(Base):
+    __tablename__ = "group_members"
+    __table_args__ = (UniqueConstraint("group_id", "user_id", name="uq_group_members_group_user"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The group the user's jobs run in when they name none."""
+
+    group: Mapped[Group] = relationship(back_populates="members")
+    user: Mapped[User] = relationship()
+
+
 class ApiToken(Base):
     __tablename__ = "api_tokens"
 
@@ -191,6 +225,9 @@ class Job(Base):
     """The jobs it waits for (its spec's `after`, sweeps resolved to their jobs at submit)."""
     after_condition: Mapped[str | None] = mapped_column(String(16), default=None)
     """`afterok` (each must succeed) or `afterany` (each must end); None: it waits for none."""
+    group: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
+    """The group it runs in (its spec's `group`, or its owner's default group at submit);
+    a name, not a key, so usage by group outlives a deleted group."""
 
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     """The current attempt's number: 1 at submit, raised each time the job is requeued."""

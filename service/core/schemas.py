@@ -51,6 +51,7 @@ class JobOut(Out):
     id: int
     name: str
     user: str = Field(validation_alias=AliasPath("user", "name"))
+    group: str | None = Field(default=None, description="the group it runs in (its share and quotas)")
     state: str
     priority: str
     spec: dict[str, Any]
@@ -198,23 +199,47 @@ class UsageOut(BaseModel):
 
 class FairShareUserOut(BaseModel):
     user: str
+    group: str | None = None
+    """The group these figures are within (a user with jobs in several has a row in each)."""
     share: float
     usage_gpu_hours: float
     """Decayed GPU hours (half-life `TOWERQ_FAIR_SHARE_HALF_LIFE_S`)."""
     running_gpus: float
     queued_jobs: int
     owed: float | None
-    """Their share among the users present (queued or running), 0..1; None when absent."""
+    """Their share among the users present (queued or running) in their group, 0..1; None
+    when absent."""
     used: float | None
-    """Their part of the present users' use, running jobs' likely rest included."""
+    """Their part of the use of those users, running jobs' likely rest included."""
     term: float | None
-    """What the scheduler adds to their jobs' rank now (0 to 1; lower goes first)."""
+    """What the scheduler adds to their jobs' rank now (lower goes first): their own term
+    within their group (0 to 1), plus their group's (0 to 1) when several groups are present."""
+
+
+class FairShareGroupOut(BaseModel):
+    group: str | None
+    """None: the jobs that run in no group, as one group of share 1."""
+    share: float
+    usage_gpu_hours: float
+    running_gpus: float
+    queued_jobs: int
+    owed: float | None
+    """Its share among the groups present, 0..1; None when absent."""
+    used: float | None
+    term: float | None
+    """The group's part of its users' terms (0 to 1; 0 while it is the only group present)."""
+    max_gpus: float | None = None
+    max_gpu_hours_week: float | None = None
+    gpu_hours_week: float | None = None
+    """GPU hours in the last 7 days, for a group with an hour quota."""
 
 
 class FairShareOut(BaseModel):
     as_of: datetime
     half_life_s: float
     users: list[FairShareUserOut]
+    groups: list[FairShareGroupOut] = []
+    """Empty while the lab has no groups."""
 
 
 class HeldOut(BaseModel):

@@ -21,6 +21,7 @@ from service.jobs.dependencies import resolve_after
 from service.jobs.intake import Submission, SubmissionWriter, store_submissions
 from service.jobs.read import get_job, job_detail, job_detail_of_new
 from service.lab.auth import Caller
+from service.lab.groups import resolve_group
 from service.lab.hosts import HostInventory
 from service.notifications import outbound
 from service.uploads import code as code_bundles
@@ -51,6 +52,7 @@ def submit(
         spec.hyperparameters.seed = secrets.randbelow(2**31)
     with db.read() as session:
         after = resolve_after(session, caller, spec)
+        spec.group = resolve_group(session, caller, spec.group)
     row = new_job(caller, spec, host, settings, idempotency_key)
     row["sweep_id"] = sweep_id
     row["after_jobs"] = after
@@ -108,6 +110,7 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         gpu_memory_fraction=spec.gpu_memory_fraction,
         requested_host=host,
         requested_gpus=spec.gpus,
+        group=spec.group,
         time_limit_s=spec.time_limit_s,
         total_steps=spec.hyperparameters.steps,
         max_attempts=spec.max_attempts or settings.max_attempts,

@@ -24,12 +24,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.lifecycle import host_of_running
-from service.core.models import Allocation, Gpu, Host, Job, JobEvent, JobState, User
-from service.core.schemas import FairShareUserOut
+from service.core.models import Allocation, Gpu, Group, Host, Job, JobEvent, JobState, User
+from service.core.schemas import FairShareGroupOut, FairShareUserOut
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.snapshot import live_inputs
 
-BY = ("user", "host")
+BY = ("user", "host", "group")
+NO_GROUP = "(no group)"
+"""The key of the jobs that ran in no group, in a report by group (no group has this name)."""
 
 
 @dataclass
@@ -46,11 +48,12 @@ class UsageRow:
 
 
 def usage_report(session: Session, since: datetime, until: datetime, by: str, now: datetime) -> list[UsageRow]:
-    """Usage per user or host in [since, until], most GPU hours first."""
-    key = User.name if by == "user" else Host.name
+    """Usage per user, host or group in [since, until], most GPU hours first."""
+    key = {"user": User.name, "host": Host.name, "group": Job.group}[by]
     rows: dict[str, UsageRow] = {}
 
-    def row(name: str) -> UsageRow:
+    def row(name: str | None) -> UsageRow:
+        name = NO_GROUP if name is None else name
         return rows.setdefault(name, UsageRow(name))
 
     held = session.execute(
@@ -84,7 +87,7 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
     for name, submitted, started in starts:
         row(name).waits.append(max(0.0, (started - submitted).total_seconds()))
     for attempt in placed_elsewhere(session, since, until, now):
-        entry = row(attempt.user if by == "user" else attempt.host)
+        entry = row({"user": attempt.user, "host": attempt.host, "group": attempt.group}[by])
         seconds = (min(attempt.end, until) - max(attempt.start, since)).total_seconds()
         entry.gpu_hours += attempt.gpus * max(0.0, seconds) / 3600
         entry.job_ids.add(attempt.job_id)
@@ -105,6 +108,7 @@ class ClusterAttempt:
 
     job_id: int
     user: str
+    group: str | None
     host: str
     gpus: int
     submitted: datetime
@@ -124,7 +128,7 @@ def placed_elsewhere(session: Session, since: datetime, until: datetime, now: da
         .where(~allocated, Job.started_at.is_not(None), Job.started_at < until)
         .where((Job.finished_at.is_(None)) | (Job.finished_at > since))
     )
-    columns = (JobEvent.job_id, JobEvent.state, JobEvent.time, JobEvent.message, User.name, Job.gpu_count)
+    columns = (JobEvent.job_id, JobEvent.state, JobEvent.time, JobEvent.message, User.name, Job.group, Job.gpu_count)
     events = session.execute(
         select(*columns, Job.created_at)
         .join(Job, JobEvent.job_id == Job.id)
@@ -135,7 +139,7 @@ def placed_elsewhere(session: Session, since: datetime, until: datetime, now: da
     attempts: list[ClusterAttempt] = []
     running: ClusterAttempt | None = None
     started: set[int] = set()
-    for job_id, state, time, message, user, gpus, submitted in events:
+    for job_id, state, time, message, user, group, gpus, submitted in events:
         if running is not None:
             if running.job_id == job_id:
                 running.end = time  # the event after `running` ends that attempt
@@ -143,7 +147,8 @@ def placed_elsewhere(session: Session, since: datetime, until: datetime, now: da
             running = None
         if state == JobState.RUNNING:
             first = job_id not in started
-            running = ClusterAttempt(job_id, user, host_of_running(message), gpus, submitted, time, now, first)
+            host = host_of_running(message)
+            running = ClusterAttempt(job_id, user, group, host, gpus, submitted, time, now, first)
             started.add(job_id)
     if running is not None:
         attempts.append(running)
@@ -159,32 +164,61 @@ def percentile(values: list[float], p: float) -> float:
 
 def fair_share_report(
     session: Session, half_life_s: float, default_limit: int | None, now: datetime
-) -> list[FairShareUserOut]:
-    """Every user with usage or jobs, as the policy would rank them in a pass now."""
+) -> tuple[list[FairShareUserOut], list[FairShareGroupOut]]:
+    """Every user with usage or jobs (a row per group they have jobs in), and every group,
+    as the policy would rank them in a pass now."""
     queued, cluster, fair_share, _ = live_inputs(session, half_life_s, default_limit, now)
     usage = fair_share.usage
-    present = {job.user for job in queued} | {job.user for job in cluster.running}
-    terms = FairShareTerms(fair_share, cluster.running, {job.user for job in queued}, now.timestamp())
-    running: dict[str, float] = defaultdict(float)
+    terms = FairShareTerms(fair_share, cluster.running, queued, now.timestamp())
+    running: dict[tuple[str, str | None], float] = defaultdict(float)
     for job in cluster.running:
-        running[job.user] += job.gpu_load
-    waiting: dict[str, int] = defaultdict(int)
+        running[(job.user, job.group)] += job.gpu_load
+    waiting: dict[tuple[str, str | None], int] = defaultdict(int)
     for queued_job in queued:
-        waiting[queued_job.user] += 1
-    users = sorted(present | {user for user, value in usage.items() if value > 0})
-    return [
+        waiting[(queued_job.user, queued_job.group)] += 1
+    present = set(running) | set(waiting)
+    present_users = {user for user, _ in present}
+    absent: set[tuple[str, str | None]] = {(u, None) for u, v in usage.items() if v > 0 and u not in present_users}
+    users = [
         FairShareUserOut(
             user=user,
+            group=group,
             share=fair_share.share(user),
             usage_gpu_hours=usage.get(user, 0.0) / 3600,
-            running_gpus=running[user],
-            queued_jobs=waiting[user],
-            owed=terms.owed(user) if user in present else None,
-            used=terms.used_part(user) if user in present else None,
-            term=terms.term(user) if user in present else None,
+            running_gpus=running[(user, group)],
+            queued_jobs=waiting[(user, group)],
+            owed=terms.owed(user, group) if (user, group) in present else None,
+            used=terms.used_part(user, group) if (user, group) in present else None,
+            term=terms.term(user, group) if (user, group) in present else None,
         )
-        for user in users
+        for user, group in sorted(present | absent, key=lambda a: (a[1] or "", a[0]))
     ]
+    configured = session.execute(select(Group.name, Group.max_gpus, Group.max_gpu_hours_week)).all()
+    if not configured:
+        return users, []
+    caps = {name: (max_gpus, hours) for name, max_gpus, hours in configured}
+    names: set[str | None] = {*caps, *(group for _, group in present | absent)}
+    groups = []
+    for group in sorted(names, key=lambda g: (g is None, g or "")):
+        max_gpus, max_hours = caps.get(group, (None, None)) if group is not None else (None, None)
+        hours = fair_share.group_hours.get(group) if group is not None else None
+        here = group in terms.members
+        groups.append(
+            FairShareGroupOut(
+                group=group,
+                share=fair_share.group_share(group),
+                usage_gpu_hours=fair_share.group_usage.get(group, 0.0) / 3600,
+                running_gpus=sum(v for (_, g), v in running.items() if g == group),
+                queued_jobs=sum(v for (_, g), v in waiting.items() if g == group),
+                owed=terms.group_owed(group) if here else None,
+                used=terms.group_used_part(group) if here else None,
+                term=terms.group_term(group) if here else None,
+                max_gpus=max_gpus,
+                max_gpu_hours_week=max_hours,
+                gpu_hours_week=hours[0] if hours is not None else None,
+            )
+        )
+    return users, groups
 
 
 @dataclass

@@ -59,6 +59,7 @@ def estimate(session: Session, settings: Settings, user: str, spec: JobSpec, hos
         host=host,
         indices=tuple(spec.gpus) if spec.gpus else None,
         limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
+        group=spec.group,
     )
     history.annotate([candidate], [])
     config = policy_config(settings)

@@ -61,6 +61,12 @@ def describe(reason: Reason, now: float) -> str:
         case Wait.USER_LIMIT:
             user, used, limit = a
             return f"user limit: {user} uses {used:g} of {limit:g} GPUs"
+        case Wait.GROUP_LIMIT:
+            group, used, limit = a
+            return f"group quota: {group} uses {used:g} of its {limit:g} GPUs"
+        case Wait.GROUP_HOURS:
+            group, used, quota = a
+            return f"group quota: {group} used {used:,.1f} of its {quota:g} GPU hours in the last 7 days"
         case Wait.BEHIND:
             return f"behind job {a[0]} (strict FIFO)"
         case Wait.RESERVED:

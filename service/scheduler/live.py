@@ -102,7 +102,7 @@ class LiveScheduler:
             queued = [q for q in queued if q.id not in held and q.id not in never]
             cluster, _ = read_cluster(session)
             usage = self.ledger.usage(session, now)
-            fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit)
+            fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit, now)
         cancel_never(self.ctx, never)
         self.ledger.history.annotate(queued, cluster.running)
         decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)

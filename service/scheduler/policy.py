@@ -101,8 +101,11 @@ class _Pass:
         self.position = 0
         self.reservations = 0
         self.load: dict[str, float] = defaultdict(float)
+        self.group_load: dict[str, float] = defaultdict(float)
         for running in cluster.running:
             self.load[running.user] += running.gpu_load
+            if running.group is not None:
+                self.group_load[running.group] += running.gpu_load
         self.blocker: QueuedJob | None = None
         self.reservable: set[int] = set()
         self._reasons: dict[tuple[object, ...], Reason] = {}
@@ -119,7 +122,7 @@ class _Pass:
 
     def run(self) -> Decision:
         if self.config.policy == Policy.TOWERQ:
-            terms = FairShareTerms(self.fair_share, self.cluster.running, {j.user for j in self.queued}, self.now)
+            terms = FairShareTerms(self.fair_share, self.cluster.running, self.queued, self.now)
             self.terms = terms
             seen: set[int] = set()
             # Starving gang jobs take reservations by age, not rank, and the eldest goes
@@ -198,11 +201,21 @@ class _Pass:
         limit = self.fair_share.limit(job.user)
         if limit is not None and self.load[job.user] + job.gpus * job.fraction > limit + EPSILON:
             return Reason(Wait.USER_LIMIT, (job.user, self.load[job.user], limit))
+        if job.group is not None:
+            hours = self.fair_share.group_hours.get(job.group)
+            if hours is not None and hours[0] >= hours[1]:
+                return Reason(Wait.GROUP_HOURS, (job.group, *hours))
+            cap = self.fair_share.group_limits.get(job.group)
+            used = self.group_load[job.group]
+            if cap is not None and used + job.gpus * job.fraction > cap + EPSILON:
+                return Reason(Wait.GROUP_LIMIT, (job.group, used, cap))
         return None
 
     def _place(self, job: QueuedJob, slots: Slots) -> None:
         self.free.take(slots, job.fraction)
         self.load[job.user] += job.gpus * job.fraction
+        if job.group is not None:
+            self.group_load[job.group] += job.gpus * job.fraction
         self.decision.placements.append(Placement(job.id, slots))
         self.position -= 1
 
@@ -241,7 +254,7 @@ class _Pass:
         return known
 
     def _rank_key(self, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
-        return (base_rank(job, self.now, self.config) + terms.term(job.user), job.submitted, job.id)
+        return (base_rank(job, self.now, self.config) + terms.term(job.user, job.group), job.submitted, job.id)
 
     def _reserve_for_rest(self, rest: list[QueuedJob], terms: FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
@@ -296,7 +309,8 @@ class _Pass:
         use is over their part of the shares) stops only their own jobs. Within a pass,
         victims only get fewer and free GPUs scarcer, so a shape that found none finds none
         later in the pass either."""
-        own_only = self.terms is not None and self.terms.used_part(job.user) > self.terms.owed(job.user)
+        terms = self.terms
+        own_only = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
         shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
         if not self._sliceable or shape in self._no_victims:
             return None

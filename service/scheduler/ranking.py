@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from service.scheduler.capacity import expected_end
 from service.scheduler.types import (
@@ -92,55 +92,97 @@ def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, flo
 
 
 def rank_order(jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig) -> Iterator[QueuedJob]:
-    """Jobs by rank. Within a user the order never changes (waiting lifts all alike), so
-    each user's jobs are sorted once and merged by a heap keyed on the user's current term,
-    which `terms.started` raises as the pass starts their jobs."""
-    per_user: dict[str, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
+    """Jobs by rank. Within an account (a user in a group) the order never changes (waiting
+    lifts all alike), so each account's jobs are sorted once and merged by a heap keyed on
+    the account's current term, which `terms.started` raises as the pass starts its jobs."""
+    per_account: dict[Account, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
     for job in jobs:
-        per_user[job.user].append((base_rank(job, now, config), job.submitted, job.id, job))
+        per_account[(job.user, job.group)].append((base_rank(job, now, config), job.submitted, job.id, job))
     heap = []
-    for user, user_jobs in per_user.items():
-        user_jobs.sort(key=_first_three)
-        base, submitted, job_id, _ = user_jobs[0]
-        heap.append((base + terms.term(user), submitted, job_id, user, 0))
+    for order, (account, account_jobs) in enumerate(per_account.items()):
+        account_jobs.sort(key=_first_three)
+        base, submitted, job_id, _ = account_jobs[0]
+        heap.append((base + terms.term(*account), submitted, job_id, order, account, 0))
     heapq.heapify(heap)
     while heap:
-        _, _, _, user, k = heapq.heappop(heap)
-        user_jobs = per_user[user]
-        yield user_jobs[k][3]
-        if k + 1 < len(user_jobs):
-            base, submitted, job_id, _ = user_jobs[k + 1]
-            heapq.heappush(heap, (base + terms.term(user), submitted, job_id, user, k + 1))
+        _, _, _, order, account, k = heapq.heappop(heap)
+        account_jobs = per_account[account]
+        yield account_jobs[k][3]
+        if k + 1 < len(account_jobs):
+            base, submitted, job_id, _ = account_jobs[k + 1]
+            heapq.heappush(heap, (base + terms.term(*account), submitted, job_id, order, account, k + 1))
+
+
+Account = tuple[str, str | None]
+"""A user and the group their job runs in (None: no group)."""
 
 
 class FairShareTerms:
-    """Each user's fair-share term (see the module docstring)."""
+    """The fair-share term of each account, in two levels as Slurm's fair tree: between the
+    groups present by their shares, then between the users present in each group by theirs.
+    An account's term is its group's term plus its user's term within the group, each
+    `1 - 2**(-used/owed)` (0 to 1), so an over-served group and an over-served user weigh
+    alike. Jobs without a group are one group of their own (share 1). Without groups every
+    job is in that one group, whose term is 0: the order and the terms are the users' alone.
+    A user's use counts all their jobs, whichever group they ran in."""
 
-    def __init__(self, fair_share: FairShare, running: list[RunningJob], queued_users: set[str], now: float) -> None:
+    def __init__(
+        self, fair_share: FairShare, running: list[RunningJob], queued: Iterable[QueuedJob], now: float
+    ) -> None:
         self.fair_share = fair_share
         self.used: dict[str, float] = defaultdict(float)
-        for job in running:
-            self.used[job.user] += job.gpu_load * (expected_end(job, now) - now)
-        users = queued_users | set(self.used)
+        self.group_used: dict[str | None, float] = defaultdict(float)
+        self.members: dict[str | None, set[str]] = defaultdict(set)
+        """Each group present (queued or running jobs in it), with its users present."""
+        for run in running:
+            likely = run.gpu_load * (expected_end(run, now) - now)
+            self.used[run.user] += likely
+            self.group_used[run.group] += likely
+            self.members[run.group].add(run.user)
+        for job in queued:
+            self.members[job.group].add(job.user)
+        users: set[str] = set().union(*self.members.values())
         for user in users:
             self.used[user] += fair_share.usage.get(user, 0.0)
-        self.total_share = sum(fair_share.share(u) for u in users) or 1.0
-        # Fixed for the pass, so every user's term stays comparable as jobs start; never
-        # below one typical job's use, so the first job started counts when nobody has
-        # used anything yet.
-        self.total_used = max(sum(self.used[u] for u in users), DEFAULT_RUN_S)
+        for group in self.members:
+            self.group_used[group] += fair_share.group_usage.get(group, 0.0)
+        # Fixed for the pass, so every term stays comparable as jobs start; never below one
+        # typical job's use, so the first job started counts when nobody has used anything.
+        self.total_share = sum(fair_share.group_share(g) for g in self.members) or 1.0
+        self.total_used = max(sum(self.group_used[g] for g in self.members), DEFAULT_RUN_S)
+        self.member_share = {g: sum(fair_share.share(u) for u in us) or 1.0 for g, us in self.members.items()}
+        self.member_used = {g: max(sum(self.used[u] for u in us), DEFAULT_RUN_S) for g, us in self.members.items()}
 
     def started(self, job: QueuedJob) -> None:
         run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
         self.used[job.user] += job.gpus * job.fraction * run_s
+        self.group_used[job.group] += job.gpus * job.fraction * run_s
 
-    def owed(self, user: str) -> float:
-        """The user's share among the users present."""
-        return self.fair_share.share(user) / self.total_share
+    def group_owed(self, group: str | None) -> float:
+        """The group's share among the groups present."""
+        return self.fair_share.group_share(group) / self.total_share
 
-    def used_part(self, user: str) -> float:
-        """The user's part of the present users' use (decayed, plus their running jobs' likely rest)."""
-        return self.used[user] / self.total_used
+    def group_used_part(self, group: str | None) -> float:
+        return self.group_used[group] / self.total_used
 
-    def term(self, user: str) -> float:
-        return 1.0 - 2.0 ** (-self.used_part(user) / self.owed(user))
+    def group_term(self, group: str | None) -> float:
+        """0 while one group alone is present (it has nobody to be weighed against: a lab
+        without groups sees the users' terms alone, 0 to 1)."""
+        if len(self.members) < 2:
+            return 0.0
+        return 1.0 - 2.0 ** (-self.group_used_part(group) / self.group_owed(group))
+
+    def owed(self, user: str, group: str | None = None) -> float:
+        """The user's share among the users present in their group."""
+        return self.fair_share.share(user) / self.member_share.get(group, 1.0)
+
+    def used_part(self, user: str, group: str | None = None) -> float:
+        """The user's part of the use of the users present in their group (decayed, plus
+        their running jobs' likely rest)."""
+        return self.used[user] / self.member_used.get(group, DEFAULT_RUN_S)
+
+    def user_term(self, user: str, group: str | None = None) -> float:
+        return 1.0 - 2.0 ** (-self.used_part(user, group) / self.owed(user, group))
+
+    def term(self, user: str, group: str | None = None) -> float:
+        return self.group_term(group) + self.user_term(user, group)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -14,6 +14,7 @@ from service.core.models import (
     UNSUCCESSFUL_STATES,
     Allocation,
     Gpu,
+    Group,
     Host,
     HostState,
     Job,
@@ -70,6 +71,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
             Job.reserved_start_at,
             Job.expected_start_at,
             Job.expected_host,
+            Job.group,
         )
         .join(User, Job.user_id == User.id)
         .where(Job.state == JobState.QUEUED)
@@ -89,6 +91,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 indices=tuple(r.requested_gpus) if r.requested_gpus is not None else None,
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
                 served_gpu_s=served.get(r.id, 0.0),
+                group=r.group,
             )
         )
         current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at, r.expected_start_at, r.expected_host)
@@ -128,6 +131,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.time_limit_s,
             Job.cancel_requested_at,
             Job.preempt_requested_at,
+            Job.group,
         )
         .join(Gpu, Allocation.gpu_id == Gpu.id)
         .join(Host, Allocation.host_id == Host.id)
@@ -155,20 +159,60 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
                 stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
                 served_gpu_s=served.get(r.job_id, 0.0),
+                group=r.group,
             )
     for job_id, running in by_job.items():
         running.indices = tuple(sorted(indices[job_id]))
     return list(by_job.values())
 
 
-def read_fair_share(session: Session, usage: dict[str, float], default_limit: int | None) -> FairShare:
+def read_fair_share(
+    session: Session,
+    usage: tuple[dict[str, float], dict[str | None, float]],
+    default_limit: int | None,
+    now: datetime,
+) -> FairShare:
+    """Users' and groups' usage (the ledger's), shares and limits; and each group with a
+    GPU-hour quota, its GPU hours in the last `QUOTA_WINDOW`."""
     users = session.execute(select(User.name, User.share, User.gpu_limit)).all()
+    groups = session.execute(select(Group.name, Group.share, Group.max_gpus, Group.max_gpu_hours_week)).all()
+    quotas = {g.name: g.max_gpu_hours_week for g in groups if g.max_gpu_hours_week is not None}
     return FairShare(
-        usage=usage,
+        usage=usage[0],
         shares={u.name: u.share for u in users},
         limits={u.name: float(u.gpu_limit) for u in users if u.gpu_limit is not None},
         default_limit=float(default_limit) if default_limit is not None else None,
+        group_usage=usage[1],
+        group_shares={g.name: g.share for g in groups},
+        group_limits={g.name: g.max_gpus for g in groups if g.max_gpus is not None},
+        group_hours={name: (used, quotas[name]) for name, used in group_gpu_hours(session, now, set(quotas)).items()},
     )
+
+
+QUOTA_WINDOW = timedelta(days=7)
+"""A group's GPU-hour quota counts the hours it held GPUs in any window this long (the last)."""
+
+
+def group_gpu_hours(session: Session, now: datetime, groups: set[str] | None = None) -> dict[str, float]:
+    """GPU hours each group's jobs held in the last QUOTA_WINDOW, running ones up to `now`
+    (every group asked about has an entry; `None`: every group with any)."""
+    since = now - QUOTA_WINDOW
+    query = (
+        select(Job.group, Allocation.fraction, Allocation.created_at, Allocation.released_at)
+        .join(Job, Allocation.job_id == Job.id)
+        .where(Job.group.is_not(None))
+        .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
+    )
+    if groups is not None:
+        if not groups:
+            return {}
+        query = query.where(Job.group.in_(groups))
+    hours: dict[str, float] = dict.fromkeys(groups or (), 0.0)
+    for group, fraction, created_at, released_at in session.execute(query):
+        if group is not None:  # excluded by the query; tells the type checker
+            seconds = ((released_at or now) - max(created_at, since)).total_seconds()
+            hours[group] = hours.get(group, 0.0) + fraction * max(0.0, seconds) / 3600
+    return hours
 
 
 def free_room(session: Session, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[Gpu, float]]:
@@ -207,7 +251,7 @@ def live_inputs(
     queued = [q for q in queued if q.id not in held and q.id not in never]
     cluster, _ = read_cluster(session)
     ledger.history.annotate(queued, cluster.running)
-    return queued, cluster, read_fair_share(session, usage, default_limit), ledger.history
+    return queued, cluster, read_fair_share(session, usage, default_limit, now), ledger.history
 
 
 def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:

@@ -48,6 +48,8 @@ class QueuedJob:
     """Its owner's median run time lately; None when unknown."""
     served_gpu_s: float = 0.0
     """GPU-seconds its earlier attempts ran (0 for a job that never ran)."""
+    group: str | None = None
+    """The group it runs in (its share and quotas); None: none."""
 
     @property
     def likely_run_s(self) -> float | None:
@@ -75,6 +77,7 @@ class RunningJob:
     """Its owner's median run time lately; None when unknown."""
     served_gpu_s: float = 0.0
     """GPU-seconds its earlier attempts ran (not counting this one)."""
+    group: str | None = None
 
     def served(self, now: float) -> float:
         """GPU-seconds it has run so far, earlier attempts included."""
@@ -124,18 +127,29 @@ class Cluster:
 
 @dataclass(slots=True)
 class FairShare:
-    """Each user's decayed GPU-seconds (`usage`), share (default 1) and GPU limit."""
+    """Each user's decayed GPU-seconds (`usage`), share (default 1) and GPU limit; each
+    group's decayed GPU-seconds, share (default 1), GPU limit, and GPU-hour quota with the
+    hours it used in the quota's window."""
 
     usage: dict[str, float] = field(default_factory=dict)
     shares: dict[str, float] = field(default_factory=dict)
     limits: dict[str, float] = field(default_factory=dict)
     default_limit: float | None = None
+    group_usage: dict[str | None, float] = field(default_factory=dict)
+    """Decayed GPU-seconds of each group's jobs (None: the jobs without a group)."""
+    group_shares: dict[str, float] = field(default_factory=dict)
+    group_limits: dict[str, float] = field(default_factory=dict)
+    group_hours: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Group -> (GPU hours used in the window, the quota), for groups with an hour quota."""
 
     def share(self, user: str) -> float:
         return self.shares.get(user, 1.0)
 
     def limit(self, user: str) -> float | None:
         return self.limits.get(user, self.default_limit)
+
+    def group_share(self, group: str | None) -> float:
+        return self.group_shares.get(group, 1.0) if group is not None else 1.0
 
 
 @dataclass(slots=True)
@@ -164,6 +178,8 @@ class Wait(enum.StrEnum):
     HOST_DOWN = "host_down"  # (host,)
     GPU_UNUSABLE = "gpu_unusable"  # (host, indices)
     USER_LIMIT = "user_limit"  # (user, used, limit)
+    GROUP_LIMIT = "group_limit"  # (group, used, limit)
+    GROUP_HOURS = "group_hours"  # (group, used hours, quota hours)
     BEHIND = "behind"  # (blocking job id,)
     RESERVED = "reserved"  # (host, indices, for job id, start)
     PREEMPTING = "preempting"  # (host, job ids)

@@ -15,6 +15,7 @@ from typing import Any
 
 from towerq.cli import views
 from towerq.cli.follow import follow_job
+from towerq.cli.groups import add_group_commands
 from towerq.cli.reports import (
     dry_run_line,
     run_fair_share,
@@ -82,6 +83,7 @@ def add_commands(commands: Any) -> None:
         "(they must succeed; with --after-any, end); their folders are the job's inputs",
     )
     submit.add_argument("--after-any", action="store_true", help="with --after: start once they end, however")
+    submit.add_argument("--group", default=None, help="run it in this group of yours (default: your default group)")
     submit.add_argument(
         "--dry-run", action="store_true", help="submit nothing: check the spec and say when it would start"
     )
@@ -137,14 +139,16 @@ def add_commands(commands: Any) -> None:
     queue.add_argument("--user", default=None)
     queue.set_defaults(run=run_queue)
 
-    usage = command("usage", "GPU hours, jobs and waits per user or host over a time window", read=True)
+    usage = command("usage", "GPU hours, jobs and waits per user, host or group over a time window", read=True)
     usage.add_argument("--since", default="7d", help="ISO time, or an age: 30m, 24h, 7d (default 7d)")
     usage.add_argument("--until", default=None, help="ISO time, or an age (default now)")
-    usage.add_argument("--by", choices=("user", "host"), default="user")
+    usage.add_argument("--by", choices=("user", "host", "group"), default="user")
     usage.set_defaults(run=run_usage)
 
     fair = command(
-        "fair-share", "each user's decayed usage, share and the rank term the scheduler gives them", read=True
+        "fair-share",
+        "each group's and user's decayed usage, share and the rank term the scheduler gives them (the tree)",
+        read=True,
     )
     fair.set_defaults(run=run_fair_share)
 
@@ -171,6 +175,8 @@ def add_commands(commands: Any) -> None:
         if action == "upload":
             sub.add_argument("path", type=Path, help="the file, or a folder of images")
         sub.set_defaults(run={"upload": run_data_upload, "list": run_data_list, "rm": run_data_rm}[action])
+
+    add_group_commands(commands)
 
     download = command("download", "download a job's artifacts: all of them, a folder, or one file")
     download.add_argument("id", type=int)
@@ -204,6 +210,8 @@ def run_submit(args: argparse.Namespace) -> int:
         if not args.after and not spec.get("after"):
             raise UsageError("--after-any needs --after (or `after` in the spec)")
         spec["after_condition"] = "afterany"
+    if args.group:
+        spec["group"] = args.group
     api = Api(args)
     if args.dry_run:
         if args.code is not None:

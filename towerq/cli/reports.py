@@ -131,11 +131,26 @@ def run_fair_share(args: argparse.Namespace) -> int:
     def part(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
-    for row in answer["users"]:
-        print(
-            f"{row['user'][:16]:<16} {row['share']:>6g} {row['usage_gpu_hours']:>12.2f} {row['running_gpus']:>8g} "
+    def line(name: str, row: dict[str, Any]) -> str:
+        return (
+            f"{name[:16]:<16} {row['share']:>6g} {row['usage_gpu_hours']:>12.2f} {row['running_gpus']:>8g} "
             f"{row['queued_jobs']:>7} {part(row['owed']):>6} {part(row['used']):>6} {part(row['term']):>6}"
         )
+
+    if not answer.get("groups"):
+        for row in answer["users"]:
+            print(line(row["user"], row))
+        return 0
+    # The tree: each group (its term is its users' first level), then its users within it.
+    for group in answer["groups"]:
+        name = group["group"]
+        quotas = [f"at most {group['max_gpus']:g} GPUs"] if group["max_gpus"] is not None else []
+        if group["max_gpu_hours_week"] is not None:
+            quotas.append(f"{group['gpu_hours_week']:.1f} of {group['max_gpu_hours_week']:g} GPU-h this week")
+        print(line(f"[{name}]" if name else "[no group]", group) + (f"  ({'; '.join(quotas)})" if quotas else ""))
+        for row in answer["users"]:
+            if row["group"] == name:
+                print(line(f"  {row['user']}", row))
     return 0
 
 

@@ -280,6 +280,8 @@ GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 Visibility = Literal["private", "lab"]
 JobRef = Annotated[int, Field(ge=1, le=2**31 - 1)]
 SweepRef = Annotated[str, Field(pattern=r"^sweep:[1-9][0-9]{0,9}$")]
+GROUP_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+GroupName = Annotated[str, Field(pattern=GROUP_NAME_PATTERN)]
 MAX_DEPENDENCIES = 64
 AfterCondition = Literal["afterok", "afterany"]
 
@@ -331,6 +333,9 @@ class JobSpec(TrainSpec):
     after_condition: AfterCondition = Field(
         default="afterok",
         description="afterok: each must succeed (one that fails or is cancelled cancels this job); afterany: end",
+    )
+    group: GroupName | None = Field(
+        default=None, description="the group whose share and quotas it runs under (default: your default group)"
     )
 
     @model_validator(mode="after")

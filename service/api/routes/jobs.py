@@ -19,6 +19,7 @@ from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
 from service.jobs.submit import check_submission, submit
+from service.lab.groups import resolve_group
 from service.scheduler.dryrun import estimate
 from towerq.contract.spec import JobSpec
 
@@ -50,6 +51,7 @@ def submit_job(
     if dry_run:
         host = check_submission(caller, spec, settings, inventory)
         with db.read() as session:
+            spec.group = resolve_group(session, caller, spec.group)
             answer = estimate(session, settings, caller.name, spec, host)
         body = DryRunOut(dry_run=True, **answer.__dict__).model_dump_json()
         return Response(body, 200, media_type="application/json")

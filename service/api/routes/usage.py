@@ -27,10 +27,11 @@ def usage(
     _: CallerDep,
     since: Annotated[datetime | None, Query(description="ISO 8601; default: a week before `until`")] = None,
     until: Annotated[datetime | None, Query(description="ISO 8601; default: now")] = None,
-    by: Annotated[str, Query(pattern="^(user|host)$", description=" or ".join(BY))] = "user",
+    by: Annotated[str, Query(pattern="^(user|host|group)$", description=" or ".join(BY))] = "user",
 ) -> UsageOut:
-    """GPU hours, jobs, and median / p95 wait (submit to first start) per user or host in
-    [since, until]. Running jobs count up to now."""
+    """GPU hours, jobs, and median / p95 wait (submit to first start) per user, host or
+    group in [since, until] (by group, the jobs in none are one row, `(no group)`). Running
+    jobs count up to now."""
     now = utcnow()
     since, until = _window(since, until, now)
     rows = usage_report(session, since, until, by, now)
@@ -42,8 +43,8 @@ def fair_share(session: SessionDep, _: CallerDep, settings: SettingsDep) -> Fair
     """Each user's decayed usage, share, and the rank term the scheduler's policy gives
     their jobs now (0: used nothing lately; 0.5: used exactly their share; towards 1: more)."""
     now = utcnow()
-    rows = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
-    return FairShareOut(as_of=now, half_life_s=settings.fair_share_half_life_s, users=rows)
+    users, groups = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
+    return FairShareOut(as_of=now, half_life_s=settings.fair_share_half_life_s, users=users, groups=groups)
 
 
 class StorageRow(BaseModel):

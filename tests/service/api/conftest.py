@@ -28,6 +28,14 @@ class Api:
         headers = {**self.headers, **kwargs.pop("headers", {})}
         return self.client.patch(path, headers=headers, **kwargs)
 
+    def put(self, path: str, **kwargs: object):
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.client.put(path, headers=headers, **kwargs)
+
+    def delete(self, path: str, **kwargs: object):
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.client.delete(path, headers=headers, **kwargs)
+
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:

@@ -40,9 +40,10 @@ def add_run(
     start: datetime,
     end: datetime | None,
     fraction: float = 1.0,
+    group: str | None = None,
 ) -> int:
-    """A job of `user` that waited from `submitted` to `start` and held GPUs until `end`
-    (None: it still runs)."""
+    """A job of `user` (in `group`) that waited from `submitted` to `start` and held GPUs
+    until `end` (None: it still runs)."""
     with db.write() as session:
         owner = user_named(session, user)
         job = Job(
@@ -56,6 +57,7 @@ def add_run(
             attempts=1,
             created_at=submitted,
             host_name=host,
+            group=group,
         )
         session.add(job)
         session.flush()

@@ -1,0 +1,168 @@
+"""Groups over the API (SQLite and PostgreSQL): admins create them and put users in them;
+a job runs in the group it names (its owner must belong) or its owner's default; quotas and
+shares show in the fair-share tree and usage by group; a scheduling pass holds a group at
+its quota with the reason in words."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from service.core.context import Context
+from service.core.db import Database
+from service.core.models import JobState, utcnow
+from service.core.settings import Settings
+from service.scheduler.live import LiveScheduler
+from tests.service.api.conftest import Api
+from tests.service.api.test_usage import add_run
+
+SPEC: dict[str, Any] = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
+
+
+def test_admins_manage_groups_and_everyone_reads_them(alice: Api, as_user: Callable[..., Api]) -> None:
+    admin = as_user("root", admin=True)
+    made = admin.post("/api/groups", json={"name": "vision", "share": 2, "max_gpus": 4})
+    assert made.status_code == 201, made.text
+    assert made.json() | {"created_at": None} == {
+        "name": "vision",
+        "share": 2.0,
+        "max_gpus": 4.0,
+        "max_gpu_hours_week": None,
+        "gpu_hours_week": 0.0,
+        "members": [],
+        "created_at": None,
+    }
+    assert alice.post("/api/groups", json={"name": "mine"}).status_code == 403
+    again = admin.post("/api/groups", json={"name": "vision"})
+    assert again.status_code == 409 and "exists already" in again.text
+    for bad in ({"name": "Vision"}, {"name": "x", "share": 0}, {"name": "x", "max_gpus": -1}, {"name": "x", "y": 1}):
+        answer = admin.post("/api/groups", json=bad)
+        assert answer.status_code == 422, bad
+        assert next(iter(bad.keys() - {"name"}), "name") in answer.text
+
+    admin.post("/api/groups", json={"name": "nlp"})
+    assert admin.put("/api/groups/vision/members/alice", json={}).status_code == 200
+    assert admin.put("/api/groups/nlp/members/alice", json={"default": True}).json()["members"] == [
+        {"user": "alice", "default": True}
+    ]
+    assert admin.put("/api/groups/nlp/members/nobody", json={}).status_code == 404
+    assert alice.put("/api/groups/nlp/members/alice", json={}).status_code == 403
+    listed = alice.get("/api/groups").json()
+    assert [(g["name"], g["members"]) for g in listed] == [
+        ("nlp", [{"user": "alice", "default": True}]),
+        ("vision", [{"user": "alice", "default": False}]),
+    ]
+
+    changed = admin.patch("/api/groups/vision", json={"share": 3, "max_gpus": None, "max_gpu_hours_week": 100})
+    assert (changed.json()["share"], changed.json()["max_gpus"], changed.json()["max_gpu_hours_week"]) == (
+        3.0,
+        None,
+        100.0,
+    )
+    assert admin.delete("/api/groups/vision/members/alice").json()["members"] == []
+    assert admin.delete("/api/groups/vision/members/alice").status_code == 404
+
+
+def test_a_job_runs_in_the_group_it_names_or_its_owners_default(
+    alice: Api, as_user: Callable[..., Api], db: Database
+) -> None:
+    admin = as_user("root", admin=True)
+    plain = alice.post("/api/jobs", json=SPEC)
+    assert plain.json()["group"] is None  # no group yet: none
+    for name in ("vision", "nlp"):
+        admin.post("/api/groups", json={"name": name})
+    admin.put("/api/groups/vision/members/alice", json={})
+    only = alice.post("/api/jobs", json=SPEC).json()
+    assert (only["group"], only["spec"]["group"]) == ("vision", "vision")  # their only group
+    admin.put("/api/groups/nlp/members/alice", json={"default": True})
+    assert alice.post("/api/jobs", json=SPEC).json()["group"] == "nlp"  # their default
+    assert alice.post("/api/jobs", json={**SPEC, "group": "vision"}).json()["group"] == "vision"
+
+    bob = as_user("bob")
+    refused = bob.post("/api/jobs", json={**SPEC, "group": "vision"})
+    assert refused.status_code == 422 and "group" in refused.text and "not a member of 'vision'" in refused.text
+    missing = alice.post("/api/jobs", json={**SPEC, "group": "robots"})
+    assert missing.status_code == 422 and "there is no group 'robots'" in missing.text
+    assert alice.post("/api/jobs", json={**SPEC, "group": "NLP"}).status_code == 422
+
+    queued = alice.get("/api/jobs").json()["items"]
+    held = admin.delete("/api/groups/vision")
+    assert held.status_code == 409 and "waiting or running" in held.text
+    for job in queued:
+        alice.post(f"/api/jobs/{job['id']}/cancel")
+    assert admin.delete("/api/groups/vision").status_code == 204
+    assert alice.get(f"/api/jobs/{only['id']}").json()["group"] == "vision"  # history keeps the name
+
+
+def test_the_fair_share_tree_and_usage_by_group(
+    alice: Api, as_user: Callable[..., Api], db: Database, add_host: Callable[..., None]
+) -> None:
+    admin = as_user("root", admin=True)
+    assert alice.get("/api/fair-share").json()["groups"] == []  # a lab without groups
+    admin.post("/api/groups", json={"name": "vision", "share": 3, "max_gpu_hours_week": 10})
+    admin.post("/api/groups", json={"name": "nlp"})
+    for user, group in (("alice", "vision"), ("bob", "nlp")):
+        as_user(user)
+        admin.put(f"/api/groups/{group}/members/{user}", json={})
+    now = utcnow()
+    add_run(db, "alice", "lab-a", [0, 1], now - timedelta(hours=3), now - timedelta(hours=3), now - timedelta(hours=1),
+            group="vision")  # fmt: skip
+    add_run(db, "bob", "lab-a", [2], now - timedelta(hours=1), now - timedelta(hours=1), None, group="nlp")
+    add_run(db, "carol", "lab-a", [3], now - timedelta(days=9), now - timedelta(days=9), now - timedelta(days=8))
+    alice.post("/api/jobs", json=SPEC)
+
+    tree = alice.get("/api/fair-share").json()
+    groups = {g["group"]: g for g in tree["groups"]}
+    assert set(groups) == {"vision", "nlp", None}  # None: carol's old run, in no group
+    assert groups[None]["term"] is None  # nothing of it waits or runs
+    assert abs(groups["vision"]["gpu_hours_week"] - 4.0) < 0.01  # 2 GPUs for 2 hours
+    assert groups["vision"]["max_gpu_hours_week"] == 10
+    assert (groups["vision"]["owed"], groups["nlp"]["owed"]) == (0.75, 0.25)
+    assert groups["vision"]["queued_jobs"] == 1 and groups["nlp"]["running_gpus"] == 1
+    users = {(u["user"], u["group"]): u for u in tree["users"]}
+    mine = users[("alice", "vision")]
+    assert mine["owed"] == 1.0  # the only user of vision present
+    own = 1 - 2 ** (-mine["used"] / mine["owed"])
+    assert abs(mine["term"] - (groups["vision"]["term"] + own)) < 1e-9  # the group's term, plus hers in it
+    assert users[("carol", None)]["term"] is None  # not waiting or running: no term
+
+    since = (now - timedelta(days=10)).isoformat()
+    rows = {r["key"]: r for r in alice.get("/api/usage", params={"by": "group", "since": since}).json()["rows"]}
+    assert set(rows) == {"vision", "nlp", "(no group)"}
+    assert abs(rows["vision"]["gpu_hours"] - 4.0) < 0.01 and abs(rows["(no group)"]["gpu_hours"] - 24.0) < 0.01
+
+
+def test_a_pass_holds_a_group_at_its_quotas_and_says_which(
+    settings: Settings, alice: Api, as_user: Callable[..., Api], db: Database
+) -> None:
+    admin = as_user("root", admin=True)
+    admin.post("/api/groups", json={"name": "vision", "max_gpus": 1})
+    admin.post("/api/groups", json={"name": "nlp", "max_gpu_hours_week": 2})
+    bob = as_user("bob")
+    admin.put("/api/groups/vision/members/alice", json={})
+    admin.put("/api/groups/nlp/members/bob", json={})
+    now = utcnow()
+    add_run(db, "bob", "lab-a", [0, 1], now - timedelta(hours=2), now - timedelta(hours=2), now - timedelta(hours=1),
+            group="nlp")  # fmt: skip
+    ids = [alice.post("/api/jobs", json=SPEC).json()["id"] for _ in range(2)]
+    bobs = bob.post("/api/jobs", json=SPEC).json()["id"]
+    ctx = Context.open(settings)
+    try:
+        LiveScheduler(ctx).run_pass()
+    finally:
+        ctx.close()
+    states = {i: alice.get(f"/api/jobs/{i}").json() for i in [*ids, bobs]}
+    assert [states[i]["state"] for i in ids] == [JobState.DISPATCHED, JobState.QUEUED]
+    assert states[ids[1]]["pending_reason"] == "group quota: vision uses 1 of its 1 GPUs"
+    assert states[bobs]["state"] == JobState.QUEUED
+    assert states[bobs]["pending_reason"] == "group quota: nlp used 2.0 of its 2 GPU hours in the last 7 days"
+    dry = bob.post("/api/jobs", params={"dry_run": "true"}, json=SPEC).json()
+    assert dry["starts_now"] is False and dry["reason"].startswith("group quota: nlp used 2.0")
+    admin.patch("/api/groups/nlp", json={"max_gpu_hours_week": 3})
+    ctx = Context.open(settings)
+    try:
+        LiveScheduler(ctx).run_pass()
+    finally:
+        ctx.close()
+    assert alice.get(f"/api/jobs/{bobs}").json()["state"] == JobState.DISPATCHED
