@@ -318,3 +318,21 @@ def test_groups_from_the_command_line(
     assert usage["by"] == "group"
     held = towerq(admin, "group", "delete", "vision")
     assert held.returncode == 1 and "waiting or running" in held.stderr
+
+    # Reservations: GPUs kept for a group over a window.
+    assert "no reservations ahead" in towerq(member, "reservation", "list").stdout
+    kept = towerq(admin, "reservation", "create", "--group", "nlp", "--gpus", "3", "--start", "+1h", "--end", "+4h",
+                  "--note", "ACL deadline")  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    row = kept.stdout.splitlines()[1].split()
+    assert row[1:3] == ["nlp", "3"] and "ahead" in row and "lab-a" in row, kept.stdout
+    too_many = towerq(admin, "reservation", "create", "--group", "nlp", "--gpus", "9", "--end", "+1h")
+    assert too_many.returncode == 1 and "gpus" in too_many.stderr and "the lab has 4" in too_many.stderr
+    vague = towerq(admin, "reservation", "create", "--group", "nlp", "--gpus", "1", "--end", "tomorrow")
+    assert vague.returncode == 2 and "--end 'tomorrow'" in vague.stderr
+    listed = towerq(member, "reservation", "list").stdout.splitlines()
+    assert len(listed) == 2 and "(ACL deadline)" in listed[1]
+    reservation_id = listed[1].split()[0]
+    assert towerq(member, "reservation", "delete", reservation_id).returncode == 1  # admins only
+    gone = towerq(admin, "reservation", "delete", reservation_id)
+    assert gone.returncode == 0 and "everyone's again" in gone.stdout

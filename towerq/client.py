@@ -196,6 +196,19 @@ class Client:
     def remove_from_group(self, name: str, user: str) -> dict[str, Any]:
         return dict(self.request("DELETE", f"/api/groups/{name}/members/{user}"))
 
+    def reservations(self, include_past: bool = False) -> list[dict[str, Any]]:
+        """The lab's reservations not yet over (`include_past`: every one), soonest first."""
+        return list(self.request("GET", "/api/reservations", params={"all": include_past}))
+
+    def reserve(self, group: str, gpus: int, start: str, end: str, **fields: Any) -> dict[str, Any]:
+        """Keep `gpus` GPUs for `group` from `start` to `end` (ISO times with a zone; admins):
+        `host`, `note`. The answer lists the jobs on them that may run past the start."""
+        body = {"group": group, "gpus": gpus, "start": start, "end": end, **fields}
+        return dict(self.request("POST", "/api/reservations", json=body))
+
+    def delete_reservation(self, reservation_id: int) -> dict[str, Any]:
+        return dict(self.request("DELETE", f"/api/reservations/{reservation_id}"))
+
     def metrics(self, job_id: int, split: str | None = None, *, as_frame: bool = False) -> Any:
         """Every metric row of a job (a list of dicts; a pandas DataFrame with `as_frame`)."""
         rows: list[dict[str, Any]] = []

@@ -33,6 +33,7 @@ from service.api.routes import (
     groups,
     health,
     jobs,
+    reservations,
     session,
     stream,
     sweeps,
@@ -216,8 +217,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
     for module in (
-        jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, groups, health, session, catalog,
-        usage,
+        jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, groups, reservations, health,
+        session, catalog, usage,
     ):  # fmt: skip
         app.include_router(module.router)
     uploads = {

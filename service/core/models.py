@@ -150,6 +150,23 @@ class GroupMember(Base):
     user: Mapped[User] = relationship()
 
 
+class Reservation(Base):
+    """GPUs kept for a group over a window: from `start_at` only its jobs use them; before,
+    others' jobs use them only if they are sure to end in time."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group: Mapped[str] = mapped_column(String(64), index=True)
+    gpus: Mapped[list[Any]] = mapped_column()
+    """The GPUs kept, chosen at creation: [[host, index], ...]."""
+    start_at: Mapped[datetime] = mapped_column()
+    end_at: Mapped[datetime] = mapped_column(index=True)
+    note: Mapped[str] = mapped_column(String(200), default="")
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class ApiToken(Base):
     __tablename__ = "api_tokens"
 

@@ -13,8 +13,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from service.core.exceptions import NotFoundError, SpecError, StateConflictError
-from service.core.models import FINAL_STATES, Group, GroupMember, Job, User
+from service.core.models import FINAL_STATES, Group, GroupMember, Job, User, utcnow
 from service.lab.auth import Caller
+from service.lab.reservations import open_reservations
 
 
 def resolve_group(session: Session, caller: Caller, named: str | None) -> str | None:
@@ -70,6 +71,10 @@ def delete_group(session: Session, name: str) -> None:
     active = session.scalar(
         select(func.count()).select_from(Job).where(Job.group == name, Job.state.not_in(tuple(FINAL_STATES)))
     )
+    kept = open_reservations(session, name, utcnow())
+    if kept:
+        listed = ", ".join(str(i) for i in kept)
+        raise StateConflictError(f"group {name!r} has reservations not yet over ({listed}): delete them first")
     if active:
         raise StateConflictError(
             f"group {name!r} has {active} jobs waiting or running: cancel them or let them end first"

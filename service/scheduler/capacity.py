@@ -2,7 +2,8 @@
 
 `FreeGpus` is a copy of the cluster's free fractions that a pass consumes as it places
 jobs, plus the GPUs it holds for jobs that must not wait forever (reservations, and room
-being made by preemption).
+being made by preemption), and the GPUs an admin kept for a group over a window (a lab
+reservation: `LabReservation`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from service.scheduler.types import EPSILON, INFINITY, Cluster, HostCapacity, QueuedJob, RunningJob
+from service.scheduler.types import (
+    EPSILON,
+    INFINITY,
+    Cluster,
+    HostCapacity,
+    LabReservation,
+    QueuedJob,
+    RunningJob,
+)
 
 MIN_EXPECTED_S = 60.0
 Slots = list[tuple[str, tuple[int, ...]]]
@@ -58,7 +67,18 @@ class Hold:
 class FreeGpus:
     """Free fractions per host and GPU, with holds; the pass's working state."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, now: float = -INFINITY, lend_likely: bool = False) -> None:
+        self.now = now
+        self.lend_likely = lend_likely
+        """Lend GPUs kept for a group to jobs very likely (not surely) done before the
+        window: with preemption on, one that is not is stopped when the window begins."""
+        self.kept: dict[tuple[str, int], list[LabReservation]] = defaultdict(list)
+        for kept in cluster.reservations:
+            if kept.end > now:
+                for gpu in kept.gpus:
+                    self.kept[gpu].append(kept)
+        self.ignore_kept = False
+        """Set while explaining a wait: would the job fit but for the kept GPUs?"""
         self.hosts: dict[str, HostCapacity] = {h.name: h for h in cluster.hosts}
         self.free: dict[str, list[float]] = {h.name: list(h.free) for h in cluster.hosts}
         self.order = [h.name for h in cluster.hosts]
@@ -85,6 +105,9 @@ class FreeGpus:
         """Whether `job` may take its fraction of this GPU now."""
         if self.free[host][index] < job.fraction - EPSILON:
             return False
+        if self.kept and not self.ignore_kept and (host, index) in self.kept:
+            if any(not self.may_borrow(kept, job, end) for kept in self.kept[(host, index)]):
+                return False
         hold = self.holds[host].get(index) if self.holds else None
         if hold is None or hold.job_id == job.id:
             return True
@@ -93,6 +116,37 @@ class FreeGpus:
         # expected to be ready before then anyway.
         known, likely = end
         return (known < INFINITY and known <= hold.start) or (likely < INFINITY and likely <= hold.expected)
+
+    def may_borrow(self, kept: LabReservation, job: QueuedJob, end: Ends) -> bool:
+        """Whether `job` may take a GPU of `kept` now: one of its group's always; another
+        only before the window, and only if it ends by the window's start (surely, from its
+        time limit; or very likely, when `lend_likely`)."""
+        if job.group == kept.group:
+            return True
+        if self.now >= kept.start:
+            return False
+        known, likely = end
+        return known <= kept.start or (self.lend_likely and likely <= kept.start)
+
+    def _kept_from_job(self, host: str, job: QueuedJob) -> set[int]:
+        """The GPUs of `host` that reservations keep from `job` now."""
+        if not self.kept:
+            return set()
+        known = self.now + job.limit_s if job.limit_s is not None else INFINITY
+        likely = self.now + job.estimate_s if job.estimate_s is not None else known
+        return {
+            i
+            for (name, i), reservations in self.kept.items()
+            if name == host and any(not self.may_borrow(kept, job, (known, likely)) for kept in reservations)
+        }
+
+    def kept_from(self, host: str, indices: tuple[int, ...], group: str | None) -> LabReservation | None:
+        """The first reservation of another group that keeps one of these GPUs."""
+        for i in indices:
+            for kept in self.kept.get((host, i), ()):
+                if kept.group != group:
+                    return kept
+        return None
 
     def fit_on_host(self, host: str, job: QueuedJob, end: Ends) -> tuple[int, ...] | None:
         """The GPUs `job` would get on `host` now (the fullest usable ones), or None."""
@@ -191,7 +245,7 @@ class FreeGpus:
         start comes from time limits only (inf when unknown); the host is chosen by it,
         then by the expected start. With `skip_held`, GPUs held for others are left out
         (a new reservation never overlaps another)."""
-        shape = (job.gpus, job.fraction, job.host, job.indices, skip_held)
+        shape = (job.gpus, job.fraction, job.host, job.indices, skip_held, job.group if self.kept else None)
         if shape not in self._earliest:
             self._earliest[shape] = self._find_earliest(job, now, skip_held)
         return self._earliest[shape]
@@ -204,7 +258,7 @@ class FreeGpus:
         for host in hosts:
             if host not in self.free or self.hosts[host].size < job.gpus:
                 continue
-            times = self.ready_times(host, job.fraction, now, skip_held)
+            times = self._after_kept(host, self.ready_times(host, job.fraction, now, skip_held), job.group)
             wanted = job.indices if job.indices is not None else range(len(times))
             ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpus]
             if len(ranked) < job.gpus:
@@ -219,7 +273,7 @@ class FreeGpus:
         ranked = []
         for host in self.order:
             if len(self.free[host]) == self.largest:
-                times = self.ready_times(host, 1.0, now, skip_held)
+                times = self._after_kept(host, self.ready_times(host, 1.0, now, skip_held), job.group)
                 ranked.append((max(t[0] for t in times), max(t[1] for t in times), host))
         if len(ranked) < needed:
             return None
@@ -227,6 +281,18 @@ class FreeGpus:
         known = max(t for t, _, _ in chosen)
         expected = max(t for _, t, _ in chosen)
         return known, expected, [(host, tuple(range(self.largest))) for _, _, host in chosen]
+
+    def _after_kept(self, host: str, times: list[tuple[float, float]], group: str | None) -> list[tuple[float, float]]:
+        """`times`, with each GPU kept for another group ready no sooner than its window's
+        end (a borrower must end before the window, which these estimates cannot promise)."""
+        if not self.kept:
+            return times
+        adjusted = list(times)
+        for i, (known, expected) in enumerate(times):
+            for kept in self.kept.get((host, i), ()):
+                if kept.group != group:
+                    adjusted[i] = (max(known, kept.end), max(expected, kept.end))
+        return adjusted
 
     def hold(self, job_id: int, slots: Slots, start: float, expected: float) -> None:
         self._earliest.clear()
@@ -244,7 +310,7 @@ class FreeGpus:
             after.give(running.indices, running.fraction)
         free = after.free
         held = {i for i, hold in self.holds.get(host, {}).items() if hold.job_id != job.id}
-        unusable = after.unusable | held
+        unusable = after.unusable | held | self._kept_from_job(host, job)
         wanted = job.indices if job.indices is not None else range(len(free))
         fitting = [i for i in wanted if i not in unusable and free[i] >= job.fraction - EPSILON]
         if job.indices is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from service.scheduler.capacity import likely_end
 from service.scheduler.policy import CHECKPOINT_S, sliceable_from
-from service.scheduler.types import Cluster, HostCapacity, QueuedJob, RunningJob
+from service.scheduler.types import Cluster, HostCapacity, LabReservation, QueuedJob, RunningJob
 
 
 class Happens(enum.StrEnum):
@@ -53,6 +53,7 @@ class SimCluster:
         self._attempt: dict[int, int] = {}
         self._events: list[Event] = []
         self._seq = 0
+        self.reservations: list[LabReservation] = []
         for run in running:
             self.parts.setdefault(run.id, []).append(run)
             self._attempt[run.id] = 1
@@ -63,7 +64,7 @@ class SimCluster:
 
     def view(self) -> Cluster:
         """The cluster as the policy sees it (the hosts are shared, not copied)."""
-        return Cluster(self.hosts, self.running)
+        return Cluster(self.hosts, self.running, self.reservations)
 
     # -- what happens -----------------------------------------------------------------------
 

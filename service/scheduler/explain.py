@@ -67,6 +67,10 @@ def describe(reason: Reason, now: float) -> str:
         case Wait.GROUP_HOURS:
             group, used, quota = a
             return f"group quota: {group} used {used:,.1f} of its {quota:g} GPU hours in the last 7 days"
+        case Wait.LAB_RESERVED:
+            host, indices, group, start, end = a
+            window = f"until {clock(end, now)}" if start <= now else f"from {clock(start, now)} to {clock(end, now)}"
+            return f"{gpu_list(indices)} on {host} reserved for group {group} {window}"
         case Wait.BEHIND:
             return f"behind job {a[0]} (strict FIFO)"
         case Wait.RESERVED:

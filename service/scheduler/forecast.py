@@ -69,19 +69,26 @@ def forecast(
         if run.stopping:  # cancel, preemption, time slice: gone once it has checkpointed
             end = min(end, now + CHECKPOINT_S)
         sim.ends_at(run.id, end)
+    sim.reservations = list(cluster.reservations)
+    for kept in cluster.reservations:  # a window's start and end change who may start
+        for moment in (kept.start, kept.end):
+            if moment > now:
+                sim.wake_at(moment)
     slices = SliceWakeups(config.demote_after_gpu_s)
     replay = replace(config, explain=False)
     found: dict[int, Forecast] = {}
     clock, events = now, 0
     while queue and events <= MAX_EVENTS and clock <= now + HORIZON_S:
         decision = schedule(queue.values(), sim.view(), fair_share, clock, replay)
-        for victim in decision.preempt:
+        for victim in [*decision.preempt, *decision.reclaim]:
             sim.stop(victim, clock)
         for placement in decision.placements:
             job = queue.pop(placement.job_id)
             found[job.id] = Forecast(clock, placement.host)
             parts = [
-                RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s)
+                RunningJob(
+                    job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s, group=job.group
+                )
                 for host, indices in placement.slots
             ]
             run_s = run_time(job)

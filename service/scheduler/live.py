@@ -100,14 +100,14 @@ class LiveScheduler:
             queued, stored = read_queued(session)
             held, never = held_back(session, [q.id for q in queued])
             queued = [q for q in queued if q.id not in held and q.id not in never]
-            cluster, _ = read_cluster(session)
+            cluster, _ = read_cluster(session, now)
             usage = self.ledger.usage(session, now)
             fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit, now)
         cancel_never(self.ctx, never)
         self.ledger.history.annotate(queued, cluster.running)
         decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
         stopping: list[PreemptMessage] = []
-        if decision.placements or decision.preempt:
+        if decision.placements or decision.preempt or decision.reclaim:
             with self.ctx.db.write() as session:
                 self._serialize(session)
                 stops = stop_reasons(decision, cluster, now.timestamp())
@@ -281,4 +281,10 @@ def stop_reasons(decision: Decision, cluster: Cluster, now: float) -> dict[int, 
             )
         else:
             reasons[victim] = f"preempted to make room for high-priority job {for_job}"
+    groups = {kept.id: kept.group for kept in cluster.reservations}
+    for victim, kept_id in decision.reclaim.items():
+        reasons[victim] = (
+            f"its GPUs are reserved for group {groups[kept_id]} from now (reservation {kept_id}): "
+            "stopped; it queues again and resumes from its checkpoint"
+        )
     return reasons

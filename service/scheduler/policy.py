@@ -62,6 +62,7 @@ from service.scheduler.types import (
     Cluster,
     Decision,
     FairShare,
+    LabReservation,
     Pending,
     Placement,
     Policy,
@@ -96,7 +97,7 @@ class _Pass:
         self.fair_share = fair_share
         self.now = now
         self.config = config
-        self.free = FreeGpus(cluster)
+        self.free = FreeGpus(cluster, now, lend_likely=config.preemption)
         self.decision = Decision()
         self.position = 0
         self.reservations = 0
@@ -121,6 +122,8 @@ class _Pass:
         """Time slicing: the running jobs fresh work may still stop, and what each has served."""
 
     def run(self) -> Decision:
+        if self.config.preemption:
+            self._reclaim_reserved()
         if self.config.policy == Policy.TOWERQ:
             terms = FairShareTerms(self.fair_share, self.cluster.running, self.queued, self.now)
             self.terms = terms
@@ -162,6 +165,21 @@ class _Pass:
                     break  # nothing more can start; reasons are not wanted
                 self._consider(job, strict=strict)
         return self.decision
+
+    def _reclaim_reserved(self) -> None:
+        """A window has begun on GPUs that another group's job still holds: with preemption
+        on it was lent them expecting to end in time, and is stopped (it checkpoints and
+        queues again). Without preemption none was lent them, and those already running
+        when the reservation was made run on to their end."""
+        for kept in self.cluster.reservations:
+            if not kept.start <= self.now < kept.end:
+                continue
+            gpus = set(kept.gpus)
+            for running in self.cluster.running:
+                if running.group == kept.group or self._stopping(running):
+                    continue
+                if any((running.host, i) in gpus for i in running.indices):
+                    self.decision.reclaim[running.id] = kept.id
 
     # -- one job ----------------------------------------------------------------------------
 
@@ -352,7 +370,7 @@ class _Pass:
         return (best[1], best[2], best[3]) if best else None
 
     def _stopping(self, running: RunningJob) -> bool:
-        return running.stopping or running.id in self.decision.preempt
+        return running.stopping or running.id in self.decision.preempt or running.id in self.decision.reclaim
 
     # -- why it waits -----------------------------------------------------------------------
 
@@ -366,11 +384,18 @@ class _Pass:
         return reason
 
     def _explain_no_fit(self, job: QueuedJob) -> Reason:
+        if self.free.kept:
+            reserved = self._kept_from(job)
+            if reserved is not None:
+                return reserved
         found = self.free.earliest(job, self.now)
         if found is None:
             return Reason(Wait.NO_FIT, (job.gpus, job.fraction, INFINITY))
         known, _, slots = found
         host, indices = slots[0]
+        kept = self.free.kept_from(host, indices, job.group) if self.free.kept else None
+        if kept is not None:  # the soonest it could start is on GPUs kept for a group, after its window
+            return _lab_reserved(host, indices, kept)
         holds = self.free.holds.get(host, {})
         held_by = sorted({holds[i].job_id for i in indices if i in holds and holds[i].job_id != job.id})
         if held_by:
@@ -382,6 +407,31 @@ class _Pass:
         if holders:  # the earliest GPUs are a forecast: the job takes whichever free up, so none is named
             return Reason(Wait.JOBS_HOLD, (host, job.gpus, job.fraction, holders, known))
         return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
+
+    def _kept_from(self, job: QueuedJob) -> Reason | None:
+        """`LAB_RESERVED` when the job would fit now but for GPUs kept for another group."""
+        known = self.now + job.limit_s if job.limit_s is not None else INFINITY
+        likely = self.now + job.estimate_s if job.estimate_s is not None else known
+        self.free.ignore_kept = True
+        try:
+            slots = self.free.fit(job, (known, likely))
+        finally:
+            self.free.ignore_kept = False
+        if slots is None:
+            return None
+        for host, indices in slots:
+            kept = self.free.kept_from(host, indices, job.group)
+            if kept is not None:
+                return _lab_reserved(host, indices, kept)
+        return None
+
+
+def _lab_reserved(host: str, indices: tuple[int, ...], kept: LabReservation) -> Reason:
+    """The wait for these GPUs of `host`, some of which `kept` keeps (named)."""
+    gpus = set(kept.gpus)
+    return Reason(
+        Wait.LAB_RESERVED, (host, tuple(i for i in indices if (host, i) in gpus), kept.group, kept.start, kept.end)
+    )
 
 
 MAX_SLICES_PER_PASS = 32

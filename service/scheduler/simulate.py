@@ -135,7 +135,7 @@ def simulate(
         sampled = [i for i in arrived if estimates_every and i % estimates_every == 0]
         if sampled:
             _estimate(state, decision, fair, sampled, (now, config), finished, by_id, estimates)
-        for victim in decision.preempt:
+        for victim in [*decision.preempt, *decision.reclaim]:
             sim.stop(victim, now)
         for placement in decision.placements:
             _start(state, by_id[placement.job_id], placement.slots, now, oracle)

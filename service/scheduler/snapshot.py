@@ -19,8 +19,10 @@ from service.core.models import (
     HostState,
     Job,
     JobState,
+    Reservation,
     Sweep,
     User,
+    utcnow,
 )
 from service.scheduler.history import RunTimes
 from service.scheduler.ledger import UsageLedger
@@ -29,6 +31,7 @@ from service.scheduler.types import (
     Cluster,
     FairShare,
     HostCapacity,
+    LabReservation,
     QueuedJob,
     RunningJob,
 )
@@ -98,8 +101,9 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
     return queued, current
 
 
-def read_cluster(session: Session) -> tuple[Cluster, dict[tuple[str, int], Gpu]]:
-    """Hosts that are up, their GPUs' free fractions, and the jobs holding GPUs."""
+def read_cluster(session: Session, now: datetime | None = None) -> tuple[Cluster, dict[tuple[str, int], Gpu]]:
+    """Hosts that are up, their GPUs' free fractions, the jobs holding GPUs, and the lab's
+    reservations not yet over at `now` (default: now)."""
     hosts = session.scalars(select(Host).where(Host.state == HostState.UP).order_by(Host.name)).all()
     gpus: dict[tuple[str, int], Gpu] = {}
     capacity: dict[str, HostCapacity] = {}
@@ -115,7 +119,17 @@ def read_cluster(session: Session) -> tuple[Cluster, dict[tuple[str, int], Gpu]]
                 unusable.discard(gpu.index)
         capacity[host.name] = HostCapacity(host.name, free, frozenset(unusable))
     running = _read_running(session, capacity)
-    return Cluster(list(capacity.values()), running), gpus
+    return Cluster(list(capacity.values()), running, read_reservations(session, now or utcnow())), gpus
+
+
+def read_reservations(session: Session, now: datetime) -> list[LabReservation]:
+    rows = session.scalars(select(Reservation).where(Reservation.end_at > now).order_by(Reservation.start_at))
+    return [
+        LabReservation(
+            r.id, r.group, r.start_at.timestamp(), r.end_at.timestamp(), tuple((host, int(i)) for host, i in r.gpus)
+        )
+        for r in rows
+    ]
 
 
 def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[RunningJob]:
@@ -249,7 +263,7 @@ def live_inputs(
     queued, _ = read_queued(session)
     held, never = held_back(session, [q.id for q in queued])
     queued = [q for q in queued if q.id not in held and q.id not in never]
-    cluster, _ = read_cluster(session)
+    cluster, _ = read_cluster(session, now)
     ledger.history.annotate(queued, cluster.running)
     return queued, cluster, read_fair_share(session, usage, default_limit, now), ledger.history
 

@@ -119,10 +119,24 @@ class HostCapacity:
                 self.free[i] = min(1.0, self.free[i] + fraction)
 
 
+@dataclass(frozen=True, slots=True)
+class LabReservation:
+    """GPUs kept for `group` from `start` to `end`: in the window only its jobs take them;
+    before it, another job takes one only if its time limit ends it by `start` (or, with
+    preemption on, if it very likely ends by then: it is stopped at `start` if not)."""
+
+    id: int
+    group: str
+    start: float
+    end: float
+    gpus: tuple[tuple[str, int], ...]
+
+
 @dataclass(slots=True)
 class Cluster:
     hosts: list[HostCapacity]
     running: list[RunningJob] = field(default_factory=list)
+    reservations: list[LabReservation] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -180,6 +194,7 @@ class Wait(enum.StrEnum):
     USER_LIMIT = "user_limit"  # (user, used, limit)
     GROUP_LIMIT = "group_limit"  # (group, used, limit)
     GROUP_HOURS = "group_hours"  # (group, used hours, quota hours)
+    LAB_RESERVED = "lab_reserved"  # (host, indices, group, start, end)
     BEHIND = "behind"  # (blocking job id,)
     RESERVED = "reserved"  # (host, indices, for job id, start)
     PREEMPTING = "preempting"  # (host, job ids)
@@ -222,6 +237,9 @@ class Decision:
     pending: list[Pending] = field(default_factory=list)
     preempt: dict[int, int] = field(default_factory=dict)
     """Running job to stop -> the queued job it makes room for."""
+    reclaim: dict[int, int] = field(default_factory=dict)
+    """Running job to stop -> the reservation (id) whose window began on its GPUs (with
+    preemption on: the job took them expecting to end in time, and has not)."""
     sliced: set[int] = field(default_factory=set)
     """Those of `preempt` stopped because they had their time slice (the others: for a
     higher-priority job)."""

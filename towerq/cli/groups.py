@@ -1,8 +1,10 @@
-"""`towerq group`: the lab's groups, their shares, quotas and members (changes: admins)."""
+"""`towerq group` and `towerq reservation`: the lab's groups (shares, quotas, members) and
+the GPUs kept for them over a window (changes: admins)."""
 
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from towerq.cli.session import Api, UsageError, print_json
@@ -47,6 +49,107 @@ def add_group_commands(commands: Any) -> None:
     remove.add_argument("name")
     remove.add_argument("user")
     remove.set_defaults(run=run_group_remove)
+
+
+def add_reservation_commands(commands: Any) -> None:
+    reservation = commands.add_parser(
+        "reservation", help="GPUs kept for a group over a window: list; create, delete (admins)"
+    )
+    actions = reservation.add_subparsers(dest="reservation_command", required=True, metavar="ACTION")
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
+        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        return sub
+
+    listing = action("list", "the reservations not yet over, soonest first")
+    listing.add_argument("--all", action="store_true", help="those already over too")
+    listing.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
+    listing.set_defaults(run=run_reservation_list)
+    create = action("create", "keep GPUs for a group from --start to --end")
+    create.add_argument("--group", required=True)
+    create.add_argument("--gpus", type=int, required=True, help="how many GPUs")
+    create.add_argument("--start", default="now", help="ISO time (local unless it has a zone), now, or +2h / +1d")
+    create.add_argument("--end", required=True, help="ISO time, or +8h / +2d (from --start)")
+    create.add_argument("--host", default=None, help="keep GPUs of this host only")
+    create.add_argument("--note", default="", help="what it is for")
+    create.set_defaults(run=run_reservation_create)
+    delete = action("delete", "end a reservation now, or take back one not begun")
+    delete.add_argument("id", type=int)
+    delete.set_defaults(run=run_reservation_delete)
+
+
+OFFSET_UNITS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def moment(text: str, option: str, after: datetime | None = None) -> datetime:
+    """`now`, `+2h` (from `after`, else now), or an ISO time (local when it names no zone)."""
+    base = after or datetime.now(UTC)
+    if text == "now":
+        return base
+    unit = OFFSET_UNITS.get(text[-1:])
+    if text.startswith("+") and unit is not None and text[1:-1].replace(".", "", 1).isdigit():
+        return base + timedelta(seconds=float(text[1:-1]) * unit)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give an ISO time (2026-12-01T09:00), now, or +2h / +1d") from None
+    return parsed if parsed.tzinfo else parsed.astimezone()
+
+
+def _local(iso: str) -> str:
+    return datetime.fromisoformat(iso).astimezone().strftime("%a %d %b %H:%M")
+
+
+def reservation_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{'ID':>4} {'GROUP':<12} {'GPUS':>4} {'FROM':<16} {'TO':<16} {'STATE':<8} WHERE / NOTE"]
+    for r in rows:
+        hosts: dict[str, list[str]] = {}
+        for gpu in r["gpus"]:
+            hosts.setdefault(gpu["host"], []).append(str(gpu["index"]))
+        where = "; ".join(f"{host} {','.join(indices)}" for host, indices in hosts.items())
+        state = "active" if r["active"] else ("over" if r["end_at"] < datetime.now(UTC).isoformat() else "ahead")
+        note = f" ({r['note']})" if r["note"] else ""
+        lines.append(
+            f"{r['id']:>4} {r['group'][:12]:<12} {len(r['gpus']):>4} {_local(r['start_at']):<16} "
+            f"{_local(r['end_at']):<16} {state:<8} {where}{note}"
+        )
+    return lines
+
+
+def run_reservation_list(args: argparse.Namespace) -> int:
+    rows = Api(args).client.reservations(args.all)
+    if args.output_format == "json":
+        return print_json(rows)
+    if not rows:
+        print("no reservations ahead (an admin makes one: towerq reservation create --group G --gpus N --end +8h)")
+        return 0
+    print("\n".join(reservation_lines(rows)))
+    return 0
+
+
+def run_reservation_create(args: argparse.Namespace) -> int:
+    if args.gpus < 1:
+        raise UsageError("--gpus must be at least 1")
+    start = moment(args.start, "--start")
+    end = moment(args.end, "--end", after=start)
+    fields = {"note": args.note} | ({"host": args.host} if args.host else {})
+    made = Api(args).client.reserve(args.group, args.gpus, start.isoformat(), end.isoformat(), **fields)
+    print("\n".join(reservation_lines([made])))
+    for holder in made["held_past_start"]:
+        ends = f"its time limit ends it {_local(holder['ends_at'])}" if holder["ends_at"] else "it has no time limit"
+        print(
+            f"note: job {holder['job_id']} runs on {holder['host']} GPU {holder['gpu']} and may still run at the "
+            f"start ({ends}); {args.group} may wait for it"
+        )
+    return 0
+
+
+def run_reservation_delete(args: argparse.Namespace) -> int:
+    gone = Api(args).client.delete_reservation(args.id)
+    print(f"reservation {gone['id']} for {gone['group']} deleted: its GPUs are everyone's again")
+    return 0
 
 
 def _limit(text: str | None, option: str) -> float | None:
