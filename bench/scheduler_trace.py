@@ -34,7 +34,14 @@ printed (median and p90, over jobs that waited and got a forecast).
 Per user (the ten heaviest by GPU-time, on the file): p95 and p99 wait under towerq and
 fit-first, and the GPUs each held while they had work waiting against what max-min fair
 sharing entitled them to then (`entitled_while_waiting`).
-Usage: `python bench/scheduler_trace.py [--trace FILE] [--quick] [--held-out N] [--no-limits] [--slicing]`.
+Groups (`--groups`, on by default; `--no-groups` skips it): the file's users are dealt into
+three groups by their GPU-time, heaviest first, round robin (so each group holds heavy and
+light users alike), with shares 2, 1 and 1, and the file is replayed with the two-level fair
+share. Each group's GPUs held while it had work waiting are printed against what max-min
+fair sharing by the groups' shares entitled it to then, under towerq and, as the control,
+under fit-first (which knows no shares); and the bars again with groups.
+Usage: `python bench/scheduler_trace.py [--trace FILE] [--quick] [--held-out N] [--no-limits] [--slicing]
+[--no-groups]`.
 """
 
 from __future__ import annotations
@@ -213,6 +220,55 @@ def print_users(jobs: list[TraceJob], results: dict[str, dict]) -> None:
         )
 
 
+GROUP_SHARES = {"a": 2.0, "b": 1.0, "c": 1.0}
+"""`--groups`: one group with twice the others' share, so the shares' weight shows."""
+
+
+def with_groups(jobs: list[TraceJob]) -> list[TraceJob]:
+    """The jobs, each in its user's group: users dealt round robin into GROUP_SHARES's
+    groups by GPU-time, heaviest first."""
+    gpu_s: dict[str, float] = {}
+    for j in jobs:
+        gpu_s[j.user] = gpu_s.get(j.user, 0.0) + j.gpus * j.duration
+    names = list(GROUP_SHARES)
+    group_of = {user: names[rank % len(names)] for rank, user in enumerate(sorted(gpu_s, key=lambda u: -gpu_s[u]))}
+    return [replace(j, group=group_of[j.user]) for j in copy.deepcopy(jobs)]
+
+
+def print_groups(jobs: list[TraceJob], fit_first_plain: dict) -> None:
+    grouped = with_groups(jobs)
+    towerq = simulate(copy.deepcopy(grouped), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, group_shares=GROUP_SHARES)
+    fit_first = simulate(copy.deepcopy(grouped), HOSTS, GPUS_PER_HOST, Policy.FIT_FIRST, group_shares=GROUP_SHARES)
+    print("\ngroups (users dealt round robin by GPU-time into a, b, c with shares 2, 1, 1): GPUs held / entitled")
+    heads = f"{'towerq held/entitled':>22} {'ratio':>6} {'fit-first held/entitled':>25} {'ratio':>6}"
+    print(f"{'group':<6} {'share':>5} {heads}")
+    worst = {"towerq": 1.0, "fit-first": 1.0}
+    for group in GROUP_SHARES:
+        t, f = towerq["per_group"][group], fit_first["per_group"][group]
+        ratios = []
+        for name, row in (("towerq", t), ("fit-first", f)):
+            r = row["gpus_while_waiting"] / row["entitled_while_waiting"] if row["entitled_while_waiting"] else 1.0
+            worst[name] = min(worst[name], r)
+            ratios.append(r)
+        print(
+            f"{group:<6} {t['share']:>5g} {t['gpus_while_waiting']:>11.1f} / {t['entitled_while_waiting']:<8.1f}"
+            f" {ratios[0]:>6.2f} {f['gpus_while_waiting']:>13.1f} / {f['entitled_while_waiting']:<9.1f}"
+            f" {ratios[1]:>6.2f}"
+        )
+    print(
+        f"the group furthest below its entitlement gets {worst['towerq']:.2f} of it under towerq "
+        f"(control, fit-first: {worst['fit-first']:.2f})"
+    )
+    jct = ratio(towerq, fit_first_plain, "avg_jct_s")
+    wait = ratio(towerq, fit_first_plain, "max_wait_s")
+    jct_verdict = "met" if jct <= JCT_BAR else "NOT met"
+    wait_verdict = "met" if wait <= WAIT_BAR else "NOT met"
+    print(
+        f"with groups: towerq avg JCT / fit-first = {jct:.3f} (bar <= {JCT_BAR:.2f}: {jct_verdict}),"
+        f" max wait / fit-first = {wait:.3f} (bar <= {WAIT_BAR:.2f}: {wait_verdict})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -226,6 +282,7 @@ def main() -> None:
         action="store_true",
         help=f"also replay the file and the no-limit seeds with time slicing after {SLICE_GPU_S:g} GPU-seconds",
     )
+    parser.add_argument("--no-groups", action="store_true", help="skip the replay with groups")
     args = parser.parse_args()
     jobs = read_trace(args.trace)
     print(f"{args.trace.name}: {len(jobs)} jobs on {HOSTS} hosts x {GPUS_PER_HOST} GPUs, no run-time estimates\n")
@@ -247,6 +304,8 @@ def main() -> None:
         f"{live:.0f} ms with the expected starts of the first {FORECAST_JOBS} too (a live pass that writes positions)"
     )
     print_users(jobs, results)
+    if not args.no_groups:
+        print_groups(jobs, results["fit-first"])
     print_estimates(jobs, PolicyConfig())
     if args.quick:
         if args.slicing:

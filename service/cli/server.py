@@ -191,7 +191,7 @@ def add_simulate(commands: Any) -> None:
         "--trace",
         required=True,
         type=Path,
-        help="CSV: submit_time_s,duration_s,num_gpus,user[,gpu_fraction][,time_limit_s]",
+        help="CSV: submit_time_s,duration_s,num_gpus,user[,gpu_fraction][,time_limit_s][,group]",
     )
     simulate.add_argument("--hosts", type=int, required=True)
     simulate.add_argument("--gpus-per-host", type=int, required=True)
@@ -207,7 +207,28 @@ def add_simulate(commands: Any) -> None:
         metavar="GPU_SECONDS",
         help="time slicing after this many GPU-seconds, 0 for none (default TOWERQ_TIME_SLICE_GPU_S, 3600)",
     )
+    simulate.add_argument(
+        "--group-shares",
+        default="",
+        metavar="GROUP=SHARE,...",
+        help="the shares of the trace's groups (its `group` column), e.g. vision=2,nlp=1 (default 1 each)",
+    )
     simulate.set_defaults(run=run_simulate)
+
+
+def group_shares(text: str) -> dict[str, float]:
+    """`vision=2,nlp=1` as {group: share}; ValueError naming what is wrong."""
+    shares: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ValueError(f"{part!r}: give GROUP=SHARE, the share a number") from None
+        if not name or not share > 0:
+            raise ValueError(f"{part!r}: give GROUP=SHARE, the share above 0")
+        shares[name] = share
+    return shares
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -230,8 +251,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     except TraceError as err:
         print(f"towerq: {err}", file=sys.stderr)
         return 2
+    try:
+        shares = group_shares(args.group_shares)
+    except ValueError as err:
+        print(f"towerq: --group-shares: {err}", file=sys.stderr)
+        return 2
     config = PolicyConfig(demote_after_gpu_s=time_slice)
     oracle = args.estimates == "oracle"
-    result = simulate(jobs, args.hosts, args.gpus_per_host, Policy(args.policy), oracle=oracle, config=config)
+    result = simulate(
+        jobs, args.hosts, args.gpus_per_host, Policy(args.policy), oracle=oracle, config=config, group_shares=shares
+    )
     print(json.dumps(result))
     return 0

@@ -152,11 +152,13 @@ class FairShareTerms:
         self.total_used = max(sum(self.group_used[g] for g in self.members), DEFAULT_RUN_S)
         self.member_share = {g: sum(fair_share.share(u) for u in us) or 1.0 for g, us in self.members.items()}
         self.member_used = {g: max(sum(self.used[u] for u in us), DEFAULT_RUN_S) for g, us in self.members.items()}
+        self._terms: dict[Account, float] = {}
 
     def started(self, job: QueuedJob) -> None:
         run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
         self.used[job.user] += job.gpus * job.fraction * run_s
         self.group_used[job.group] += job.gpus * job.fraction * run_s
+        self._terms.clear()
 
     def group_owed(self, group: str | None) -> float:
         """The group's share among the groups present."""
@@ -185,4 +187,9 @@ class FairShareTerms:
         return 1.0 - 2.0 ** (-self.used_part(user, group) / self.owed(user, group))
 
     def term(self, user: str, group: str | None = None) -> float:
-        return self.group_term(group) + self.user_term(user, group)
+        """Kept until a job starts (a pass asks for each queued job's, most of them alike)."""
+        key = (user, group)
+        found = self._terms.get(key)
+        if found is None:
+            found = self._terms[key] = self.group_term(group) + self.user_term(user, group)
+        return found

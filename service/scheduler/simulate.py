@@ -25,6 +25,11 @@ start - submit, plus the time queued again after each stop), makespan
 makespan), fragmentation (the share of the capacity left idle while some job waited: GPUs
 or parts of GPUs no waiting job could use), Jain's fairness index over users' average number of GPUs held while they had
 work waiting, and the wall time of the policy call per pass.
+
+With groups (the trace's `group` column; shares from `group_shares`, default 1), fair share
+is two-level as in the service, and `per_group` reports each group's average number of
+GPUs held while it had work waiting, beside what it was entitled to then: its share of the
+cluster, split max-min among the groups with work by their shares (`water_fill`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from service.core.defaults import DEFAULT_HALF_LIFE_S
 from service.scheduler.clock import Happens, SimCluster
@@ -72,6 +77,16 @@ class _State:
     waiting_s: float = 0.0
     """How long some job waited (the time fragmentation is measured over)."""
     history: RunTimes = field(default_factory=lambda: RunTimes())
+    group_usage: dict[str | None, float] = field(default_factory=lambda: defaultdict(float))
+    group_held: dict[str | None, float] = field(default_factory=lambda: defaultdict(float))
+    group_queued_load: dict[str | None, float] = field(default_factory=lambda: defaultdict(float))
+    group_waiting: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
+    group_waited_s: dict[str | None, float] = field(default_factory=lambda: defaultdict(float))
+    group_gpu_s_while_waiting: dict[str | None, float] = field(default_factory=lambda: defaultdict(float))
+    group_entitled_gpu_s: dict[str | None, float] = field(default_factory=lambda: defaultdict(float))
+    group_shares: dict[str, float] = field(default_factory=dict)
+    has_groups: bool = False
+    """Some job of the trace runs in a group: groups are accounted."""
 
 
 def simulate(
@@ -83,6 +98,7 @@ def simulate(
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     config: PolicyConfig | None = None,
     estimates_every: int = 0,
+    group_shares: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Replay `jobs`; returns the metrics as a JSON-able dict. With `estimates_every` N,
     every Nth arrival also gets its start estimated as the service would at submit time
@@ -94,7 +110,8 @@ def simulate(
     capacity = hosts * gpus_per_host
     runnable = [j for j in jobs if j.gpus <= capacity]
     host_list = [HostCapacity(f"h{i:03d}", [1.0] * gpus_per_host) for i in range(hosts)]
-    state = _State(sim=SimCluster(host_list), capacity=float(capacity))
+    state = _State(sim=SimCluster(host_list), capacity=float(capacity), group_shares=dict(group_shares or {}))
+    state.has_groups = any(j.group is not None for j in runnable)
     sim = state.sim
     by_id = {j.id: j for j in runnable}
     arrivals = list(runnable)
@@ -129,7 +146,8 @@ def simulate(
             arrived.append(job.id)
             _enqueue(state, job, oracle)
         started = time.perf_counter()
-        fair = FairShare(usage=_usage_now(state, now, half_life_s))
+        users, groups = _usage_now(state, now, half_life_s)
+        fair = FairShare(usage=users, group_usage=groups, group_shares=state.group_shares)
         decision = schedule(state.queued.values(), sim.view(), fair, now, config)
         pass_ms.append((time.perf_counter() - started) * 1000)
         sampled = [i for i in arrived if estimates_every and i % estimates_every == 0]
@@ -219,6 +237,17 @@ def _advance(state: _State, start: float, end: float) -> None:
             state.waited_s[user] += span
             state.gpu_s_while_waiting[user] += span * state.held[user]
             state.entitled_gpu_s_while_waiting[user] += span * fair.get(user, 0.0)
+    if not state.group_shares and not state.has_groups:
+        return
+    groups = set(state.group_held) | set(state.group_queued_load)
+    group_demand = {g: state.group_held[g] + state.group_queued_load[g] for g in groups}
+    shares = {g: state.group_shares.get(g, 1.0) if g is not None else 1.0 for g in groups}
+    entitled = water_fill({g: d for g, d in group_demand.items() if d > 1e-9}, state.capacity, shares)
+    for group, count in state.group_waiting.items():
+        if count:
+            state.group_waited_s[group] += span
+            state.group_gpu_s_while_waiting[group] += span * state.group_held[group]
+            state.group_entitled_gpu_s[group] += span * entitled.get(group, 0.0)
 
 
 def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]], now: float, oracle: bool) -> None:
@@ -226,6 +255,8 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
     queued = state.queued.pop(job.id)
     state.waiting[job.user] -= 1
     state.queued_load[job.user] -= job.gpus * queued.fraction
+    state.group_waiting[job.group] -= 1
+    state.group_queued_load[job.group] -= job.gpus * queued.fraction
     if job.start is None:
         job.start = now
     left = job.run_s if job.left is None else job.left
@@ -244,11 +275,13 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             estimate_s=queued.estimate_s,
             typical_s=queued.typical_s,
             served_gpu_s=job.served,
+            group=job.group,
         )
         for host, indices in slots
     ]
     state.sim.start(parts, left)
     state.held[job.user] += job.gpus * queued.fraction
+    state.group_held[job.group] += job.gpus * queued.fraction
 
 
 def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracle: bool) -> None:
@@ -275,33 +308,42 @@ def _enqueue(state: _State, job: TraceJob, oracle: bool) -> None:
         estimate_s=state.history.estimate(job.user),
         typical_s=state.history.typical(job.user),
         served_gpu_s=job.served,
+        group=job.group,
     )
     state.waiting[job.user] += 1
     state.queued_load[job.user] += job.gpus * job.fraction
+    state.group_waiting[job.group] += 1
+    state.group_queued_load[job.group] += job.gpus * job.fraction
 
 
 def _finish(state: _State, job_id: int, now: float, half_life_s: float) -> None:
     for running in state.sim.release(job_id):
         _fold_usage(state, now, half_life_s)
-        state.usage[running.user] += interval_usage(running.gpu_load, running.started, now, now, half_life_s)
+        used = interval_usage(running.gpu_load, running.started, now, now, half_life_s)
+        state.usage[running.user] += used
+        state.group_usage[running.group] += used
         state.held[running.user] -= running.gpu_load
+        state.group_held[running.group] -= running.gpu_load
 
 
 def _fold_usage(state: _State, now: float, half_life_s: float) -> None:
     if now > state.usage_at:
         for user in state.usage:
             state.usage[user] = decayed(state.usage[user], state.usage_at, now, half_life_s)
+        for group in state.group_usage:
+            state.group_usage[group] = decayed(state.group_usage[group], state.usage_at, now, half_life_s)
         state.usage_at = now
 
 
-def _usage_now(state: _State, now: float, half_life_s: float) -> dict[str, float]:
+def _usage_now(state: _State, now: float, half_life_s: float) -> tuple[dict[str, float], dict[str | None, float]]:
+    """Decayed GPU-seconds per user and per group at `now`, running jobs included."""
     _fold_usage(state, now, half_life_s)
-    usage = dict(state.usage)
+    usage, groups = dict(state.usage), dict(state.group_usage)
     for running in state.sim.running:
-        usage[running.user] = usage.get(running.user, 0.0) + interval_usage(
-            running.gpu_load, running.started, now, now, half_life_s
-        )
-    return usage
+        used = interval_usage(running.gpu_load, running.started, now, now, half_life_s)
+        usage[running.user] = usage.get(running.user, 0.0) + used
+        groups[running.group] = groups.get(running.group, 0.0) + used
+    return usage, groups
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -362,15 +404,37 @@ def _metrics(
             }
             for user in sorted(waits)
         },
+        **_per_group(state),
     }
 
 
-def water_fill(demand: dict[str, float], capacity: float) -> dict[str, float]:
-    """Each user's max-min fair number of GPUs, with equal shares: the capacity split
-    equally, nobody entitled to more than they can use (running plus waiting), what they
-    leave split among the others."""
-    left, users, entitled = capacity, sorted(demand, key=lambda u: demand[u]), {}
-    for i, user in enumerate(users):
-        entitled[user] = min(demand[user], left / (len(users) - i))
-        left -= entitled[user]
+def _per_group(state: _State) -> dict[str, Any]:
+    """Each group's average number of GPUs held while it had work waiting, and what it was
+    entitled to then (none when the trace has no groups)."""
+    if not state.has_groups:
+        return {}
+    rows = {}
+    for group, waited in sorted(state.group_waited_s.items(), key=lambda item: item[0] or ""):
+        rows[group or "(no group)"] = {
+            "share": state.group_shares.get(group, 1.0) if group is not None else 1.0,
+            "gpus_while_waiting": round(state.group_gpu_s_while_waiting[group] / waited, 3) if waited else 0.0,
+            "entitled_while_waiting": round(state.group_entitled_gpu_s[group] / waited, 3) if waited else 0.0,
+        }
+    return {"per_group": rows}
+
+
+Key = TypeVar("Key", str, str | None)
+
+
+def water_fill(demand: dict[Key, float], capacity: float, shares: dict[Key, float] | None = None) -> dict[Key, float]:
+    """Each one's max-min fair number of GPUs, by their shares (default equal): the capacity
+    split by shares, nobody entitled to more than they can use (running plus waiting), what
+    they leave split among the others by theirs."""
+    weight = {key: (shares or {}).get(key, 1.0) for key in demand}
+    order = sorted(demand, key=lambda key: demand[key] / weight[key])
+    left, total, entitled = capacity, sum(weight.values()), {}
+    for key in order:
+        entitled[key] = min(demand[key], left * weight[key] / total) if total > 0 else 0.0
+        left -= entitled[key]
+        total -= weight[key]
     return entitled

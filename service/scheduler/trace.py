@@ -1,5 +1,5 @@
 """Traces the simulator replays: a CSV of jobs (`submit_time_s`, `duration_s`, `num_gpus`,
-`user`, optional `gpu_fraction` and `time_limit_s`), read and checked row by row."""
+`user`, optional `gpu_fraction`, `time_limit_s` and `group`), read and checked row by row."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ FRACTION_COLUMN = "gpu_fraction"
 
 
 LIMIT_COLUMN = "time_limit_s"
+
+
+GROUP_COLUMN = "group"
+"""The group the job runs in (empty or absent: none), for two-level fair share."""
 
 
 class TraceError(ValueError):
@@ -41,6 +45,8 @@ class TraceJob:
     """Time spent queued, all attempts together."""
     queued_at: float | None = None
     """When it last went back to the queue after a stop (None: never stopped)."""
+    group: str | None = None
+    """Trace column `group`: the group it runs in (none when empty or absent)."""
 
     @property
     def run_s(self) -> float:
@@ -81,6 +87,7 @@ def _trace_job(index: int, row: dict[str, str], path: Path, line: int) -> TraceJ
         if fraction < 1 and job.gpus != 1:
             raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} below 1 needs num_gpus 1 (got {job.gpus})")
         job.fraction = fraction
+    job.group = (row.get(GROUP_COLUMN) or "").strip() or None
     job.limit = _optional_number(row, LIMIT_COLUMN, f"{path}:{line}")
     if job.limit is not None and not (job.limit > 0 and math.isfinite(job.limit)):
         raise TraceError(

@@ -310,3 +310,39 @@ def test_a_run_that_moves_only_the_median_is_reported_so_queued_jobs_are_refresh
     assert history.add("ana", 35.0) is True
     assert (history.estimate("ana"), history.typical("ana")) == (100.0, 35.0)
     assert history.add("ana", 35.0) is False  # neither moved
+
+
+def grouped_trace(tmp_path: Path) -> Path:
+    """Two groups of two users each keep four GPUs' worth of one-GPU jobs waiting on a
+    two-GPU host: who gets the GPUs while both wait is the fair share's call."""
+    rows = []
+    for n in range(200):
+        for user, group in (("v1", "vision"), ("v2", "vision"), ("n1", "nlp"), ("n2", "nlp")):
+            rows.append(f"{n * 50},100,1,{user},{group}")
+    path = tmp_path / "grouped.csv"
+    path.write_text("submit_time_s,duration_s,num_gpus,user,group\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_trace_with_groups_is_replayed_with_their_shares_and_reports_them(tmp_path: Path) -> None:
+    jobs = read_trace(grouped_trace(tmp_path))
+    assert {j.group for j in jobs} == {"vision", "nlp"}
+    even = simulate(read_trace(grouped_trace(tmp_path)), 1, 2, Policy.TOWERQ)
+    assert abs(even["per_group"]["vision"]["gpus_while_waiting"] - even["per_group"]["nlp"]["gpus_while_waiting"]) < 0.2
+    weighted = simulate(jobs, 1, 2, Policy.TOWERQ, group_shares={"vision": 3.0})
+    vision, nlp = weighted["per_group"]["vision"], weighted["per_group"]["nlp"]
+    assert vision["share"] == 3.0 and nlp["share"] == 1.0
+    assert vision["gpus_while_waiting"] > nlp["gpus_while_waiting"] + 0.3  # the share weighs
+    assert vision["entitled_while_waiting"] == pytest.approx(1.5, abs=0.05)  # 3/4 of 2 GPUs
+    plain = simulate(read_trace(trace(tmp_path, HEAD_BLOCKED)), 1, 2, Policy.TOWERQ)
+    assert "per_group" not in plain  # a trace without groups reports none
+
+
+def test_towerq_simulate_takes_group_shares_and_refuses_bad_ones(tmp_path: Path) -> None:
+    path = grouped_trace(tmp_path)
+    command = [sys.executable, "-m", "service.cli", "simulate", "--trace", str(path), "--hosts", "1"]
+    command += ["--gpus-per-host", "2", "--limit", "200"]
+    out = subprocess.run([*command, "--group-shares", "vision=3,nlp=1"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["per_group"]["vision"]["share"] == 3.0
+    bad = subprocess.run([*command, "--group-shares", "vision=lots"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--group-shares: 'vision=lots'" in bad.stderr
