@@ -29,7 +29,20 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from service.core import rollups  # noqa: E402
 from service.core.db import Database  # noqa: E402
-from service.core.models import Allocation, Gpu, Host, Job, JobEvent, JobState, Metric, Sweep, utcnow  # noqa: E402
+from service.core.models import (  # noqa: E402
+    Allocation,
+    Gpu,
+    Group,
+    GroupMember,
+    Host,
+    Job,
+    JobEvent,
+    JobState,
+    Metric,
+    Reservation,
+    Sweep,
+    utcnow,
+)
 from service.core.settings import Settings  # noqa: E402
 from service.jobs.submit import new_job  # noqa: E402
 from service.lab.auth import Caller, ensure_user  # noqa: E402
@@ -39,6 +52,8 @@ from worker.inventory import SimulatedInventory  # noqa: E402
 
 MEMBERS = {"alice": 0.35, "bob": 0.25, "carol": 0.2, "dave": 0.12, "erin": 0.08}
 """Who submits how much of the lab's work."""
+GROUPS = {"vision": (2.0, ("alice", "bob")), "nlp": (1.0, ("carol", "dave", "erin"))}
+"""The lab's groups: share and members (each member's only group, so their default)."""
 HOSTS = {"lab-a": 4, "lab-b": 4}
 MODELS = [
     ("mlp", "digits"),
@@ -85,6 +100,7 @@ def seed(db: Database, settings: Settings, count: int, rng: random.Random) -> in
     with db.write() as session:
         gpus = _hosts(session)
         callers = {name: _member(session, name) for name in MEMBERS}
+        _groups(session, callers, now)
         sweeps = [_sweep(session, callers["carol"], "lr-search", now), _sweep(session, callers["bob"], "depth", now)]
         span = timedelta(days=7) * count / 300  # as busy a lab at any size: 300 jobs a week
         free_at = {gpu.id: now - span for gpu in gpus}
@@ -99,6 +115,19 @@ def _hosts(session: Session) -> list[Gpu]:
         register(session, name, SimulatedInventory(name, size), {"seeded": True})
     session.flush()
     return list(session.scalars(select(Gpu).join(Host).order_by(Host.name, Gpu.index)))
+
+
+def _groups(session: Session, callers: dict[str, Caller], now: datetime) -> None:
+    """The groups, and two GPUs of lab-b kept for nlp tomorrow afternoon."""
+    for name, (share, members) in GROUPS.items():
+        group = Group(name=name, share=share, max_gpu_hours_week=400.0 if name == "nlp" else None)
+        session.add(group)
+        for member in members:
+            session.add(GroupMember(group=group, user_id=callers[member].user_id, is_default=True))
+    start = (now + timedelta(days=1)).replace(hour=13, minute=0, second=0, microsecond=0)
+    session.add(Reservation(group="nlp", gpus=[["lab-b", 2], ["lab-b", 3]], start_at=start,
+                            end_at=start + timedelta(hours=5), note="paper deadline", created_by="admin"))  # fmt: skip
+    session.flush()
 
 
 def _member(session: Session, name: str) -> Caller:
@@ -153,7 +182,8 @@ def _job(
     spec = JobSpec.model_validate(body)
     row = new_job(callers[user], spec, None, settings, None)
     submitted += timedelta(minutes=rng.uniform(0, 20))
-    job = Job(**{**row, "sweep_id": sweep.id if sweep else None, "created_at": submitted})
+    group = next(name for name, (_, members) in GROUPS.items() if user in members)
+    job = Job(**{**row, "sweep_id": sweep.id if sweep else None, "created_at": submitted, "group": group})
     session.add(job)
     session.flush()
     if sweep is not None:

@@ -18,6 +18,7 @@ PAGES = {
     "sweep": ("sweeps/{sweep}", "#sweep-curves[data-series]"),
     "gpus": ("gpus", '[data-host="lab-a"]'),
     "usage": ("usage", "#chart-gpus-per-user .uplot"),
+    "groups": ("groups", "#reservations tr[data-reservation]"),
     "submit": ("submit", "#submit"),
     "compare": ("compare?ids={a},{b},{c}", "#compare-chart[data-series='3'] canvas"),
 }

@@ -13,6 +13,7 @@ const pages = {
   sweeps: () => import("./pages/sweeps.js"),
   sweep: () => import("./pages/sweep.js"),
   usage: () => import("./pages/usage.js"),
+  groups: () => import("./pages/groups.js"),
 };
 
 let leave = null;

@@ -237,7 +237,7 @@ function headerOf(job, reload) {
 
 function summaryOf(job) {
   const pairs = [
-    ["Owner", job.user],
+    ["Owner", job.group ? `${job.user} · group ${job.group}` : job.user],
     ["Progress", progress(job)],
     ["Train loss", number(job.latest.loss)],
     ["Train accuracy", percent(job.latest.accuracy)],

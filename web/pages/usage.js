@@ -41,7 +41,8 @@ export async function render(main, params) {
     el(
       "p",
       { class: "muted" },
-      "A job's rank gets its owner's term added: lower goes first. 0: used nothing lately; 0.5: used exactly their share.",
+      "A job's rank gets its owner's term added: lower goes first. 0: used nothing lately; 0.5: used exactly their share. " +
+        "With groups, a user's term is their group's plus their own within it.",
     ),
     fair,
     el("h2", {}, "Storage"),
@@ -61,7 +62,7 @@ export async function render(main, params) {
     plots.push(stackedChart(stacked, timeline, users, color, fit.width()));
     plots.push(queueChart(queue, timeline, fit.width()));
     drawGantt(gantt, timeline, color);
-    fair.replaceChildren(el("div", { class: "scroll" }, fairShareTable(shares)));
+    fair.replaceChildren(...fairShareTables(shares));
   }
   const poller = poll(refresh, POLL_MS, problem, "Refreshing usage");
   await refresh();
@@ -232,10 +233,44 @@ function drawGantt(box, timeline, color) {
   );
 }
 
+// The fair-share tree when the lab has groups: each group's row (its term is the first
+// level), then its users'; without groups, the users alone.
+function fairShareTables(shares) {
+  const users = fairShareTable(shares);
+  if (!shares.groups.length) return [el("div", { class: "scroll" }, users)];
+  const part = (v) => (v === null ? "–" : v.toFixed(3));
+  const quotas = (g) =>
+    [
+      g.max_gpus !== null ? `${g.max_gpus} GPUs at once` : null,
+      g.max_gpu_hours_week !== null ? `${g.gpu_hours_week.toFixed(1)} of ${g.max_gpu_hours_week} GPU-h this week` : null,
+    ]
+      .filter(Boolean)
+      .join("; ") || "none";
+  const columns = [
+    { title: "Group", cell: (g) => g.group ?? "(no group)" },
+    { title: "Share", class: "num", cell: (g) => String(g.share) },
+    { title: "Decayed GPU-hours", class: "num", cell: (g) => g.usage_gpu_hours.toFixed(2) },
+    { title: "Running GPUs", class: "num", cell: (g) => String(g.running_gpus) },
+    { title: "Queued jobs", class: "num", cell: (g) => String(g.queued_jobs) },
+    { title: "Owed", class: "num", cell: (g) => part(g.owed) },
+    { title: "Used", class: "num", cell: (g) => part(g.used) },
+    { title: "Term", class: "num", cell: (g) => part(g.term) },
+    { title: "Quotas", cell: quotas },
+  ];
+  const groups = dataTable(columns, shares.groups, {
+    tableClass: "fair-share-groups",
+    caption: "fair share between groups",
+    attrs: (g) => ({ dataset: { group: g.group ?? "" } }),
+  }).table;
+  return [el("div", { class: "scroll" }, groups), el("div", { class: "scroll" }, users)];
+}
+
 function fairShareTable(shares) {
   const part = (v) => (v === null ? "–" : v.toFixed(3));
+  const grouped = shares.groups.length > 0;
   const columns = [
     { title: "User", cell: (u) => u.user },
+    ...(grouped ? [{ title: "Group", cell: (u) => u.group ?? "(no group)" }] : []),
     { title: "Share", class: "num", cell: (u) => String(u.share) },
     { title: "Decayed GPU-hours", class: "num", cell: (u) => u.usage_gpu_hours.toFixed(2) },
     { title: "Running GPUs", class: "num", cell: (u) => String(u.running_gpus) },
@@ -247,7 +282,7 @@ function fairShareTable(shares) {
   return dataTable(columns, shares.users, {
     tableClass: "fair-share",
     caption: "fair share",
-    attrs: (u) => ({ dataset: { user: u.user } }),
+    attrs: (u) => ({ dataset: { user: u.user, group: u.group ?? "" } }),
     empty: "Nobody has used a GPU lately.",
   }).table;
 }
