@@ -252,6 +252,8 @@ class HeldOut(BaseModel):
     start: datetime
     end: datetime | None
     """None: still held."""
+    group: str | None = None
+    """The group its job ran in."""
 
 
 class QueueSampleOut(BaseModel):

@@ -232,6 +232,7 @@ class Held:
     start: datetime
     end: datetime | None
     """None: still held."""
+    group: str | None = None
 
 
 @dataclass
@@ -252,7 +253,7 @@ def timeline(session: Session, since: datetime, until: datetime, now: datetime) 
     """Who held which GPU when in [since, until] (each allocation, for a Gantt chart per GPU
     or GPUs per user over time), and the queue's length and wait at 200 moments."""
     held = [
-        Held(r.job_id, r.job_name, r.user, r.host, r.gpu, r.fraction, r.created_at, r.released_at)
+        Held(r.job_id, r.job_name, r.user, r.host, r.gpu, r.fraction, r.created_at, r.released_at, r.group)
         for r in session.execute(
             select(
                 Allocation.job_id,
@@ -263,6 +264,7 @@ def timeline(session: Session, since: datetime, until: datetime, now: datetime) 
                 Allocation.fraction,
                 Allocation.created_at,
                 Allocation.released_at,
+                Job.group,
             )
             .join(Job, Allocation.job_id == Job.id)
             .join(User, Job.user_id == User.id)

@@ -5,10 +5,13 @@ same without the forms; the Usage page shows the fair-share tree once there are 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from service.core.db import Database
 from service.core.settings import Settings
+from tests.service.api.test_usage import add_run
 from tests.stack import Stack
 from tests.web.conftest import shot
 
@@ -21,7 +24,11 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 
 
 def test_admins_make_groups_and_reservations_and_members_read_them(
-    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
 ) -> None:
     url = stack.start_api()
     add_host("lab-a", 4)
@@ -80,9 +87,17 @@ def test_admins_make_groups_and_reservations_and_members_read_them(
         spec,
     )
     assert submitted["group"] == "vision"  # her default group
+    now = datetime.now(UTC)
+    add_run(db, "alice", "lab-a", [2], now - timedelta(hours=3), now - timedelta(hours=3), now, group="vision")
+    add_run(db, "bob", "lab-a", [3], now - timedelta(hours=2), now - timedelta(hours=2), None)
     member.goto(f"{url}/#/usage")
     member.wait_for_selector('#fair-share table.fair-share-groups tr[data-group="vision"]')
     assert member.locator('#fair-share table.fair-share tr[data-user="alice"][data-group="vision"]').count() == 1
+    assert member.locator("#chart-gpus-per-user").get_attribute("data-users") == "alice,bob"
+    member.click('#per-what a:text("per group")')
+    member.wait_for_url("**/#/usage?window=day&by=group")
+    member.wait_for_function("document.querySelector('#chart-gpus-per-user').dataset.users === '(no group),vision'")
+    assert "GPUs in use per group" in member.locator("#chart-gpus-per-user figcaption").inner_text()
     member.goto(f"{url}/#/jobs/{submitted['id']}")
     member.wait_for_selector(".summary")
     assert "alice · group vision" in member.locator(".summary").first.inner_text()

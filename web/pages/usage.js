@@ -12,15 +12,33 @@ const POLL_MS = 30000;
 export async function render(main, params) {
   await session.ready;
   const span = WINDOWS[params.window] ? params.window : "day";
+  const by = params.by === "group" ? "group" : "user";
+  const keyOf = by === "group" ? (a) => a.group ?? "(no group)" : (a) => a.user;
   const problem = problemLine();
   const picker = el(
     "p",
     { class: "chart-controls" },
     ...Object.keys(WINDOWS).map((name) =>
-      el("a", { href: `#/usage?window=${name}`, "aria-current": name === span ? "page" : null, class: "window" }, `last ${name}`),
+      el(
+        "a",
+        {
+          href: `#/usage?window=${name}${by === "group" ? "&by=group" : ""}`,
+          "aria-current": name === span ? "page" : null,
+          class: "window",
+        },
+        `last ${name}`,
+      ),
     ),
   );
-  const stacked = el("figure", { class: "chart", id: "chart-gpus-per-user" }, el("figcaption", {}, "GPUs in use per user"));
+  // Per user, or per group once the lab has groups (the links show then).
+  const perWhat = el(
+    "p",
+    { class: "chart-controls", id: "per-what", hidden: true },
+    ...["user", "group"].map((name) =>
+      el("a", { href: `#/usage?window=${span}&by=${name}`, "aria-current": name === by ? "page" : null, class: "by" }, `per ${name}`),
+    ),
+  );
+  const stacked = el("figure", { class: "chart", id: "chart-gpus-per-user" }, el("figcaption", {}, `GPUs in use per ${by}`));
   const queue = el(
     "figure",
     { class: "chart", id: "chart-queue" },
@@ -33,6 +51,7 @@ export async function render(main, params) {
     el("h1", {}, "Usage"),
     problem,
     picker,
+    perWhat,
     stacked,
     el("h2", {}, "Who held each GPU"),
     gantt,
@@ -56,10 +75,13 @@ export async function render(main, params) {
     const since = new Date(until.getTime() - WINDOWS[span] * 1000);
     const query = `since=${encodeURIComponent(since.toISOString())}&until=${encodeURIComponent(until.toISOString())}`;
     const [timeline, shares] = await Promise.all([api(`api/usage/timeline?${query}`), api("api/fair-share")]);
+    perWhat.hidden = !shares.groups.length && !timeline.allocations.some((a) => a.group);
+    const keys = [...new Set(timeline.allocations.map(keyOf))].sort();
     const users = [...new Set(timeline.allocations.map((a) => a.user))].sort();
     const color = (user) => COLORS[users.indexOf(user) % COLORS.length];
+    const keyColor = (key) => COLORS[keys.indexOf(key) % COLORS.length];
     for (const plot of plots.splice(0)) plot.destroy();
-    plots.push(stackedChart(stacked, timeline, users, color, fit.width()));
+    plots.push(stackedChart(stacked, timeline, keys, keyOf, keyColor, fit.width()));
     plots.push(queueChart(queue, timeline, fit.width()));
     drawGantt(gantt, timeline, color);
     fair.replaceChildren(...fairShareTables(shares));
@@ -77,10 +99,10 @@ export async function render(main, params) {
 
 const seconds = (iso) => new Date(iso).getTime() / 1000;
 
-// GPUs held per user in each of POINTS buckets, stacked. A bucket's value is the GPU-seconds
+// GPUs held per user (or group: `keyOf`) in each of POINTS buckets, stacked. A bucket's value is the GPU-seconds
 // held in it over its length (the average GPUs held), so a job shorter than a bucket still
 // shows, as a part of a GPU. The scale is the lab: 0 to its GPUs.
-function stackedChart(figure, timeline, users, color, width) {
+function stackedChart(figure, timeline, users, keyOf, color, width) {
   const from = seconds(timeline.since);
   const to = Math.min(seconds(timeline.until), seconds(timeline.now));
   const step = Math.max(1e-9, (to - from) / POINTS);
@@ -88,7 +110,7 @@ function stackedChart(figure, timeline, users, color, width) {
   const now = seconds(timeline.now);
   const own = users.map(() => times.map(() => 0));
   timeline.allocations.forEach((a) => {
-    const u = users.indexOf(a.user);
+    const u = users.indexOf(keyOf(a));
     const start = Math.max(seconds(a.start), from);
     const end = Math.min(a.end ? seconds(a.end) : now, to);
     for (let i = Math.max(0, Math.floor((start - from) / step)); i < POINTS && times[i] < end; i += 1) {
