@@ -16,7 +16,9 @@ from service.core.lifecycle import locked_job, request_cancel
 from service.core.models import Job, Sweep
 from service.core.publish import kick_scheduler
 from service.jobs import sweeps
+from service.jobs.dependencies import resolve_after
 from service.jobs.submit import check_queue_room, check_submission, submit
+from service.lab.groups import resolve_group
 from service.notifications import outbound
 from towerq.contract.spec import JobSpec
 
@@ -107,13 +109,17 @@ def create(
     if body.notify_url:
         outbound.check_url(body.notify_url, settings.webhook_allow)
     checked: list[tuple[dict[str, Any], JobSpec]] = []
-    for index, (setting, raw) in enumerate(sweeps.job_specs(body)):
-        try:
-            spec = JobSpec.model_validate(raw)
-            check_submission(caller, spec, settings, inventory)
-        except (ValidationError, SpecError) as err:
-            raise sweeps.refusal(index, setting, err) from None
-        checked.append((setting, spec))
+    with db.read() as session:
+        for index, (setting, raw) in enumerate(sweeps.job_specs(body)):
+            try:
+                spec = JobSpec.model_validate(raw)
+                check_submission(caller, spec, settings, inventory)
+                # What submit checks against the database, checked before anything is stored.
+                resolve_after(session, caller, spec)
+                spec.group = resolve_group(session, caller, spec.group)
+            except (ValidationError, SpecError) as err:
+                raise sweeps.refusal(index, setting, err) from None
+            checked.append((setting, spec))
     check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
     definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
     with db.write() as session:

@@ -166,3 +166,20 @@ def test_a_pass_holds_a_group_at_its_quotas_and_says_which(
     finally:
         ctx.close()
     assert alice.get(f"/api/jobs/{bobs}").json()["state"] == JobState.DISPATCHED
+
+
+def test_a_sweep_in_a_group_you_are_not_in_stores_nothing(alice: Api, as_user: Callable[..., Api]) -> None:
+    """The group (and `after`) are checked for every setting before the sweep is stored: a
+    refusal used to come after the sweep's row, leaving a sweep with no jobs."""
+    admin = as_user("root", admin=True)
+    admin.post("/api/groups", json={"name": "vision"})
+    body = {"name": "s", "base": {**SPEC, "group": "vision"}, "grid": {"hyperparameters.seed": [1, 2]}}
+    refused = alice.post("/api/sweeps", json=body)
+    assert refused.status_code == 422 and "settings.0.group" in refused.text, refused.text
+    impossible = alice.post("/api/sweeps", json={**body, "base": {**SPEC, "after": [999]}})
+    assert impossible.status_code == 422 and "settings.0.after" in impossible.text, impossible.text
+    assert alice.get("/api/sweeps").json()["items"] == [] and alice.get("/api/jobs").json()["total"] == 0
+    admin.put("/api/groups/vision/members/alice", json={})
+    made = alice.post("/api/sweeps", json=body)
+    assert made.status_code == 201, made.text
+    assert {alice.get(f"/api/jobs/{j['id']}").json()["group"] for j in made.json()["jobs"]} == {"vision"}
