@@ -212,8 +212,8 @@ class FairShareUserOut(BaseModel):
     used: float | None
     """Their part of the use of those users, running jobs' likely rest included."""
     term: float | None
-    """What the scheduler adds to their jobs' rank now (lower goes first): their own term
-    within their group (0 to 1), plus their group's (0 to 1) when several groups are present."""
+    """What the scheduler adds to their jobs' rank now (0 to 1, lower goes first): their own
+    term within their group; when several groups are present, its mean with their group's."""
 
 
 class FairShareGroupOut(BaseModel):

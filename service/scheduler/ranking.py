@@ -120,10 +120,14 @@ Account = tuple[str, str | None]
 class FairShareTerms:
     """The fair-share term of each account, in two levels as Slurm's fair tree: between the
     groups present by their shares, then between the users present in each group by theirs.
-    An account's term is its group's term plus its user's term within the group, each
-    `1 - 2**(-used/owed)` (0 to 1), so an over-served group and an over-served user weigh
-    alike. Jobs without a group are one group of their own (share 1). Without groups every
-    job is in that one group, whose term is 0: the order and the terms are the users' alone.
+    An account's term is the mean of its group's term and its user's term within the group,
+    each `1 - 2**(-used/owed)` (0 to 1): an over-served group and an over-served user weigh
+    alike, and fair share as a whole stays within one priority class as it was without
+    groups, so aging lifts any job as soon as before (summed, the terms reached two classes,
+    and on the Philly sample dealt into three groups the longest wait grew past fit-first's:
+    1.066x, against 0.952x with the mean). Jobs without a group are one group of their own
+    (share 1). Without groups every job is in that one group, and an account's term is its
+    user's alone: the order and the terms are exactly as before groups.
     A user's use counts all their jobs, whichever group they ran in."""
 
     def __init__(
@@ -191,5 +195,6 @@ class FairShareTerms:
         key = (user, group)
         found = self._terms.get(key)
         if found is None:
-            found = self._terms[key] = self.group_term(group) + self.user_term(user, group)
+            own = self.user_term(user, group)
+            found = self._terms[key] = own if len(self.members) < 2 else (self.group_term(group) + own) / 2
         return found

@@ -61,7 +61,7 @@ export async function render(main, params) {
       "p",
       { class: "muted" },
       "A job's rank gets its owner's term added: lower goes first. 0: used nothing lately; 0.5: used exactly their share. " +
-        "With groups, a user's term is their group's plus their own within it.",
+        "With groups, a user's term is the mean of their group's and their own within it.",
     ),
     fair,
     el("h2", {}, "Storage"),
