@@ -186,16 +186,28 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def add_simulate(commands: Any) -> None:
-    simulate = commands.add_parser("simulate", help="replay a job trace through a scheduling policy")
-    simulate.add_argument(
-        "--trace",
-        required=True,
-        type=Path,
-        help="CSV: submit_time_s,duration_s,num_gpus,user[,gpu_fraction][,time_limit_s][,group]",
+    simulate = commands.add_parser(
+        "simulate",
+        help="replay a job trace through a scheduling policy; --from-db: the lab's own jobs, as it is and what if",
     )
-    simulate.add_argument("--hosts", type=int, required=True)
-    simulate.add_argument("--gpus-per-host", type=int, required=True)
-    simulate.add_argument("--policy", default="towerq", choices=["fifo", "fit-first", "towerq"])
+    source = simulate.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--trace", type=Path, help="CSV: submit_time_s,duration_s,num_gpus,user[,gpu_fraction][,time_limit_s][,group]"
+    )
+    source.add_argument(
+        "--from-db",
+        action="store_true",
+        help="the lab's own ended jobs (TOWERQ_DATABASE_URL) of --since..--until, replayed on the lab as it is and "
+        "with the options given (--hosts, --gpus-per-host, --policy, --time-slice), side by side",
+    )
+    simulate.add_argument("--since", default="30d", help="with --from-db: an ISO time or an age (default 30d)")
+    simulate.add_argument("--until", default=None, help="with --from-db: an ISO time or an age (default now)")
+    simulate.add_argument(
+        "--export", type=Path, default=None, metavar="CSV", help="with --from-db: write the trace there, replay nothing"
+    )
+    simulate.add_argument("--hosts", type=int, default=None, help="required with --trace")
+    simulate.add_argument("--gpus-per-host", type=int, default=None, help="required with --trace")
+    simulate.add_argument("--policy", default=None, choices=["fifo", "fit-first", "towerq"], help="default towerq")
     simulate.add_argument(
         "--estimates", default="none", choices=["none", "oracle"], help="oracle: true durations become time limits"
     )
@@ -239,13 +251,18 @@ def run_simulate(args: argparse.Namespace) -> int:
     from service.scheduler.trace import TraceError, read_trace
     from service.scheduler.types import Policy, PolicyConfig
 
-    if args.hosts < 1 or args.gpus_per_host < 1:
+    if (args.hosts is not None and args.hosts < 1) or (args.gpus_per_host is not None and args.gpus_per_host < 1):
         print("towerq: --hosts and --gpus-per-host must be at least 1", file=sys.stderr)
         return 2
-    time_slice = Settings().time_slice_gpu_s if args.time_slice is None else args.time_slice
-    if not time_slice >= 0:
+    if args.time_slice is not None and not args.time_slice >= 0:
         print("towerq: --time-slice must be 0 (off) or a number of GPU-seconds", file=sys.stderr)
         return 2
+    if args.from_db:
+        return _simulate_from_db(args)
+    if args.hosts is None or args.gpus_per_host is None:
+        print("towerq: with --trace, give --hosts and --gpus-per-host", file=sys.stderr)
+        return 2
+    time_slice = Settings().time_slice_gpu_s if args.time_slice is None else args.time_slice
     try:
         jobs = read_trace(args.trace, limit=args.limit)
     except TraceError as err:
@@ -258,8 +275,69 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 2
     config = PolicyConfig(demote_after_gpu_s=time_slice)
     oracle = args.estimates == "oracle"
-    result = simulate(
-        jobs, args.hosts, args.gpus_per_host, Policy(args.policy), oracle=oracle, config=config, group_shares=shares
-    )
+    policy = Policy(args.policy or "towerq")
+    result = simulate(jobs, args.hosts, args.gpus_per_host, policy, oracle=oracle, config=config, group_shares=shares)
     print(json.dumps(result))
+    return 0
+
+
+def _simulate_from_db(args: argparse.Namespace) -> int:
+    """The lab's own jobs: exported as a trace, or replayed as the lab is and with the
+    options given, printed side by side as one JSON object."""
+    import csv
+    import json
+    import sys
+    from datetime import UTC, datetime
+
+    from service.core.db import Database
+    from service.lab.whatif import lab_trace, what_if
+    from service.scheduler.types import Policy
+    from towerq.cli.reports import when_from
+    from towerq.cli.session import UsageError
+
+    try:
+        since = datetime.fromisoformat(when_from(args.since, "--since"))
+        until = datetime.fromisoformat(when_from(args.until, "--until")) if args.until else datetime.now(UTC)
+    except UsageError as err:
+        print(f"towerq: {err}", file=sys.stderr)
+        return 2
+    if since >= until:
+        print("towerq: --since must be before --until", file=sys.stderr)
+        return 2
+    settings = Settings()
+    db = Database(settings.database_url)
+    try:
+        with db.read() as session:
+            if args.export is not None:
+                trace = lab_trace(session, since, until)
+                with args.export.open("w", newline="") as handle:
+                    out = csv.writer(handle)
+                    out.writerow(
+                        ["submit_time_s", "duration_s", "num_gpus", "user", "gpu_fraction", "time_limit_s", "group"]
+                    )
+                    for job in trace.jobs:
+                        limit = "" if job.limit is None else f"{job.limit:g}"
+                        out.writerow(
+                            [
+                                f"{job.submit:.3f}",
+                                f"{job.duration:.3f}",
+                                job.gpus,
+                                job.user,
+                                f"{job.fraction:g}",
+                                limit,
+                                job.group or "",
+                            ]
+                        )
+                print(f"{len(trace.jobs)} jobs written to {args.export} ({trace.never_ran} never ran: left out)")
+                return 0
+            changes = {
+                "hosts": args.hosts,
+                "gpus_per_host": args.gpus_per_host,
+                "policy": Policy(args.policy) if args.policy else None,
+                "time_slice_gpu_s": args.time_slice,
+            }
+            result = what_if(session, settings, since, until, {k: v for k, v in changes.items() if v is not None})
+    finally:
+        db.dispose()
+    print(json.dumps(result, default=str))
     return 0

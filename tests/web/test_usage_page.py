@@ -115,3 +115,37 @@ def test_the_usage_charts_fit_the_lab_show_short_jobs_and_read_at_phone_width(
         )
         assert headings == cells, "every heading aligned as the figures under it"
         shot(page, f"usage-{viewport[0]}")
+
+
+def test_admins_replay_the_labs_history_under_other_settings(
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    from tests.service.api.test_what_if import three_hour_long_jobs_on_one_gpu
+
+    url = stack.start_api()
+    add_host("solo", 1)
+    three_hour_long_jobs_on_one_gpu(db)
+    member = open_page()
+    member.goto(f"{url}/?token={make_token('alice')}#/usage")
+    member.wait_for_selector("#chart-gpus-per-user .uplot")
+    assert member.locator("#what-if").count() == 0  # admins only
+
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('root', True)}#/usage")
+    page.wait_for_selector("#what-if")
+    page.fill("#wi-hosts", "0")
+    page.click("#what-if button[type=submit]")
+    page.wait_for_function("document.querySelector('#what-if .error').textContent.includes('hosts')")
+    page.fill("#wi-hosts", "3")
+    page.fill("#wi-slice", "0")
+    page.click("#what-if button[type=submit]")
+    page.wait_for_selector("table.what-if")
+    wait = page.locator('table.what-if tr[data-metric="max_wait_s"] td').all_inner_texts()
+    assert wait[1:] == ["2h 0m", "0s", "0.00×"], wait
+    assert "3 × 1 GPUs" in page.locator("table.what-if thead").inner_text()
+    assert page.locator("table.what-if-users tbody tr").count() == 3
+    shot(page, "usage-what-if")

@@ -1,7 +1,7 @@
 // Usage: who held the GPUs over the last day or week (stacked per user, and a timeline per
 // GPU), the queue's length and wait, and the fair-share ranking as the scheduler sees it now.
 import { COLORS, fitToWidth } from "../charts.js";
-import { api, dataTable, duration, el, poll, problemLine, session } from "../lib.js";
+import { api, dataTable, duration, el, poll, problemLine, session, toast } from "../lib.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 
 const WINDOWS = { day: 86400, week: 7 * 86400 };
@@ -66,6 +66,7 @@ export async function render(main, params) {
     fair,
     el("h2", {}, "Storage"),
     storage,
+    ...(session.me?.is_admin ? whatIfSection() : []),
   );
   const plots = [];
   const fit = fitToWidth(main, () => plots, HEIGHT);
@@ -326,5 +327,124 @@ function storageOf(stored) {
     stored.users.length
       ? el("div", { class: "scroll" }, dataTable(columns, stored.users, { caption: "Storage per user" }).table)
       : el("p", { class: "muted" }, "Nothing stored yet."),
+  ];
+}
+
+// What if (admins): the lab's own ended jobs of a window replayed on the lab as it is and
+// with other settings (time slicing, GPUs, policy), side by side, before changing anything.
+const WHAT_IF_ROWS = [
+  ["jobs", "Jobs replayed", String],
+  ["avg_jct_s", "Avg job completion", duration],
+  ["p95_jct_s", "p95 job completion", duration],
+  ["avg_wait_s", "Avg wait", duration],
+  ["p95_wait_s", "p95 wait", duration],
+  ["max_wait_s", "Max wait", duration],
+  ["utilization", "GPUs busy", (v) => `${(100 * v).toFixed(1)}%`],
+];
+
+function whatIfSection() {
+  const result = el("div", { id: "what-if-result" });
+  const said = el("p", { class: "error", role: "alert" });
+  const field = (label, input, help = "") =>
+    el("div", { class: "field" }, el("label", { for: input.id }, label), input, help ? el("small", { class: "muted" }, help) : null);
+  const form = el(
+    "form",
+    { class: "admin-form", id: "what-if", novalidate: true },
+    field(
+      "Replay",
+      el(
+        "select",
+        { id: "wi-days", name: "days" },
+        el("option", { value: "7" }, "last week"),
+        el("option", { value: "30", selected: true }, "last 30 days"),
+      ),
+    ),
+    field(
+      "Time slice (GPU-hours)",
+      el("input", { id: "wi-slice", name: "slice", type: "number", min: "0", step: "any", placeholder: "as now" }),
+      "0: no time slicing",
+    ),
+    field("Hosts", el("input", { id: "wi-hosts", name: "hosts", type: "number", min: "1", step: "1", placeholder: "as now" })),
+    field(
+      "GPUs per host",
+      el("input", { id: "wi-gpus", name: "gpus_per_host", type: "number", min: "1", step: "1", placeholder: "as now" }),
+    ),
+    field(
+      "Policy",
+      el(
+        "select",
+        { id: "wi-policy", name: "policy" },
+        ["", "towerq", "fit-first", "fifo"].map((p) => el("option", { value: p }, p || "as now")),
+      ),
+    ),
+    el("button", { type: "submit" }, "Replay"),
+    said,
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    said.textContent = "";
+    const data = new FormData(form);
+    const until = new Date();
+    const body = { since: new Date(until.getTime() - Number(data.get("days")) * 86400 * 1000).toISOString(), until: until.toISOString() };
+    if (data.get("slice") !== "") body.time_slice_gpu_s = Number(data.get("slice")) * 3600;
+    if (data.get("hosts") !== "") body.hosts = Number(data.get("hosts"));
+    if (data.get("gpus_per_host") !== "") body.gpus_per_host = Number(data.get("gpus_per_host"));
+    if (data.get("policy")) body.policy = data.get("policy");
+    result.replaceChildren(el("p", { class: "muted" }, "Replaying…"));
+    try {
+      result.replaceChildren(...whatIfTables(await api("api/usage/what-if", { method: "POST", body })));
+    } catch (error) {
+      result.replaceChildren();
+      said.textContent = Array.isArray(error.detail) ? error.detail.map((d) => d.msg).join("; ") : error.message;
+      toast("The replay failed");
+    }
+  });
+  return [
+    el("h2", {}, "What if (admins)"),
+    el(
+      "p",
+      { class: "muted" },
+      "The lab's own ended jobs replayed through the scheduler, on the lab as it is and with the settings below, side by side. Nothing changes.",
+    ),
+    form,
+    result,
+  ];
+}
+
+function setupText(setup) {
+  const slice = setup.time_slice_gpu_s ? `slice ${setup.time_slice_gpu_s / 3600} GPU-h` : "no slicing";
+  return `${setup.hosts} × ${setup.gpus_per_host} GPUs, ${setup.policy}, ${slice}`;
+}
+
+function whatIfTables(answer) {
+  const { now, what_if: other } = answer;
+  const ratio = (a, b) => (a ? `${(b / a).toFixed(2)}×` : "–");
+  const columns = [
+    { title: "", cell: (row) => row[1] },
+    { title: `As now (${setupText(now.setup)})`, class: "num", cell: (row) => row[2](now[row[0]]) },
+    { title: `What if (${setupText(other.setup)})`, class: "num", cell: (row) => row[2](other[row[0]]) },
+    { title: "What if / now", class: "num", cell: (row) => (row[0] === "jobs" ? "" : ratio(now[row[0]], other[row[0]])) },
+  ];
+  const summary = dataTable(columns, WHAT_IF_ROWS, {
+    tableClass: "what-if",
+    caption: "what if",
+    attrs: (row) => ({ dataset: { metric: row[0] } }),
+  }).table;
+  const users = Object.keys(now.per_user).sort((a, b) => now.per_user[b].gpu_hours - now.per_user[a].gpu_hours);
+  const perUser = dataTable(
+    [
+      { title: "User", cell: (u) => u },
+      { title: "GPU-hours", class: "num", cell: (u) => now.per_user[u].gpu_hours.toFixed(1) },
+      { title: "p95 wait, as now", class: "num", cell: (u) => duration(now.per_user[u].p95_wait_s) },
+      { title: "p95 wait, what if", class: "num", cell: (u) => duration(other.per_user[u]?.p95_wait_s ?? 0) },
+    ],
+    users,
+    { tableClass: "what-if-users", caption: "what if, per user", attrs: (u) => ({ dataset: { user: u } }) },
+  ).table;
+  const left = answer.never_ran ? ` ${answer.never_ran} jobs that never held a GPU are left out.` : "";
+  return [
+    el("p", { class: "muted" }, `${answer.jobs} jobs, ${now.gpu_hours.toFixed(1)} GPU-hours of work.${left}`),
+    el("div", { class: "scroll" }, summary),
+    el("div", { class: "scroll" }, perUser),
   ];
 }

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import func, select
 
-from service.api.deps import CallerDep, SessionDep, SettingsDep
+from service.api.deps import AdminDep, CallerDep, SessionDep, SettingsDep
 from service.core.exceptions import SpecError
 from service.core.models import Gpu, Job, User, utcnow
 from service.core.schemas import FairShareOut, TimelineOut, UsageOut
 from service.lab.accounting import BY, fair_share_report, timeline, usage_report
+from service.lab.whatif import what_if
+from service.scheduler.types import Policy
 from service.uploads import code, datasets
 
 router = APIRouter(prefix="/api", tags=["usage"])
@@ -124,3 +126,38 @@ def _aware(value: datetime, field: str) -> datetime:
     if value.tzinfo is None:
         raise SpecError(field, "give a time zone (e.g. 2026-11-23T12:00:00Z)")
     return value
+
+
+class WhatIfRequest(BaseModel):
+    """A window of the lab's history and the settings to replay it under, beside the lab's
+    own; a field left out stays as the lab is."""
+
+    model_config = {"extra": "forbid"}
+
+    since: datetime | None = Field(default=None, description="ISO 8601 with a zone; default: 30 days before until")
+    until: datetime | None = Field(default=None, description="default: now")
+    hosts: int | None = Field(default=None, ge=1, le=1000)
+    gpus_per_host: int | None = Field(default=None, ge=1, le=64)
+    policy: Policy | None = None
+    time_slice_gpu_s: float | None = Field(default=None, ge=0, le=30 * 86400, description="0: no time slicing")
+
+
+WHAT_IF_WINDOW = timedelta(days=30)
+WHAT_IF_MAX_WINDOW = timedelta(days=92)
+
+
+@router.post("/usage/what-if")
+def usage_what_if(body: WhatIfRequest, session: SessionDep, settings: SettingsDep, _: AdminDep) -> dict[str, Any]:
+    """Replay the lab's jobs of a window (submitted in it, ended) on the lab as it is now and
+    with the changes asked for, side by side: avg JCT, waits, utilization, per user (admins).
+    A month of a busy lab replays in seconds."""
+    now = utcnow()
+    since, until = _window(body.since, body.until, now, WHAT_IF_WINDOW)
+    if until - since > WHAT_IF_MAX_WINDOW:
+        raise SpecError("since", f"a what-if replays at most {WHAT_IF_MAX_WINDOW.days} days")
+    changes = {
+        k: v
+        for k, v in body.model_dump(include={"hosts", "gpus_per_host", "policy", "time_slice_gpu_s"}).items()
+        if v is not None
+    }
+    return what_if(session, settings, since, until, changes)
