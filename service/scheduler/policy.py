@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from service.scheduler.capacity import FreeGpus, Slots
+from service.scheduler.capacity import FreeGpus, Slots, expected_end
 from service.scheduler.ranking import FairShareTerms, base_rank, rank_order
 from service.scheduler.types import (
     EPSILON,
@@ -324,24 +324,42 @@ class _Pass:
     def _slice_victims(self, job: QueuedJob) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
         """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
         the most served first; a user above their share (their part of the present users'
-        use is over their part of the shares) stops only their own jobs. Within a pass,
+        use is over their part of the shares) stops only their own jobs. A stop must pay:
+        when the fresh work's run time is known (`_fresh_run_s`), the job stopped must be
+        expected to run on (`expected_end`, cautious) for longer than that plus what the stop
+        costs it (`STOP_COST_S`), else the fresh job waits as it would without slicing
+        (shortest remaining work first: stopping a job for one as long gains nobody). Within a pass,
         victims only get fewer and free GPUs scarcer, so a shape that found none finds none
         later in the pass either."""
         terms = self.terms
         own_only = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
-        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
+        fresh_run = self._fresh_run_s(job)
+        owner = job.user if own_only else None
+        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, owner, fresh_run)
         if not self._sliceable or shape in self._no_victims:
             return None
         served = self._sliceable
 
         def may_stop(running: RunningJob) -> bool:
             mine = running.user == job.user or not own_only
-            return running.id in served and running.priority >= job.priority and mine
+            if not (running.id in served and running.priority >= job.priority and mine):
+                return False
+            return not fresh_run or expected_end(running, self.now) - self.now >= fresh_run + STOP_COST_S
 
         choice = self._victims(job, may_stop, lambda r: -served[r.id])
         if choice is None:
             self._no_victims.add(shape)
         return choice
+
+    def _fresh_run_s(self, job: QueuedJob) -> float:
+        """How long fresh work stopping a served job is known to hold its GPUs: its owner's
+        median run time (at most its limit), else its limit; 0 when nothing is known (as
+        Tiresias does, time slicing then finds out by running it: it can be stopped in turn
+        once it has had its slice)."""
+        for known in (job.likely_run_s, job.limit_s):
+            if known is not None:
+                return known
+        return 0.0
 
     def _victims(
         self, job: QueuedJob, may_stop: Callable[[RunningJob], bool], order: Callable[[RunningJob], float]
@@ -445,6 +463,8 @@ CHECKPOINT_S = 30.0
 and the forecast; the worker gives it `cancel_grace_s` (30 s by default)."""
 RESTART_S = 60.0
 """Run time a stopped job loses when it starts again (process, graph, checkpoint restore)."""
+STOP_COST_S = CHECKPOINT_S + RESTART_S
+"""What stopping a job costs it: the checkpoint it writes, and the restart it pays again."""
 MIN_RUN_S = 600.0
 """Time slicing stops no attempt younger than this: starting a job again costs about a
 minute (`RESTART_S`), so each slice pays for it at least ten times over."""

@@ -393,6 +393,7 @@ def _metrics(
         "shared_jobs": sum(1 for j in jobs if j.fraction < 1),
         "jain_fairness": round(jain, 4),
         "avg_pass_ms": round(sum(pass_ms) / len(pass_ms), 3) if pass_ms else 0.0,
+        "p99_pass_ms": round(_percentile(pass_ms, 0.99), 3),
         "max_pass_ms": round(max(pass_ms, default=0.0), 3),
         "per_user": {
             user: {

@@ -83,10 +83,15 @@ def test_with_time_slicing_a_fresh_job_starts_once_the_served_job_has_checkpoint
     assert sliced == {1: Forecast(NOW + CHECKPOINT_S, "lab-a"), 2: Forecast(NOW + CHECKPOINT_S + 600, "lab-a")}
     plain = forecast(queued, cluster(1, running=busy), FairShare(), NOW, PolicyConfig())
     assert plain[1] == Forecast(NOW + 86400 - 7200, "lab-a")
-    # A job the replay started itself is stopped when its slice is up (an event of its own).
-    alike = [job(1, typical_s=5 * 3600.0), job(2, typical_s=5 * 3600.0)]
-    found = forecast(alike, cluster(1), FairShare(), NOW, PolicyConfig(demote_after_gpu_s=3600))
-    assert found == {1: Forecast(NOW, "lab-a"), 2: Forecast(NOW + 3600 + CHECKPOINT_S, "lab-a")}
+    # A job the replay started itself is stopped when its slice is up (an event of its own),
+    # for fresh work shorter than what it has left; not for work as long (a stop must pay).
+    five_hours = [running(100, "lab-a", (0,), typical_s=5 * 3600.0, estimate_s=5 * 3600.0, started=NOW)]
+    short = forecast([job(1, typical_s=600.0)], cluster(1, running=five_hours), FairShare(), NOW,
+                     PolicyConfig(demote_after_gpu_s=3600))  # fmt: skip
+    assert short == {1: Forecast(NOW + 3600 + CHECKPOINT_S, "lab-a")}
+    alike = forecast([job(1, typical_s=5 * 3600.0)], cluster(1, running=five_hours), FairShare(), NOW,
+                     PolicyConfig(demote_after_gpu_s=3600))  # fmt: skip
+    assert alike == {1: Forecast(NOW + 5 * 3600, "lab-a")}
     # A job running since now with a 10-minute floor: a 4-GPU job serves its hour in 15 min.
     gang = [running(100, "lab-a", (0, 1, 2, 3), typical_s=86400.0, started=NOW)]
     found = forecast(

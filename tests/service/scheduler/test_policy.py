@@ -270,6 +270,24 @@ def test_time_slicing_stops_the_most_served_job_for_fresh_work_only_when_on() ->
     assert placed(on) == {}, "it starts once the stopped job has checkpointed"
 
 
+def test_a_stop_must_pay_a_job_is_not_stopped_for_fresh_work_as_long_as_what_it_has_left() -> None:
+    """(Issue 29.) Slicing stopped long jobs again and again for work that was itself long.
+    The served job's owner's runs say it has about 3 hours left: fresh work known to take
+    10 minutes stops it; fresh work known to take 10 hours (its owner's median, or its time
+    limit) waits, as it would without slicing; fresh work nothing is known of is sliced in,
+    as before (slicing finds out by running it)."""
+    served = [running(100, "lab-a", (0,), started=NOW - 2 * HOUR, estimate_s=5 * HOUR, typical_s=4 * HOUR)]
+    for fresh, stops in (
+        (job(1, typical_s=600.0), True),
+        (job(1, typical_s=10 * HOUR), False),
+        (job(1, limit_s=10 * HOUR), False),
+        (job(1, limit_s=2 * HOUR), True),
+        (job(1), True),
+    ):
+        decision = run([fresh], cluster(1, running=served), demote_after_gpu_s=HOUR)
+        assert (decision.preempt == {100: 1}) is stops, fresh
+
+
 def test_a_user_above_their_share_stops_no_one_elses_job_by_slicing() -> None:
     """A heavy user feeding fresh short jobs must not keep stopping other members' long
     jobs: slicing only lets a user at or under their share stop another's job."""

@@ -31,6 +31,7 @@ METRICS = {
     "utilization",
     "jain_fairness",
     "avg_pass_ms",
+    "p99_pass_ms",
     "max_pass_ms",
     "fragmentation",
     "shared_jobs",
