@@ -118,15 +118,18 @@ def reservation_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def run_reservation_list(args: argparse.Namespace) -> int:
-    rows = Api(args).client.reservations(args.all)
+def _listing(args: argparse.Namespace, rows: list[dict[str, Any]], lines: list[str], empty: str) -> int:
+    """A list command's output: the API's answer as JSON, `empty` when there is nothing, or the table."""
     if args.output_format == "json":
         return print_json(rows)
-    if not rows:
-        print("no reservations ahead (an admin makes one: towerq reservation create --group G --gpus N --end +8h)")
-        return 0
-    print("\n".join(reservation_lines(rows)))
+    print("\n".join(lines) if rows else empty)
     return 0
+
+
+def run_reservation_list(args: argparse.Namespace) -> int:
+    rows = Api(args).client.reservations(args.all)
+    empty = "no reservations ahead (an admin makes one: towerq reservation create --group G --gpus N --end +8h)"
+    return _listing(args, rows, reservation_lines(rows), empty)
 
 
 def run_reservation_create(args: argparse.Namespace) -> int:
@@ -181,13 +184,8 @@ def group_lines(groups: list[dict[str, Any]]) -> list[str]:
 
 def run_group_list(args: argparse.Namespace) -> int:
     groups = Api(args).client.groups()
-    if args.output_format == "json":
-        return print_json(groups)
-    if not groups:
-        print("no groups yet (an admin creates one: towerq group create NAME --share N)")
-        return 0
-    print("\n".join(group_lines(groups)))
-    return 0
+    empty = "no groups yet (an admin creates one: towerq group create NAME --share N)"
+    return _listing(args, groups, group_lines(groups), empty)
 
 
 def run_group_change(args: argparse.Namespace) -> int:

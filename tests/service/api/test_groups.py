@@ -20,6 +20,15 @@ from tests.service.api.test_usage import add_run
 SPEC: dict[str, Any] = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
 
 
+def one_pass(settings: Settings) -> None:
+    """One scheduling pass, as the scheduler process runs them."""
+    ctx = Context.open(settings)
+    try:
+        LiveScheduler(ctx).run_pass()
+    finally:
+        ctx.close()
+
+
 def test_admins_manage_groups_and_everyone_reads_them(alice: Api, as_user: Callable[..., Api]) -> None:
     admin = as_user("root", admin=True)
     made = admin.post("/api/groups", json={"name": "vision", "share": 2, "max_gpus": 4})
@@ -147,11 +156,7 @@ def test_a_pass_holds_a_group_at_its_quotas_and_says_which(
             group="nlp")  # fmt: skip
     ids = [alice.post("/api/jobs", json=SPEC).json()["id"] for _ in range(2)]
     bobs = bob.post("/api/jobs", json=SPEC).json()["id"]
-    ctx = Context.open(settings)
-    try:
-        LiveScheduler(ctx).run_pass()
-    finally:
-        ctx.close()
+    one_pass(settings)
     states = {i: alice.get(f"/api/jobs/{i}").json() for i in [*ids, bobs]}
     assert [states[i]["state"] for i in ids] == [JobState.DISPATCHED, JobState.QUEUED]
     assert states[ids[1]]["pending_reason"] == "group quota: vision uses 1 of its 1 GPUs"
@@ -160,11 +165,7 @@ def test_a_pass_holds_a_group_at_its_quotas_and_says_which(
     dry = bob.post("/api/jobs", params={"dry_run": "true"}, json=SPEC).json()
     assert dry["starts_now"] is False and dry["reason"].startswith("group quota: nlp used 2.0")
     admin.patch("/api/groups/nlp", json={"max_gpu_hours_week": 3})
-    ctx = Context.open(settings)
-    try:
-        LiveScheduler(ctx).run_pass()
-    finally:
-        ctx.close()
+    one_pass(settings)
     assert alice.get(f"/api/jobs/{bobs}").json()["state"] == JobState.DISPATCHED
 
 

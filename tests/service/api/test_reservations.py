@@ -9,12 +9,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from service.core.context import Context
 from service.core.db import Database
 from service.core.models import Job, JobState, utcnow
 from service.core.settings import Settings
-from service.scheduler.live import LiveScheduler
 from tests.service.api.conftest import Api
+from tests.service.api.test_groups import one_pass
 from tests.service.api.test_usage import add_run
 
 SPEC: dict[str, Any] = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
@@ -95,21 +94,13 @@ def test_a_pass_keeps_the_window_for_the_group_and_says_so_to_others(
 
     theirs = erin.post("/api/jobs", json={**SPEC, "gpu_count": 2}).json()["id"]
     waiting = alice.post("/api/jobs", json={**SPEC, "gpu_count": 2}).json()["id"]
-    ctx = Context.open(settings)
-    try:
-        LiveScheduler(ctx).run_pass()
-    finally:
-        ctx.close()
+    one_pass(settings)
     assert erin.get(f"/api/jobs/{theirs}").json()["state"] == JobState.DISPATCHED
     job = alice.get(f"/api/jobs/{waiting}").json()
     assert job["state"] == JobState.QUEUED
     assert " on lab-a reserved for group nlp until " in job["pending_reason"], job["pending_reason"]
     assert stop_reason(db, borrower) is None  # preemption off: it runs on
 
-    ctx = Context.open(make_settings(database_url, preemption=True))
-    try:
-        LiveScheduler(ctx).run_pass()
-    finally:
-        ctx.close()
+    one_pass(make_settings(database_url, preemption=True))
     said = stop_reason(db, borrower)
     assert said is not None and said.startswith("its GPUs are reserved for group nlp from now"), said
