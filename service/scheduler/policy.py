@@ -110,7 +110,9 @@ class _Pass:
         self.blocker: QueuedJob | None = None
         self.reservable: set[int] = set()
         self._reasons: dict[tuple[object, ...], Reason] = {}
-        self._no_victims: set[tuple[object, ...]] = set()
+        self._no_victims: dict[tuple[object, ...], float] = {}
+        """A shape that found no victims, with the shortest fresh run it looked for (a longer
+        one, that needs victims with more left, finds none either)."""
         self.terms: FairShareTerms | None = None
         self._stops_jobs = config.policy == Policy.TOWERQ and (config.preemption or config.demote_after_gpu_s > 0)
         """Preemption or time slicing may stop running jobs in this pass."""
@@ -334,9 +336,8 @@ class _Pass:
         terms = self.terms
         own_only = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
         fresh_run = self._fresh_run_s(job)
-        owner = job.user if own_only else None
-        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, owner, fresh_run)
-        if not self._sliceable or shape in self._no_victims:
+        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
+        if not self._sliceable or fresh_run >= self._no_victims.get(shape, INFINITY):
             return None
         served = self._sliceable
 
@@ -348,7 +349,7 @@ class _Pass:
 
         choice = self._victims(job, may_stop, lambda r: -served[r.id])
         if choice is None:
-            self._no_victims.add(shape)
+            self._no_victims[shape] = min(fresh_run, self._no_victims.get(shape, INFINITY))
         return choice
 
     def _fresh_run_s(self, job: QueuedJob) -> float:
