@@ -336,3 +336,36 @@ def test_groups_from_the_command_line(
     assert towerq(member, "reservation", "delete", reservation_id).returncode == 1  # admins only
     gone = towerq(admin, "reservation", "delete", reservation_id)
     assert gone.returncode == 0 and "everyone's again" in gone.stdout
+
+
+def test_a_follower_sees_a_job_that_ends_between_its_read_and_its_stream(
+    stack: Stack,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    set_job: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A follower reads the job (running), then opens the stream; a job that ends in between
+    publishes its end to nobody, and the follower used to wait on the stream forever (the
+    restart test hung so in a full run). The window is forced here: the job ends just as
+    the stream opens."""
+    from service.core.models import JobState
+
+    url = stack.start_api()
+    add_host("lab-a", 1)
+    client = Client(url, make_token("alice"))
+    job = client.submit({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}})
+    opened = Client._stream
+
+    def ends_as_it_opens(self: Client, job_id: int):  # noqa: ANN202
+        set_job(job_id, state=JobState.SUCCEEDED)  # stored, published to no one
+        yield from opened(self, job_id)
+
+    monkeypatch.setattr(Client, "_stream", ends_as_it_opens)
+    events: list[dict] = []
+    following = threading.Thread(target=lambda: events.extend(client.events(job.id)), daemon=True)
+    following.start()
+    following.join(30)
+    assert not following.is_alive(), "the follower waits for an end it missed"
+    assert events[-1] == {"type": "state", "state": "succeeded", "message": None}
+    client.close()

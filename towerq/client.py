@@ -29,6 +29,8 @@ RETRY_STATUSES = (502, 503, 504)
 BACKOFF_MAX_S = 10.0
 FOLLOW_GIVE_UP_S = 300.0
 """How long following a job waits for an unreachable API (one restarting) before it gives up."""
+CONNECTED = "connected"
+"""What `_stream` yields once the API listens on the job's channel (never passed on)."""
 GAP_WAIT_S = 10.0
 """How long a follower that just connected waits for the worker to store the rows published
 before it listened (it writes them every quarter of a second)."""
@@ -269,6 +271,17 @@ class Client:
                 for event in self._stream(job_id):
                     failures = 0
                     kind = event.get("type")
+                    if kind == CONNECTED:
+                        # The job may have ended between the read above and the stream's
+                        # start: its state came on neither. Listening now, ask again.
+                        job = self.job(job_id)
+                        if job.state in FINAL_STATES:
+                            for split in ("train", "eval"):
+                                for row in self._metrics_after(job_id, split, seen[split]):
+                                    yield {"type": "metric" if split == "train" else "eval", **row}
+                            yield {"type": "state", "state": job.state, "message": job.data.get("error")}
+                            return
+                        continue
                     if kind in ("metric", "eval"):
                         split = "train" if kind == "metric" else "eval"
                         if event.get("step", -1) <= seen[split]:
@@ -304,6 +317,8 @@ class Client:
             for line in response.iter_lines():
                 if line.startswith("data:"):
                     data.append(line[5:].strip())
+                elif line.startswith(": connected"):
+                    yield {"type": CONNECTED}  # the API listens from here on
                 elif not line and data:
                     try:
                         yield decode("\n".join(data)).model_dump(mode="json")
