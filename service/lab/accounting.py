@@ -28,6 +28,7 @@ from service.core.models import Allocation, Gpu, Group, Host, Job, JobEvent, Job
 from service.core.schemas import FairShareGroupOut, FairShareUserOut
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.snapshot import live_inputs
+from service.scheduler.usage import gpu_hours_within
 
 BY = ("user", "host", "group")
 NO_GROUP = "(no group)"
@@ -65,10 +66,8 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
         .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
     )
     for name, job_id, fraction, created_at, released_at in held:
-        end = min(released_at or now, until)
-        seconds = (end - max(created_at, since)).total_seconds()
         entry = row(name)
-        entry.gpu_hours += fraction * max(0.0, seconds) / 3600
+        entry.gpu_hours += gpu_hours_within(fraction, created_at, released_at or now, since, until)
         entry.job_ids.add(job_id)
     first = (
         select(Allocation.job_id, func.min(Allocation.created_at).label("started"))
@@ -88,8 +87,7 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
         row(name).waits.append(max(0.0, (started - submitted).total_seconds()))
     for attempt in placed_elsewhere(session, since, until, now):
         entry = row({"user": attempt.user, "host": attempt.host, "group": attempt.group}[by])
-        seconds = (min(attempt.end, until) - max(attempt.start, since)).total_seconds()
-        entry.gpu_hours += attempt.gpus * max(0.0, seconds) / 3600
+        entry.gpu_hours += gpu_hours_within(attempt.gpus, attempt.start, attempt.end, since, until)
         entry.job_ids.add(attempt.job_id)
         if attempt.first and since <= attempt.start <= until:
             entry.waits.append(max(0.0, (attempt.start - attempt.submitted).total_seconds()))

@@ -27,6 +27,14 @@ Ends = tuple[float, float]
 """When a job ends: (for sure, from its time limit; likely, from its owner's history)."""
 
 
+def ends_if_started(job: QueuedJob, now: float) -> Ends:
+    """When `job` would end if it started `now`: surely, from its time limit; likely, from
+    its owner's recent run times (inf when unknown)."""
+    known = now + job.limit_s if job.limit_s is not None else INFINITY
+    likely = now + job.estimate_s if job.estimate_s is not None else known
+    return known, likely
+
+
 def expected_end(running: RunningJob, now: float) -> float:
     """When a running job will likely end: its time limit; else its owner's usual run time;
     else, or once it has outlived that, after as long again as it has run so far."""
@@ -132,12 +140,11 @@ class FreeGpus:
         """The GPUs of `host` that reservations keep from `job` now."""
         if not self.kept:
             return set()
-        known = self.now + job.limit_s if job.limit_s is not None else INFINITY
-        likely = self.now + job.estimate_s if job.estimate_s is not None else known
+        end = ends_if_started(job, self.now)
         return {
             i
             for (name, i), reservations in self.kept.items()
-            if name == host and any(not self.may_borrow(kept, job, (known, likely)) for kept in reservations)
+            if name == host and any(not self.may_borrow(kept, job, end) for kept in reservations)
         }
 
     def kept_from(self, host: str, indices: tuple[int, ...], group: str | None) -> LabReservation | None:

@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from service.scheduler.capacity import FreeGpus, Slots, expected_end
+from service.scheduler.capacity import FreeGpus, Slots, ends_if_started, expected_end
 from service.scheduler.ranking import FairShareTerms, base_rank, rank_order
 from service.scheduler.types import (
     EPSILON,
@@ -195,9 +195,7 @@ class _Pass:
         if reason is not None:
             self._wait(job, reason)
             return False
-        known = self.now + job.limit_s if job.limit_s is not None else INFINITY
-        likely = self.now + job.estimate_s if job.estimate_s is not None else known
-        slots = self.free.fit(job, (known, likely)) if self.free.any_free else None
+        slots = self.free.fit(job, ends_if_started(job, self.now)) if self.free.any_free else None
         if slots is not None:
             self._place(job, slots)
             return True
@@ -429,11 +427,9 @@ class _Pass:
 
     def _kept_from(self, job: QueuedJob) -> Reason | None:
         """`LAB_RESERVED` when the job would fit now but for GPUs kept for another group."""
-        known = self.now + job.limit_s if job.limit_s is not None else INFINITY
-        likely = self.now + job.estimate_s if job.estimate_s is not None else known
         self.free.ignore_kept = True
         try:
-            slots = self.free.fit(job, (known, likely))
+            slots = self.free.fit(job, ends_if_started(job, self.now))
         finally:
             self.free.ignore_kept = False
         if slots is None:

@@ -99,18 +99,18 @@ def rank_order(jobs: list[QueuedJob], terms: FairShareTerms, now: float, config:
     for job in jobs:
         per_account[(job.user, job.group)].append((base_rank(job, now, config), job.submitted, job.id, job))
     heap = []
-    for order, (account, account_jobs) in enumerate(per_account.items()):
+    for account, account_jobs in per_account.items():
         account_jobs.sort(key=_first_three)
         base, submitted, job_id, _ = account_jobs[0]
-        heap.append((base + terms.term(*account), submitted, job_id, order, account, 0))
+        heap.append((base + terms.term(*account), submitted, job_id, account, 0))
     heapq.heapify(heap)
-    while heap:
-        _, _, _, order, account, k = heapq.heappop(heap)
+    while heap:  # job ids are unique: the heap never compares accounts
+        _, _, _, account, k = heapq.heappop(heap)
         account_jobs = per_account[account]
         yield account_jobs[k][3]
         if k + 1 < len(account_jobs):
             base, submitted, job_id, _ = account_jobs[k + 1]
-            heapq.heappush(heap, (base + terms.term(*account), submitted, job_id, order, account, k + 1))
+            heapq.heappush(heap, (base + terms.term(*account), submitted, job_id, account, k + 1))
 
 
 Account = tuple[str, str | None]

@@ -35,6 +35,7 @@ from service.scheduler.types import (
     QueuedJob,
     RunningJob,
 )
+from service.scheduler.usage import gpu_hours_within
 
 Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | None]
 """What a queued job shows now: (queue_position, pending_reason, reserved_start_at,
@@ -224,8 +225,8 @@ def group_gpu_hours(session: Session, now: datetime, groups: set[str] | None = N
     hours: dict[str, float] = dict.fromkeys(groups or (), 0.0)
     for group, fraction, created_at, released_at in session.execute(query):
         if group is not None:  # excluded by the query; tells the type checker
-            seconds = ((released_at or now) - max(created_at, since)).total_seconds()
-            hours[group] = hours.get(group, 0.0) + fraction * max(0.0, seconds) / 3600
+            held = gpu_hours_within(fraction, created_at, released_at or now, since, now)
+            hours[group] = hours.get(group, 0.0) + held
     return hours
 
 

@@ -9,6 +9,7 @@ The live scheduler and the trace simulator both use these two functions.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 LN2 = math.log(2.0)
 
@@ -26,3 +27,10 @@ def interval_usage(gpus: float, start: float, end: float, now: float, half_life_
         return 0.0
     scale = half_life_s / LN2
     return gpus * scale * (2.0 ** (-(now - end) / half_life_s) - 2.0 ** (-(now - start) / half_life_s))
+
+
+def gpu_hours_within(gpus: float, start: datetime, end: datetime, since: datetime, until: datetime) -> float:
+    """GPU hours (not decayed) of holding `gpus` GPUs from `start` to `end`, the part inside
+    [since, until]: what usage reports and GPU-hour quotas count."""
+    seconds = (min(end, until) - max(start, since)).total_seconds()
+    return gpus * max(0.0, seconds) / 3600
