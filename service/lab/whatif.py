@@ -63,18 +63,17 @@ def lab_trace(session: Session, since: datetime, until: datetime) -> LabTrace:
         .group_by(Allocation.job_id, Allocation.attempt)
         .subquery()
     )
+    ended_in_window = (Job.created_at >= since, Job.created_at <= until, Job.state.in_(tuple(FINAL_STATES)))
     run_s: dict[int, float] = defaultdict(float)
     for job_id, start, end in session.execute(
-        select(held.c.job_id, held.c.start, held.c.end)
-        .join(Job, Job.id == held.c.job_id)
-        .where(Job.created_at >= since, Job.created_at <= until, Job.state.in_(tuple(FINAL_STATES)))
+        select(held.c.job_id, held.c.start, held.c.end).join(Job, Job.id == held.c.job_id).where(*ended_in_window)
     ):
         if end is not None:
             run_s[job_id] += max(0.0, (end - start).total_seconds())
     rows = session.execute(
         select(Job.id, Job.created_at, Job.gpu_count, Job.gpu_memory_fraction, Job.time_limit_s, Job.group, User.name)
         .join(User, Job.user_id == User.id)
-        .where(Job.created_at >= since, Job.created_at <= until, Job.state.in_(tuple(FINAL_STATES)))
+        .where(*ended_in_window)
         .order_by(Job.created_at, Job.id)
     ).all()
     jobs: list[TraceJob] = []
@@ -114,8 +113,10 @@ def group_shares(session: Session) -> dict[str, float]:
     return {name: share for name, share in session.execute(select(Group.name, Group.share))}
 
 
-def replay(trace: LabTrace, setup: Setup, settings: Settings, shares: dict[str, float]) -> dict[str, Any]:
-    """One replay's figures: the simulator's, plus each user's GPU hours of work."""
+def replay(
+    trace: LabTrace, setup: Setup, settings: Settings, shares: dict[str, float], hours: dict[str, float]
+) -> dict[str, Any]:
+    """One replay's figures: the simulator's, plus each user's GPU hours of work (`hours`)."""
     config: PolicyConfig = replace(policy_config(settings), demote_after_gpu_s=setup.time_slice_gpu_s)
     jobs = [replace(job) for job in trace.jobs]  # the simulator consumes its jobs
     result = simulate(
@@ -127,9 +128,6 @@ def replay(trace: LabTrace, setup: Setup, settings: Settings, shares: dict[str, 
         config=config,
         group_shares=shares,
     )
-    hours: dict[str, float] = defaultdict(float)
-    for job in trace.jobs:
-        hours[job.user] += job.gpus * job.fraction * job.duration / 3600
     for user, row in result["per_user"].items():
         row["gpu_hours"] = round(hours[user], 2)
     result["gpu_hours"] = round(sum(hours.values()), 2)
@@ -146,12 +144,15 @@ def what_if(
     now = lab_setup(session, settings)
     other = replace(now, **changes)
     shares = group_shares(session)
+    hours: dict[str, float] = defaultdict(float)  # the same work on either side
+    for job in trace.jobs:
+        hours[job.user] += job.gpus * job.fraction * job.duration / 3600
     return {
         "since": since,
         "until": until,
         "jobs": len(trace.jobs),
         "never_ran": trace.never_ran,
         "beyond_limit": trace.beyond,
-        "now": replay(trace, now, settings, shares),
-        "what_if": replay(trace, other, settings, shares),
+        "now": replay(trace, now, settings, shares, hours),
+        "what_if": replay(trace, other, settings, shares, hours),
     }
