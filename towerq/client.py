@@ -36,6 +36,11 @@ GAP_WAIT_S = 10.0
 before it listened (it writes them every quarter of a second)."""
 
 
+def _ended(job: Job) -> dict[str, Any]:
+    """A followed job's end, as the `state` event the stream would have sent."""
+    return {"type": "state", "state": job.state, "message": job.data.get("error")}
+
+
 class Client:
     """A towerq API: `Client(url=None, token=None)` (see `Config`). Requests that find the
     API down, or a gateway error, are retried with back-off (`retries` times)."""
@@ -236,6 +241,13 @@ class Client:
                 return rows
             after = page[-1]["step"]
 
+    def _stored_after(self, job_id: int, seen: dict[str, int]) -> Iterator[dict[str, Any]]:
+        """The stored rows of both splits after the steps `seen` (which it advances), as events."""
+        for split in ("train", "eval"):
+            for row in self._metrics_after(job_id, split, seen[split]):
+                seen[split] = row["step"]
+                yield {"type": "metric" if split == "train" else "eval", **row}
+
     def _rows_before(self, job_id: int, split: str, after: int, step: int) -> list[dict[str, Any]]:
         """The stored rows after step `after` and before `step`, read once the row at `step`
         is stored too (the worker writes in order), or after GAP_WAIT_S."""
@@ -257,12 +269,9 @@ class Client:
             try:
                 job = self.job(job_id)
                 unreachable_since = None
-                for split in ("train", "eval"):
-                    for row in self._metrics_after(job_id, split, seen[split]):
-                        seen[split] = row["step"]
-                        yield {"type": "metric" if split == "train" else "eval", **row}
+                yield from self._stored_after(job_id, seen)
                 if job.state in FINAL_STATES:
-                    yield {"type": "state", "state": job.state, "message": job.data.get("error")}
+                    yield _ended(job)
                     return
                 # The rows published before the stream listened but written after the read
                 # above (the worker writes in batches) came on neither: the first row of
@@ -276,10 +285,8 @@ class Client:
                         # start: its state came on neither. Listening now, ask again.
                         job = self.job(job_id)
                         if job.state in FINAL_STATES:
-                            for split in ("train", "eval"):
-                                for row in self._metrics_after(job_id, split, seen[split]):
-                                    yield {"type": "metric" if split == "train" else "eval", **row}
-                            yield {"type": "state", "state": job.state, "message": job.data.get("error")}
+                            yield from self._stored_after(job_id, seen)
+                            yield _ended(job)
                             return
                         continue
                     if kind in ("metric", "eval"):
@@ -296,9 +303,7 @@ class Client:
                     if kind == "state" and event.get("state") in FINAL_STATES:
                         # Rows published while this stream was being opened are stored by
                         # now (the worker writes them before the job ends): the rest.
-                        for split in ("train", "eval"):
-                            for row in self._metrics_after(job_id, split, seen[split]):
-                                yield {"type": "metric" if split == "train" else "eval", **row}
+                        yield from self._stored_after(job_id, seen)
                         return
             except (httpx.TransportError, UnreachableError) as err:
                 # The API may be restarting (the catch-up above is retried too, not only the
