@@ -25,7 +25,15 @@ from towerq.cli.reports import (
     run_sweeps,
     run_usage,
 )
-from towerq.cli.session import Api, UsageError, print_json, read_spec, set_field
+from towerq.cli.session import (
+    Api,
+    UsageError,
+    connection_options,
+    output_option,
+    print_json,
+    read_spec,
+    set_field,
+)
 from towerq.cli.transfer import (
     run_data_list,
     run_data_rm,
@@ -42,13 +50,9 @@ from towerq.contract.api import DEFAULT_URL
 def add_commands(commands: Any) -> None:
     def command(name: str, help_text: str, read: bool = False) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
-        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
-        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        connection_options(sub)
         if read:
-            sub.add_argument(
-                "-o", "--output", dest="output_format", choices=("table", "json"), default="table",
-                help="json: the API's answer, for scripts",
-            )  # fmt: skip
+            output_option(sub)
         return sub
 
     login = commands.add_parser("login", help="save the API's URL and your token for the client commands")
@@ -87,7 +91,7 @@ def add_commands(commands: Any) -> None:
     submit.add_argument(
         "--dry-run", action="store_true", help="submit nothing: check the spec and say when it would start"
     )
-    submit.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
+    output_option(submit)
     submit.set_defaults(run=run_submit)
 
     jobs = command("jobs", "list jobs, newest first", read=True)
@@ -166,10 +170,9 @@ def add_commands(commands: Any) -> None:
         ("rm", "delete one of your datasets"),
     ):
         sub = data_actions.add_parser(action, help=help_text)
-        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
-        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+        connection_options(sub)
         if action == "list":
-            sub.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
+            output_option(sub)
         if action in ("upload", "rm"):
             sub.add_argument("name", help="the dataset's name (letters, digits, _ . -)")
         if action == "upload":

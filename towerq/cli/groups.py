@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from towerq.cli.session import Api, UsageError, print_json
+from towerq.cli.session import Api, UsageError, connection_options, output_option, print_json
 
 NO_LIMIT = "none"
 
@@ -16,20 +16,14 @@ def add_group_commands(commands: Any) -> None:
     group = commands.add_parser("group", help="groups: list; create, set, delete, add, remove (admins)")
     actions = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
 
-    def action(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
-        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
-        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
-        return sub
-
-    listing = action("list", "every group: share, quotas, GPU hours in the last 7 days, members")
-    listing.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
+    listing = _action(actions, "list", "every group: share, quotas, GPU hours in the last 7 days, members")
+    output_option(listing)
     listing.set_defaults(run=run_group_list)
     for name, help_text in (
         ("create", "create a group (its share weighs it against the other groups)"),
         ("set", "change a group's share or quotas (`none` takes a quota away)"),
     ):
-        sub = action(name, help_text)
+        sub = _action(actions, name, help_text)
         sub.add_argument("name", help="lower-case letters, digits, - and _")
         sub.add_argument("--share", type=float, default=None, help="its weight (default 1)")
         sub.add_argument("--max-gpus", default=None, metavar="N", help="at most N GPUs at once (or none)")
@@ -37,18 +31,24 @@ def add_group_commands(commands: Any) -> None:
             "--max-gpu-hours", default=None, metavar="H", help="at most H GPU hours in any 7 days (or none)"
         )
         sub.set_defaults(run=run_group_change, creating=name == "create")
-    delete = action("delete", "delete a group none of whose jobs waits or runs")
+    delete = _action(actions, "delete", "delete a group none of whose jobs waits or runs")
     delete.add_argument("name")
     delete.set_defaults(run=run_group_delete)
-    add = action("add", "put a user in a group")
+    add = _action(actions, "add", "put a user in a group")
     add.add_argument("name")
     add.add_argument("user")
     add.add_argument("--default", action="store_true", help="their jobs run in this group when they name none")
     add.set_defaults(run=run_group_add)
-    remove = action("remove", "take a user out of a group (their jobs in it keep it)")
+    remove = _action(actions, "remove", "take a user out of a group (their jobs in it keep it)")
     remove.add_argument("name")
     remove.add_argument("user")
     remove.set_defaults(run=run_group_remove)
+
+
+def _action(actions: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    sub: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+    connection_options(sub)
+    return sub
 
 
 def add_reservation_commands(commands: Any) -> None:
@@ -57,17 +57,11 @@ def add_reservation_commands(commands: Any) -> None:
     )
     actions = reservation.add_subparsers(dest="reservation_command", required=True, metavar="ACTION")
 
-    def action(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
-        sub.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
-        sub.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
-        return sub
-
-    listing = action("list", "the reservations not yet over, soonest first")
+    listing = _action(actions, "list", "the reservations not yet over, soonest first")
     listing.add_argument("--all", action="store_true", help="those already over too")
-    listing.add_argument("-o", "--output", dest="output_format", choices=("table", "json"), default="table")
+    output_option(listing)
     listing.set_defaults(run=run_reservation_list)
-    create = action("create", "keep GPUs for a group from --start to --end")
+    create = _action(actions, "create", "keep GPUs for a group from --start to --end")
     create.add_argument("--group", required=True)
     create.add_argument("--gpus", type=int, required=True, help="how many GPUs")
     create.add_argument("--start", default="now", help="ISO time (local unless it has a zone), now, or +2h / +1d")
@@ -75,7 +69,7 @@ def add_reservation_commands(commands: Any) -> None:
     create.add_argument("--host", default=None, help="keep GPUs of this host only")
     create.add_argument("--note", default="", help="what it is for")
     create.set_defaults(run=run_reservation_create)
-    delete = action("delete", "end a reservation now, or take back one not begun")
+    delete = _action(actions, "delete", "end a reservation now, or take back one not begun")
     delete.add_argument("id", type=int)
     delete.set_defaults(run=run_reservation_delete)
 

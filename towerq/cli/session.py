@@ -24,6 +24,20 @@ class UsageError(ClientError):
     """The command line or its input is wrong (exit code 2)."""
 
 
+def connection_options(parser: argparse.ArgumentParser) -> None:
+    """`--api` and `--token`, which every client command takes."""
+    parser.add_argument("--api", default=None, help="API URL (default TOWERQ_API_URL)")
+    parser.add_argument("--token", default=None, help="API token (default TOWERQ_TOKEN or `towerq login`)")
+
+
+def output_option(parser: argparse.ArgumentParser) -> None:
+    """`-o table|json`, which every command that reads something takes."""
+    parser.add_argument(
+        "-o", "--output", dest="output_format", choices=("table", "json"), default="table",
+        help="json: the API's answer, for scripts",
+    )  # fmt: skip
+
+
 class Api:
     """The CLI's view of `towerq.Client` (the Python client): URL and token from the
     options, the environment or `towerq login`'s config file."""
