@@ -152,6 +152,16 @@ export function reportError(what, problem) {
   };
 }
 
+// What the API said was wrong, in words: each field's own message (they name the field).
+export function problemText(error) {
+  return Array.isArray(error.detail) ? error.detail.map((d) => d.msg).join("; ") : error.message;
+}
+
+// A form field: its label (for the input's id), the input, and a hint under it.
+export function formField(label, input, help = "") {
+  return el("div", { class: "field" }, el("label", { for: input.id }, label), input, help ? el("small", { class: "muted" }, help) : null);
+}
+
 // An element for `reportError` and `poll` to show a failure in.
 export function problemLine() {
   return el("p", { class: "error problem", role: "alert" });

@@ -1,6 +1,6 @@
 // Groups and reservations: the lab's groups (share, quotas, GPU hours this week, members)
 // and the GPUs kept for them over a window. Everyone reads them; admins change them here.
-import { api, dataTable, el, poll, problemLine, session, toast } from "../lib.js";
+import { api, dataTable, el, formField, poll, problemLine, problemText, session, toast } from "../lib.js";
 
 const POLL_MS = 30000;
 const HOUR_MS = 3600 * 1000;
@@ -97,7 +97,7 @@ function reservationsTable(reservations, admin, refresh) {
                 toast(`Reservation ${r.id} deleted: its GPUs are everyone's again`);
                 await refresh();
               } catch (error) {
-                toast(`Deleting reservation ${r.id} failed: ${messageOf(error)}`);
+                toast(`Deleting reservation ${r.id} failed: ${problemText(error)}`);
               }
             },
           },
@@ -119,22 +119,13 @@ function gpuList(gpus) {
   return [...byHost].map(([host, indices]) => `${host} ${indices.join(", ")}`).join("; ");
 }
 
-// What the API said was wrong, each field's message on its own (they name the field).
-function messageOf(error) {
-  if (Array.isArray(error.detail)) return error.detail.map((d) => d.msg).join("; ");
-  return error.message;
-}
-
 function fillGroups(select, groups) {
   const chosen = select.value;
   select.replaceChildren(...groups.map((g) => el("option", { value: g.name, selected: g.name === chosen }, g.name)));
 }
 
-function field(label, input, help = "") {
-  const id = `f-${input.name}`;
-  input.id = id;
-  return el("div", { class: "field" }, el("label", { for: id }, label), input, help ? el("small", { class: "muted" }, help) : null);
-}
+// A field of an admin form; the form names its input (`adminForm`).
+const field = (label, input, help = "") => ({ label, input, help });
 
 // A form whose submit sends `body()` to `path` and says how it went, in words.
 function adminForm(title, id, fields, submitLabel, send, refresh) {
@@ -143,7 +134,8 @@ function adminForm(title, id, fields, submitLabel, send, refresh) {
     "form",
     { class: "admin-form", id, novalidate: true },
     el("h3", {}, title),
-    ...fields,
+    // Ids by form: two forms have a field of the same name.
+    ...fields.map(({ label, input, help }) => formField(label, Object.assign(input, { id: `${id}-${input.name}` }), help)),
     el("button", { type: "submit" }, submitLabel),
     said,
   );
@@ -156,7 +148,7 @@ function adminForm(title, id, fields, submitLabel, send, refresh) {
       form.reset();
       await refresh();
     } catch (error) {
-      said.textContent = messageOf(error);
+      said.textContent = problemText(error);
     }
   });
   return form;

@@ -1,7 +1,7 @@
 // Usage: who held the GPUs over the last day or week (stacked per user, and a timeline per
 // GPU), the queue's length and wait, and the fair-share ranking as the scheduler sees it now.
 import { COLORS, fitToWidth } from "../charts.js";
-import { api, dataTable, duration, el, poll, problemLine, session, toast } from "../lib.js";
+import { api, dataTable, duration, el, formField, poll, problemLine, problemText, session, toast } from "../lib.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 
 const WINDOWS = { day: 86400, week: 7 * 86400 };
@@ -345,12 +345,10 @@ const WHAT_IF_ROWS = [
 function whatIfSection() {
   const result = el("div", { id: "what-if-result" });
   const said = el("p", { class: "error", role: "alert" });
-  const field = (label, input, help = "") =>
-    el("div", { class: "field" }, el("label", { for: input.id }, label), input, help ? el("small", { class: "muted" }, help) : null);
   const form = el(
     "form",
     { class: "admin-form", id: "what-if", novalidate: true },
-    field(
+    formField(
       "Replay",
       el(
         "select",
@@ -359,17 +357,17 @@ function whatIfSection() {
         el("option", { value: "30", selected: true }, "last 30 days"),
       ),
     ),
-    field(
+    formField(
       "Time slice (GPU-hours)",
       el("input", { id: "wi-slice", name: "slice", type: "number", min: "0", step: "any", placeholder: "as now" }),
       "0: no time slicing",
     ),
-    field("Hosts", el("input", { id: "wi-hosts", name: "hosts", type: "number", min: "1", step: "1", placeholder: "as now" })),
-    field(
+    formField("Hosts", el("input", { id: "wi-hosts", name: "hosts", type: "number", min: "1", step: "1", placeholder: "as now" })),
+    formField(
       "GPUs per host",
       el("input", { id: "wi-gpus", name: "gpus_per_host", type: "number", min: "1", step: "1", placeholder: "as now" }),
     ),
-    field(
+    formField(
       "Policy",
       el(
         "select",
@@ -395,7 +393,7 @@ function whatIfSection() {
       result.replaceChildren(...whatIfTables(await api("api/usage/what-if", { method: "POST", body })));
     } catch (error) {
       result.replaceChildren();
-      said.textContent = Array.isArray(error.detail) ? error.detail.map((d) => d.msg).join("; ") : error.message;
+      said.textContent = problemText(error);
       toast("The replay failed");
     }
   });
