@@ -48,6 +48,12 @@ class RuntimeSpec(Strict):
     inputs: dict[str, str] = Field(
         default_factory=dict, description="the folders of the jobs it waited for (`after`), by job id; read-only"
     )
+    cluster: list[str] = Field(
+        default_factory=list, max_length=256, description="a job over several hosts: every rank's host:port, by rank"
+    )
+    rank: int = Field(default=0, ge=0, description="this trainer's place in `cluster` (0 writes the job's files)")
+    cluster_towers: list[PositiveInt] = Field(default_factory=list, description="each rank's towers, by rank")
+    collective_timeout_s: float = Field(default=20.0, gt=0, le=3600, description="how long a rank waits for the others")
 
 
 class TrainerInput(Strict):
@@ -63,6 +69,8 @@ class TrainerInput(Strict):
             raise ValueError(
                 f"tower_weights has {len(weights)} entries but the job has {self.runtime.num_devices} towers"
             )
+        if self.runtime.cluster and not self.runtime.rank < len(self.runtime.cluster):
+            raise ValueError(f"rank {self.runtime.rank} of a cluster of {len(self.runtime.cluster)}")
         if self.runtime.memory_growth and self.runtime.gpu_memory_fraction < 1:
             raise ValueError(
                 "memory_growth cannot be combined with gpu_memory_fraction < 1: TensorFlow "

@@ -116,5 +116,15 @@ def main(argv: list[str]) -> int:
         return EXIT_ERROR
 
 
+def exit_now(code: int) -> None:
+    """Exit with `code`. A rank of a job over several hosts leaves at once (`os._exit`):
+    TensorFlow's cluster shutdown at exit waits for the other ranks, which may be gone."""
+    if "TF_CONFIG" in os.environ:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    exit_now(main(sys.argv))

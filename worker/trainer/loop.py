@@ -29,7 +29,7 @@ import tensorflow as tf
 from towerq.contract.paths import MODEL_FILE
 from towerq.contract.runtime import TrainerInput
 from towerq.contract.spec import Hyperparameters
-from worker.trainer import datasets, devices, feeding
+from worker.trainer import datasets, devices, feeding, ranks
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.lockstep import batch_norm_report
 from worker.trainer.models import ModelError, build_model, user_metrics
@@ -50,10 +50,11 @@ class StopFlag:
         signal.signal(signal.SIGTERM, self._handle)
 
     def keep(self) -> None:
-        """Take SIGTERM back if user code (a model module, a layer while traced) replaced
-        the handler: a stop must still checkpoint, not wait for the SIGKILL after the grace."""
-        if signal.getsignal(signal.SIGTERM) != self._handle:
-            self.install()
+        """Take SIGTERM back if user code (a model module, a layer while traced) or native
+        code replaced the handler: a stop must still checkpoint, not wait for the SIGKILL
+        after the grace. Always set again: native code (TensorFlow's gRPC server, in a job
+        over several hosts) replaces it where Python's `getsignal` does not see it."""
+        self.install()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self.in_loop:
@@ -96,17 +97,36 @@ class Run:
     checkpoint: tf.train.Checkpoint
     start_step: int
     global_batch: int
+    """This host's examples of a step (its towers')."""
     writer: Any
+    ranks: ranks.Ranks | None = None
+    """A job over several hosts: this trainer's place in the gang."""
 
     @property
     def hp(self) -> Hyperparameters:
         return self.spec.train.hyperparameters
+
+    @property
+    def chief(self) -> bool:
+        """This trainer writes the job's files and reports its numbers (rank 0, or alone)."""
+        return self.ranks is None or self.ranks.chief
+
+    def train_batches(self) -> tf.data.Dataset:
+        """This host's part of each global batch from the start step on (on one host, all)."""
+        total = self.step.total_batch
+        batches = feeding.train_batches(self.data, total, self.hp.seed or 0, self.start_step, self.hp.steps)
+        if self.ranks is None:
+            return batches
+        first = round(self.ranks.rank * self.global_batch)
+        # every rank has the same towers (whole hosts), so rank r takes rows r*b .. r*b+b-1
+        return batches.map(lambda x, y: (x[first : first + self.global_batch], y[first : first + self.global_batch]))
 
 
 def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
     """Devices, data, model, optimizer and the latest checkpoint, in that order (devices
     must be set up before TensorFlow runs anything)."""
     setup = devices.configure(spec.runtime, spec.train.variable_device)
+    gang = ranks.connect(spec.runtime)  # before any other op
     hp = spec.train.hyperparameters
     keras.utils.set_random_seed(hp.seed or 0)
     keras.config.set_dtype_policy(spec.train.precision)  # before any layer is made
@@ -144,19 +164,30 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         metrics_fn,
         names,
         spec.train.jit_compile,
+        gang,
     )
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, ema=step.ema, steps_done=step.steps_done)
     manager = tf.train.CheckpointManager(checkpoint, str(artifacts / "checkpoints"), max_to_keep=3)
     start_step = 0
-    if manager.latest_checkpoint:
+    chief = gang is None or gang.chief
+    if chief and manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         # steps_done counts the steps loss scaling skipped too; a checkpoint from before it
         # existed has only the optimizer's count
         start_step = int(step.steps_done.numpy()) or int(optimizer.iterations.numpy())
         step.steps_done.assign(start_step)
-    writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
-    reporter.keep_metrics(artifacts / METRICS_LOG, start_step, spec.runtime.attempt)
-    return Run(spec, reporter, setup, data, step, manager, checkpoint, start_step, global_batch, writer)
+    if gang is not None:  # every rank starts from rank 0's weights, optimizer state and step
+        try:
+            gang.broadcast([*model.variables, *optimizer.variables, *step.ema, step.steps_done])
+        except ranks.PEER_ERRORS as err:
+            raise ranks.peer_lost(err, gang.rank) from err
+        start_step = int(step.steps_done.numpy())
+    if chief:
+        writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
+        reporter.keep_metrics(artifacts / METRICS_LOG, start_step, spec.runtime.attempt)
+    else:
+        writer = tf.summary.create_noop_writer()
+    return Run(spec, reporter, setup, data, step, manager, checkpoint, start_step, global_batch, writer, gang)
 
 
 def announce(run: Run, cuda_visible_devices: str | None) -> None:
@@ -164,14 +195,16 @@ def announce(run: Run, cuda_visible_devices: str | None) -> None:
     run.reporter.emit(
         "started",
         pid=os.getpid(),
-        towers=len(run.setup.devices),
+        towers=len(run.setup.devices) if run.ranks is None else round(len(run.setup.devices) / run.ranks.share),
         devices=run.setup.devices,
+        rank=run.ranks.rank if run.ranks is not None else None,
+        ranks=run.ranks.size if run.ranks is not None else None,
         variable_device=run.setup.variable_device,
         cuda_visible_devices=cuda_visible_devices,
         simulated=run.setup.simulated,
         memory_limit_enforced=run.setup.memory_limit_enforced,
         memory_limit_mb=run.setup.memory_limit_mb,
-        global_batch=run.global_batch,
+        global_batch=run.step.total_batch,
         tower_batches=run.step.sizes,
         resumed_from_step=run.start_step if run.start_step else None,
         total_steps=run.hp.steps,
@@ -207,8 +240,8 @@ def train(run: Run, stop: StopFlag) -> int:
     started = time.monotonic()
     if run.start_step >= hp.steps:
         return finish(run, hp.steps, started)
-    batches = feeding.train_batches(run.data, run.global_batch, hp.seed or 0, run.start_step, hp.steps)
-    graph_due = not run.start_step  # written after the first report, which it must not delay
+    batches = run.train_batches()
+    graph_due = not run.start_step and run.chief  # written after the first report, which it must not delay
     iterator = iter(batches)
     # The throughput window counts training only: time spent evaluating or checkpointing
     # inside it is taken out, so examples/s does not dip after every evaluation.
@@ -224,12 +257,17 @@ def train(run: Run, stop: StopFlag) -> int:
             raise OutOfMemoryError(
                 f"out of memory at step {done + 1}: lower batch_size or raise gpu_memory_fraction ({err.message[:300]})"
             ) from err
+        except ranks.PEER_ERRORS as err:
+            if run.ranks is None:
+                raise
+            raise ranks.peer_lost(err, run.ranks.rank) from err
         stop.keep()
         window_steps += pause - done
         done = pause
         if done % hp.log_every == 0 or done == hp.steps:
             elapsed = max(time.monotonic() - window_start - window_paused, 1e-9)
-            report_metric(run, done, result, window_steps * run.global_batch / elapsed, elapsed / window_steps)
+            if run.chief:
+                report_metric(run, done, result, window_steps * run.step.total_batch / elapsed, elapsed / window_steps)
             window_start, window_steps, window_paused = time.monotonic(), 0, 0.0
         paused = time.monotonic()
         if graph_due:
@@ -240,7 +278,7 @@ def train(run: Run, stop: StopFlag) -> int:
         if hp.checkpoint_every and done % hp.checkpoint_every == 0 and done != hp.steps:
             save(run, done)
         window_paused += time.monotonic() - paused
-        if stop.set:
+        if agreed_stop(run, stop.set):
             save(run, done)
             run.reporter.emit("stopped", step=done)
             return EXIT_STOPPED
@@ -248,7 +286,21 @@ def train(run: Run, stop: StopFlag) -> int:
     return finish(run, done, started)
 
 
+def agreed_stop(run: Run, mine: bool) -> bool:
+    """Whether to stop now: this trainer was asked to; over several hosts, any rank was (so
+    all stop after the same step, and rank 0's checkpoint is the one)."""
+    if run.ranks is None or run.hp.steps <= 0:
+        return mine
+    try:
+        return run.ranks.any_stops(mine)
+    except ranks.PEER_ERRORS as err:
+        raise ranks.peer_lost(err, run.ranks.rank) from err
+
+
 def finish(run: Run, done: int, started: float) -> int:
+    if not run.chief:  # rank 0 evaluates, saves and exports; the others are done
+        run.reporter.emit("done", step=done, final=None, seconds=round(time.monotonic() - started, 3))
+        return EXIT_OK
     final = evaluate(run, done)
     save(run, done)
     export_model(run)
@@ -306,6 +358,8 @@ def evaluate(run: Run, done: int) -> EvalResult:
     result = run.step.evaluate(feeding.eval_batches(run.data, max(run.global_batch, 256)))
     if not math.isfinite(result["loss"]):
         raise NanLossError(f"evaluation loss became {result['loss']} at step {done}")
+    if not run.chief:  # evaluated only to keep pace with rank 0 (the next step waits for all)
+        return result
     fields: dict[str, Any] = {**result}
     if not fields["metrics"]:
         del fields["metrics"]
@@ -320,6 +374,8 @@ def evaluate(run: Run, done: int) -> EvalResult:
 
 
 def save(run: Run, done: int) -> None:
+    if not run.chief:
+        return
     run.reporter.sync_metrics()
     path = run.manager.save(checkpoint_number=done)
     run.reporter.emit("checkpoint", step=done, path=path)

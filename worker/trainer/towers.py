@@ -31,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from worker.trainer.lockstep import make_runner
+from worker.trainer.ranks import Ranks
 
 TOWER_SCOPE = "tower_{}"
 
@@ -132,8 +133,11 @@ class TowerStep:
         metrics_fn: MetricsFn | None = None,
         metric_names: Sequence[str] = (),
         jit_compile: bool = False,
+        ranks: Ranks | None = None,
     ) -> None:
         self.model = model
+        self.ranks = ranks
+        """A job over several hosts: this rank's place (its towers take its part of the batch)."""
         self.metrics_fn = metrics_fn
         self.metric_names = list(metric_names) if metrics_fn else []
         self.optimizer = optimizer
@@ -145,6 +149,8 @@ class TowerStep:
             raise ValueError(f"{len(self.weights)} tower weights for {len(self.devices)} towers")
         self.sizes = split_sizes(global_batch, self.weights)
         self.global_batch = global_batch
+        self.total_batch = global_batch if ranks is None else round(global_batch / ranks.share)
+        """Every rank's examples of a step (this host's alone on one host)."""
         self.weight_decay = weight_decay
         self.ema_decay = ema_decay
         self.trainable = list(model.trainable_variables)
@@ -174,9 +180,9 @@ class TowerStep:
             if self.ema:
                 self._update_ema()
             self.steps_done.assign_add(1)
-            result: dict[str, Any] = {"loss": loss, "accuracy": correct / self.global_batch}
+            result: dict[str, Any] = {"loss": loss, "accuracy": correct / self.total_batch}
             if self.metric_names:
-                result["metrics"] = {name: sums[name] / self.global_batch for name in self.metric_names}
+                result["metrics"] = {name: sums[name] / self.total_batch for name in self.metric_names}
             return result
 
     def _train_steps(self, batches: Any, steps: tf.Tensor) -> dict[str, Any]:
@@ -252,6 +258,10 @@ class TowerStep:
         scale = self.loss_scale()
         grads = tf.gradients(loss * scale if scale is not None else loss, params)
         grads = [tf.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
+        correct, sums = tf.add_n(tower_correct), self._metric_sums(ys, outs)
+        if self.ranks is not None:  # every host's towers: one all-reduce over the network
+            with tf.device(self.variable_device), tf.name_scope("all_reduce"):
+                grads, loss, correct, new_state, sums = self.ranks.step_reduce(grads, loss, correct, new_state, sums)
         with tf.device(self.variable_device), tf.name_scope("average"):
             if self.weight_decay:
                 decay = self.weight_decay * scale if scale is not None else self.weight_decay
@@ -260,7 +270,7 @@ class TowerStep:
                 loss = loss + 0.5 * self.weight_decay * tf.add_n(
                     [tf.reduce_sum(tf.square(params[j])) for j in self.decayed]
                 )
-            return grads, loss, tf.add_n(tower_correct), new_state, self._metric_sums(ys, outs)
+            return grads, loss, correct, new_state, sums
 
     def loss_scale(self) -> tf.Tensor | None:
         """The current float16 loss scale, or None without loss scaling."""
