@@ -50,6 +50,20 @@ class Launch:
     """The folders of the jobs it waited for (`after`) that its owner may read: (job id, folder)."""
     notes: list[str] = field(default_factory=list)
     """What the attempt's log should say of its launch (a dependency's folder left out, and why)."""
+    rank: int = 0
+    hosts: list[str] = field(default_factory=list)
+    """A job over several hosts: every host it runs on, by rank (this one is `rank`)."""
+    cluster: list[str] = field(default_factory=list)
+    """Every rank's address:port, once they met (`worker.rendezvous`)."""
+
+    @property
+    def ranks(self) -> int:
+        return max(1, len(self.hosts))
+
+    @property
+    def where(self) -> str:
+        """`rank r on host`, for a job over several hosts; "" for a one-host job."""
+        return f"rank {self.rank} on {self.host}" if self.ranks > 1 else ""
 
 
 def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
@@ -58,13 +72,11 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
         job = session.get(Job, job_id)
         if job is None or job.attempts != attempt or job.state != JobState.DISPATCHED:
             raise StaleAttemptError(f"job {job_id} attempt {attempt} is not waiting to start")
-        if job.host_name != host:
+        held = [a for a in job.allocations if a.attempt == attempt and a.released_at is None]
+        hosts = list(dict.fromkeys(a.host.name for a in held))  # by rank: the order the pass gave them
+        if host not in hosts and job.host_name != host:
             raise StaleAttemptError(f"job {job_id} attempt {attempt} is for host {job.host_name}, not {host}")
-        rows = [
-            (a.gpu.index, a.gpu.memory_total_mb, a.gpu.simulated, a.fraction)
-            for a in job.allocations
-            if a.attempt == attempt and a.released_at is None
-        ]
+        rows = [(a.gpu.index, a.gpu.memory_total_mb, a.gpu.simulated, a.fraction) for a in held if a.host.name == host]
         inputs, notes = job_inputs(session, job, ctx.settings)
     rows.sort()
     return Launch(
@@ -79,6 +91,8 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
         simulated=all(r[2] for r in rows),
         inputs=inputs,
         notes=notes,
+        rank=hosts.index(host) if host in hosts else 0,
+        hosts=hosts if len(hosts) > 1 else [],
     )
 
 
@@ -141,10 +155,13 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
         parent_pid=None if sandboxed else os.getpid(),
         nice=settings.trainer_nice,
         inputs=input_paths(launch, sandboxed),
+        cluster=launch.cluster,
+        rank=launch.rank,
+        collective_timeout_s=settings.collective_timeout_s,
     )
     spec = trainer_input(launch.spec, runtime)
     artifacts.mkdir(parents=True, exist_ok=True)
-    name = f"spec-attempt-{launch.attempt}.json"
+    name = f"spec-attempt-{launch.attempt}" + (f"-rank-{launch.rank}" if launch.rank else "") + ".json"
     replace_beneath(artifacts, name, spec.model_dump_json(indent=2))  # never through a planted link
     return artifacts / name
 
@@ -197,7 +214,7 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
         protected=protected_paths(settings),
-        network=bool(launch.spec.get("network")),
+        network=bool(launch.spec.get("network")) or launch.ranks > 1,  # ranks reach each other
         tmp_mb=settings.trainer_tmp_mb,
         inputs=[(folder, input_in_sandbox(job_id)) for job_id, folder in launch.inputs],
     )

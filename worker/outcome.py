@@ -29,6 +29,8 @@ class Stop(enum.StrEnum):
     STALE = "stale"
     BAD_SPEC = "bad_spec"
     FOLDER_FULL = "folder_full"
+    RENDEZVOUS = "rendezvous"
+    """A job over several hosts: the other ranks did not come (`worker.rendezvous`)."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -61,6 +63,16 @@ class Outcome:
         return killed and self.stop is None and self.error is None
 
     @property
+    def peer_lost(self) -> bool:
+        """A job over several hosts: another rank died, froze or stalled (`worker.trainer.ranks`)."""
+        return self.error is not None and self.error.get("kind") == "peer_lost"
+
+    @property
+    def crashed(self) -> bool:
+        """The attempt was lost, not the job's fault: it counts against max_attempts."""
+        return self.killed_from_outside or self.peer_lost or self.stop == Stop.RENDEZVOUS
+
+    @property
     def out_of_memory(self) -> bool:
         return self.error is not None and self.error.get("kind") == "oom"
 
@@ -69,7 +81,7 @@ class Outcome:
         reason to record with it. Out of memory on a shared GPU is tried once more on whole
         GPUs (the runner raises the job's fraction to 1): a neighbour may have taken the
         memory, or the slice was too small."""
-        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT):
+        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT, Stop.RENDEZVOUS):
             return JobState.QUEUED, self.stop_message
         if self.stop == Stop.CANCEL:
             return JobState.CANCELLED, self.stop_message
@@ -86,6 +98,8 @@ class Outcome:
             return JobState.QUEUED, (
                 f"ran out of GPU memory on a shared GPU (fraction {fraction}): queued again for whole GPUs"
             )
+        if self.peer_lost:  # the whole gang queues again and resumes from rank 0's checkpoint
+            return JobState.QUEUED, str(self.error.get("message") if self.error else "") or "lost a rank"
         if self.error is not None:
             return JobState.FAILED, str(self.error.get("message") or self.error.get("kind"))
         if self.killed_from_outside:

@@ -73,6 +73,8 @@ class MetricSink:
         self.ctx = ctx
         self.job_id = job_id
         self.attempt = attempt
+        self.prefix = ""
+        """Put before every log line: `[rank r on host] ` for a job over several hosts."""
         self.metrics: list[dict[str, Any]] = []
         self.logs: list[dict[str, Any]] = []
         self.latest: dict[str, Any] = {}
@@ -134,7 +136,7 @@ class MetricSink:
                 return
             level, message = "warning", f"more than {defaults.LOG_LINES_PER_ATTEMPT:,} log lines: the rest dropped"
         when = when or datetime.now(UTC)
-        message = message[:10_000]
+        message = (self.prefix + message)[:10_000]
         log_message = LogMessage(job_id=self.job_id, attempt=self.attempt, level=level, message=message, time=when)
         self.unsent.append(encode(log_message))
         self.logs.append(

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 from sqlalchemy import select
 
@@ -28,6 +29,7 @@ from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
 from service.core.models import HOLDING_STATES, Job, JobState
 from towerq.contract.spec import describe
+from worker import rendezvous
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
@@ -55,6 +57,8 @@ LEFTOVER_GRACE_S = 5.0
 """How long the trainer's output is still read after it exited: processes it started may
 hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
 CHECK_EVERY_S = 1.0
+RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.PREEMPT, Stop.TIME_LIMIT)
+"""Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
 
 
 class JobRunner:
@@ -82,6 +86,8 @@ class JobRunner:
         self.launch = launch
         self.on_exit = on_exit
         self.sink = MetricSink(ctx, launch.job_id, launch.attempt)
+        if launch.ranks > 1:
+            self.sink.prefix = f"[{launch.where}] "
         self.outcome = Outcome()
         self.process: subprocess.Popen[bytes] | None = None
         self._stop_requested = threading.Event()
@@ -133,9 +139,47 @@ class JobRunner:
             self.sink.close()
             self.on_exit(self)
 
+    @property
+    def chief(self) -> bool:
+        """This attempt's trainer records the job's start, numbers and end (rank 0, or alone)."""
+        return self.launch.rank == 0
+
+    def _meet(self) -> bool:
+        """A job over several hosts: wait until every rank is launched, and learn where they
+        listen; False (the attempt given up, the job queued again) when they do not come."""
+        if self.launch.ranks < 2:
+            return True
+        try:
+            self.launch.cluster = rendezvous.meet(
+                self.ctx.redis,
+                self.ctx.settings,
+                self.launch.job_id,
+                self.launch.attempt,
+                self.launch.rank,
+                self.launch.ranks,
+                self._still_current,
+            )
+        except (rendezvous.RendezvousError, redis.RedisError) as err:
+            self.outcome.stop, self.outcome.stop_message = Stop.RENDEZVOUS, f"{self.launch.where}: {err}"
+            return False
+        self.sink.log("info", f"rank {self.launch.rank} of {self.launch.ranks}: {', '.join(self.launch.cluster)}")
+        return True
+
+    def _still_current(self) -> bool:
+        with self.ctx.db.read() as session:
+            row = session.execute(select(Job.state, Job.attempts).where(Job.id == self.launch.job_id)).one_or_none()
+        return row is not None and row.attempts == self.launch.attempt and row.state in HOLDING_STATES
+
     def _start(self) -> bool:
+        if not self._meet():
+            return False
         env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
-        warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None else None
+        # a rank sets up its cluster before any TensorFlow op: never a warm trainer
+        warm = (
+            self.pool.take(self.launch, self.artifacts)
+            if self.pool is not None and self.chief and self.launch.ranks < 2
+            else None
+        )
         try:
             spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts, self.sandboxed)
         except ValidationError as err:
@@ -163,6 +207,8 @@ class JobRunner:
             self.sink.log("warning", note)
         if isinstance(self.inventory, SimulatedInventory):
             self.inventory.attach(self.process.pid, self.launch.indices)
+        if not self.chief:  # rank 0 records the job's start; this one watches its own trainer
+            return True
         try:
             with self.ctx.db.write() as session:
                 mark_running(
@@ -269,6 +315,8 @@ class JobRunner:
         except ValidationError as err:
             self.sink.log("warning", f"a 'started' line that does not fit the protocol was ignored: {describe(err)}")
             return
+        if not self.chief:
+            return
         if started.resumed_from_step is not None:
             self.sink.resume(started.resumed_from_step)
         self._flush(started.model_dump(exclude={"resumed_from_step"}))
@@ -351,6 +399,10 @@ class JobRunner:
         if self.outcome.stop in (Stop.STALE, Stop.EXECUTOR):
             return  # an executor's stop: the scheduler records the end from the cluster's word
         state, message = self.outcome.verdict(self.launch.fraction)
+        if not self.chief and (state == JobState.SUCCEEDED or self.outcome.stop in RANK_ZERO_RECORDS):
+            return  # rank 0 records a success, and a stop every rank was asked for
+        if not self.chief and message:
+            message = f"{self.launch.where}: {message}"
         self._record(state, message)
 
     def _record(self, state: JobState, message: str | None) -> None:
@@ -360,7 +412,7 @@ class JobRunner:
                     job = current_attempt(session, *self.key)
                     if self.outcome.out_of_memory:
                         job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
-                    requeue(session, job, message or "interrupted", crashed=self.outcome.killed_from_outside)
+                    requeue(session, job, message or "interrupted", crashed=self.outcome.crashed)
                 else:
                     finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
                 self.sink.trim_logs(session)

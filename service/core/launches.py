@@ -26,22 +26,25 @@ class NotALaunch(Exception):
     """A message on a host queue that is not one of towerq's launches."""
 
 
-def launch_id(job_id: int, attempt: int) -> str:
-    """The RQ job id of the message that launches this attempt."""
-    return f"towerq-job-{job_id}-attempt-{attempt}"
+def launch_id(job_id: int, attempt: int, rank: int = 0) -> str:
+    """The RQ job id of the message that launches this attempt (on the host of `rank`, for
+    a job over several hosts: one message per host)."""
+    return f"towerq-job-{job_id}-attempt-{attempt}" + (f"-rank-{rank}" if rank else "")
 
 
 def host_queue(connection: redis.Redis, host: str) -> Queue:
     return Queue(keys.host_queue(host), connection=connection, serializer=SERIALIZER)
 
 
-def send(connection: redis.Redis, host: str, job_id: int, attempt: int) -> None:
-    """Put the launch message for this attempt on the host's queue."""
+def send(connection: redis.Redis, host: str, job_id: int, attempt: int, rank: int = 0) -> None:
+    """Put the launch message for this attempt on the host's queue. The message is the same
+    for every rank of a job over several hosts: the worker finds its rank from the job's
+    allocations."""
     host_queue(connection, host).enqueue_call(
         LAUNCH_FUNCTION,
         args=(job_id, attempt),
         timeout=defaults.RQ_LAUNCH_TIMEOUT_S,
-        job_id=launch_id(job_id, attempt),
+        job_id=launch_id(job_id, attempt, rank),
         result_ttl=24 * 3600,
         failure_ttl=7 * 24 * 3600,
         description=f"launch job {job_id} attempt {attempt}",

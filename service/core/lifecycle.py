@@ -72,8 +72,15 @@ def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fr
     job.reserved_start_at = None
     job.expected_start_at = None
     job.expected_host = None
-    indices = ",".join(str(gpu.index) for gpu in gpus)
-    record_state(session, job, JobState.DISPATCHED, f"GPUs {indices} on {host_name}")
+    hosts: dict[int, list[str]] = {}
+    for gpu in gpus:
+        hosts.setdefault(gpu.host_id, []).append(str(gpu.index))
+    if len(hosts) == 1:
+        record_state(session, job, JobState.DISPATCHED, f"GPUs {','.join(hosts[gpus[0].host_id])} on {host_name}")
+        return
+    names = {gpu.host_id: gpu.host.name for gpu in gpus}
+    where = "; ".join(f"rank {r}: GPUs {','.join(ids)} on {names[h]}" for r, (h, ids) in enumerate(hosts.items()))
+    record_state(session, job, JobState.DISPATCHED, f"over {len(hosts)} hosts ({where})")
 
 
 def hand_over(session: Session, job: Job, executor: str) -> None:

@@ -15,12 +15,24 @@ class Out(BaseModel):
     model_config = ConfigDict(from_attributes=True, validate_by_name=True, validate_by_alias=True)
 
 
-class AllocationOut(Out):
+class RankOut(Out):
+    """One host of a job's allocation: a job over several hosts runs a trainer (a rank) on each."""
+
+    rank: int
     host: str
     gpus: list[int]
+
+
+class AllocationOut(Out):
+    host: str
+    """The host (rank 0's, for a job over several hosts)."""
+    gpus: list[int]
+    """Its GPUs on `host`."""
     gpu_uuids: list[str]
     fraction: float
     simulated: bool
+    ranks: list[RankOut] = []
+    """Every host it holds GPUs on, by rank (one entry for a one-host job)."""
 
 
 class JobEventOut(Out):

@@ -121,6 +121,18 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(default=5.0, gt=0)
     dispatch_timeout_s: float = Field(default=60.0, gt=0)
     cancel_grace_s: float = Field(default=30.0, ge=0)
+    worker_address: str = ""
+    """The address other GPU hosts reach this one at, for the ranks of a job over several
+    hosts (empty: this host's name as it resolves here)."""
+    rank_ports: str = Field(default="29400-29499", pattern=r"^\d{1,5}-\d{1,5}$")
+    """The TCP ports a rank of a job over several hosts listens on (one per rank on a host);
+    a firewall between GPU hosts must let them through (docs/deployment.md)."""
+    collective_timeout_s: float = Field(default=20.0, gt=0, le=3600)
+    """How long a rank of a job over several hosts waits for the others at a step before it
+    gives the job up as lost (a rank killed is noticed at once, one frozen or stalled after
+    this); a step, or an evaluation or checkpoint of rank 0, must take less."""
+    rendezvous_timeout_s: float = Field(default=120.0, gt=0)
+    """How long the ranks of a job over several hosts wait for each other to be launched."""
     max_attempts: int = Field(default=3, ge=1)
 
     user_gpu_limit: int | None = Field(default=None, ge=1)

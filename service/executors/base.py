@@ -46,6 +46,8 @@ class Attempt:
     gpu_count: int = 0
     """How many GPUs it asks for (an executor that places them itself reads this)."""
     time_limit_s: int | None = None
+    rank: int = 0
+    """A job over several hosts: which of its hosts this is (one trainer per host)."""
 
 
 @dataclass(frozen=True)

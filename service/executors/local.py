@@ -28,7 +28,7 @@ class LocalExecutor:
         self.connection = connection
 
     def submit(self, attempt: Attempt) -> None:
-        launches.send(self.connection, attempt.host, attempt.job_id, attempt.attempt)
+        launches.send(self.connection, attempt.host, attempt.job_id, attempt.attempt, attempt.rank)
 
     def observe(self, attempt: Attempt) -> Seen:
         return Seen(held=launches.pending(self.connection, attempt.job_id, attempt.attempt))

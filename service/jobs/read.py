@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from service.core.exceptions import NotFoundError
 from service.core.models import Allocation, Gpu, Host, Job, Notification, User
-from service.core.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut
+from service.core.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut, RankOut
 from service.lab.auth import Caller
 
 
@@ -68,7 +68,7 @@ def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, Allocatio
         .join(Gpu, Allocation.gpu_id == Gpu.id)
         .join(Host, Allocation.host_id == Host.id)
         .where(Allocation.job_id.in_(attempts))
-        .order_by(Allocation.job_id, Allocation.attempt.desc(), Gpu.index)
+        .order_by(Allocation.job_id, Allocation.attempt.desc(), Allocation.id)  # by rank: the order given
     )
     grouped: dict[int, list[tuple[int, float, str, int, str, bool]]] = defaultdict(list)
     for job_id, attempt, fraction, host, index, uuid, simulated in rows:
@@ -76,16 +76,22 @@ def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, Allocatio
         if group and group[0][0] != attempt:
             continue
         group.append((attempt, fraction, host, index, uuid, simulated))
-    return {
-        job_id: AllocationOut(
-            host=group[0][2],
-            gpus=[g[3] for g in group],
-            gpu_uuids=[g[4] for g in group],
-            fraction=group[0][1],
-            simulated=all(g[5] for g in group),
-        )
-        for job_id, group in grouped.items()
-    }
+    return {job_id: _allocation(group) for job_id, group in grouped.items()}
+
+
+def _allocation(group: list[tuple[int, float, str, int, str, bool]]) -> AllocationOut:
+    hosts = list(dict.fromkeys(g[2] for g in group))
+    first = sorted((g for g in group if g[2] == hosts[0]), key=lambda g: g[3])
+    return AllocationOut(
+        host=hosts[0],
+        gpus=[g[3] for g in first],
+        gpu_uuids=[g[4] for g in first],
+        fraction=group[0][1],
+        simulated=all(g[5] for g in group),
+        ranks=[
+            RankOut(rank=r, host=host, gpus=sorted(g[3] for g in group if g[2] == host)) for r, host in enumerate(hosts)
+        ],
+    )
 
 
 HIDDEN_URL = "(hidden: only its owner and admins see a webhook URL)"

@@ -130,12 +130,12 @@ def check_resources(inventory: HostInventory, spec: JobSpec) -> str | None:
             "gpus", f"with TOWERQ_EXECUTOR={inventory.executor.name} the cluster picks the GPUs: ask for gpu_count"
         )
     try:
-        return _check_resources(inventory.hosts(), spec)
+        return _check_resources(inventory.hosts(), spec, inventory.executor.places_jobs)
     except SpecError:
-        return _check_resources(inventory.hosts(fresh=True), spec)
+        return _check_resources(inventory.hosts(fresh=True), spec, inventory.executor.places_jobs)
 
 
-def _check_resources(hosts: dict[str, list[int]], spec: JobSpec) -> str | None:
+def _check_resources(hosts: dict[str, list[int]], spec: JobSpec, places_jobs: bool = True) -> str | None:
     host = spec.host
     if host is not None and host not in hosts:
         known = ", ".join(sorted(hosts)) or "none yet"
@@ -152,9 +152,37 @@ def _check_resources(hosts: dict[str, list[int]], spec: JobSpec) -> str | None:
     count = spec.gpu_count or 1
     sizes = [len(hosts[host])] if host is not None else [len(g) for g in hosts.values()]
     if sizes and count > max(sizes):
-        where = f"host {host}" if host is not None else "the largest host"
-        raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
+        if host is not None or not places_jobs:
+            where = f"host {host}" if host is not None else "the largest host"
+            raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
+        check_over_hosts(sizes, spec)
     return host
+
+
+def check_over_hosts(sizes: list[int], spec: JobSpec) -> None:
+    """A job larger than any host runs over several whole hosts of the largest size (one
+    trainer, a rank, on each; `worker.trainer.ranks`): its GPU count must be a whole number
+    of those hosts, and no more than the lab has."""
+    count, largest = spec.gpu_count or 1, max(sizes)
+    hosts = sizes.count(largest)
+    most = largest * hosts
+    if hosts < 2:
+        raise SpecError("gpu_count", f"{count} GPUs asked for but the largest host has {largest}")
+    if count > most:
+        raise SpecError(
+            "gpu_count",
+            f"{count} GPUs asked for but the largest job the lab can hold is {most} GPUs ({hosts} hosts of {largest})",
+        )
+    if count % largest:
+        raise SpecError(
+            "gpu_count",
+            f"{count} GPUs is more than one host has ({largest}): a job over several hosts takes whole hosts, "
+            f"so ask for a multiple of {largest} (at most {most})",
+        )
+    if spec.gpu_memory_fraction < 1.0:
+        raise SpecError("gpu_memory_fraction", "a job over several hosts takes whole GPUs: leave it at 1")
+    if spec.tower_weights is not None:
+        raise SpecError("tower_weights", "a job over several hosts has equal towers: leave tower_weights out")
 
 
 def check_memory_fraction(inventory: HostInventory, spec: JobSpec, host: str | None, settings: Settings) -> None:

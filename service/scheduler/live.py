@@ -117,8 +117,10 @@ class LiveScheduler:
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
             )
             self.send_launch(job_id, attempt, host)
+        ranks: dict[int, int] = {}
         for job_id, attempt, host, indices in report.placed:  # first: what follows must not delay a start
-            self.send_launch(job_id, attempt, host, indices)
+            ranks[job_id] = ranks.get(job_id, -1) + 1
+            self.send_launch(job_id, attempt, host, indices, ranks[job_id])
         for message in stopping:
             self.executor.stop(message)
         started_ids = {job_id for job_id, *_ in report.placed}
@@ -153,11 +155,11 @@ class LiveScheduler:
         outside it) said: each job still queued, each GPU still up, undrained and with
         room. A placement that no longer holds is left to the next pass, so whatever
         happened meanwhile, no GPU is ever given more than it has."""
-        room = free_room(session, {(p.host, i) for p in decision.placements for i in p.indices})
+        room = free_room(session, {(host, i) for p in decision.placements for host, ids in p.slots for i in ids})
         for placement in decision.placements:
             job = session.scalars(select(Job).where(Job.id == placement.job_id).with_for_update()).one_or_none()
             fraction = queued[placement.job_id].fraction
-            wanted = [(placement.host, i) for i in placement.indices]
+            wanted = [(host, i) for host, ids in placement.slots for i in ids]
             if (
                 job is None
                 or job.state != JobState.QUEUED
@@ -167,7 +169,8 @@ class LiveScheduler:
             dispatch(session, job, placement.host, [room[g][0] for g in wanted], fraction)
             for gpu in wanted:
                 room[gpu] = (room[gpu][0], room[gpu][1] - fraction)
-            report.placed.append((job.id, job.attempts, placement.host, placement.indices))
+            for host, ids in placement.slots:  # a job over several hosts: a launch on each, rank by rank
+                report.placed.append((job.id, job.attempts, host, ids))
         stopping = []
         for victim, reason in stops.items():
             job = session.get(Job, victim)
@@ -264,8 +267,8 @@ class LiveScheduler:
                 statement = update(Job).where(Job.state == JobState.QUEUED)
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
 
-    def send_launch(self, job_id: int, attempt: int, host: str, gpus: tuple[int, ...] = ()) -> None:
-        self.executor.submit(Attempt(job_id, attempt, host, gpus))
+    def send_launch(self, job_id: int, attempt: int, host: str, gpus: tuple[int, ...] = (), rank: int = 0) -> None:
+        self.executor.submit(Attempt(job_id, attempt, host, gpus, rank=rank))
 
 
 def stop_reasons(decision: Decision, cluster: Cluster, now: float) -> dict[int, str]:

@@ -154,16 +154,18 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
         .join(User, Job.user_id == User.id)
         .where(Allocation.released_at.is_(None))
     )
-    by_job: dict[int, RunningJob] = {}
-    indices: dict[int, list[int]] = defaultdict(list)
+    # A job over several hosts is a part on each (as the simulator runs trace jobs bigger
+    # than a host), all with its id.
+    by_job: dict[tuple[int, str], RunningJob] = {}
+    indices: dict[tuple[int, str], list[int]] = defaultdict(list)
     served = served_before(session, HOLDING_STATES)
     for r in rows:
         host = capacity.get(r.name)
         if host is not None:
             host.take((r.gpu_index,), r.fraction)
-        indices[r.job_id].append(r.gpu_index)
-        if r.job_id not in by_job:
-            by_job[r.job_id] = RunningJob(
+        indices[(r.job_id, r.name)].append(r.gpu_index)
+        if (r.job_id, r.name) not in by_job:
+            by_job[(r.job_id, r.name)] = RunningJob(
                 id=r.job_id,
                 user=r.user,
                 priority=PRIORITY_RANK[r.priority],
@@ -176,8 +178,8 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
             )
-    for job_id, running in by_job.items():
-        running.indices = tuple(sorted(indices[job_id]))
+    for part, running in by_job.items():
+        running.indices = tuple(sorted(indices[part]))
     return list(by_job.values())
 
 

@@ -44,7 +44,8 @@ def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
 def where(job: dict[str, Any]) -> str:
     allocation = job.get("allocation")
     if allocation:
-        return f"{allocation['host']}:{','.join(map(str, allocation['gpus']))}"
+        ranks = allocation.get("ranks") or [allocation]  # a job over several hosts: every host, by rank
+        return " + ".join(f"{r['host']}:{','.join(map(str, r['gpus']))}" for r in ranks)
     return f"{job['gpu_count']}×"
 
 

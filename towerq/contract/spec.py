@@ -294,7 +294,13 @@ class JobSpec(TrainSpec):
         default=None, min_length=1, max_length=MAX_GPUS_PER_JOB, description="these GPU indices (with host)"
     )
     gpu_count: int | None = Field(
-        default=None, ge=1, le=MAX_GPUS_PER_JOB, description="any this many GPUs of one host (default 1)"
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_JOB,
+        description=(
+            "any this many GPUs of one host (default 1); more than a host has: whole hosts of the "
+            "largest size, one trainer (rank) on each (docs/multihost.md)"
+        ),
     )
     host: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(default=None, description="run only there")
     gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1, description="below 1: share GPUs with other jobs")

@@ -147,7 +147,7 @@ def connect(runtime: RuntimeSpec) -> Ranks | None:
     handler = signal.getsignal(signal.SIGTERM)
     try:
         tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    except PEER_ERRORS as err:
+    except (*PEER_ERRORS, tf.errors.UnknownError) as err:  # UnknownError: its port was taken
         raise PeerLostError(f"rank {runtime.rank} could not join the other ranks: {_first_line(err)}") from err
     finally:
         signal.signal(signal.SIGTERM, handler)  # the gRPC server took SIGTERM: a stop must still checkpoint
