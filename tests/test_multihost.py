@@ -56,8 +56,8 @@ def test_a_job_over_two_hosts_trains_like_one_device_on_the_whole_batch(
     422 naming the largest that fits."""
     stack.start_api()
     stack.start_scheduler()
-    stack.start_worker("lab-a", 2, TOWERQ_WORKER_ADDRESS="127.0.0.1", TOWERQ_TRAINER_POOL=0)
-    stack.start_worker("lab-b", 2, TOWERQ_WORKER_ADDRESS="127.0.0.1", TOWERQ_TRAINER_POOL=0)
+    stack.start_worker("lab-a", 2, worker_address="127.0.0.1", trainer_pool=0)
+    stack.start_worker("lab-b", 2, worker_address="127.0.0.1", trainer_pool=0)
     client = stack.client(make_token("alice"))
     wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
     refused = client.post("/api/jobs", json={**QUICK, "gpu_count": 6})
