@@ -48,6 +48,8 @@ class Outcome:
     step: int | None = None
     limits_hit: list[str] = field(default_factory=list)
     """Limits of the attempt's cgroup the kernel enforced (`worker.cgroups`)."""
+    ranks: int = 1
+    """How many hosts the attempt runs on (a trainer, a rank, on each)."""
 
     def stderr(self, line: str) -> None:
         self.last_stderr = (self.last_stderr + [line])[-STDERR_LINES_KEPT:]
@@ -64,8 +66,10 @@ class Outcome:
 
     @property
     def peer_lost(self) -> bool:
-        """A job over several hosts: another rank died, froze or stalled (`worker.trainer.ranks`)."""
-        return self.error is not None and self.error.get("kind") == "peer_lost"
+        """A job over several hosts: another rank died, froze or stalled (`worker.trainer.ranks`).
+        The trainer's word, on the stdout user code prints to: a one-host job has no peer,
+        and its claim of one is an error like any other (not a crash it may retry)."""
+        return self.ranks > 1 and self.error is not None and self.error.get("kind") == "peer_lost"
 
     @property
     def crashed(self) -> bool:
