@@ -51,11 +51,6 @@ def hidden(units):
 """
 
 
-@pytest.fixture
-def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
-    return make_settings(sqlite_url, api_workers=1)
-
-
 def test_a_folder_of_code_with_its_own_metric_trains_and_is_charted(
     stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object], tmp_path: Path
 ) -> None:

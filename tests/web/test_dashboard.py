@@ -18,11 +18,6 @@ from tests.web.conftest import shot
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-@pytest.fixture
-def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
-    return make_settings(sqlite_url, api_workers=1)
-
-
 def field(page, name: str):
     # Field ids hold dots (f-hyperparameters.steps), which CSS would read as classes.
     return page.locator(f'[id="f-{name}"]')

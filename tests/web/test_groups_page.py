@@ -10,17 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.core.db import Database
-from service.core.settings import Settings
 from tests.service.api.test_usage import add_run
 from tests.stack import Stack
 from tests.web.conftest import shot
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
-    return make_settings(sqlite_url, api_workers=1)
 
 
 def test_admins_make_groups_and_reservations_and_members_read_them(

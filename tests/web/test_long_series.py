@@ -12,17 +12,11 @@ from sqlalchemy import insert
 
 from service.core.db import Database
 from service.core.models import Metric
-from service.core.settings import Settings
 from tests.stack import Stack
 from tests.web.conftest import shot
 
 pytestmark = pytest.mark.slow
 STEPS = 40_000
-
-
-@pytest.fixture
-def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
-    return make_settings(sqlite_url, api_workers=1)
 
 
 def test_a_long_series_loads_down_sampled_and_a_zoomed_range_at_full_resolution(

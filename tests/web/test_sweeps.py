@@ -31,11 +31,6 @@ goal: max
 """
 
 
-@pytest.fixture
-def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
-    return make_settings(sqlite_url, api_workers=1)
-
-
 def test_a_sweep_runs_one_setting_per_gpu_and_its_pages_draw(
     stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object], tmp_path: Path
 ) -> None:

@@ -28,11 +28,6 @@ SPEC = {
 
 
 @pytest.fixture
-def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
-    return make_settings(sqlite_url, api_workers=1)
-
-
-@pytest.fixture
 def a_failed_job(
     stack: Stack, set_job: Callable[..., None], make_token: Callable[..., str], add_host: Callable[..., None]
 ) -> tuple[str, str, object, int]:
