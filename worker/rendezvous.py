@@ -74,9 +74,9 @@ def meet(
     deadline = time.monotonic() + settings.rendezvous_timeout_s
     checked = time.monotonic()
     while True:
-        seen = {k.decode() if isinstance(k, bytes) else k: v for k, v in connection.hgetall(name).items()}
+        seen = {_text(k): _text(v) for k, v in connection.hgetall(name).items()}
         if all(str(r) in seen for r in range(ranks)):
-            return [_text(seen[str(r)]) for r in range(ranks)]
+            return [seen[str(r)] for r in range(ranks)]
         if seen.get(str(rank)) is None:  # Redis was flushed: write ours again
             connection.hset(name, str(rank), mine)
             connection.expire(name, KEY_TTL_S)

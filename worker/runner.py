@@ -88,7 +88,7 @@ class JobRunner:
         self.sink = MetricSink(ctx, launch.job_id, launch.attempt)
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
-        self.outcome = Outcome()
+        self.outcome = Outcome(ranks=launch.ranks)
         self.process: subprocess.Popen[bytes] | None = None
         self._stop_requested = threading.Event()
         self._look = threading.Event()
@@ -166,8 +166,19 @@ class JobRunner:
         return True
 
     def _still_current(self) -> bool:
+        return self._current(self._job_row())
+
+    def _job_row(self) -> Any:
+        """What the runner watches of its job's row (None: the job is gone)."""
         with self.ctx.db.read() as session:
-            row = session.execute(select(Job.state, Job.attempts).where(Job.id == self.launch.job_id)).one_or_none()
+            return session.execute(
+                select(
+                    Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason
+                ).where(Job.id == self.launch.job_id)
+            ).one_or_none()
+
+    def _current(self, row: Any) -> bool:
+        """Whether `row` still has this attempt holding GPUs."""
         return row is not None and row.attempts == self.launch.attempt and row.state in HOLDING_STATES
 
     def _start(self) -> bool:
@@ -175,11 +186,7 @@ class JobRunner:
             return False
         env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
         # a rank sets up its cluster before any TensorFlow op: never a warm trainer
-        warm = (
-            self.pool.take(self.launch, self.artifacts)
-            if self.pool is not None and self.chief and self.launch.ranks < 2
-            else None
-        )
+        warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None and self.launch.ranks < 2 else None
         try:
             spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts, self.sandboxed)
         except ValidationError as err:
@@ -348,13 +355,8 @@ class JobRunner:
 
     def _check(self, elapsed: float) -> None:
         """Poll the database: cancel requested? attempt still current? time limit?"""
-        with self.ctx.db.read() as session:
-            row = session.execute(
-                select(
-                    Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason
-                ).where(Job.id == self.launch.job_id)
-            ).one_or_none()
-        if row is None or row.attempts != self.launch.attempt or row.state not in HOLDING_STATES:
+        row = self._job_row()
+        if not self._current(row):
             self._stale("the job moved on")
             return
         if row.cancel_requested_at is not None:

@@ -52,7 +52,6 @@ class RuntimeSpec(Strict):
         default_factory=list, max_length=256, description="a job over several hosts: every rank's host:port, by rank"
     )
     rank: int = Field(default=0, ge=0, description="this trainer's place in `cluster` (0 writes the job's files)")
-    cluster_towers: list[PositiveInt] = Field(default_factory=list, description="each rank's towers, by rank")
     collective_timeout_s: float = Field(default=20.0, gt=0, le=3600, description="how long a rank waits for the others")
 
 

@@ -18,6 +18,7 @@ import math
 import os
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -117,7 +118,7 @@ class Run:
         batches = feeding.train_batches(self.data, total, self.hp.seed or 0, self.start_step, self.hp.steps)
         if self.ranks is None:
             return batches
-        first = round(self.ranks.rank * self.global_batch)
+        first = self.ranks.rank * self.global_batch
         # every rank has the same towers (whole hosts), so rank r takes rows r*b .. r*b+b-1
         return batches.map(lambda x, y: (x[first : first + self.global_batch], y[first : first + self.global_batch]))
 
@@ -177,10 +178,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         start_step = int(step.steps_done.numpy()) or int(optimizer.iterations.numpy())
         step.steps_done.assign(start_step)
     if gang is not None:  # every rank starts from rank 0's weights, optimizer state and step
-        try:
-            gang.broadcast([*model.variables, *optimizer.variables, *step.ema, step.steps_done])
-        except ranks.PEER_ERRORS as err:
-            raise ranks.peer_lost(err, gang.rank) from err
+        gang.broadcast([*model.variables, *optimizer.variables, *step.ema, step.steps_done])
         start_step = int(step.steps_done.numpy())
     if chief:
         writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
@@ -252,15 +250,12 @@ def train(run: Run, stop: StopFlag) -> int:
     while done < hp.steps:
         pause = next_pause(done, hp)
         try:
-            result = run.step.train_steps(iterator, tf.constant(pause - done))
+            with run.ranks.peers() if run.ranks is not None else nullcontext():
+                result = run.step.train_steps(iterator, tf.constant(pause - done))
         except tf.errors.ResourceExhaustedError as err:
             raise OutOfMemoryError(
                 f"out of memory at step {done + 1}: lower batch_size or raise gpu_memory_fraction ({err.message[:300]})"
             ) from err
-        except ranks.PEER_ERRORS as err:
-            if run.ranks is None:
-                raise
-            raise ranks.peer_lost(err, run.ranks.rank) from err
         stop.keep()
         window_steps += pause - done
         done = pause
@@ -289,12 +284,7 @@ def train(run: Run, stop: StopFlag) -> int:
 def agreed_stop(run: Run, mine: bool) -> bool:
     """Whether to stop now: this trainer was asked to; over several hosts, any rank was (so
     all stop after the same step, and rank 0's checkpoint is the one)."""
-    if run.ranks is None or run.hp.steps <= 0:
-        return mine
-    try:
-        return run.ranks.any_stops(mine)
-    except ranks.PEER_ERRORS as err:
-        raise ranks.peer_lost(err, run.ranks.rank) from err
+    return mine if run.ranks is None else run.ranks.any_stops(mine)
 
 
 def finish(run: Run, done: int, started: float) -> int:

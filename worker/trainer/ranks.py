@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,17 +102,29 @@ class Ranks:
 
     def broadcast(self, variables: list[tf.Variable]) -> None:
         """Rank 0's values of `variables` on every rank (float64 carries float32 and the
-        integer counters exactly)."""
+        integer counters exactly); PeerLostError when a rank does not come."""
         values = [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in variables]
         mine = values if self.chief else [tf.zeros_like(v) for v in values]
-        reduced = self._unpack(self.all_reduce(mine, BROADCAST_KEY, self.start_timeout_s), values)
+        with self.peers():
+            reduced = self._unpack(self.all_reduce(mine, BROADCAST_KEY, self.start_timeout_s), values)
         for variable, value in zip(variables, reduced, strict=True):
             variable.assign(tf.cast(value, variable.dtype))
 
     def any_stops(self, mine: bool) -> bool:
         """Whether any rank was asked to stop (every rank gets the same answer)."""
         flag = tf.constant([1.0 if mine else 0.0])
-        return bool(self.all_reduce([flag], STOP_KEY, self.timeout_s).numpy()[0] > 0)
+        with self.peers():
+            return bool(self.all_reduce([flag], STOP_KEY, self.timeout_s).numpy()[0] > 0)
+
+    @contextmanager
+    def peers(self) -> Iterator[None]:
+        """What a collective raises when a peer is gone, frozen or too slow, as PeerLostError."""
+        try:
+            yield
+        except PEER_ERRORS as err:
+            raise PeerLostError(
+                f"rank {self.rank}: another rank of this job stopped answering ({_first_line(err)})"
+            ) from err
 
     def all_reduce(self, tensors: list[tf.Tensor], key: int, timeout_s: float) -> tf.Tensor:
         flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0) if tensors else tf.zeros([0])
@@ -151,11 +165,10 @@ def connect(runtime: RuntimeSpec) -> Ranks | None:
         raise PeerLostError(f"rank {runtime.rank} could not join the other ranks: {_first_line(err)}") from err
     finally:
         signal.signal(signal.SIGTERM, handler)  # the gRPC server took SIGTERM: a stop must still checkpoint
-    towers = runtime.cluster_towers or [runtime.num_devices] * len(runtime.cluster)
     return Ranks(
         rank=runtime.rank,
         size=len(runtime.cluster),
-        share=towers[runtime.rank] / sum(towers),
+        share=1 / len(runtime.cluster),  # whole hosts of one size: equal towers on every rank
         timeout_s=runtime.collective_timeout_s,
         start_timeout_s=max(runtime.collective_timeout_s, START_TIMEOUT_S),
     )
@@ -164,10 +177,6 @@ def connect(runtime: RuntimeSpec) -> Ranks | None:
 START_TIMEOUT_S = 300.0
 """How long the first collective (rank 0's weights to all) waits for every rank: each
 loads its data and builds its model first, at its own pace."""
-
-
-def peer_lost(err: Exception, rank: int) -> PeerLostError:
-    return PeerLostError(f"rank {rank}: another rank of this job stopped answering ({_first_line(err)})")
 
 
 def _first_line(err: Any) -> str:
