@@ -51,10 +51,11 @@ def send(connection: redis.Redis, host: str, job_id: int, attempt: int, rank: in
     )
 
 
-def pending(connection: redis.Redis, job_id: int, attempt: int) -> bool:
-    """Whether this attempt's launch message is still waiting or being run."""
+def pending(connection: redis.Redis, job_id: int, attempt: int, rank: int = 0) -> bool:
+    """Whether this attempt's launch message (to the host of `rank`) is still waiting or being run."""
     try:
-        status = RQJob.fetch(launch_id(job_id, attempt), connection=connection, serializer=SERIALIZER).get_status()
+        message = RQJob.fetch(launch_id(job_id, attempt, rank), connection=connection, serializer=SERIALIZER)
+        status = message.get_status()
     except NoSuchJobError:
         return False
     return status in PENDING

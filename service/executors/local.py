@@ -31,7 +31,7 @@ class LocalExecutor:
         launches.send(self.connection, attempt.host, attempt.job_id, attempt.attempt, attempt.rank)
 
     def observe(self, attempt: Attempt) -> Seen:
-        return Seen(held=launches.pending(self.connection, attempt.job_id, attempt.attempt))
+        return Seen(held=launches.pending(self.connection, attempt.job_id, attempt.attempt, attempt.rank))
 
     def stop(self, message: StopMessage) -> None:
         if message.host:

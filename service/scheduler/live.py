@@ -112,11 +112,11 @@ class LiveScheduler:
                 self._serialize(session)
                 stops = stop_reasons(decision, cluster, now.timestamp())
                 stopping = self._commit(session, decision, {q.id: q for q in queued}, stops, report)
-        for job_id, attempt, host in report.repairs.resend:
+        for job_id, attempt, host, rank in report.repairs.resend:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
             )
-            self.send_launch(job_id, attempt, host)
+            self.send_launch(job_id, attempt, host, rank=rank)
         ranks: dict[int, int] = {}
         for job_id, attempt, host, indices in report.placed:  # first: what follows must not delay a start
             ranks[job_id] = ranks.get(job_id, -1) + 1

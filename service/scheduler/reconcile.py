@@ -2,8 +2,11 @@
 
 - A host whose heartbeat stopped is marked down; its jobs go back to the queue (their
   next attempt), fenced so the lost attempt can write nothing if it still runs somewhere.
+  A job over several hosts goes back when any of its hosts is lost: its other ranks see
+  the attempt has moved on and stop.
 - A dispatched job whose launch message vanished (Redis flushed or restarted) has it
-  sent again; one that no worker picked up for three dispatch timeouts is requeued.
+  sent again, rank by rank for a job over several hosts; one that no worker picked up for
+  three dispatch timeouts is requeued.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ log = logging.getLogger(__name__)
 class Repairs:
     hosts_down: list[str] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
-    resend: list[tuple[int, int, str]] = field(default_factory=list)
-    """(job id, attempt, host) whose launch message must be sent again."""
+    resend: list[tuple[int, int, str, int]] = field(default_factory=list)
+    """(job id, attempt, host, rank) whose launch message must be sent again."""
 
 
 def needs_repair(session: Session, settings: Settings, now: datetime) -> bool:
@@ -53,10 +56,13 @@ def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs
         host.state = HostState.DOWN
         repairs.hosts_down.append(host.name)
         log.warning("host %s missed heartbeats since %s: marked down", host.name, host.last_heartbeat_at)
+        holding_here = select(Allocation.job_id).where(
+            Allocation.host_id == host.id, Allocation.released_at.is_(None), Allocation.attempt == Job.attempts
+        )
         jobs = session.scalars(
             select(Job)
             .where(
-                Job.host_name == host.name,
+                (Job.host_name == host.name) | Job.id.in_(holding_here),
                 Job.state.in_(HOLDING_STATES),
             )
             .with_for_update()
@@ -71,19 +77,26 @@ def resend_lost_launches(
 ) -> None:
     timeout = timedelta(seconds=settings.dispatch_timeout_s)
     rows = session.execute(
-        select(Job, Allocation.created_at)
+        select(Job, Allocation.created_at, Host.name)
         .join(Allocation, (Allocation.job_id == Job.id) & (Allocation.attempt == Job.attempts))
+        .join(Host, Host.id == Allocation.host_id)
         .where(Job.state == JobState.DISPATCHED, Allocation.released_at.is_(None))
+        .order_by(Job.id, Allocation.id)
     ).all()
-    seen: set[int] = set()
-    for job, dispatched_at in rows:
-        if job.id in seen or now - dispatched_at < timeout:
+    hosts: dict[int, list[str]] = {}  # by rank: the order the pass gave them (as the workers read it)
+    jobs: dict[int, tuple[Job, datetime]] = {}
+    for job, dispatched_at, host in rows:
+        jobs.setdefault(job.id, (job, dispatched_at))
+        if host not in hosts.setdefault(job.id, []):
+            hosts[job.id].append(host)
+    for job_id, (job, dispatched_at) in jobs.items():
+        if now - dispatched_at < timeout:
             continue
-        seen.add(job.id)
         if now - dispatched_at > 3 * timeout:
-            requeue(
-                session, job, f"no worker on {job.host_name} started it within {3 * timeout.seconds}s", crashed=True
-            )
-            repairs.requeued.append(job.id)
-        elif not executor.observe(Attempt(job.id, job.attempts, job.host_name or "")).held:
-            repairs.resend.append((job.id, job.attempts, job.host_name or ""))
+            where = ", ".join(hosts[job_id]) or job.host_name
+            requeue(session, job, f"no worker on {where} started it within {3 * timeout.seconds}s", crashed=True)
+            repairs.requeued.append(job_id)
+            continue
+        for rank, host in enumerate(hosts[job_id]):
+            if not executor.observe(Attempt(job_id, job.attempts, host, rank=rank)).held:
+                repairs.resend.append((job_id, job.attempts, host, rank))

@@ -170,10 +170,57 @@ def test_a_launch_lost_with_redis_is_sent_again(
         ctx.redis.flushdb()
         time.sleep(0.3)
         report = LiveScheduler(ctx).run_pass()
-        assert report is not None and report.repairs.resend == [(job_id, 1, "lab-a")]
+        assert report is not None and report.repairs.resend == [(job_id, 1, "lab-a", 0)]
         assert [tuple(j.args) for j in launches.host_queue(ctx.redis, "lab-a").jobs] == [(job_id, 1)]
     finally:
         ctx.close()
+
+
+def test_a_job_over_two_hosts_has_each_lost_launch_sent_again_to_its_own_host(
+    make_settings: Callable[..., Settings],
+    database_url: str,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+) -> None:
+    ctx = Context.open(make_settings(database_url, dispatch_timeout_s=0.2))
+    try:
+        add_host("lab-a", 2)
+        add_host("lab-b", 2)
+        job_id = submit_job(ctx, caller("alice"), gpu_count=4)
+        LiveScheduler(ctx).run_pass()
+        first = {h: [j.id for j in launches.host_queue(ctx.redis, h).jobs] for h in ("lab-a", "lab-b")}
+        ctx.redis.flushdb()
+        time.sleep(0.3)
+        report = LiveScheduler(ctx).run_pass()
+        chief = job_row(ctx, job_id).host_name  # rank 0's host
+        other = "lab-b" if chief == "lab-a" else "lab-a"
+        assert report is not None and report.repairs.resend == [(job_id, 1, chief, 0), (job_id, 1, other, 1)]
+        again = {h: [j.id for j in launches.host_queue(ctx.redis, h).jobs] for h in ("lab-a", "lab-b")}
+        assert again == first and sorted(sum(again.values(), [])) == sorted(
+            [launches.launch_id(job_id, 1), launches.launch_id(job_id, 1, 1)]
+        )
+    finally:
+        ctx.close()
+
+
+def test_a_job_over_two_hosts_is_requeued_when_the_host_of_any_rank_is_lost(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 2)
+    add_host("lab-b", 2)
+    job_id = submit_job(ctx, caller("alice"), gpu_count=4)
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.write() as session:
+        job = mark_running(session, job_id, 1, {"pid": 1})
+        other = "lab-b" if job.host_name == "lab-a" else "lab-a"  # the host of rank 1
+        stale = utcnow() - timedelta(seconds=ctx.settings.heartbeat_timeout_s + 5)
+        session.execute(update(Host).where(Host.name == other).values(last_heartbeat_at=stale))
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.repairs.hosts_down == [other] and report.repairs.requeued == [job_id]
+    job = job_row(ctx, job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.QUEUED, 2, 1)
+    with ctx.db.read() as session:
+        assert session.scalar(select(func.count()).where(Allocation.released_at.is_(None))) == 0
 
 
 def test_a_high_job_asks_the_youngest_low_job_to_make_room_when_preemption_is_on(
