@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
+import httpx
+import psutil
 import pytest
 
 from service.core.settings import Settings
@@ -88,3 +91,70 @@ def test_a_job_over_two_hosts_trains_like_one_device_on_the_whole_batch(
     assert all(abs(a[1] - b[1]) <= 1e-4 * max(1.0, abs(b[1])) for a, b in zip(series[gang], series[one], strict=True))
     lines = [line["message"] for line in client.get(f"/api/jobs/{gang}/logs").json()]
     assert any(m.startswith("[rank 1 on ") for m in lines), lines[-20:]
+
+
+def rank_trainer(rank: int, attempt: int) -> psutil.Process | None:
+    """The trainer of `rank` (its Python process, not bwrap) for the attempt, from its spec
+    file's name, `spec-attempt-<n>-rank-<r>.json`."""
+    name = f"spec-attempt-{attempt}-rank-{rank}.json" if rank else f"spec-attempt-{attempt}.json"
+    for process in psutil.process_iter(["cmdline"]):
+        line = process.info["cmdline"] or []
+        if "worker.trainer" in line and line[-1].endswith(name) and "bwrap" not in line[0]:
+            return process
+    return None
+
+
+def train_steps(client: httpx.Client, job_id: int) -> list[int]:
+    return [p["step"] for p in client.get(f"/api/jobs/{job_id}/metrics").json() if p["split"] == "train"]
+
+
+def test_a_killed_rank_sends_the_whole_job_back_and_it_resumes_then_a_cancel_stops_every_rank(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    """Rank 1's trainer is killed: rank 0 notices, the job goes back to the queue with all
+    four GPUs released, and its next attempt resumes from rank 0's checkpoint on both hosts
+    with no train step twice or missing. Then a cancel stops both ranks after one
+    checkpoint and frees every GPU."""
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2, worker_address="127.0.0.1", trainer_pool=0)
+    stack.start_worker("lab-b", 2, worker_address="127.0.0.1", trainer_pool=0)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
+    hyper = {"steps": 100_000, "batch_size": 4, "log_every": 10, "checkpoint_every": 50}
+    job_id = client.post("/api/jobs", json={**QUICK, "gpu_count": 4, "hyperparameters": hyper}).json()["id"]
+    wait_for(lambda: max(train_steps(client, job_id), default=0) >= 120, 300, "attempt 1 past its first checkpoints")
+    victim = wait_for(lambda: rank_trainer(1, 1), 10, "rank 1's trainer")
+    victim.kill()
+    killed_at = time.monotonic()
+    wait_for(lambda: client.get(f"/api/jobs/{job_id}").json()["attempts"] == 2, 60, "the job to go back", 0.2)
+    requeued_in = time.monotonic() - killed_at
+    assert requeued_in < 30, requeued_in
+    job = wait_for(
+        lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] == "running" and j, 120, "attempt 2 running"
+    )
+    assert rank_trainer(0, 1) is None and rank_trainer(1, 1) is None  # no rank of the lost attempt is left
+    back = [e for e in job["events"] if e["state"] == "queued" and e["attempt"] == 2]
+    said = back[0]["message"] if back else ""  # whichever rank's worker records first: the killed one, or its peer
+    assert said.startswith("rank 1 on lab-b: trainer exited") or "another rank of this job stopped" in said, said
+    assert job["crashes"] == 1 and {r["host"] for r in job["allocation"]["ranks"]} == {"lab-a", "lab-b"}
+    wait_for(lambda: rank_trainer(1, 2), 60, "rank 1 of attempt 2")
+    past = max(train_steps(client, job_id))
+    wait_for(lambda: max(train_steps(client, job_id)) >= past + 40, 120, "attempt 2 training")
+    lines = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
+    resumed = [m for m in lines if "resumed from the checkpoint of step" in m]
+    assert len(resumed) == 1 and resumed[0].startswith("[rank 0 on "), lines[-30:]
+
+    assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+    job = wait_for(
+        lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 120, "the cancel", 0.5
+    )
+    assert job["state"] == "cancelled", job["error"]
+    steps = train_steps(client, job_id)
+    assert steps == list(range(10, steps[-1] + 1, 10)), steps  # none twice, none missing, over both attempts
+    lines = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
+    stop_checkpoints = [m for m in lines if "checkpoint at step" in m and f"ckpt-{steps[-1]}" in m]
+    assert len(stop_checkpoints) == 1 and stop_checkpoints[0].startswith("[rank 0 on "), lines[-30:]
+    assert not [m for m in lines if m.startswith("[rank 1") and "checkpoint at step" in m]
+    wait_for(lambda: all(not g["holders"] for g in client.get("/api/gpus").json()), 30, "every GPU free")
+    assert rank_trainer(0, 2) is None and rank_trainer(1, 2) is None

@@ -72,9 +72,25 @@ class Outcome:
         return self.ranks > 1 and self.error is not None and self.error.get("kind") == "peer_lost"
 
     @property
+    def rank_died(self) -> bool:
+        """A job over several hosts: this rank's trainer ended without a word of why (no
+        error line, no stop asked), by any exit code: a sandboxed trainer killed by a signal
+        exits with 128 + its number, which an exit of its own can say too. Its peers notice
+        (`peer_lost`) and the whole gang queues again as a crash, so this rank must not
+        record a failure first."""
+        succeeded = self.done is not None and self.returncode == 0
+        return (
+            self.ranks > 1
+            and self.stop is None
+            and self.error is None
+            and self.returncode is not None
+            and not succeeded
+        )
+
+    @property
     def crashed(self) -> bool:
         """The attempt was lost, not the job's fault: it counts against max_attempts."""
-        return self.killed_from_outside or self.peer_lost or self.stop == Stop.RENDEZVOUS
+        return self.killed_from_outside or self.peer_lost or self.rank_died or self.stop == Stop.RENDEZVOUS
 
     @property
     def out_of_memory(self) -> bool:
@@ -106,7 +122,7 @@ class Outcome:
             return JobState.QUEUED, str(self.error.get("message") if self.error else "") or "lost a rank"
         if self.error is not None:
             return JobState.FAILED, str(self.error.get("message") or self.error.get("kind"))
-        if self.killed_from_outside:
+        if self.killed_from_outside or self.rank_died:
             return JobState.QUEUED, exit_message(self.returncode, self.last_stderr)
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr)
 

@@ -73,6 +73,19 @@ def test_a_trainer_killed_by_a_signal_towerq_did_not_send_is_a_crash_tried_again
     cancelled = Outcome(returncode=-9, stop=Stop.CANCEL, stop_message="cancelled by alice")
     assert not cancelled.killed_from_outside
     assert cancelled.verdict() == (JobState.CANCELLED, "cancelled by alice")
+
+
+def test_a_rank_that_ends_without_a_word_sends_its_whole_job_back_and_one_with_an_error_fails_it() -> None:
+    """In the sandbox a trainer killed by SIGKILL exits 137 (bwrap's 128 + 9). A rank of a
+    job over several hosts that ends so is lost, not failed: its peers stop and the gang
+    queues again. A one-host job's 137 stays what it was, and a rank's own error fails the job."""
+    killed_rank = Outcome(returncode=137, ranks=2)
+    assert killed_rank.crashed and killed_rank.verdict()[0] == JobState.QUEUED
+    assert Outcome(returncode=137).verdict()[0] == JobState.FAILED
+    raised = Outcome(returncode=1, ranks=2, error={"kind": "error", "message": "ValueError: bad shape"})
+    assert not raised.crashed and raised.verdict() == (JobState.FAILED, "ValueError: bad shape")
+    done = Outcome(returncode=0, ranks=2, done={"event": "done", "step": 60})
+    assert not done.crashed and done.verdict() == (JobState.SUCCEEDED, None)
     assert Outcome(returncode=1, error={"kind": "nan_loss", "message": "loss became nan"}).verdict() == (
         JobState.FAILED,
         "loss became nan",
