@@ -26,7 +26,7 @@ from sqlalchemy import select
 from service.core import keys, launches
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
-from service.core.lifecycle import requeue
+from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from worker import cgroups, sandbox
@@ -163,15 +163,17 @@ class HostAgent:
     def _recover_leftovers(self) -> None:
         """Jobs this host was running before the worker restarted: their trainers died with
         the old worker (or are killed now, with whatever is left in their cgroups); the jobs
-        go back to the queue."""
+        go back to the queue. A job over several hosts with a rank here goes back whole: its
+        ranks elsewhere see the attempt move on and stop."""
         if ended := cgroups.remove_stale():
             log.warning("ended %d cgroups of trainer attempts left by a worker that is gone", ended)
         with self.ctx.db.write() as session:
             jobs = session.scalars(
-                select(Job).where(Job.host_name == self.name, Job.state == JobState.RUNNING).with_for_update()
+                select(Job).where(runs_on(self.name), Job.state == JobState.RUNNING).with_for_update()
             ).all()
             for job in jobs:
-                if job.pid is not None and pid_alive(job.pid) and is_trainer(job.pid):
+                here = job.host_name == self.name  # the pid is rank 0's, on its own host
+                if here and job.pid is not None and pid_alive(job.pid) and is_trainer(job.pid):
                     kill_group(job.pid, timeout=LEFTOVER_KILL_TIMEOUT_S)
                 requeue(session, job, f"worker on {self.name} restarted", crashed=True)
                 log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)

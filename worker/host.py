@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.core.lifecycle import runs_on
 from service.core.models import HOLDING_STATES, Gpu, Host, HostState, Job, utcnow
 from worker.inventory import GpuState, Inventory
 
@@ -87,7 +88,7 @@ def lost_attempts(session: Session, name: str, attempts: list[tuple[int, int]]) 
         for row in session.execute(
             select(Job.id, Job.attempts).where(
                 Job.id.in_([job_id for job_id, _ in attempts]),
-                Job.host_name == name,
+                runs_on(name),
                 Job.state.in_(HOLDING_STATES),
             )
         )

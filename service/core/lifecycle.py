@@ -11,14 +11,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import ColumnElement, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core.exceptions import NotFoundError, StaleAttemptError, StateConflictError
-from service.core.models import FINAL_STATES, Allocation, Gpu, Job, JobEvent, JobState, Notification, Sweep, utcnow
+from service.core.models import (
+    FINAL_STATES,
+    Allocation,
+    Gpu,
+    Host,
+    Job,
+    JobEvent,
+    JobState,
+    Notification,
+    Sweep,
+    utcnow,
+)
 from service.core.publish import job_message, kick_scheduler
 from service.core.schemas import JobEventOut
 from towerq.contract.messages import CancelMessage, PreemptMessage, StateMessage
+
+
+def runs_on(host: str) -> ColumnElement[bool]:
+    """Jobs whose current attempt holds GPUs on `host`: the host a job runs on, or any of the
+    hosts of a job over several (`Job.host_name` is rank 0's)."""
+    held = (
+        select(Allocation.job_id)
+        .join(Host, Host.id == Allocation.host_id)
+        .where(Host.name == host, Allocation.released_at.is_(None), Allocation.attempt == Job.attempts)
+    )
+    return (Job.host_name == host) | Job.id.in_(held)
 
 
 def record_state(session: Session, job: Job, state: JobState, message: str | None = None) -> JobEvent:

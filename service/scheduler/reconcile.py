@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.core.lifecycle import requeue
+from service.core.lifecycle import requeue, runs_on
 from service.core.models import HOLDING_STATES, Allocation, Host, HostState, Job, JobState
 from service.core.settings import Settings
 from service.executors import Attempt, Executor
@@ -56,16 +56,8 @@ def mark_dead_hosts(session: Session, settings: Settings, now: datetime, repairs
         host.state = HostState.DOWN
         repairs.hosts_down.append(host.name)
         log.warning("host %s missed heartbeats since %s: marked down", host.name, host.last_heartbeat_at)
-        holding_here = select(Allocation.job_id).where(
-            Allocation.host_id == host.id, Allocation.released_at.is_(None), Allocation.attempt == Job.attempts
-        )
         jobs = session.scalars(
-            select(Job)
-            .where(
-                (Job.host_name == host.name) | Job.id.in_(holding_here),
-                Job.state.in_(HOLDING_STATES),
-            )
-            .with_for_update()
+            select(Job).where(runs_on(host.name), Job.state.in_(HOLDING_STATES)).with_for_update()
         ).all()
         for job in jobs:
             requeue(session, job, f"host {host.name} stopped sending heartbeats", crashed=True)

@@ -1,15 +1,21 @@
-"""A host marked down comes back up only once it no longer runs a lost attempt."""
+"""A host marked down comes back up only once it no longer runs a lost attempt; a restarted
+worker sends back the jobs it ran, a rank of a job over several hosts included."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from service.core.context import Context
 from service.core.db import Database
-from service.core.models import Host, HostState, Job, User
+from service.core.lifecycle import mark_running
+from service.core.models import Allocation, Host, HostState, Job, JobState, User
 from service.core.settings import Settings
+from service.jobs.submit import submit
+from service.lab.auth import Caller, ensure_user
+from service.scheduler.live import LiveScheduler
+from towerq.contract.spec import JobSpec
 from worker.agent import HostAgent
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
@@ -59,3 +65,53 @@ def test_a_stopped_worker_has_ended_its_loops_before_its_context_closes(settings
         assert not any(loop.is_alive() for loop in agent.loops)
     finally:
         ctx.close()
+
+
+def two_host_job(settings: Settings) -> tuple[int, str, str]:
+    """A running 4-GPU job over lab-a and lab-b (2 GPUs each): (its id, rank 0's host, rank 1's)."""
+    ctx = Context.open(settings)
+    try:
+        with ctx.db.write() as session:
+            user = ensure_user(session, "alice")
+            alice = Caller(user.id, user.name, False, 0)
+        spec = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpu_count": 4})
+        job, _ = submit(ctx.db, alice, spec, settings)
+        LiveScheduler(ctx).run_pass()
+        with ctx.db.write() as session:
+            chief = mark_running(session, job.id, 1, {"pid": 1}).host_name
+    finally:
+        ctx.close()
+    assert chief is not None
+    return job.id, chief, "lab-b" if chief == "lab-a" else "lab-a"
+
+
+def test_a_returning_host_that_runs_rank_1_of_a_job_over_two_hosts_comes_back_up(
+    db: Database, settings: Settings, add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 2)
+    add_host("lab-b", 2)
+    job_id, _, other = two_host_job(settings)
+    with db.write() as session:
+        session.scalars(select(Host).where(Host.name == other)).one().state = HostState.DOWN
+        assert heartbeat(session, other, SimulatedInventory(other, 2).gpus(), [(job_id, 1)])
+    with db.read() as session:
+        assert session.scalars(select(Host.state).where(Host.name == other)).one() == HostState.UP
+
+
+def test_a_restarted_worker_sends_back_a_job_over_two_hosts_whose_rank_it_ran(
+    db: Database, settings: Settings, add_host: Callable[..., None]
+) -> None:
+    """Its trainer died with the old worker; the rank on the other host would otherwise wait
+    for it until the cluster's start timeout."""
+    add_host("lab-a", 2)
+    add_host("lab-b", 2)
+    job_id, _, other = two_host_job(settings)
+    ctx = Context.open(settings.model_copy(update={"trainer_pool": 0, "sandbox": "none"}))
+    try:
+        HostAgent(ctx, other, SimulatedInventory(other, 2))._recover_leftovers()
+    finally:
+        ctx.close()
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and (job.state, job.attempts, job.crashes) == (JobState.QUEUED, 2, 1)
+        assert session.scalar(select(func.count()).where(Allocation.released_at.is_(None))) == 0
