@@ -96,6 +96,8 @@ export function when(iso) {
 
 export function gpusOf(job) {
   const a = job.allocation;
+  // A job over several hosts: every host's GPUs, by rank.
+  if (a?.ranks?.length > 1) return a.ranks.map((r) => `${r.host}:${r.gpus.join(",")}`).join(" + ");
   if (a) return `${a.host}:${a.gpus.join(",")}${a.fraction < 1 ? ` ×${a.fraction}` : ""}`;
   const asked = job.spec.gpus ? `GPUs ${job.spec.gpus.join(",")}` : `${job.gpu_count} GPU${job.gpu_count > 1 ? "s" : ""}`;
   return job.spec.host ? `${job.spec.host}: ${asked}` : asked;

@@ -21,6 +21,7 @@ class RankOut(Out):
     rank: int
     host: str
     gpus: list[int]
+    gpu_uuids: list[str] = []
 
 
 class AllocationOut(Out):

@@ -88,10 +88,13 @@ def _allocation(group: list[tuple[int, float, str, int, str, bool]]) -> Allocati
         gpu_uuids=[g[4] for g in first],
         fraction=group[0][1],
         simulated=all(g[5] for g in group),
-        ranks=[
-            RankOut(rank=r, host=host, gpus=sorted(g[3] for g in group if g[2] == host)) for r, host in enumerate(hosts)
-        ],
+        ranks=[_rank(r, host, group) for r, host in enumerate(hosts)],
     )
+
+
+def _rank(rank: int, host: str, group: list[tuple[int, float, str, int, str, bool]]) -> RankOut:
+    held = sorted((g for g in group if g[2] == host), key=lambda g: g[3])
+    return RankOut(rank=rank, host=host, gpus=[g[3] for g in held], gpu_uuids=[g[4] for g in held])
 
 
 HIDDEN_URL = "(hidden: only its owner and admins see a webhook URL)"

@@ -275,8 +275,29 @@ function detailsOf(job) {
       { class: "summary" },
       el("dt", {}, "GPUs"),
       el("dd", { class: "mono" }, gpusOf(job), a?.simulated ? el("span", { class: "badge sim" }, "simulated") : null),
+      ...(a?.ranks?.length > 1
+        ? [
+            el("dt", {}, "Ranks"),
+            el(
+              "dd",
+              { id: "ranks" },
+              el(
+                "ul",
+                { class: "ranks" },
+                a.ranks.map((r) =>
+                  el(
+                    "li",
+                    { dataset: { rank: r.rank } },
+                    `rank ${r.rank}${r.rank === 0 ? " (writes metrics and checkpoints)" : ""}: `,
+                    el("span", { class: "mono" }, `GPUs ${r.gpus.join(",")} on ${r.host}`),
+                  ),
+                ),
+              ),
+            ),
+          ]
+        : []),
       el("dt", {}, "GPU UUIDs"),
-      el("dd", { class: "mono" }, a ? a.gpu_uuids.join(", ") : "–"),
+      el("dd", { class: "mono" }, a ? (a.ranks?.length > 1 ? a.ranks.flatMap((r) => r.gpu_uuids) : a.gpu_uuids).join(", ") : "–"),
       el("dt", {}, "Memory fraction"),
       el(
         "dd",
