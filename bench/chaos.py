@@ -2,7 +2,8 @@
 
 Starts a whole stack in a temporary folder (API, scheduler, two workers with simulated
 GPUs, its own Redis, SQLite). Several users submit short jobs (with Idempotency-Keys,
-retrying through outages) while, every few seconds for `--minutes`, one thing is killed
+retrying through outages; every `--multihost-every`-th job asks for 4 GPUs, so it runs
+over both 2-GPU hosts, a rank on each) while, every few seconds for `--minutes`, one thing is killed
 with SIGKILL (a worker, a trainer, the API, the scheduler) or Redis is restarted (and
 loses everything it held); what was killed is started again at once, as a supervisor
 would. Meanwhile clients read the job list and jobs, counting 5xx answers. Then the
@@ -16,7 +17,7 @@ system settles and the script checks, from the database and the API:
 
 Bar: all of them. Exit 0 when met, 1 otherwise.
 
-Usage: `python bench/chaos.py [--jobs 200] [--minutes 10] [--seed 1]`; `make test` runs a
+Usage: `python bench/chaos.py [--jobs 200] [--minutes 10] [--seed 1] [--multihost-every 4]`; `make test` runs a
 two-minute version (`tests/test_chaos.py`).
 """
 
@@ -77,7 +78,7 @@ class Lab:
         self.start_api()
         self.stack.start_scheduler()
         for name, gpus in WORKERS.items():
-            self.stack.start_worker(name, gpus)
+            self.stack.start_worker(name, gpus, worker_address="127.0.0.1")
 
     def start_api(self) -> None:
         self.stack.spawn("api", "api", "--port", str(self.port))
@@ -100,7 +101,7 @@ class Lab:
             if action == "worker":
                 name = rng.choice(list(WORKERS))
                 self.stack.stop(f"worker-{name}", signal.SIGKILL)
-                self.stack.start_worker(name, WORKERS[name])
+                self.stack.start_worker(name, WORKERS[name], worker_address="127.0.0.1")
                 return f"killed worker {name}"
             if action == "trainer":
                 pids = self.trainers()
@@ -125,8 +126,10 @@ class Lab:
 class Clients:
     """Users submitting (retrying with the same key through outages) and reading."""
 
-    def __init__(self, url: str, tokens: dict[str, str]) -> None:
+    def __init__(self, url: str, tokens: dict[str, str], multihost_every: int = 0) -> None:
         self.url = url
+        self.multihost_every = multihost_every
+        """Every n-th job runs over both hosts (0: none)."""
         self.tokens = tokens
         self.errors_5xx: list[str] = []
         self.unreachable = 0
@@ -147,10 +150,10 @@ class Clients:
     def submit(self, count: int, over_s: float, rng: random.Random) -> None:
         for i in range(count):
             user, key = USERS[i % len(USERS)], str(uuid.uuid4())
+            over_hosts = self.multihost_every and i % self.multihost_every == self.multihost_every - 1
+            body = {**JOB, "name": f"chaos-{i}", "gpu_count": sum(WORKERS.values()) if over_hosts else 1}
             while not self.stop.is_set():
-                response = self.call(
-                    user, "POST", "/api/jobs", json={**JOB, "name": f"chaos-{i}"}, headers={"Idempotency-Key": key}
-                )
+                response = self.call(user, "POST", "/api/jobs", json=body, headers={"Idempotency-Key": key})
                 if response is not None and response.status_code in (200, 201):
                     self.submitted[key] = response.json()["id"]
                     break
@@ -207,7 +210,11 @@ def check(db: Database, clients: Clients, left: list[str], settled: bool) -> boo
         "no process left behind": not left,
         "no 5xx seen by the clients": not clients.errors_5xx,
     }
-    print(f"jobs: {len(jobs)} stored for {len(clients.submitted)} submissions; states {dict(states)}")
+    over_hosts = sum(1 for j in jobs if j.gpu_count > max(WORKERS.values()))
+    print(
+        f"jobs: {len(jobs)} stored for {len(clients.submitted)} submissions ({over_hosts} over both hosts); "
+        f"states {dict(states)}"
+    )
     print(f"succeeded exactly once: {len(once)} of {len(jobs)}")
     print(f"attempts per job: {dict(sorted(attempts.items()))} ({sum(j.attempts for j in jobs)} runs in all)")
     print(f"metric steps duplicated: {len(duplicated)} jobs; missing: {len(missing)} jobs {missing[:5]}")
@@ -221,7 +228,7 @@ def check(db: Database, clients: Clients, left: list[str], settled: bool) -> boo
     return all(checks.values())
 
 
-def run(jobs: int, minutes: float, seed: int) -> bool:
+def run(jobs: int, minutes: float, seed: int, multihost_every: int = 0) -> bool:
     os.environ[MARK] = uuid.uuid4().hex
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rng = random.Random(seed)
@@ -244,7 +251,7 @@ def run(jobs: int, minutes: float, seed: int) -> bool:
     with db.write() as session:
         tokens = {user: create_token(session, user)[1] for user in USERS}
     lab = Lab(settings, workdir, redis)
-    clients = Clients(lab.url, tokens)
+    clients = Clients(lab.url, tokens, multihost_every)
     strikes: collections.Counter[str] = collections.Counter()
     try:
         lab.start()
@@ -292,8 +299,10 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--multihost-every", type=int, default=4, help="every n-th job runs over both hosts (0: none)")
     args = parser.parse_args()
-    return 0 if run(args.jobs, args.minutes, args.seed) else 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the stack stops too (`finally`)
+    return 0 if run(args.jobs, args.minutes, args.seed, args.multihost_every) else 1
 
 
 if __name__ == "__main__":
