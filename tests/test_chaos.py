@@ -1,6 +1,7 @@
 """Two minutes of chaos (bench/chaos.py): workers, trainers, the API and the scheduler
-killed, Redis restarted, while three users' jobs run (every fourth over both hosts). Every job succeeds exactly once, no
-metric step is duplicated or missing, nothing is left held or running, no 5xx."""
+killed, Redis restarted, while three users' jobs run (every fourth over both hosts). Every
+job succeeds exactly once, no metric step is duplicated or missing, nothing is left held or
+running, no 5xx."""
 
 from __future__ import annotations
 
