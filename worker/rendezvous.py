@@ -1,11 +1,13 @@
 """Where the ranks of a job over several hosts meet before their trainers start.
 
 Each host's worker picks a free port of `TOWERQ_RANK_PORTS` for its rank, writes
-`address:port` under the attempt's key in Redis (`towerq:rendezvous:<job>:<attempt>`,
-transport only: it expires), and waits until every rank has written its own. The list, by
-rank, becomes the trainers' cluster (`RuntimeSpec.cluster`, TensorFlow's `TF_CONFIG`). A
-rank whose peers do not come within `TOWERQ_RENDEZVOUS_TIMEOUT_S` (a host went away, its
-launch was lost) gives the attempt up; the job queues again.
+`address:port` for its rank of the attempt into the database (`RankAddress`), and waits
+until every rank has written its own. The list, by rank, becomes the trainers' cluster
+(`RuntimeSpec.cluster`, TensorFlow's `TF_CONFIG`): whom each trainer sends its gradients to
+and takes them from, so it is not kept in Redis, which more can reach than the database (a
+trainer of a job over several hosts shares its host's network). A rank whose peers do not
+come within `TOWERQ_RENDEZVOUS_TIMEOUT_S` (a host went away, its launch was lost) gives the
+attempt up; the job queues again.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import socket
 import time
 from collections.abc import Callable
 
-import redis
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
-from service.core import keys
+from service.core.db import Database
+from service.core.models import RankAddress
 from service.core.settings import Settings
 
-KEY_TTL_S = 3600
 POLL_S = 0.2
 
 
@@ -57,7 +60,7 @@ def free_port(settings: Settings, host: str, start: int = 0) -> int:
 
 
 def meet(
-    connection: redis.Redis,
+    db: Database,
     settings: Settings,
     job_id: int,
     attempt: int,
@@ -68,30 +71,32 @@ def meet(
     """Every rank's `address:port`, by rank, once all have written theirs."""
     here = address(settings)
     mine = f"{here}:{free_port(settings, here, job_id * 31 + attempt * 7 + rank * 3)}"
-    name = keys.rendezvous(job_id, attempt)
-    connection.hset(name, str(rank), mine)
-    connection.expire(name, KEY_TTL_S)
-    deadline = time.monotonic() + settings.rendezvous_timeout_s
-    checked = time.monotonic()
-    while True:
-        seen = {_text(k): _text(v) for k, v in connection.hgetall(name).items()}
-        if all(str(r) in seen for r in range(ranks)):
-            return [seen[str(r)] for r in range(ranks)]
-        if seen.get(str(rank)) is None:  # Redis was flushed: write ours again
-            connection.hset(name, str(rank), mine)
-            connection.expire(name, KEY_TTL_S)
-        now = time.monotonic()
-        if now >= deadline:
-            missing = [r for r in range(ranks) if str(r) not in seen]
-            raise RendezvousError(
-                f"rank {rank}: ranks {missing} of this job did not start within {settings.rendezvous_timeout_s:.0f} s"
-            )
-        if now - checked >= 1.0:
-            checked = now
-            if not still_wanted():
-                raise RendezvousError("the attempt was given up while its ranks met")
-        time.sleep(POLL_S)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    try:
+        with db.write() as session:
+            session.merge(RankAddress(job_id=job_id, attempt=attempt, rank=rank, address=mine))
+        deadline = time.monotonic() + settings.rendezvous_timeout_s
+        checked = time.monotonic()
+        while True:
+            with db.read() as session:
+                rows = session.execute(
+                    select(RankAddress.rank, RankAddress.address).where(
+                        RankAddress.job_id == job_id, RankAddress.attempt == attempt
+                    )
+                )
+                seen = {row.rank: row.address for row in rows}
+            if all(r in seen for r in range(ranks)):
+                return [seen[r] for r in range(ranks)]
+            now = time.monotonic()
+            if now >= deadline:
+                missing = [r for r in range(ranks) if r not in seen]
+                raise RendezvousError(
+                    f"rank {rank}: ranks {missing} of this job did not start within "
+                    f"{settings.rendezvous_timeout_s:.0f} s"
+                )
+            if now - checked >= 1.0:
+                checked = now
+                if not still_wanted():
+                    raise RendezvousError("the attempt was given up while its ranks met")
+            time.sleep(POLL_S)
+    except SQLAlchemyError as err:
+        raise RendezvousError(f"rank {rank}: the database failed while the ranks met ({type(err).__name__})") from err

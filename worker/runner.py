@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from pydantic import ValidationError
 from sqlalchemy import select
 
@@ -98,6 +97,10 @@ class JobRunner:
         self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
+        self.after: list[JobRunner] = []
+        """Earlier attempts of this job still ending on this host (the job moved on while they
+        ran: a lost rank of a job over several hosts sends the whole gang back at once): this
+        attempt starts once their trainers are gone and their GPUs free."""
         self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
 
     @property
@@ -151,7 +154,7 @@ class JobRunner:
             return True
         try:
             self.launch.cluster = rendezvous.meet(
-                self.ctx.redis,
+                self.ctx.db,
                 self.ctx.settings,
                 self.launch.job_id,
                 self.launch.attempt,
@@ -159,11 +162,18 @@ class JobRunner:
                 self.launch.ranks,
                 self._still_current,
             )
-        except (rendezvous.RendezvousError, redis.RedisError) as err:
+        except rendezvous.RendezvousError as err:
             self.outcome.stop, self.outcome.stop_message = Stop.RENDEZVOUS, f"{self.launch.where}: {err}"
             return False
         self.sink.log("info", f"rank {self.launch.rank} of {self.launch.ranks}: {', '.join(self.launch.cluster)}")
         return True
+
+    def _wait_for_earlier(self) -> None:
+        for earlier in self.after:
+            if earlier.thread.is_alive():
+                self.sink.log("info", f"waiting for attempt {earlier.launch.attempt} to end on this host first")
+                earlier.join(self.ctx.settings.cancel_grace_s + ZOMBIE_WAIT_S + 10)
+        self.after = []
 
     def _still_current(self) -> bool:
         return self._current(self._job_row())
@@ -182,6 +192,7 @@ class JobRunner:
         return row is not None and row.attempts == self.launch.attempt and row.state in HOLDING_STATES
 
     def _start(self) -> bool:
+        self._wait_for_earlier()
         if not self._meet():
             return False
         env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)

@@ -31,11 +31,6 @@ def host_control_channel(host: str) -> str:
     return f"{PREFIX}control:{host}"
 
 
-def rendezvous(job_id: int, attempt: int) -> str:
-    """A hash of one attempt's ranks (rank -> address:port) of a job over several hosts."""
-    return f"{PREFIX}rendezvous:{job_id}:{attempt}"
-
-
 def stream_slots(token_id: int) -> str:
     """A sorted set of one token's open live streams (slot -> last refresh), for the cap."""
     return f"{PREFIX}streams:{token_id}"

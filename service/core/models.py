@@ -362,6 +362,20 @@ class Allocation(Base):
     host: Mapped[Host] = relationship()
 
 
+class RankAddress(Base):
+    """Where one rank of a job over several hosts listens, for one attempt (`address:port`):
+    its worker writes it and the other ranks' workers read it (`worker.rendezvous`). It is in
+    the database, not in Redis, because it decides whom a trainer sends its gradients to and
+    takes them from: whoever reaches Redis must not be able to point a rank elsewhere."""
+
+    __tablename__ = "rank_addresses"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    address: Mapped[str] = mapped_column(String(300))
+
+
 class Metric(Base):
     __tablename__ = "metrics"
     __table_args__ = (UniqueConstraint("job_id", "split", "step", name="uq_metrics_point"),)
