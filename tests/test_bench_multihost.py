@@ -1,0 +1,30 @@
+"""bench/multihost.py runs end to end (one short repetition) and its bar holds: a killed,
+a frozen and a stalled rank are each noticed within 30 s through the service."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.stack import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_multihost_bench_runs_and_notices_every_lost_rank_within_30_s() -> None:
+    run = subprocess.run(
+        [sys.executable, "bench/multihost.py", "--repeats", "1", "--steps", "60"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    report = run.stdout[-4000:] + run.stderr[-3000:]
+    assert run.returncode == 0 and "met: every loss noticed within 30 s" in run.stdout, report
+    for how in ("killed", "frozen", "stalled"):
+        assert f"  {how} " in run.stdout, report
+    assert "2 hosts x 2 / 1 host x 4:" in run.stdout, report
