@@ -146,6 +146,7 @@ def test_a_killed_rank_sends_the_whole_job_back_and_it_resumes_then_a_cancel_sto
     resumed = [m for m in lines if "resumed from the checkpoint of step" in m]
     assert len(resumed) == 1 and resumed[0].startswith("[rank 0 on "), lines[-30:]
 
+    waiting = client.post("/api/jobs", json={**QUICK, "gpu_count": 4, "hyperparameters": hyper}).json()["id"]
     assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
     job = wait_for(
         lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 120, "the cancel", 0.5
@@ -157,6 +158,12 @@ def test_a_killed_rank_sends_the_whole_job_back_and_it_resumes_then_a_cancel_sto
     stop_checkpoints = [m for m in lines if "checkpoint at step" in m and f"ckpt-{steps[-1]}" in m]
     assert len(stop_checkpoints) == 1 and stop_checkpoints[0].startswith("[rank 0 on "), lines[-30:]
     assert not [m for m in lines if m.startswith("[rank 1") and "checkpoint at step" in m]
+
+    # The waiting job takes all four GPUs as soon as rank 0 records the cancel; on each host
+    # its rank starts once the cancelled job's rank there is gone (here: its attempt 2).
+    next_ranks = wait_for(lambda: rank_trainer(0, 1) or rank_trainer(1, 1), 120, "the waiting job's ranks", 0.05)
+    assert next_ranks and rank_trainer(0, 2) is None and rank_trainer(1, 2) is None
+    assert client.post(f"/api/jobs/{waiting}/cancel").status_code == 202
+    wait_for(lambda: client.get(f"/api/jobs/{waiting}").json()["state"] in FINAL, 120, "the second cancel", 0.5)
     wait_for(lambda: all(not g["holders"] for g in client.get("/api/gpus").json()), 30, "every GPU free")
-    # rank 0 records the end for all: the other rank's trainer may take a moment more to exit
-    wait_for(lambda: rank_trainer(0, 2) is None and rank_trainer(1, 2) is None, 15, "both ranks to exit")
+    wait_for(lambda: not any(rank_trainer(r, a) for r in (0, 1) for a in (1, 2)), 15, "every rank to exit")

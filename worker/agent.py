@@ -193,7 +193,7 @@ class HostAgent:
             return {"status": "stale", "reason": str(err)}
         runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)
         with self.lock:
-            runner.after = [r for (j, _), r in self.runners.items() if j == job_id]
+            runner.after = [r for r in self.runners.values() if set(r.launch.indices) & set(spec.indices)]
             self.runners[runner.key] = runner
         runner.start()
         return {"status": "started"}

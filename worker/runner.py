@@ -26,7 +26,7 @@ from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
 from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
-from service.core.models import HOLDING_STATES, Job, JobState
+from service.core.models import HOLDING_STATES, Allocation, Host, Job, JobState
 from towerq.contract.spec import describe
 from worker import rendezvous
 from worker.cgroups import AttemptGroup
@@ -98,9 +98,10 @@ class JobRunner:
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.after: list[JobRunner] = []
-        """Earlier attempts of this job still ending on this host (the job moved on while they
-        ran: a lost rank of a job over several hosts sends the whole gang back at once): this
-        attempt starts once their trainers are gone and their GPUs free."""
+        """The runners on this host that had some of this attempt's GPUs when it came. Those
+        whose GPUs the database has already released are still ending (a job over several
+        hosts releases every host's GPUs when one rank records its end, and the job's other
+        ranks take a moment more to stop): this attempt starts once their trainers are gone."""
         self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
 
     @property
@@ -169,11 +170,31 @@ class JobRunner:
         return True
 
     def _wait_for_earlier(self) -> None:
-        for earlier in self.after:
-            if earlier.thread.is_alive():
-                self.sink.log("info", f"waiting for attempt {earlier.launch.attempt} to end on this host first")
-                earlier.join(self.ctx.settings.cancel_grace_s + ZOMBIE_WAIT_S + 10)
+        ending = [r for r in self.after if r.thread.is_alive() and not self._holds_gpus(r)]
+        for earlier in ending:
+            job_id, attempt = earlier.key
+            what = f"attempt {attempt}" if job_id == self.launch.job_id else f"job {job_id}"
+            self.sink.log("info", f"waiting for {what} to leave GPUs {earlier.launch.indices} on this host first")
+            earlier.join(self.ctx.settings.cancel_grace_s + ZOMBIE_WAIT_S + 10)
         self.after = []
+
+    def _holds_gpus(self, other: JobRunner) -> bool:
+        """Whether `other`'s attempt still holds GPUs on this host in the database (a job
+        sharing a GPU by memory fraction does; one whose end was recorded does not)."""
+        job_id, attempt = other.key
+        with self.ctx.db.read() as session:
+            held = session.scalar(
+                select(Allocation.id)
+                .join(Host, Host.id == Allocation.host_id)
+                .where(
+                    Allocation.job_id == job_id,
+                    Allocation.attempt == attempt,
+                    Allocation.released_at.is_(None),
+                    Host.name == self.launch.host,
+                )
+                .limit(1)
+            )
+        return held is not None
 
     def _still_current(self) -> bool:
         return self._current(self._job_row())

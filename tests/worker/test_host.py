@@ -3,13 +3,14 @@ worker sends back the jobs it ran, a rank of a job over several hosts included."
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from sqlalchemy import func, select
 
 from service.core.context import Context
 from service.core.db import Database
-from service.core.lifecycle import mark_running
+from service.core.lifecycle import finish, mark_running
 from service.core.models import Allocation, Host, HostState, Job, JobState, User
 from service.core.settings import Settings
 from service.jobs.submit import submit
@@ -19,6 +20,8 @@ from towerq.contract.spec import JobSpec
 from worker.agent import HostAgent
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
+from worker.launch import read_launch
+from worker.runner import JobRunner
 
 
 def host_state(db: Database) -> str:
@@ -115,3 +118,47 @@ def test_a_restarted_worker_sends_back_a_job_over_two_hosts_whose_rank_it_ran(
         job = session.get(Job, job_id)
         assert job is not None and (job.state, job.attempts, job.crashes) == (JobState.QUEUED, 2, 1)
         assert session.scalar(select(func.count()).where(Allocation.released_at.is_(None))) == 0
+
+
+def test_a_new_attempt_waits_for_a_runner_whose_gpus_were_released_but_not_for_one_sharing_them(
+    settings: Settings, add_host: Callable[..., None]
+) -> None:
+    """A job over several hosts releases every host's GPUs when one rank records its end,
+    while the job's rank here may take a moment more to stop: a job given those GPUs starts
+    once it is gone. A job sharing the GPUs by memory fraction still holds them: no wait."""
+    add_host("lab-a", 2)
+    ctx = Context.open(settings.model_copy(update={"trainer_pool": 0, "sandbox": "none"}))
+    try:
+        with ctx.db.write() as session:
+            user = ensure_user(session, "alice")
+            alice = Caller(user.id, user.name, False, 0)
+        ids = []
+        for _ in range(3):
+            spec = JobSpec.model_validate(
+                {"model": "mlp", "dataset": "digits", "gpus": [0], "host": "lab-a", "gpu_memory_fraction": 0.3}
+            )
+            ids.append(submit(ctx.db, alice, spec, settings)[0].id)
+        LiveScheduler(ctx).run_pass()
+        ending, sharing, new = (
+            JobRunner(ctx, SimulatedInventory("lab-a", 2), read_launch(ctx, i, 1, "lab-a"), lambda _: None) for i in ids
+        )
+        with ctx.db.write() as session:
+            finish(session, ids[0], 1, JobState.CANCELLED)  # recorded elsewhere: its GPUs are released
+        ends, shares = threading.Event(), threading.Event()
+        ending.thread = threading.Thread(target=ends.wait, daemon=True)
+        sharing.thread = threading.Thread(target=shares.wait, daemon=True)
+        ending.thread.start()
+        sharing.thread.start()
+        new.after = [ending, sharing]
+        waiter = threading.Thread(target=new._wait_for_earlier)
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive(), "it must wait for the runner still ending on its GPU"
+        ends.set()  # that one ends; the one sharing the GPU still runs
+        waiter.join(5.0)
+        assert not waiter.is_alive() and sharing.thread.is_alive()
+        shares.set()
+        said = [line["message"] for line in new.sink.logs]
+        assert said == [f"waiting for job {ids[0]} to leave GPUs [0] on this host first"], said
+    finally:
+        ctx.close()
