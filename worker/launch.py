@@ -29,6 +29,7 @@ from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
 from worker import sandbox
 from worker.cgroups import AttemptGroup, Limits
+from worker.trainer import tunnel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +56,9 @@ class Launch:
     """A job over several hosts: every host it runs on, by rank (this one is `rank`)."""
     cluster: list[str] = field(default_factory=list)
     """Every rank's address:port, once they met (`worker.rendezvous`)."""
+    gate: Path | None = None
+    """A sandboxed rank: the folder of its worker's control socket (`worker.trainer.tunnel`),
+    seen at `sandbox.RANKS_PATH` in the sandbox, which then has no network of its host."""
 
     @property
     def ranks(self) -> int:
@@ -158,6 +162,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
         cluster=launch.cluster,
         rank=launch.rank,
         collective_timeout_s=settings.collective_timeout_s,
+        rank_tunnel=f"{sandbox.RANKS_PATH}/{tunnel.CONTROL}" if sandboxed and launch.gate is not None else None,
     )
     spec = trainer_input(launch.spec, runtime)
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -214,9 +219,10 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
         protected=protected_paths(settings),
-        network=bool(launch.spec.get("network")) or launch.ranks > 1,  # ranks reach each other
+        network=bool(launch.spec.get("network")) or (launch.ranks > 1 and launch.gate is None),
         tmp_mb=settings.trainer_tmp_mb,
         inputs=[(folder, input_in_sandbox(job_id)) for job_id, folder in launch.inputs],
+        gate=launch.gate,
     )
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,6 +49,7 @@ from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants, kill_group, output_lines, signal_trainer
 from worker.relay import MetricSink, parse_time
+from worker.trainer import tunnel
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,8 @@ class JobRunner:
         self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
+        self.gate: tunnel.Gate | None = None
+        """A sandboxed rank of a job over several hosts: its way to the other ranks."""
         self.after: list[JobRunner] = []
         """The runners on this host that had some of this attempt's GPUs when it came. Those
         whose GPUs the database has already released are still ending (a job over several
@@ -138,6 +144,7 @@ class JobRunner:
             self._kill_group()
             self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
         finally:
+            self._close_gate()
             self._refill()
             self.group.remove()
             self.sink.close()
@@ -163,11 +170,32 @@ class JobRunner:
                 self.launch.ranks,
                 self._still_current,
             )
+            if self.sandboxed and not self.launch.spec.get("network"):
+                self._open_gate()
         except rendezvous.RendezvousError as err:
             self.outcome.stop, self.outcome.stop_message = Stop.RENDEZVOUS, f"{self.launch.where}: {err}"
             return False
         self.sink.log("info", f"rank {self.launch.rank} of {self.launch.ranks}: {', '.join(self.launch.cluster)}")
         return True
+
+    def _open_gate(self) -> None:
+        """The sandboxed rank's only way out: its public port and control socket, held here
+        (`worker.trainer.tunnel`); the trainer's sandbox gets no network of the host."""
+        port = int(self.launch.cluster[self.launch.rank].rpartition(":")[2])
+        folder = Path(tempfile.mkdtemp(prefix="towerq-rank-"))
+        try:
+            self.gate = tunnel.Gate(str(folder), ("0.0.0.0", port), self.launch.cluster, self.launch.rank)
+        except OSError as err:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise rendezvous.RendezvousError(f"port {port} for rank {self.launch.rank}: {err}") from err
+        self.launch.gate = folder
+
+    def _close_gate(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
+            self.gate = None
+        if self.launch.gate is not None:
+            shutil.rmtree(self.launch.gate, ignore_errors=True)
 
     def _wait_for_earlier(self) -> None:
         ending = [r for r in self.after if r.thread.is_alive() and not self._holds_gpus(r)]

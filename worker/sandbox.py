@@ -25,7 +25,9 @@ in namespaces of its own that show only what the job needs:
   descendants of bwrap (`worker.processes.descendants`), never from what the trainer says;
 - network: none but its own loopback, unless the job asks (`network: true`: then it shares
   the host's network and reaches what the host reaches, Redis and the database included,
-  so those must ask for a password; `towerq up`'s own Redis does);
+  so those must ask for a password; `towerq up`'s own Redis does). A rank of a job over
+  several hosts reaches the other ranks through its worker (`worker.trainer.tunnel`,
+  its control socket at `RANKS_PATH`), not through the network;
 - privileges: every capability dropped, also when the worker runs as root (bwrap keeps
   them for root otherwise: a root trainer could remount its read-only views or make
   device nodes).
@@ -62,6 +64,8 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 NVIDIA_SHARED_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 SANDBOX_KINDS = ("auto", "bwrap", "none")
 JOB_PATH = Path("/job")
+RANKS_PATH = Path("/ranks")
+"""A rank of a job over several hosts: where it sees its worker's control socket (`worker.trainer.tunnel`)."""
 """Where a sandboxed trainer sees its job folder."""
 
 
@@ -179,6 +183,7 @@ def bwrap_command(
     network: bool = False,
     tmp_mb: int = 1024,
     inputs: Iterable[tuple[Path, Path]] = (),
+    gate: Path | None = None,
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above; `job_folder` is seen at
     `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
@@ -209,5 +214,7 @@ def bwrap_command(
         args += ["--ro-bind", str(code_path), str(code_path)]
     for folder, seen in inputs:  # the folders of the jobs it waited for, read-only
         args += ["--ro-bind", str(folder.resolve()), str(seen)]
+    if gate is not None:  # a rank's way to the other ranks: its worker's control socket, read-only
+        args += ["--ro-bind", str(gate), str(RANKS_PATH)]
     args += ["--bind", str(job_folder), str(JOB_PATH), "--chdir", str(JOB_PATH)]
     return [*args, "--", *command]

@@ -53,6 +53,11 @@ class RuntimeSpec(Strict):
     )
     rank: int = Field(default=0, ge=0, description="this trainer's place in `cluster` (0 writes the job's files)")
     collective_timeout_s: float = Field(default=20.0, gt=0, le=3600, description="how long a rank waits for the others")
+    rank_tunnel: str | None = Field(
+        default=None,
+        max_length=256,
+        description="a sandboxed rank: its worker's control socket, through which it reaches the other ranks",
+    )
 
 
 class TrainerInput(Strict):

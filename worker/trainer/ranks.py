@@ -38,6 +38,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from towerq.contract.runtime import RuntimeSpec
+from worker.trainer import tunnel
 from worker.trainer.errors import TrainerError
 
 GROUP_KEY = 1
@@ -151,8 +152,14 @@ def connect(runtime: RuntimeSpec) -> Ranks | None:
     joined (or raises PeerLostError when they do not within the start timeout)."""
     if len(runtime.cluster) < 2:
         return None
+    cluster = list(runtime.cluster)
+    if runtime.rank_tunnel is not None:  # sandboxed: no network but through the worker
+        try:
+            cluster = tunnel.open_inside(runtime.rank_tunnel, runtime.rank, len(cluster))
+        except OSError as err:
+            raise PeerLostError(f"rank {runtime.rank} could not open its way to the other ranks: {err}") from err
     os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": {"worker": list(runtime.cluster)}, "task": {"type": "worker", "index": runtime.rank}}
+        {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": runtime.rank}}
     )
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
