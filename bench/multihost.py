@@ -38,8 +38,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported (by the trainer tests' helpers)
 
@@ -50,50 +48,14 @@ from service.core.settings import Settings  # noqa: E402
 from service.lab.auth import create_token  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack, wait_for  # noqa: E402
+from tests.test_multihost import rank_trainer  # noqa: E402
 from tests.worker.trainer.test_process import events, run, write_spec  # noqa: E402
-from tests.worker.trainer.test_ranks import finish_all, gang_specs, start_ranks  # noqa: E402
+from tests.worker.trainer.test_ranks import STALL_FILE, STALLING_MODEL, finish_all, gang_specs, start_ranks  # noqa: E402
 from worker.launch import artifacts_dir  # noqa: E402
 
 DATA: dict[str, Any] = {"model": "lenet5", "dataset": "synthetic"}
 OPTIONS = {"shape": [28, 28, 3], "train_examples": 2048, "test_examples": 64}
 BAR_NOTICED_S = 30.0
-STALL_FILE = "stall-rank-1"
-STALLING_MODEL = f'''
-"""Rank 1 sleeps inside its step once the file {STALL_FILE} is in the job's folder: alive, silent."""
-import json
-import os
-import time
-
-import keras
-import tensorflow as tf
-
-
-def _nap(x):
-    rank = json.loads(os.environ.get("TF_CONFIG", "{{}}")).get("task", {{}}).get("index")
-    if rank == 1 and os.path.exists("{STALL_FILE}"):
-        time.sleep(600)
-    return x
-
-
-class Stall(keras.layers.Layer):
-    def call(self, x):
-        out = tf.py_function(_nap, [x], x.dtype)
-        out.set_shape(x.shape)
-        return out
-
-    def compute_output_shape(self, shape):
-        return shape
-
-
-def build(params):
-    inputs = keras.Input(params["input_shape"])
-    x = keras.layers.Flatten()(inputs)
-    x = keras.layers.Dense(32, activation="relu")(x)
-    x = Stall()(x)
-    return keras.Model(inputs, keras.layers.Dense(params["num_classes"])(x))
-'''
-
-
 # -- 1. throughput -------------------------------------------------------------------------
 
 
@@ -191,16 +153,6 @@ def first_metric_s(lab: Lab, gpus: int) -> float:
     points = wait_for(lambda: lab.train_points(job_id), 180, f"job {job_id}'s first metric", 0.2)
     lab.end(job_id)
     return parse_time(points[0]["time"]) - submitted
-
-
-def rank_trainer(rank: int, attempt: int) -> psutil.Process | None:
-    """The trainer of `rank` for the attempt (its Python process, not bwrap), from its spec file's name."""
-    name = f"spec-attempt-{attempt}-rank-{rank}.json" if rank else f"spec-attempt-{attempt}.json"
-    for process in psutil.process_iter(["cmdline"]):
-        line = process.info["cmdline"] or []
-        if "worker.trainer" in line and line[-1].endswith(name) and "bwrap" not in line[0]:
-            return process
-    return None
 
 
 def lose_a_rank(lab: Lab, how: str) -> dict[str, float]:
