@@ -53,7 +53,7 @@ def test_lenet5_on_two_simulated_gpus_trains_digits_to_90_percent(stack: Stack, 
         "gpu_uuids": ["SIM-lab-a-0", "SIM-lab-a-1"],
         "fraction": 1.0,
         "simulated": True,
-        "ranks": [{"rank": 0, "host": "lab-a", "gpus": [0, 1]}],
+        "ranks": [{"rank": 0, "host": "lab-a", "gpus": [0, 1], "gpu_uuids": ["SIM-lab-a-0", "SIM-lab-a-1"]}],
     }
     assert job["cuda_visible_devices"] == "0,1"
     assert job["towers"] == 2
