@@ -17,6 +17,18 @@ QUICK = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 60, "
 FINAL = ("succeeded", "failed", "cancelled")
 
 
+def two_hosts(stack: Stack, token: str) -> httpx.Client:
+    """API, scheduler and two 2-GPU workers (lab-a, lab-b) that give 127.0.0.1 as their
+    address and keep no warm trainer; a client of `token` once both have registered."""
+    stack.start_api()
+    stack.start_scheduler()
+    for host in ("lab-a", "lab-b"):
+        stack.start_worker(host, 2, worker_address="127.0.0.1", trainer_pool=0)
+    client = stack.client(token)
+    wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
+    return client
+
+
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
     return make_settings(sqlite_url)
@@ -57,12 +69,7 @@ def test_a_job_over_two_hosts_trains_like_one_device_on_the_whole_batch(
     """Through REST: 4 GPUs over two 2-GPU workers (one rank on each, 2 towers each, batch
     b per tower) trains step by step like one GPU on 4b; a job larger than the lab gets a
     422 naming the largest that fits."""
-    stack.start_api()
-    stack.start_scheduler()
-    stack.start_worker("lab-a", 2, worker_address="127.0.0.1", trainer_pool=0)
-    stack.start_worker("lab-b", 2, worker_address="127.0.0.1", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
+    client = two_hosts(stack, make_token("alice"))
     refused = client.post("/api/jobs", json={**QUICK, "gpu_count": 6})
     assert refused.status_code == 422 and "4 GPUs (2 hosts of 2)" in refused.text, refused.text
     uneven = client.post("/api/jobs", json={**QUICK, "gpu_count": 3})
@@ -115,12 +122,7 @@ def test_a_killed_rank_sends_the_whole_job_back_and_it_resumes_then_a_cancel_sto
     four GPUs released, and its next attempt resumes from rank 0's checkpoint on both hosts
     with no train step twice or missing. Then a cancel stops both ranks after one
     checkpoint and frees every GPU."""
-    stack.start_api()
-    stack.start_scheduler()
-    stack.start_worker("lab-a", 2, worker_address="127.0.0.1", trainer_pool=0)
-    stack.start_worker("lab-b", 2, worker_address="127.0.0.1", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
+    client = two_hosts(stack, make_token("alice"))
     hyper = {"steps": 100_000, "batch_size": 4, "log_every": 10, "checkpoint_every": 50}
     job_id = client.post("/api/jobs", json={**QUICK, "gpu_count": 4, "hyperparameters": hyper}).json()["id"]
     wait_for(lambda: max(train_steps(client, job_id), default=0) >= 120, 300, "attempt 1 past its first checkpoints")

@@ -16,6 +16,7 @@ from service.core.settings import Settings
 from tests.faults.helpers import FINAL, assert_metrics_continuous, job_of, wait_state, wait_step
 from tests.faults.test_api_and_redis import assert_ran_once_per_attempt, own_redis
 from tests.stack import Stack, wait_for
+from tests.test_multihost import two_hosts
 
 __all__ = ["own_redis"]
 pytestmark = pytest.mark.slow
@@ -36,12 +37,7 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str, own_redis:
 def test_a_job_over_two_hosts_survives_the_api_a_redis_flush_and_its_rank_1_worker_restarting(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
-    stack.start_api()
-    stack.start_scheduler()
-    for host in ("lab-a", "lab-b"):
-        stack.start_worker(host, 2, worker_address="127.0.0.1", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
+    client = two_hosts(stack, make_token("alice"))
     job_id = client.post("/api/jobs", json=WIDE).json()["id"]
     running = wait_step(client, job_id, 60)
     other = next(r["host"] for r in running["allocation"]["ranks"] if r["rank"] == 1)

@@ -11,6 +11,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.stack import Stack, wait_for
+from tests.test_multihost import two_hosts
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -43,12 +44,7 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 
 
 def test_a_rank_reaches_its_peers_but_not_redis(stack: Stack, make_token: Callable[..., str]) -> None:
-    stack.start_api()
-    stack.start_scheduler()
-    for host in ("lab-a", "lab-b"):
-        stack.start_worker(host, 2, worker_address="127.0.0.1", trainer_pool=0)
-    client = stack.client(make_token("mallory"))
-    wait_for(lambda: len(client.get("/api/workers").json()) == 2, 30, "both workers to register")
+    client = two_hosts(stack, make_token("mallory"))
     assert all(w["sandboxed"] for w in client.get("/api/workers").json()), "this test needs the sandbox"
     body = {"model": "probe:build", "dataset": "digits", "gpu_count": 4, "hyperparameters": {"steps": 10}}
     job_id = client.post("/api/jobs", json=body).json()["id"]
