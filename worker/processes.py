@@ -116,6 +116,20 @@ def kill_group(pgid: int, timeout: float = 30.0) -> bool:
         time.sleep(KILL_CHECK_INTERVAL_S)
 
 
+def kill_pids(pids: set[int], timeout: float = 30.0) -> bool:
+    """SIGKILL these processes until none of them is alive; False if some lived past
+    `timeout`. For a sandboxed trainer's processes, which die with bwrap's pid namespace
+    a moment after bwrap itself (its init inside is killed by `--die-with-parent`)."""
+    deadline = time.monotonic() + timeout
+    while left := [p for p in pids if pid_alive(p)]:
+        if time.monotonic() >= deadline:
+            return False
+        for pid in left:
+            signal_process(pid, signal.SIGKILL)
+        time.sleep(KILL_CHECK_INTERVAL_S)
+    return True
+
+
 def output_lines(
     process: subprocess.Popen[bytes], tick_s: float, max_line: int = 2**20
 ) -> Iterator[tuple[str, bytes] | None]:

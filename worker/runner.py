@@ -47,7 +47,7 @@ from worker.launch import (
 from worker.outcome import Outcome, Started, Stop, is_runtime_noise, level_of, protocol_event
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
-from worker.processes import descendants, kill_group, output_lines, signal_trainer
+from worker.processes import descendants, kill_group, kill_pids, output_lines, signal_trainer
 from worker.relay import MetricSink, parse_time
 from worker.trainer import tunnel
 
@@ -203,8 +203,18 @@ class JobRunner:
             job_id, attempt = earlier.key
             what = f"attempt {attempt}" if job_id == self.launch.job_id else f"job {job_id}"
             self.sink.log("info", f"waiting for {what} to leave GPUs {earlier.launch.indices} on this host first")
+            began = time.monotonic()
             earlier.join(self.ctx.settings.cancel_grace_s + ZOMBIE_WAIT_S + 10)
+            if earlier.thread.is_alive():  # its runner is stuck: its GPUs are released, so its trainer goes now
+                log.error("the runner of job %s attempt %s did not end: killing its trainer", *earlier.key)
+                earlier.kill_now()
+            log.info("job %s attempt %s waited %.1f s for %s to leave", *self.key, time.monotonic() - began, what)
         self.after = []
+
+    def kill_now(self) -> None:
+        """SIGKILL the trainer and wait until its processes are gone (another runner needs
+        its GPUs, which the database has already released)."""
+        self._kill_group()
 
     def _holds_gpus(self, other: JobRunner) -> bool:
         """Whether `other`'s attempt still holds GPUs on this host in the database (a job
@@ -489,12 +499,15 @@ class JobRunner:
         """SIGKILL whatever is left of the trainer's process group and wait until it is gone."""
         if self.process is None:
             return
+        self._note_pids()
         self._signal_group(signal.SIGKILL)
         self.process.wait()
         if not kill_group(self.process.pid):
             log.error("the process group of job %s attempt %s outlived SIGKILL", *self.key)
         if not self.group.kill():  # what left the group (setsid, double fork) is still in the cgroup
             log.error("processes of job %s attempt %s outlived SIGKILL in its cgroup", *self.key)
+        if not kill_pids(self.trainer_pids):  # in the sandbox: they die a moment after bwrap
+            log.error("processes %s of job %s attempt %s outlived SIGKILL", self.trainer_pids, *self.key)
         if self.outcome.returncode is None:
             self.outcome.returncode = self.process.returncode
 
