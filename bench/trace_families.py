@@ -16,7 +16,9 @@ the seeds the bench reports as held out were never looked at while choosing anyt
 
 Each family's users draw their work Zipf-like (20 users, the heaviest ~30%). Printed per
 family and seed: towerq's avg JCT and max wait as fractions of fit-first's (bars: <= 1.0
-each), and the policy's pass time over the whole replay (p99 and max; bars 20 and 50 ms).
+each), and the policy's pass time over the whole replay (p99 and max; bars 20 and 50 ms) in
+CPU time, which the other replays running beside it on a shared machine do not inflate; the
+wall-clock max is printed beside it.
 Usage: `python bench/trace_families.py [--seeds N] [--held-out N] [--family NAME] [--time-slice S]`.
 """
 
@@ -169,21 +171,22 @@ def main() -> None:
         results = list(pool.map(replay, work))
     print(f"{CAPACITY} GPUs ({HOSTS} x {GPUS_PER_HOST}); towerq with time slicing after {args.time_slice:g} GPU-s")
     print(f"{'family':<14} {'seed':>4} {'jobs':>5} {'avg JCT':>8} {'max wait':>9} {'frag t/f':>11}"
-          f" {'pass p99':>9} {'pass max':>9}")  # fmt: skip
+          f" {'pass p99':>9} {'pass max':>9} {'wall max':>9}")  # fmt: skip
     met_all = True
     for family in families:
         rows = [r for r in results if r[0] == family]
         for _, seed, towerq, fit_first in rows:
             jct = towerq["avg_jct_s"] / fit_first["avg_jct_s"]
             wait = towerq["max_wait_s"] / fit_first["max_wait_s"] if fit_first["max_wait_s"] else math.nan
-            ok = jct <= JCT_BAR and wait <= WAIT_BAR and towerq["p99_pass_ms"] <= PASS_P99_BAR_MS
-            ok = ok and towerq["max_pass_ms"] <= PASS_MAX_BAR_MS
+            ok = jct <= JCT_BAR and wait <= WAIT_BAR and towerq["p99_pass_cpu_ms"] <= PASS_P99_BAR_MS
+            ok = ok and towerq["max_pass_cpu_ms"] <= PASS_MAX_BAR_MS
             met_all &= ok
             held = " (held out)" if seed > args.seeds else ""
             print(
                 f"{family:<14} {seed:>4} {towerq['jobs']:>5} {jct:>8.3f} {wait:>9.3f}"
                 f" {towerq['fragmentation']:>5.2f}/{fit_first['fragmentation']:<5.2f}"
-                f" {towerq['p99_pass_ms']:>7.1f}ms {towerq['max_pass_ms']:>7.1f}ms{'' if ok else '  (missed)'}{held}"
+                f" {towerq['p99_pass_cpu_ms']:>7.1f}ms {towerq['max_pass_cpu_ms']:>7.1f}ms"
+                f" {towerq['max_pass_ms']:>7.1f}ms{'' if ok else '  (missed)'}{held}"
             )
         jcts = [r[2]["avg_jct_s"] / r[3]["avg_jct_s"] for r in rows]
         both = sum(

@@ -33,6 +33,8 @@ METRICS = {
     "avg_pass_ms",
     "p99_pass_ms",
     "max_pass_ms",
+    "p99_pass_cpu_ms",
+    "max_pass_cpu_ms",
     "fragmentation",
     "shared_jobs",
     "per_user",
