@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import httpx
 import psutil
 import pytest
+from sqlalchemy import update
 
+from service.core.db import Database
+from service.core.models import Allocation, utcnow
 from service.core.settings import Settings
 from tests.stack import Stack, wait_for
 
@@ -169,3 +173,52 @@ def test_a_killed_rank_sends_the_whole_job_back_and_it_resumes_then_a_cancel_sto
     wait_for(lambda: client.get(f"/api/jobs/{waiting}").json()["state"] in FINAL, 120, "the second cancel", 0.5)
     wait_for(lambda: all(not g["holders"] for g in client.get("/api/gpus").json()), 30, "every GPU free")
     wait_for(lambda: not any(rank_trainer(r, a) for r in (0, 1) for a in (1, 2)), 15, "every rank to exit")
+
+
+def test_time_slicing_stops_every_rank_after_one_checkpoint_and_the_job_resumes_on_both_hosts(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    """A job over two hosts past its time slice is stopped for a fresh job that needs one
+    host's two GPUs: both ranks stop after the same step, rank 0 alone writes the one checkpoint, both
+    ranks' trainers are gone, and the next attempt resumes from it with no train step twice
+    or missing. (Preemption asks the worker to stop the same way: `preempt_requested_at`.)"""
+    client = two_hosts(stack, make_token("alice"))
+    hyper = {"steps": 1200, "batch_size": 4, "log_every": 10, "checkpoint_every": 500}
+    gang = client.post("/api/jobs", json={**QUICK, "gpu_count": 4, "hyperparameters": hyper}).json()["id"]
+    wait_for(lambda: max(train_steps(client, gang), default=0) >= 100, 300, "attempt 1 past step 100")
+    first = [wait_for(lambda r=r: rank_trainer(r, 1), 10, f"rank {r}'s trainer") for r in (0, 1)]
+    # As if it had run two hours on its four GPUs: past its one-GPU-hour slice and the 10-minute floor.
+    db = Database(stack.settings.database_url)
+    try:
+        with db.write() as session:
+            session.execute(
+                update(Allocation)
+                .where(Allocation.job_id == gang, Allocation.released_at.is_(None))
+                .values(created_at=utcnow() - timedelta(hours=2))
+            )
+    finally:
+        db.dispose()
+    fresh = {**QUICK, "gpu_count": 2, "hyperparameters": {"steps": 30, "batch_size": 4, "log_every": 10}}
+    short = client.post("/api/jobs", json=fresh).json()["id"]
+
+    ended = lambda i: (j := client.get(f"/api/jobs/{i}").json())["state"] in FINAL and j  # noqa: E731
+    done = wait_for(lambda: ended(short), 240, "the fresh job")
+    assert done["state"] == "succeeded", done["error"]
+    assert not any(p.is_running() for p in first), "a rank of the stopped attempt outlived it"
+    job = wait_for(lambda: ended(gang), 300, "the gang job")
+    assert job["state"] == "succeeded", job["error"]
+    assert (job["attempts"], job["crashes"]) == (2, 0), job
+    requeued = [e["message"] for e in job["events"] if e["state"] == "queued"][-1]
+    # (it says 4.0 GPU-hours: the slicing counts one host's part of a job over several hosts)
+    assert requeued.startswith("had its time slice ("), requeued
+    assert f"to make room for job {short}" in requeued
+    lines = [line["message"] for line in client.get(f"/api/jobs/{gang}/logs", params={"tail": 5000}).json()]
+    resumed = [m for m in lines if "resumed from the checkpoint of step" in m]
+    assert len(resumed) == 1 and resumed[0].startswith("[rank 0 on "), "\n".join(lines[-30:])
+    step = int(resumed[0].rsplit(" ", 1)[1])
+    assert step >= 100, "it checkpointed when stopped, not only every 500 steps"
+    stop_checkpoints = [m for m in lines if "checkpoint at step" in m and m.endswith(f"/ckpt-{step}")]
+    assert len(stop_checkpoints) == 1 and stop_checkpoints[0].startswith("[rank 0 on "), "\n".join(lines[-30:])
+    assert not [m for m in lines if m.startswith("[rank 1") and "checkpoint at step" in m]
+    assert len([m for m in lines if f"trainer stopped at step {step} after a checkpoint" in m]) == 2, "both ranks"
+    assert train_steps(client, gang) == list(range(10, 1201, 10))
