@@ -46,6 +46,9 @@ class Outcome:
     returncode: int | None = None
     last_stderr: list[str] = field(default_factory=list)
     step: int | None = None
+    agreed_stop: bool = False
+    """A rank's trainer said it stopped after a checkpoint: the ranks agreed to stop, as
+    some rank's worker asked (cancel, preemption, slicing), and rank 0 records it."""
     limits_hit: list[str] = field(default_factory=list)
     """Limits of the attempt's cgroup the kernel enforced (`worker.cgroups`)."""
     ranks: int = 1

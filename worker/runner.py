@@ -383,6 +383,7 @@ class JobRunner:
             }
             self.sink.log("error", self.outcome.error["message"] or self.outcome.error["kind"])  # as the job's error
         elif kind == "stopped":
+            self.outcome.agreed_stop = True
             self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")
 
     def _on_started(self, event: dict[str, Any]) -> None:
@@ -473,6 +474,8 @@ class JobRunner:
         state, message = self.outcome.verdict(self.launch.fraction)
         if not self.chief and (state == JobState.SUCCEEDED or self.outcome.stop in RANK_ZERO_RECORDS):
             return  # rank 0 records a success, and a stop every rank was asked for
+        if not self.chief and self.outcome.stop is None and self.outcome.agreed_stop:
+            return  # stopped with the others before this worker saw the request: rank 0 records it
         if not self.chief and message:
             message = f"{self.launch.where}: {message}"
         self._record(state, message)
