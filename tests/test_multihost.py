@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 import httpx
 import psutil
 import pytest
-from sqlalchemy import update
 
-from service.core.db import Database
-from service.core.models import Allocation, utcnow
 from service.core.settings import Settings
+from tests.faults.helpers import backdate_allocations
 from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -190,16 +187,7 @@ def test_time_slicing_stops_every_rank_after_one_checkpoint_and_the_job_resumes_
     wait_for(lambda: max(train_steps(client, gang), default=0) >= 100, 300, "attempt 1 past step 100")
     first = [wait_for(lambda r=r: rank_trainer(r, 1), 10, f"rank {r}'s trainer") for r in (0, 1)]
     # As if it had run two hours on its four GPUs: past its one-GPU-hour slice and the 10-minute floor.
-    db = Database(stack.settings.database_url)
-    try:
-        with db.write() as session:
-            session.execute(
-                update(Allocation)
-                .where(Allocation.job_id == gang, Allocation.released_at.is_(None))
-                .values(created_at=utcnow() - timedelta(hours=2))
-            )
-    finally:
-        db.dispose()
+    backdate_allocations(stack.settings.database_url, gang, 2)
     fresh = {**QUICK, "gpu_count": 2, "hyperparameters": {"steps": 30, "batch_size": 4, "log_every": 10}}
     short = client.post("/api/jobs", json=fresh).json()["id"]
 

@@ -207,14 +207,9 @@ class JobRunner:
             earlier.join(self.ctx.settings.cancel_grace_s + ZOMBIE_WAIT_S + 10)
             if earlier.thread.is_alive():  # its runner is stuck: its GPUs are released, so its trainer goes now
                 log.error("the runner of job %s attempt %s did not end: killing its trainer", *earlier.key)
-                earlier.kill_now()
+                earlier._kill_group()
             log.info("job %s attempt %s waited %.1f s for %s to leave", *self.key, time.monotonic() - began, what)
         self.after = []
-
-    def kill_now(self) -> None:
-        """SIGKILL the trainer and wait until its processes are gone (another runner needs
-        its GPUs, which the database has already released)."""
-        self._kill_group()
 
     def _holds_gpus(self, other: JobRunner) -> bool:
         """Whether `other`'s attempt still holds GPUs on this host in the database (a job

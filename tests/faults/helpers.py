@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import httpx
+from sqlalchemy import update
 
+from service.core.db import Database
+from service.core.models import Allocation, utcnow
 from tests.stack import wait_for
 from worker.processes import pid_alive, trainer_pids
 
-__all__ = ["FINAL", "assert_metrics_continuous", "job_of", "pid_alive", "trainer_pids", "wait_state", "wait_step"]
+__all__ = [
+    "FINAL",
+    "assert_metrics_continuous",
+    "backdate_allocations",
+    "job_of",
+    "pid_alive",
+    "trainer_pids",
+    "wait_state",
+    "wait_step",
+]
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -42,3 +55,18 @@ def assert_metrics_continuous(client: httpx.Client, job_id: int, every: int, tot
     steps = [m["step"] for m in points]
     assert steps == list(range(every, total + 1, every)), steps
     return points
+
+
+def backdate_allocations(database_url: str, job_id: int, hours: float) -> None:
+    """As if the job's current attempt had run `hours` already (every host's part of it):
+    past its time slice and the 10-minute floor, for a time-slicing test."""
+    db = Database(database_url)
+    try:
+        with db.write() as session:
+            session.execute(
+                update(Allocation)
+                .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+                .values(created_at=utcnow() - timedelta(hours=hours))
+            )
+    finally:
+        db.dispose()

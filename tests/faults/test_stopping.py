@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
 
-from service.core.db import Database
-from service.core.models import Allocation, utcnow
 from tests.faults.helpers import (
     FINAL,
     assert_metrics_continuous,
+    backdate_allocations,
     job_of,
     pid_alive,
     trainer_pids,
@@ -99,16 +96,7 @@ def test_time_slicing_stops_a_long_job_for_fresh_work_and_it_resumes_from_its_ch
     long = client.post("/api/jobs", json=long_spec).json()["id"]
     first_pid = trainer_pid(wait_step(client, long, 100, 60))
     # As if it had run two hours on its GPU: past its one-GPU-hour slice and the 10-minute floor.
-    db = Database(stack.settings.database_url)
-    try:
-        with db.write() as session:
-            session.execute(
-                update(Allocation)
-                .where(Allocation.job_id == long, Allocation.released_at.is_(None))
-                .values(created_at=utcnow() - timedelta(hours=2))
-            )
-    finally:
-        db.dispose()
+    backdate_allocations(stack.settings.database_url, long, 2)
     short = client.post("/api/jobs", json={**long_spec, "hyperparameters": {"steps": 30, "batch_size": 16}}).json()
 
     assert wait_state(client, short["id"], FINAL, 120)["state"] == "succeeded"
