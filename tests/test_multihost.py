@@ -199,8 +199,8 @@ def test_time_slicing_stops_every_rank_after_one_checkpoint_and_the_job_resumes_
     assert job["state"] == "succeeded", job["error"]
     assert (job["attempts"], job["crashes"]) == (2, 0), job
     requeued = [e["message"] for e in job["events"] if e["state"] == "queued"][-1]
-    # (it says 4.0 GPU-hours: the slicing counts one host's part of a job over several hosts)
-    assert requeued.startswith("had its time slice ("), requeued
+    # 4 GPUs over two hosts for 2 hours (it said 4.0 when slicing counted one host's part)
+    assert requeued.startswith("had its time slice (8.0 GPU-hours so far)"), requeued
     assert f"to make room for job {short}" in requeued
     lines = [line["message"] for line in client.get(f"/api/jobs/{gang}/logs", params={"tail": 5000}).json()]
     resumed = [m for m in lines if "resumed from the checkpoint of step" in m]

@@ -95,6 +95,8 @@ def forecast(
             for part in parts:
                 part.estimate_s = part.typical_s = run_s
                 part.served_gpu_s = job.served_gpu_s
+                if len(parts) > 1:
+                    part.job_gpu_load = job.gpus * job.fraction
             sim.start(parts, run_s)
         slices.plan(sim, clock, queue.values())
         upcoming = sim.next_time()

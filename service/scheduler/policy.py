@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from service.scheduler.capacity import FreeGpus, Slots, ends_if_started, expected_end
 from service.scheduler.ranking import FairShareTerms, base_rank, rank_order
@@ -309,7 +310,7 @@ class _Pass:
             choice, kind = self._slice_victims(job), Wait.SLICING
         if choice is None:
             return self._why_no_fit(job)
-        host, indices, victims = choice
+        slots, victims = choice
         for victim in victims:
             if not self._stopping(victim):
                 self.decision.preempt[victim.id] = job.id
@@ -318,10 +319,11 @@ class _Pass:
                 self._sliceable.pop(victim.id, None)
         if kind == Wait.SLICING and len(self.decision.sliced) >= MAX_SLICES_PER_PASS:
             self._sliceable.clear()  # the rest next pass
-        self.free.hold(job.id, [(host, indices)], self.now, self.now)
-        return Reason(kind, (host, tuple(v.id for v in victims)))
+        self.free.hold(job.id, slots, self.now, self.now)
+        hosts = " + ".join(host for host, _ in slots)
+        return Reason(kind, (hosts, tuple(dict.fromkeys(v.id for v in victims))))
 
-    def _slice_victims(self, job: QueuedJob) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
+    def _slice_victims(self, job: QueuedJob) -> tuple[Slots, list[RunningJob]] | None:
         """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
         the most served first; a user above their share (their part of the present users'
         use is over their part of the shares) stops only their own jobs. A stop must pay:
@@ -362,9 +364,12 @@ class _Pass:
 
     def _victims(
         self, job: QueuedJob, may_stop: Callable[[RunningJob], bool], order: Callable[[RunningJob], float]
-    ) -> tuple[str, tuple[int, ...], list[RunningJob]] | None:
+    ) -> tuple[Slots, list[RunningJob]] | None:
         """The host where stopping the fewest running jobs that `may_stop` (in `order`)
-        makes room; jobs already stopping count as gone."""
+        makes room; jobs already stopping count as gone. A job larger than any host takes
+        whole hosts (`_victims_whole_hosts`)."""
+        if job.gpus > self.free.largest:
+            return self._victims_whole_hosts(job, may_stop)
         best: tuple[int, str, tuple[int, ...], list[RunningJob]] | None = None
         hosts = [job.host] if job.host is not None else self.free.order
         for host in hosts:
@@ -384,7 +389,33 @@ class _Pass:
             fresh = sum(1 for r in freed if not self._stopping(r))
             if best is None or fresh < best[0]:
                 best = (fresh, host, indices, freed)
-        return (best[1], best[2], best[3]) if best else None
+        return ([(best[1], best[2])], best[3]) if best else None
+
+    def _victims_whole_hosts(
+        self, job: QueuedJob, may_stop: Callable[[RunningJob], bool]
+    ) -> tuple[Slots, list[RunningJob]] | None:
+        """For a job larger than any host: the whole hosts (as `FreeGpus.fit` places it)
+        where stopping the fewest running jobs makes room. A host is a candidate only if
+        every job on it that is not already stopping `may_stop`; one part of a job over
+        several hosts frees its other hosts too (a job stops on all of them)."""
+        size = self.free.largest
+        part = replace(job, gpus=size, host=None, indices=None)
+        candidates: list[tuple[int, int, str, tuple[int, ...], list[RunningJob]]] = []
+        for position, host in enumerate(self.free.order):
+            if len(self.free.free[host]) != size:
+                continue
+            running = self.free.running_on[host]
+            fresh = {r.id for r in running if not self._stopping(r)}
+            if any(not may_stop(r) for r in running if r.id in fresh):
+                continue
+            indices = self.free.would_fit_if_freed(part, host, running)
+            if indices is not None:
+                candidates.append((len(fresh), position, host, indices, running))
+        needed = -(-job.gpus // max(size, 1))
+        if len(candidates) < needed:
+            return None
+        chosen = sorted(candidates)[:needed]
+        return [(host, indices) for _, _, host, indices, _ in chosen], [r for *_, freed in chosen for r in freed]
 
     def _stopping(self, running: RunningJob) -> bool:
         return running.stopping or running.id in self.decision.preempt or running.id in self.decision.reclaim
@@ -469,8 +500,9 @@ minute (`RESTART_S`), so each slice pays for it at least ten times over."""
 
 def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
     """When time slicing (after `slice_gpu_s`) may first stop this attempt: once the job has
-    served its slice, and the attempt has run `MIN_RUN_S` and as long as the earlier ones."""
-    load = running.gpu_load
+    served its slice, and the attempt has run `MIN_RUN_S` and as long as the earlier ones.
+    A job over several hosts serves on all of them at once (`whole_load`)."""
+    load = running.whole_load
     if load <= 0:
         return INFINITY
     to_serve = (slice_gpu_s - running.served_gpu_s) / load

@@ -281,6 +281,7 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             typical_s=queued.typical_s,
             served_gpu_s=job.served,
             group=job.group,
+            job_gpu_load=job.gpus * queued.fraction if len(slots) > 1 else None,
         )
         for host, indices in slots
     ]

@@ -178,8 +178,13 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
             )
+    whole: dict[int, float] = defaultdict(float)
     for part, running in by_job.items():
         running.indices = tuple(sorted(indices[part]))
+        whole[running.id] += running.gpu_load
+    for running in by_job.values():
+        if whole[running.id] != running.gpu_load:  # a job over several hosts
+            running.job_gpu_load = whole[running.id]
     return list(by_job.values())
 
 

@@ -78,10 +78,13 @@ class RunningJob:
     served_gpu_s: float = 0.0
     """GPU-seconds its earlier attempts ran (not counting this one)."""
     group: str | None = None
+    job_gpu_load: float | None = None
+    """The whole job's GPU load, all its parts together, for a job over several hosts (each
+    host's part is a `RunningJob` with the same id); None: this part is the whole job."""
 
     def served(self, now: float) -> float:
-        """GPU-seconds it has run so far, earlier attempts included."""
-        return self.served_gpu_s + self.gpu_load * max(0.0, now - self.started)
+        """GPU-seconds the whole job has run so far (all its hosts), earlier attempts included."""
+        return self.served_gpu_s + self.whole_load * max(0.0, now - self.started)
 
     @property
     def end(self) -> float:
@@ -90,7 +93,13 @@ class RunningJob:
 
     @property
     def gpu_load(self) -> float:
+        """This part's GPUs (on `host`), by fraction."""
         return len(self.indices) * self.fraction
+
+    @property
+    def whole_load(self) -> float:
+        """The whole job's GPUs on every host it runs on, by fraction."""
+        return self.gpu_load if self.job_gpu_load is None else self.job_gpu_load
 
 
 @dataclass(slots=True)

@@ -317,6 +317,37 @@ def test_time_slices_double_so_a_job_is_stopped_only_a_few_times() -> None:
         assert (d.preempt == {100: 1}) is stopped, (earlier, this_attempt)
 
 
+def test_a_job_over_two_hosts_serves_its_slice_on_both_at_once() -> None:
+    """(Issue 27.) Each host's part of a job over several hosts counted only its own GPUs,
+    so a 4-GPU job over two hosts served its slice at half the rate (and the stop message
+    gave half its GPU-hours). 40 minutes on 4 GPUs is 2.7 GPU-hours: past a 2-hour slice."""
+    parts = [running(100, host, (0, 1), started=NOW - 40 * 60, job_gpu_load=4.0) for host in ("lab-a", "lab-b")]
+    assert parts[0].served(NOW) == 4 * 40 * 60
+    decision = run([job(1)], cluster(2, 2, running=parts), demote_after_gpu_s=2 * HOUR)
+    assert decision.preempt == {100: 1}
+    assert reasons(decision)[1] == "stopping job 100 on lab-a (had their time slice) to make room"
+
+
+def test_a_fresh_job_larger_than_a_host_slices_whole_hosts() -> None:
+    """(Issue 27.) Victims were looked for one host at a time, so a fresh job larger than any
+    host never sliced: it takes whole hosts, those whose every job may be stopped, the
+    fewest stops first; a host with a job still in its slice is passed over."""
+    served = [
+        running(100, "lab-a", (0, 1), started=NOW - 5 * HOUR),
+        running(101, "lab-b", (0,), started=NOW - 5 * HOUR),
+        running(102, "lab-b", (1,), started=NOW - 5 * HOUR),
+        running(103, "lab-c", (0, 1), started=NOW - 4 * HOUR),
+        running(104, "lab-d", (0, 1), started=NOW - 600),  # still in its slice
+    ]
+    decision = run([job(1, gpus=4)], cluster(2, 2, 2, 2, running=served), demote_after_gpu_s=HOUR)
+    assert decision.preempt == {100: 1, 103: 1}, "one stop per host beats two"
+    assert reasons(decision)[1] == "stopping job 100, job 103 on lab-a + lab-c (had their time slice) to make room"
+    assert placed(decision) == {}
+    young = [running(100, "lab-a", (0, 1), started=NOW - 5 * HOUR), running(104, "lab-b", (0, 1), started=NOW - 600)]
+    none = run([job(1, gpus=4)], cluster(2, 2, running=young), demote_after_gpu_s=HOUR)
+    assert none.preempt == {}, "all or nothing: one host alone does not make room"
+
+
 def test_a_served_job_ranks_behind_fresh_work_and_stops_nobody() -> None:
     again = job(1, submitted=NOW - 2 * HOUR, served_gpu_s=3 * HOUR)  # stopped once, queued again
     fresh = job(2, submitted=NOW - 60)
