@@ -14,9 +14,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,8 @@ LEFTOVER_GRACE_S = 5.0
 """How long the trainer's output is still read after it exited: processes it started may
 hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
 CHECK_EVERY_S = 1.0
+STACK_FRAMES = 8
+"""Frames of a stuck runner's stack written to the worker log."""
 RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.PREEMPT, Stop.TIME_LIMIT)
 """Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
 
@@ -206,7 +210,11 @@ class JobRunner:
             began = time.monotonic()
             earlier.join(self.ctx.settings.cancel_grace_s + ZOMBIE_WAIT_S + 10)
             if earlier.thread.is_alive():  # its runner is stuck: its GPUs are released, so its trainer goes now
-                log.error("the runner of job %s attempt %s did not end: killing its trainer", *earlier.key)
+                log.error(
+                    "the runner of job %s attempt %s did not end; killing its trainer. It was at:\n%s",
+                    *earlier.key,
+                    stack_of(earlier.thread),
+                )
                 earlier._kill_group()
             log.info("job %s attempt %s waited %.1f s for %s to leave", *self.key, time.monotonic() - began, what)
         self.after = []
@@ -504,7 +512,8 @@ class JobRunner:
             log.error("the process group of job %s attempt %s outlived SIGKILL", *self.key)
         if not self.group.kill():  # what left the group (setsid, double fork) is still in the cgroup
             log.error("processes of job %s attempt %s outlived SIGKILL in its cgroup", *self.key)
-        if not kill_pids(self.trainer_pids):  # in the sandbox: they die a moment after bwrap
+        # in the sandbox they die a moment after bwrap; a copy: another runner may be the killer
+        if not kill_pids(set(self.trainer_pids)):
             log.error("processes %s of job %s attempt %s outlived SIGKILL", self.trainer_pids, *self.key)
         if self.outcome.returncode is None:
             self.outcome.returncode = self.process.returncode
@@ -519,3 +528,9 @@ class JobRunner:
         )
         with self.ctx.db.write() as session:
             set_drained(session, self.launch.host, self.launch.indices, True)
+
+
+def stack_of(thread: threading.Thread) -> str:
+    """Where `thread` is now: its innermost frames, for a log line about a stuck runner."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)[-STACK_FRAMES:]) if frame is not None else "(it has ended)"

@@ -3,9 +3,13 @@ worker sends back the jobs it ran, a rank of a job over several hosts included."
 
 from __future__ import annotations
 
+import logging
+import subprocess
 import threading
+import time
 from collections.abc import Callable
 
+import pytest
 from sqlalchemy import func, select
 
 from service.core.context import Context
@@ -17,6 +21,7 @@ from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
 from towerq.contract.spec import JobSpec
+from worker import runner as runner_module
 from worker.agent import HostAgent
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
@@ -161,4 +166,51 @@ def test_a_new_attempt_waits_for_a_runner_whose_gpus_were_released_but_not_for_o
         said = [line["message"] for line in new.sink.logs]
         assert said == [f"waiting for job {ids[0]} to leave GPUs [0] on this host first"], said
     finally:
+        ctx.close()
+
+
+def test_a_new_attempt_kills_the_trainer_of_an_earlier_runner_that_is_stuck_and_logs_where(
+    settings: Settings, add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hand-over must not depend on the earlier runner ending on time (a clean-clone run
+    once saw an old rank alive while the next attempt ran): once the wait is up, the new
+    runner kills the old trainer itself, waits until it is gone, and logs where the stuck
+    runner was, so the next time says why."""
+    monkeypatch.setattr(runner_module, "ZOMBIE_WAIT_S", 0.0)
+    add_host("lab-a", 2)
+    ctx = Context.open(settings.model_copy(update={"trainer_pool": 0, "sandbox": "none", "cancel_grace_s": 0.0}))
+    old: subprocess.Popen[bytes] | None = None
+    try:
+        with ctx.db.write() as session:
+            user = ensure_user(session, "alice")
+            alice = Caller(user.id, user.name, False, 0)
+        ids = []
+        for gpu in range(2):  # (on a real hand-over the GPUs are the same: `after` is set below)
+            spec = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpus": [gpu], "host": "lab-a"})
+            ids.append(submit(ctx.db, alice, spec, settings)[0].id)
+        LiveScheduler(ctx).run_pass()
+        stuck, new = (
+            JobRunner(ctx, SimulatedInventory("lab-a", 2), read_launch(ctx, i, 1, "lab-a"), lambda _: None) for i in ids
+        )
+        old = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        stuck.process, stuck.trainer_pids = old, {old.pid}
+        with ctx.db.write() as session:
+            finish(session, ids[0], 1, JobState.CANCELLED)  # its GPU is released; its runner hangs
+        never = threading.Event()
+        stuck.thread = threading.Thread(target=never.wait, name="stuck-runner", daemon=True)
+        stuck.thread.start()
+        new.after = [stuck]
+        began = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="worker.runner"):
+            new._wait_for_earlier()
+        assert old.poll() is not None, "the stuck runner's trainer is gone before the new attempt goes on"
+        assert 9 < time.monotonic() - began < 40
+        said = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+        assert f"job {ids[0]} attempt 1 did not end; killing its trainer" in said
+        assert "threading.py" in said and "in wait" in said, said  # its stack: waiting on the event
+        never.set()
+    finally:
+        if old is not None and old.poll() is None:
+            old.kill()
+            old.wait()
         ctx.close()
