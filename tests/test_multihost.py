@@ -212,3 +212,30 @@ def test_time_slicing_stops_every_rank_after_one_checkpoint_and_the_job_resumes_
     assert not [m for m in lines if m.startswith("[rank 1") and "checkpoint at step" in m]
     assert len([m for m in lines if f"trainer stopped at step {step} after a checkpoint" in m]) == 2, "both ranks"
     assert train_steps(client, gang) == list(range(10, 1201, 10))
+
+
+def test_a_rank_frozen_while_the_ranks_start_sends_the_job_back_within_the_collective_timeout(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    """Before the ranks meet, the first collective waits up to 300 s for every rank's
+    start-up, so a rank frozen (SIGSTOP) then hung its peer that long. Its worker now sees
+    the trainer stopped, kills it after the collective timeout (20 s), and the job goes back
+    whole as a crash; the next attempt runs on both hosts and succeeds."""
+    client = two_hosts(stack, make_token("alice"))
+    hyper = {"steps": 40, "batch_size": 4, "log_every": 10}
+    job_id = client.post("/api/jobs", json={**QUICK, "gpu_count": 4, "hyperparameters": hyper}).json()["id"]
+    frozen = wait_for(lambda: rank_trainer(1, 1), 120, "rank 1's trainer", 0.05)
+    frozen.suspend()
+    frozen_at = time.monotonic()
+    assert not train_steps(client, job_id), "frozen before the ranks met"
+    wait_for(lambda: client.get(f"/api/jobs/{job_id}").json()["attempts"] == 2, 90, "the job to go back", 0.2)
+    back_in = time.monotonic() - frozen_at
+    assert back_in < 30, back_in
+    assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE
+    job = wait_for(
+        lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 240, "attempt 2 to end", 0.5
+    )
+    assert job["state"] == "succeeded" and (job["attempts"], job["crashes"]) == (2, 1), job
+    said = [e["message"] for e in job["events"] if e["state"] == "queued" and e["attempt"] == 2][0]
+    assert said.startswith("rank 1 on lab-") and "its trainer was frozen (stopped by a signal) for 2" in said, said
+    assert train_steps(client, job_id) == [10, 20, 30, 40]

@@ -31,6 +31,9 @@ class Stop(enum.StrEnum):
     FOLDER_FULL = "folder_full"
     RENDEZVOUS = "rendezvous"
     """A job over several hosts: the other ranks did not come (`worker.rendezvous`)."""
+    FROZEN = "frozen"
+    """A job over several hosts: this rank's trainer was stopped by a signal (SIGSTOP) for
+    longer than the collective timeout, so its worker killed it; the job queues again."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -93,7 +96,8 @@ class Outcome:
     @property
     def crashed(self) -> bool:
         """The attempt was lost, not the job's fault: it counts against max_attempts."""
-        return self.killed_from_outside or self.peer_lost or self.rank_died or self.stop == Stop.RENDEZVOUS
+        lost = self.stop in (Stop.RENDEZVOUS, Stop.FROZEN)
+        return self.killed_from_outside or self.peer_lost or self.rank_died or lost
 
     @property
     def out_of_memory(self) -> bool:
@@ -104,7 +108,7 @@ class Outcome:
         reason to record with it. Out of memory on a shared GPU is tried once more on whole
         GPUs (the runner raises the job's fraction to 1): a neighbour may have taken the
         memory, or the slice was too small."""
-        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT, Stop.RENDEZVOUS):
+        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT, Stop.RENDEZVOUS, Stop.FROZEN):
             return JobState.QUEUED, self.stop_message
         if self.stop == Stop.CANCEL:
             return JobState.CANCELLED, self.stop_message

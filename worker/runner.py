@@ -49,7 +49,7 @@ from worker.launch import (
 from worker.outcome import Outcome, Started, Stop, is_runtime_noise, level_of, protocol_event
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
-from worker.processes import descendants, kill_group, kill_pids, output_lines, signal_trainer
+from worker.processes import descendants, kill_group, kill_pids, output_lines, read_process, signal_trainer
 from worker.relay import MetricSink, parse_time
 from worker.trainer import tunnel
 
@@ -101,6 +101,8 @@ class JobRunner:
         self._look = threading.Event()
         """A control message came for this job: read the database at the next tick."""
         self._stop_deadline: float | None = None
+        self._frozen_since: float | None = None
+        """Since when its trainer has been stopped by a signal (`_watch_frozen`)."""
         self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
         self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
         self.group = AttemptGroup()
@@ -441,6 +443,32 @@ class JobRunner:
         limit = self.launch.time_limit_s
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
+        if self.launch.ranks > 1:
+            self._watch_frozen()
+
+    def _watch_frozen(self) -> None:
+        """A rank of a job over several hosts whose trainer is stopped by a signal (SIGSTOP)
+        hangs the others. Once the ranks compute, their collective timeout notices; before,
+        while the first collective waits up to `START_TIMEOUT_S` for every rank's start-up,
+        only its worker can. Frozen for longer than the collective timeout, it is killed and
+        the job goes back to the queue, as a crash."""
+        now = time.monotonic()
+        if not any((info := read_process(pid)) is not None and info.state in "Tt" for pid in self.trainer_pids):
+            self._frozen_since = None
+            return
+        if self._frozen_since is None:
+            self._frozen_since = now
+        frozen_s = now - self._frozen_since
+        if frozen_s < self.ctx.settings.collective_timeout_s or self.outcome.stop is not None:
+            return
+        where = f"{self.launch.where}: " if self.chief else ""
+        self.outcome.stop = Stop.FROZEN
+        self.outcome.stop_message = (
+            f"{where}its trainer was frozen (stopped by a signal) for {frozen_s:.0f} s: killed, so the other "
+            "ranks do not wait for it; the job goes back to the queue"
+        )
+        self.sink.log("error", self.outcome.stop_message)
+        self._kill_group()
 
     def _measure_folder(self, now: float, running: bool = True) -> None:
         over = self.folder.measure(now)
