@@ -1,7 +1,7 @@
 """A job over several hosts: what going over the network costs, and how fast a lost rank
 is noticed and the job is back at work.
 
-Three measurements, each printed with the command's own control beside it:
+Four measurements, each printed with the command's own control beside it:
 
 1. **Throughput** (trainer processes, no service): LeNet-5 on 28×28×3 synthetic data,
    `--batch` examples per tower, SGD, 4 towers in all: one trainer of 4 towers (one host)
@@ -21,6 +21,12 @@ Three measurements, each printed with the command's own control beside it:
    lost rank's worker saw its trainer end) and until the next attempt, on both hosts,
    logged its first train metric after resuming from rank 0's checkpoint (recovered),
    with the product's default `TOWERQ_COLLECTIVE_TIMEOUT_S`. Bar: noticed within 30 s.
+   Also rank 1 frozen as soon as its trainer starts, before the ranks meet (its worker
+   notices: the first collective would wait minutes for a slow start-up).
+4. **The tunnel** (where the workers sandbox trainers): the LeNet job of 1. over both hosts
+   through the service, its ranks connected through the worker's tunnel (the default)
+   against the same job with `network: true` (the ranks on the host's network), each run
+   to the end in turn, the same sandbox otherwise.
 
 Usage: `python bench/multihost.py [--repeats 3] [--steps 300] [--batch 32] [--skip-service]`.
 """
@@ -56,6 +62,7 @@ from worker.launch import artifacts_dir  # noqa: E402
 DATA: dict[str, Any] = {"model": "lenet5", "dataset": "synthetic"}
 OPTIONS = {"shape": [28, 28, 3], "train_examples": 2048, "test_examples": 64}
 BAR_NOTICED_S = 30.0
+FINAL = ("succeeded", "failed", "cancelled")
 # -- 1. throughput -------------------------------------------------------------------------
 
 
@@ -112,7 +119,8 @@ class Lab:
         for name in ("lab-a", "lab-b"):
             self.stack.start_worker(name, 2, worker_address="127.0.0.1", trainer_pool=0)
         self.client = self.stack.client(token)
-        wait_for(lambda: len(self.client.get("/api/workers").json()) == 2, 60, "both workers")
+        workers = wait_for(lambda: len(w := self.client.get("/api/workers").json()) == 2 and w, 60, "both workers")
+        self.sandboxed = all(w["sandboxed"] for w in workers)
 
     def close(self) -> None:
         self.client.close()
@@ -135,7 +143,7 @@ class Lab:
 
     def end(self, job_id: int) -> None:
         self.client.post(f"/api/jobs/{job_id}/cancel")
-        wait_for(lambda: self.job(job_id)["state"] in ("succeeded", "failed", "cancelled"), 120, f"job {job_id}", 0.5)
+        wait_for(lambda: self.job(job_id)["state"] in FINAL, 120, f"job {job_id}", 0.5)
         wait_for(lambda: all(not g["holders"] for g in self.client.get("/api/gpus").json()), 60, "the GPUs free")
 
 
@@ -153,6 +161,23 @@ def first_metric_s(lab: Lab, gpus: int) -> float:
     points = wait_for(lambda: lab.train_points(job_id), 180, f"job {job_id}'s first metric", 0.2)
     lab.end(job_id)
     return parse_time(points[0]["time"]) - submitted
+
+
+def sandboxed_throughput(lab: Lab, steps: int, batch: int) -> tuple[float, float]:
+    """(through the tunnel, on the host's network) in examples/s: the same 4-GPU job over
+    both hosts, sandboxed, with its ranks' connections passed in by the worker (the default)
+    and with `network: true` (the ranks use the host's network: no tunnel)."""
+    hyper: dict[str, Any] = {"steps": steps, "batch_size": batch, "log_every": 20, "checkpoint_every": 0}
+    hyper.update(eval_every=0, optimizer="sgd", learning_rate=0.01, seed=1)
+    rates = []
+    for network in (False, True):
+        body = {**DATA, "dataset_options": OPTIONS, "gpu_count": 4, "hyperparameters": hyper, "network": network}
+        job_id = lab.submit(body)
+        job = wait_for(lambda i=job_id: (j := lab.job(i))["state"] in FINAL and j, 900, f"job {job_id}", 0.5)
+        if job["state"] != "succeeded":
+            raise RuntimeError(f"job {job_id} (network {network}) failed: {job['error']}")
+        rates.append(statistics.median(p["examples_per_sec"] for p in lab.train_points(job_id)[2:]))
+    return rates[0], rates[1]
 
 
 def lose_a_rank(lab: Lab, how: str) -> dict[str, float]:
@@ -189,17 +214,44 @@ def lose_a_rank(lab: Lab, how: str) -> dict[str, float]:
     }
 
 
-def service_part(workdir: Path, repeats: int) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+def freeze_at_start(lab: Lab) -> dict[str, float]:
+    """Freeze rank 1 of a 2-host job as soon as its trainer starts (before the ranks meet,
+    where the first collective waits minutes for every rank's start-up): seconds until the
+    job is back in the queue and until the next attempt's first train metric."""
+    hyper = {"steps": 100_000, "batch_size": 16, "log_every": 10, "checkpoint_every": 50}
+    job_id = lab.submit({"model": "mlp", "dataset": "digits", "gpu_count": 4, "hyperparameters": hyper})
+    victim = wait_for(lambda: rank_trainer(1, 1), 120, "rank 1's trainer", 0.05)
+    victim.send_signal(signal.SIGSTOP)
+    lost_at = time.time()
+    wait_for(lambda: lab.job(job_id)["attempts"] >= 2, 400, "the job to go back", 0.1)
+    back = next(e for e in lab.job(job_id)["events"] if e["attempt"] == 2 and e["state"] == "queued")
+    again = wait_for(
+        lambda: [p for p in lab.train_points(job_id) if p["attempt"] == 2], 180, "attempt 2's first metric", 0.2
+    )
+    lab.end(job_id)
+    return {
+        "noticed_s": parse_time(back["time"]) - lost_at,
+        "recovered_s": parse_time(again[0]["time"]) - lost_at,
+        "resumed_from": 0,
+        "stored": 0,
+    }
+
+
+def service_part(
+    workdir: Path, repeats: int, steps: int, batch: int
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], list[tuple[float, float]]]:
     lab = Lab(workdir)
     try:
+        tunnel = [sandboxed_throughput(lab, steps, batch) for _ in range(repeats)] if lab.sandboxed else []
         firsts: dict[str, list[float]] = {"4 GPUs over 2 hosts": [], "2 GPUs on 1 host": []}
         for _ in range(repeats):
             firsts["4 GPUs over 2 hosts"].append(first_metric_s(lab, 4))
             firsts["2 GPUs on 1 host"].append(first_metric_s(lab, 2))
         losses = {how: lose_a_rank(lab, how) for how in ("killed", "frozen", "stalled")}
+        losses["frozen while starting"] = freeze_at_start(lab)
     finally:
         lab.close()
-    return firsts, losses
+    return firsts, losses, tunnel
 
 
 def main() -> int:
@@ -227,16 +279,25 @@ def main() -> int:
     print(f"  2 hosts x 2 / 1 host x 4:     {statistics.median(two) / statistics.median(one):8.3f}")
     if args.skip_service:
         return 0
-    firsts, losses = service_part(workdir / "service", args.repeats)
+    firsts, losses, tunnel = service_part(workdir / "service", args.repeats, args.steps, args.batch)
+    if tunnel:
+        through, direct = (statistics.median(side) for side in zip(*tunnel, strict=True))
+        print("the same 4-GPU job over 2 hosts through the service, sandboxed (median of runs):")
+        runs = [show([t for t, _ in tunnel]), show([d for _, d in tunnel])]
+        print(f"  ranks through the worker's tunnel (default): {through:8.0f} examples/s  ({runs[0]})")
+        print(f"  ranks on the host's network (network: true): {direct:8.0f} examples/s  ({runs[1]})")
+        print(f"  tunnel / host network:                       {through / direct:8.3f}")
+    else:
+        print("no sandbox on this machine (bwrap): the tunnel is not measured")
     print("submit to first train metric, cold, through the service (median of runs):")
     for name, values in firsts.items():
         print(f"  {name:<22} {statistics.median(values):6.2f} s  ({', '.join(f'{v:.2f}' for v in values)})")
     over, one_host = (statistics.median(v) for v in firsts.values())
     print(f"  over 2 hosts - on 1 host: {over - one_host:+.2f} s")
-    print("rank 1 of a running 4-GPU job lost (TOWERQ_COLLECTIVE_TIMEOUT_S default):")
+    print("rank 1 of a 4-GPU job lost (TOWERQ_COLLECTIVE_TIMEOUT_S default):")
     for how, figures in losses.items():
         print(
-            f"  {how:<8} noticed (job back in the queue) {figures['noticed_s']:5.1f} s; "
+            f"  {how:<22} noticed (job back in the queue) {figures['noticed_s']:5.1f} s; "
             f"first metric of the next attempt {figures['recovered_s']:5.1f} s; "
             f"resumed from step {figures['resumed_from']:.0f} (stored when lost: {figures['stored']:.0f})"
         )

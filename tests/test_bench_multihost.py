@@ -25,6 +25,7 @@ def test_the_multihost_bench_runs_and_notices_every_lost_rank_within_30_s() -> N
     )
     report = run.stdout[-4000:] + run.stderr[-3000:]
     assert run.returncode == 0 and "met: every loss noticed within 30 s" in run.stdout, report
-    for how in ("killed", "frozen", "stalled"):
+    for how in ("killed", "frozen", "stalled", "frozen while starting"):
         assert f"  {how} " in run.stdout, report
+    assert "tunnel / host network:" in run.stdout or "no sandbox on this machine" in run.stdout, report
     assert "2 hosts x 2 / 1 host x 4:" in run.stdout, report
