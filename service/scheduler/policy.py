@@ -46,6 +46,14 @@ Policies:
     is never stopped before it has run `MIN_RUN_S` and as long as all the job's earlier
     attempts together, so slices double and a job is stopped at most about log2(its run
     time / the threshold) times.
+  * Whole-host gangs under time slicing. A job that needs a whole host (as many GPUs as
+    the largest) waits until every GPU of one host is free at once, and with slicing on,
+    fresh and smaller work takes each GPU that frees up first, and may stop the gang
+    itself once it has had its slice: such a job can wait far longer than it would in
+    plain submit order. So when the eldest job of the best priority class in the queue is
+    one, it is considered before any other, and if it does not fit it may stop jobs past
+    their slice (anyone's, when the stop pays), as fresh work does. One job per pass, the
+    eldest, so gangs take hosts in submit order and never stop each other in turn.
 """
 
 from __future__ import annotations
@@ -123,6 +131,8 @@ class _Pass:
             else {}
         )
         """Time slicing: the running jobs fresh work may still stop, and what each has served."""
+        self.eldest_gang: int | None = None
+        """The eldest queued job when it needs a whole host: it may slice (`_eldest_whole_host_gang`)."""
 
     def run(self) -> Decision:
         if self.config.preemption:
@@ -140,6 +150,11 @@ class _Pass:
                 seen.add(starving[0].id)
                 if self._consider(starving[0]):
                     terms.started(starving[0])
+            eldest = self._eldest_whole_host_gang()
+            if eldest is not None and eldest.id not in seen:
+                seen.add(eldest.id)
+                if self._consider(eldest):
+                    terms.started(eldest)
             for job in rank_order(self.queued, terms, self.now, self.config):
                 if job.id in seen:
                     continue
@@ -253,6 +268,18 @@ class _Pass:
         ]
         return sorted(starving, key=lambda j: (j.submitted, j.id))
 
+    def _eldest_whole_host_gang(self) -> QueuedJob | None:
+        """(Time slicing on.) The eldest job of the best priority class in the queue, if it
+        needs a whole host and may run; it goes first, and may slice (`Whole-host gangs`
+        above)."""
+        if self.config.demote_after_gpu_s <= 0 or not self.queued:
+            return None
+        eldest = min(self.queued, key=lambda j: (j.priority, j.submitted, j.id))
+        if eldest.gpus < max(2, self.free.largest) or self._cannot_run(eldest) is not None:
+            return None
+        self.eldest_gang = eldest.id
+        return eldest
+
     def _starving_gang(self, job: QueuedJob) -> bool:
         if self.config.policy == Policy.TOWERQ and job.id not in self.reservable:
             return False
@@ -306,8 +333,10 @@ class _Pass:
         choice, kind = None, Wait.PREEMPTING
         if self.config.preemption and job.priority == HIGH:
             choice = self._victims(job, lambda r: r.priority == LOW, lambda r: -r.started)
-        if choice is None and 0 < self.config.demote_after_gpu_s and job.served_gpu_s < self.config.demote_after_gpu_s:
-            choice, kind = self._slice_victims(job), Wait.SLICING
+        eldest = job.id == self.eldest_gang
+        fresh = job.served_gpu_s < self.config.demote_after_gpu_s
+        if choice is None and 0 < self.config.demote_after_gpu_s and (fresh or eldest):
+            choice, kind = self._slice_victims(job, eldest), Wait.SLICING
         if choice is None:
             return self._why_no_fit(job)
         slots, victims = choice
@@ -323,7 +352,7 @@ class _Pass:
         hosts = " + ".join(host for host, _ in slots)
         return Reason(kind, (hosts, tuple(dict.fromkeys(v.id for v in victims))))
 
-    def _slice_victims(self, job: QueuedJob) -> tuple[Slots, list[RunningJob]] | None:
+    def _slice_victims(self, job: QueuedJob, eldest: bool = False) -> tuple[Slots, list[RunningJob]] | None:
         """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
         the most served first; a user above their share (their part of the present users'
         use is over their part of the shares) stops only their own jobs. A stop must pay:
@@ -334,7 +363,8 @@ class _Pass:
         victims only get fewer and free GPUs scarcer, so a shape that found none finds none
         later in the pass either."""
         terms = self.terms
-        own_only = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
+        above_share = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
+        own_only = above_share and not eldest
         fresh_run = self._fresh_run_s(job)
         shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
         if not self._sliceable or fresh_run >= self._no_victims.get(shape, INFINITY):

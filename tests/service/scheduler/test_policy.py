@@ -348,6 +348,33 @@ def test_a_fresh_job_larger_than_a_host_slices_whole_hosts() -> None:
     assert none.preempt == {}, "all or nothing: one host alone does not make room"
 
 
+def test_with_slicing_the_eldest_job_when_it_needs_a_whole_host_goes_first_and_may_slice() -> None:
+    """(Issue 29.) With slicing on, fresh and smaller work took every GPU that freed up
+    before a whole-host gang, and stopped the gang itself once it had had its slice, so on
+    bursty traces such a job waited up to twice as long as in plain submit order. The
+    eldest job of the best class, when it needs a whole host, is now considered first, and
+    may stop jobs past their slice even when its owner is above their share, even when it
+    has had its own slice."""
+    usage = {"heavy": 50 * HOUR}
+    gang = job(1, "heavy", gpus=2, submitted=NOW - 5 * HOUR, served_gpu_s=2 * HOUR)
+    small = job(2, "light", submitted=NOW - 60)
+    first = run([gang, small], cluster(2), usage=usage, demote_after_gpu_s=HOUR)
+    assert placed(first) == {1: ("lab-a", (0, 1))}, "the eldest gang takes the host first"
+    off = run([gang, small], cluster(2), usage=usage)
+    assert placed(off) == {2: ("lab-a", (0,))}, "without slicing, the rank order as before"
+
+    served = [running(100, "lab-a", (0, 1), user="zed", started=NOW - 3 * HOUR)]
+    sliced = run([gang, small], cluster(2, running=served), usage=usage, demote_after_gpu_s=HOUR)
+    assert sliced.preempt == {100: 1}, "above its share, it still stops another's served job"
+    assert reasons(sliced)[1] == "stopping job 100 on lab-a (had their time slice) to make room"
+    younger = job(1, "heavy", gpus=2, submitted=NOW - 30)
+    not_eldest = run([younger, small], cluster(2, running=served), usage=usage, demote_after_gpu_s=HOUR)
+    assert not_eldest.preempt == {100: 2}, "a gang that is not the eldest keeps the share rule: fresh work slices"
+    urgent = job(3, "light", priority=HIGH, submitted=NOW - 10)
+    behind = run([gang, urgent], cluster(2), usage=usage, demote_after_gpu_s=HOUR)
+    assert placed(behind) == {3: ("lab-a", (0,))}, "a higher class still goes first"
+
+
 def test_a_served_job_ranks_behind_fresh_work_and_stops_nobody() -> None:
     again = job(1, submitted=NOW - 2 * HOUR, served_gpu_s=3 * HOUR)  # stopped once, queued again
     fresh = job(2, submitted=NOW - 60)
