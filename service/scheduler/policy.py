@@ -355,7 +355,8 @@ class _Pass:
     def _slice_victims(self, job: QueuedJob, eldest: bool = False) -> tuple[Slots, list[RunningJob]] | None:
         """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
         the most served first; a user above their share (their part of the present users'
-        use is over their part of the shares) stops only their own jobs. A stop must pay:
+        use is over their part of the shares) stops only their own jobs, except for the
+        eldest whole-host job (`eldest`, `_eldest_whole_host_gang`). A stop must pay:
         when the fresh work's run time is known (`_fresh_run_s`), the job stopped must be
         expected to run on (`expected_end`, cautious) for longer than that plus what the stop
         costs it (`STOP_COST_S`), else the fresh job waits as it would without slicing
