@@ -18,7 +18,9 @@ Each family's users draw their work Zipf-like (20 users, the heaviest ~30%). Pri
 family and seed: towerq's avg JCT and max wait as fractions of fit-first's (bars: <= 1.0
 each), and the policy's pass time over the whole replay (p99 and max; bars 20 and 50 ms) in
 CPU time, which the other replays running beside it on a shared machine do not inflate; the
-wall-clock max is printed beside it.
+wall-clock max is printed beside it. Then the same for the passes that also write the queue's
+expected starts (`--starts-every`): the pass, the pass with every job's reason, and the
+replay of the expected starts, as the service's pass does when it writes positions.
 Usage: `python bench/trace_families.py [--seeds N] [--held-out N] [--family NAME] [--time-slice S]`.
 """
 
@@ -50,6 +52,10 @@ USER_WEIGHTS = [1 / (i + 1) for i in range(len(USERS))]
 JCT_BAR, WAIT_BAR = 1.0, 1.0
 PASS_P99_BAR_MS, PASS_MAX_BAR_MS = 20.0, 50.0
 SLICE_GPU_S = float(Settings.model_fields["time_slice_gpu_s"].default)
+STARTS_EVERY = 50
+"""Every 50th arrival, the replay also times a pass as the service runs one when it writes
+the queue (the positions, every job's reason, the expected starts): a few dozen such
+passes a replay, enough for their maximum, not so many that they dominate its time."""
 
 
 def _gpus(rng: random.Random) -> int:
@@ -146,13 +152,13 @@ FAMILIES: dict[str, Callable[[int], list[TraceJob]]] = {
 }
 
 
-def replay(work: tuple[str, int, float]) -> tuple[str, int, dict, dict]:
-    family, seed, slice_gpu_s = work
+def replay(work: tuple[str, int, float, int]) -> tuple[str, int, dict, dict]:
+    family, seed, slice_gpu_s, starts_every = work
     jobs = FAMILIES[family](seed)
     for i, job in enumerate(jobs):
         job.id = i
     towerq = simulate(copy.deepcopy(jobs), HOSTS, GPUS_PER_HOST, Policy.TOWERQ,
-                      config=PolicyConfig(demote_after_gpu_s=slice_gpu_s))  # fmt: skip
+                      config=PolicyConfig(demote_after_gpu_s=slice_gpu_s), estimates_every=starts_every)  # fmt: skip
     fit_first = simulate(copy.deepcopy(jobs), HOSTS, GPUS_PER_HOST, Policy.FIT_FIRST)
     return family, seed, towerq, fit_first
 
@@ -163,15 +169,21 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=5, help="seeds per family never looked at (default 5)")
     parser.add_argument("--family", choices=list(FAMILIES), action="append", default=None)
     parser.add_argument("--time-slice", type=float, default=SLICE_GPU_S, help="GPU-seconds; 0: no slicing")
+    parser.add_argument(
+        "--starts-every",
+        type=int,
+        default=STARTS_EVERY,
+        help=f"time a pass that also writes expected starts at every Nth arrival (default {STARTS_EVERY}; 0: none)",
+    )
     args = parser.parse_args()
     families = args.family or list(FAMILIES)
     seeds = range(1, 1 + args.seeds + args.held_out)
-    work = [(family, seed, args.time_slice) for family in families for seed in seeds]
+    work = [(family, seed, args.time_slice, args.starts_every) for family in families for seed in seeds]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(replay, work))
     print(f"{CAPACITY} GPUs ({HOSTS} x {GPUS_PER_HOST}); towerq with time slicing after {args.time_slice:g} GPU-s")
     print(f"{'family':<14} {'seed':>4} {'jobs':>5} {'avg JCT':>8} {'max wait':>9} {'frag t/f':>11}"
-          f" {'pass p99':>9} {'pass max':>9} {'wall max':>9}")  # fmt: skip
+          f" {'pass p99':>9} {'pass max':>9} {'wall max':>9} {'+starts p99':>11} {'+starts max':>11}")  # fmt: skip
     met_all = True
     for family in families:
         rows = [r for r in results if r[0] == family]
@@ -180,13 +192,16 @@ def main() -> None:
             wait = towerq["max_wait_s"] / fit_first["max_wait_s"] if fit_first["max_wait_s"] else math.nan
             ok = jct <= JCT_BAR and wait <= WAIT_BAR and towerq["p99_pass_cpu_ms"] <= PASS_P99_BAR_MS
             ok = ok and towerq["max_pass_cpu_ms"] <= PASS_MAX_BAR_MS
+            starts = (towerq.get("p99_pass_with_starts_cpu_ms", 0.0), towerq.get("max_pass_with_starts_cpu_ms", 0.0))
+            ok = ok and starts[1] <= PASS_MAX_BAR_MS  # (their p99 is of a few dozen passes: shown, not judged)
             met_all &= ok
             held = " (held out)" if seed > args.seeds else ""
             print(
                 f"{family:<14} {seed:>4} {towerq['jobs']:>5} {jct:>8.3f} {wait:>9.3f}"
                 f" {towerq['fragmentation']:>5.2f}/{fit_first['fragmentation']:<5.2f}"
                 f" {towerq['p99_pass_cpu_ms']:>7.1f}ms {towerq['max_pass_cpu_ms']:>7.1f}ms"
-                f" {towerq['max_pass_ms']:>7.1f}ms{'' if ok else '  (missed)'}{held}"
+                f" {towerq['max_pass_ms']:>7.1f}ms {starts[0]:>9.1f}ms {starts[1]:>9.1f}ms"
+                f"{'' if ok else '  (missed)'}{held}"
             )
         jcts = [r[2]["avg_jct_s"] / r[3]["avg_jct_s"] for r in rows]
         both = sum(

@@ -15,7 +15,7 @@ import pytest
 from service.scheduler.history import RunTimes
 from service.scheduler.policy import CHECKPOINT_S, RESTART_S
 from service.scheduler.simulate import simulate
-from service.scheduler.trace import TraceError, read_trace
+from service.scheduler.trace import TraceError, TraceJob, read_trace
 from service.scheduler.types import Policy, PolicyConfig
 
 METRICS = {
@@ -349,3 +349,18 @@ def test_towerq_simulate_takes_group_shares_and_refuses_bad_ones(tmp_path: Path)
     assert json.loads(out.stdout)["per_group"]["vision"]["share"] == 3.0
     bad = subprocess.run([*command, "--group-shares", "vision=lots"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--group-shares: 'vision=lots'" in bad.stderr
+
+
+def test_a_replay_that_writes_expected_starts_times_those_passes_too() -> None:
+    """(Issue 29.) A pass that writes the queue (positions, reasons, expected starts) costs
+    more than a plain one; the replay times it at each sampled arrival, in CPU time."""
+    rng = random.Random(5)
+    jobs = [TraceJob(i, i * 60.0, rng.uniform(600, 7200), rng.choice([1, 1, 2, 4]), f"u{i % 5}") for i in range(300)]
+    plain = simulate(copy.deepcopy(jobs), 2, 4, Policy.TOWERQ, config=PolicyConfig(demote_after_gpu_s=3600))
+    assert "passes_with_starts" not in plain
+    timed = simulate(
+        copy.deepcopy(jobs), 2, 4, Policy.TOWERQ, config=PolicyConfig(demote_after_gpu_s=3600), estimates_every=10
+    )
+    assert timed["passes_with_starts"] == 30
+    assert 0 < timed["p99_pass_with_starts_cpu_ms"] <= timed["max_pass_with_starts_cpu_ms"]
+    assert timed["avg_jct_s"] == plain["avg_jct_s"], "timing the expected starts changes no decision"
