@@ -120,12 +120,12 @@ def simulate(
     finished: dict[int, float] = {}
     pass_ms: list[float] = []
     pass_cpu_ms: list[float] = []
+    """The same passes in this thread's CPU time: what the policy itself costs, without the
+    time other processes on a shared machine took from it."""
     with_starts_cpu_ms: list[float] = []
     """The passes that also wrote the sampled arrivals' expected starts (`estimates_every`),
     in CPU time, as the service's pass does when it writes the queue: the pass, the pass
     again with every job's reason, and the replay of the expected starts."""
-    """The same passes in this thread's CPU time: what the policy itself costs, without the
-    time other processes on a shared machine took from it."""
     estimates: dict[int, tuple[float, float]] = {}
     """Sampled job -> (forecast start, naive start), made at its arrival."""
     now = arrivals[-1].submit if arrivals else 0.0
