@@ -187,7 +187,7 @@ def lose_a_rank(lab: Lab, how: str) -> dict[str, float]:
     hyper = {"steps": 100_000, "batch_size": 16, "log_every": 10, "checkpoint_every": 50}
     job_id = lab.submit({"model": model, "dataset": "digits", "gpu_count": 4, "hyperparameters": hyper})
     wait_for(lambda: max((p["step"] for p in lab.train_points(job_id)), default=0) >= 80, 300, "steps past 80", 0.2)
-    victim = wait_for(lambda: rank_trainer(1, 1), 30, "rank 1's trainer")
+    victim = wait_for(lambda: rank_trainer(lab.stack, 1, 1), 30, "rank 1's trainer")
     reached = max(p["step"] for p in lab.train_points(job_id))
     lost_at = time.time()
     if how == "killed":
@@ -220,7 +220,7 @@ def freeze_at_start(lab: Lab) -> dict[str, float]:
     job is back in the queue and until the next attempt's first train metric."""
     hyper = {"steps": 100_000, "batch_size": 16, "log_every": 10, "checkpoint_every": 50}
     job_id = lab.submit({"model": "mlp", "dataset": "digits", "gpu_count": 4, "hyperparameters": hyper})
-    victim = wait_for(lambda: rank_trainer(1, 1), 120, "rank 1's trainer", 0.05)
+    victim = wait_for(lambda: rank_trainer(lab.stack, 1, 1), 120, "rank 1's trainer", 0.05)
     victim.send_signal(signal.SIGSTOP)
     lost_at = time.time()
     wait_for(lambda: lab.job(job_id)["attempts"] >= 2, 400, "the job to go back", 0.1)
