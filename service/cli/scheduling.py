@@ -25,6 +25,14 @@ def pass_gap(pass_s: float) -> float:
     return min(defaults.MAX_PASS_GAP_S, pass_s)
 
 
+def forecast_between_passes(ctx: Context, scheduler: LiveScheduler, stop: threading.Event) -> None:
+    """Go on with the replay of expected starts a slice at a time until it is over (then a
+    pass is asked for, which writes them) or a pass is asked for by someone else."""
+    while scheduler.forecasting and not stop.is_set() and not ctx.redis.llen(keys.SCHEDULER_KICK):
+        if scheduler.advance_forecast(defaults.FORECAST_SLICE_S):
+            ctx.redis.lpush(keys.SCHEDULER_KICK, 1)
+
+
 def serve(ctx: Context, stop: threading.Event) -> None:
     """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
     scheduler = LiveScheduler(ctx)
@@ -33,6 +41,7 @@ def serve(ctx: Context, stop: threading.Event) -> None:
     log.info("scheduler started (pass every %.1fs and on demand)", interval)
     while not stop.is_set():
         try:
+            forecast_between_passes(ctx, scheduler, stop)
             ctx.redis.blpop([keys.SCHEDULER_KICK], timeout=interval)
             ctx.redis.delete(keys.SCHEDULER_KICK)
         except redis.RedisError as err:

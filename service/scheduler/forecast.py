@@ -16,14 +16,17 @@ first be stopped (`sliceable_from`) is an event too, while fresh work waits.
 Cost is bounded: only the first `FORECAST_JOBS` waiting jobs (in queue order) are replayed,
 over at most `MAX_EVENTS` job ends and `HORIZON_S` ahead; the rest get no estimate. Each
 event is a policy call over the whole cluster, so on 256 busy GPUs the replay costs ~0.1-0.2 s.
-The live scheduler replays in each pass that writes the queue's positions, after the pass's
-launches are out, within `defaults.FORECAST_COST_RATIO` of its time.
+The live scheduler starts a replay (`Replay`) in each pass that writes the queue's positions,
+after the pass's launches are out, within `defaults.FORECAST_COST_RATIO` of its time, and does
+it a slice at a time (`defaults.FORECAST_SLICE_S`): in that pass, then between passes.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+import math
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from service.scheduler.capacity import likely_end
@@ -52,39 +55,64 @@ def run_time(job: QueuedJob) -> float:
     return DEFAULT_RUN_S
 
 
-def forecast(
-    queued: Iterable[QueuedJob],
-    cluster: Cluster,
-    fair_share: FairShare,
-    now: float,
-    config: PolicyConfig,
-) -> dict[int, Forecast]:
-    """Expected (start, host) of each of `queued` (taken in the order given, at most
-    `FORECAST_JOBS`) that starts within the horizon; jobs starting at `now` included."""
-    queue = {job.id: job for job in list(queued)[:FORECAST_JOBS]}
-    hosts = [HostCapacity(h.name, list(h.free), h.unusable) for h in cluster.hosts]
-    sim = SimCluster(hosts, [copy.copy(r) for r in cluster.running])
-    for run in sim.running:
-        end = likely_end(run, now)
-        if run.stopping:  # cancel, preemption, time slice: gone once it has checkpointed
-            end = min(end, now + CHECKPOINT_S)
-        sim.ends_at(run.id, end)
-    sim.reservations = list(cluster.reservations)
-    for kept in cluster.reservations:  # a window's start and end change who may start
-        for moment in (kept.start, kept.end):
-            if moment > now:
-                sim.wake_at(moment)
-    slices = SliceWakeups(config.demote_after_gpu_s)
-    replay = replace(config, explain=False)
-    found: dict[int, Forecast] = {}
-    clock, events = now, 0
-    while queue and events <= MAX_EVENTS and clock <= now + HORIZON_S:
-        decision = schedule(queue.values(), sim.view(), fair_share, clock, replay)
+class Replay:
+    """The forecast as work done a slice at a time (`run`), so that neither a pass nor one
+    asked for while it goes on waits for all of it: each slice ends once it has taken its
+    budget, one policy call past it at most. What it finds does not depend on how it was
+    sliced: the replay moves on its own copy of the queue and the cluster."""
+
+    def __init__(
+        self,
+        queued: Iterable[QueuedJob],
+        cluster: Cluster,
+        fair_share: FairShare,
+        now: float,
+        config: PolicyConfig,
+    ) -> None:
+        self.queue = {job.id: job for job in list(queued)[:FORECAST_JOBS]}
+        hosts = [HostCapacity(h.name, list(h.free), h.unusable) for h in cluster.hosts]
+        self.sim = SimCluster(hosts, [copy.copy(r) for r in cluster.running])
+        for run in self.sim.running:
+            end = likely_end(run, now)
+            if run.stopping:  # cancel, preemption, time slice: gone once it has checkpointed
+                end = min(end, now + CHECKPOINT_S)
+            self.sim.ends_at(run.id, end)
+        self.sim.reservations = list(cluster.reservations)
+        for kept in cluster.reservations:  # a window's start and end change who may start
+            for moment in (kept.start, kept.end):
+                if moment > now:
+                    self.sim.wake_at(moment)
+        self.slices = SliceWakeups(config.demote_after_gpu_s)
+        self.fair_share = fair_share
+        self.config = replace(config, explain=False)
+        self.now = self.clock = now
+        self.events = 0
+        self.found: dict[int, Forecast] = {}
+        """Expected (start, host) of each job found to start so far."""
+        self.done = False
+
+    def run(self, budget_s: float = math.inf, timer: Callable[[], float] = time.perf_counter) -> bool:
+        """Go on until the replay is over or `budget_s` (as `timer` counts) is spent; True
+        once it is over and `found` is final."""
+        deadline = timer() + budget_s
+        while not self.done:
+            self._step()
+            if timer() >= deadline:
+                break
+        return self.done
+
+    def _step(self) -> None:
+        """One policy call at the replay's clock, then on to the next event."""
+        if not self.queue or self.events > MAX_EVENTS or self.clock > self.now + HORIZON_S:
+            self.done = True
+            return
+        sim, clock = self.sim, self.clock
+        decision = schedule(self.queue.values(), sim.view(), self.fair_share, clock, self.config)
         for victim in [*decision.preempt, *decision.reclaim]:
             sim.stop(victim, clock)
         for placement in decision.placements:
-            job = queue.pop(placement.job_id)
-            found[job.id] = Forecast(clock, placement.host)
+            job = self.queue.pop(placement.job_id)
+            self.found[job.id] = Forecast(clock, placement.host)
             parts = [
                 RunningJob(
                     job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s, group=job.group
@@ -98,13 +126,27 @@ def forecast(
                 if len(parts) > 1:
                     part.job_gpu_load = job.gpus * job.fraction
             sim.start(parts, run_s)
-        slices.plan(sim, clock, queue.values())
+        self.slices.plan(sim, clock, self.queue.values())
         upcoming = sim.next_time()
         if upcoming is None:
-            break  # nothing will free up: the rest cannot start (a host down, too large)
-        clock = max(clock, upcoming)
-        for event in sim.due(clock):
+            self.done = True  # nothing will free up: the rest cannot start (a host down, too large)
+            return
+        self.clock = max(clock, upcoming)
+        for event in sim.due(self.clock):
             if event.happens is not Happens.WAKE:  # ended, or stopped: it leaves the replay
                 sim.release(event.job_id)
-            events += 1  # a slice that is up is an event too: the next call may stop that job
-    return found
+            self.events += 1  # a slice that is up is an event too: the next call may stop that job
+
+
+def forecast(
+    queued: Iterable[QueuedJob],
+    cluster: Cluster,
+    fair_share: FairShare,
+    now: float,
+    config: PolicyConfig,
+) -> dict[int, Forecast]:
+    """Expected (start, host) of each of `queued` (taken in the order given, at most
+    `FORECAST_JOBS`) that starts within the horizon; jobs starting at `now` included."""
+    replay = Replay(queued, cluster, fair_share, now, config)
+    replay.run()
+    return replay.found

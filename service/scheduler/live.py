@@ -28,7 +28,7 @@ from service.core.models import Job, JobState, utcnow
 from service.executors import Attempt, executor_for
 from service.scheduler.dryrun import policy_config
 from service.scheduler.explain import describe, describe_reserved
-from service.scheduler.forecast import Forecast, forecast
+from service.scheduler.forecast import Forecast, Replay
 from service.scheduler.handover import HandOver, cancel_never
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
@@ -68,6 +68,12 @@ class LiveScheduler:
         """Where the executor's cluster places jobs itself (Slurm), each pass hands them over."""
         self.expected: dict[int, Forecast] = {}
         """The last replay's expected starts (see `defaults.FORECAST_COST_RATIO`)."""
+        self.replay: Replay | None = None
+        """The replay under way: a pass starts it and goes on with it for at most
+        `defaults.FORECAST_SLICE_S`; `serve` goes on with it between passes."""
+        self.replay_spent = 0.0
+        self.unwritten = False
+        """A replay is over and the next pass writes what it found."""
 
     def run_pass(self, blocking_timeout: float = 10.0) -> PassReport | None:
         """One pass under the scheduler lock; None when another process holds it too long."""
@@ -196,14 +202,12 @@ class LiveScheduler:
         # position gets one at once.
         refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
         fresh = any(stored.get(p.job_id, (None,))[0] is None for p in decision.pending)
-        replayed = (refresh or fresh) and (
-            time.monotonic() - self.forecast_at >= self.forecast_cost * defaults.FORECAST_COST_RATIO
-        )
-        if replayed:
-            started_at = time.monotonic()
-            self.expected = self._forecast(decision, inputs, now)
-            self.forecast_at = time.monotonic()
-            self.forecast_cost = self.forecast_at - started_at
+        due = time.monotonic() - self.forecast_at >= self.forecast_cost * defaults.FORECAST_COST_RATIO
+        if self.replay is None and (refresh or fresh) and due:
+            self.replay, self.replay_spent = self._forecast(decision, inputs, now), 0.0
+        if self.replay is not None:
+            self.advance_forecast(defaults.FORECAST_SLICE_S)
+        replayed, self.unwritten = self.unwritten, False
         expected = self.expected
         for pending in decision.pending:
             was = stored.get(pending.job_id, (None, None, None, None, None))
@@ -236,17 +240,33 @@ class LiveScheduler:
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
             self.pending_written_at = time.monotonic()
 
-    def _forecast(
-        self, decision: Decision, inputs: tuple[list[QueuedJob], Cluster, FairShare], now: float
-    ) -> dict[int, Forecast]:
-        """Expected starts of the waiting jobs: the policy replayed forward (in queue order,
-        those placed in this pass first, as the pass saw them)."""
+    def _forecast(self, decision: Decision, inputs: tuple[list[QueuedJob], Cluster, FairShare], now: float) -> Replay:
+        """The replay of the waiting jobs' expected starts: the policy replayed forward (in
+        queue order, those placed in this pass first, as the pass saw them)."""
         queued, cluster, fair_share = inputs
         by_id = {q.id: q for q in queued}
         order = [p.job_id for p in decision.placements] + [
             p.job_id for p in sorted(decision.pending, key=lambda p: p.position)
         ]
-        return forecast([by_id[i] for i in order if i in by_id], cluster, fair_share, now, self.config)
+        return Replay([by_id[i] for i in order if i in by_id], cluster, fair_share, now, self.config)
+
+    @property
+    def forecasting(self) -> bool:
+        """A replay of expected starts is under way."""
+        return self.replay is not None
+
+    def advance_forecast(self, budget_s: float) -> bool:
+        """Go on with the replay under way for about `budget_s`; True when it is over (its
+        expected starts are then written by the next pass)."""
+        if self.replay is None:
+            return False
+        started = time.monotonic()
+        over = self.replay.run(budget_s)
+        self.replay_spent += time.monotonic() - started
+        if over:
+            self.expected, self.replay, self.unwritten = self.replay.found, None, True
+            self.forecast_at, self.forecast_cost = time.monotonic(), self.replay_spent
+        return over
 
     def _write_held(self, held: dict[int, str], stored: dict[int, Stored]) -> None:
         """Jobs their sweep's `max_parallel` keeps waiting: that is their reason."""

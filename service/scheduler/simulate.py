@@ -41,9 +41,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from service.core.defaults import DEFAULT_HALF_LIFE_S
+from service.core.defaults import DEFAULT_HALF_LIFE_S, FORECAST_SLICE_S
 from service.scheduler.clock import Happens, SimCluster
-from service.scheduler.forecast import forecast
+from service.scheduler.forecast import Replay
 from service.scheduler.history import RunTimes
 from service.scheduler.policy import RESTART_S, schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
@@ -124,8 +124,10 @@ def simulate(
     time other processes on a shared machine took from it."""
     with_starts_cpu_ms: list[float] = []
     """The passes that also wrote the sampled arrivals' expected starts (`estimates_every`),
-    in CPU time, as the service's pass does when it writes the queue: the pass, the pass
-    again with every job's reason, and the replay of the expected starts."""
+    in CPU time, as the service's pass does when it writes the queue: the pass with every
+    job's reason, and the first slice of the replay of the expected starts."""
+    slice_cpu_ms: list[float] = []
+    """The replays' further slices, which the service runs between passes."""
     estimates: dict[int, tuple[float, float]] = {}
     """Sampled job -> (forecast start, naive start), made at its arrival."""
     now = arrivals[-1].submit if arrivals else 0.0
@@ -161,8 +163,9 @@ def simulate(
         pass_cpu_ms.append((time.thread_time() - started_cpu) * 1000)
         sampled = [i for i in arrived if estimates_every and i % estimates_every == 0]
         if sampled:
-            _estimate(state, decision, fair, sampled, (now, config), finished, by_id, estimates)
-            with_starts_cpu_ms.append((time.thread_time() - started_cpu) * 1000)
+            in_pass, slices = _estimate(state, decision, fair, sampled, (now, config), finished, by_id, estimates)
+            with_starts_cpu_ms.append(in_pass)
+            slice_cpu_ms.extend(slices)
         for victim in [*decision.preempt, *decision.reclaim]:
             sim.stop(victim, now)
         for placement in decision.placements:
@@ -173,6 +176,7 @@ def simulate(
         result["passes_with_starts"] = len(with_starts_cpu_ms)
         result["p99_pass_with_starts_cpu_ms"] = round(_percentile(with_starts_cpu_ms, 0.99), 3)
         result["max_pass_with_starts_cpu_ms"] = round(max(with_starts_cpu_ms, default=0.0), 3)
+        result["max_forecast_slice_cpu_ms"] = round(max(slice_cpu_ms, default=0.0), 3)
     return result
 
 
@@ -185,16 +189,27 @@ def _estimate(
     finished: dict[int, float],
     by_id: dict[int, TraceJob],
     estimates: dict[int, tuple[float, float]],
-) -> None:
-    """Estimates of the sampled arrivals' starts, as the service would make them now."""
+) -> tuple[float, list[float]]:
+    """Estimates of the sampled arrivals' starts, as the service would make them now; and,
+    in this thread's CPU ms, what the service's pass that writes them costs (the pass with
+    every job's reason, and the first slice of the replay, `FORECAST_SLICE_S`), and each
+    further slice of the replay (the service runs those between passes)."""
     now, config = when
     cluster = state.sim.view()
+    started = time.thread_time()
     # The replay keeps no reasons; the service's pass does, and orders the queue by them.
     explained = schedule(state.queued.values(), cluster, fair, now, replace(config, explain=True))
     order = [p.job_id for p in decision.placements] + [
         p.job_id for p in sorted(explained.pending, key=lambda p: p.position)
     ]
-    found = forecast([state.queued[i] for i in order if i in state.queued], cluster, fair, now, config)
+    replay = Replay([state.queued[i] for i in order if i in state.queued], cluster, fair, now, config)
+    replay.run(FORECAST_SLICE_S, time.thread_time)
+    in_pass, slices = (time.thread_time() - started) * 1000, []
+    while not replay.done:
+        began = time.thread_time()
+        replay.run(FORECAST_SLICE_S, time.thread_time)
+        slices.append((time.thread_time() - began) * 1000)
+    found = replay.found
     position = {p.job_id: p.position for p in explained.pending}
     done = [by_id[i].run_s for i in finished]
     mean_run = sum(done) / len(done) if done else DEFAULT_RUN_S
@@ -203,6 +218,7 @@ def _estimate(
         guess = found.get(job_id)
         naive = now + position.get(job_id, 0) * mean_run / at_once
         estimates[job_id] = (guess.start if guess is not None else math.inf, naive)
+    return in_pass, slices
 
 
 def _estimate_errors(estimates: dict[int, tuple[float, float]], by_id: dict[int, TraceJob]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from service.scheduler.forecast import DEFAULT_RUN_S, Forecast, forecast
+import random
+
+from service.scheduler.forecast import DEFAULT_RUN_S, Forecast, Replay, forecast
 from service.scheduler.policy import CHECKPOINT_S, schedule
 from service.scheduler.types import Cluster, FairShare, PolicyConfig
 from tests.service.scheduler.test_policy import NOW, cluster, job, running
@@ -107,3 +109,25 @@ def test_a_job_being_stopped_is_taken_to_be_gone_once_it_has_checkpointed() -> N
     assert forecast([job(1)], cluster(1, running=stopping), FairShare(), NOW, PolicyConfig()) == {
         1: Forecast(NOW + CHECKPOINT_S, "lab-a")
     }
+
+
+def test_a_replay_done_one_policy_call_at_a_time_finds_what_one_done_at_once_finds() -> None:
+    """A busy mixed queue with time slicing on (stops, wake-ups, gangs over hosts): sliced to
+    one policy call a slice, the replay takes many slices and ends with the same forecast."""
+    rng = random.Random(7)
+    busy = [
+        running(100 + i, host, (i % 4,), limit_s=rng.choice([None, 600.0, 7200.0]), started=NOW - rng.uniform(0, 9000))
+        for i, host in enumerate(["lab-a"] * 4 + ["lab-b"] * 3)
+    ]
+    queued = [
+        job(i, user=rng.choice(["ann", "bob", "cy"]), gpus=rng.choice([1, 1, 2, 4, 8]), typical_s=rng.uniform(60, 9000))
+        for i in range(1, 40)
+    ]
+    config = PolicyConfig(demote_after_gpu_s=3600.0)
+    whole = forecast(queued, cluster(4, 4, running=busy), FairShare(), NOW, config)
+    sliced = Replay(queued, cluster(4, 4, running=busy), FairShare(), NOW, config)
+    slices = 1
+    while not sliced.run(0.0):
+        slices += 1
+    assert slices > 10 and len(whole) > 10
+    assert sliced.found == whole

@@ -12,7 +12,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from service.core import keys, launches
+from service.cli.scheduling import forecast_between_passes
+from service.core import defaults, keys, launches
 from service.core.context import Context
 from service.core.lifecycle import finish, locked_job, mark_running, requeue
 from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
@@ -435,6 +436,50 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     started = job_row(ctx, second)  # first in line, as the replay said
     assert started.state == JobState.DISPATCHED and started.expected_start_at is None
     assert job_row(ctx, third).expected_start_at is not None
+
+
+def test_a_replay_longer_than_its_slice_goes_on_between_passes_until_a_pass_is_asked_for(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a slice of one policy call, the pass that starts the replay writes positions but
+    no expected start yet; a pass asked for stops the work between passes, and each pass
+    goes on with it by one slice; once it is over between passes, a pass is asked for, and
+    that pass writes the same expected starts as a replay done at once."""
+    monkeypatch.setattr(defaults, "FORECAST_SLICE_S", 0.0)
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    first = submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
+    LiveScheduler(ctx).run_pass()
+    second = submit_job(ctx, alice, gpu_count=2, time_limit_s=600)
+    third = submit_job(ctx, alice, gpu_count=1)
+    scheduler = LiveScheduler(ctx)  # one that has not just replayed (see FORECAST_COST_RATIO)
+    scheduler.run_pass()
+    assert scheduler.forecasting
+    waiting = [job_row(ctx, second), job_row(ctx, third)]
+    assert [j.queue_position for j in waiting] == [1, 2]
+    assert [j.expected_start_at for j in waiting] == [None, None]
+
+    ctx.redis.lpush(keys.SCHEDULER_KICK, 1)  # a pass is asked for: the replay waits for it
+    stop = threading.Event()
+    forecast_between_passes(ctx, scheduler, stop)
+    assert scheduler.forecasting and scheduler.replay is not None
+    events = scheduler.replay.events
+    ctx.redis.delete(keys.SCHEDULER_KICK)
+    scheduler.run_pass()  # one slice more
+    assert scheduler.replay is not None and scheduler.replay.events > events
+
+    forecast_between_passes(ctx, scheduler, stop)
+    assert not scheduler.forecasting
+    assert ctx.redis.llen(keys.SCHEDULER_KICK) == 1  # the pass that writes what it found
+    scheduler.run_pass()
+    with ctx.db.read() as session:
+        first_allocated = session.scalar(select(func.min(Allocation.created_at)).where(Allocation.job_id == first))
+    assert first_allocated is not None
+    waiting = [job_row(ctx, second), job_row(ctx, third)]
+    assert [j.expected_host for j in waiting] == ["lab-a", "lab-a"]
+    starts = [(j.expected_start_at - first_allocated).total_seconds() for j in waiting if j.expected_start_at]
+    assert len(starts) == 2
+    assert abs(starts[0] - (1800 + CHECKPOINT_S)) < 2 and abs(starts[1] - (2400 + CHECKPOINT_S)) < 2
 
 
 def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
