@@ -17,6 +17,9 @@ from service.scheduler.live import LiveScheduler
 
 log = logging.getLogger(__name__)
 
+KICK_WAIT_S = 5.0
+"""The longest single wait for a kick: under the Redis client's 10 s socket timeout."""
+
 
 def pass_gap(pass_s: float) -> float:
     """The pause after a pass before the next kick is served: as long as the pass took, up
@@ -34,6 +37,15 @@ def forecast_between_passes(ctx: Context, scheduler: LiveScheduler, stop: thread
             ctx.redis.lpush(keys.SCHEDULER_KICK, 1)
 
 
+def wait_for_kick(ctx: Context, until: float, stop: threading.Event) -> None:
+    """Until a pass is asked for, or the timer's `until` (monotonic), or `stop`: in Redis
+    waits of at most `KICK_WAIT_S`, below the client's socket timeout, which a longer
+    `scheduler_interval_s` would otherwise run into (every timer pass lost to a timeout)."""
+    while not stop.is_set() and (left := until - time.monotonic()) > 0:
+        if ctx.redis.blpop([keys.SCHEDULER_KICK], timeout=max(0.01, min(left, KICK_WAIT_S))):
+            return
+
+
 def serve(ctx: Context, stop: threading.Event) -> None:
     """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
     scheduler = LiveScheduler(ctx)
@@ -43,16 +55,21 @@ def serve(ctx: Context, stop: threading.Event) -> None:
     # collector's full passes, each of which would walk it all (~45 ms) inside some pass.
     gc.freeze()
     log.info("scheduler started (pass every %.1fs and on demand)", interval)
+    timer = time.monotonic() + interval
     while not stop.is_set():
         try:
             forecast_between_passes(ctx, scheduler, stop)
-            ctx.redis.blpop([keys.SCHEDULER_KICK], timeout=interval)
+            owed = scheduler.replay_owed_at  # a job that came during the last replay: its pass
+            wait_for_kick(ctx, timer if owed is None else min(timer, owed), stop)
+            if stop.is_set():
+                break
             ctx.redis.delete(keys.SCHEDULER_KICK)
         except redis.RedisError as err:
             log.warning("Redis unavailable (%s); retrying", err)
             stop.wait(min(interval, 2.0))
             continue
         started = time.monotonic()
+        timer = started + interval
         try:
             report = scheduler.run_pass()
             ctx.db.checkpoint()

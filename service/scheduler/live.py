@@ -72,6 +72,9 @@ class LiveScheduler:
         """The replay under way: a pass starts it and goes on with it for at most
         `defaults.FORECAST_SLICE_S`; `serve` goes on with it between passes."""
         self.replay_spent = 0.0
+        self.replay_again = False
+        """A job came while the replay was under way: it gets the next one without waiting
+        for `PENDING_REFRESH_S`."""
         self.unwritten = False
         """A replay is over and the next pass writes what it found."""
 
@@ -203,8 +206,10 @@ class LiveScheduler:
         refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
         fresh = any(stored.get(p.job_id, (None,))[0] is None for p in decision.pending)
         due = time.monotonic() - self.forecast_at >= self.forecast_cost * defaults.FORECAST_COST_RATIO
-        if self.replay is None and (refresh or fresh) and due:
-            self.replay, self.replay_spent = self._forecast(decision, inputs, now), 0.0
+        if self.replay is not None and fresh:
+            self.replay_again = True  # a job it does not know: the next replay is owed at once
+        elif self.replay is None and (refresh or fresh or self.replay_again) and due:
+            self.replay, self.replay_spent, self.replay_again = self._forecast(decision, inputs, now), 0.0, False
         if self.replay is not None:
             self.advance_forecast(defaults.FORECAST_SLICE_S)
         replayed, self.unwritten = self.unwritten, False
@@ -249,6 +254,14 @@ class LiveScheduler:
             p.job_id for p in sorted(decision.pending, key=lambda p: p.position)
         ]
         return Replay([by_id[i] for i in order if i in by_id], cluster, fair_share, now, self.config)
+
+    @property
+    def replay_owed_at(self) -> float | None:
+        """When (monotonic) the replay owed to a job that came during the last one may start
+        (`defaults.FORECAST_COST_RATIO`); None when none is owed."""
+        if self.replay is not None or not self.replay_again:
+            return None
+        return self.forecast_at + self.forecast_cost * defaults.FORECAST_COST_RATIO
 
     @property
     def forecasting(self) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import random
 import threading
 import time
@@ -12,7 +14,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from service.cli.scheduling import forecast_between_passes
+from service.cli.scheduling import forecast_between_passes, serve
 from service.core import defaults, keys, launches
 from service.core.context import Context
 from service.core.lifecycle import finish, locked_job, mark_running, requeue
@@ -23,6 +25,7 @@ from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler, PassReport
 from service.scheduler.policy import CHECKPOINT_S
 from service.scheduler.snapshot import read_cluster, read_queued
+from tests.stack import wait_for
 from towerq.contract.spec import JobSpec, Priority
 
 
@@ -480,6 +483,78 @@ def test_a_replay_longer_than_its_slice_goes_on_between_passes_until_a_pass_is_a
     starts = [(j.expected_start_at - first_allocated).total_seconds() for j in waiting if j.expected_start_at]
     assert len(starts) == 2
     assert abs(starts[0] - (1800 + CHECKPOINT_S)) < 2 and abs(starts[1] - (2400 + CHECKPOINT_S)) < 2
+
+
+def test_a_job_that_comes_during_a_replay_is_owed_the_next_one_as_soon_as_the_cost_ratio_allows(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(defaults, "FORECAST_SLICE_S", 0.0)
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
+    LiveScheduler(ctx).run_pass()
+    second = submit_job(ctx, alice, gpu_count=2, time_limit_s=600)
+    scheduler = LiveScheduler(ctx)
+    scheduler.run_pass()
+    assert scheduler.forecasting and scheduler.replay_owed_at is None
+    third = submit_job(ctx, alice, gpu_count=1)
+    scheduler.run_pass()  # the third job comes while the replay goes on
+    stop = threading.Event()
+    ctx.redis.delete(keys.SCHEDULER_KICK)  # (the submissions asked for passes)
+    forecast_between_passes(ctx, scheduler, stop)
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 1e6)  # the next replay is not due yet
+    scheduler.run_pass()
+    assert job_row(ctx, second).expected_start_at is not None and job_row(ctx, third).expected_start_at is None
+    owed = scheduler.replay_owed_at
+    assert owed is not None and owed > time.monotonic() + 60 and not scheduler.forecasting
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)  # now it is: the pass starts it
+    assert scheduler.replay_owed_at is not None and scheduler.replay_owed_at <= time.monotonic()
+    scheduler.run_pass()
+    assert scheduler.forecasting and scheduler.replay_owed_at is None
+    ctx.redis.delete(keys.SCHEDULER_KICK)
+    forecast_between_passes(ctx, scheduler, stop)
+    scheduler.run_pass()
+    assert job_row(ctx, third).expected_start_at is not None
+
+
+def test_the_scheduler_finishes_a_long_replay_between_passes_and_asks_for_the_pass_that_writes_it(
+    settings: Settings,
+    caller: Callable[[str], Caller],
+    add_host: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`towerq scheduler`'s loop, with a slice of one policy call and a 30 s timer: the
+    expected starts are written within seconds of the kick, so by the pass the finished
+    replay asks for, not by the timer; and a timer longer than the Redis client's socket
+    timeout is waited out without "Redis unavailable"."""
+    monkeypatch.setattr(defaults, "FORECAST_SLICE_S", 0.0)
+    ctx = Context.open(settings.model_copy(update={"scheduler_interval_s": 30.0}))
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    first = submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
+    stop = threading.Event()
+    loop = threading.Thread(target=serve, args=(ctx, stop))
+    try:
+        loop.start()
+        ctx.redis.lpush(keys.SCHEDULER_KICK, 1)
+        wait_for(lambda: job_row(ctx, first).state == JobState.DISPATCHED, 10, "the first job placed")
+        time.sleep(1.0)  # the first replay (of nothing) is FORECAST_COST_RATIO times its cost behind
+        waiting = [submit_job(ctx, alice, gpu_count=2, time_limit_s=600), submit_job(ctx, alice, gpu_count=1)]
+        kicked = time.monotonic()
+        ctx.redis.lpush(keys.SCHEDULER_KICK, 1)
+        wait_for(lambda: all(job_row(ctx, j).expected_start_at is not None for j in waiting), 15, "expected starts")
+        assert time.monotonic() - kicked < 10
+        assert [job_row(ctx, j).expected_host for j in waiting] == ["lab-a", "lab-a"]
+        time.sleep(11)  # past the client's socket timeout, waiting for a kick
+    finally:
+        stop.set()
+        ctx.redis.lpush(keys.SCHEDULER_KICK, 1)  # out of its wait for a kick
+        loop.join(30)
+        gc.unfreeze()  # what the loop froze at its start: this process goes on
+        ctx.close()
+    assert not loop.is_alive()
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
