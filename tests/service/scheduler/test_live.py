@@ -408,16 +408,21 @@ def test_concurrent_submits_finishes_and_passes_never_over_commit_a_gpu(
     assert over_committed(ctx) == {}
 
 
-def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_they_start(
-    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
-) -> None:
-    """A job with a one-hour limit holds both GPUs: the queue is replayed forward from there."""
+def behind_an_hour_long_job(ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]) -> list[int]:
+    """A job with a one-hour limit placed on both GPUs of lab-a, then a two-GPU job with a
+    ten-minute limit and a one-GPU job submitted behind it: their ids, in that order."""
     add_host("lab-a", 2)
     alice = caller("alice")
     first = submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
     LiveScheduler(ctx).run_pass()
-    second = submit_job(ctx, alice, gpu_count=2, time_limit_s=600)
-    third = submit_job(ctx, alice, gpu_count=1)
+    return [first, submit_job(ctx, alice, gpu_count=2, time_limit_s=600), submit_job(ctx, alice, gpu_count=1)]
+
+
+def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_they_start(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """A job with a one-hour limit holds both GPUs: the queue is replayed forward from there."""
+    first, second, third = behind_an_hour_long_job(ctx, caller, add_host)
     LiveScheduler(ctx).run_pass()
     with ctx.db.read() as session:
         first_allocated = session.scalar(select(func.min(Allocation.created_at)).where(Allocation.job_id == first))
@@ -449,12 +454,7 @@ def test_a_replay_longer_than_its_slice_goes_on_between_passes_until_a_pass_is_a
     goes on with it by one slice; once it is over between passes, a pass is asked for, and
     that pass writes the same expected starts as a replay done at once."""
     monkeypatch.setattr(defaults, "FORECAST_SLICE_S", 0.0)
-    add_host("lab-a", 2)
-    alice = caller("alice")
-    first = submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
-    LiveScheduler(ctx).run_pass()
-    second = submit_job(ctx, alice, gpu_count=2, time_limit_s=600)
-    third = submit_job(ctx, alice, gpu_count=1)
+    first, second, third = behind_an_hour_long_job(ctx, caller, add_host)
     scheduler = LiveScheduler(ctx)  # one that has not just replayed (see FORECAST_COST_RATIO)
     scheduler.run_pass()
     assert scheduler.forecasting
