@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.core.defaults import FORECAST_SLICE_S  # noqa: E402
 from service.core.settings import Settings  # noqa: E402
-from service.scheduler.forecast import FORECAST_JOBS, Replay  # noqa: E402
+from service.scheduler.forecast import FORECAST_JOBS, Replay, in_queue_order  # noqa: E402
 from service.scheduler.policy import schedule  # noqa: E402
 from service.scheduler.simulate import simulate  # noqa: E402
 from service.scheduler.trace import TraceJob, read_trace  # noqa: E402
@@ -144,8 +144,7 @@ def pass_time(
         started = time.perf_counter()
         decision = schedule(queued, Cluster(hosts, running), FairShare(usage=usage), now, config)
         if forecast_too:
-            by_id = {q.id: q for q in queued}
-            order = [by_id[p.job_id] for p in sorted(decision.pending, key=lambda p: p.position)]
+            order = in_queue_order(queued, decision.placements, decision.pending)
             replay_started = time.perf_counter()
             replay = Replay(order, Cluster(hosts, running), FairShare(usage=usage), now, config)
             replay.run(FORECAST_SLICE_S)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.core.settings import Settings
 from service.scheduler.explain import describe
-from service.scheduler.forecast import forecast
+from service.scheduler.forecast import forecast, in_queue_order
 from service.scheduler.policy import schedule
 from service.scheduler.snapshot import live_inputs
 from service.scheduler.types import PRIORITY_RANK, PolicyConfig, QueuedJob
@@ -65,11 +65,8 @@ def estimate(session: Session, settings: Settings, user: str, spec: JobSpec, hos
     config = policy_config(settings)
     everyone = [*queued, candidate]
     decision = schedule(everyone, cluster, fair_share, t, config)
-    by_id = {q.id: q for q in everyone}
-    order = [p.job_id for p in decision.placements] + [
-        p.job_id for p in sorted(decision.pending, key=lambda p: p.position)
-    ]
-    found = forecast([by_id[i] for i in order], cluster, fair_share, t, config).get(CANDIDATE)
+    order = in_queue_order(everyone, decision.placements, decision.pending)
+    found = forecast(order, cluster, fair_share, t, config).get(CANDIDATE)
     pending = next((p for p in decision.pending if p.job_id == CANDIDATE), None)
     starts_now = any(p.job_id == CANDIDATE for p in decision.placements)
     return Estimate(

@@ -33,7 +33,16 @@ from service.scheduler.capacity import likely_end
 from service.scheduler.clock import Happens, SimCluster, SliceWakeups
 from service.scheduler.policy import CHECKPOINT_S, schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
-from service.scheduler.types import Cluster, FairShare, HostCapacity, PolicyConfig, QueuedJob, RunningJob
+from service.scheduler.types import (
+    Cluster,
+    FairShare,
+    HostCapacity,
+    Pending,
+    Placement,
+    PolicyConfig,
+    QueuedJob,
+    RunningJob,
+)
 
 FORECAST_JOBS = 100
 MAX_EVENTS = 100
@@ -53,6 +62,16 @@ def run_time(job: QueuedJob) -> float:
         if known is not None:
             return known
     return DEFAULT_RUN_S
+
+
+def in_queue_order(
+    queued: Iterable[QueuedJob], placements: Iterable[Placement], pending: Iterable[Pending]
+) -> list[QueuedJob]:
+    """The jobs of `queued` in the order a replay takes them: those a pass placed first, then
+    the waiting by their queue position (a job not among `queued` is left out)."""
+    by_id = {job.id: job for job in queued}
+    order = [p.job_id for p in placements] + [p.job_id for p in sorted(pending, key=lambda p: p.position)]
+    return [by_id[i] for i in order if i in by_id]
 
 
 class Replay:

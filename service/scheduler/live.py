@@ -28,7 +28,7 @@ from service.core.models import Job, JobState, utcnow
 from service.executors import Attempt, executor_for
 from service.scheduler.dryrun import policy_config
 from service.scheduler.explain import describe, describe_reserved
-from service.scheduler.forecast import Forecast, Replay
+from service.scheduler.forecast import Forecast, Replay, in_queue_order
 from service.scheduler.handover import HandOver, cancel_never
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
@@ -249,11 +249,8 @@ class LiveScheduler:
         """The replay of the waiting jobs' expected starts: the policy replayed forward (in
         queue order, those placed in this pass first, as the pass saw them)."""
         queued, cluster, fair_share = inputs
-        by_id = {q.id: q for q in queued}
-        order = [p.job_id for p in decision.placements] + [
-            p.job_id for p in sorted(decision.pending, key=lambda p: p.position)
-        ]
-        return Replay([by_id[i] for i in order if i in by_id], cluster, fair_share, now, self.config)
+        order = in_queue_order(queued, decision.placements, decision.pending)
+        return Replay(order, cluster, fair_share, now, self.config)
 
     @property
     def replay_owed_at(self) -> float | None:

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from service.core.defaults import DEFAULT_HALF_LIFE_S, FORECAST_SLICE_S
 from service.scheduler.clock import Happens, SimCluster
-from service.scheduler.forecast import Replay
+from service.scheduler.forecast import Replay, in_queue_order
 from service.scheduler.history import RunTimes
 from service.scheduler.policy import RESTART_S, schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
@@ -222,10 +222,8 @@ def _estimate(
     started = time.thread_time()
     # The replay keeps no reasons; the service's pass does, and orders the queue by them.
     explained = schedule(state.queued.values(), cluster, fair, now, replace(config, explain=True))
-    order = [p.job_id for p in decision.placements] + [
-        p.job_id for p in sorted(explained.pending, key=lambda p: p.position)
-    ]
-    replay = Replay([state.queued[i] for i in order if i in state.queued], cluster, fair, now, config)
+    order = in_queue_order(state.queued.values(), decision.placements, explained.pending)
+    replay = Replay(order, cluster, fair, now, config)
     replay.run(FORECAST_SLICE_S, time.thread_time)
     in_pass, slices = (time.thread_time() - started) * 1000, []
     while not replay.done:
