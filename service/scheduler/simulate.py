@@ -35,12 +35,14 @@ cluster, split max-min among the groups with work by their shares (`water_fill`)
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from service.core.defaults import DEFAULT_HALF_LIFE_S, FORECAST_SLICE_S
 from service.scheduler.clock import Happens, SimCluster
@@ -91,6 +93,27 @@ class _State:
     """Some job of the trace runs in a group: groups are accounted."""
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _without_full_collections(replay: Callable[P, R]) -> Callable[P, R]:
+    """The trace lives as long as the replay: it is kept out of the garbage collector's full
+    passes meanwhile (as the scheduler keeps what it loads at startup out of them), so that
+    a pass's time is the policy's, not a walk over the whole trace."""
+
+    @functools.wraps(replay)
+    def frozen(*args: P.args, **kwargs: P.kwargs) -> R:
+        gc.freeze()
+        try:
+            return replay(*args, **kwargs)
+        finally:
+            gc.unfreeze()
+
+    return frozen
+
+
+@_without_full_collections
 def simulate(
     jobs: list[TraceJob],
     hosts: int,
@@ -105,29 +128,7 @@ def simulate(
     """Replay `jobs`; returns the metrics as a JSON-able dict. With `estimates_every` N,
     every Nth arrival also gets its start estimated as the service would at submit time
     (`forecast` after the pass), beside the naive "queue position × mean run time / jobs
-    running", and the errors against its real start are reported (`start_estimates`).
-
-    The trace lives as long as the replay: it is kept out of the garbage collector's full
-    passes meanwhile (as the scheduler keeps what it loads at startup out of them), so that
-    a pass's time is the policy's, not a walk over the whole trace."""
-    gc.freeze()
-    try:
-        return _simulate(jobs, hosts, gpus_per_host, policy, oracle, half_life_s, config, estimates_every, group_shares)
-    finally:
-        gc.unfreeze()
-
-
-def _simulate(
-    jobs: list[TraceJob],
-    hosts: int,
-    gpus_per_host: int,
-    policy: Policy,
-    oracle: bool,
-    half_life_s: float,
-    config: PolicyConfig | None,
-    estimates_every: int,
-    group_shares: dict[str, float] | None,
-) -> dict[str, Any]:
+    running", and the errors against its real start are reported (`start_estimates`)."""
     config = config or PolicyConfig(policy=policy)
     config.policy = policy
     config.explain = False
