@@ -23,8 +23,9 @@ from sqlalchemy.orm import Session
 from service.core import defaults, joblog, keys, rollups
 from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
+from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import current_attempt
-from service.core.models import LogLine, Metric
+from service.core.models import Job, LogLine, Metric
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, read_beneath
 from worker.trainer.protocol import METRICS_LOG, parse_metrics_log
@@ -87,6 +88,10 @@ class MetricSink:
         )
         self.unsent: list[str] = []
         self.writer: threading.Thread | None = None
+        self.last_words = False
+        """The trainer said it stopped with the other ranks of its job: the lines it prints
+        while it ends are written even once rank 0 has recorded the stop (the job moved on),
+        as this attempt's; its numbers are not."""
         self.failure: Exception | None = None
         """What stopped the writer (StaleAttemptError, or a database error): raised by `flush`."""
         self.points = 0
@@ -227,7 +232,9 @@ class MetricSink:
 
     def _write(self, metrics: list[dict[str, Any]], logs: list[dict[str, Any]], latest: dict[str, Any]) -> None:
         with self.ctx.db.write() as session:
-            job = current_attempt(session, self.job_id, self.attempt)
+            job = self._fenced(session)
+            if job is None:
+                metrics, latest = [], {}
             if metrics:
                 session.execute(insert_ignoring_duplicates(session, Metric), metrics)
                 rollups.fold(session, metrics)
@@ -237,6 +244,16 @@ class MetricSink:
                 setattr(job, field, value)
         if logs:
             self._append_log_file(logs)
+
+    def _fenced(self, session: Session) -> Job | None:
+        """The locked job while this attempt is its current one; None for the last words of
+        an attempt the job has moved on from (its lines only); else `StaleAttemptError`."""
+        try:
+            return current_attempt(session, self.job_id, self.attempt)
+        except StaleAttemptError:
+            if self.last_words:
+                return None
+            raise
 
     def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
         """Every line also goes to the job's `log.txt` artifact: the database keeps only the

@@ -103,6 +103,8 @@ class JobRunner:
         self._stop_deadline: float | None = None
         self._frozen_since: float | None = None
         """Since when its trainer has been stopped by a signal (`_watch_frozen`)."""
+        self._moved_on_since: float | None = None
+        """Since when the job has moved on while its trainer, which said it stopped, ends (`_moved_on`)."""
         self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
         self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
         self.group = AttemptGroup()
@@ -389,6 +391,7 @@ class JobRunner:
             self.sink.log("error", self.outcome.error["message"] or self.outcome.error["kind"])  # as the job's error
         elif kind == "stopped":
             self.outcome.agreed_stop = True
+            self.sink.last_words = True
             self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")
 
     def _on_started(self, event: dict[str, Any]) -> None:
@@ -433,7 +436,7 @@ class JobRunner:
         """Poll the database: cancel requested? attempt still current? time limit?"""
         row = self._job_row()
         if not self._current(row):
-            self._stale("the job moved on")
+            self._moved_on()
             return
         if row.cancel_requested_at is not None:
             self.request_stop(Stop.CANCEL, row.stop_reason or "cancelled")
@@ -445,6 +448,20 @@ class JobRunner:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
         if self.launch.ranks > 1:
             self._watch_frozen()
+
+    def _moved_on(self) -> None:
+        """The job has moved on from this attempt: its trainer goes now, unless it said it
+        stopped with the other ranks. Then rank 0 has recorded the stop, maybe before this
+        worker read the line, and the trainer gets the stop's grace to exit on its own (its
+        last lines are written: `MetricSink.last_words`)."""
+        if not self.outcome.agreed_stop:
+            self._stale("the job moved on")
+            return
+        now = time.monotonic()
+        if self._moved_on_since is None:
+            self._moved_on_since = now
+        elif now - self._moved_on_since > self.ctx.settings.cancel_grace_s:
+            self._stale(f"its trainer said it stopped but still ran {self.ctx.settings.cancel_grace_s:g} s later")
 
     def _watch_frozen(self) -> None:
         """A rank of a job over several hosts whose trainer is stopped by a signal (SIGSTOP)
