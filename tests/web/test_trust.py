@@ -66,15 +66,28 @@ def test_the_job_page_shows_a_state_change_it_was_not_streamed_at_once(
     assert held, "the page did not open its stream"
     stack.start_scheduler()
     wait_for(lambda: (client.get(f"/api/jobs/{job_id}").json()["step"] or 0) >= 10, 120, "the job to run")
+    # The points stored while the stream was held are fetched, not left out of the charts;
+    # the live points that come while that fetch is out wait for it, so the newest never
+    # stands alone on a chart. The fetch is held back here until live points have come.
+    stored = f"**/api/jobs/{job_id}/metrics?**"
+    fetches: list[object] = []
+    page.route(stored, lambda route: fetches.append(route))
     held[0].continue_()
     released = time.monotonic()
     page.wait_for_selector('.job-header .badge:text("running")', timeout=10_000)
     assert time.monotonic() - released < 3.0, "the header waited for its 5 s poll"
-    # The points stored while the stream was held are fetched, not left out of the charts.
+    step = client.get(f"/api/jobs/{job_id}").json()["step"]
+    wait_for(lambda: client.get(f"/api/jobs/{job_id}").json()["step"] >= step + 10, 60, "live points")
+    page.wait_for_timeout(500)
+    assert fetches, "the page did not fetch the points stored before its stream"
+    assert page.locator("#charts").get_attribute("data-points") == "0", "a live point was drawn alone"
+    page.unroute(stored)
+    for route in fetches:
+        route.continue_()
     page.wait_for_selector('#charts[data-points]:not([data-points="0"])', timeout=3_000)
     assert page.locator("#no-metrics").is_hidden()
     first = int(page.locator("#charts").get_attribute("data-points") or 0)
-    assert first >= 2  # steps 5 and 10 at least, stored before the stream started
+    assert first >= 3  # steps 5 and 10 at least, stored before the stream started, and the live ones
 
     client.post(f"/api/jobs/{job_id}/cancel")
     page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000)

@@ -148,7 +148,10 @@ export async function render(main, params) {
   // The points stored between the first load and the stream's start came on no stream; nor
   // did those published before it listened but stored after (the worker writes in batches):
   // the first live point after each (re)connect is preceded by what is stored up to it.
+  // Live points wait for the fetch a (re)connect starts: drawn before it, the newest point
+  // would stand alone on the chart for a moment, as if the job had just begun.
   let openedAfter = null;
+  let opening = null;
   const fillGap = async (after, upTo = 2 ** 31 - 1) => {
     for (let tries = 1; ; tries++) {
       const rows = await metricsOverview(id, "train", { min: after + 1, max: upTo });
@@ -163,14 +166,18 @@ export async function render(main, params) {
     open: () => {
       catchUp();
       openedAfter = series.steps.length ? series.steps.at(-1) : -1;
-      fillGap(openedAfter).catch(reportError("Loading the latest metrics", problem));
+      const fetched = fillGap(openedAfter).catch(reportError("Loading the latest metrics", problem));
+      opening = fetched;
+      fetched.then(() => {
+        if (opening === fetched) opening = null;
+      });
     },
-    metric: (point) =>
-      later(() => {
-        if (openedAfter !== null && point.step > openedAfter + 1) {
-          fillGap(openedAfter, point.step).catch(reportError("Loading the latest metrics", problem));
-        }
-        openedAfter = null;
+    metric: (point) => {
+      if (openedAfter !== null && point.step > openedAfter + 1) {
+        fillGap(openedAfter, point.step).catch(reportError("Loading the latest metrics", problem));
+      }
+      openedAfter = null;
+      afterOpening(() => {
         if (job.state !== "running" && !FINAL.includes(job.state)) catchUp();
         series.add([{ ...point, split: "train" }]);
         if (point.step >= (job.step ?? 0)) {
@@ -178,15 +185,20 @@ export async function render(main, params) {
           const { loss, accuracy, examples_per_sec, step_time_s } = point;
           Object.assign(job.latest, { loss, accuracy, examples_per_sec, step_time_s: step_time_s ?? job.latest.step_time_s });
         }
-      }),
+      });
+    },
     eval: (point) =>
-      later(() => {
+      afterOpening(() => {
         series.add([{ ...point, split: "eval" }]);
         Object.assign(job.latest, { eval_loss: point.loss, eval_accuracy: point.accuracy });
       }),
     log: (line) => appendLog([line]),
     state: catchUp,
   });
+  function afterOpening(change) {
+    if (opening) opening.then(() => later(change));
+    else later(change);
+  }
   function later(change) {
     change();
     if (!redraw) {
