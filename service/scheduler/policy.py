@@ -37,10 +37,11 @@ Policies:
     first, so the least work is redone) on the host where that frees room soonest; their
     GPUs are held for it until they have checkpointed and gone back to the queue.
   * Time slicing (`demote_after_gpu_s` > 0; the service's `time_slice_gpu_s`): least
-    attained service in two levels, as Tiresias (NSDI '19) does for GPU clusters where
-    run times are unknown and heavy-tailed. A job that has run `demote_after_gpu_s`
-    GPU-seconds (all attempts) ranks `DEMOTED_CLASS` lower, and a fresh job that cannot
-    start may stop such jobs of its priority or lower, the most served first; they
+    attained service in several levels, as Tiresias (NSDI '19) does for GPU clusters
+    where run times are unknown and heavy-tailed. A job that has run `demote_after_gpu_s`
+    GPU-seconds (all attempts) ranks `DEMOTED_CLASS` lower, and `SERVED_CLASS` lower per
+    doubling of its GPU time past that unless it needs a whole host (`ranking`); a fresh
+    job that cannot start may stop such jobs of its priority or lower, the most served first; they
     checkpoint and queue again. So short work never waits behind long work, and long
     work is found out by running rather than guessed from its owner's history. An attempt
     is never stopped before it has run `MIN_RUN_S` and as long as all the job's earlier
@@ -155,7 +156,7 @@ class _Pass:
                 seen.add(eldest.id)
                 if self._consider(eldest):
                     terms.started(eldest)
-            for job in rank_order(self.queued, terms, self.now, self.config):
+            for job in rank_order(self.queued, terms, self.now, self.config, self._whole_host):
                 if job.id in seen:
                     continue
                 seen.add(job.id)
@@ -268,6 +269,11 @@ class _Pass:
         ]
         return sorted(starving, key=lambda j: (j.submitted, j.id))
 
+    @property
+    def _whole_host(self) -> int:
+        """A job of this many GPUs or more needs a whole host (or several)."""
+        return max(2, self.free.largest)
+
     def _eldest_whole_host_gang(self) -> QueuedJob | None:
         """(Time slicing on.) The eldest job of the best priority class in the queue, if it
         needs a whole host and may run; it goes first, and may slice (`Whole-host gangs`
@@ -275,7 +281,7 @@ class _Pass:
         if self.config.demote_after_gpu_s <= 0 or not self.queued:
             return None
         eldest = min(self.queued, key=lambda j: (j.priority, j.submitted, j.id))
-        if eldest.gpus < max(2, self.free.largest) or self._cannot_run(eldest) is not None:
+        if eldest.gpus < self._whole_host or self._cannot_run(eldest) is not None:
             return None
         self.eldest_gang = eldest.id
         return eldest
@@ -300,7 +306,8 @@ class _Pass:
         return known
 
     def _rank_key(self, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
-        return (base_rank(job, self.now, self.config) + terms.term(job.user, job.group), job.submitted, job.id)
+        rank = base_rank(job, self.now, self.config, self._whole_host)
+        return (rank + terms.term(job.user, job.group), job.submitted, job.id)
 
     def _reserve_for_rest(self, rest: list[QueuedJob], terms: FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the

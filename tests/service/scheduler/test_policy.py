@@ -384,6 +384,27 @@ def test_a_served_job_ranks_behind_fresh_work_and_stops_nobody() -> None:
     assert run([again], cluster(1, running=long_run), demote_after_gpu_s=HOUR).preempt == {}
 
 
+def test_among_jobs_past_their_slice_the_least_served_go_first_except_whole_host_jobs() -> None:
+    """(Issue 29.) Multi-level least attained service: a job stopped after a day of GPU
+    time ranks below one stopped after two hours, however long it has waited less (here
+    an hour), up to one more class. A job that needs a whole host keeps the one demoted
+    class: its GPU time grows as fast as its width."""
+    day_served = job(1, submitted=NOW - 3 * HOUR, served_gpu_s=24 * HOUR)
+    hours_served = job(2, submitted=NOW - 2 * HOUR, served_gpu_s=2 * HOUR)
+    d = run([day_served, hours_served], Cluster(hosts(2, busy={"lab-a": [1]})), demote_after_gpu_s=HOUR)
+    assert placed(d) == {2: ("lab-a", (0,))}, "the less served goes first"
+    off = run([day_served, hours_served], Cluster(hosts(2, busy={"lab-a": [1]})))
+    assert placed(off) == {1: ("lab-a", (0,))}, "without slicing, the elder"
+    eldest = job(3, submitted=NOW - 10 * HOUR)  # one GPU: no whole-host job goes first by age
+    wide_served = job(1, gpus=2, submitted=NOW - 3 * HOUR, served_gpu_s=48 * HOUR)
+    wide_fresher = job(2, gpus=2, submitted=NOW - 2 * HOUR, served_gpu_s=2 * HOUR)
+    d = run([eldest, wide_served, wide_fresher], Cluster(hosts(1, 2)), demote_after_gpu_s=HOUR)
+    assert placed(d) == {3: ("lab-a", (0,)), 1: ("lab-b", (0, 1))}, "whole-host jobs keep their age order"
+    aged = job(1, submitted=NOW - 30 * DAY, served_gpu_s=1000 * HOUR)
+    d = run([aged, hours_served], Cluster(hosts(2, busy={"lab-a": [1]})), demote_after_gpu_s=HOUR)
+    assert placed(d) == {1: ("lab-a", (0,))}, "at most one class more: aging still lifts it"
+
+
 def test_time_slicing_never_stops_higher_priority_work() -> None:
     urgent_run = [running(100, "lab-a", (0,), priority=HIGH, started=NOW - 5 * HOUR)]
     assert run([job(1)], cluster(1, running=urgent_run), demote_after_gpu_s=HOUR).preempt == {}
