@@ -115,14 +115,15 @@ def test_a_lost_peer_is_noticed_in_bounded_time_and_nobody_hangs(tmp_path: Path,
             processes[1].kill()
         elif how == "frozen":
             processes[1].send_signal(signal.SIGSTOP)
-        out, _ = processes[0].communicate(timeout=90)
+        out, err = processes[0].communicate(timeout=90)
         noticed = time.monotonic() - lost_at
     finally:
         for process in processes:
             process.kill()
             process.communicate()
     errors = events(lines_of(out), "error")
-    assert processes[0].returncode == EXIT_ERROR and errors and errors[0]["kind"] == "peer_lost", out[-2000:]
+    said = f"{out[-2000:]}\n--- stderr ---\n{err[-3000:]}"
+    assert processes[0].returncode == EXIT_ERROR and errors and errors[0]["kind"] == "peer_lost", said
     assert noticed < 30, noticed
 
 
