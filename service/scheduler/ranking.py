@@ -96,7 +96,7 @@ def _length_rank(job: QueuedJob) -> float:
     return LIMIT_CLASS * limit + LENGTH_CLASS * _length_doublings(job.likely_run_s)
 
 
-def base_rank(job: QueuedJob, now: float, config: PolicyConfig, whole_host: float = math.inf) -> float:
+def base_rank(job: QueuedJob, now: float, config: PolicyConfig, whole_host: int) -> float:
     """The job's rank before fair share (lower goes first); `whole_host`: the GPUs of the
     largest host (a job of that many or more needs whole hosts)."""
     waited = max(0.0, now - job.submitted)  # a submit clock ahead of the scheduler's counts as no wait
@@ -116,7 +116,7 @@ def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, flo
 
 
 def rank_order(
-    jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig, whole_host: float = math.inf
+    jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig, whole_host: int
 ) -> Iterator[QueuedJob]:
     """Jobs by rank. Within an account (a user in a group) the order never changes (waiting
     lifts all alike), so each account's jobs are sorted once and merged by a heap keyed on

@@ -13,7 +13,7 @@ HOUR = 3600.0
 
 def order(queued, fair: FairShare) -> list[int]:
     terms = FairShareTerms(fair, [], queued, NOW)
-    return [j.id for j in rank_order(queued, terms, NOW, PolicyConfig())]
+    return [j.id for j in rank_order(queued, terms, NOW, PolicyConfig(), whole_host=8)]  # no slicing: unused
 
 
 def test_groups_come_first_by_their_shares_then_users_within_a_group() -> None:
