@@ -27,10 +27,13 @@ Policies:
   * Starvation guard. A job on one GPU can take any GPU that frees up, so its wait is
     only a matter of rank, which aging settles. A gang job (2+ GPUs) can also starve by
     fragmentation: small jobs fill every GPU that frees up. So a gang job that cannot
-    start after `reserve_after_s`, taken by age (the oldest first: not by rank, so a heavy
-    user's gang backlog cannot be kept behind everyone for ever), up to `max_reservations`
-    of them, gets its GPUs reserved on the host(s) that will free up soonest (EASY
-    backfill); the oldest of them is also considered before any other job.
+    start after waiting `reserve_after_s`, taken by age (the longest waiting first: not by
+    rank, so a heavy user's gang backlog cannot be kept behind everyone for ever), up to
+    `max_reservations` of them, gets its GPUs reserved on the host(s) that will free up
+    soonest (EASY backfill); the oldest of them is also considered before any other job.
+    A job's age is the time it has waited, all its spells in the queue (`waiting_since`):
+    the time it ran before a stop does not count, or a gang stopped by time slicing after
+    a day's run would take a reservation at once and undo its slice.
     A reserved GPU then goes only to a job that ends before the reservation starts:
     known from its time limit, or very likely from its owner's recent run times.
   * Preemption (optional): a `high` job that cannot start stops `low` jobs (the youngest
@@ -51,10 +54,11 @@ Policies:
     the largest) waits until every GPU of one host is free at once, and with slicing on,
     fresh and smaller work takes each GPU that frees up first, and may stop the gang
     itself once it has had its slice: such a job can wait far longer than it would in
-    plain submit order. So when the eldest job of the best priority class in the queue is
-    one, it is considered before any other, and if it does not fit it may stop jobs past
-    their slice (anyone's, when the stop pays), as fresh work does. One job per pass, the
-    eldest, so gangs take hosts in submit order and never stop each other in turn.
+    plain submit order. So when the eldest job of the best priority class in the queue (by
+    age, as above) is one, it is considered before any other, and if it does not fit it
+    may stop jobs past their slice (anyone's, when the stop pays), as fresh work does. One
+    job per pass, the eldest, so gangs take hosts in the order they have waited and never
+    stop each other in turn.
 """
 
 from __future__ import annotations
@@ -261,13 +265,14 @@ class _Pass:
     # -- starvation guard -------------------------------------------------------------------
 
     def _starving_by_age(self) -> list[QueuedJob]:
-        """Gang jobs waiting past `reserve_after_s` that may run, oldest first."""
+        """Gang jobs that have waited `reserve_after_s` (`QueuedJob.waiting_since`) and may
+        run, the longest waiting first."""
         starving = [
             j
             for j in self.queued
-            if j.gpus > 1 and self.now - j.submitted >= self.config.reserve_after_s and self._cannot_run(j) is None
+            if j.gpus > 1 and self.now - j.waiting_since >= self.config.reserve_after_s and self._cannot_run(j) is None
         ]
-        return sorted(starving, key=lambda j: (j.submitted, j.id))
+        return sorted(starving, key=lambda j: (j.waiting_since, j.id))
 
     @property
     def _whole_host(self) -> int:
@@ -275,12 +280,12 @@ class _Pass:
         return max(2, self.free.largest)
 
     def _eldest_whole_host_gang(self) -> QueuedJob | None:
-        """(Time slicing on.) The eldest job of the best priority class in the queue, if it
-        needs a whole host and may run; it goes first, and may slice (`Whole-host gangs`
-        above)."""
+        """(Time slicing on.) The eldest job (`waiting_since`) of the best priority class in
+        the queue, if it needs a whole host and may run; it goes first, and may slice
+        (`Whole-host gangs` above)."""
         if self.config.demote_after_gpu_s <= 0 or not self.queued:
             return None
-        eldest = min(self.queued, key=lambda j: (j.priority, j.submitted, j.id))
+        eldest = min(self.queued, key=lambda j: (j.priority, j.waiting_since, j.id))
         if eldest.gpus < self._whole_host or self._cannot_run(eldest) is not None:
             return None
         self.eldest_gang = eldest.id
@@ -293,7 +298,7 @@ class _Pass:
             self.config.policy == Policy.TOWERQ
             and job.gpus > 1
             and self.reservations < self.config.max_reservations
-            and self.now - job.submitted >= self.config.reserve_after_s
+            and self.now - job.waiting_since >= self.config.reserve_after_s
         )
 
     def _reserve(self, job: QueuedJob) -> float | None:

@@ -58,6 +58,15 @@ class QueuedJob:
             return self.typical_s
         return min(self.typical_s, self.limit_s)
 
+    @property
+    def waiting_since(self) -> float:
+        """Its submit time, moved on by the time its earlier attempts ran (its served
+        GPU-seconds over its GPUs): when it would have been submitted had it waited all along.
+        The starvation guard goes by it (`policy`): a job stopped by time slicing, queued
+        again after a day's run, has not waited a day."""
+        load = self.gpus * self.fraction
+        return self.submitted + self.served_gpu_s / load if load > 0 else self.submitted
+
 
 @dataclass(slots=True)
 class RunningJob:

@@ -478,6 +478,29 @@ def test_a_heavy_users_old_gang_job_gets_the_reservation_before_lighter_users_ne
     assert pending[1].position == 1  # the eldest starving gang job is considered first
 
 
+def test_a_jobs_age_is_the_time_it_waited_not_the_time_it_ran_before_a_stop() -> None:
+    """(Issue 29.) The starvation guard went by submit time, so a gang stopped by time
+    slicing after days of running counted as starving the moment it was queued again: it
+    took a reservation at once (idling GPUs for work that had just had its turn) and, being
+    the "eldest", kept a whole-host gang that had truly waited longer from going first. Age
+    is now the time waited (`QueuedJob.waiting_since`)."""
+    busy = [running(100 + i, "lab-a", (i,), limit_s=1000.0 + 100 * i, started=NOW - 500) for i in range(8)]
+    sliced = job(1, gpus=4, submitted=NOW - 3 * DAY, served_gpu_s=4 * 2.5 * DAY)  # ran 2.5 days, waited 0.5
+    waited = job(2, gpus=4, submitted=NOW - 1.5 * DAY)
+    d = run([sliced, waited], cluster(8, running=busy), reserve_after_s=DAY, max_reservations=1)
+    pending = {p.job_id: p for p in d.pending}
+    assert pending[2].reserved_start is not None and pending[1].reserved_start is None
+    alone = run([sliced], cluster(8, running=busy), reserve_after_s=DAY)
+    assert alone.pending[0].reserved_start is None, "half a day in the queue is not starving"
+
+    usage = {"heavy": 50 * HOUR}
+    gang = job(3, "heavy", gpus=2, submitted=NOW - 5 * HOUR)  # waited 5 h
+    again = job(4, "light", submitted=NOW - 10 * HOUR, served_gpu_s=9 * HOUR)  # waited 1 h
+    served = [running(100, "lab-a", (0, 1), user="zed", started=NOW - 3 * HOUR)]
+    d = run([gang, again], cluster(2, running=served), usage=usage, demote_after_gpu_s=HOUR)
+    assert d.preempt == {100: 3}, "the gang has waited longest: it is the eldest, and may slice"
+
+
 def test_the_eldest_starving_gang_job_starts_before_a_crowd_of_better_ranked_small_jobs() -> None:
     """Eight free GPUs, a light user's eight fresh 1-GPU jobs and the heavy user's 8-GPU job
     that has waited past reserve_after_s: the gang job starts now; by rank alone the small
