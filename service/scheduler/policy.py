@@ -292,13 +292,12 @@ class _Pass:
         return eldest
 
     def _starving_gang(self, job: QueuedJob) -> bool:
-        if self.config.policy == Policy.TOWERQ and job.id not in self.reservable:
-            return False
+        """The job may take a reservation now: one of the pass's starving gangs by age
+        (`reservable`, from `_starving_by_age`), while reservations are left."""
         return (
             self.config.policy == Policy.TOWERQ
-            and job.gpus > 1
+            and job.id in self.reservable
             and self.reservations < self.config.max_reservations
-            and self.now - job.waiting_since >= self.config.reserve_after_s
         )
 
     def _reserve(self, job: QueuedJob) -> float | None:
