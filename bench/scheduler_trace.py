@@ -16,7 +16,8 @@ policy's constants were chosen looking at seeds 1-10, so only the held-out count
 it does on a week nobody looked at. Each row also shows the avg JCT floor: the mean run
 time over fit-first's avg JCT, what a policy under which no job waited at all would reach
 (JCT is never below the run time). A bootstrap where fit-first's jobs wait little has a high
-floor, and cutting waits as much as elsewhere leaves its ratio above 0.75.
+floor, and reaching 0.75 there takes cutting a larger part of fit-first's wait (the ratio is
+the floor plus the rest times the part of the wait left).
 
 The file has no time limits, and with no more than its owner's history to go by, no policy
 knows which job is short. So the same seeds run again with time limits as users give them:
