@@ -203,12 +203,21 @@ def trainer_environment(indices: list[int], extra_allowed: str = "") -> dict[str
     return env
 
 
+def trainer_user(settings: Settings) -> sandbox.Identity | None:
+    """The host user a sandboxed trainer runs as (`TOWERQ_TRAINER_UID`/`_GID` for a root
+    worker; None: the worker's own, not root)."""
+    return sandbox.trainer_identity(settings.trainer_uid, settings.trainer_gid)
+
+
 def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandboxed: bool) -> list[str]:
-    """`python -m worker.trainer SPEC.json`, inside bubblewrap when `sandboxed`."""
+    """`python -m worker.trainer SPEC.json`, inside bubblewrap when `sandboxed` (its job
+    folder then handed to the trainer's user)."""
     command = [sys.executable, "-m", "worker.trainer", str(seen_path(spec_path, sandboxed))]
     if not sandboxed:
         return command
     datasets, code_path = sandbox_extras(launch, settings)
+    identity = trainer_user(settings)
+    sandbox.hand_over(spec_path.parent, identity)
     return sandbox.bwrap_command(
         command,
         job_folder=spec_path.parent,
@@ -218,6 +227,7 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
         datasets=datasets,
         code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
+        identity=identity,
         protected=protected_paths(settings),
         network=bool(launch.spec.get("network")) or (launch.ranks > 1 and launch.gate is None),
         tmp_mb=settings.trainer_tmp_mb,

@@ -36,7 +36,15 @@ from pathlib import Path
 
 from service.core.settings import Settings
 from worker import sandbox
-from worker.launch import REPO_ROOT, Launch, protected_paths, sandbox_extras, seen_path, trainer_environment
+from worker.launch import (
+    REPO_ROOT,
+    Launch,
+    protected_paths,
+    sandbox_extras,
+    seen_path,
+    trainer_environment,
+    trainer_user,
+)
 from worker.processes import kill_group
 
 log = logging.getLogger(__name__)
@@ -193,6 +201,8 @@ class TrainerPool:
         if self.sandboxed:
             slot = self.slots / f"{self.prefix}{uuid.uuid4().hex[:12]}"
             slot.mkdir(parents=True)
+            identity = trainer_user(self.settings)
+            sandbox.hand_over(slot, identity)
             command = sandbox.bwrap_command(
                 command,
                 job_folder=slot,
@@ -202,6 +212,7 @@ class TrainerPool:
                 datasets=[],
                 code_path=None,
                 devices=[],
+                identity=identity,
                 protected=protected_paths(self.settings),
                 tmp_mb=self.settings.trainer_tmp_mb,
             )

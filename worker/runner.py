@@ -33,7 +33,7 @@ from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
 from service.core.models import HOLDING_STATES, Allocation, Host, Job, JobState
 from towerq.contract.spec import describe
-from worker import rendezvous
+from worker import rendezvous, sandbox
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
@@ -44,6 +44,7 @@ from worker.launch import (
     start_trainer,
     trainer_command,
     trainer_environment,
+    trainer_user,
     write_trainer_spec,
 )
 from worker.outcome import Outcome, Started, Stop, is_runtime_noise, level_of, protocol_event
@@ -196,6 +197,9 @@ class JobRunner:
         except OSError as err:
             shutil.rmtree(folder, ignore_errors=True)
             raise rendezvous.RendezvousError(f"port {port} for rank {self.launch.rank}: {err}") from err
+        identity = trainer_user(self.ctx.settings)
+        sandbox.hand_over(folder, identity)  # the trainer's user reaches the socket: nobody else does
+        sandbox.hand_over(Path(self.gate.path), identity)
         self.launch.gate = folder
 
     def _close_gate(self) -> None:

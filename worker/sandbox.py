@@ -28,9 +28,25 @@ in namespaces of its own that show only what the job needs:
   so those must ask for a password; `towerq up`'s own Redis does). A rank of a job over
   several hosts reaches the other ranks through its worker (`worker.trainer.tunnel`,
   its control socket at `RANKS_PATH`), not through the network;
-- privileges: every capability dropped, also when the worker runs as root (bwrap keeps
-  them for root otherwise: a root trainer could remount its read-only views or make
-  device nodes).
+- privileges: never host root. The trainer runs as an unprivileged host user whatever
+  user the worker is: a root worker's bwrap keeps only the right to change users, and
+  starts the trainer through `setpriv` as `TOWERQ_TRAINER_UID`:`TOWERQ_TRAINER_GID`
+  (`nobody` by default), with no supplementary groups, no capabilities (bounding set
+  included) and no new privileges; a worker that is not root runs bwrap unprivileged, in a
+  user namespace of its own (`--unshare-user`, no nested ones: `--disable-userns`), so the
+  trainer is the worker's own user. Either way root's files (`/etc/shadow`), sysctls and
+  devices are not the trainer's. The job's folder (and a warm trainer's, and a rank's
+  control socket) is handed to the trainer's user (`hand_over`). A host where this cannot
+  run (no `setpriv`, or no user namespaces for an unprivileged worker) gets a worker that
+  refuses to start and says so, as for a missing bubblewrap;
+- kernel and host interfaces: `/proc/sys` (and `/proc/sysrq-trigger`) read only, whatever
+  the uid (a sysctl written by root inside used to be the host's: `kernel.core_pattern`
+  ran a program as host root); `/sys/fs/cgroup` is an empty read-only folder and the
+  trainer has a cgroup namespace of its own (`/proc/self/cgroup` says `/`), so no other
+  job's cgroup, name or host pid shows; `/dev` is read only but for its own `/dev/shm` of
+  `TOWERQ_TRAINER_TMP_MB`, so nothing unbounded is writable there (a job wrote 1.5 GB into
+  `/dev`). Still visible: `/proc/self/mountinfo` names the host path of each folder shown
+  (the job folder's too), which says where towerq keeps its files but gives no way to them.
 
 Not visible: the database file and the rest of `TOWERQ_VAR_DIR`, other jobs' artifacts,
 other users' datasets and code bundles, the checkout the worker runs from, home folders,
@@ -52,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -73,18 +90,59 @@ class SandboxError(RuntimeError):
     """TOWERQ_SANDBOX=bwrap on a host where bubblewrap cannot run."""
 
 
+Identity = tuple[int, int]
+"""The host (uid, gid) a root worker runs trainers as."""
+
+
+def trainer_identity(uid: int, gid: int) -> Identity | None:
+    """Who bwrap and the trainer run as on the host: (`uid`, `gid`) for a root worker, None
+    (the worker's own user, which is not root) otherwise."""
+    return (uid, gid) if os.geteuid() == 0 else None
+
+
+def drop_to(identity: Identity | None) -> list[str]:
+    """What starts the trainer's command as `identity`, inside a root worker's bwrap (which
+    kept CAP_SETUID, CAP_SETGID and CAP_SETPCAP for it, `privileges`): no supplementary
+    groups, no capabilities left, not even in the bounding set, and no way back to
+    privileges (setuid binaries and file capabilities do nothing). Nothing for None."""
+    if identity is None:
+        return []
+    uid, gid = identity
+    return [
+        "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+    ]  # fmt: skip
+
+
+def privileges(identity: Identity | None) -> list[str]:
+    """bwrap's options on who runs inside: see the module's docstring."""
+    if identity is None:  # bwrap runs unprivileged: a user namespace of its own
+        return ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+    keep = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # for `drop_to`, which gives them up
+    return ["--cap-drop", "ALL", *(arg for cap in keep for arg in ("--cap-add", cap))]
+
+
 @functools.cache
-def bwrap_works() -> str | None:
-    """None when bwrap runs a command here (user namespaces or setuid allowed), else why not."""
+def bwrap_works(identity: Identity | None = None) -> str | None:
+    """None when bwrap runs a command here as a trainer would run (as `identity`), else why not."""
     binary = shutil.which("bwrap")
     if binary is None:
         return "bubblewrap is not installed (apt install bubblewrap)"
-    probe = [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--die-with-parent", "true"]
+    if identity is not None and shutil.which("setpriv") is None:
+        return "setpriv is not installed (apt install util-linux)"
+    probe = [binary, *privileges(identity), "--unshare-pid", "--unshare-cgroup", "--ro-bind", "/", "/"]
+    probe += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--die-with-parent"]
+    probe += ["--", *drop_to(identity), "true"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"bwrap failed: {err}"
-    return None if done.returncode == 0 else f"bwrap cannot run here: {done.stderr.strip()[:300]}"
+    if done.returncode == 0:
+        return None
+    why = f"bwrap cannot run here as a trainer would ({done.stderr.strip()[:300]})"
+    if identity is None:
+        why += ": a worker that is not root needs user namespaces (sysctl user.max_user_namespaces > 0)"
+    return why
 
 
 UNSANDBOXED_WARNING = (
@@ -93,15 +151,16 @@ UNSANDBOXED_WARNING = (
 )
 
 
-def resolve(kind: str) -> bool:
-    """Whether trainers run in the sandbox, for the setting `kind`; SandboxError when they
-    should and cannot (fail closed: `none` is the only way to run them unsandboxed)."""
+def resolve(kind: str, identity: Identity | None = None) -> bool:
+    """Whether trainers run in the sandbox, for the setting `kind`, as `identity`
+    (`trainer_identity`); SandboxError when they should and cannot (fail closed: `none` is
+    the only way to run them unsandboxed)."""
     if kind not in SANDBOX_KINDS:
         raise SandboxError(f"TOWERQ_SANDBOX is {kind!r}: use {', '.join(SANDBOX_KINDS)}")
     if kind == "none":
         log.warning(UNSANDBOXED_WARNING)
         return False
-    why_not = bwrap_works()
+    why_not = bwrap_works(identity)
     if why_not is None:
         return True
     raise SandboxError(
@@ -179,15 +238,18 @@ def bwrap_command(
     datasets: list[Path],
     code_path: Path | None,
     devices: list[Path],
+    identity: Identity | None,
     protected: Iterable[Path] = (),
     network: bool = False,
     tmp_mb: int = 1024,
     inputs: Iterable[tuple[Path, Path]] = (),
     gate: Path | None = None,
 ) -> list[str]:
-    """`command` wrapped in bwrap with the view described above; `job_folder` is seen at
-    `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
-    args = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-uts", "--unshare-pid", "--cap-drop", "ALL"]
+    """`command` wrapped in bwrap with the view described above, run as `identity`
+    (`trainer_identity`); `job_folder` is seen at `JOB_PATH`; `protected` are towerq's own
+    folders and files, never shown."""
+    args = ["bwrap", "--die-with-parent", *privileges(identity)]
+    args += ["--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup"]
     if not network:
         args.append("--unshare-net")
     for system in SYSTEM_PATHS:
@@ -196,8 +258,14 @@ def bwrap_command(
             args += ["--symlink", str(path.readlink()), system]
         elif path.exists():
             args += ["--ro-bind", system, system]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 2**20), "--tmpfs", "/tmp"]
-    args += ["--setenv", "HOME", "/tmp"]
+    args += ["--tmpfs", "/sys/fs/cgroup", "--remount-ro", "/sys/fs/cgroup"]  # no other job's cgroup
+    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]  # no sysctl is the trainer's
+    if Path("/proc/sysrq-trigger").exists():
+        args += ["--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
+    size = str(tmp_mb * 2**20)
+    writable = ["--perms", "01777", "--size", size, "--tmpfs"]  # anyone's (the trainer's user), sticky
+    args += ["--dev", "/dev", *writable, "/dev/shm", "--remount-ro", "/dev"]
+    args += [*writable, "/tmp", "--setenv", "HOME", "/tmp"]
     for device in devices:
         args += ["--dev-bind", str(device), str(device)]
     for path in python_paths(repo_root, protected):
@@ -216,5 +284,48 @@ def bwrap_command(
         args += ["--ro-bind", str(folder.resolve()), str(seen)]
     if gate is not None:  # a rank's way to the other ranks: its worker's control socket, read-only
         args += ["--ro-bind", str(gate), str(RANKS_PATH)]
-    args += ["--bind", str(job_folder), str(JOB_PATH), "--chdir", str(JOB_PATH)]
-    return [*args, "--", *command]
+    args += ["--bind", str(job_folder), str(JOB_PATH)]
+    args += see_through(args)
+    args += ["--chdir", str(JOB_PATH)]
+    return [*args, "--", *drop_to(identity), *command]
+
+
+HOST_OPTIONS = ("--bind", "--ro-bind", "--dev-bind", "--symlink")
+"""bwrap's options that show something of the host at their second argument."""
+KERNEL_OPTIONS = ("--dev", "--proc")
+"""... and those that mount the kernel's own at their first."""
+
+
+def see_through(args: list[str]) -> list[str]:
+    """`--chmod 0755` for each folder bwrap made above a folder it shows (it gives them the
+    mode of the host's: a Python under `/root`, or a lab's folder in a 0700 one, would be out
+    of the trainer's reach otherwise). Only folders bwrap made are changed, never one it
+    shows (a host folder, a link, a tmpfs such as `/tmp`, `/proc` or `/dev`)."""
+    host: set[Path] = set()
+    mounted: set[Path] = set()
+    for i, arg in enumerate(args):
+        if arg in HOST_OPTIONS or arg in KERNEL_OPTIONS:
+            host.add(Path(args[i + 1] if arg in KERNEL_OPTIONS else args[i + 2]))
+        elif arg == "--tmpfs":
+            mounted.add(Path(args[i + 1]))
+    shown = host | mounted
+
+    def on_bwraps_own(folder: Path) -> bool:  # the nearest mount above it is a tmpfs, or bwrap's root
+        above = [mount for mount in shown if mount in folder.parents]
+        return not above or max(above, key=lambda mount: len(mount.parts)) in mounted
+
+    made = {
+        parent
+        for path in shown
+        for parent in path.parents
+        if parent != Path("/") and parent not in shown and on_bwraps_own(parent)
+    }
+    return [arg for folder in sorted(made) for arg in ("--chmod", "0755", str(folder))]
+
+
+def hand_over(path: Path, identity: Identity | None) -> None:
+    """Make `path` (a job's folder, a warm trainer's, a rank's control socket) the trainer's
+    own, so that it can write there; itself only, never what is in it (a trainer may have
+    put links there) and never through a link."""
+    if identity is not None:
+        os.chown(path, *identity, follow_symlinks=False)

@@ -111,7 +111,15 @@ class Settings(BaseSettings):
     refuses to start), `none` (unsandboxed, an admin's explicit choice, shown on the GPUs
     page). worker/sandbox.py says what a sandboxed trainer can reach."""
     trainer_tmp_mb: int = Field(default=1024, ge=16)
-    """The size of a sandboxed trainer's private `/tmp` (held in memory)."""
+    """The size of a sandboxed trainer's private `/tmp`, and of its `/dev/shm` (each held in
+    memory, counted to its memory limit)."""
+    trainer_uid: int = Field(default=65534, ge=1, le=2**32 - 2)
+    """The host user a sandboxed trainer runs as when the worker is root (`nobody` by
+    default; never 0): it runs in a user namespace of its own, so root's files, sysctls and
+    devices are not its. A worker that is not root runs its trainers as its own user, in a
+    user namespace too."""
+    trainer_gid: int = Field(default=65534, ge=1, le=2**32 - 2)
+    """The host group of a sandboxed trainer when the worker is root (`nogroup` by default)."""
     trainer_env_pass: str = ""
     """Environment variables (names, or NAME* prefixes; comma-separated) a trainer inherits
     besides the built-in allow-list (worker/launch.py). Names that look like secrets never pass."""
