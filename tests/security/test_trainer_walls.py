@@ -1,6 +1,6 @@
 """A member's model as the attacker, in the real sandbox: one code bundle whose `build`
 tries what the containment review found (a link from its log to the admin token, the
-host's processes, a `setsid()` child that outlives its job, Redis, root's capabilities, a
+host's processes, a `setsid()` child that outlives its job, Redis, root's capabilities and sysctls, a
 forged `started` line, log and metric lines no column holds, a line with no end), through
 the real API, scheduler, worker and bubblewrap. Nothing outside the job may change, and the service must still serve."""
 
@@ -59,6 +59,13 @@ def build(params):
         report("database", "not visible")
     capabilities = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")]
     report("capabilities", capabilities[0])
+    report("host uid", int([l for l in open("/proc/self/status") if l.startswith("Uid:")][0].split()[2]))
+    try:
+        pattern = open("/proc/sys/kernel/core_pattern").read()
+        open("/proc/sys/kernel/core_pattern", "w").write(pattern)  # the same value: nothing changes if it goes
+        report("core_pattern", "written")
+    except OSError as err:
+        report("core_pattern", type(err).__name__)
     print(json.dumps({"event": "started", "devices": [1], "towers": "many"}), flush=True)
     print(json.dumps({"event": "log", "level": "x" * 100, "message": "a level no column holds"}), flush=True)
     print(json.dumps({"event": "metric", "step": 2**80, "loss": 1.0}), flush=True)
@@ -133,6 +140,7 @@ def test_user_code_in_the_sandbox_reaches_nothing_of_towerq(
     assert Path(str(options["database"])).is_relative_to(lab) and said["database"] == "not visible"
     assert said["redis"] == "unreachable"
     assert int(str(said["capabilities"]), 16) == 0
+    assert said["host uid"] != 0 and said["core_pattern"] != "written", said
     wait_for(lambda: not escapees(marker), 10, "the setsid() child to die with its job")
     assert "'started' line that does not fit the protocol was ignored" in messages
     assert "was cut there" in messages

@@ -1,0 +1,136 @@
+"""A member's code tried to become root on the host: as euid 0 in the sandbox it wrote
+`|/job/h.sh` into `/proc/sys/kernel/core_pattern`, crashed, and the kernel ran the script
+as host root. Here the same reach, through the sandbox's own command line (`bwrap_command`),
+once as a root worker runs trainers (CI is root) and once as a worker that is not root
+runs them: the trainer is no host root, writes no sysctl (it writes back the value it read,
+so a wall that fails changes nothing), reads no root-only file, sees no cgroup of the host
+and writes nothing unbounded into `/dev`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.core.settings import Settings
+from worker import sandbox
+
+NOBODY = (65534, 65534)
+
+PROBE = r"""
+import json, os
+
+status = {line.split(":")[0]: line.split()[1:] for line in open("/proc/self/status")}
+found = {"euid": os.geteuid(), "host_uid": int(status["Uid"][1]), "capabilities": status["CapEff"][0]}
+
+
+def tried(label, action):
+    try:
+        action()
+        found[label] = "done"
+    except OSError as err:
+        found[label] = type(err).__name__
+
+
+def same_sysctl(name):
+    with open(f"/proc/sys/{name}") as current:
+        value = current.read()
+    with open(f"/proc/sys/{name}", "w") as sysctl:
+        sysctl.write(value)
+
+
+tried("write core_pattern", lambda: same_sysctl("kernel/core_pattern"))
+tried("write printk_ratelimit", lambda: same_sysctl("kernel/printk_ratelimit"))
+tried("read shadow", lambda: open("/etc/shadow").read(1))
+tried("write dev", lambda: open("/dev/planted", "w").write("x"))
+found["cgroups seen"] = sorted(os.listdir("/sys/fs/cgroup")) if os.path.isdir("/sys/fs/cgroup") else []
+found["own cgroup"] = sorted({line.strip().rpartition(":")[2] for line in open("/proc/self/cgroup")})
+try:
+    with open("/dev/shm/filler", "wb") as filler:
+        for _ in range(64):
+            filler.write(b"\0" * 2**20)
+    found["dev/shm"] = "unbounded"
+except OSError as err:
+    found["dev/shm"] = type(err).__name__
+open("/job/written", "w").write("the job's folder is its own")
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture
+def lab() -> Iterator[Path]:
+    """Folders any user may look through (a worker that is not root must reach them)."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as folder:
+        root = Path(folder)
+        root.chmod(0o755)
+        for name in ("job", "models", "data"):
+            (root / name).mkdir()
+        (root / "probe.py").write_text(PROBE)
+        yield root
+
+
+def probe(lab: Path, identity: sandbox.Identity | None, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    monkeypatch.setattr(sandbox, "python_paths", lambda *_args, **_kw: [])  # the system's Python is enough here
+    command = sandbox.bwrap_command(
+        ["/usr/bin/python3", "/probe.py"],
+        job_folder=lab / "job",
+        repo_root=lab,
+        models_path=lab / "models",
+        data_dir=lab / "data",
+        datasets=[],
+        code_path=None,
+        devices=[],
+        identity=identity,
+        tmp_mb=16,
+    )
+    at = command.index("--chdir")  # the probe itself, read-only, beside the job's view
+    command[at:at] = ["--ro-bind", str(lab / "probe.py"), "/probe.py"]
+    if identity is None:  # a worker that is not root: bwrap itself runs unprivileged
+        sandbox.hand_over(lab / "job", NOBODY)
+        uid, gid = NOBODY
+        command = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *command]
+    else:
+        sandbox.hand_over(lab / "job", identity)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_walls_hold(found: dict[str, object], lab: Path) -> None:
+    assert found["host_uid"] != 0 and found["euid"] != 0, found
+    assert int(str(found["capabilities"]), 16) == 0
+    assert found["write core_pattern"] != "done" and found["write printk_ratelimit"] != "done", found
+    assert found["read shadow"] == "PermissionError"
+    assert found["cgroups seen"] == [], found["cgroups seen"]  # no other job's cgroup, no host pid
+    assert found["own cgroup"] == ["/"], found["own cgroup"]
+    assert found["write dev"] != "done" and not Path("/dev/planted").exists()
+    assert found["dev/shm"] == "OSError", found["dev/shm"]  # ENOSPC at TOWERQ_TRAINER_TMP_MB
+    assert (lab / "job" / "written").read_text() == "the job's folder is its own"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker: CI and `make run` as root")
+def test_a_root_workers_trainer_is_no_host_root(lab: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    found = probe(lab, sandbox.trainer_identity(*NOBODY), monkeypatch)
+    assert found["host_uid"] == NOBODY[0]
+    assert_walls_hold(found, lab)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays a worker that is not root through setpriv, which needs root")
+def test_a_workers_trainer_that_is_not_root_has_a_user_namespace_and_the_same_walls(
+    lab: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = probe(lab, None, monkeypatch)
+    assert found["host_uid"] == NOBODY[0]
+    assert_walls_hold(found, lab)
+
+
+def test_a_root_worker_never_runs_a_trainer_as_root() -> None:
+    with pytest.raises(ValidationError, match="trainer_uid"):
+        Settings(trainer_uid=0)
+    assert sandbox.trainer_identity(*NOBODY) == (NOBODY if os.geteuid() == 0 else None)
