@@ -27,7 +27,7 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import current_attempt
 from service.core.models import Job, LogLine, Metric
 from towerq.contract.messages import LogMessage, MetricMessage, encode
-from towerq.contract.paths import PathEscapeError, job_folder, job_log, read_beneath
+from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
 from worker.trainer.protocol import METRICS_LOG, parse_metrics_log
 
 log = logging.getLogger(__name__)
@@ -274,14 +274,16 @@ class MetricSink:
         in the artifacts (a worker that died may not have stored them all). The trainer wrote
         that file, so it is read without following links and only up to a bound."""
         self.forget_after(step)
+        bounds = defaults.METRICS_LOG_READ_BYTES, defaults.METRICS_LOG_LINE_BYTES
+        lines = lines_beneath(self.folder, METRICS_LOG, *bounds)
         try:
-            raw = read_beneath(self.folder, METRICS_LOG, defaults.METRICS_LOG_READ_BYTES)
+            for point in parse_metrics_log(lines):
+                if point["step"] <= step:
+                    self.metric(point, publish=False)
+                    if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:  # the worker holds a batch, never the file
+                        self.flush(wait=True)
         except (OSError, PathEscapeError) as err:
             self.log("warning", f"{METRICS_LOG} not read: {err}")
-            raw = b""
-        for point in parse_metrics_log(raw.decode("utf-8", errors="replace")):
-            if point["step"] <= step:
-                self.metric(point, publish=False)
         self.log("info", f"resumed from the checkpoint of step {step}")
 
     def trim_logs(self, session: Session) -> None:

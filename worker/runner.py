@@ -88,6 +88,8 @@ class JobRunner:
         """The trainer came warm from the pool (`worker.pool`)."""
         self.owes_refill = False
         """It did, and the pool has not yet been told to warm the next one."""
+        self.started_once = False
+        """A valid `started` line came: later ones are the trainer's word only, and ignored."""
         self.trainer_pids: set[int] = set()
         """The trainer's pids: the process started, and (in the sandbox) the trainer inside."""
         self.inventory = inventory
@@ -400,11 +402,15 @@ class JobRunner:
 
     def _on_started(self, event: dict[str, Any]) -> None:
         self._note_pids()  # the pid the line names is the trainer's word: not taken
+        if self.started_once:  # a resume reads the trainer's metrics log back: once an attempt
+            self.sink.log("warning", "a second 'started' line was ignored: an attempt starts once")
+            return
         try:
             started = Started.model_validate(event)
         except ValidationError as err:
             self.sink.log("warning", f"a 'started' line that does not fit the protocol was ignored: {describe(err)}")
             return
+        self.started_once = True
         if not self.chief:
             return
         if started.resumed_from_step is not None:

@@ -66,7 +66,10 @@ CATALOG_SCAN_MAX_AGE_S = 30.0
 
 METRICS_LOG_READ_BYTES = 256 * 2**20
 """How much of a trainer's `metrics.jsonl` the worker reads back when a job resumes: ~1 M
-points at ~250 bytes each; the trainer writes the file, so the read must be bounded."""
+points at ~250 bytes each; the trainer writes the file, so the read must be bounded. It is
+read a block at a time and stored a batch at a time: the worker never holds the file."""
+METRICS_LOG_LINE_BYTES = 64 * 2**10
+"""A line of `metrics.jsonl` longer than this is passed over on a resume (a point is ~250 bytes)."""
 
 TRAINER_LINE_BYTES = 1 * 2**20
 """The longest line the worker takes from a trainer's stdout or stderr; past it the line is

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 
@@ -173,6 +174,32 @@ def read_beneath(root: Path, name: str, limit: int) -> bytes:
         return b""
     with os.fdopen(fd, "rb") as source:
         return source.read(limit)
+
+
+def lines_beneath(root: Path, name: str, limit: int, max_line: int) -> Iterator[bytes]:
+    """The lines of the plain file `root/name`, read a block at a time up to `limit` bytes
+    in all; a line longer than `max_line` is skipped whole (never held). Nothing when the
+    file is missing. The memory it takes is a block and a line, whatever the file holds."""
+    try:
+        fd = open_beneath(root, name)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, "rb") as source:
+        line, skipping, left = b"", False, limit
+        while left > 0 and (block := source.read(min(LINE_BLOCK, left))):
+            left -= len(block)
+            *whole, rest = block.split(b"\n")
+            for part in whole:
+                if not skipping and len(line) + len(part) <= max_line:
+                    yield line + part
+                line, skipping = b"", False
+            if skipping or len(line) + len(rest) > max_line:
+                line, skipping = b"", True
+            else:
+                line += rest
+
+
+LINE_BLOCK = 2**16
 
 
 def folder_usage(root: Path, max_entries: int) -> tuple[int, int]:

@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -95,17 +96,16 @@ def read_metrics_log(path: Path) -> list[dict[str, Any]]:
         text = path.read_text()
     except FileNotFoundError:
         return []
-    return parse_metrics_log(text)
+    return list(parse_metrics_log(text.splitlines()))
 
 
-def parse_metrics_log(text: str) -> list[dict[str, Any]]:
-    """The metric and eval lines of a metrics log's text."""
-    lines = []
-    for raw in text.splitlines():
+def parse_metrics_log(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+    """The metric and eval points of a metrics log's lines, one at a time (a line that is
+    not a JSON object with an integer `step` is passed over)."""
+    for raw in lines:
         try:
             line = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             continue
         if isinstance(line, dict) and isinstance(line.get("step"), int):
-            lines.append(line)
-    return lines
+            yield line
