@@ -6,8 +6,9 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import Row, Select, func, select, text, update
 from sqlalchemy.orm import Session
 
 from service.core.db import Database
@@ -89,6 +90,24 @@ def revoke_token(session: Session, token_id: int) -> ApiToken:
     return row
 
 
+def _caller_query() -> Select[int, datetime | None, int, str, bool, str | None]:
+    return select(ApiToken.id, ApiToken.revoked_at, User.id, User.name, User.is_admin, User.max_priority).join(
+        User, ApiToken.user_id == User.id
+    )
+
+
+def _caller(row: Row[int, datetime | None, int, str, bool, str | None]) -> Caller:
+    allowed = Priority.HIGH if row[4] else Priority(row[5] or Priority.NORMAL)
+    return Caller(user_id=row[2], name=row[3], is_admin=row[4], token_id=row[0], max_priority=allowed)
+
+
+def caller_of_token(session: Session, token_id: int) -> Caller | None:
+    """Who holds token `token_id` now (their admin flag as it is now); None once it is
+    revoked or its user deleted. For what outlives a request: an open stream."""
+    row = session.execute(_caller_query().where(ApiToken.id == token_id)).one_or_none()
+    return None if row is None or row[1] is not None else _caller(row)
+
+
 def has_admin(session: Session) -> bool:
     count = session.scalar(
         select(func.count(ApiToken.id))
@@ -144,17 +163,12 @@ class TokenChecker:
         now = time.monotonic()
         if cached is not None and now - cached[0] < self.ttl_s:
             return cached[1]
-        row = session.execute(
-            select(ApiToken.id, ApiToken.revoked_at, User.id, User.name, User.is_admin, User.max_priority)
-            .join(User, ApiToken.user_id == User.id)
-            .where(ApiToken.token_hash == digest)
-        ).one_or_none()
+        row = session.execute(_caller_query().where(ApiToken.token_hash == digest)).one_or_none()
         if row is None:
             raise AuthError("invalid token")
         if row[1] is not None:
             raise AuthError("token revoked")
-        allowed = Priority.HIGH if row[4] else Priority(row[5] or Priority.NORMAL)
-        caller = Caller(user_id=row[2], name=row[3], is_admin=row[4], token_id=row[0], max_priority=allowed)
+        caller = _caller(row)
         self._cache[digest] = (now, caller)
         return caller
 

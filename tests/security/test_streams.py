@@ -1,18 +1,25 @@
 """Live streams cannot exhaust Redis: each SSE stream held a Redis connection of its own
 with no cap, so about 10,000 open streams (one member's script) took every Redis client of
 the lab. Now an API process holds one subscription whatever the number of streams, and a
-token may hold TOWERQ_MAX_STREAMS_PER_TOKEN of them."""
+token may hold TOWERQ_MAX_STREAMS_PER_TOKEN of them. An open stream asks again every few
+seconds whether its reader may read it."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
 import httpx
 import redis
+from sqlalchemy import select
 
-from tests.stack import Stack
+from service.api.routes.stream import RECHECK_S
+from service.core.db import Database
+from service.core.models import ApiToken, User
+from service.lab.auth import revoke_token
+from tests.stack import Stack, wait_for
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 10}}
 CAP = 8
@@ -105,3 +112,41 @@ def test_another_members_stream_carries_no_log_lines_of_a_private_job(
             reader.join(10)
     assert [len(seen["alice"]), len(seen["bob"])] == [2, 1]
     assert all('"log"' not in data for data in seen["bob"])
+
+
+def test_an_open_stream_stops_serving_a_reader_whose_right_went(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], redis_client: redis.Redis, db: Database
+) -> None:
+    """The stream used to decide once, at its start: after alice made her job private and
+    the admin revoked bob's token, bob's open stream went on with her log lines to the end."""
+    url = stack.start_api(api_workers=1)
+    add_host("lab-a", 4)
+    alice, bob = make_token("alice"), make_token("bob")
+    owner = stack.client(alice)
+    job_id = owner.post("/api/jobs", json={**SPEC, "visibility": "lab"}).json()["id"]
+    channel = f"towerq:job:{job_id}"
+    with ExitStack() as held:
+        stream = open_stream(held, url, bob, f"/api/jobs/{job_id}/stream")
+        seen: list[str] = []
+        ended = threading.Event()
+
+        def read() -> None:
+            for data in stream.events():
+                seen.append(data)
+            ended.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        redis_client.publish(channel, '{"type": "log", "message": "shared while it was shared"}')
+        wait_for(lambda: seen, 10, "bob to read a shared line")
+        assert owner.patch(f"/api/jobs/{job_id}", json={"visibility": "private"}).status_code == 200
+        time.sleep(RECHECK_S + 1)  # the stream's next look at who may read it
+        redis_client.publish(channel, '{"type": "log", "message": "private now: patient=Jane Doe"}')
+        redis_client.publish(channel, '{"type": "metric", "step": 3}')
+        wait_for(lambda: len(seen) >= 2, 10, "the metric point")
+        assert all("Jane Doe" not in data for data in seen), seen
+
+        with db.write() as session:
+            token_id = session.scalars(select(ApiToken.id).join(User).where(User.name == "bob")).one()
+            revoke_token(session, token_id)
+        assert ended.wait(RECHECK_S + 5), "a revoked token's stream goes on"
+    owner.close()

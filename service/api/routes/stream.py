@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 import anyio
@@ -15,42 +16,78 @@ from service.api.deps import CallerDep, DatabaseDep
 from service.api.hub import END, StreamHub, StreamSlots
 from service.core import keys
 from service.core.db import Database
+from service.core.exceptions import AuthError, NotFoundError
 from service.jobs import privacy
 from service.jobs.read import get_job
-from service.lab.auth import Caller
+from service.lab.auth import Caller, caller_of_token
 
 router = APIRouter(tags=["stream"])
 
 KEEPALIVE_S = 15.0
+RECHECK_S = 3.0
+"""How often an open stream asks again whether its reader may read it (a revoked token, a
+job made private): a revoked reader reads at most this much longer."""
+MAX_LIFE_S = 3600.0
+"""A stream ends after this long; EventSource and the client reconnect, with their token
+checked afresh."""
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def relay(request: Request, channel: str, caller: Caller, hide_logs: bool = False) -> AsyncIterator[str]:
-    """Forward a Redis channel as SSE until the client goes away (or holds too many)."""
+Check = Callable[[], Awaitable[bool | None]]
+"""Asked every `RECHECK_S` while a stream is open: None ends it (its token or its job is
+gone), else whether its log lines are to be hidden now."""
+
+
+async def relay(request: Request, channel: str, caller: Caller, check: Check) -> AsyncIterator[str]:
+    """Forward a Redis channel as SSE until the client goes away (or holds too many), the
+    stream's `check` says it may no longer be read, or it has lived `MAX_LIFE_S`."""
     hub: StreamHub = request.app.state.hub
     slots: StreamSlots = request.app.state.stream_slots
+    hide_logs = await check()
+    if hide_logs is None:
+        raise AuthError("token revoked")
     slot = await slots.take(caller.token_id)
-    return _forward(request, hub, slots, channel, caller.token_id, slot, hide_logs)
+    return _forward(request, hub, slots, channel, caller.token_id, slot, check, hide_logs)
 
 
 async def _forward(
-    request: Request, hub: StreamHub, slots: StreamSlots, channel: str, token_id: int, slot: str, hide_logs: bool
+    request: Request,
+    hub: StreamHub,
+    slots: StreamSlots,
+    channel: str,
+    token_id: int,
+    slot: str,
+    check: Check,
+    hide_logs: bool,
 ) -> AsyncIterator[str]:
+    opened = last_check = last_sent = time.monotonic()
     try:
         async with hub.subscribe(channel) as queue:
             yield ": connected\n\n"
             while not hub.ending and not await request.is_disconnected():
+                now = time.monotonic()
+                if now - opened >= MAX_LIFE_S:
+                    return  # the client reconnects, and is asked for its token again
+                if now - last_check >= RECHECK_S:
+                    last_check = now
+                    still = await check()
+                    if still is None:
+                        return
+                    hide_logs = still
                 try:
-                    kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    kind, data = await asyncio.wait_for(queue.get(), RECHECK_S)
                 except TimeoutError:
-                    await slots.refresh(token_id, slot)
-                    yield ": keepalive\n\n"
+                    if time.monotonic() - last_sent >= KEEPALIVE_S:
+                        await slots.refresh(token_id, slot)
+                        last_sent = time.monotonic()
+                        yield ": keepalive\n\n"
                     continue
                 if (kind, data) == END:
                     return
                 if hide_logs and kind == "log":
                     continue
+                last_sent = time.monotonic()
                 yield f"event: {kind}\ndata: {data}\n\n"
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this; the slot still goes back
@@ -60,20 +97,40 @@ async def _forward(
 @router.get("/api/jobs/{job_id}/stream")
 async def job_stream(job_id: JobId, request: Request, db: DatabaseDep, caller: CallerDep) -> StreamingResponse:
     """SSE: `metric`, `eval`, `state`, `log` events of one job as they happen."""
-    # A session of its own, closed before streaming: a session from a dependency would be
+    # A session of its own per check, closed at once: a session from a dependency would be
     # held (a pooled connection, an open read snapshot) for as long as the page stays open.
-    hide_logs = not await run_in_threadpool(_sees_logs, db, job_id, caller)
-    events = await relay(request, keys.job_channel(job_id), caller, hide_logs)
+
+    async def check() -> bool | None:
+        return await run_in_threadpool(_hides_logs, db, job_id, caller.token_id)
+
+    events = await relay(request, keys.job_channel(job_id), caller, check)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _sees_logs(db: Database, job_id: int, caller: Caller) -> bool:
+def _hides_logs(db: Database, job_id: int, token_id: int) -> bool | None:
+    """Whether the holder of `token_id` must not see the job's log lines now; None when the
+    token is revoked or the job gone (the stream ends)."""
     with db.read() as session:
-        return privacy.may_read_outputs(get_job(session, job_id), caller)
+        now = caller_of_token(session, token_id)
+        if now is None:
+            return None
+        try:
+            return not privacy.may_read_outputs(get_job(session, job_id), now)
+        except NotFoundError:
+            return None
+
+
+def _token_live(db: Database, token_id: int) -> bool | None:
+    with db.read() as session:
+        return None if caller_of_token(session, token_id) is None else False
 
 
 @router.get("/api/stream")
-async def jobs_stream(request: Request, caller: CallerDep) -> StreamingResponse:
+async def jobs_stream(request: Request, db: DatabaseDep, caller: CallerDep) -> StreamingResponse:
     """SSE: `state` events of every job, for live lists."""
-    events = await relay(request, keys.JOBS_CHANNEL, caller)
+
+    async def check() -> bool | None:
+        return await run_in_threadpool(_token_live, db, caller.token_id)
+
+    events = await relay(request, keys.JOBS_CHANNEL, caller, check)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
