@@ -15,6 +15,7 @@ import redis
 from sqlalchemy.orm import Session
 
 from service.core import keys
+from service.core.sharing import error_category
 from towerq.contract.messages import AnyMessage, encode
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ class Publisher:
             for message in messages:
                 payload = encode(message)
                 pipe.publish(keys.job_channel(message.job_id), payload)
-                if message.type == "state":
-                    pipe.publish(keys.JOBS_CHANNEL, payload)
+                if message.type == "state":  # every member reads this one: no failed job's own words
+                    public = message.model_copy(update={"message": error_category(message.message)})
+                    pipe.publish(keys.JOBS_CHANNEL, encode(public) if message.state == "failed" else payload)
             if kick:
                 pipe.lpush(keys.SCHEDULER_KICK, 1)
                 pipe.ltrim(keys.SCHEDULER_KICK, 0, 0)

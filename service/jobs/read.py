@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, joinedload
 from service.core.exceptions import NotFoundError
 from service.core.models import Allocation, Gpu, Host, Job, Notification, User
 from service.core.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut, RankOut
+from service.core.sharing import LAB, error_category
 from service.lab.auth import Caller
 
 
@@ -104,7 +105,8 @@ Shown = TypeVar("Shown", JobOut, JobDetailOut)
 
 def as_seen_by(out: Shown, caller: Caller) -> Shown:
     """A job as `caller` may see it: its webhook URLs (a Slack hook URL is a secret) only
-    for its owner and admins."""
+    for its owner and admins, and its error's text (the trainer's words) only for those who
+    may read its outputs; others read a category (`sharing.error_category`)."""
     if caller.is_admin or out.user == caller.name:
         return out
     update: dict[str, Any] = {}
@@ -112,7 +114,23 @@ def as_seen_by(out: Shown, caller: Caller) -> Shown:
         update["spec"] = {**out.spec, "notify_url": HIDDEN_URL}
     if isinstance(out, JobDetailOut) and any(n.url for n in out.notifications):
         update["notifications"] = [n.model_copy(update={"url": n.url and HIDDEN_URL}) for n in out.notifications]
+    if out.spec.get("visibility") != LAB:
+        update |= private_error(out)
     return out.model_copy(update=update) if update else out
+
+
+def private_error(out: JobOut) -> dict[str, Any]:
+    """The fields of `out` that carry its error's text, as a member who may not read its
+    outputs sees them."""
+    update: dict[str, Any] = {}
+    if out.error:
+        update["error"] = error_category(out.error)
+        if out.reason == out.error:
+            update["reason"] = update["error"]
+    if isinstance(out, JobDetailOut):
+        hidden = [e.model_copy(update={"message": error_category(e.message)}) for e in out.events]
+        update["events"] = [h if e.state == "failed" else e for e, h in zip(out.events, hidden, strict=True)]
+    return update
 
 
 def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:

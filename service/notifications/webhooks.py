@@ -35,6 +35,7 @@ from service.core import joblog
 from service.core.context import Context
 from service.core.models import Job, LogLine, Notification, NotificationState, utcnow
 from service.core.schemas import LatestMetrics
+from service.core.sharing import LAB, error_category
 from service.notifications import outbound
 from towerq.contract.paths import job_log
 
@@ -54,8 +55,17 @@ POLL_S = 1.0
 BATCH = 20
 
 
-def payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
+def slack_text(text: str) -> str:
+    """`text` as plain words in a Slack (or Mattermost) message: `&`, `<` and `>` escaped, so a
+    job's name or error cannot mention `<!channel>` or make a link of its own."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) -> dict[str, Any]:
+    """The body of a job's webhook. `lab_wide` (the lab's TOWERQ_WEBHOOK_URL, which every
+    member reads): a private job's error is said as a category, not in its own words."""
     link = f"{public_url.rstrip('/')}/#/jobs/{job.id}"
+    error = error_category(job.error) if lab_wide and job.spec.get("visibility") != LAB else job.error
     latest = LatestMetrics.model_validate(job).model_dump()
     final = {k: v for k, v in latest.items() if v is not None}
     summary = ", ".join(
@@ -63,8 +73,8 @@ def payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
         for k, v in final.items()
         if k in ("eval_accuracy", "eval_loss", "accuracy", "loss")
     )
-    reason = f" ({job.error})" if job.error else ""
-    text = f"towerq: job {job.id} {job.name!r} of {job.user.name} {job.state}{reason}"
+    reason = f" ({error})" if error else ""
+    text = slack_text(f"towerq: job {job.id} {job.name!r} of {job.user.name} {job.state}{reason}")
     text += f" — {summary}" if summary else ""
     return {
         "event": "job.finished",
@@ -74,7 +84,7 @@ def payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
             "name": job.name,
             "user": job.user.name,
             "state": job.state,
-            "reason": job.error,
+            "reason": error,
             "attempts": job.attempts,
             "final": final,
             "sweep_id": job.sweep_id,
@@ -154,7 +164,8 @@ class Deliverer:
             job = session.get(Job, notification.job_id)
             assert job is not None
             url = notification.url or settings.webhook_url
-            body = b"" if not url else json.dumps(payload(job, notification.id, _public(settings))).encode()
+            said = payload(job, notification.id, _public(settings), lab_wide=notification.url is None)
+            body = json.dumps(said).encode() if url else b""
         if not url:  # no lab webhook configured: nothing is owed
             with self.ctx.db.write() as session:
                 session.execute(delete(Notification).where(Notification.id == notification_id))

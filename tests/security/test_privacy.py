@@ -5,16 +5,24 @@ artifacts and code are the owner's (and admins') unless the job says `visibility
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
+import redis
 
+from service.api.routes.stream import _without_error_text
+from service.core import keys
 from service.core.db import Database
-from service.core.models import LogLine
+from service.core.lifecycle import record_state
+from service.core.models import Job, JobState, LogLine, utcnow
+from service.core.publish import Publisher
 from service.core.settings import Settings
+from service.notifications.webhooks import payload
 from tests.service.api.conftest import Api
 from tests.stack import Stack
+from towerq.contract.messages import StateMessage, encode
 from towerq.contract.paths import job_folder, job_log
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
@@ -129,3 +137,58 @@ def test_the_job_page_says_whose_outputs_are_private_instead_of_showing_them(
     mine.goto(f"{url}/#/jobs/{job_id}")
     mine.locator("#code a.mono:has-text('net.py')").wait_for()
     assert mine.locator(".private-note").count() == 0
+
+
+PRIVATE_ERROR = "ValueError: reading private dataset row: patient=Jane Doe <!channel>"
+
+
+def test_a_private_jobs_error_is_a_category_to_other_members(
+    as_user: Callable[..., Api], alices_job: int, db: Database
+) -> None:
+    """A private job's `error` (the trainer's own words) was shown to every member: bob read
+    "reading private dataset row: patient=Jane Doe…" where its log gave him 403."""
+    with db.write() as session:
+        job = session.get(Job, alices_job)
+        assert job is not None
+        job.error = PRIVATE_ERROR
+        record_state(session, job, JobState.FAILED, PRIVATE_ERROR)
+    bob, alice = as_user("bob"), as_user("alice")
+    listed = bob.get("/api/jobs").json()["items"][0]
+    shown = bob.get(f"/api/jobs/{alices_job}").json()
+    for seen in (listed["error"], listed["reason"], shown["error"], shown["reason"], shown["events"][-1]["message"]):
+        assert seen == "failed: trainer error (the details are its owner's)", seen
+    assert "Jane Doe" not in bob.get(f"/api/jobs/{alices_job}").text
+    assert alice.get(f"/api/jobs/{alices_job}").json()["error"] == PRIVATE_ERROR
+    assert as_user("root", admin=True).get("/api/jobs").json()["items"][0]["error"] == PRIVATE_ERROR
+    alice.patch(f"/api/jobs/{alices_job}", json={"visibility": "lab"})
+    assert bob.get(f"/api/jobs/{alices_job}").json()["error"] == PRIVATE_ERROR  # shared: its words too
+
+
+def test_the_lab_webhook_says_a_private_jobs_error_as_a_category_and_escaped(
+    as_user: Callable[..., Api], alices_job: int, db: Database
+) -> None:
+    with db.write() as session:
+        job = session.get(Job, alices_job)
+        assert job is not None
+        job.error, job.name = PRIVATE_ERROR, "<!here> run"
+        lab, own = payload(job, 1, "http://lab", lab_wide=True), payload(job, 1, "http://lab")
+        encoded = encode(StateMessage(job_id=job.id, state="failed", attempt=1, message=PRIVATE_ERROR, time=utcnow()))
+    assert "Jane Doe" not in json.dumps(lab) and lab["job"]["reason"].startswith("failed: trainer error")
+    assert own["job"]["reason"] == PRIVATE_ERROR  # the job's own notify_url: its owner's
+    assert "<!" not in lab["text"] and "<!" not in own["text"].rpartition(" <http")[0]
+    assert "&lt;!here&gt;" in own["text"]
+    assert "Jane Doe" not in _without_error_text(encoded)
+
+
+def test_the_lab_wide_state_channel_carries_a_failed_jobs_category_only(redis_client: redis.Redis) -> None:
+    """Every member's `/api/stream` reads it; the job's own channel keeps the words (its
+    stream hides them from those who may not read its outputs)."""
+    listener = redis_client.pubsub()
+    listener.subscribe(keys.JOBS_CHANNEL, keys.job_channel(7))
+    assert listener.get_message(timeout=2) and listener.get_message(timeout=2)  # both subscribed
+    failed = StateMessage(job_id=7, state="failed", attempt=1, message=PRIVATE_ERROR, time=utcnow())
+    Publisher(redis_client).publish([failed], kick=False)
+    got = {m["channel"].decode(): m["data"].decode() for m in (listener.get_message(timeout=2) for _ in range(2)) if m}
+    listener.close()
+    assert "Jane Doe" not in got[keys.JOBS_CHANNEL] and "trainer error" in got[keys.JOBS_CHANNEL]
+    assert "Jane Doe" in got[keys.job_channel(7)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
@@ -17,6 +18,7 @@ from service.api.hub import END, StreamHub, StreamSlots
 from service.core import keys
 from service.core.db import Database
 from service.core.exceptions import AuthError, NotFoundError
+from service.core.sharing import error_category
 from service.jobs import privacy
 from service.jobs.read import get_job
 from service.lab.auth import Caller, caller_of_token
@@ -87,11 +89,25 @@ async def _forward(
                     return
                 if hide_logs and kind == "log":
                     continue
+                if hide_logs and kind == "state":
+                    data = _without_error_text(data)
                 last_sent = time.monotonic()
                 yield f"event: {kind}\ndata: {data}\n\n"
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this; the slot still goes back
             await slots.give_back(token_id, slot)
+
+
+def _without_error_text(data: str) -> str:
+    """A `state` event as a member who may not read the job's outputs sees it: a failed
+    job's message (its error, the trainer's words) as a category."""
+    try:
+        event = json.loads(data)
+    except json.JSONDecodeError:
+        return data
+    if not isinstance(event, dict) or event.get("state") != "failed":
+        return data
+    return json.dumps({**event, "message": error_category(event.get("message"))})
 
 
 @router.get("/api/jobs/{job_id}/stream")
