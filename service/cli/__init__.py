@@ -16,7 +16,7 @@ from service.cli import admin, server
 from service.cli.redis_server import RedisUnavailableError
 from service.core.db import SchemaError
 from service.core.settings import Settings, redacted
-from towerq.cli import commands, session
+from towerq.cli import commands, plain, session
 from towerq.client import AuthError, TowerqError, UnreachableError
 
 
@@ -40,6 +40,7 @@ any command a SIGPIPE ends."""
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    plain.install()  # no terminal escapes from what members and trainers wrote
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )

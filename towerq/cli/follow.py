@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from towerq.cli.plain import rewrite_line
 from towerq.client import Client
 
 EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 3}
@@ -73,7 +74,7 @@ class ProgressLine:
         now = time.monotonic()
         if self.live:
             width = shutil.get_terminal_size((120, 20)).columns
-            print(f"\r{self.text()[: width - 1]}\x1b[K", end="", flush=True)
+            rewrite_line(self.text()[: width - 1])
         elif force or now - self.printed >= PLAIN_EVERY_S:
             self.printed = now
             print(self.text(), flush=True)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from towerq.cli import views
+from towerq.cli.plain import rewrite_line
 from towerq.cli.session import Api, UsageError, print_json, read_spec
 
 
@@ -32,7 +33,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         sweep = client.sweep_status(sweep["id"])
         line = views.sweep_line(sweep)
         if live:
-            print(f"\r{line}\x1b[K", end="", flush=True)
+            rewrite_line(line)
         elif line != shown:
             print(line, flush=True)
         shown = line

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from towerq.cli.plain import rewrite_line
 from towerq.client import AuthError, Client
 from towerq.contract.spec import set_dotted
 
@@ -74,16 +75,20 @@ class Progress:
         self.received += count
         if self.live and time.monotonic() - self.drawn >= 0.1:
             self.drawn = time.monotonic()
-            print(f"\r{self._line()}", end="", file=sys.stderr, flush=True)
+            rewrite_line(self._line(), sys.stderr)
 
     def done(self) -> None:
-        print(("\r" if self.live else "") + self._line(), file=sys.stderr, flush=True)
+        if self.live:
+            rewrite_line(self._line(), sys.stderr)
+            print(file=sys.stderr, flush=True)
+        else:
+            print(self._line(), file=sys.stderr, flush=True)
 
     def _line(self) -> str:
         rate = self.received / max(time.monotonic() - self.started, 1e-6)
         size = human_bytes(self.received) + (f" / {human_bytes(self.total)}" if self.total else "")
         share = f"  {100 * self.received / self.total:3.0f}%" if self.total else ""
-        return f"{self.name}  {size}{share}  {human_bytes(rate)}/s\x1b[K" if self.live else f"{self.name}  {size}"
+        return f"{self.name}  {size}{share}  {human_bytes(rate)}/s" if self.live else f"{self.name}  {size}"
 
 
 def human_bytes(count: float) -> str:
