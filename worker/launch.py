@@ -173,13 +173,24 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
 
 TRAINER_ENV_ALLOWED = (
     # the basics of a process
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TERM",
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES",
     "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "VIRTUAL_ENV",
-    # GPUs, TensorFlow and the maths libraries under it
-    "CUDA_*", "NVIDIA_*", "NCCL_*", "TF_*", "XLA_FLAGS", "LD_LIBRARY_PATH",
-    "OMP_*", "KMP_*", "MKL_*", "OPENBLAS_*",
+    # GPUs and the CUDA runtime
+    "CUDA_HOME", "CUDA_PATH", "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_DISABLE",
+    "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
+    "LD_LIBRARY_PATH",
+    # TensorFlow and XLA
+    "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR",
+    "TF_ENABLE_ONEDNN_OPTS", "TF_XLA_FLAGS", "TF_DETERMINISTIC_OPS", "TF_NUM_INTEROP_THREADS",
+    "TF_NUM_INTRAOP_THREADS", "XLA_FLAGS",
+    # the maths libraries under them
+    "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "KMP_BLOCKTIME",
+    "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
 )  # fmt: skip
-"""What a trainer inherits of the worker's environment: an allow-list, since the trainer
+"""What a trainer inherits of the worker's environment: an allow-list of names (not
+prefixes: `TF_*` also let Terraform's `TF_VAR_database_url` through), since the trainer
 runs user code and the worker's environment holds the database URL, the Redis password and
 whatever else its host put there. `TOWERQ_TRAINER_ENV_PASS` adds names."""
 NEVER_PASSED = ("TOWERQ_*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY", "*_KEY_*")
