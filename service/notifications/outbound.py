@@ -39,9 +39,32 @@ def allow_list(setting: str) -> tuple[set[str], list[Network]]:
     return hosts, networks
 
 
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def embedded(address: Address) -> list[Address]:
+    """`address` and every IPv4 address an IPv6 one carries and that a host may reach it
+    by: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::/96`,
+    its local-use `64:ff9b:1::/48`), 6to4 (`2002::/16`) and Teredo (`2001::/32`, its server and
+    client)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return [address]
+    found: list[Address] = [address]
+    low32 = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if address in IPV4_COMPATIBLE and int(address) > 1 or any(address in network for network in NAT64):
+        found.append(low32)
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found += list(address.teredo)
+    return found
+
+
 def _public(address: Address) -> bool:
-    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
-    return (mapped or address).is_global and not (mapped or address).is_multicast
+    return all(a.is_global and not a.is_multicast for a in embedded(address))
 
 
 def _allowed(address: Address, host: str, setting: str) -> bool:

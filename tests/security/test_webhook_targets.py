@@ -16,6 +16,7 @@ import pytest
 
 from service.core.context import Context
 from service.core.settings import Settings
+from service.notifications import outbound
 from service.notifications.webhooks import Deliverer
 from tests.conftest import free_port
 from tests.service.api.conftest import Api
@@ -71,7 +72,10 @@ def listener() -> Iterator[Callable[[str], Listener]]:
 @pytest.mark.parametrize(
     "url",
     ["http://127.0.0.1:6379/", "http://169.254.169.254/latest/meta-data/", "http://10.1.2.3/", "http://[::1]:8000/",
-     "http://[::ffff:127.0.0.1]/", "http://0.0.0.0:5432/"],
+     "http://[::ffff:127.0.0.1]/", "http://0.0.0.0:5432/",
+     # IPv6 forms that carry a private IPv4 address: IPv4-compatible, NAT64, 6to4, NAT64 local-use
+     "http://[::127.0.0.1]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::]/",
+     "http://[2002:7f00:1::1]:6379/", "http://[64:ff9b:1::a00:1]/"],
 )  # fmt: skip
 def test_a_private_address_is_refused_at_submit(alice: Api, url: str) -> None:
     refused = alice.post("/api/jobs", json={**SPEC, "notify_url": url})
@@ -137,3 +141,8 @@ def test_a_webhook_url_is_shown_only_to_its_owner_and_admins(
     assert hook not in bob.get(f"/api/jobs/{job_id}").text
     assert hook not in bob.get("/api/jobs").text
     assert bob.get(f"/api/jobs/{job_id}").json()["spec"]["notify_url"].startswith("(hidden")
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::6810:85e5", "64:ff9b::808:808", "2002:808:808::1"])
+def test_a_public_address_and_its_ipv6_forms_stay_allowed(address: str) -> None:
+    assert outbound.check_url(f"http://[{address}]/" if ":" in address else f"http://{address}/", "") is None
