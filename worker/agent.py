@@ -29,11 +29,11 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
-from worker import cgroups, sandbox
+from worker import cgroups
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
-from worker.launch import read_launch, trainer_user
+from worker.launch import read_launch, sandboxed_here
 from worker.outcome import Stop
 from worker.pool import TrainerPool
 from worker.processes import is_trainer, kill_group, pid_alive
@@ -81,7 +81,7 @@ class HostAgent:
         self.ctx = ctx
         self.name = name
         self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
-        self.sandboxed = sandbox.resolve(ctx.settings.sandbox, trainer_user(ctx.settings))
+        self.sandboxed = sandboxed_here(ctx.settings)
         self.pool = TrainerPool(ctx.settings, name, ctx.settings.trainer_pool, self.sandboxed, self.inventory.simulated)
         self.runners: dict[tuple[int, int], JobRunner] = {}
         self.lock = threading.Lock()

@@ -220,6 +220,31 @@ def trainer_user(settings: Settings) -> sandbox.Identity | None:
     return sandbox.trainer_identity(settings.trainer_uid, settings.trainer_gid)
 
 
+def sandboxed_here(settings: Settings) -> bool:
+    """Whether this host's trainers run in the sandbox (`sandbox.resolve`); SandboxError when
+    they should and cannot, or when a folder every trainer is shown (`TOWERQ_MODELS_PATH`,
+    `TOWERQ_DATA_DIR`) holds towerq's own state: every trainer would read it."""
+    sandboxed = sandbox.resolve(settings.sandbox, trainer_user(settings))
+    if sandboxed:
+        check_shared_folders(settings)
+    return sandboxed
+
+
+def check_shared_folders(settings: Settings) -> None:
+    """SandboxError when the models path or the data folder is, or holds, one of towerq's
+    own folders (its var folder, artifacts, code bundles, database); the data folder's
+    `users/` is its own and hidden in every sandbox."""
+    uploads = (settings.data_dir / "users").resolve()
+    for setting, shared in (("TOWERQ_MODELS_PATH", settings.models_path), ("TOWERQ_DATA_DIR", settings.data_dir)):
+        folder = shared.resolve()
+        for held in (path.resolve() for path in protected_paths(settings)):
+            if held != uploads and (held == folder or folder in held.parents):
+                raise sandbox.SandboxError(
+                    f"{setting} is {folder}, which holds {held} (towerq's own files): every trainer is shown it "
+                    "whole. Point it at a folder of its own"
+                )
+
+
 def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandboxed: bool) -> list[str]:
     """`python -m worker.trainer SPEC.json`, inside bubblewrap when `sandboxed` (its job
     folder then handed to the trainer's user)."""

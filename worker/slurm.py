@@ -31,7 +31,7 @@ from service.core.models import JobState
 from service.core.settings import Settings
 from worker import sandbox
 from worker.inventory import Inventory, NvmlInventory, SimulatedInventory, open_nvml
-from worker.launch import Launch, job_inputs, trainer_user
+from worker.launch import Launch, job_inputs, sandboxed_here
 from worker.outcome import Stop
 from worker.runner import JobRunner
 
@@ -106,7 +106,7 @@ def run(job_id: int, attempt: int) -> int:
     try:
         try:
             indices = slurm_gpus(dict(os.environ))
-            sandboxed = sandbox.resolve(settings.sandbox, trainer_user(settings))
+            sandboxed = sandboxed_here(settings)
         except (ValueError, sandbox.SandboxError) as err:
             refuse(ctx, job_id, attempt, f"node {node} cannot run it: {err}")
             return 1

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from service.core.settings import Settings
 from worker import sandbox
+from worker.launch import check_shared_folders
 
 NOBODY = (65534, 65534)
 
@@ -134,3 +135,21 @@ def test_a_root_worker_never_runs_a_trainer_as_root() -> None:
     with pytest.raises(ValidationError, match="trainer_uid"):
         Settings(trainer_uid=0)
     assert sandbox.trainer_identity(*NOBODY) == (NOBODY if os.geteuid() == 0 else None)
+
+
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [("models_path", "."), ("models_path", "var"), ("data_dir", "var"), ("data_dir", "var/artifacts/..")],
+)
+def test_a_shared_folder_that_holds_towerqs_state_stops_the_worker(tmp_path: Path, setting: str, where: str) -> None:
+    """`TOWERQ_MODELS_PATH` and `TOWERQ_DATA_DIR` are shown whole to every trainer: pointed at
+    a folder that holds `var/` (the admin token, the database) they showed it to everyone."""
+    var = tmp_path / "var"
+    for folder in ("var/artifacts", "var/code", "var/data/users", "models"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    fine = Settings(var_dir=var, artifacts_dir=var / "artifacts", code_dir=var / "code", data_dir=var / "data",
+                    models_path=tmp_path / "models", database_url=f"sqlite:///{var}/towerq.db")  # fmt: skip
+    check_shared_folders(fine)  # the layout `towerq up` makes
+    risky = fine.model_copy(update={setting: tmp_path / where})
+    with pytest.raises(sandbox.SandboxError, match=r"TOWERQ_(MODELS_PATH|DATA_DIR) is .* \(towerq's own files\)"):
+        check_shared_folders(risky)
