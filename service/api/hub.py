@@ -130,36 +130,49 @@ def _text(value: bytes | str) -> str:
 
 
 class StreamSlots:
-    """How many streams each token holds, across every API process."""
+    """How many streams each token, and each member, holds, across every API process."""
 
-    def __init__(self, client: aioredis.Redis, limit: int) -> None:
+    def __init__(self, client: aioredis.Redis, limit: int, member_limit: int) -> None:
         self.client = client
         self.limit = limit
+        self.member_limit = member_limit
 
-    async def take(self, token_id: int) -> str:
-        """A slot for a new stream of this token; TooManyError when it holds `limit` already."""
-        key = keys.stream_slots(token_id)
+    async def take(self, token_id: int, user_id: int) -> str:
+        """A slot for a new stream of this token; TooManyError when it holds `limit` already,
+        or its member `member_limit` over all their tokens."""
+        owners = (keys.stream_slots(token_id), keys.member_stream_slots(user_id))
         slot = secrets.token_hex(8)
         now = time.time()
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.zremrangebyscore(key, 0, now - STREAM_SLOT_TTL_S)
-            pipe.zadd(key, {slot: now})
-            pipe.zcard(key)
-            pipe.expire(key, int(STREAM_SLOT_TTL_S) * 2)
-            held = (await pipe.execute())[2]
-        if held > self.limit:
-            await self.client.zrem(key, slot)
+            for key in owners:
+                pipe.zremrangebyscore(key, 0, now - STREAM_SLOT_TTL_S)
+                pipe.zadd(key, {slot: now})
+                pipe.zcard(key)
+                pipe.expire(key, int(STREAM_SLOT_TTL_S) * 2)
+            answers = await pipe.execute()
+        held, member_held = answers[2], answers[6]
+        if held > self.limit or member_held > self.member_limit:
+            for key in owners:
+                await self.client.zrem(key, slot)
+            if held > self.limit:
+                raise TooManyError(
+                    f"this token has {self.limit} live streams open already (TOWERQ_MAX_STREAMS_PER_TOKEN): "
+                    "close a page or two, or wait a minute for closed ones to be counted out"
+                )
             raise TooManyError(
-                f"this token has {self.limit} live streams open already (TOWERQ_MAX_STREAMS_PER_TOKEN): "
-                "close a page or two, or wait a minute for closed ones to be counted out"
+                f"you have {self.member_limit} live streams open already over all your tokens "
+                "(TOWERQ_MAX_STREAMS_PER_MEMBER): close a page or two, or wait a minute for closed ones "
+                "to be counted out"
             )
         return slot
 
-    async def refresh(self, token_id: int, slot: str) -> None:
-        key = keys.stream_slots(token_id)
-        await self.client.zadd(key, {slot: time.time()}, xx=True)
-        await self.client.expire(key, int(STREAM_SLOT_TTL_S) * 2)
+    async def refresh(self, token_id: int, user_id: int, slot: str) -> None:
+        now = time.time()
+        for key in (keys.stream_slots(token_id), keys.member_stream_slots(user_id)):
+            await self.client.zadd(key, {slot: now}, xx=True)
+            await self.client.expire(key, int(STREAM_SLOT_TTL_S) * 2)
 
-    async def give_back(self, token_id: int, slot: str) -> None:
+    async def give_back(self, token_id: int, user_id: int, slot: str) -> None:
         with contextlib.suppress(Exception):  # Redis gone: the slot ages out
             await self.client.zrem(keys.stream_slots(token_id), slot)
+            await self.client.zrem(keys.member_stream_slots(user_id), slot)

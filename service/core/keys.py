@@ -36,6 +36,11 @@ def stream_slots(token_id: int) -> str:
     return f"{PREFIX}streams:{token_id}"
 
 
+def member_stream_slots(user_id: int) -> str:
+    """The same for one member, all their tokens together."""
+    return f"{PREFIX}member-streams:{user_id}"
+
+
 def refused_count(host: str) -> str:
     """A counter of the messages a host's worker found on its queue and refused to run."""
     return f"{PREFIX}refused:{host}"

@@ -194,6 +194,12 @@ class Settings(BaseSettings):
     max_streams_per_token: int = Field(default=50, ge=1)
     """Live streams (open job pages, `towerq logs -f`, lists) one token may hold at once,
     across every API process; they share one Redis subscription per process."""
+    max_streams_per_member: int = Field(default=100, ge=1)
+    """Live streams one member may hold at once, all their tokens together (a member mints
+    tokens at will: a cap per token alone is no cap)."""
+    max_tokens_per_member: int = Field(default=20, ge=1)
+    """Live (not revoked) API tokens one member may hold; past it a new one is refused (429)
+    until they revoke one (`towerq tokens revoke ID`)."""
     token: str | None = None
     max_request_bytes: int = 1_000_000
 

@@ -12,7 +12,7 @@ from sqlalchemy import Row, Select, func, select, text, update
 from sqlalchemy.orm import Session
 
 from service.core.db import Database
-from service.core.exceptions import AuthError, ForbiddenError, NotFoundError
+from service.core.exceptions import AuthError, ForbiddenError, NotFoundError, TooManyError
 from service.core.models import ApiToken, User, utcnow
 from towerq.contract.spec import Priority
 
@@ -79,6 +79,20 @@ def create_token(session: Session, user_name: str, admin: bool = False, label: s
     session.add(row)
     session.flush()
     return row, secret
+
+
+def check_token_count(session: Session, user_name: str, limit: int) -> None:
+    """TooManyError when `user_name` holds `limit` live tokens already."""
+    held = session.scalar(
+        select(func.count(ApiToken.id))
+        .join(User, ApiToken.user_id == User.id)
+        .where(User.name == user_name, ApiToken.revoked_at.is_(None))
+    )
+    if (held or 0) >= limit:
+        raise TooManyError(
+            f"{user_name} holds {limit} live tokens already (TOWERQ_MAX_TOKENS_PER_MEMBER): "
+            "revoke one first (towerq tokens revoke ID, or DELETE /api/tokens/ID)"
+        )
 
 
 def revoke_token(session: Session, token_id: int) -> ApiToken:

@@ -192,3 +192,14 @@ def test_the_lab_wide_state_channel_carries_a_failed_jobs_category_only(redis_cl
     listener.close()
     assert "Jane Doe" not in got[keys.JOBS_CHANNEL] and "trainer error" in got[keys.JOBS_CHANNEL]
     assert "Jane Doe" in got[keys.job_channel(7)]
+
+
+def test_a_member_mints_a_capped_number_of_live_tokens(
+    as_user: Callable[..., Api], settings: Settings, db: Database
+) -> None:
+    bob = as_user("bob")  # one live token already
+    made = [bob.post("/api/users/bob/tokens", json={"name": f"t{i}"}) for i in range(settings.max_tokens_per_member)]
+    assert [r.status_code for r in made[:-1]] == [201] * (settings.max_tokens_per_member - 1)
+    assert made[-1].status_code == 429 and "TOWERQ_MAX_TOKENS_PER_MEMBER" in made[-1].json()["detail"]
+    assert bob.delete(f"/api/tokens/{made[0].json()['id']}").status_code == 200
+    assert bob.post("/api/users/bob/tokens", json={"name": "after a revoke"}).status_code == 201

@@ -150,3 +150,21 @@ def test_an_open_stream_stops_serving_a_reader_whose_right_went(
             revoke_token(session, token_id)
         assert ended.wait(RECHECK_S + 5), "a revoked token's stream goes on"
     owner.close()
+
+
+def test_a_member_holds_a_capped_number_of_streams_over_all_their_tokens(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None]
+) -> None:
+    """Three tokens minted by one member were three times the per-token cap: no cap."""
+    url = stack.start_api(api_workers=1, max_streams_per_token=CAP, max_streams_per_member=CAP + 2)
+    add_host("lab-a", 4)
+    first, second = make_token("alice"), make_token("alice")
+    with ExitStack() as held:
+        kept = [open_stream(held, url, first, "/api/stream") for _ in range(CAP)]
+        kept += [open_stream(held, url, second, "/api/stream") for _ in range(2)]
+        assert [stream.status_code for stream in kept] == [200] * (CAP + 2)
+        refused = open_stream(held, url, second, "/api/stream")
+        assert refused.status_code == 429
+        refused.response.read()
+        assert "TOWERQ_MAX_STREAMS_PER_MEMBER" in refused.response.json()["detail"]
+        assert open_stream(held, url, make_token("bob"), "/api/stream").status_code == 200

@@ -49,8 +49,8 @@ async def relay(request: Request, channel: str, caller: Caller, check: Check) ->
     hide_logs = await check()
     if hide_logs is None:
         raise AuthError("token revoked")
-    slot = await slots.take(caller.token_id)
-    return _forward(request, hub, slots, channel, caller.token_id, slot, check, hide_logs)
+    slot = await slots.take(caller.token_id, caller.user_id)
+    return _forward(request, hub, slots, channel, caller, slot, check, hide_logs)
 
 
 async def _forward(
@@ -58,7 +58,7 @@ async def _forward(
     hub: StreamHub,
     slots: StreamSlots,
     channel: str,
-    token_id: int,
+    caller: Caller,
     slot: str,
     check: Check,
     hide_logs: bool,
@@ -81,7 +81,7 @@ async def _forward(
                     kind, data = await asyncio.wait_for(queue.get(), RECHECK_S)
                 except TimeoutError:
                     if time.monotonic() - last_sent >= KEEPALIVE_S:
-                        await slots.refresh(token_id, slot)
+                        await slots.refresh(caller.token_id, caller.user_id, slot)
                         last_sent = time.monotonic()
                         yield ": keepalive\n\n"
                     continue
@@ -95,7 +95,7 @@ async def _forward(
                 yield f"event: {kind}\ndata: {data}\n\n"
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this; the slot still goes back
-            await slots.give_back(token_id, slot)
+            await slots.give_back(caller.token_id, caller.user_id, slot)
 
 
 def _without_error_text(data: str) -> str:

@@ -11,11 +11,11 @@ from pydantic import AliasPath, BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import joinedload, selectinload
 
-from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
+from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep, SettingsDep
 from service.core.exceptions import ForbiddenError, NotFoundError
 from service.core.models import ApiToken, User
 from service.core.schemas import Out
-from service.lab.auth import USER_NAME_PATTERN, TokenChecker, create_token, revoke_token
+from service.lab.auth import USER_NAME_PATTERN, TokenChecker, check_token_count, create_token, revoke_token
 from towerq.contract.spec import Priority
 
 router = APIRouter(prefix="/api", tags=["users"])
@@ -96,7 +96,9 @@ def change_user(name: UserName, change: UserChange, db: DatabaseDep, admin: Admi
 
 
 @router.post("/users/{name}/tokens", status_code=201, response_model=NewToken)
-def new_token(name: UserName, body: TokenRequest, db: DatabaseDep, caller: CallerDep) -> NewToken:
+def new_token(
+    name: UserName, body: TokenRequest, db: DatabaseDep, caller: CallerDep, settings: SettingsDep
+) -> NewToken:
     """A new token for a user (created if needed): admins for anyone, users for themselves.
     The secret is in this answer only."""
     if name != caller.name and not caller.is_admin:
@@ -104,6 +106,7 @@ def new_token(name: UserName, body: TokenRequest, db: DatabaseDep, caller: Calle
     if body.admin and not caller.is_admin:
         raise ForbiddenError("only admins create admin tokens")
     with db.write() as session:
+        check_token_count(session, name, settings.max_tokens_per_member)
         row, secret = create_token(session, name, admin=body.admin, label=body.name)
         return NewToken(**TokenOut.model_validate(row).model_dump(), token=secret)
 
