@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -103,6 +104,9 @@ class User(Base):
     share: Mapped[float] = mapped_column(Float, default=1.0)
     max_priority: Mapped[str | None] = mapped_column(String(8), default=None)
     """The highest priority this user may ask for; None: normal (admins: always high)."""
+    may_use_network: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether their jobs may ask for the network (`network: true`): an admin's grant
+    (admins always may). Such a job reaches what its host reaches."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
 
 from service.core.context import connect_redis
 from service.core.db import Database
@@ -94,7 +95,26 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
         raise SpecError("code", f"bundle {spec.code[:12]}… is not one you uploaded: upload it yourself (same id)")
     if spec.notify_url:
         outbound.check_url(spec.notify_url, settings.webhook_allow)
+    if spec.network:
+        check_network(caller, settings)
     return host
+
+
+def check_network(caller: Caller, settings: Settings) -> None:
+    """A job that asks for the network reaches what its host reaches: only with an admin's
+    grant, and only where Redis and the database ask for a password."""
+    if not caller.may_use_network:
+        raise SpecError(
+            "network",
+            f"{caller.name} may not give jobs the network: it is an admin's grant "
+            f'(PATCH /api/users/{caller.name} {{"may_use_network": true}})',
+        )
+    for setting, url in (("TOWERQ_REDIS_URL", settings.redis_url), ("TOWERQ_DATABASE_URL", settings.database_url)):
+        if not url.startswith("sqlite") and not make_url(url).password:
+            raise SpecError(
+                "network",
+                f"{setting} has no password: a job with the network would reach it. An admin must give it one first",
+            )
 
 
 def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings, key: str | None) -> dict[str, Any]:

@@ -31,6 +31,8 @@ class Caller:
     token_id: int
     max_priority: Priority = Priority.NORMAL
     """The highest priority this caller may give a job (admins: high)."""
+    may_use_network: bool = False
+    """Whether their jobs may ask for the network (an admin's grant; admins: always)."""
 
     def may_change(self, owner_id: int) -> bool:
         """Whether the caller may change or stop what `owner_id` owns: its owner, or an admin."""
@@ -104,15 +106,22 @@ def revoke_token(session: Session, token_id: int) -> ApiToken:
     return row
 
 
-def _caller_query() -> Select[int, datetime | None, int, str, bool, str | None]:
-    return select(ApiToken.id, ApiToken.revoked_at, User.id, User.name, User.is_admin, User.max_priority).join(
-        User, ApiToken.user_id == User.id
-    )
+CallerColumns = Select[int, datetime | None, int, str, bool, str | None, bool]
 
 
-def _caller(row: Row[int, datetime | None, int, str, bool, str | None]) -> Caller:
-    allowed = Priority.HIGH if row[4] else Priority(row[5] or Priority.NORMAL)
-    return Caller(user_id=row[2], name=row[3], is_admin=row[4], token_id=row[0], max_priority=allowed)
+def _caller_query() -> CallerColumns:
+    return select(
+        ApiToken.id, ApiToken.revoked_at, User.id, User.name, User.is_admin, User.max_priority, User.may_use_network
+    ).join(User, ApiToken.user_id == User.id)
+
+
+def _caller(row: Row[int, datetime | None, int, str, bool, str | None, bool]) -> Caller:
+    admin = row[4]
+    allowed = Priority.HIGH if admin else Priority(row[5] or Priority.NORMAL)
+    return Caller(
+        user_id=row[2], name=row[3], is_admin=admin, token_id=row[0], max_priority=allowed,
+        may_use_network=admin or row[6],
+    )  # fmt: skip
 
 
 def caller_of_token(session: Session, token_id: int) -> Caller | None:

@@ -320,7 +320,10 @@ class JobSpec(TrainSpec):
     )
     network: bool = Field(
         default=False,
-        description="in the sandbox, reach the network (a model downloading weights); default: loopback only",
+        description=(
+            "in the sandbox, reach the network (a model downloading weights); an admin's grant per member, "
+            "and only where Redis and the database ask for passwords; default: loopback only"
+        ),
     )
     code: str | None = Field(
         default=None,

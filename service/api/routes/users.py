@@ -32,6 +32,7 @@ class UserOut(Out):
     max_priority: Priority = Field(
         validation_alias="allowed_priority", description="the highest priority the user may give a job"
     )
+    may_use_network: bool = Field(description="its jobs may ask for the network (admins: always)")
     tokens: int = Field(validation_alias="active_tokens", description="tokens not revoked")
     created_at: datetime
 
@@ -43,6 +44,9 @@ class UserChange(BaseModel):
     share: float | None = Field(default=None, gt=0, le=1_000_000)
     is_admin: bool | None = None
     max_priority: Priority | None = Field(default=None, description="high lets the user jump the queue")
+    may_use_network: bool | None = Field(
+        default=None, description="let their jobs ask for the network (`network: true`: reaches what the host reaches)"
+    )
 
 
 class TokenRequest(BaseModel):
@@ -74,7 +78,7 @@ def users(session: SessionDep, _: AdminDep) -> Sequence[User]:
 
 @router.patch("/users/{name}", response_model=UserOut)
 def change_user(name: UserName, change: UserChange, db: DatabaseDep, admin: AdminDep, request: Request) -> UserOut:
-    """Change a user's GPU limit, fair-share weight, highest priority or admin flag (admins)."""
+    """Change a user's GPU limit, fair-share weight, highest priority, network grant or admin flag (admins)."""
     if name == admin.name and change.is_admin is False:
         raise ForbiddenError("you cannot take away your own admin rights: another admin must")
     with db.write() as session:
@@ -89,6 +93,8 @@ def change_user(name: UserName, change: UserChange, db: DatabaseDep, admin: Admi
             user.is_admin = change.is_admin
         if change.max_priority is not None:
             user.max_priority = change.max_priority
+        if change.may_use_network is not None:
+            user.may_use_network = change.may_use_network
         out = UserOut.model_validate(user)
     checker: TokenChecker = request.app.state.tokens
     checker.forget()  # what a caller may do is cached with their token
