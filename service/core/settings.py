@@ -142,6 +142,11 @@ class Settings(BaseSettings):
     rendezvous_timeout_s: float = Field(default=120.0, gt=0)
     """How long the ranks of a job over several hosts wait for each other to be launched."""
     max_attempts: int = Field(default=3, ge=1)
+    """Crashed attempts before a job fails, where its spec does not say."""
+    max_attempts_limit: int = Field(default=10, ge=1, le=100)
+    """The most a member's spec may ask for (`max_attempts`): each attempt may write its log,
+    metrics and disk anew, and a trainer may crash on purpose (exit 143 counts as a crash).
+    Admins' jobs may ask up to 100."""
 
     user_gpu_limit: int | None = Field(default=None, ge=1)
     """GPUs one user may hold at once; none by default: fair share, time slicing (which never

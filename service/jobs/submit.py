@@ -97,6 +97,12 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
         outbound.check_url(spec.notify_url, settings.webhook_allow)
     if spec.network:
         check_network(caller, settings)
+    if spec.max_attempts and spec.max_attempts > settings.max_attempts_limit and not caller.is_admin:
+        raise SpecError(
+            "max_attempts",
+            f"at most {settings.max_attempts_limit} attempts a job (TOWERQ_MAX_ATTEMPTS_LIMIT); "
+            "an admin's job may ask more",
+        )
     return host
 
 

@@ -1,6 +1,7 @@
 """Any member could ask `network: true`, and `towerq up` took a password-less Redis without a
 word: such a job reached both Redis servers and the API. Now the network is an admin's grant
-per member, and refused while Redis or the database takes no password."""
+per member, and refused while Redis or the database takes no password. And a member could
+ask 100 attempts of a job that crashes on purpose: now TOWERQ_MAX_ATTEMPTS_LIMIT caps it."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def test_a_granted_network_job_is_refused_while_redis_takes_no_password(
         root = Api(client, make_token("root", admin=True))
         refused = root.post("/api/jobs", json=SPEC)
     assert refused.status_code == 422 and "TOWERQ_REDIS_URL has no password" in refused.text, refused.text
+
+
+def test_a_members_max_attempts_is_capped_by_the_admin(
+    as_user: Callable[..., Api], add_host: Callable[..., None]
+) -> None:
+    """A trainer that crashes on purpose (exit 143) is tried `max_attempts` times, each attempt
+    writing its log and metrics anew: a member asked 100."""
+    add_host("lab-a", 2)
+    spec = {"model": "mlp", "dataset": "digits", "gpus": [0], "max_attempts": 100}
+    refused = as_user("bob").post("/api/jobs", json=spec)
+    assert refused.status_code == 422 and "TOWERQ_MAX_ATTEMPTS_LIMIT" in refused.text, refused.text
+    assert refused.json()["detail"][0]["loc"][-1] == "max_attempts"
+    assert as_user("bob").post("/api/jobs", json={**spec, "max_attempts": 10}).status_code == 201
+    assert as_user("root", admin=True).post("/api/jobs", json=spec).status_code == 201
