@@ -310,7 +310,10 @@ class JobSpec(TrainSpec):
         default=None, ge=1, le=365 * 24 * 3600, description="stopped (after a checkpoint) when it runs longer"
     )
     max_attempts: int | None = Field(
-        default=None, ge=1, le=100, description="crashes before it fails (default TOWERQ_MAX_ATTEMPTS; a member's at most TOWERQ_MAX_ATTEMPTS_LIMIT)"
+        default=None,
+        ge=1,
+        le=100,
+        description="crashes before it fails (default TOWERQ_MAX_ATTEMPTS; a member's at most TOWERQ_MAX_ATTEMPTS_LIMIT)",
     )
     notify_url: str | None = Field(
         default=None,
