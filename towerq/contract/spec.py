@@ -313,7 +313,7 @@ class JobSpec(TrainSpec):
         default=None,
         ge=1,
         le=100,
-        description="crashes before it fails (default TOWERQ_MAX_ATTEMPTS; a member's at most TOWERQ_MAX_ATTEMPTS_LIMIT)",
+        description="crashes before it fails (default TOWERQ_MAX_ATTEMPTS; members: ≤ TOWERQ_MAX_ATTEMPTS_LIMIT)",
     )
     notify_url: str | None = Field(
         default=None,
