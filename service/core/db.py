@@ -8,6 +8,8 @@ once with "database is locked" when another process wrote in between, instead of
 from __future__ import annotations
 
 import fcntl
+import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -18,6 +20,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_AUTOCHECKPOINT_PAGES = 20_000
@@ -128,9 +132,28 @@ class SqliteWriters:
         self.mutex.acquire()
         if self.path is not None:
             if self.handle is None:
-                self.handle = self.path.open("ab")
-            fcntl.flock(self.handle, fcntl.LOCK_EX)
+                self.handle = self.path.open("a+b")
+            try:
+                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._wait(self.handle)
+            self.handle.truncate(0)  # whose it is, for a writer that waits long (`_wait`)
+            self.handle.write(str(os.getpid()).encode())
+            self.handle.flush()
         return self
+
+    @staticmethod
+    def _wait(handle: IO[bytes]) -> None:
+        """Wait for the lock, saying who holds it when that takes SLOW_WRITER_S: a process
+        stopped (SIGSTOP, a debugger) or hung inside a write holds every writer of the
+        service, the scheduler's detection of dead hosts included, until it goes on."""
+        warning = threading.Timer(SLOW_WRITER_S, _say_who_writes, (handle.name,))
+        warning.daemon = True
+        warning.start()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        finally:
+            warning.cancel()
 
     def __exit__(self, *exc: object) -> None:
         if self.handle is not None:
@@ -142,6 +165,27 @@ class SqliteWriters:
             if self.handle is not None:
                 self.handle.close()
                 self.handle = None
+
+
+SLOW_WRITER_S = 5.0
+"""A writer that waits this long for SQLite's one writer says in its log who that is."""
+
+
+def _say_who_writes(lock_path: str) -> None:
+    try:
+        pid = int(Path(lock_path).read_text() or 0)
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (OSError, ValueError):
+        pid, fields = 0, []
+    state = {"T": "stopped", "t": "stopped by a debugger", "D": "waiting on the disk", "Z": "a zombie"}
+    how = state.get(fields[0], "running") if fields else "gone"
+    log.warning(
+        "waiting over %.0f s for the database's write lock (SQLite: one writer at a time), held by pid %s (%s): "
+        "every write of the service waits for it",
+        SLOW_WRITER_S,
+        pid or "?",
+        how,
+    )
 
 
 def alembic_config(url: str) -> Any:

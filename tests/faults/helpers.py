@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import httpx
 from sqlalchemy import update
+from sqlalchemy.engine import make_url
 
 from service.core.db import Database
 from service.core.models import Allocation, utcnow
@@ -70,3 +76,25 @@ def backdate_allocations(database_url: str, job_id: int, hours: float) -> None:
             )
     finally:
         db.dispose()
+
+
+@contextmanager
+def paused_outside_a_write(pid: int, database_url: str) -> Iterator[None]:
+    """SIGSTOP `pid` (a worker) at a moment it holds no database write, and SIGCONT it after
+    the block. With SQLite, one process writes at a time: a process stopped inside a write
+    holds every writer of the service (the scheduler's detection of dead hosts included)
+    until it goes on, which a clean-clone run met as a flake (issue 50). Holding the
+    writers' lock while stopping it makes the pause a host's, not the database's."""
+    database = make_url(database_url).database
+    lock = open(f"{database}.writers", "a+b") if database_url.startswith("sqlite") and database else None  # noqa: SIM115
+    try:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        os.kill(pid, signal.SIGSTOP)
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if lock is not None:
+            lock.close()

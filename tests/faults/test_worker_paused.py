@@ -4,8 +4,6 @@ gone, so no GPU ever has two trainers on it."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +13,7 @@ from sqlalchemy import select
 
 from service.core.db import Database
 from service.core.models import Allocation
-from tests.faults.helpers import job_of, pid_alive, wait_state, wait_step
+from tests.faults.helpers import job_of, paused_outside_a_write, pid_alive, wait_state, wait_step
 from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -51,12 +49,9 @@ def test_a_resumed_worker_gets_no_work_on_a_gpu_until_its_lost_trainer_is_gone(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    os.kill(worker.pid, signal.SIGSTOP)
-    try:
+    with paused_outside_a_write(worker.pid, db.url):
         wait_for(lambda: job_of(client, job_id)["attempts"] == 2, 30, "the paused host's job to be requeued")
         assert pid_alive(old_trainer), "the paused worker's trainer keeps running"
-    finally:
-        os.kill(worker.pid, signal.SIGCONT)
     second = wait_for(
         lambda: (j := job_of(client, job_id))["state"] == "running" and j["attempts"] == 2 and j,
         60,
