@@ -12,6 +12,7 @@ attempt up; the job queues again.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -68,12 +69,14 @@ def meet(
     ranks: int,
     still_wanted: Callable[[], bool],
 ) -> list[str]:
-    """Every rank's `address:port`, by rank, once all have written theirs."""
+    """Every rank's `address:port`, by rank, once all have written theirs (with a secret of
+    this rank's for the attempt, `keys`)."""
     here = address(settings)
     mine = f"{here}:{free_port(settings, here, job_id * 31 + attempt * 7 + rank * 3)}"
     try:
         with db.write() as session:
-            session.merge(RankAddress(job_id=job_id, attempt=attempt, rank=rank, address=mine))
+            key = secrets.token_hex(32)
+            session.merge(RankAddress(job_id=job_id, attempt=attempt, rank=rank, address=mine, key=key))
         deadline = time.monotonic() + settings.rendezvous_timeout_s
         checked = time.monotonic()
         while True:
@@ -100,3 +103,12 @@ def meet(
             time.sleep(POLL_S)
     except SQLAlchemyError as err:
         raise RendezvousError(f"rank {rank}: the database failed while the ranks met ({type(err).__name__})") from err
+
+
+def keys(db: Database, job_id: int, attempt: int, ranks: int) -> list[str]:
+    """Each rank's secret for the attempt, by rank (after `meet`)."""
+    with db.read() as session:
+        of_attempt = (RankAddress.job_id == job_id) & (RankAddress.attempt == attempt)
+        rows = session.execute(select(RankAddress.rank, RankAddress.key).where(of_attempt))
+        found = {row.rank: row.key for row in rows}
+    return [found.get(r, "") for r in range(ranks)]

@@ -195,7 +195,8 @@ class JobRunner:
         port = int(self.launch.cluster[self.launch.rank].rpartition(":")[2])
         folder = Path(tempfile.mkdtemp(prefix="towerq-rank-"))
         try:
-            self.gate = tunnel.Gate(str(folder), ("0.0.0.0", port), self.launch.cluster, self.launch.rank)
+            secrets = rendezvous.keys(self.ctx.db, self.launch.job_id, self.launch.attempt, self.launch.ranks)
+            self.gate = tunnel.Gate(str(folder), ("0.0.0.0", port), self.launch.cluster, self.launch.rank, secrets)
         except OSError as err:
             shutil.rmtree(folder, ignore_errors=True)
             raise rendezvous.RendezvousError(f"port {port} for rank {self.launch.rank}: {err}") from err

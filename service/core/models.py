@@ -378,6 +378,9 @@ class RankAddress(Base):
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     address: Mapped[str] = mapped_column(String(300))
+    key: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    """The rank's secret for this attempt: a peer's worker proves it knows it before its
+    connection reaches the rank's trainer (`worker.trainer.tunnel`)."""
 
 
 class Metric(Base):

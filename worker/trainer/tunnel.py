@@ -8,7 +8,10 @@ cannot write); the two pass whole TCP connections by file descriptor (SCM_RIGHTS
 - out: the trainer asks `connect <s>`; the worker connects to rank s's public address (the
   rendezvous's, from the database, never the trainer's word) and hands the socket in;
 - in: the trainer asks `accept`; every connection the worker accepts on the public port,
-  from one of the other ranks' hosts only, is handed in on that channel.
+  from one of the other ranks' hosts only, and only once the peer's worker proved it knows
+  this rank's secret of the attempt (`worker.rendezvous`: it answers a fresh challenge with
+  its HMAC, `AUTH_TIMEOUT_S` at most), is handed in on that channel. TensorFlow's gRPC has
+  no authentication of its own: without this, any process on a peer host reached the trainer.
 
 Inside, every rank sees the cluster as `127.0.0.1:<INNER_PORT + r>`: its own TensorFlow
 server listens on its own port, and each other rank's port is a local listener that pipes
@@ -19,6 +22,9 @@ through towerq, and nothing else: not Redis, not the database, not other jobs' p
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import os
 import signal
 import socket
 import subprocess
@@ -162,12 +168,56 @@ def _serve_in(channel: socket.socket, own_port: int) -> None:
 # -- outside (the worker) ---------------------------------------------------------------------
 
 
-class Gate:
-    """The worker's side for one rank: the public port and the control socket."""
+NONCE_BYTES = 32
+AUTH_TIMEOUT_S = 5.0
 
-    def __init__(self, folder: str, listen: tuple[str, int], cluster: list[str], rank: int) -> None:
+
+def proof(key: str, nonce: bytes) -> bytes:
+    """What a peer's worker answers to `nonce` to show it knows the rank's `key`."""
+    return hmac.new(bytes.fromhex(key), b"towerq-rank:" + nonce, hashlib.sha256).digest()
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def prove(sock: socket.socket, key: str) -> None:
+    """The connecting side: answer the rank's challenge (OSError when it gives none)."""
+    sock.settimeout(AUTH_TIMEOUT_S)
+    nonce = _receive_exactly(sock, NONCE_BYTES)
+    if len(nonce) != NONCE_BYTES:
+        raise OSError("the rank gave no challenge")
+    sock.sendall(proof(key, nonce))
+    sock.settimeout(None)
+
+
+def challenge(sock: socket.socket, key: str) -> bool:
+    """The accepting side: whether the peer proved it knows `key` in time."""
+    nonce = os.urandom(NONCE_BYTES)
+    try:
+        sock.settimeout(AUTH_TIMEOUT_S)
+        sock.sendall(nonce)
+        answer = _receive_exactly(sock, hashlib.sha256().digest_size)
+        sock.settimeout(None)
+    except OSError:
+        return False
+    return hmac.compare_digest(answer, proof(key, nonce))
+
+
+class Gate:
+    """The worker's side for one rank: the public port and the control socket. `keys` are
+    every rank's secrets of the attempt, by rank (`worker.rendezvous.keys`)."""
+
+    def __init__(self, folder: str, listen: tuple[str, int], cluster: list[str], rank: int, keys: list[str]) -> None:
         self.cluster = cluster
         self.rank = rank
+        self.keys = keys
         self.allowed = {_host_ip(address) for r, address in enumerate(cluster) if r != rank}
         self.public = socket.socket()
         self.public.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -213,7 +263,13 @@ class Gate:
             if peer != self.rank and peer < len(self.cluster):
                 host, _, port = self.cluster[peer].rpartition(":")
                 with contextlib.suppress(OSError):
-                    send_socket(channel, socket.create_connection((host, int(port)), timeout=10))
+                    remote = socket.create_connection((host, int(port)), timeout=10)
+                    try:
+                        prove(remote, self.keys[peer])
+                    except OSError:
+                        remote.close()
+                        raise
+                    send_socket(channel, remote)
         channel.close()
 
     def _serve_public(self) -> None:
@@ -226,13 +282,21 @@ class Gate:
                 self.refused += 1
                 remote.close()
                 continue
-            if not self.ready.wait(CONNECT_RETRY_S) or self.inbound is None:
-                remote.close()
-                continue
-            try:
-                send_socket(self.inbound, remote)
-            except OSError:
-                remote.close()
+            threading.Thread(target=self._admit, args=(remote,), daemon=True).start()
+
+    def _admit(self, remote: socket.socket) -> None:
+        """Hand `remote` in once its worker proved it knows this rank's secret."""
+        if not challenge(remote, self.keys[self.rank]):
+            self.refused += 1
+            remote.close()
+            return
+        if not self.ready.wait(CONNECT_RETRY_S) or self.inbound is None:
+            remote.close()
+            return
+        try:
+            send_socket(self.inbound, remote)
+        except OSError:
+            remote.close()
 
 
 def _read_line(channel: socket.socket, limit: int = 64) -> str:
