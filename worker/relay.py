@@ -67,6 +67,11 @@ def evaluation_line(point: dict[str, Any]) -> str:
     return f"evaluation at step {point['step']}: {', '.join(figures) or 'no figures'}"
 
 
+LOG_LINE_OVERHEAD = 64
+"""What a stored log line takes besides its text: its row's other columns, or `log.txt`'s
+time, attempt and level before it."""
+
+
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
@@ -97,6 +102,8 @@ class MetricSink:
         self.points = 0
         self.lines = 0
         """Metric points and log lines taken from this attempt, against their limits."""
+        self.log_bytes: int | None = None
+        """What the job's log took so far, all attempts together (read at the first line)."""
         self.channel = keys.job_channel(job_id)
         self.folder = job_folder(ctx.settings.artifacts_dir, job_id)
         self.log_file = job_log(ctx.settings.artifacts_dir, job_id)
@@ -142,12 +149,35 @@ class MetricSink:
             level, message = "warning", f"more than {defaults.LOG_LINES_PER_ATTEMPT:,} log lines: the rest dropped"
         when = when or datetime.now(UTC)
         message = (self.prefix + message)[:10_000]
+        if not self._within_log_cap(len(message.encode()) + LOG_LINE_OVERHEAD):
+            return
         log_message = LogMessage(job_id=self.job_id, attempt=self.attempt, level=level, message=message, time=when)
         self.unsent.append(encode(log_message))
         self.logs.append(
             {"job_id": self.job_id, "attempt": self.attempt, "time": when, "level": level, "message": message}
         )
         self._buffered()
+
+    def _within_log_cap(self, size: int) -> bool:
+        """Whether a line of `size` bytes still fits the job's log (TOWERQ_JOB_LOG_MAX_MB, all
+        attempts together); the line that first does not is replaced by one that says so."""
+        cap = self.ctx.settings.job_log_max_mb * 2**20
+        if self.log_bytes is None:
+            with self.ctx.db.read() as session:
+                self.log_bytes = session.scalar(select(Job.log_bytes).where(Job.id == self.job_id)) or 0
+        before, self.log_bytes = self.log_bytes, self.log_bytes + size
+        if self.log_bytes <= cap:
+            return True
+        if before <= cap:
+            mb = self.ctx.settings.job_log_max_mb
+            note = f"the job's log reached {mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
+            self.log_bytes = cap + 1
+            self.logs.append(
+                {"job_id": self.job_id, "attempt": self.attempt, "time": datetime.now(UTC), "level": "warning",
+                 "message": note}
+            )  # fmt: skip
+            self._buffered()
+        return False
 
     def _note_latest(self, point: dict[str, Any], event: dict[str, Any]) -> None:
         if point["split"] == "eval":
@@ -242,6 +272,10 @@ class MetricSink:
                 session.execute(insert(LogLine), logs)
             for field, value in latest.items():
                 setattr(job, field, value)
+            if job is not None:  # what it holds of the lab's disk and database, for its cap and the Usage page
+                job.log_bytes = (job.log_bytes or 0) + sum(len(line["message"].encode()) for line in logs)
+                job.log_bytes += LOG_LINE_OVERHEAD * len(logs)
+                job.metric_points = (job.metric_points or 0) + len(metrics)
         if logs:
             self._append_log_file(logs)
 

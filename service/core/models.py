@@ -267,6 +267,11 @@ class Job(Base):
     """Why the stop of the current attempt was asked for (cancel, preemption, time slice): the
     worker reads it here; a control message only tells it to look."""
     folder_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """What its log lines took (their text and a line's overhead), all attempts together:
+    the database's rows and `log.txt` both hold them. Capped by TOWERQ_JOB_LOG_MAX_MB."""
+    metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Metric points stored for it, all attempts together."""
     """What the job's folder held on disk when its worker last measured it."""
 
     # What the scheduler says about a queued job.

@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     user_code_quota_bytes: int = Field(default=2_000_000_000, ge=0)
     """What the code bundles one user uploaded may take in all (unpacked)."""
     job_folder_max_bytes: int = Field(default=50_000_000_000, ge=0)
+    job_log_max_mb: int = Field(default=256, ge=1)
+    """The log one job may write, all its attempts together (each line counted once though
+    it is kept twice, in the database and in `log.txt`); past it its lines are dropped and
+    its log says so once. Shown per member on the Usage page."""
     """What one job's folder (checkpoints, exports, its own files) may hold; a job past it
     is stopped and fails, naming this limit (0: no limit)."""
     job_folder_check_s: float = Field(default=30.0, gt=0)

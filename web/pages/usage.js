@@ -320,8 +320,13 @@ function storageOf(stored) {
     { title: `Datasets (of ${size(stored.datasets_quota_bytes)})`, cell: (row) => size(row.datasets_bytes), class: "num" },
     { title: `Code (of ${size(stored.code_quota_bytes)})`, cell: (row) => size(row.code_bytes), class: "num" },
     { title: "Job folders", cell: (row) => size(row.job_folders_bytes), class: "num" },
+    { title: "Job logs", cell: (row) => size(row.log_bytes), class: "num" },
+    { title: "Metric points", cell: (row) => row.metric_points.toLocaleString(), class: "num" },
   ];
-  const limit = stored.job_folder_max_bytes ? `each job's folder at most ${size(stored.job_folder_max_bytes)}` : "no limit per job folder";
+  const folders = stored.job_folder_max_bytes
+    ? `each job's folder at most ${size(stored.job_folder_max_bytes)}`
+    : "no limit per job folder";
+  const limit = `${folders}, each job's log at most ${size(stored.job_log_max_bytes)} over all its attempts`;
   return [
     el("p", { class: "muted" }, `What each member's uploads and jobs take on the lab's storage; ${limit}.`),
     stored.users.length

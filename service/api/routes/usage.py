@@ -55,6 +55,10 @@ class StorageRow(BaseModel):
     code_bytes: int
     job_folders_bytes: int
     """What the user's jobs' folders held when their workers last measured them."""
+    log_bytes: int = 0
+    """What their jobs' log lines take (the database's rows and `log.txt`), all attempts."""
+    metric_points: int = 0
+    """Metric points stored for their jobs, all attempts."""
 
 
 class StorageOut(BaseModel):
@@ -62,21 +66,31 @@ class StorageOut(BaseModel):
     code_quota_bytes: int
     job_folder_max_bytes: int
     """Each job folder's limit (0: none); a job past it is stopped."""
+    job_log_max_bytes: int = 0
+    """Each job's log limit, all its attempts together (TOWERQ_JOB_LOG_MAX_MB)."""
     users: list[StorageRow]
 
 
 @router.get("/usage/storage", response_model=StorageOut)
 def storage(session: SessionDep, settings: SettingsDep, _: CallerDep) -> StorageOut:
     """What each member's uploads and job folders take, beside their quotas."""
-    summed = select(User.name, func.coalesce(func.sum(Job.folder_bytes), 0)).join(Job.user).group_by(User.name)
-    folders = {name: total for name, total in session.execute(summed)}
+    summed = select(
+        User.name,
+        func.coalesce(func.sum(Job.folder_bytes), 0),
+        func.coalesce(func.sum(Job.log_bytes), 0),
+        func.coalesce(func.sum(Job.metric_points), 0),
+    ).join(Job.user)
+    rows_by_user = session.execute(summed.group_by(User.name))
+    held = {name: (int(folder or 0), int(logs), int(points)) for name, folder, logs, points in rows_by_user}
     names = sorted(session.scalars(select(User.name)))
     rows = [
         StorageRow(
             user=name,
             datasets_bytes=datasets.usage(settings.data_dir, name),
             code_bytes=code.usage(settings.code_dir, name),
-            job_folders_bytes=int(folders.get(name) or 0),
+            job_folders_bytes=held.get(name, (0, 0, 0))[0],
+            log_bytes=held.get(name, (0, 0, 0))[1],
+            metric_points=held.get(name, (0, 0, 0))[2],
         )
         for name in names
     ]
@@ -84,7 +98,8 @@ def storage(session: SessionDep, settings: SettingsDep, _: CallerDep) -> Storage
         datasets_quota_bytes=settings.user_data_quota_bytes,
         code_quota_bytes=settings.user_code_quota_bytes,
         job_folder_max_bytes=settings.job_folder_max_bytes,
-        users=[row for row in rows if row.datasets_bytes or row.code_bytes or row.job_folders_bytes],
+        job_log_max_bytes=settings.job_log_max_mb * 2**20,
+        users=[row for row in rows if row.datasets_bytes or row.code_bytes or row.job_folders_bytes or row.log_bytes],
     )
 
 
