@@ -246,6 +246,7 @@ def run(jobs: int, minutes: float, seed: int, multihost_every: int = 0) -> bool:
         scheduler_interval_s=0.5,
         dispatch_timeout_s=5,
         cancel_grace_s=5,
+        max_attempts_limit=100,  # its admin lets the jobs ask 100 attempts (JOB["max_attempts"]), over the default cap
     )
     db = Database(url)
     with db.write() as session:
