@@ -47,9 +47,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported (by the trainer tests' helpers)
 
+from sqlalchemy import update  # noqa: E402
+
 from bench.common import settings_in  # noqa: E402
-from service.cli.redis_server import EmbeddedRedis  # noqa: E402
+from service.cli.redis_server import EmbeddedRedis, embedded_url  # noqa: E402
 from service.core.db import Database, upgrade_database  # noqa: E402
+from service.core.models import User  # noqa: E402
 from service.core.settings import Settings  # noqa: E402
 from service.lab.auth import create_token  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -100,7 +103,8 @@ class Lab:
     """API, scheduler and two workers of 2 simulated GPUs in a temporary folder, with their own Redis."""
 
     def __init__(self, workdir: Path) -> None:
-        self.redis = EmbeddedRedis(f"redis://127.0.0.1:{free_port()}/0", workdir / "redis")
+        # with a password, as `towerq up`'s: a job with `network: true` is refused without one
+        self.redis = EmbeddedRedis(embedded_url(f"redis://127.0.0.1:{free_port()}/0"), workdir / "redis")
         self.redis.start()
         url = f"sqlite:///{workdir / 'towerq.db'}"
         upgrade_database(url)
@@ -112,6 +116,7 @@ class Lab:
         db = Database(url)
         with db.write() as session:
             token = create_token(session, "alice")[1]
+            session.execute(update(User).where(User.name == "alice").values(may_use_network=True))  # the admin's grant
         db.dispose()
         self.stack = Stack(self.settings, workdir)
         self.stack.start_api()

@@ -174,5 +174,7 @@ class StreamSlots:
 
     async def give_back(self, token_id: int, user_id: int, slot: str) -> None:
         with contextlib.suppress(Exception):  # Redis gone: the slot ages out
-            await self.client.zrem(keys.stream_slots(token_id), slot)
-            await self.client.zrem(keys.member_stream_slots(user_id), slot)
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(keys.stream_slots(token_id), slot)
+                pipe.zrem(keys.member_stream_slots(user_id), slot)
+                await pipe.execute()

@@ -138,5 +138,12 @@ def test_the_usage_page_numbers_say_what_each_member_stores(
     stored = as_user("bob").get("/api/usage/storage").json()
     assert stored["code_quota_bytes"] == 100_000 and stored["job_folder_max_bytes"] > 0
     assert stored["users"] == [
-        {"user": "alice", "datasets_bytes": 0, "code_bytes": 600, "job_folders_bytes": 5_000_000}
+        {
+            "user": "alice",
+            "datasets_bytes": 0,
+            "code_bytes": 600,
+            "job_folders_bytes": 5_000_000,
+            "log_bytes": 0,
+            "metric_points": 0,
+        }
     ]
