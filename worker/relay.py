@@ -72,6 +72,10 @@ LOG_LINE_OVERHEAD = 64
 time, attempt and level before it."""
 
 
+Batch = tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int]
+"""What the writer writes at once: metric points, log lines, job fields, the lines' bytes."""
+
+
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
@@ -88,9 +92,7 @@ class MetricSink:
         self.first_metric_pending = True
         self.urgent = False
         """Write at the next chance: the attempt's first train point (the figure a user waits for)."""
-        self.batches: queue.Queue[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]] | None] = (
-            queue.Queue()
-        )
+        self.batches: queue.Queue[Batch | None] = queue.Queue()
         self.unsent: list[str] = []
         self.writer: threading.Thread | None = None
         self.last_words = False
@@ -104,6 +106,8 @@ class MetricSink:
         """Metric points and log lines taken from this attempt, against their limits."""
         self.log_bytes: int | None = None
         """What the job's log took so far, all attempts together (read at the first line)."""
+        self.unwritten_log_bytes = 0
+        """What the buffered lines add to the job's `log_bytes` when they are written."""
         self.channel = keys.job_channel(job_id)
         self.folder = job_folder(ctx.settings.artifacts_dir, job_id)
         self.log_file = job_log(ctx.settings.artifacts_dir, job_id)
@@ -149,8 +153,13 @@ class MetricSink:
             level, message = "warning", f"more than {defaults.LOG_LINES_PER_ATTEMPT:,} log lines: the rest dropped"
         when = when or datetime.now(UTC)
         message = (self.prefix + message)[:10_000]
-        if not self._within_log_cap(len(message.encode()) + LOG_LINE_OVERHEAD):
-            return
+        size = len(message.encode()) + LOG_LINE_OVERHEAD
+        over = self._past_log_cap(size)
+        if over is not None:
+            if not over:
+                return
+            level, message, size = "warning", over, len(over) + LOG_LINE_OVERHEAD
+        self.unwritten_log_bytes += size
         log_message = LogMessage(job_id=self.job_id, attempt=self.attempt, level=level, message=message, time=when)
         self.unsent.append(encode(log_message))
         self.logs.append(
@@ -158,26 +167,19 @@ class MetricSink:
         )
         self._buffered()
 
-    def _within_log_cap(self, size: int) -> bool:
-        """Whether a line of `size` bytes still fits the job's log (TOWERQ_JOB_LOG_MAX_MB, all
-        attempts together); the line that first does not is replaced by one that says so."""
+    def _past_log_cap(self, size: int) -> str | None:
+        """None while a line of `size` bytes fits the job's log (TOWERQ_JOB_LOG_MAX_MB, all
+        attempts together); for the first line that does not, the line to say instead; then ""."""
         cap = self.ctx.settings.job_log_max_mb * 2**20
         if self.log_bytes is None:
             with self.ctx.db.read() as session:
                 self.log_bytes = session.scalar(select(Job.log_bytes).where(Job.id == self.job_id)) or 0
         before, self.log_bytes = self.log_bytes, self.log_bytes + size
         if self.log_bytes <= cap:
-            return True
-        if before <= cap:
-            mb = self.ctx.settings.job_log_max_mb
-            note = f"the job's log reached {mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
-            self.log_bytes = cap + 1
-            self.logs.append(
-                {"job_id": self.job_id, "attempt": self.attempt, "time": datetime.now(UTC), "level": "warning",
-                 "message": note}
-            )  # fmt: skip
-            self._buffered()
-        return False
+            return None
+        if before > cap:
+            return ""
+        return f"the job's log reached {self.ctx.settings.job_log_max_mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
 
     def _note_latest(self, point: dict[str, Any], event: dict[str, Any]) -> None:
         if point["split"] == "eval":
@@ -228,8 +230,9 @@ class MetricSink:
         everything handed over so far is written. Raises what stopped the writer: a
         `StaleAttemptError` when this attempt is no longer current (the buffers are dropped)."""
         self.send()
-        batch = (self.metrics, self.logs, {**self.latest, **(job_updates or {})})
+        batch = (self.metrics, self.logs, {**self.latest, **(job_updates or {})}, self.unwritten_log_bytes)
         self.metrics, self.logs, self.latest, self.first_buffered, self.urgent = [], [], {}, None, False
+        self.unwritten_log_bytes = 0
         if self.failure is None and any(batch):
             if self.writer is None:
                 self.writer = threading.Thread(target=self._write_batches, name=f"relay-{self.job_id}", daemon=True)
@@ -260,7 +263,9 @@ class MetricSink:
             if batch is None:
                 return
 
-    def _write(self, metrics: list[dict[str, Any]], logs: list[dict[str, Any]], latest: dict[str, Any]) -> None:
+    def _write(
+        self, metrics: list[dict[str, Any]], logs: list[dict[str, Any]], latest: dict[str, Any], log_bytes: int
+    ) -> None:
         with self.ctx.db.write() as session:
             job = self._fenced(session)
             if job is None:
@@ -273,8 +278,7 @@ class MetricSink:
             for field, value in latest.items():
                 setattr(job, field, value)
             if job is not None:  # what it holds of the lab's disk and database, for its cap and the Usage page
-                job.log_bytes = (job.log_bytes or 0) + sum(len(line["message"].encode()) for line in logs)
-                job.log_bytes += LOG_LINE_OVERHEAD * len(logs)
+                job.log_bytes = (job.log_bytes or 0) + log_bytes
                 job.metric_points = (job.metric_points or 0) + len(metrics)
         if logs:
             self._append_log_file(logs)
