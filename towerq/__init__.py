@@ -10,6 +10,8 @@ job.wait().state                       # "succeeded"
 job.metrics(as_frame=True)             # a pandas DataFrame (with pandas installed)
 job.download("model.keras", to="out/")
 
+towerq.report(step=120, loss=0.31)     # inside a command job: a point of its charts
+
 `towerq.contract` is the job spec, the catalog and the job-folder layout: the one contract the
 service, the trainer and this client share. The trainer imports it in its sandbox, so this
 package loads the client (and httpx) only when a name of the client is asked for.
@@ -47,6 +49,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "report":  # a command job's metrics: the standard library only, no client
+        return importlib.import_module("towerq.reporting").report
     if name in __all__:
         return getattr(importlib.import_module("towerq.client"), name)
     raise AttributeError(f"module 'towerq' has no attribute {name!r}")

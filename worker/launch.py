@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -251,24 +252,32 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
     command = [sys.executable, "-m", "worker.trainer", str(seen_path(spec_path, sandboxed))]
     if not sandboxed:
         return command
+    sandbox.hand_over(spec_path.parent, trainer_user(settings))
+    network = bool(launch.spec.get("network")) or (launch.ranks > 1 and launch.gate is None)
+    return in_sandbox(command, launch, settings, spec_path.parent, network)
+
+
+def in_sandbox(
+    command: list[str], launch: Launch, settings: Settings, job_folder: Path, network: bool, workdir: Path | None = None
+) -> list[str]:
+    """`command` in bubblewrap with this job's view: the trainer's, and a command job's."""
     datasets, code_path = sandbox_extras(launch, settings)
-    identity = trainer_user(settings)
-    sandbox.hand_over(spec_path.parent, identity)
     return sandbox.bwrap_command(
         command,
-        job_folder=spec_path.parent,
+        job_folder=job_folder,
         repo_root=REPO_ROOT,
         models_path=settings.models_path,
         data_dir=settings.data_dir,
         datasets=datasets,
         code_path=code_path,
         devices=[] if launch.simulated else sandbox.gpu_nodes(launch.indices),
-        identity=identity,
+        identity=trainer_user(settings),
         protected=protected_paths(settings),
-        network=bool(launch.spec.get("network")) or (launch.ranks > 1 and launch.gate is None),
+        network=network,
         tmp_mb=settings.trainer_tmp_mb,
         inputs=[(folder, input_in_sandbox(job_id)) for job_id, folder in launch.inputs],
         gate=launch.gate,
+        workdir=workdir,
     )
 
 
@@ -299,20 +308,33 @@ def sandbox_extras(launch: Launch, settings: Settings) -> tuple[list[Path], Path
 
 
 def start_trainer(
-    command: list[str], spec_path: Path, env: dict[str, str], group: AttemptGroup | None = None
+    command: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    group: AttemptGroup | None = None,
+    before_exec: Callable[[], None] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """The trainer process of one attempt, in a session of its own (and in the attempt's
-    cgroups, before it runs anything), its output piped, working in the job's artifacts
-    folder (where a model's own relative files land)."""
+    """The process of one attempt (the trainer, or a command job's program), in a session of
+    its own (and in the attempt's cgroups, before it runs anything), its output piped,
+    working in `cwd` (the trainer: the job's artifacts folder, where a model's own relative
+    files land). `before_exec` runs in the child too, after joining the cgroups."""
+    joins = group.join if group is not None and group.exists else None
+
+    def prepare() -> None:
+        if joins is not None:
+            joins()
+        if before_exec is not None:
+            before_exec()
+
     return subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        cwd=spec_path.parent,
+        cwd=cwd,
         start_new_session=True,
-        preexec_fn=group.join if group is not None and group.exists else None,
+        preexec_fn=prepare if joins is not None or before_exec is not None else None,
     )
 
 

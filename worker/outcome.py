@@ -56,6 +56,12 @@ class Outcome:
     """Limits of the attempt's cgroup the kernel enforced (`worker.cgroups`)."""
     ranks: int = 1
     """How many hosts the attempt runs on (a trainer, a rank, on each)."""
+    program: bool = False
+    """A command job's program: it succeeds by exiting 0 (it says no `done`)."""
+
+    @property
+    def who(self) -> str:
+        return "the program" if self.program else "trainer"
 
     def stderr(self, line: str) -> None:
         self.last_stderr = (self.last_stderr + [line])[-STDERR_LINES_KEPT:]
@@ -116,7 +122,7 @@ class Outcome:
             return JobState.FAILED, f"{self.stop_message} at step {self.step}"
         if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL):
             return JobState.FAILED, self.stop_message
-        if self.done is not None and self.returncode == 0:
+        if (self.done is not None or self.program) and self.returncode == 0:
             return JobState.SUCCEEDED, None
         if self.limits_hit:
             said = f"{self.error.get('message') or self.error.get('kind')}; " if self.error else ""
@@ -130,8 +136,8 @@ class Outcome:
         if self.error is not None:
             return JobState.FAILED, str(self.error.get("message") or self.error.get("kind"))
         if self.killed_from_outside or self.rank_died:
-            return JobState.QUEUED, exit_message(self.returncode, self.last_stderr)
-        return JobState.FAILED, exit_message(self.returncode, self.last_stderr)
+            return JobState.QUEUED, exit_message(self.returncode, self.last_stderr, self.who)
+        return JobState.FAILED, exit_message(self.returncode, self.last_stderr, self.who)
 
 
 class Started(BaseModel):
@@ -200,10 +206,10 @@ def level_of(line: str) -> str:
     return "info"
 
 
-def exit_message(returncode: int | None, stderr: list[str]) -> str:
+def exit_message(returncode: int | None, stderr: list[str], who: str = "trainer") -> str:
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name
         hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"trainer killed by {name}{hint}"
+        return f"{who} killed by {name}{hint}"
     tail = next((line for line in reversed(stderr) if line.strip()), "")
-    return f"trainer exited with code {returncode}" + (f": {tail[-500:]}" if tail else "")
+    return f"{who} exited with code {returncode}" + (f": {tail[-500:]}" if tail else "")

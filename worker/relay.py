@@ -10,6 +10,7 @@ scheduler gave up on cannot write results.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -35,10 +36,21 @@ log = logging.getLogger(__name__)
 METRIC_FIELDS = ("loss", "accuracy", "learning_rate", "examples_per_sec")
 
 
+EARLIEST_TIME = 946_684_800  # 2000-01-01
+TIME_SKEW_S = 24 * 3600
+"""A line's `time` before 2000 or this far past the worker's clock is the writer's invention
+(the trainer and a program run on this host's clock): the time it was read is kept instead.
+(An old one is plausible: a resumed attempt restores its job's earlier points.)"""
+
+
 def parse_time(value: Any) -> datetime:
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
-    return datetime.now(UTC)
+    """A protocol line's `time` (Unix seconds), or now when it is not a plausible one: user
+    code prints these lines too (NaN, 1e20, the year 1970 or 9999)."""
+    now = datetime.now(UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if math.isfinite(value) and EARLIEST_TIME <= value <= now.timestamp() + TIME_SKEW_S:
+            return datetime.fromtimestamp(value, UTC)
+    return now
 
 
 def _number(value: Any) -> float | None:
@@ -312,17 +324,38 @@ class MetricSink:
         in the artifacts (a worker that died may not have stored them all). The trainer wrote
         that file, so it is read without following links and only up to a bound."""
         self.forget_after(step)
+        self._restore(step, latest_wins=False)
+        self.log("info", f"resumed from the checkpoint of step {step}")
+
+    def replace_from(self, step: int) -> None:
+        """A command job's resumed attempt reported `step` first: the points from it on go
+        (the program reports them again: a chart never shows a step twice), those before it
+        are restored from the metrics log `towerq.report()` appends to (every attempt's
+        lines are there, so a step's latest line wins)."""
+        self.forget_after(step - 1)
+        self._restore(step - 1, latest_wins=True)
+        self.log("info", f"attempt {self.attempt} reports from step {step} on: the earlier points from there go")
+
+    def _restore(self, up_to: int, latest_wins: bool) -> None:
         bounds = defaults.METRICS_LOG_READ_BYTES, defaults.METRICS_LOG_LINE_BYTES
         lines = lines_beneath(self.folder, METRICS_LOG, *bounds)
+        latest: dict[tuple[str, int], dict[str, Any]] = {}
         try:
             for point in parse_metrics_log(lines):
-                if point["step"] <= step:
-                    self.metric(point, publish=False)
-                    if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:  # the worker holds a batch, never the file
-                        self.flush(wait=True)
+                if point["step"] > up_to:
+                    continue
+                if latest_wins:
+                    latest[(str(point.get("event")), point["step"])] = point
+                    continue
+                self.metric(point, publish=False)
+                if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:  # the worker holds a batch, never the file
+                    self.flush(wait=True)
         except (OSError, PathEscapeError) as err:
             self.log("warning", f"{METRICS_LOG} not read: {err}")
-        self.log("info", f"resumed from the checkpoint of step {step}")
+        for point in sorted(latest.values(), key=lambda p: p["step"]):
+            self.metric(point, publish=False)
+            if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:
+                self.flush(wait=True)
 
     def trim_logs(self, session: Session) -> None:
         cutoff = session.scalar(

@@ -9,8 +9,10 @@ attempt's end becomes a job state is `worker.outcome`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -33,7 +35,7 @@ from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
 from service.core.models import HOLDING_STATES, Allocation, Host, Job, JobState
 from towerq.contract.spec import describe
-from worker import rendezvous, sandbox
+from worker import program, rendezvous, sandbox
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
@@ -88,6 +90,10 @@ class JobRunner:
         """The trainer came warm from the pool (`worker.pool`)."""
         self.owes_refill = False
         """It did, and the pool has not yet been told to warm the next one."""
+        self.program = program.is_program(launch.spec)
+        """A command job: its own program, not towerq's trainer (`worker.program`)."""
+        self.replaces_from: bool = self.program and launch.attempt > 1
+        """A resumed command job's first point says where it resumed (`MetricSink.replace_from`)."""
         self.started_once = False
         """A valid `started` line came: later ones are the trainer's word only, and ignored."""
         self.trainer_pids: set[int] = set()
@@ -98,7 +104,7 @@ class JobRunner:
         self.sink = MetricSink(ctx, launch.job_id, launch.attempt)
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
-        self.outcome = Outcome(ranks=launch.ranks)
+        self.outcome = Outcome(ranks=launch.ranks, program=self.program)
         self.process: subprocess.Popen[bytes] | None = None
         self._stop_requested = threading.Event()
         self._look = threading.Event()
@@ -268,29 +274,42 @@ class JobRunner:
         self._wait_for_earlier()
         if not self._meet():
             return False
-        env = trainer_environment(self.launch.indices, self.ctx.settings.trainer_env_pass)
+        settings = self.ctx.settings
+        env = trainer_environment(self.launch.indices, settings.trainer_env_pass)
         # a rank sets up its cluster before any TensorFlow op: never a warm trainer
-        warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None and self.launch.ranks < 2 else None
+        pooled = self.pool is not None and self.launch.ranks < 2 and not self.program
+        warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None and pooled else None
         try:
-            spec_path = write_trainer_spec(self.launch, self.ctx.settings, self.artifacts, self.sandboxed)
-        except ValidationError as err:
+            if self.program:
+                command, cwd, env = self._program_start()
+            else:
+                spec_path = write_trainer_spec(self.launch, settings, self.artifacts, self.sandboxed)
+        except (ValidationError, sandbox.SandboxError) as err:
             if warm is not None:
                 end_warm(warm.process)
             self.outcome.stop = Stop.BAD_SPEC
-            self.outcome.stop_message = f"the job's spec does not pass validation: {describe(err)}"
+            why = describe(err) if isinstance(err, ValidationError) else str(err)
+            self.outcome.stop_message = f"the job's spec does not pass validation: {why}"
             return False
-        limits = attempt_limits(self.launch, self.ctx.settings, len(self.inventory.gpus()))
+        limits = attempt_limits(self.launch, settings, len(self.inventory.gpus()))
         self.group = AttemptGroup.create(f"towerq-{os.getpid()}-job-{self.launch.job_id}-{self.launch.attempt}", limits)
         if warm is not None:
             self.group.adopt({warm.process.pid} | descendants(warm.process.pid))  # before it runs user code
         if warm is not None and hand_over(warm, spec_path, env):
             self.process, self.warm, self.owes_refill = warm.process, True, True
+        elif self.program:
+            # outside the sandbox nothing else ends a program whose worker died (bwrap does inside)
+            death = None if self.sandboxed else program.die_with_parent
+            self.process = start_trainer(command, cwd, env, self.group, death)
         else:
-            command = trainer_command(self.launch, self.ctx.settings, spec_path, self.sandboxed)
-            self.process = start_trainer(command, spec_path, env, self.group)
+            command = trainer_command(self.launch, settings, spec_path, self.sandboxed)
+            self.process = start_trainer(command, spec_path.parent, env, self.group)
         self.trainer_pids.add(self.process.pid)
-        how = "a warm trainer from the pool" if self.warm else "a new trainer (cold start)"
-        self.sink.log("info", f"attempt {self.launch.attempt} runs in {how}, pid {self.process.pid}")
+        if self.program:
+            how = f"the command {shlex.join(self.launch.spec['command'])[:500]}"
+        else:
+            how = "in a warm trainer from the pool" if self.warm else "in a new trainer (cold start)"
+        self.sink.log("info", f"attempt {self.launch.attempt} runs {how}, pid {self.process.pid}")
         self.sink.log("info", self.group.describe(limits))
         for job_id, _ in self.launch.inputs:
             self.sink.log("info", f"job {job_id}'s folder is an input (read-only): params['inputs']['{job_id}']")
@@ -318,6 +337,15 @@ class JobRunner:
             self._kill_group()
             return False
         return True
+
+    def _program_start(self) -> tuple[list[str], Path, dict[str, str]]:
+        """A command job's process: its command, where it starts, its environment."""
+        settings = self.ctx.settings
+        program.prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None)
+        seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
+        env = program.program_environment(self.launch, settings, seen, self.sandboxed)
+        command = program.program_command(self.launch, settings, self.artifacts, self.sandboxed)
+        return command, self.artifacts if self.sandboxed else program.program_workdir(settings, self.launch), env
 
     # -- while it runs --------------------------------------------------------------------
 
@@ -374,6 +402,13 @@ class JobRunner:
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
+        if self.program and kind not in program.PROGRAM_EVENTS:
+            self.sink.log("info", json.dumps(event))  # the trainer's word, not a program's: text
+            return
+        step = _step_of(event)
+        if kind in ("metric", "eval") and self.replaces_from and step is not None:
+            self.replaces_from = False
+            self.sink.replace_from(step)
         if kind in ("metric", "eval"):
             self.sink.metric(event)
             if kind == "metric" and isinstance(event.get("step"), int):
@@ -584,6 +619,11 @@ class JobRunner:
         )
         with self.ctx.db.write() as session:
             set_drained(session, self.launch.host, self.launch.indices, True)
+
+
+def _step_of(event: dict[str, Any]) -> int | None:
+    step = event.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**62 else None
 
 
 def stack_of(thread: threading.Thread) -> str:

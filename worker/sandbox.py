@@ -244,10 +244,11 @@ def bwrap_command(
     tmp_mb: int = 1024,
     inputs: Iterable[tuple[Path, Path]] = (),
     gate: Path | None = None,
+    workdir: Path | None = None,
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above, run as `identity`
-    (`trainer_identity`); `job_folder` is seen at `JOB_PATH`; `protected` are towerq's own
-    folders and files, never shown."""
+    (`trainer_identity`) in `workdir` (default `JOB_PATH`); `job_folder` is seen at
+    `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
     args = ["bwrap", "--die-with-parent", *privileges(identity)]
     args += ["--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup"]
     if not network:
@@ -286,7 +287,7 @@ def bwrap_command(
         args += ["--ro-bind", str(gate), str(RANKS_PATH)]
     args += ["--bind", str(job_folder), str(JOB_PATH)]
     args += see_through(args)
-    args += ["--chdir", str(JOB_PATH)]
+    args += ["--chdir", str(workdir or JOB_PATH)]
     return [*args, "--", *drop_to(identity), *command]
 
 

@@ -3,7 +3,10 @@ inside their roots, the queue's room), and storing it."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -178,6 +181,11 @@ def _check_resources(hosts: dict[str, list[int]], spec: JobSpec, places_jobs: bo
     count = spec.gpu_count or 1
     sizes = [len(hosts[host])] if host is not None else [len(g) for g in hosts.values()]
     if sizes and count > max(sizes):
+        if spec.is_command:
+            raise SpecError(
+                "gpu_count",
+                f"{count} GPUs asked for but the largest host has {max(sizes)}: a command job runs on one host",
+            )
         if host is not None or not places_jobs:
             where = f"host {host}" if host is not None else "the largest host"
             raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
@@ -257,7 +265,7 @@ def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
             raise SpecError(field, reason)
     if spec.code is not None:
         _check_bundle(spec, settings)
-    elif ":" in spec.model:
+    elif spec.model is not None and ":" in spec.model:
         module = spec.model.split(":")[0].replace(".", "/") + ".py"
         _check_inside(settings.models_path, module, "model", "TOWERQ_MODELS_PATH")
     if spec.dataset_path is not None:
@@ -273,10 +281,33 @@ def _check_bundle(spec: JobSpec, settings: Settings) -> None:
         files = {entry["path"] for entry in code_bundles.manifest(settings.code_dir, spec.code)["files"]}
     except NotFoundError as err:
         raise SpecError("code", str(err)) from None
+    if spec.command is not None:
+        _check_program(spec.command[0], files, spec.code)
+        return
+    assert spec.model is not None
     module = spec.model.split(":")[0].replace(".", "/")
     if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
         shown = ", ".join(sorted(path for path in files if path.endswith(".py"))[:10])
         raise SpecError("model", f"bundle {spec.code[:12]}… has no {module}.py (its Python files: {shown or 'none'})")
+
+
+def _check_program(program: str, files: set[str], code: str) -> None:
+    """A command's program is a file of its bundle (a path: `./run.sh`, `bin/train`) or a
+    program on the sandbox's PATH (a name: `python`, `bash`), the lab's Python first."""
+    if program.startswith("/"):  # the host's system folders, which the sandbox shows
+        if not Path(program).is_file():
+            raise SpecError("command", f"no program {program!r} on this host")
+        return
+    if "/" in program:
+        if program.removeprefix("./") not in files:
+            raise SpecError(
+                "command", f"{program!r} is not a file of bundle {code[:12]}… (name a file in it, or a program on PATH)"
+            )
+        return
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH") or os.defpath])
+    if shutil.which(program, path=path) is None:
+        hint = f" (a file of the bundle: run it as ./{program}, or python {program})" if program in files else ""
+        raise SpecError("command", f"no program {program!r} on the workers' PATH{hint}")
 
 
 def _check_inside(root: Path, relative: str, field: str, setting: str) -> None:

@@ -183,8 +183,8 @@ class TrainSpec(Strict):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, model: str) -> str:
-        if model in BUILTIN_MODELS or USER_MODEL_PATTERN.match(model):
+    def _known_model(cls, model: str | None) -> str | None:
+        if model is None or model in BUILTIN_MODELS or USER_MODEL_PATTERN.match(model):
             return model
         raise ValueError(
             f"unknown model {model!r}: use one of {', '.join(BUILTIN_MODELS)} "
@@ -193,7 +193,9 @@ class TrainSpec(Strict):
 
     @field_validator("dataset")
     @classmethod
-    def _known_dataset(cls, dataset: str) -> str:
+    def _known_dataset(cls, dataset: str | None) -> str | None:
+        if dataset is None:
+            return None
         kind, _, path = dataset.partition(":")
         if not path:
             if dataset in BUILTIN_DATASETS:
@@ -255,6 +257,8 @@ class TrainSpec(Strict):
 
     @model_validator(mode="after")
     def _model_fits_dataset(self) -> Self:
+        if self.model is None or self.dataset is None:
+            return self  # a command job (JobSpec) has neither
         model = MODELS.get(self.model)
         data_task = DATASETS[self.dataset_kind].task
         if model is None:
@@ -267,12 +271,12 @@ class TrainSpec(Strict):
 
     @property
     def dataset_kind(self) -> str:
-        kind, _, path = self.dataset.partition(":")
-        return kind if path else self.dataset
+        kind, _, path = (self.dataset or "").partition(":")
+        return kind if path else (self.dataset or "")
 
     @property
     def dataset_path(self) -> str | None:
-        return self.dataset.partition(":")[2] or None
+        return (self.dataset or "").partition(":")[2] or None
 
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")]
@@ -286,10 +290,92 @@ MAX_DEPENDENCIES = 64
 AfterCondition = Literal["afterok", "afterany"]
 
 
-class JobSpec(TrainSpec):
-    """A job as submitted: what to train (`TrainSpec`) and where/when it may run."""
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+RESERVED_ENV_PREFIXES = ("TOWERQ_", "LD_", "BASH_FUNC_", "NVIDIA_", "NCCL_", "MASTER_", "SLURM_")
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "TF_CONFIG",
+        "TF_FORCE_GPU_ALLOW_GROWTH",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "PYTHONHOME",
+        "HOME",
+    }
+)
+"""What a command job's `env` may not set: what towerq sets for the program (its GPUs, ranks,
+folders, memory hints), and what changes how every program of the sandbox loads."""
+MODEL_ONLY_FIELDS = (
+    "dataset_options",
+    "hyperparameters",
+    "variable_device",
+    "tower_weights",
+    "precision",
+    "jit_compile",
+    "memory_growth",
+)
+"""Fields that configure towerq's own trainer: a command job refuses them."""
+COMMAND_MAX_ARGS = 1024
+COMMAND_ARG_MAX = 4096
+ENV_MAX_ENTRIES = 64
+ENV_VALUE_MAX = 4096
 
-    name: Name | None = Field(default=None, description="default: model-dataset")
+
+def env_name(name: str) -> str:
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        raise ValueError(f"{name} is not a job's to set: towerq sets it, or it changes how every program loads")
+    return name
+
+
+def no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("a NUL character cannot be passed to a program")
+    return text
+
+
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN), AfterValidator(env_name)]
+EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(no_nul)]
+CommandArg = Annotated[str, Field(max_length=COMMAND_ARG_MAX), AfterValidator(no_nul)]
+
+
+class JobSpec(TrainSpec):
+    """A job as submitted: what to run (a model for towerq's trainer, `TrainSpec`, or a
+    `command` from a code bundle) and where/when it may run."""
+
+    model: str | None = Field(  # type: ignore[assignment]
+        default=None, min_length=1, max_length=200, description="built-in name or module:function (or: command)"
+    )
+    dataset: str | None = Field(  # type: ignore[assignment]
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="a name, or kind:PATH under TOWERQ_DATA_DIR (a command job: optional, an upload, read only)",
+    )
+    command: list[CommandArg] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=COMMAND_MAX_ARGS,
+        description="your own program instead of a model: argv run without a shell in the code bundle's folder",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=ENV_MAX_ENTRIES, description="a command job's environment variables"
+    )
+    resumable: bool = Field(
+        default=False,
+        description=(
+            "a command job that resumes from TOWERQ_CHECKPOINT_DIR: only such jobs are preempted or time sliced "
+            "(model jobs always resume)"
+        ),
+    )
+    name: Name | None = Field(default=None, description="default: model-dataset, or the command")
     gpus: list[GpuIndex] | None = Field(
         default=None, min_length=1, max_length=MAX_GPUS_PER_JOB, description="these GPU indices (with host)"
     )
@@ -364,13 +450,45 @@ class JobSpec(TrainSpec):
             raise ValueError(f"tower_weights has {len(self.tower_weights)} entries for {self.gpu_count} GPUs")
         if self.memory_growth and self.gpu_memory_fraction < 1:
             raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
-        if self.code is not None and ":" not in self.model:
+        if self.command is not None:
+            self._check_command()
+        elif self.model is None:
+            raise ValueError("model: give model (a Keras model for towerq's trainer) or command (your own program)")
+        elif self.dataset is None:
+            raise ValueError("dataset: a model job needs a dataset")
+        elif self.env:
+            raise ValueError("env: applies to command jobs only (a model reads model_options)")
+        elif self.code is not None and ":" not in self.model:
             raise ValueError("with code, model names a function in the bundle: module:function")
         if len(set(self.after)) != len(self.after):
             raise ValueError("after: each job or sweep may be named only once")
         if self.name is None:
-            self.name = f"{self.model}-{self.dataset}"[:128]
+            shown = " ".join(self.command) if self.command is not None else f"{self.model}-{self.dataset}"
+            self.name = "".join(c if c.isprintable() else " " for c in shown)[:128]
         return self
+
+    def _check_command(self) -> None:
+        if self.model is not None:
+            raise ValueError("command: give model or command, not both")
+        if self.code is None:
+            raise ValueError(
+                "code: a command runs a program from a code bundle: upload its folder (POST /api/code, "
+                "or `towerq run`) and give the bundle's id"
+            )
+        if not self.command or not self.command[0]:
+            raise ValueError("command: its first entry names the program to run")
+        for field in MODEL_ONLY_FIELDS:
+            if field in self.model_fields_set:
+                raise ValueError(f"{field}: applies to model jobs only, not to a command job")
+        if self.dataset is not None and self.dataset_path is None:
+            raise ValueError(
+                f"dataset: {self.dataset!r} is towerq's trainer's own; a command job reads an upload "
+                "(npz:PATH, tfrecord:PATH or images:FOLDER under TOWERQ_DATA_DIR)"
+            )
+
+    @property
+    def is_command(self) -> bool:
+        return self.command is not None
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))

@@ -1,0 +1,165 @@
+"""Command jobs: a member's own program (`"command": [...]`) runs as a towerq job through the
+real API, scheduler, worker and bubblewrap, with its GPUs, folders, metrics and artifacts."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from service.core.settings import Settings
+from tests.stack import Stack, wait_for
+
+pytestmark = pytest.mark.slow
+FINAL = ("succeeded", "failed", "cancelled")
+
+TRAIN = """
+import json, os, sys
+from pathlib import Path
+
+import numpy as np
+import towerq
+
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 4))
+y = x @ np.array([1.0, -2.0, 0.5, 3.0])
+w = np.zeros(4)
+checkpoints = Path(os.environ["TOWERQ_CHECKPOINT_DIR"])
+start = 0
+if (checkpoints / "w.npy").exists():
+    w = np.load(checkpoints / "w.npy")
+    start = int((checkpoints / "step").read_text())
+seen = {name: os.environ.get(name) for name in
+        ("TOWERQ_JOB_ID", "TOWERQ_ATTEMPT", "CUDA_VISIBLE_DEVICES", "GREETING", "TF_FORCE_GPU_ALLOW_GROWTH")}
+print("ENV " + json.dumps(seen), flush=True)
+print("a line to stderr", file=sys.stderr, flush=True)
+for step in range(start + 1, steps + 1):
+    grad = 2 * x.T @ (x @ w - y) / len(x)
+    w -= 0.1 * grad
+    loss = float(np.mean((x @ w - y) ** 2))
+    towerq.report(step=step, loss=loss, grad_norm=float(np.linalg.norm(grad)))
+    if step % 5 == 0:
+        np.save(checkpoints / "w.npy", w)
+        (checkpoints / "step").write_text(str(step))
+towerq.report(step=steps, split="eval", loss=loss)
+print(json.dumps({"event": "done", "step": 0}), flush=True)  # the trainer's word: text from a program
+Path(os.environ["TOWERQ_OUTPUT_DIR"], "weights.json").write_text(json.dumps(list(w)))
+"""
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def upload(client: httpx.Client, files: dict[str, str]) -> str:
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    response = client.post("/api/code", files={"file": ("code.tar.gz", packed.getvalue())})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def finished(client: httpx.Client, job_id: int, timeout: float = 180) -> dict[str, Any]:
+    return wait_for(lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, timeout, "the job")
+
+
+def test_a_numpy_program_runs_reports_and_leaves_its_output(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload(client, {"train.py": TRAIN})
+    spec = {
+        "command": ["python", "train.py", "--steps", "20"],
+        "code": code,
+        "gpu_count": 1,
+        "env": {"GREETING": "hello"},
+    }
+    created = client.post("/api/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    assert created.json()["name"] == "python train.py --steps 20"
+    job_id = created.json()["id"]
+    job = finished(client, job_id)
+    lines = client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()
+    messages = [line["message"] for line in lines]
+    assert job["state"] == "succeeded", (job["error"], messages[-30:])
+
+    env = json.loads(next(m for m in messages if m.startswith("ENV "))[4:])
+    assert env["TOWERQ_JOB_ID"] == str(job_id) and env["TOWERQ_ATTEMPT"] == "1"
+    assert env["GREETING"] == "hello" and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    assert "a line to stderr" in messages
+    assert any('"event": "done"' in m for m in messages), "a program's `done` line is text"
+
+    points = client.get(f"/api/jobs/{job_id}/metrics").json()
+    train = [p for p in points if p["split"] == "train"]
+    assert [p["step"] for p in train] == list(range(1, 21))
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert set(train[0]["custom"]) == {"grad_norm"}
+    assert [p["step"] for p in points if p["split"] == "eval"] == [20]
+
+    listed = {entry["path"] for entry in client.get(f"/api/jobs/{job_id}/artifacts").json()["items"]}
+    assert {"output/weights.json", "checkpoints/w.npy"} <= listed, listed
+    weights = client.get(f"/api/jobs/{job_id}/artifacts/output/weights.json").json()
+    assert weights[1] == pytest.approx(-2.0, abs=0.3)
+
+
+def test_a_failing_program_fails_with_its_last_words(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload(client, {"crash.py": "import sys\nprint('working')\nraise SystemExit('no data found in /data')\n"})
+    created = client.post("/api/jobs", json={"command": ["python", "crash.py"], "code": code})
+    assert created.status_code == 201, created.text
+    job = finished(client, created.json()["id"])
+    assert job["state"] == "failed"
+    assert job["error"] == "the program exited with code 1: no data found in /data", job["error"]
+
+
+BAD = [
+    ({"command": ["python", "train.py"]}, "code", "code bundle"),
+    ({"command": ["nosuchprogram"], "code": "CODE"}, "command", "no program 'nosuchprogram'"),
+    ({"command": ["./missing.sh"], "code": "CODE"}, "command", "is not a file of bundle"),
+    ({"command": ["train.py"], "code": "CODE"}, "command", "run it as ./train.py, or python train.py"),
+    ({"command": [], "code": "CODE"}, "command", "at least 1 item"),
+    ({"command": "python train.py", "code": "CODE"}, "command", "valid list"),
+    ({"command": ["python", "train.py"], "code": "CODE", "env": {"LD_PRELOAD": "x"}}, "env", "LD_PRELOAD"),
+    ({"command": ["python", "train.py"], "code": "CODE", "env": {"TOWERQ_JOB_ID": "9"}}, "env", "TOWERQ_JOB_ID"),
+    ({"command": ["python", "train.py"], "code": "CODE", "gpu_count": 3}, "gpu_count", "runs on one host"),
+    ({"command": ["python"], "code": "CODE", "hyperparameters": {"steps": 2}}, "hyperparameters", "model jobs"),
+    ({"command": ["python"], "code": "CODE", "model": "mlp", "dataset": "digits"}, "command", "not both"),
+]
+
+
+def test_a_bad_command_job_gets_a_422_naming_its_field(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    stack.start_api()
+    stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload(client, {"train.py": "print(1)\n"})
+    for spec, field, says in BAD:
+        response = client.post("/api/jobs", json={**spec, "code": code} if spec.get("code") else spec)
+        assert response.status_code == 422, (spec, response.text)
+        detail = json.dumps(response.json())
+        assert field in detail and says in detail, (spec, detail)

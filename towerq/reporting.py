@@ -1,0 +1,82 @@
+"""`towerq.report()`: a command job's numbers, from inside its sandbox, with nothing to install.
+
+    import towerq
+    towerq.report(step=120, loss=0.31, accuracy=0.9)          # a training point
+    towerq.report(step=120, split="eval", loss=0.35, f1=0.8)  # an evaluation, a custom metric
+
+Each call prints one line of towerq's protocol on stdout (any language can print the same,
+docs/command-jobs.md), and appends it to the job's metrics log so that a resumed attempt
+restores the points its dead worker had not stored. Outside a towerq job it prints the same
+line, so a script runs the same anywhere. Standard library only: the sandbox has no more.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any
+
+SPLITS = ("train", "eval")
+STANDARD = ("loss", "accuracy", "learning_rate", "examples_per_sec")
+MAX_CUSTOM = 16
+CUSTOM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,47}$")
+METRICS_LOG_ENV = "TOWERQ_METRICS_LOG"
+
+
+def report(
+    step: int, loss: float | None = None, accuracy: float | None = None, *, split: str = "train", **metrics: float
+) -> None:
+    """One point of the job's charts at `step` (an int from 0): `loss` and `accuracy` as
+    towerq's trainer reports them, `learning_rate` and `examples_per_sec` if given, any other
+    number by its name (at most 16 names, each a chart of its own). `split="eval"` for
+    numbers of held-out data. A non-finite number is stored as missing."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**62:
+        raise ValueError(f"towerq.report: step must be an int from 0 to 2**62, not {step!r}")
+    if split not in SPLITS:
+        raise ValueError(f"towerq.report: split must be 'train' or 'eval', not {split!r}")
+    line: dict[str, Any] = {"event": "eval" if split == "eval" else "metric", "time": round(time.time(), 3)}
+    line["step"] = step
+    line["loss"] = _number("loss", loss)
+    line["accuracy"] = _number("accuracy", accuracy)
+    custom: dict[str, float | None] = {}
+    for name, value in metrics.items():
+        if name in STANDARD:
+            line[name] = _number(name, value)
+            continue
+        if not CUSTOM_NAME.match(name):
+            raise ValueError(f"towerq.report: {name!r} is not a metric name (letters, digits, _ . -; at most 48)")
+        custom[name] = _number(name, value)
+    if len(custom) > MAX_CUSTOM:
+        raise ValueError(f"towerq.report: at most {MAX_CUSTOM} custom metrics, got {len(custom)}")
+    if custom:
+        line["metrics"] = custom
+    text = json.dumps(line, allow_nan=False)
+    _keep(text)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"towerq.report: {name} must be a number, not {value!r}")
+    try:
+        number = float(value)  # a numpy scalar, a 0-d tensor's .item() ...
+    except (TypeError, ValueError):
+        raise TypeError(f"towerq.report: {name} must be a number, not {type(value).__name__}") from None
+    return number if math.isfinite(number) else None
+
+
+def _keep(text: str) -> None:
+    """Append the line (with its attempt) to the job's metrics log, when in a job."""
+    path = os.environ.get(METRICS_LOG_ENV)
+    if not path:
+        return
+    attempt = os.environ.get("TOWERQ_ATTEMPT", "1")
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(text[:-1] + f', "attempt": {int(attempt) if attempt.isdigit() else 1}}}\n')

@@ -1,0 +1,111 @@
+"""A command job: a member's own program (`"command": [...]` in its spec) run as an attempt.
+
+It runs where a trainer runs: its own session and cgroups, the same sandbox (its code
+bundle's folder is its working directory, read only), its GPUs in `CUDA_VISIBLE_DEVICES`.
+What towerq gives it is in its environment (docs/command-jobs.md):
+
+- `TOWERQ_JOB_ID`, `TOWERQ_ATTEMPT`;
+- `TOWERQ_CHECKPOINT_DIR`: kept across the job's attempts, the job's own;
+- `TOWERQ_OUTPUT_DIR`: what is there at the end is downloadable with the job's artifacts;
+- `TOWERQ_DATA_DIR`: its dataset (an upload, read only), when it names one;
+- `TOWERQ_INPUTS`: the folders of the jobs it waited for (`after`), as JSON {job id: path};
+- `TOWERQ_METRICS_LOG`: where `towerq.report()` keeps its points for a resumed attempt;
+- the framework hints for its GPU memory share (`TF_FORCE_GPU_ALLOW_GROWTH`,
+  `PYTORCH_CUDA_ALLOC_CONF`, `XLA_PYTHON_CLIENT_MEM_FRACTION`).
+
+It speaks the trainer's protocol on stdout only for what a program may say: `metric`,
+`eval` and `log` lines (`towerq.report()` writes them). A `started`, `done`, `stopped` or
+`error` line is the trainer's word; from a program it is kept as plain text. It succeeds
+when it exits 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.core.settings import Settings
+from towerq.contract.paths import bundle_root
+from worker import sandbox
+from worker.launch import Launch, in_sandbox, input_paths, trainer_environment
+from worker.trainer.protocol import METRICS_LOG
+
+CHECKPOINTS = "checkpoints"
+OUTPUT = "output"
+PROGRAM_EVENTS = frozenset({"metric", "eval", "log"})
+"""What a program's protocol line may be; any other is printed text."""
+PR_SET_PDEATHSIG = 1
+
+
+def is_program(spec: dict[str, Any]) -> bool:
+    return spec.get("command") is not None
+
+
+def prepare_folders(job_folder: Path, identity: sandbox.Identity | None) -> None:
+    """The job folder and its checkpoint and output folders, the program's own. A name the
+    program replaced by a link or a file in an earlier attempt is refused, not followed."""
+    job_folder.mkdir(parents=True, exist_ok=True)
+    sandbox.hand_over(job_folder, identity)
+    for name in (CHECKPOINTS, OUTPUT):
+        path = job_folder / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise sandbox.SandboxError(f"{name} in the job's folder is not a folder: the program replaced it")
+        path.mkdir(exist_ok=True)
+        sandbox.hand_over(path, identity)
+
+
+def program_environment(launch: Launch, settings: Settings, seen_folder: Path, sandboxed: bool) -> dict[str, str]:
+    """The trainer's environment (the allow-list, its GPUs) plus the job's own `env` and what
+    towerq gives a program. The lab's Python comes first on PATH: `python` is the one
+    towerq runs its trainer with."""
+    env = trainer_environment(launch.indices, settings.trainer_env_pass)
+    env.update(launch.spec.get("env") or {})
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH") or os.defpath])
+    env["TOWERQ_JOB_ID"] = str(launch.job_id)
+    env["TOWERQ_ATTEMPT"] = str(launch.attempt)
+    env["TOWERQ_CHECKPOINT_DIR"] = str(seen_folder / CHECKPOINTS)
+    env["TOWERQ_OUTPUT_DIR"] = str(seen_folder / OUTPUT)
+    env["TOWERQ_METRICS_LOG"] = str(seen_folder / METRICS_LOG)  # towerq.report() appends there
+    if launch.inputs:
+        env["TOWERQ_INPUTS"] = json.dumps(input_paths(launch, sandboxed))
+    dataset = str(launch.spec.get("dataset") or "").partition(":")[2]
+    if dataset:
+        env["TOWERQ_DATA_DIR"] = str(settings.data_dir.resolve() / dataset)
+    env.update(memory_hints(launch))
+    return env
+
+
+def memory_hints(launch: Launch) -> dict[str, str]:
+    """What keeps a well-behaved framework inside its share of each GPU: grow on demand
+    rather than take the whole card, and (JAX) take at most the fraction."""
+    hints = {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    hints["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    if launch.fraction < 1:
+        hints["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{launch.fraction:.3f}"
+    return hints
+
+
+def program_command(launch: Launch, settings: Settings, job_folder: Path, sandboxed: bool) -> list[str]:
+    """The job's `command`, inside bubblewrap when `sandboxed`, working in its bundle's folder."""
+    command = [str(arg) for arg in launch.spec["command"]]
+    if not sandboxed:
+        return command
+    network = bool(launch.spec.get("network"))
+    return in_sandbox(command, launch, settings, job_folder, network, workdir=program_workdir(settings, launch))
+
+
+def program_workdir(settings: Settings, launch: Launch) -> Path:
+    """Where the program starts: its code bundle's folder (`python train.py` finds it)."""
+    return bundle_root(settings.code_dir, launch.spec["code"])
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the worker thread that started it dies (a
+    program, unlike the trainer, does not watch the worker)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
