@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -163,3 +165,58 @@ def test_a_bad_command_job_gets_a_422_naming_its_field(
         assert response.status_code == 422, (spec, response.text)
         detail = json.dumps(response.json())
         assert field in detail and says in detail, (spec, detail)
+
+
+FAKE_NVML = Path(__file__).resolve().parent / "fakenvml"
+HOLDS = """
+import os, sys, time
+import towerq
+
+for step in range(int(sys.argv[1])):
+    towerq.report(step=step, loss=1.0 / (step + 1))
+    time.sleep(0.5)
+print("held", os.environ["FAKE_GPU_MB"], "MiB to the end")
+"""
+
+
+def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_on(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two command jobs share one GPU at fraction 0.4 (NVML is the fake of tests/fakenvml,
+    which reports what each program's FAKE_GPU_MB says it holds): the one past its share is
+    stopped with both numbers named, the one inside it succeeds."""
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
+    stack.start_api()
+    stack.start_scheduler()
+    stack.spawn(
+        "worker-lab-a",
+        "worker",
+        "--name",
+        "lab-a",
+        simulated_gpus=None,
+        sandbox="bwrap",
+        trainer_pool=0,
+        gpu_memory_grace_s=1,
+    )
+    client = stack.client(make_token("alice"))
+    gpus = wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    assert gpus[0]["name"] == "Fake NVIDIA H100 80GB HBM3" and not gpus[0]["simulated"], gpus
+    code = upload(client, {"hold.py": HOLDS})
+    shared = {"code": code, "gpus": [0], "gpu_memory_fraction": 0.4}
+    greedy = client.post(
+        "/api/jobs", json={**shared, "command": ["python", "hold.py", "60"], "env": {"FAKE_GPU_MB": "40000"}}
+    )
+    modest = client.post(
+        "/api/jobs", json={**shared, "command": ["python", "hold.py", "12"], "env": {"FAKE_GPU_MB": "20000"}}
+    )
+    assert greedy.status_code == 201 and modest.status_code == 201, (greedy.text, modest.text)
+    stopped = finished(client, greedy.json()["id"], 120)
+    assert stopped["state"] == "failed", stopped
+    share = int(0.4 * (81559 - 480))
+    assert stopped["error"] == (
+        f"its processes held 40,000 MiB of GPU 0, over its share of {share:,} MiB (gpu_memory_fraction 0.4 of "
+        "81,559 MiB, less 480 MiB the driver keeps)"
+    ), stopped["error"]
+    ran = finished(client, modest.json()["id"], 120)
+    assert ran["state"] == "succeeded", ran

@@ -34,6 +34,9 @@ class Stop(enum.StrEnum):
     FROZEN = "frozen"
     """A job over several hosts: this rank's trainer was stopped by a signal (SIGSTOP) for
     longer than the collective timeout, so its worker killed it; the job queues again."""
+    GPU_MEMORY = "gpu_memory"
+    """A command job held more GPU memory than its share for longer than the grace
+    (`worker.program.over_share`): it fails, and the message names both numbers."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -120,7 +123,7 @@ class Outcome:
             return JobState.CANCELLED, self.stop_message
         if self.stop == Stop.TIME_LIMIT:
             return JobState.FAILED, f"{self.stop_message} at step {self.step}"
-        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL):
+        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY):
             return JobState.FAILED, self.stop_message
         if (self.done is not None or self.program) and self.returncode == 0:
             return JobState.SUCCEEDED, None

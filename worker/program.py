@@ -32,6 +32,7 @@ from typing import Any
 from service.core.settings import Settings
 from towerq.contract.paths import bundle_root
 from worker import sandbox
+from worker.inventory import GpuState
 from worker.launch import Launch, in_sandbox, input_paths, trainer_environment
 from worker.trainer.protocol import METRICS_LOG
 
@@ -102,6 +103,25 @@ def program_command(launch: Launch, settings: Settings, job_folder: Path, sandbo
 def program_workdir(settings: Settings, launch: Launch) -> Path:
     """Where the program starts: its code bundle's folder (`python train.py` finds it)."""
     return bundle_root(settings.code_dir, launch.spec["code"])
+
+
+def over_share(gpus: list[GpuState], launch: Launch, pids: set[int], reserved_mb: int) -> str | None:
+    """What a program holds past its share of one of its GPUs, in words naming both numbers,
+    or None. Its share of a GPU is fraction × (memory − what the driver keeps): the slices of
+    jobs whose fractions add up to 1 fit on the card together, CUDA contexts included (NVML
+    counts a process's context in its memory)."""
+    for gpu in gpus:
+        if gpu.index not in launch.indices:
+            continue
+        used = sum(p["used_mb"] or 0 for p in gpu.processes if p["pid"] in pids)
+        share = int(launch.fraction * (gpu.memory_total_mb - reserved_mb))
+        if used > share:
+            return (
+                f"its processes held {used:,} MiB of GPU {gpu.index}, over its share of {share:,} MiB "
+                f"(gpu_memory_fraction {launch.fraction:g} of {gpu.memory_total_mb:,} MiB, less {reserved_mb} MiB "
+                "the driver keeps)"
+            )
+    return None
 
 
 def die_with_parent() -> None:

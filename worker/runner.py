@@ -110,6 +110,8 @@ class JobRunner:
         self._look = threading.Event()
         """A control message came for this job: read the database at the next tick."""
         self._stop_deadline: float | None = None
+        self._over_share_since: float | None = None
+        """Since when its program has held more GPU memory than its share (`_watch_gpu_memory`)."""
         self._frozen_since: float | None = None
         """Since when its trainer has been stopped by a signal (`_watch_frozen`)."""
         self._moved_on_since: float | None = None
@@ -494,6 +496,25 @@ class JobRunner:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
         if self.launch.ranks > 1:
             self._watch_frozen()
+        if self.program and self.launch.fraction < 1 and not self.inventory.simulated:
+            self._watch_gpu_memory()
+
+    def _watch_gpu_memory(self) -> None:
+        """A program sharing its GPUs has no framework limit towerq sets: NVML's count of
+        its processes' memory must stay inside its share, or it is stopped after the grace."""
+        settings = self.ctx.settings
+        self._note_pids()
+        over = program.over_share(
+            self.inventory.refresh(), self.launch, self.trainer_pids, settings.gpu_memory_reserved_mb
+        )
+        now = time.monotonic()
+        if over is None:
+            self._over_share_since = None
+        elif self._over_share_since is None:
+            self._over_share_since = now
+            self.sink.log("warning", f"{over}: stopped if it still does in {settings.gpu_memory_grace_s:g} s")
+        elif now - self._over_share_since >= settings.gpu_memory_grace_s:
+            self.request_stop(Stop.GPU_MEMORY, over)
 
     def _moved_on(self) -> None:
         """The job has moved on from this attempt: its trainer goes now, unless it said it

@@ -1,0 +1,104 @@
+"""A fake `pynvml` for tests (put this folder first on a worker's PYTHONPATH): it reports the
+GPUs `FAKE_NVML_GPUS` names (their memory in MiB, comma-separated, e.g. "81559,81559"), and
+as each GPU's processes, the live processes that have `FAKE_GPU_MB=<MiB>` in their
+environment, on the GPUs of their `CUDA_VISIBLE_DEVICES`, using that much memory each. A
+process counts only when no child of it has the variable too (bwrap and setpriv pass their
+environment on: the program at the end of the chain holds the memory).
+
+So a test says what a program holds with the job's own `env`, and the worker reads it by
+host pid, as it reads the real NVML."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+
+class NVMLError(Exception):
+    pass
+
+
+def _totals() -> list[int]:
+    return [int(mb) for mb in os.environ.get("FAKE_NVML_GPUS", "").split(",") if mb.strip()]
+
+
+def nvmlInit() -> None:
+    if not _totals():
+        raise NVMLError("FAKE_NVML_GPUS names no GPU")
+
+
+def nvmlShutdown() -> None:
+    pass
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_totals())
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> int:
+    return index
+
+
+def nvmlDeviceGetMinorNumber(handle: int) -> int:
+    return handle
+
+
+def nvmlDeviceGetName(handle: int) -> str:
+    return "Fake NVIDIA H100 80GB HBM3"
+
+
+def nvmlDeviceGetUUID(handle: int) -> str:
+    return f"GPU-fake-{handle:04d}"
+
+
+def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:
+    return SimpleNamespace(gpu=0, memory=0)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        return {}
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {name: value for name, _, value in pairs}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def _holders() -> dict[int, tuple[int, list[int]]]:
+    """pid -> (MiB, GPU indices) of the processes that say they hold GPU memory."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        env = _environ(int(name))
+        if "FAKE_GPU_MB" in env and env.get("CUDA_VISIBLE_DEVICES"):
+            indices = [int(i) for i in env["CUDA_VISIBLE_DEVICES"].split(",") if i.strip().isdigit()]
+            found[int(name)] = (int(env["FAKE_GPU_MB"]), indices)
+    parents = {_parent(pid) for pid in found}
+    return {pid: held for pid, held in found.items() if pid not in parents}
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
+    return [
+        SimpleNamespace(pid=pid, usedGpuMemory=mb * 2**20)
+        for pid, (mb, indices) in sorted(_holders().items())
+        if handle in indices
+    ]
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: int) -> list[SimpleNamespace]:
+    return []
+
+
+def nvmlDeviceGetMemoryInfo(handle: int) -> SimpleNamespace:
+    total = _totals()[handle] * 2**20
+    used = sum(p.usedGpuMemory for p in nvmlDeviceGetComputeRunningProcesses(handle)) + 480 * 2**20
+    return SimpleNamespace(total=total, used=min(used, total), free=max(0, total - used))
