@@ -265,10 +265,11 @@ def bwrap_command(
         args += ["--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
     size = str(tmp_mb * 2**20)
     writable = ["--perms", "01777", "--size", size, "--tmpfs"]  # anyone's (the trainer's user), sticky
-    args += ["--dev", "/dev", *writable, "/dev/shm", "--remount-ro", "/dev"]
-    args += [*writable, "/tmp", "--setenv", "HOME", "/tmp"]
-    for device in devices:
+    args += ["--dev", "/dev", *writable, "/dev/shm"]
+    for device in devices:  # before /dev is read only: bwrap makes a file for each to bind over
         args += ["--dev-bind", str(device), str(device)]
+    args += ["--remount-ro", "/dev"]
+    args += [*writable, "/tmp", "--setenv", "HOME", "/tmp"]
     for path in python_paths(repo_root, protected):
         args += ["--ro-bind", str(path), str(path)]
     for shared in (models_path.resolve(), data_dir.resolve()):

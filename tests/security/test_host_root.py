@@ -50,6 +50,7 @@ tried("write core_pattern", lambda: same_sysctl("kernel/core_pattern"))
 tried("write printk_ratelimit", lambda: same_sysctl("kernel/printk_ratelimit"))
 tried("read shadow", lambda: open("/etc/shadow").read(1))
 tried("write dev", lambda: open("/dev/planted", "w").write("x"))
+found["dev entries"] = sorted(os.listdir("/dev"))
 found["cgroups seen"] = sorted(os.listdir("/sys/fs/cgroup")) if os.path.isdir("/sys/fs/cgroup") else []
 found["own cgroup"] = sorted({line.strip().rpartition(":")[2] for line in open("/proc/self/cgroup")})
 try:
@@ -76,7 +77,9 @@ def lab() -> Iterator[Path]:
         yield root
 
 
-def probe(lab: Path, identity: sandbox.Identity | None, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+def probe(
+    lab: Path, identity: sandbox.Identity | None, monkeypatch: pytest.MonkeyPatch, devices: list[Path] | None = None
+) -> dict[str, object]:
     monkeypatch.setattr(sandbox, "python_paths", lambda *_args, **_kw: [])  # the system's Python is enough here
     command = sandbox.bwrap_command(
         ["/usr/bin/python3", "/probe.py"],
@@ -86,7 +89,7 @@ def probe(lab: Path, identity: sandbox.Identity | None, monkeypatch: pytest.Monk
         data_dir=lab / "data",
         datasets=[],
         code_path=None,
-        devices=[],
+        devices=devices or [],
         identity=identity,
         tmp_mb=16,
     )
@@ -153,3 +156,20 @@ def test_a_shared_folder_that_holds_towerqs_state_stops_the_worker(tmp_path: Pat
     risky = fine.model_copy(update={setting: tmp_path / where})
     with pytest.raises(sandbox.SandboxError, match=r"TOWERQ_(MODELS_PATH|DATA_DIR) is .* \(towerq's own files\)"):
         check_shared_folders(risky)
+
+
+STAND_INS = ("/dev/fuse", "/dev/kmsg", "/dev/loop-control", "/dev/cpu_dma_latency", "/dev/tty0")
+"""Character devices of a host that bwrap's own /dev lacks, standing in for /dev/nvidia0 and
+/dev/nvidiactl: bwrap makes a file in /dev to bind each over."""
+
+
+def test_a_jobs_gpu_nodes_are_bound_before_dev_turns_read_only(lab: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real H100 (scripts/gpu-check, docs/gpu-check.md) every GPU job failed with
+    `bwrap: Can't create file at /dev/nvidiactl: Read-only file system`: /dev was made read
+    only before the GPU's nodes were bound into it."""
+    node = next((Path(path) for path in STAND_INS if Path(path).exists()), None)
+    if node is None:
+        pytest.skip("this host has no character device outside bwrap's own /dev")
+    found = probe(lab, sandbox.trainer_identity(*NOBODY), monkeypatch, devices=[node])
+    assert node.name in found["dev entries"], found["dev entries"]  # type: ignore[operator]
+    assert found["write dev"] != "done", found
