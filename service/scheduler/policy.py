@@ -336,14 +336,16 @@ class _Pass:
         """(Time slicing on.) The job is not stopping, it has had its first
         `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
         all its earlier attempts together."""
-        return not running.stopping and self.now >= sliceable_from(running, self.config.demote_after_gpu_s)
+        if not running.stoppable or running.stopping:
+            return False
+        return self.now >= sliceable_from(running, self.config.demote_after_gpu_s)
 
     def _make_room(self, job: QueuedJob) -> Reason:
         if not self._stops_jobs:
             return self._why_no_fit(job)
         choice, kind = None, Wait.PREEMPTING
         if self.config.preemption and job.priority == HIGH:
-            choice = self._victims(job, lambda r: r.priority == LOW, lambda r: -r.started)
+            choice = self._victims(job, lambda r: r.priority == LOW and r.stoppable, lambda r: -r.started)
         eldest = job.id == self.eldest_gang
         fresh = job.served_gpu_s < self.config.demote_after_gpu_s
         if choice is None and 0 < self.config.demote_after_gpu_s and (fresh or eldest):

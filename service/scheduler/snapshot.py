@@ -147,6 +147,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.cancel_requested_at,
             Job.preempt_requested_at,
             Job.group,
+            Job.spec,
         )
         .join(Gpu, Allocation.gpu_id == Gpu.id)
         .join(Host, Allocation.host_id == Host.id)
@@ -177,6 +178,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
+                stoppable=r.spec.get("command") is None or bool(r.spec.get("resumable")),
             )
     whole: dict[int, float] = defaultdict(float)
     for part, running in by_job.items():

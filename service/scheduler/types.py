@@ -90,6 +90,9 @@ class RunningJob:
     job_gpu_load: float | None = None
     """The whole job's GPU load, all its parts together, for a job over several hosts (each
     host's part is a `RunningJob` with the same id); None: this part is the whole job."""
+    stoppable: bool = True
+    """Preemption and time slicing may stop it: False for a command job that does not say it
+    resumes (`"resumable": false`); only an admin or its owner stops that one."""
 
     def served(self, now: float) -> float:
         """GPU-seconds the whole job has run so far (all its hosts), earlier attempts included."""

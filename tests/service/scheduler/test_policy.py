@@ -512,3 +512,17 @@ def test_the_eldest_starving_gang_job_starts_before_a_crowd_of_better_ranked_sma
     assert set(placed(d)) == {1}
     not_yet = run([*small, gang], cluster(8), usage=usage, reserve_after_s=4 * DAY)
     assert 1 not in placed(not_yet) and len(placed(not_yet)) == 8  # before it starves, rank rules
+
+
+def test_a_command_job_that_does_not_resume_is_neither_preempted_nor_sliced() -> None:
+    """(Issue 51.) A command job says whether it resumes from its checkpoint folder; one that
+    does not would lose its work: preemption and time slicing pass it over for one that does."""
+    keeps = running(100, "lab-a", (0,), priority=LOW, started=NOW - 5 * HOUR, stoppable=False)
+    resumes = running(101, "lab-a", (1,), priority=LOW, started=NOW - 2 * HOUR)
+    urgent = job(1, gpus=2, priority=HIGH)
+    assert run([urgent], cluster(2, running=[keeps, resumes]), preemption=True).preempt == {}
+    assert run([job(1, gpus=1, priority=HIGH)], cluster(2, running=[keeps, resumes]), preemption=True).preempt == {
+        101: 1
+    }
+    sliced = run([job(2)], cluster(2, running=[keeps, resumes]), demote_after_gpu_s=HOUR)
+    assert sliced.preempt == {101: 2}, "the most served is passed over: it does not resume"
