@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +17,7 @@ import httpx
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, wait_for
+from tests.stack import REPO, Stack, wait_for
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -220,3 +222,43 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     ), stopped["error"]
     ran = finished(client, modest.json()["id"], 120)
     assert ran["state"] == "succeeded", ran
+
+
+def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_")}
+    env.update({"TOWERQ_API_URL": api, "TOWERQ_TOKEN": token, "PYTHONPATH": str(REPO), "HOME": str(cwd)})
+    command = [sys.executable, "-m", "service.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=240)
+
+
+def test_towerq_run_sends_this_folder_once_and_follows_the_job(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
+    token = make_token("alice")
+    client = stack.client(token)
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text(TRAIN)
+    (project / "data" / "huge.bin").write_bytes(b"\0" * 1000)
+    (project / "weights.pt").write_bytes(b"\0" * 1000)
+    (project / ".gitignore").write_text("data/\n")
+    (project / ".towerqignore").write_text("*.pt\n")
+    assert stack.api_url is not None
+
+    first = towerq_cli("run", "--gpus", "1", "--", "python", "train.py", "--steps", "6", cwd=project,
+                       api=stack.api_url, token=token)  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "(sent)" in first.stdout and "data/" in first.stdout and "weights.pt" in first.stdout, first.stdout
+    again = towerq_cli("run", "--detach", "--", "python", "train.py", "--steps", "6", cwd=project,
+                       api=stack.api_url, token=token)  # fmt: skip
+    assert again.returncode == 0 and "(already there)" in again.stdout, again.stdout + again.stderr
+
+    jobs = client.get("/api/jobs").json()["items"]
+    ran = next(j for j in jobs if j["state"] == "succeeded")
+    files = {f["path"] for f in client.get(f"/api/code/{ran['spec']['code']}").json()["files"]}
+    assert files == {".gitignore", ".towerqignore", "train.py"}, files
+    assert ran["spec"]["command"] == ["python", "train.py", "--steps", "6"]

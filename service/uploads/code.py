@@ -17,7 +17,6 @@ uploads cannot each take the whole room.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from typing import IO, Any
 from service.core.exceptions import NotFoundError, SpecError, TooLargeError
 from service.uploads.quota import held as quota_lock
 from service.uploads.unpack import Limits, Unpacker, read_only, writable
+from towerq.contract import paths
 from towerq.contract.paths import BUNDLE_FILES, bundle_root
 
 BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -120,7 +120,7 @@ def store(
         if not writer.entries:
             raise SpecError("file", "the archive holds no files")
         entries = sorted(writer.entries, key=lambda entry: entry["path"])
-        bundle_id = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+        bundle_id = paths.bundle_id(entries)
         described = {
             "id": bundle_id,
             "files": [{"path": e["path"], "size": e["size"]} for e in entries],

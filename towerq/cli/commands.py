@@ -25,6 +25,7 @@ from towerq.cli.reports import (
     run_sweeps,
     run_usage,
 )
+from towerq.cli.run import add_run_command
 from towerq.cli.session import (
     Api,
     UsageError,
@@ -179,6 +180,7 @@ def add_commands(commands: Any) -> None:
             sub.add_argument("path", type=Path, help="the file, or a folder of images")
         sub.set_defaults(run={"upload": run_data_upload, "list": run_data_list, "rm": run_data_rm}[action])
 
+    add_run_command(commands, command)
     add_group_commands(commands)
     add_reservation_commands(commands)
 

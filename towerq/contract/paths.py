@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import stat
 from collections.abc import Iterator
@@ -27,6 +29,14 @@ MODEL_FILE = "model.keras"
 
 BUNDLE_FILES = "files"
 """A code bundle's files, under `<TOWERQ_CODE_DIR>/<id>/` beside its manifest."""
+
+
+def bundle_id(entries: list[dict[str, object]]) -> str:
+    """A code bundle's id: the SHA-256 of its files' `{path, size, sha256}` sorted by path.
+    The same files give the same id wherever they are packed (the client checks before it
+    sends a folder again)."""
+    ordered = sorted(entries, key=lambda entry: str(entry["path"]))
+    return hashlib.sha256(json.dumps(ordered, sort_keys=True).encode()).hexdigest()
 
 
 def bundle_root(code_dir: Path, bundle_id: str) -> Path:

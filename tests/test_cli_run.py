@@ -1,0 +1,81 @@
+"""`towerq run`'s packing: what .gitignore and .towerqignore leave out, the id the API gives
+the same files, and a folder over the bundle limit refused before it is sent."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from towerq.cli import run
+from towerq.cli.session import UsageError
+
+
+def project(root: Path, files: dict[str, bytes]) -> Path:
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    return root
+
+
+def test_ignore_files_leave_out_what_they_name_and_negations_bring_back(tmp_path: Path) -> None:
+    folder = project(
+        tmp_path,
+        {
+            ".gitignore": b"*.log\nbuild/\n/top.txt\n!keep.log\n",
+            "src/.towerqignore": b"fixtures/\n",
+            "train.py": b"print(1)",
+            "run.log": b"x",
+            "keep.log": b"x",
+            "top.txt": b"x",
+            "src/top.txt": b"anchored patterns match at their own folder only",
+            "build/out.bin": b"x",
+            "src/fixtures/a.npz": b"x",
+            "src/model.py": b"y",
+            ".venv/pyvenv.cfg": b"",
+            ".git/HEAD": b"",
+        },
+    )
+    packed = run.pack(folder)
+    paths = {entry["path"] for entry in packed.entries}
+    assert paths == {".gitignore", "src/.towerqignore", "train.py", "keep.log", "src/top.txt", "src/model.py"}
+    assert set(packed.left_out) == {"run.log", "top.txt", "build/", "src/fixtures/"}
+
+
+def test_the_same_files_get_the_same_id_however_packed(tmp_path: Path) -> None:
+    first = run.pack(project(tmp_path / "a", {"train.py": b"print(1)", "lib/x.py": b"x"}))
+    second = run.pack(project(tmp_path / "b", {"lib/x.py": b"x", "train.py": b"print(1)"}))
+    assert first.id == second.id and first.data != b""
+    assert run.pack(project(tmp_path / "c", {"train.py": b"print(2)", "lib/x.py": b"x"})).id != first.id
+
+
+def test_a_folder_over_the_limit_is_refused_naming_its_biggest_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run, "BUNDLE_LIMIT_BYTES", 1000)
+    folder = project(tmp_path, {"train.py": b"x" * 10, "weights.bin": b"\0" * 5000, "data.npz": b"\0" * 800})
+    with pytest.raises(UsageError) as refused:
+        run.upload_folder(None, folder)  # type: ignore[arg-type]  # refused before the API is asked
+    said = str(refused.value)
+    assert "weights.bin (0.0 MB)" in said and said.index("weights.bin") < said.index("data.npz"), said
+    assert ".towerqignore" in said
+
+
+def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
+    args = argparse.Namespace(
+        program=["--", "python", "train.py", "--lr", "0.1"], env=["SEED=3"], gpus=2, gpu_ids=None, host=None,
+        fraction=None, name=None, priority=None, time_limit=60, dataset=None, resumable=True, group=None,
+    )  # fmt: skip
+    spec = run.run_spec(args, "c" * 64)
+    assert spec == {
+        "command": ["python", "train.py", "--lr", "0.1"],
+        "code": "c" * 64,
+        "env": {"SEED": "3"},
+        "gpu_count": 2,
+        "time_limit_s": 60,
+        "resumable": True,
+    }
+    args.env = ["NOEQUALS"]
+    with pytest.raises(UsageError, match="NAME=VALUE"):
+        run.run_spec(args, "c" * 64)
