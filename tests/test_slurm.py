@@ -157,6 +157,10 @@ def said_plainly(client: Any) -> None:
     assert "gpus" in picked.text and "the cluster picks the GPUs: ask for gpu_count" in picked.text
     too_many = client.post("/api/jobs", json={**LONG, "gpu_count": 5})
     assert too_many.status_code == 422 and "5 GPUs asked for but the largest host has 4" in too_many.text
+    code = client.post("/api/code", files={"file": ("train.py", b"print(1)\n")}).json()["id"]
+    command = client.post("/api/jobs", json={"command": ["python", "train.py"], "code": code})
+    assert command.status_code == 422, command.text
+    assert "command jobs run on towerq's own workers, not yet with TOWERQ_EXECUTOR=slurm" in command.text
 
     job_id = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
     failed = wait_state(client, job_id, FINAL, 60)
