@@ -11,14 +11,20 @@ STAMP := $(VENV)/.towerq-installed
 
 BIOME := node_modules/.bin/biome
 
-.PHONY: run test test-quick lint lint-web typecheck pytest setup clean
+.PHONY: run test test-quick lint lint-web typecheck pytest setup clean frameworks
 
 run: setup
 	$(BIN)/towerq up
 
 test: setup
 	scripts/setup-system --test
-	$(MAKE) --no-print-directory lint typecheck pytest
+	$(MAKE) --no-print-directory frameworks lint typecheck pytest
+
+# A second framework for the command-job tests (tests/test_command_frameworks.py): PyTorch,
+# CPU build (about 45 s to install here, from the machine's local wheel; elsewhere pip may
+# fetch the CUDA build). Members' jobs use it the same way: docs/command-jobs.md.
+frameworks:
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet 'torch==2.13.0'
 
 test-quick: setup
 	$(BIN)/ruff check service worker migrations towerq tests bench

@@ -94,6 +94,8 @@ def memory_hints(launch: Launch) -> dict[str, str]:
 def program_command(launch: Launch, settings: Settings, job_folder: Path, sandboxed: bool) -> list[str]:
     """The job's `command`, inside bubblewrap when `sandboxed`, working in its bundle's folder."""
     command = [str(arg) for arg in launch.spec["command"]]
+    if launch.spec.get("processes") == "per_gpu":
+        command = [sys.executable, "-m", "worker.gang", "--", *command]
     if not sandboxed:
         return command
     network = bool(launch.spec.get("network"))

@@ -368,6 +368,13 @@ class JobSpec(TrainSpec):
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, max_length=ENV_MAX_ENTRIES, description="a command job's environment variables"
     )
+    processes: Literal["one", "per_gpu"] = Field(
+        default="one",
+        description=(
+            "a command job: one process that sees all its GPUs, or one per GPU (each sees its own) with RANK, "
+            "WORLD_SIZE, MASTER_ADDR/PORT and TF_CONFIG"
+        ),
+    )
     resumable: bool = Field(
         default=False,
         description=(
@@ -458,6 +465,8 @@ class JobSpec(TrainSpec):
             raise ValueError("dataset: a model job needs a dataset")
         elif self.env:
             raise ValueError("env: applies to command jobs only (a model reads model_options)")
+        elif self.processes != "one":
+            raise ValueError("processes: applies to command jobs only (a model job has a tower per GPU)")
         elif self.code is not None and ":" not in self.model:
             raise ValueError("with code, model names a function in the bundle: module:function")
         if len(set(self.after)) != len(self.after):

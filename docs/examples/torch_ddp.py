@@ -1,0 +1,62 @@
+"""PyTorch DistributedDataParallel as a towerq command job, one process per GPU:
+
+    towerq run --gpus 2 -- python torch_ddp.py --steps 200
+    (spec: "processes": "per_gpu")
+
+Each process sees only its own GPU (cuda:0), and towerq gives it RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT: `init_method="env://"` reads them. NCCL on GPUs, gloo on CPUs.
+Rank 0 reports the job's metrics and writes its checkpoints.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import towerq
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=200)
+steps = parser.parse_args().steps
+
+cuda = torch.cuda.is_available()
+dist.init_process_group("nccl" if cuda else "gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+device = torch.device("cuda:0" if cuda else "cpu")  # this process's one GPU
+print(f"rank {rank} of {world} on GPU {os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
+
+torch.manual_seed(0)  # the same start on every rank; DDP keeps them equal
+model = DistributedDataParallel(torch.nn.Linear(16, 1).to(device))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+generator = torch.Generator().manual_seed(rank)  # each rank its own slice of the data
+truth = torch.arange(16, dtype=torch.float32) / 16
+
+checkpoint = os.path.join(os.environ.get("TOWERQ_CHECKPOINT_DIR", "."), "model.pt")
+start = 0
+if os.path.exists(checkpoint):
+    saved = torch.load(checkpoint, map_location=device)
+    model.module.load_state_dict(saved["model"])
+    start = saved["step"]
+
+for step in range(start + 1, steps + 1):
+    x = torch.randn(64, 16, generator=generator)
+    y = x @ truth
+    loss = torch.nn.functional.mse_loss(model(x.to(device)).squeeze(1), y.to(device))
+    optimizer.zero_grad()
+    loss.backward()  # gradients averaged over the ranks
+    optimizer.step()
+    averaged = loss.detach().clone()
+    dist.all_reduce(averaged)
+    if rank == 0:
+        towerq.report(step=step, loss=averaged.item() / world)
+        if step % 50 == 0 or step == steps:
+            torch.save({"model": model.module.state_dict(), "step": step}, checkpoint)
+
+weights = model.module.weight.detach().clone()
+gathered = [torch.zeros_like(weights) for _ in range(world)]
+dist.all_gather(gathered, weights)
+if rank == 0:
+    print("the ranks' weights agree:", all(torch.equal(gathered[0], w) for w in gathered), flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,71 @@
+"""Real frameworks in command jobs (issue 51): a data-parallel program over two processes,
+one per (simulated) GPU, meeting through what `"processes": "per_gpu"` gives each rank:
+PyTorch's DDP over gloo from `init_method="env://"`, and TensorFlow's
+`MultiWorkerMirroredStrategy` in a custom training loop from `TF_CONFIG`. Both in the
+sandbox, through the real API, scheduler and worker. The programs are docs/frameworks.md's."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.core.settings import Settings
+from tests.stack import Stack, wait_for
+
+pytestmark = pytest.mark.slow
+FINAL = ("succeeded", "failed", "cancelled")
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def bundle(path: Path) -> bytes:
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
+        archive.add(path, arcname=path.name)
+    return packed.getvalue()
+
+
+def run_example(
+    stack: Stack, make_token: Callable[..., str], example: str, timeout: float
+) -> tuple[dict, list[str], list[dict]]:
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = client.post("/api/code", files={"file": ("code.tar.gz", bundle(EXAMPLES / example))}).json()["id"]
+    spec = {"command": ["python", example, "--steps", "20"], "code": code, "gpu_count": 2, "processes": "per_gpu"}
+    created = client.post("/api/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    job = wait_for(lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, timeout, "the job")
+    lines = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 2000}).json()]
+    points = client.get(f"/api/jobs/{job_id}/metrics").json()
+    return job, lines, points
+
+
+def test_pytorch_ddp_over_gloo_trains_across_two_processes(stack: Stack, make_token: Callable[..., str]) -> None:
+    job, lines, points = run_example(stack, make_token, "torch_ddp.py", 240)
+    assert job["state"] == "succeeded", (job["error"], lines[-30:])
+    assert "rank 0 of 2 on GPU 0" in lines and "[rank 1] rank 1 of 2 on GPU 1" in lines, lines[-30:]
+    assert "the ranks' weights agree: True" in lines, lines[-30:]
+    train = [p for p in points if p["split"] == "train"]
+    assert [p["step"] for p in train] == list(range(1, 21)), "rank 0 reports for the job; rank 1's lines are text"
+    assert train[-1]["loss"] < train[0]["loss"]
+
+
+def test_tensorflow_multiworker_mirrored_strategy_from_tf_config(stack: Stack, make_token: Callable[..., str]) -> None:
+    job, lines, points = run_example(stack, make_token, "tf_multiworker.py", 300)
+    assert job["state"] == "succeeded", (job["error"], lines[-30:])
+    assert "workers in sync: 2" in lines, lines[-30:]
+    train = [p for p in points if p["split"] == "train"]
+    assert [p["step"] for p in train] == list(range(1, 21))
+    assert train[-1]["loss"] < train[0]["loss"]
