@@ -1,8 +1,7 @@
 """TensorFlow's MultiWorkerMirroredStrategy in a custom training loop, as a towerq command
 job, one process per GPU:
 
-    towerq run --gpus 2 -- python tf_multiworker.py --steps 200
-    (spec: "processes": "per_gpu")
+    towerq run --gpus 2 --per-gpu -- python tf_multiworker.py --steps 200
 
 towerq gives each process TF_CONFIG (the cluster of the job's processes and this one's
 index), which the strategy reads. Each process sees only its own GPU. Worker 0 (the

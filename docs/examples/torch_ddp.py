@@ -1,7 +1,6 @@
 """PyTorch DistributedDataParallel as a towerq command job, one process per GPU:
 
-    towerq run --gpus 2 -- python torch_ddp.py --steps 200
-    (spec: "processes": "per_gpu")
+    towerq run --gpus 2 --per-gpu -- python torch_ddp.py --steps 200
 
 Each process sees only its own GPU (cuda:0), and towerq gives it RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT: `init_method="env://"` reads them. NCCL on GPUs, gloo on CPUs.

@@ -169,6 +169,9 @@ def add_run_command(commands: Any, command: Any) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
     run.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
     run.add_argument("--resumable", action="store_true", help="it resumes from TOWERQ_CHECKPOINT_DIR")
+    run.add_argument(
+        "--per-gpu", action="store_true", help="one process per GPU, with RANK, WORLD_SIZE, MASTER_ADDR, TF_CONFIG"
+    )
     run.add_argument("--group", default=None)
     run.add_argument("--folder", type=Path, default=Path("."), help="the folder to send (default: this one)")
     run.add_argument("--detach", action="store_true", help="submit and return; do not follow")
@@ -200,6 +203,7 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         "time_limit_s": args.time_limit,
         "dataset": args.dataset,
         "resumable": args.resumable or None,
+        "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
         "group": args.group,
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
