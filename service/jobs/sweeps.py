@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import random
 from typing import Any, Self
@@ -80,7 +81,14 @@ class SweepIn(BaseModel):
     base: dict[str, Any]
     grid: dict[str, list[Any]] | None = None
     random: RandomSearch | None = None
-    metric: str = Field(default="eval_accuracy", pattern=r"^(eval_accuracy|eval_loss|accuracy|loss)$")
+    metric: str = Field(
+        default="eval_accuracy",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,52}$",
+        description=(
+            "eval_accuracy, eval_loss, accuracy, loss, or a metric the jobs report by name (f1; eval_f1 for the "
+            "evaluation's)"
+        ),
+    )
     goal: str = Field(default="max", pattern=r"^(max|min)$")
     max_parallel: int | None = Field(default=None, ge=1, le=MAX_JOBS_PER_SWEEP)
     notify_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
@@ -108,19 +116,53 @@ class SweepIn(BaseModel):
 
 
 def job_specs(sweep: SweepIn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(setting, the job spec it makes) for each setting; each spec named after its setting."""
+    """(setting, the job spec it makes) for each setting; each spec named after its setting.
+    A command job's setting goes into its `{name}` placeholders in `command` (`--lr {lr}`),
+    or into its environment (`env.LR`, as text)."""
     made = []
     for index, setting in enumerate(sweep.settings()):
         spec = copy.deepcopy(sweep.base)
         for path, value in setting.items():
+            if _fills_placeholder(spec, path, value):
+                continue
             try:
-                set_dotted(spec, path, value)
+                set_dotted(spec, path, _as_text(value) if path.startswith("env.") else value)
             except ValueError as err:
                 raise SpecError(path, str(err)) from None
         label = " ".join(f"{path.rsplit('.', 1)[-1]}={_short(value)}" for path, value in setting.items())
         spec["name"] = f"{sweep.name} {label}"[:128] if label else f"{sweep.name} #{index + 1}"
         made.append((setting, spec))
     return made
+
+
+def _fills_placeholder(spec: dict[str, Any], name: str, value: Any) -> bool:
+    """Put `value` where the command says `{name}`; False when no argument says it."""
+    command = spec.get("command")
+    marker = "{" + name + "}"
+    if not isinstance(command, list) or not any(isinstance(arg, str) and marker in arg for arg in command):
+        return False
+    spec["command"] = [arg.replace(marker, _as_text(value)) if isinstance(arg, str) else arg for arg in command]
+    return True
+
+
+def _as_text(value: Any) -> str:
+    """A setting as a program reads it: every digit of a float (`repr`), JSON for the rest."""
+    return repr(value) if isinstance(value, float) else value if isinstance(value, str) else json.dumps(value)
+
+
+def result_of(job: Job, metric: str) -> float | None:
+    """The job's latest value of the sweep's metric: a column (loss, accuracy, eval_loss,
+    eval_accuracy), else one it reports by name (`eval_` for its evaluation's)."""
+    if metric in STANDARD_METRICS:
+        value = getattr(job, metric, None)
+    elif metric.startswith("eval_"):
+        value = (job.eval_custom_metrics or {}).get(metric.removeprefix("eval_"))
+    else:
+        value = (job.custom_metrics or {}).get(metric)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+STANDARD_METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
 
 
 def _short(value: Any) -> str:
@@ -137,11 +179,6 @@ def refusal(index: int, setting: dict[str, Any], err: ValidationError | SpecErro
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"])
     return SpecError(f"settings.{index}.{field}" if field else f"settings.{index}", f"with {where}: {first['msg']}")
-
-
-def result_of(job: Job, metric: str) -> float | None:
-    value = getattr(job, metric, None)
-    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:

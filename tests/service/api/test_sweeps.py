@@ -101,3 +101,38 @@ def test_max_parallel_holds_the_rest_in_the_queue(alice: Api, db: Database) -> N
         session.execute(update(Job).where(Job.id == ids[0]).values(state="running"))
     with db.read() as session:
         assert sorted(held_by_sweeps(session, ids[1:])) == ids[2:]  # one runs, one may start
+
+
+def test_a_command_job_sweeps_over_its_placeholders_and_env_and_ranks_by_its_own_metric(
+    alice: Api, db: Database
+) -> None:
+    code = alice.post("/api/code", files={"file": ("train.py", b"print(1)\n")}).json()["id"]
+    body = {
+        "name": "cmd",
+        "base": {"command": ["python", "train.py", "--lr={lr}", "--depth", "{depth}"], "code": code},
+        "grid": {"lr": [0.1, 0.0123456789], "depth": [2], "env.SEED": [7, 8]},
+        "metric": "eval_f1",
+        "goal": "max",
+    }
+    created = alice.post("/api/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    specs = [alice.get(f"/api/jobs/{job['id']}").json()["spec"] for job in sweep["jobs"]]
+    assert [s["command"] for s in specs] == [
+        ["python", "train.py", "--lr=0.1", "--depth", "2"],
+        ["python", "train.py", "--lr=0.1", "--depth", "2"],
+        ["python", "train.py", "--lr=0.0123456789", "--depth", "2"],
+        ["python", "train.py", "--lr=0.0123456789", "--depth", "2"],
+    ]
+    assert [s["env"] for s in specs] == [{"SEED": "7"}, {"SEED": "8"}, {"SEED": "7"}, {"SEED": "8"}]
+    ids = [job["id"] for job in sweep["jobs"]]
+    with db.write() as session:
+        for job_id, f1 in zip(ids, (0.5, 0.9, 0.7, None), strict=True):
+            session.execute(
+                update(Job).where(Job.id == job_id).values(state="succeeded", eval_custom_metrics={"f1": f1})
+            )
+    ranked = alice.get(f"/api/sweeps/{sweep['id']}").json()
+    assert ranked["best_job"] == ids[1]
+    assert [job["result"] for job in ranked["jobs"]] == [0.5, 0.9, 0.7, None]
+    unknown = alice.post("/api/sweeps", json={**body, "grid": {"nosuch": [1]}})
+    assert unknown.status_code == 422 and "nosuch" in unknown.text
