@@ -499,6 +499,13 @@ class JobSpec(TrainSpec):
     def is_command(self) -> bool:
         return self.command is not None
 
+    def stored(self) -> dict[str, Any]:
+        """The spec as the API stores it, defaults resolved; a command job's without the
+        trainer's fields, which it does not have."""
+        if self.command is None:
+            return self.model_dump(mode="json")
+        return self.model_dump(mode="json", exclude={"model", *MODEL_ONLY_FIELDS})
+
     def train_spec(self) -> TrainSpec:
         return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))
 

@@ -62,12 +62,12 @@ export async function render(main, params) {
 const COLUMNS = [
   { title: "Job", cell: (job) => el("a", { href: `#/jobs/${job.id}` }, `#${job.id} ${job.name}`) },
   { title: "State", cell: (job) => badge(job.state) },
-  { title: "Model", cell: (job) => job.spec.model },
-  { title: "Dataset", cell: (job) => job.spec.dataset },
+  { title: "Model", cell: (job) => job.spec.model ?? (job.spec.command || []).join(" ") },
+  { title: "Dataset", cell: (job) => job.spec.dataset ?? "–" },
   { title: "GPUs", cell: (job) => job.gpu_count },
   { title: "Final eval loss", class: "num", cell: (job) => number(job.latest.eval_loss) },
   { title: "Final eval accuracy", class: "num", cell: (job) => percent(job.latest.eval_accuracy) },
-  ...HYPERPARAMETERS.map((k) => ({ title: k, cell: (job) => String(job.spec.hyperparameters[k] ?? "–") })),
+  ...HYPERPARAMETERS.map((k) => ({ title: k, cell: (job) => String(job.spec.hyperparameters?.[k] ?? "–") })),
 ];
 
 // The chosen jobs (each removable) and a search box that finds more by name or id.
