@@ -34,7 +34,7 @@ from towerq.contract.paths import bundle_root
 from worker import sandbox
 from worker.inventory import GpuState
 from worker.launch import Launch, in_sandbox, input_paths, trainer_environment
-from worker.trainer.protocol import METRICS_LOG
+from worker.relay import program_metrics_log
 
 CHECKPOINTS = "checkpoints"
 OUTPUT = "output"
@@ -71,7 +71,7 @@ def program_environment(launch: Launch, settings: Settings, seen_folder: Path, s
     env["TOWERQ_ATTEMPT"] = str(launch.attempt)
     env["TOWERQ_CHECKPOINT_DIR"] = str(seen_folder / CHECKPOINTS)
     env["TOWERQ_OUTPUT_DIR"] = str(seen_folder / OUTPUT)
-    env["TOWERQ_METRICS_LOG"] = str(seen_folder / METRICS_LOG)  # towerq.report() appends there
+    env["TOWERQ_METRICS_LOG"] = str(seen_folder / program_metrics_log(launch.attempt))  # towerq.report()
     if launch.inputs:
         env["TOWERQ_INPUTS"] = json.dumps(input_paths(launch, sandboxed))
     dataset = str(launch.spec.get("dataset") or "").partition(":")[2]

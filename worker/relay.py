@@ -43,6 +43,11 @@ TIME_SKEW_S = 24 * 3600
 (An old one is plausible: a resumed attempt restores its job's earlier points.)"""
 
 
+def program_metrics_log(attempt: int) -> str:
+    """The metrics log `towerq.report()` appends to in a command job's attempt (its folder's)."""
+    return f"metrics-attempt-{attempt}.jsonl"
+
+
 def parse_time(value: Any) -> datetime:
     """A protocol line's `time` (Unix seconds), or now when it is not a plausible one: user
     code prints these lines too (NaN, 1e20, the year 1970 or 9999)."""
@@ -324,38 +329,35 @@ class MetricSink:
         in the artifacts (a worker that died may not have stored them all). The trainer wrote
         that file, so it is read without following links and only up to a bound."""
         self.forget_after(step)
-        self._restore(step, latest_wins=False)
+        self._restore(step)
         self.log("info", f"resumed from the checkpoint of step {step}")
 
     def replace_from(self, step: int) -> None:
         """A command job's resumed attempt reported `step` first: the points from it on go
-        (the program reports them again: a chart never shows a step twice), those before it
-        are restored from the metrics log `towerq.report()` appends to (every attempt's
-        lines are there, so a step's latest line wins)."""
+        (the program reports them again: a chart never shows a step twice), and those before
+        it that a dead worker had not stored come back from the metrics logs `towerq.report()`
+        keeps, one per attempt (`program_metrics_log`), the newest first: the database keeps
+        the first point of a step it is given, and a step's stored point is already the
+        newest attempt's (each resume deleted the older ones from its first step on)."""
         self.forget_after(step - 1)
-        self._restore(step - 1, latest_wins=True)
+        for attempt in range(self.attempt - 1, 0, -1):
+            self._restore(step - 1, program_metrics_log(attempt))
         self.log("info", f"attempt {self.attempt} reports from step {step} on: the earlier points from there go")
 
-    def _restore(self, up_to: int, latest_wins: bool) -> None:
+    def _restore(self, up_to: int, name: str = METRICS_LOG) -> None:
+        """The points up to `up_to` of a metrics log in the job's folder, a batch at a time;
+        the trainer or the program wrote it, so it is read without following links and only
+        up to a bound."""
         bounds = defaults.METRICS_LOG_READ_BYTES, defaults.METRICS_LOG_LINE_BYTES
-        lines = lines_beneath(self.folder, METRICS_LOG, *bounds)
-        latest: dict[tuple[str, int], dict[str, Any]] = {}
+        lines = lines_beneath(self.folder, name, *bounds)
         try:
             for point in parse_metrics_log(lines):
-                if point["step"] > up_to:
-                    continue
-                if latest_wins:
-                    latest[(str(point.get("event")), point["step"])] = point
-                    continue
-                self.metric(point, publish=False)
-                if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:  # the worker holds a batch, never the file
-                    self.flush(wait=True)
+                if point["step"] <= up_to:
+                    self.metric(point, publish=False)
+                    if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:  # the worker holds a batch, never the file
+                        self.flush(wait=True)
         except (OSError, PathEscapeError) as err:
-            self.log("warning", f"{METRICS_LOG} not read: {err}")
-        for point in sorted(latest.values(), key=lambda p: p["step"]):
-            self.metric(point, publish=False)
-            if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:
-                self.flush(wait=True)
+            self.log("warning", f"{name} not read: {err}")
 
     def trim_logs(self, session: Session) -> None:
         cutoff = session.scalar(

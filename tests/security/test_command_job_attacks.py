@@ -185,3 +185,59 @@ def test_a_link_planted_for_the_checkpoint_folder_is_refused_and_its_target_unto
     assert job["state"] == "failed", job
     assert "checkpoints in the job's folder is not a folder: the program replaced it" in str(job["error"]), job
     assert host_folder.stat().st_uid == os.getuid() and (host_folder.stat().st_mode & 0o777) == 0o700
+
+
+FORGED_LOG = r"""
+import json, os, sys, time
+import towerq
+
+log = os.environ["TOWERQ_METRICS_LOG"]
+if os.environ["TOWERQ_ATTEMPT"] == "1":
+    if sys.argv[1] == "link":
+        os.symlink(sys.argv[2], log)  # a resume would read the admin token as its metrics
+    else:  # 40 MB of distinct points before the step it resumes from: one dict each, if held
+        with open(log, "w") as out:
+            for step in range(1, 200_001):
+                out.write(json.dumps({"event": "metric", "step": step, "loss": 0.5, "pad": "x" * 150}) + "\n")
+    print("planted", flush=True)
+    time.sleep(600)  # until its worker is killed
+towerq.report(step=10**6, loss=0.25)
+"""
+
+
+@pytest.mark.parametrize("how", ["link", "big"])
+def test_a_programs_forged_metrics_log_is_read_bounded_and_never_through_a_link(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], how: str
+) -> None:
+    token = settings.var_dir / "admin-token"
+    token.write_text(json.dumps({"event": "metric", "step": 1, "loss": SECRET}) + "\n")
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
+    client = stack.client(make_token("mallory"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload(client, {"forged.py": FORGED_LOG})
+    spec = {"command": ["python", "forged.py", how, str(token.resolve())], "code": code, "resumable": True}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    wait_for(lambda: "planted" in messages(client, job_id), 120, "the metrics log to be forged")
+    stack.stop("worker-lab-a", signal.SIGKILL)
+    worker = stack.start_worker("lab-b", 1, sandbox="bwrap", trainer_pool=0)
+    before = peak_mb(worker.pid)
+    job = finished(client, job_id)
+    said = messages(client, job_id)
+
+    assert job["state"] == "succeeded", (job["error"], said[-20:])
+    points = client.get(f"/api/jobs/{job_id}/metrics", params={"limit": 100_000}).json()
+    assert SECRET not in json.dumps(points) and SECRET not in "\n".join(said)
+    if how == "link":
+        assert [p["step"] for p in points] == [10**6], points
+    else:
+        last = client.get(f"/api/jobs/{job_id}/metrics", params={"after_step": 199_999}).json()
+        assert [p["step"] for p in last] == [200_000, 10**6] and len(points) == 100_000, last
+        grown = peak_mb(worker.pid) - before
+        assert grown < 150, f"the worker's peak grew by {grown:.0f} MB reading a forged 40 MB metrics log"
+
+
+def peak_mb(pid: int) -> float:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["VmHWM"].split()[0]) / 1024
