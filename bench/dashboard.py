@@ -49,6 +49,7 @@ from service.lab.auth import create_token  # noqa: E402
 from tests.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.stack import Stack  # noqa: E402
+from towerq.contract import events  # noqa: E402
 from worker.host import register  # noqa: E402
 from worker.inventory import SimulatedInventory  # noqa: E402
 from worker.relay import MetricSink  # noqa: E402
@@ -165,7 +166,8 @@ def time_metric_to_chart(browser: object, api: str, token: str, ctx: Context, jo
     for i in range(points):
         step += 20
         relayed = time.time() * 1000
-        sink.metric({"event": "metric", "step": step, "loss": 0.1 + 0.01 * i, "accuracy": 0.9, "learning_rate": 0.001})
+        point = {"event": "metric", "step": step, "loss": 0.1 + 0.01 * i, "accuracy": 0.9, "learning_rate": 0.001}
+        sink.metric(events.Metric.model_validate(point))
         sink.send()  # as the runner does after each read of the trainer's output
         page.wait_for_function(f"Number(document.querySelector('#charts').dataset.points) >= {shown + i + 1}")
         delays.append(page.evaluate("window.__towerqChartDrawnAt") - relayed)

@@ -7,13 +7,10 @@ runner collects facts into an `Outcome`; `verdict` alone turns them into a job s
 from __future__ import annotations
 
 import enum
-import json
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from service.core.models import JobState
 from worker.trainer.protocol import EXIT_STOPPED
@@ -141,39 +138,6 @@ class Outcome:
         if self.killed_from_outside or self.rank_died:
             return JobState.QUEUED, exit_message(self.returncode, self.last_stderr, self.who)
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr, self.who)
-
-
-class Started(BaseModel):
-    """What a trainer's `started` line may write into its job's row. The line comes on the
-    stdout that user code prints to as well, so it is checked like any input: a line that
-    does not fit is ignored (and said in the job's log), never stored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    towers: int | None = Field(default=None, ge=1, le=1024)
-    devices: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=1024)
-    cuda_visible_devices: str | None = Field(default=None, max_length=256)
-    memory_limit_enforced: bool | None = None
-    batch_norm: (
-        dict[
-            Annotated[str, Field(max_length=32)],
-            Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=10_000)],
-        ]
-        | None
-    ) = Field(default=None, max_length=8)
-    resumed_from_step: int | None = Field(default=None, ge=0, le=2**62)
-
-
-def protocol_event(text: str) -> dict[str, Any] | None:
-    """The trainer's JSON event on this stdout line, or None for any other line (user code
-    prints too)."""
-    if not text.startswith("{"):
-        return None
-    try:
-        event = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
 
 
 ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"

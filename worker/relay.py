@@ -27,13 +27,12 @@ from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import current_attempt
 from service.core.models import Job, LogLine, Metric
+from towerq.contract import events
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
-from worker.trainer.protocol import METRICS_LOG, parse_metrics_log
+from worker.trainer.protocol import METRICS_LOG
 
 log = logging.getLogger(__name__)
-
-METRIC_FIELDS = ("loss", "accuracy", "learning_rate", "examples_per_sec")
 
 
 EARLIEST_TIME = 946_684_800  # 2000-01-01
@@ -56,22 +55,6 @@ def parse_time(value: Any) -> datetime:
         if math.isfinite(value) and EARLIEST_TIME <= value <= now.timestamp() + TIME_SKEW_S:
             return datetime.fromtimestamp(value, UTC)
     return now
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value == value and abs(value) != float("inf") else None
-
-
-MAX_CUSTOM_METRICS = 16
-
-
-def _custom(values: Any) -> dict[str, float | None] | None:
-    """A metric line's user metrics, as numbers (at most 16, names at most 48 characters)."""
-    if not isinstance(values, dict) or not values:
-        return None
-    return {str(name)[:48]: _number(value) for name, value in list(values.items())[:MAX_CUSTOM_METRICS]}
 
 
 def evaluation_line(point: dict[str, Any]) -> str:
@@ -131,34 +114,32 @@ class MetricSink:
 
     # -- buffering ----------------------------------------------------------------------
 
-    def metric(self, event: dict[str, Any], publish: bool = True) -> None:
+    def metric(self, event: events.Metric | events.Eval, publish: bool = True) -> None:
         """A `metric` (train) or `eval` line from the trainer (`publish=False`: an old point
         restored from the trainer's metrics log, stored but not streamed again)."""
-        split = "eval" if event.get("event") == "eval" else "train"
-        step = event.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**62:
-            self.log("warning", f"metric line without a step from 0 to 2**62 ignored: {str(event)[:500]}")
-            return
+        train = isinstance(event, events.Metric)
+        split = "train" if train else "eval"
         self.points += 1
         if self.points > defaults.METRIC_POINTS_PER_ATTEMPT:
             if self.points == defaults.METRIC_POINTS_PER_ATTEMPT + 1:
                 self.log("warning", f"more than {defaults.METRIC_POINTS_PER_ATTEMPT:,} metric points: the rest dropped")
             return
-        point: dict[str, Any] = {"step": step, "split": split, **{f: _number(event.get(f)) for f in METRIC_FIELDS}}
-        point["custom"] = _custom(event.get("metrics"))
-        when = parse_time(event.get("time"))
+        point: dict[str, Any] = {"step": event.step, "split": split, "loss": event.loss, "accuracy": event.accuracy}
+        point["learning_rate"] = event.learning_rate if isinstance(event, events.Metric) else None
+        point["examples_per_sec"] = event.examples_per_sec if isinstance(event, events.Metric) else None
+        point["custom"] = event.metrics
+        step_time = event.step_time_s if isinstance(event, events.Metric) else None
+        when = parse_time(event.time)
         if publish:
-            step_time = None if split == "eval" else _number(event.get("step_time_s"))
-            kind = "eval" if split == "eval" else "metric"
-            fields = {"type": kind, "job_id": self.job_id, "attempt": self.attempt, **point, "time": when}
+            fields = {"type": event.event, "job_id": self.job_id, "attempt": self.attempt, **point, "time": when}
             self.unsent.append(encode(MetricMessage.model_validate({**fields, "step_time_s": step_time})))
-        attempt = event.get("attempt", self.attempt) if not publish else self.attempt
+        attempt = (event.attempt or self.attempt) if not publish else self.attempt
         self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
-        self._note_latest(point, event)
-        if split == "eval" and publish:
+        self._note_latest(point, step_time)
+        if not train and publish:
             self.log("info", evaluation_line(point))
         self._buffered()
-        if split == "train" and publish and self.first_metric_pending:
+        if train and publish and self.first_metric_pending:
             self.first_metric_pending = False
             self.urgent = True
 
@@ -198,7 +179,7 @@ class MetricSink:
             return ""
         return f"the job's log reached {self.ctx.settings.job_log_max_mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
 
-    def _note_latest(self, point: dict[str, Any], event: dict[str, Any]) -> None:
+    def _note_latest(self, point: dict[str, Any], step_time_s: float | None) -> None:
         if point["split"] == "eval":
             self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
             if point["custom"]:
@@ -209,7 +190,7 @@ class MetricSink:
             loss=point["loss"],
             accuracy=point["accuracy"],
             examples_per_sec=point["examples_per_sec"],
-            step_time_s=_number(event.get("step_time_s")),
+            step_time_s=step_time_s,
         )
         if point["custom"]:
             self.latest.update(custom_metrics=point["custom"])
@@ -351,8 +332,9 @@ class MetricSink:
         bounds = defaults.METRICS_LOG_READ_BYTES, defaults.METRICS_LOG_LINE_BYTES
         lines = lines_beneath(self.folder, name, *bounds)
         try:
-            for point in parse_metrics_log(lines):
-                if point["step"] <= up_to:
+            for line in lines:
+                point = events.decode(line)
+                if isinstance(point, events.Metric | events.Eval) and point.step <= up_to:
                     self.metric(point, publish=False)
                     if len(self.metrics) >= defaults.METRIC_FLUSH_ROWS:  # the worker holds a batch, never the file
                         self.flush(wait=True)

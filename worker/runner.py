@@ -9,7 +9,6 @@ attempt's end becomes a job state is `worker.outcome`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -34,6 +33,7 @@ from service.core.exceptions import StaleAttemptError
 from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue
 from service.core.models import HOLDING_STATES, Allocation, Host, Job, JobState
+from towerq.contract import events
 from towerq.contract.spec import describe
 from worker import program, rendezvous, sandbox
 from worker.cgroups import AttemptGroup
@@ -49,7 +49,7 @@ from worker.launch import (
     trainer_user,
     write_trainer_spec,
 )
-from worker.outcome import Outcome, Started, Stop, is_runtime_noise, level_of, protocol_event
+from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
 from worker.pool import TrainerPool, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants, kill_group, kill_pids, output_lines, read_process, signal_trainer
@@ -59,7 +59,6 @@ from worker.trainer import tunnel
 log = logging.getLogger(__name__)
 
 ZOMBIE_WAIT_S = 60.0
-LOG_LEVELS = ("debug", "info", "warning", "error")
 """The levels a trainer's `log` line may carry; any other is stored as info."""
 LEFTOVER_GRACE_S = 5.0
 """How long the trainer's output is still read after it exited: processes it started may
@@ -392,68 +391,57 @@ class JobRunner:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         if not text:
             return
-        event = protocol_event(text) if stream == "out" else None
-        if event is not None:
+        event = events.decode(text) if stream == "out" else None
+        if event is not None and not (self.program and event.event not in program.PROGRAM_EVENTS):
             self._event(event)
-            return
+            return  # (a program's `started`, `done`, ...: the trainer's words, text from it)
         if stream == "err":
             if is_runtime_noise(text):
                 return
             self.outcome.stderr(text)
         self.sink.log(level_of(text) if stream == "err" else "info", text)
 
-    def _event(self, event: dict[str, Any]) -> None:
-        kind = event["event"]
-        if self.program and kind not in program.PROGRAM_EVENTS:
-            self.sink.log("info", json.dumps(event))  # the trainer's word, not a program's: text
-            return
-        step = _step_of(event)
-        if kind in ("metric", "eval") and self.replaces_from and step is not None:
-            self.replaces_from = False
-            self.sink.replace_from(step)
-        if kind in ("metric", "eval"):
-            self.sink.metric(event)
-            if kind == "metric" and isinstance(event.get("step"), int):
-                self.outcome.step = event["step"]
-                self._refill()
-        elif kind == "log":
-            level = event.get("level")
-            level = level if level in LOG_LEVELS else "info"
-            self.sink.log(level, str(event.get("message", "")), parse_time(event.get("time")))
-        elif kind == "started":
-            self._on_started(event)
-        elif kind == "checkpoint":
-            self.sink.log("info", f"checkpoint at step {event.get('step')}: {event.get('path')}")
-            self._flush()  # what led up to a checkpoint goes to the database at once
-        elif kind == "done":
-            self.outcome.done = event
-        elif kind == "error":
-            self.outcome.error = {
-                "kind": str(event.get("kind", "error"))[:64],
-                "message": str(event.get("message") or "")[:10_000],
-            }
-            self.sink.log("error", self.outcome.error["message"] or self.outcome.error["kind"])  # as the job's error
-        elif kind == "stopped":
-            self.outcome.agreed_stop = True
-            self.sink.last_words = True
-            self.sink.log("info", f"trainer stopped at step {event.get('step')} after a checkpoint")
+    def _event(self, event: events.TrainerEvent | events.Refused) -> None:
+        match event:
+            case events.Refused():
+                said = f"a '{event.event}' line that does not fit the protocol was ignored: {event.why}"
+                self.sink.log("warning", said)
+            case events.Metric() | events.Eval():
+                if self.replaces_from:
+                    self.replaces_from = False
+                    self.sink.replace_from(event.step)
+                self.sink.metric(event)
+                if isinstance(event, events.Metric):
+                    self.outcome.step = event.step
+                    self._refill()
+            case events.Log():
+                self.sink.log(event.level, event.message, parse_time(event.time))
+            case events.Started():
+                self._on_started(event)
+            case events.Checkpoint():
+                self.sink.log("info", f"checkpoint at step {event.step}: {event.path}")
+                self._flush()  # what led up to a checkpoint goes to the database at once
+            case events.Done():
+                self.outcome.done = event.model_dump()
+            case events.Error():
+                self.outcome.error = {"kind": event.kind, "message": event.message}
+                self.sink.log("error", event.message or event.kind)  # as the job's error
+            case events.Stopped():
+                self.outcome.agreed_stop = True
+                self.sink.last_words = True
+                self.sink.log("info", f"trainer stopped at step {event.step} after a checkpoint")
 
-    def _on_started(self, event: dict[str, Any]) -> None:
+    def _on_started(self, started: events.Started) -> None:
         self._note_pids()  # the pid the line names is the trainer's word: not taken
         if self.started_once:  # a resume reads the trainer's metrics log back: once an attempt
             self.sink.log("warning", "a second 'started' line was ignored: an attempt starts once")
-            return
-        try:
-            started = Started.model_validate(event)
-        except ValidationError as err:
-            self.sink.log("warning", f"a 'started' line that does not fit the protocol was ignored: {describe(err)}")
             return
         self.started_once = True
         if not self.chief:
             return
         if started.resumed_from_step is not None:
             self.sink.resume(started.resumed_from_step)
-        self._flush(started.model_dump(exclude={"resumed_from_step"}))
+        self._flush(started.job_fields())
 
     def _note_pids(self) -> None:
         """The trainer's processes as the host numbers them (NVML's pids): bwrap's
@@ -640,11 +628,6 @@ class JobRunner:
         )
         with self.ctx.db.write() as session:
             set_drained(session, self.launch.host, self.launch.indices, True)
-
-
-def _step_of(event: dict[str, Any]) -> int | None:
-    step = event.get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**62 else None
 
 
 def stack_of(thread: threading.Thread) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.stack import Stack, wait_for
-from worker.relay import MAX_CUSTOM_METRICS
+from towerq.contract.events import MAX_CUSTOM_METRICS
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")

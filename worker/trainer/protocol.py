@@ -1,4 +1,5 @@
 """The trainer's JSON-lines protocol on stdout: one JSON object per line, flushed at once.
+Its typed form, with the bounds the worker applies, is `towerq.contract.events` (`decode`).
 
 Every line has `event` and `time` (Unix seconds). Events:
 
