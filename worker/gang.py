@@ -18,6 +18,7 @@ Standard library only: it runs with the sandbox's Python before any user code.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -30,6 +31,15 @@ from typing import IO
 
 GRACE_S = 10.0
 """How long the others have to end after one failed, before SIGKILL."""
+
+
+def die_with_the_gang() -> None:
+    """In each rank, before exec: SIGKILL when the gang dies (outside the sandbox nothing
+    else would end a rank whose worker was killed; inside, bwrap's namespace does)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def free_ports(count: int) -> list[int]:
@@ -72,7 +82,10 @@ class Gang:
     def __init__(self, command: list[str], envs: list[dict[str, str]]) -> None:
         self.lock = threading.Lock()
         self.processes = [
-            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for env in envs
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_the_gang
+            )
+            for env in envs
         ]
         self.last_stderr: dict[int, str] = {}
         self.relays = [
