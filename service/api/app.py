@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.metadata
 import json
 import logging
 import signal
@@ -180,6 +181,14 @@ async def record_token_use(tokens: TokenChecker, ctx: Context) -> None:
             log.exception("recording token use failed")
 
 
+def installed_version() -> str:
+    """towerq's version, as pyproject.toml says it (written once, there)."""
+    try:
+        return importlib.metadata.version("towerq")
+    except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+        return "0+unknown"
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API for `settings` (read from the environment when not given)."""
     settings = settings or Settings()
@@ -212,7 +221,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="towerq",
-        version="0.1.0",
+        version=installed_version(),
         description="Multi-GPU training service: job queue, fair-share scheduler, live metrics.",
         lifespan=lifespan,
     )

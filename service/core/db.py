@@ -86,9 +86,6 @@ class Database:
     def is_sqlite(self) -> bool:
         return self.engine.dialect.name == "sqlite"
 
-    def new_read_session(self) -> Session:
-        return self._read()
-
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self._read() as session:

@@ -40,12 +40,6 @@ def user_folder(data_dir: Path, user: str) -> Path:
     return data_dir.resolve() / USERS / user
 
 
-def owner_of(relative: str) -> str | None:
-    """The user whose upload a data path lies in (`users/<user>/...`), else None."""
-    parts = PurePosixPath(relative).parts
-    return parts[1] if len(parts) >= 2 and parts[0] == USERS else None
-
-
 GLOB_CHARACTERS = frozenset("*?[")
 
 
