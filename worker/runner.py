@@ -59,7 +59,6 @@ from worker.trainer import tunnel
 log = logging.getLogger(__name__)
 
 ZOMBIE_WAIT_S = 60.0
-"""The levels a trainer's `log` line may carry; any other is stored as info."""
 LEFTOVER_GRACE_S = 5.0
 """How long the trainer's output is still read after it exited: processes it started may
 hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
