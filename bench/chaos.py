@@ -270,7 +270,10 @@ def run(jobs: int, minutes: float, seed: int, multihost_every: int = 0) -> bool:
             strikes[done.rsplit(" ", 1)[0] if done.startswith("killed trainer") else done] += 1
             print(f"{time.monotonic() - started:6.1f}s {done}", flush=True)
         threads[0].join(600)  # every job submitted
-        settled = settle(db, len(clients.submitted), timeout_s=max(300, 6 * jobs))
+        # After the strikes the queue drains at the CPU's pace: on a 2-core machine shared with
+        # the rest of the suite, 16 jobs (every fourth over both hosts) took over 300 s to finish
+        # (45-80 s a one-GPU job); what is checked is that they all end once, not how fast.
+        settled = settle(db, len(clients.submitted), timeout_s=max(600, 12 * jobs))
         clients.stop.set()
         threads[1].join(30)
     finally:
