@@ -3,10 +3,12 @@ scheduler` and `towerq worker`s, all pointed at the test's database, Redis and f
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,7 @@ from service.core.settings import Settings
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+FINAL = ("succeeded", "failed", "cancelled")
 
 
 def settings_env(settings: Settings, **overrides: object) -> dict[str, str]:
@@ -42,6 +45,27 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def finished(client: httpx.Client, job_id: int, timeout: float = 180) -> dict[str, Any]:
+    """The job once it has ended, as the API shows it."""
+    return wait_for(
+        lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, timeout, f"job {job_id}", 0.2
+    )
+
+
+def upload_code(client: httpx.Client, files: dict[str, str]) -> str:
+    """A code bundle of `files` (name: text), uploaded; its id."""
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    response = client.post("/api/code", files={"file": ("code.tar.gz", packed.getvalue())})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
 
 
 class Stack:

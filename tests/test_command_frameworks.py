@@ -6,15 +6,13 @@ sandbox, through the real API, scheduler and worker. The programs are docs/frame
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, wait_for
+from tests.stack import Stack, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -26,13 +24,6 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
     return make_settings(sqlite_url)
 
 
-def bundle(path: Path) -> bytes:
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
-        archive.add(path, arcname=path.name)
-    return packed.getvalue()
-
-
 def run_example(
     stack: Stack, make_token: Callable[..., str], example: str, timeout: float
 ) -> tuple[dict, list[str], list[dict]]:
@@ -41,7 +32,7 @@ def run_example(
     stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
     client = stack.client(make_token("alice"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
-    code = client.post("/api/code", files={"file": ("code.tar.gz", bundle(EXAMPLES / example))}).json()["id"]
+    code = upload_code(client, {example: (EXAMPLES / example).read_text()})
     spec = {"command": ["python", example, "--steps", "20"], "code": code, "gpu_count": 2, "processes": "per_gpu"}
     created = client.post("/api/jobs", json=spec)
     assert created.status_code == 201, created.text

@@ -6,9 +6,11 @@ what the frameworks read for data parallelism on one host: `RANK`, `LOCAL_RANK`,
 `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (PyTorch's
 `init_process_group(init_method="env://")`), `TF_CONFIG` (TensorFlow's
 `MultiWorkerMirroredStrategy`) and JAX's `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`,
-`JAX_PROCESS_ID`. Rank 0's stdout is the job's protocol (its `towerq.report()` lines are
-the job's metrics); the other ranks' lines are text in the job's log, each marked
-`[rank N]`, their protocol lines too. When one process fails the others are stopped
+`JAX_PROCESS_ID`. Over several hosts (`GANG_ENV`) the same, numbered over the whole job:
+each host's worker runs its gang, host h's processes are ranks h × n to h × n + n - 1.
+Rank 0's stdout is the job's protocol (its `towerq.report()` lines are the job's metrics);
+the other ranks' lines are text in the job's log, each marked `[rank N]`, their protocol
+lines too. When one process fails the others are stopped
 (SIGTERM, then SIGKILL after the grace) and the gang exits with its code, its last stderr
 line last. A stop (cancel, preemption) signals the attempt's whole process group, the
 ranks with the gang, and the gang waits for them.
@@ -53,27 +55,64 @@ def free_ports(count: int) -> list[int]:
             probe.close()
 
 
+GANG_ENV = "TOWERQ_GANG"
+"""A rank of a command job over several hosts: `{"hosts": ["address:port", ...], "rank": r}`,
+every host's first port of its run (`worker.rendezvous.meet`) and this host's rank."""
+
+
+def distributed_environment(
+    master: str, workers: list[str], rank: int, local_rank: int, local_size: int
+) -> dict[str, str]:
+    """What the frameworks read of process `rank` of `len(workers)`: PyTorch's and JAX's
+    meeting point `master` (rank 0's TCP store, JAX's coordinator), TensorFlow's cluster
+    `workers` (one address each, this process listens on its own)."""
+    address, _, port = master.rpartition(":")
+    size = len(workers)
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": address,
+        "MASTER_PORT": port,
+        "TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}),
+        "JAX_COORDINATOR_ADDRESS": master,
+        "JAX_NUM_PROCESSES": str(size),
+        "JAX_PROCESS_ID": str(rank),
+    }
+
+
+def over_hosts(hosts: list[str], host_rank: int, local_size: int) -> tuple[str, list[str], int]:
+    """The meeting point, TensorFlow's cluster and this host's first rank of a job over
+    several hosts, `local_size` processes on each: host h's run of ports starts at its
+    rendezvous port p; p on host 0 is the meeting point, p + 1 + l process l's own."""
+    workers = []
+    for host in hosts:
+        address, _, port = host.rpartition(":")
+        workers += [f"{address}:{int(port) + 1 + local}" for local in range(local_size)]
+    return hosts[0], workers, host_rank * local_size
+
+
 def rank_environments(gpus: list[str], base: dict[str, str]) -> list[dict[str, str]]:
-    """The environment of each rank: its own GPU, its rank, and the gang's meeting points."""
+    """The environment of each process of this host: its own GPU, its rank, and the gang's
+    meeting points (on this host alone, or over the hosts `GANG_ENV` names). Only the job's
+    rank 0 keeps `TOWERQ_METRICS_LOG`: the others' points are not the job's."""
     size = len(gpus)
-    master, *workers = free_ports(size + 1)
-    cluster = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in workers]}}
+    base = dict(base)
+    gang = base.pop(GANG_ENV, None)
+    if gang:
+        layout = json.loads(gang)
+        master, workers, first = over_hosts(layout["hosts"], int(layout["rank"]), size)
+    else:
+        master_port, *ports = free_ports(size + 1)
+        master, workers, first = f"127.0.0.1:{master_port}", [f"127.0.0.1:{port}" for port in ports], 0
     envs = []
-    for rank, gpu in enumerate(gpus):
+    for local, gpu in enumerate(gpus):
         env = dict(base)
-        env.update(
-            CUDA_VISIBLE_DEVICES=gpu,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(size),
-            LOCAL_WORLD_SIZE=str(size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(master),
-            TF_CONFIG=json.dumps({**cluster, "task": {"type": "worker", "index": rank}}),
-            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{master}",
-            JAX_NUM_PROCESSES=str(size),
-            JAX_PROCESS_ID=str(rank),
-        )
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        env.update(distributed_environment(master, workers, first + local, local, size))
+        if first + local:
+            env.pop("TOWERQ_METRICS_LOG", None)
         envs.append(env)
     return envs
 
@@ -81,6 +120,8 @@ def rank_environments(gpus: list[str], base: dict[str, str]) -> list[dict[str, s
 class Gang:
     def __init__(self, command: list[str], envs: list[dict[str, str]]) -> None:
         self.lock = threading.Lock()
+        self.ranks = [int(env["RANK"]) for env in envs]
+        """Each process's rank in the job (over several hosts, this host's are not from 0)."""
         self.processes = [
             subprocess.Popen(
                 command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_the_gang
@@ -89,22 +130,22 @@ class Gang:
         ]
         self.last_stderr: dict[int, str] = {}
         self.relays = [
-            threading.Thread(target=self._relay, args=(rank, stream, out), daemon=True)
-            for rank, process in enumerate(self.processes)
+            threading.Thread(target=self._relay, args=(local, stream, out), daemon=True)
+            for local, process in enumerate(self.processes)
             for stream, out in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer))
         ]
         for relay in self.relays:
             relay.start()
 
-    def _relay(self, rank: int, stream: IO[bytes] | None, out: IO[bytes]) -> None:
+    def _relay(self, local: int, stream: IO[bytes] | None, out: IO[bytes]) -> None:
         assert stream is not None
         for line in iter(stream.readline, b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
-            if rank:  # marked, its protocol lines too are text: rank 0 speaks for the job
-                line = b"[rank %d] " % rank + line
+            if self.ranks[local]:  # marked, its protocol lines too are text: rank 0 speaks for the job
+                line = b"[rank %d] " % self.ranks[local] + line
             if out is sys.stderr.buffer and line.strip():
-                self.last_stderr[rank] = line.decode(errors="replace").rstrip("\n")
+                self.last_stderr[local] = line.decode(errors="replace").rstrip("\n")
             with self.lock:
                 out.write(line)
                 out.flush()

@@ -31,7 +31,7 @@ from typing import Any
 
 from service.core.settings import Settings
 from towerq.contract.paths import bundle_root
-from worker import sandbox
+from worker import gang, sandbox
 from worker.inventory import GpuState
 from worker.launch import Launch, in_sandbox, input_paths, trainer_environment
 from worker.relay import program_metrics_log
@@ -71,14 +71,40 @@ def program_environment(launch: Launch, settings: Settings, seen_folder: Path, s
     env["TOWERQ_ATTEMPT"] = str(launch.attempt)
     env["TOWERQ_CHECKPOINT_DIR"] = str(seen_folder / CHECKPOINTS)
     env["TOWERQ_OUTPUT_DIR"] = str(seen_folder / OUTPUT)
-    env["TOWERQ_METRICS_LOG"] = str(seen_folder / program_metrics_log(launch.attempt))  # towerq.report()
+    if launch.rank == 0:  # towerq.report(): the other ranks' points are not the job's
+        env["TOWERQ_METRICS_LOG"] = str(seen_folder / program_metrics_log(launch.attempt))
     if launch.inputs:
         env["TOWERQ_INPUTS"] = json.dumps(input_paths(launch, sandboxed))
     dataset = str(launch.spec.get("dataset") or "").partition(":")[2]
     if dataset:
         env["TOWERQ_DATA_DIR"] = str(settings.data_dir.resolve() / dataset)
     env.update(memory_hints(launch))
+    if launch.ranks > 1:
+        env.update(rank_environment(launch))
     return env
+
+
+def per_host(launch: Launch) -> int:
+    """How many processes the program runs as on each host."""
+    return len(launch.indices) if launch.spec.get("processes") == "per_gpu" else 1
+
+
+def ports_per_rank(launch: Launch) -> int:
+    """The run of ports each host's rank takes at the rendezvous: the meeting point (rank
+    0's; the same on the others, unused) and one for each process's own listener
+    (TensorFlow's server), `gang.over_hosts`."""
+    return per_host(launch) + 1
+
+
+def rank_environment(launch: Launch) -> dict[str, str]:
+    """A command job over several hosts (`network: true`: its ranks meet at the addresses of
+    the rendezvous, on the hosts' network). One process here: its rank's environment. One per
+    GPU: the gang of `worker.gang` numbers them over the job. Only the job's rank 0 keeps
+    `TOWERQ_METRICS_LOG`."""
+    if launch.spec.get("processes") == "per_gpu":
+        return {gang.GANG_ENV: json.dumps({"hosts": launch.cluster, "rank": launch.rank})}
+    master, workers, first = gang.over_hosts(launch.cluster, launch.rank, 1)
+    return gang.distributed_environment(master, workers, first, 0, 1)
 
 
 def memory_hints(launch: Launch) -> dict[str, str]:

@@ -41,23 +41,30 @@ def address(settings: Settings) -> str:
         return "127.0.0.1"
 
 
-def free_port(settings: Settings, host: str, start: int = 0) -> int:
-    """A port of `TOWERQ_RANK_PORTS` nothing listens on now, looked for from the `start`-th
-    on (each rank of an attempt starts elsewhere, so ranks on one machine do not pick the
-    same one before their trainers bind it; a port taken meanwhile fails the attempt,
-    which is tried again)."""
+def free_port(settings: Settings, host: str, start: int = 0, count: int = 1) -> int:
+    """A port of `TOWERQ_RANK_PORTS` nothing listens on now, with the `count` - 1 after it
+    free too (a command job's rank takes a run of ports: `worker.gang`), looked for from the
+    `start`-th on (each rank of an attempt starts elsewhere, so ranks on one machine do not
+    pick the same one before their trainers bind it; a port taken meanwhile fails the
+    attempt, which is tried again)."""
     low, high = (int(p) for p in settings.rank_ports.split("-"))
     span = max(1, high - low + 1)
     for offset in range(span):
         port = low + (start + offset) % span
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host if host != "localhost" else "127.0.0.1", port))
-            except OSError:
-                continue
+        if port + count - 1 <= high and all(_free(host, port + k) for k in range(count)):
             return port
-    raise RendezvousError(f"no free port in TOWERQ_RANK_PORTS={settings.rank_ports}")
+    wanted = f"no {count} free ports in a row" if count > 1 else "no free port"
+    raise RendezvousError(f"{wanted} in TOWERQ_RANK_PORTS={settings.rank_ports}")
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host if host != "localhost" else "127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def meet(
@@ -68,11 +75,13 @@ def meet(
     rank: int,
     ranks: int,
     still_wanted: Callable[[], bool],
+    ports: int = 1,
 ) -> list[str]:
     """Every rank's `address:port`, by rank, once all have written theirs (with a secret of
-    this rank's for the attempt, `keys`)."""
+    this rank's for the attempt, `keys`). With `ports` > 1 a rank's port is the first of
+    that many free in a row on its host."""
     here = address(settings)
-    mine = f"{here}:{free_port(settings, here, job_id * 31 + attempt * 7 + rank * 3)}"
+    mine = f"{here}:{free_port(settings, here, job_id * 31 + attempt * 7 + rank * 3 * ports, ports)}"
     try:
         with db.write() as session:
             key = secrets.token_hex(32)

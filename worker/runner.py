@@ -186,6 +186,7 @@ class JobRunner:
                 self.launch.rank,
                 self.launch.ranks,
                 self._still_current,
+                program.ports_per_rank(self.launch) if self.program else 1,
             )
             if self.sandboxed and not self.launch.spec.get("network"):
                 self._open_gate()
@@ -391,9 +392,9 @@ class JobRunner:
         if not text:
             return
         event = events.decode(text) if stream == "out" else None
-        if event is not None and not (self.program and event.event not in program.PROGRAM_EVENTS):
+        if event is not None and not (self.program and (event.event not in program.PROGRAM_EVENTS or not self.chief)):
             self._event(event)
-            return  # (a program's `started`, `done`, ...: the trainer's words, text from it)
+            return  # (a program's `started`, `done`, ...: the trainer's words, text from it; rank 0 speaks for the job)
         if stream == "err":
             if is_runtime_noise(text):
                 return

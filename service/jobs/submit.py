@@ -186,11 +186,6 @@ def _check_resources(hosts: dict[str, list[int]], spec: JobSpec, places_jobs: bo
     count = spec.gpu_count or 1
     sizes = [len(hosts[host])] if host is not None else [len(g) for g in hosts.values()]
     if sizes and count > max(sizes):
-        if spec.is_command:
-            raise SpecError(
-                "gpu_count",
-                f"{count} GPUs asked for but the largest host has {max(sizes)}: a command job runs on one host",
-            )
         if host is not None or not places_jobs:
             where = f"host {host}" if host is not None else "the largest host"
             raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
@@ -201,7 +196,8 @@ def _check_resources(hosts: dict[str, list[int]], spec: JobSpec, places_jobs: bo
 def check_over_hosts(sizes: list[int], spec: JobSpec) -> None:
     """A job larger than any host runs over several whole hosts of the largest size (one
     trainer, a rank, on each; `worker.trainer.ranks`): its GPU count must be a whole number
-    of those hosts, and no more than the lab has."""
+    of those hosts, and no more than the lab has. A command job's ranks talk over the
+    hosts' network (`worker.gang`): it must ask for it."""
     count, largest = spec.gpu_count or 1, max(sizes)
     hosts = sizes.count(largest)
     most = largest * hosts
@@ -222,6 +218,13 @@ def check_over_hosts(sizes: list[int], spec: JobSpec) -> None:
         raise SpecError("gpu_memory_fraction", "a job over several hosts takes whole GPUs: leave it at 1")
     if spec.tower_weights is not None:
         raise SpecError("tower_weights", "a job over several hosts has equal towers: leave tower_weights out")
+    if spec.is_command and not spec.network:
+        raise SpecError(
+            "network",
+            f"a command job over several hosts ({count} GPUs; the largest host has {largest}) needs network: true: "
+            "its processes reach each other over the hosts' network, on ports their framework picks, which "
+            "towerq's rank tunnel cannot carry",
+        )
 
 
 def check_memory_fraction(inventory: HostInventory, spec: JobSpec, host: str | None, settings: Settings) -> None:

@@ -6,15 +6,13 @@ back from the metrics log `towerq.report()` keeps."""
 
 from __future__ import annotations
 
-import io
 import signal
-import tarfile
 from collections.abc import Callable
 
 import pytest
 
 from tests.faults.helpers import assert_metrics_continuous, job_of, pid_alive, wait_state
-from tests.stack import Stack, wait_for
+from tests.stack import Stack, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
 STEPS = 150
@@ -45,15 +43,6 @@ while step < STEPS:
 """
 
 
-def bundle(name: str, text: str) -> bytes:
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
-        info = tarfile.TarInfo(name)
-        info.size = len(text.encode())
-        archive.addfile(info, io.BytesIO(text.encode()))
-    return packed.getvalue()
-
-
 def test_a_command_job_resumes_from_its_checkpoint_without_a_step_twice_or_missing(
     stack: Stack, make_token: Callable[..., str]
 ) -> None:
@@ -62,7 +51,7 @@ def test_a_command_job_resumes_from_its_checkpoint_without_a_step_twice_or_missi
     doomed = stack.start_worker("lab-b", 1, trainer_pool=0)
     client = stack.client(make_token("alice"))
     wait_for(lambda: client.get("/api/gpus").json(), 30, "lab-b to register")
-    code = client.post("/api/code", files={"file": ("code.tar.gz", bundle("resume.py", RESUMES))}).json()["id"]
+    code = upload_code(client, {"resume.py": RESUMES})
     job_id = client.post(
         "/api/jobs",
         json={"command": ["python", "resume.py"], "code": code, "resumable": True, "env": {"STEPS": str(STEPS)}},

@@ -14,11 +14,9 @@ as a model is), through the real API, scheduler, worker and bubblewrap:
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,10 +24,9 @@ import httpx
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, wait_for
+from tests.stack import Stack, finished, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
-FINAL = ("succeeded", "failed", "cancelled")
 SECRET = "tq_admin_secret_of_the_lab_7f3a"
 WORKER_SECRET = "hunter2-worker-only"
 
@@ -102,23 +99,6 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
     return make_settings(sqlite_url, heartbeat_timeout_s=3.0, dispatch_timeout_s=3.0)
 
 
-def upload(client: httpx.Client, files: dict[str, str]) -> str:
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    response = client.post("/api/code", files={"file": ("code.tar.gz", packed.getvalue())})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
-
-
-def finished(client: httpx.Client, job_id: int) -> dict[str, object]:
-    return wait_for(lambda: (j := client.get(f"/api/jobs/{job_id}").json())["state"] in FINAL and j, 180, "the job")
-
-
 def messages(client: httpx.Client, job_id: int) -> list[str]:
     return [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 2000}).json()]
 
@@ -136,7 +116,7 @@ def test_a_command_job_finds_no_secret_and_forges_nothing(
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     database = str(settings.database_url).removeprefix("sqlite:///")
     needles = json.dumps([SECRET, WORKER_SECRET, database, settings.redis_url])
-    code = upload(client, {"search.py": SEARCH, "forges.py": FORGES, "needles.json": needles})
+    code = upload_code(client, {"search.py": SEARCH, "forges.py": FORGES, "needles.json": needles})
     searched = client.post("/api/jobs", json={"command": ["python", "search.py"], "code": code})
     assert searched.status_code == 201, searched.text
     job = finished(client, searched.json()["id"])
@@ -173,7 +153,7 @@ def test_a_link_planted_for_the_checkpoint_folder_is_refused_and_its_target_unto
     stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
     client = stack.client(make_token("mallory"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
-    code = upload(client, {"links.py": LINKS})
+    code = upload_code(client, {"links.py": LINKS})
     created = client.post(
         "/api/jobs", json={"command": ["python", "links.py", str(host_folder)], "code": code, "resumable": True}
     )
@@ -216,7 +196,7 @@ def test_a_programs_forged_metrics_log_is_read_bounded_and_never_through_a_link(
     stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
     client = stack.client(make_token("mallory"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
-    code = upload(client, {"forged.py": FORGED_LOG})
+    code = upload_code(client, {"forged.py": FORGED_LOG})
     spec = {"command": ["python", "forged.py", how, str(token.resolve())], "code": code, "resumable": True}
     job_id = client.post("/api/jobs", json=spec).json()["id"]
     wait_for(lambda: "planted" in messages(client, job_id), 120, "the metrics log to be forged")

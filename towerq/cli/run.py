@@ -172,6 +172,9 @@ def add_run_command(commands: Any, command: Any) -> None:
     run.add_argument(
         "--per-gpu", action="store_true", help="one process per GPU, with RANK, WORLD_SIZE, MASTER_ADDR, TF_CONFIG"
     )
+    run.add_argument(
+        "--network", action="store_true", help="the hosts' network (an admin's grant): needed over several hosts"
+    )
     run.add_argument("--group", default=None)
     run.add_argument("--folder", type=Path, default=Path("."), help="the folder to send (default: this one)")
     run.add_argument("--detach", action="store_true", help="submit and return; do not follow")
@@ -203,6 +206,7 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         "time_limit_s": args.time_limit,
         "dataset": args.dataset,
         "resumable": args.resumable or None,
+        "network": args.network or None,
         "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
         "group": args.group,
     }

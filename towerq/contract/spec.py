@@ -392,7 +392,7 @@ class JobSpec(TrainSpec):
         le=MAX_GPUS_PER_JOB,
         description=(
             "any this many GPUs of one host (default 1); more than a host has: whole hosts of the "
-            "largest size, one trainer (rank) on each (docs/multihost.md)"
+            "largest size, one trainer (rank) on each (docs/multihost.md; a command job also needs network)"
         ),
     )
     host: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(default=None, description="run only there")
@@ -417,8 +417,9 @@ class JobSpec(TrainSpec):
     network: bool = Field(
         default=False,
         description=(
-            "in the sandbox, reach the network (a model downloading weights); an admin's grant per member, "
-            "and only where Redis and the database ask for passwords; default: loopback only"
+            "in the sandbox, reach the network (a model downloading weights, a command job's ranks over "
+            "several hosts); an admin's grant per member, and only where Redis and the database ask for "
+            "passwords; default: loopback only"
         ),
     )
     code: str | None = Field(
