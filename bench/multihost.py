@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import statistics
 import sys
@@ -108,8 +109,14 @@ class Lab:
         self.redis.start()
         url = f"sqlite:///{workdir / 'towerq.db'}"
         upgrade_database(url)
+        low = 20000 + 100 * secrets.randbelow(120)  # its ranks' ports: not those of a lab or test beside it
         self.settings: Settings = settings_in(
-            workdir, url, self.redis.url, scheduler_interval_s=0.5, heartbeat_interval_s=1.0
+            workdir,
+            url,
+            self.redis.url,
+            scheduler_interval_s=0.5,
+            heartbeat_interval_s=1.0,
+            rank_ports=f"{low}-{low + 99}",
         )
         self.settings.models_path.mkdir(parents=True, exist_ok=True)
         (self.settings.models_path / "stall_rank_1.py").write_text(STALLING_MODEL)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -132,6 +133,13 @@ def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
     return f"sqlite:///{path}"
 
 
+def rank_port_block() -> str:
+    """100 ports of their own for a test's jobs over several hosts, below Linux's ephemeral
+    range: two test files running at once (xdist) do not meet at each other's ports."""
+    low = 20000 + 100 * secrets.randbelow(120)  # not `random`: a test may seed it
+    return f"{low}-{low + 99}"
+
+
 @pytest.fixture
 def make_settings(tmp_path: Path, redis_url: str) -> Callable[..., Settings]:
     def make(database_url: str, **overrides: object) -> Settings:
@@ -147,6 +155,7 @@ def make_settings(tmp_path: Path, redis_url: str) -> Callable[..., Settings]:
             "simulated_gpus": 4,
             "heartbeat_interval_s": 0.5,
             "scheduler_interval_s": 0.5,
+            "rank_ports": rank_port_block(),
         }
         values.update(overrides)
         for key in ("var_dir", "data_dir", "artifacts_dir", "models_path"):

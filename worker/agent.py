@@ -29,7 +29,8 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
-from worker import cgroups
+from worker import cgroups, program
+from worker.attempt import AttemptRunner
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
@@ -37,6 +38,7 @@ from worker.launch import read_launch, sandboxed_here
 from worker.outcome import Stop
 from worker.pool import TrainerPool
 from worker.processes import is_trainer, kill_group, pid_alive
+from worker.program import ProgramRunner
 from worker.runner import JobRunner
 from worker.sandbox import SandboxError as SandboxError  # for `towerq worker`
 
@@ -83,7 +85,7 @@ class HostAgent:
         self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
         self.sandboxed = sandboxed_here(ctx.settings)
         self.pool = TrainerPool(ctx.settings, name, ctx.settings.trainer_pool, self.sandboxed, self.inventory.simulated)
-        self.runners: dict[tuple[int, int], JobRunner] = {}
+        self.runners: dict[tuple[int, int], AttemptRunner] = {}
         self.lock = threading.Lock()
         self.loops: list[threading.Thread] = []
         self.stopping = threading.Event()
@@ -191,18 +193,22 @@ class HostAgent:
         except StaleAttemptError as err:
             log.info("ignoring launch: %s", err)
             return {"status": "stale", "reason": str(err)}
-        runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)
+        runner: AttemptRunner
+        if program.is_program(spec.spec):
+            runner = ProgramRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
+        else:
+            runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)
         with self.lock:
             runner.after = [r for r in self.runners.values() if set(r.launch.indices) & set(spec.indices)]
             self.runners[runner.key] = runner
         runner.start()
         return {"status": "started"}
 
-    def _runner_done(self, runner: JobRunner) -> None:
+    def _runner_done(self, runner: AttemptRunner) -> None:
         with self.lock:
             self.runners.pop(runner.key, None)
 
-    def runner_for(self, job_id: int) -> JobRunner | None:
+    def runner_for(self, job_id: int) -> AttemptRunner | None:
         with self.lock:
             return next((r for (j, _), r in self.runners.items() if j == job_id), None)
 

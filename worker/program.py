@@ -24,16 +24,24 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from service.core.context import Context
 from service.core.settings import Settings
+from towerq.contract import events
 from towerq.contract.paths import bundle_root
 from worker import gang, sandbox
-from worker.inventory import GpuState
-from worker.launch import Launch, in_sandbox, input_paths, trainer_environment
+from worker.attempt import AttemptRunner, Starter
+from worker.cgroups import AttemptGroup
+from worker.inventory import GpuState, Inventory
+from worker.launch import Launch, in_sandbox, input_paths, start_trainer, trainer_environment, trainer_user
+from worker.outcome import Stop
 from worker.relay import program_metrics_log
 
 CHECKPOINTS = "checkpoints"
@@ -157,3 +165,70 @@ def die_with_parent() -> None:
     program, unlike the trainer, does not watch the worker)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class ProgramRunner(AttemptRunner):
+    """An attempt of a command job: the member's program, run as the trainer is run."""
+
+    program = True
+
+    def __init__(
+        self,
+        ctx: Context,
+        inventory: Inventory,
+        launch: Launch,
+        on_exit: Callable[[Any], None],
+        sandboxed: bool = False,
+    ) -> None:
+        super().__init__(ctx, inventory, launch, on_exit, sandboxed)
+        self.replaces_from = launch.attempt > 1
+        """A resumed attempt's first point says where it resumed (`MetricSink.replace_from`)."""
+        self._over_share_since: float | None = None
+        """Since when its processes have held more GPU memory than its share (`_watch`)."""
+
+    def _prepare(self) -> Starter:
+        settings, launch = self.ctx.settings, self.launch
+        prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None)
+        seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
+        env = program_environment(launch, settings, seen, self.sandboxed)
+        command = program_command(launch, settings, self.artifacts, self.sandboxed)
+        cwd = self.artifacts if self.sandboxed else program_workdir(settings, launch)
+        # outside the sandbox nothing else ends a program whose worker died (bwrap does inside)
+        death = None if self.sandboxed else die_with_parent
+        how = f"the command {shlex.join(launch.spec['command'])[:500]}"
+
+        def start(group: AttemptGroup) -> tuple[Any, dict[str, str], str]:
+            return start_trainer(command, cwd, env, group, death), env, how
+
+        return start
+
+    def _ports(self) -> int:
+        return ports_per_rank(self.launch)
+
+    def _takes(self, event: events.TrainerEvent | events.Refused) -> bool:
+        """Only what a program may say (a `started`, `done`, ... line is the trainer's word:
+        text from a program), and only rank 0's: it speaks for the job."""
+        return event.event in PROGRAM_EVENTS and self.chief
+
+    def _event(self, event: events.TrainerEvent | events.Refused) -> None:
+        if isinstance(event, (events.Metric, events.Eval)) and self.replaces_from:
+            self.replaces_from = False
+            self.sink.replace_from(event.step)
+        super()._event(event)
+
+    def _watch(self) -> None:
+        """A program sharing its GPUs has no framework limit towerq sets: NVML's count of
+        its processes' memory must stay inside its share, or it is stopped after the grace."""
+        if self.launch.fraction >= 1 or self.inventory.simulated:
+            return
+        settings = self.ctx.settings
+        self._note_pids()
+        over = over_share(self.inventory.refresh(), self.launch, self.trainer_pids, settings.gpu_memory_reserved_mb)
+        now = time.monotonic()
+        if over is None:
+            self._over_share_since = None
+        elif self._over_share_since is None:
+            self._over_share_since = now
+            self.sink.log("warning", f"{over}: stopped if it still does in {settings.gpu_memory_grace_s:g} s")
+        elif now - self._over_share_since >= settings.gpu_memory_grace_s:
+            self.request_stop(Stop.GPU_MEMORY, over)

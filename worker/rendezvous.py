@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 import socket
 import time
+import zlib
 from collections.abc import Callable
 
 from sqlalchemy import select
@@ -67,6 +68,14 @@ def _free(host: str, port: int) -> bool:
         return True
 
 
+def first_port_tried(settings: Settings, job_id: int, attempt: int) -> int:
+    """Where in `TOWERQ_RANK_PORTS` an attempt's ranks start looking (rank r a few ports
+    further on, so ranks on one machine do not pick the same one before their processes
+    bind it). It depends on the lab (its database) as well as the attempt: two towerq
+    services on one machine, each with its job 1, start elsewhere."""
+    return zlib.crc32(f"{settings.database_url}|{job_id}|{attempt}".encode())
+
+
 def meet(
     db: Database,
     settings: Settings,
@@ -81,7 +90,7 @@ def meet(
     this rank's for the attempt, `keys`). With `ports` > 1 a rank's port is the first of
     that many free in a row on its host."""
     here = address(settings)
-    mine = f"{here}:{free_port(settings, here, job_id * 31 + attempt * 7 + rank * 3 * ports, ports)}"
+    mine = f"{here}:{free_port(settings, here, first_port_tried(settings, job_id, attempt) + rank * 3 * ports, ports)}"
     try:
         with db.write() as session:
             key = secrets.token_hex(32)

@@ -55,7 +55,7 @@ other processes. The environment is already an allow-list
 
 bwrap stays as the trainer's parent and leads its process group; a stop request (SIGTERM)
 goes to the rest of the group, not to bwrap, which would die of it and take the trainer
-with it (`--die-with-parent`) before it could checkpoint (`worker.runner`); bwrap's init
+with it (`--die-with-parent`) before it could checkpoint (`worker.attempt`); bwrap's init
 inside ignores it.
 
 `TOWERQ_SANDBOX`: `auto` (default: bwrap where it is installed and works; where it does not,

@@ -41,8 +41,8 @@ class Attempt:
     job_id: int
     attempt: int
     host: str
-    """Local: the host it was placed on. Slurm: the node the job asked for, or ""."""
-    gpus: tuple[int, ...] = ()
+    """Local: the host it was placed on (its GPUs are the allocation's rows). Slurm: the node
+    the job asked for, or ""."""
     gpu_count: int = 0
     """How many GPUs it asks for (an executor that places them itself reads this)."""
     time_limit_s: int | None = None

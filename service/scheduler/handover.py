@@ -202,7 +202,7 @@ def record_end(session: Session, job: Job, ended: Ended) -> None:
 
 def attempt_of(job: Job | Row[*tuple[Any, ...]]) -> Attempt:
     """The current attempt of a job (its row, or the columns `observe` reads) as the executor takes it."""
-    return Attempt(job.id, job.attempts, job.requested_host or "", (), job.gpu_count, job.time_limit_s)
+    return Attempt(job.id, job.attempts, job.requested_host or "", job.gpu_count, job.time_limit_s)
 
 
 def cancel_never(ctx: Context, never: dict[int, str]) -> None:

@@ -125,11 +125,11 @@ class LiveScheduler:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host
             )
-            self.send_launch(job_id, attempt, host, rank=rank)
+            self.send_launch(job_id, attempt, host, rank)
         ranks: dict[int, int] = {}
-        for job_id, attempt, host, indices in report.placed:  # first: what follows must not delay a start
+        for job_id, attempt, host, _ in report.placed:  # first: what follows must not delay a start
             ranks[job_id] = ranks.get(job_id, -1) + 1
-            self.send_launch(job_id, attempt, host, indices, ranks[job_id])
+            self.send_launch(job_id, attempt, host, ranks[job_id])
         for message in stopping:
             self.executor.stop(message)
         started_ids = {job_id for job_id, *_ in report.placed}
@@ -297,8 +297,9 @@ class LiveScheduler:
                 statement = update(Job).where(Job.state == JobState.QUEUED)
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
 
-    def send_launch(self, job_id: int, attempt: int, host: str, gpus: tuple[int, ...] = (), rank: int = 0) -> None:
-        self.executor.submit(Attempt(job_id, attempt, host, gpus, rank=rank))
+    def send_launch(self, job_id: int, attempt: int, host: str, rank: int = 0) -> None:
+        """The executor starts the attempt (its GPUs are in the database, `worker.launch`)."""
+        self.executor.submit(Attempt(job_id, attempt, host, rank=rank))
 
 
 def stop_reasons(decision: Decision, cluster: Cluster, now: float) -> dict[int, str]:

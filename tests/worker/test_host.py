@@ -21,7 +21,7 @@ from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
 from towerq.contract.spec import JobSpec
-from worker import runner as runner_module
+from worker import reaper
 from worker.agent import HostAgent
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
@@ -176,7 +176,7 @@ def test_a_new_attempt_kills_the_trainer_of_an_earlier_runner_that_is_stuck_and_
     once saw an old rank alive while the next attempt ran): once the wait is up, the new
     runner kills the old trainer itself, waits until it is gone, and logs where the stuck
     runner was, so the next time says why."""
-    monkeypatch.setattr(runner_module, "ZOMBIE_WAIT_S", 0.0)
+    monkeypatch.setattr(reaper, "ZOMBIE_WAIT_S", 0.0)
     add_host("lab-a", 2)
     ctx = Context.open(settings.model_copy(update={"trainer_pool": 0, "sandbox": "none", "cancel_grace_s": 0.0}))
     old: subprocess.Popen[bytes] | None = None
@@ -201,7 +201,7 @@ def test_a_new_attempt_kills_the_trainer_of_an_earlier_runner_that_is_stuck_and_
         stuck.thread.start()
         new.after = [stuck]
         began = time.monotonic()
-        with caplog.at_level(logging.INFO, logger="worker.runner"):
+        with caplog.at_level(logging.INFO, logger="worker.reaper"):
             new._wait_for_earlier()
         assert old.poll() is not None, "the stuck runner's trainer is gone before the new attempt goes on"
         assert 9 < time.monotonic() - began < 40

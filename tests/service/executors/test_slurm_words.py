@@ -32,7 +32,7 @@ def slurm(make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Pat
 
 
 def test_an_attempt_becomes_one_sbatch_asking_its_gpus_as_gres(slurm: SlurmExecutor, tmp_path: Path) -> None:
-    command = slurm.sbatch_command(Attempt(12, 3, "", (), gpu_count=2, time_limit_s=3600))
+    command = slurm.sbatch_command(Attempt(12, 3, "", gpu_count=2, time_limit_s=3600))
     assert command[:2] == ["sbatch", "--parsable"]
     assert "--job-name=lab-12-3" in command and "--gres=gpu:2" in command
     assert "--no-requeue" in command and "--export=ALL" in command  # towerq owns retries
@@ -40,9 +40,9 @@ def test_an_attempt_becomes_one_sbatch_asking_its_gpus_as_gres(slurm: SlurmExecu
     assert "--time=62" in command  # towerq's hour, the 30 s grace and a minute: Slurm's is the backstop
     assert f"--output={tmp_path / 'slurm'}/lab-12-3-%j.out" in command
     assert command[-1] == "--wrap=exec '/opt/towerq env/bin/python' -m worker.slurm 12 3"
-    assert not any(c.startswith(("--nodelist", "--time=")) for c in slurm.sbatch_command(Attempt(1, 1, "", ())))
-    assert "--nodelist=node7" in slurm.sbatch_command(Attempt(1, 1, "node7", (), 1))
-    assert "--gres=gpu:1" in slurm.sbatch_command(Attempt(1, 1, "", (), 0))  # a fractional job: one whole GPU
+    assert not any(c.startswith(("--nodelist", "--time=")) for c in slurm.sbatch_command(Attempt(1, 1, "")))
+    assert "--nodelist=node7" in slurm.sbatch_command(Attempt(1, 1, "node7", 1))
+    assert "--gres=gpu:1" in slurm.sbatch_command(Attempt(1, 1, "", 0))  # a fractional job: one whole GPU
 
 
 def test_time_limits_round_up_to_whole_minutes() -> None:

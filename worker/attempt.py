@@ -1,0 +1,449 @@
+"""Supervising one attempt of one job: its process's lines, stop requests, its end.
+
+An attempt runs one process (bwrap around it in the sandbox): towerq's trainer for a model
+job (`worker.runner.JobRunner`) or the member's program for a command job
+(`worker.program.ProgramRunner`). What they share is here: waiting for the GPUs' earlier
+attempt to be gone, meeting the other ranks of a job over several hosts
+(`worker.rank_link`), starting the process in the attempt's cgroups, reading its output
+line by line (its protocol lines, `towerq.contract.events`, and text), polling the
+database for a stop, and the end. A stop (cancel, time limit, preemption, worker shutdown)
+is SIGTERM to the process group, then SIGKILL after the grace period; the GPUs are released
+only once every process of the attempt is gone and the driver no longer lists one
+(`worker.reaper`). How an attempt's end becomes a job state is `worker.outcome`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from service.core import defaults
+from service.core.context import Context
+from service.core.exceptions import StaleAttemptError
+from service.core.lifecycle import current_attempt, finish, mark_running, requeue
+from service.core.models import HOLDING_STATES, Job, JobState
+from towerq.contract import events
+from towerq.contract.spec import describe
+from worker import reaper, rendezvous, sandbox
+from worker.cgroups import AttemptGroup, Limits
+from worker.folder import FolderWatch
+from worker.inventory import Inventory, SimulatedInventory
+from worker.launch import Launch, artifacts_dir, attempt_limits
+from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
+from worker.processes import descendants, output_lines, signal_trainer
+from worker.rank_link import RankLink
+from worker.relay import MetricSink, parse_time
+
+log = logging.getLogger(__name__)
+
+LEFTOVER_GRACE_S = 5.0
+"""How long the process's output is still read after it exited: processes it started may
+hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
+CHECK_EVERY_S = 1.0
+RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.PREEMPT, Stop.TIME_LIMIT)
+"""Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
+
+Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str], str]]
+"""Starts the attempt's process in its cgroups: the process, its environment, and how it
+runs, in words for the job's log."""
+
+
+class AttemptRunner:
+    """One attempt on this host, in a thread of its own (`start`)."""
+
+    program = False
+    """A member's program (a command job), not towerq's trainer."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        inventory: Inventory,
+        launch: Launch,
+        on_exit: Callable[[Any], None],
+        sandboxed: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.sandboxed = sandboxed
+        self.trainer_pids: set[int] = set()
+        """The attempt's pids: the process started, and (in the sandbox) what runs inside."""
+        self.inventory = inventory
+        self.launch = launch
+        self.on_exit = on_exit
+        self.sink = MetricSink(ctx, launch.job_id, launch.attempt)
+        if launch.ranks > 1:
+            self.sink.prefix = f"[{launch.where}] "
+        self.outcome = Outcome(ranks=launch.ranks, program=self.program)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.rank = RankLink(ctx, launch)
+        self._stop_requested = threading.Event()
+        self._look = threading.Event()
+        """A control message came for this job: read the database at the next tick."""
+        self._stop_deadline: float | None = None
+        self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
+        self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
+        self.group = AttemptGroup()
+        """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
+        self.after: list[AttemptRunner] = []
+        """The runners on this host that had some of this attempt's GPUs when it came. Those
+        whose GPUs the database has already released are still ending (a job over several
+        hosts releases every host's GPUs when one rank records its end, and the job's other
+        ranks take a moment more to stop): this attempt starts once their processes are gone."""
+        self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.launch.job_id, self.launch.attempt)
+
+    @property
+    def chief(self) -> bool:
+        """This attempt records the job's start, numbers and end (rank 0, or alone)."""
+        return self.launch.rank == 0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    def request_stop(self, reason: Stop, message: str) -> None:
+        """Ask the process to checkpoint and stop (SIGTERM now, SIGKILL after the grace)."""
+        if self.outcome.stop is None:
+            self.outcome.stop = reason
+            self.outcome.stop_message = message
+        self._stop_requested.set()
+
+    def look(self) -> None:
+        """Read the job's row soon (a control message said something changed). What the
+        message itself says is not taken: anyone who reaches Redis can publish one."""
+        self._look.set()
+
+    # -- what each kind of attempt says ---------------------------------------------------
+
+    def _prepare(self) -> Starter:
+        """Everything before the process starts (its files, its command); raises
+        `ValidationError` or `SandboxError` for a job that cannot start as asked."""
+        raise NotImplementedError
+
+    def _ports(self) -> int:
+        """The run of ports this host's rank takes at the rendezvous."""
+        return 1
+
+    def _takes(self, event: events.TrainerEvent | events.Refused) -> bool:
+        """Whether a protocol line from the process is an event of the job (else it is text)."""
+        return True
+
+    def _event(self, event: events.TrainerEvent | events.Refused) -> None:
+        match event:
+            case events.Refused():
+                said = f"a '{event.event}' line that does not fit the protocol was ignored: {event.why}"
+                self.sink.log("warning", said)
+            case events.Metric() | events.Eval():
+                self.sink.metric(event)
+                if isinstance(event, events.Metric):
+                    self.outcome.step = event.step
+            case events.Log():
+                self.sink.log(event.level, event.message, parse_time(event.time))
+
+    def _watch(self) -> None:
+        """Checks of its own, with the database's (every `CHECK_EVERY_S`)."""
+
+    def _after(self) -> None:
+        """Once the attempt is over, whatever happened."""
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            if self._start():
+                self._supervise()
+            self._end()
+        except Exception:
+            log.exception("runner for job %s attempt %s failed", *self.key)
+            self._kill_group()
+            self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
+        finally:
+            self.rank.close()
+            self._after()
+            self.group.remove()
+            self.sink.close()
+            self.on_exit(self)
+
+    def _meet(self) -> bool:
+        """A job over several hosts: wait until every rank is launched, and learn where they
+        listen; False (the attempt given up, the job queued again) when they do not come."""
+        if self.launch.ranks < 2:
+            return True
+        try:
+            self.rank.meet(self._still_current, self._ports(), self.sandboxed)
+        except rendezvous.RendezvousError as err:
+            self.outcome.stop, self.outcome.stop_message = Stop.RENDEZVOUS, f"{self.launch.where}: {err}"
+            return False
+        self.sink.log("info", f"rank {self.launch.rank} of {self.launch.ranks}: {', '.join(self.launch.cluster)}")
+        return True
+
+    def _wait_for_earlier(self) -> None:
+        reaper.wait_for_earlier(self, self.after)
+        self.after = []
+
+    def _still_current(self) -> bool:
+        return self._current(self._job_row())
+
+    def _job_row(self) -> Any:
+        with self.ctx.db.read() as session:
+            return session.execute(
+                select(
+                    Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason
+                ).where(Job.id == self.launch.job_id)
+            ).one_or_none()
+
+    def _current(self, row: Any) -> bool:
+        """Whether `row` still has this attempt holding GPUs."""
+        return row is not None and row.attempts == self.launch.attempt and row.state in HOLDING_STATES
+
+    def _start(self) -> bool:
+        self._wait_for_earlier()
+        if not self._meet():
+            return False
+        settings = self.ctx.settings
+        try:
+            starter = self._prepare()
+        except (ValidationError, sandbox.SandboxError) as err:
+            self.outcome.stop = Stop.BAD_SPEC
+            why = describe(err) if isinstance(err, ValidationError) else str(err)
+            self.outcome.stop_message = f"the job's spec does not pass validation: {why}"
+            return False
+        limits = attempt_limits(self.launch, settings, len(self.inventory.gpus()))
+        self.group = AttemptGroup.create(f"towerq-{os.getpid()}-job-{self.launch.job_id}-{self.launch.attempt}", limits)
+        self.process, env, how = starter(self.group)
+        self.trainer_pids.add(self.process.pid)
+        self._say_started(how, limits)
+        if isinstance(self.inventory, SimulatedInventory):
+            self.inventory.attach(self.process.pid, self.launch.indices)
+        if not self.chief:  # rank 0 records the job's start; this one watches its own process
+            return True
+        try:
+            with self.ctx.db.write() as session:
+                mark_running(
+                    session,
+                    self.launch.job_id,
+                    self.launch.attempt,
+                    {
+                        "pid": self.process.pid,
+                        "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"],
+                        "artifacts_dir": str(self.artifacts),
+                    },
+                )
+        except StaleAttemptError as err:
+            log.warning("not running job %s attempt %s: %s", *self.key, err)
+            self.outcome.stop = Stop.STALE
+            self._kill_group()
+            return False
+        return True
+
+    def _say_started(self, how: str, limits: Limits) -> None:
+        assert self.process is not None
+        self.sink.log("info", f"attempt {self.launch.attempt} runs {how}, pid {self.process.pid}")
+        self.sink.log("info", self.group.describe(limits))
+        for job_id, _ in self.launch.inputs:
+            self.sink.log("info", f"job {job_id}'s folder is an input (read-only): params['inputs']['{job_id}']")
+        for note in self.launch.notes:
+            self.sink.log("warning", note)
+
+    # -- while it runs --------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        assert self.process is not None
+        started = time.monotonic()
+        next_check = started
+        exited_at: float | None = None
+        for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S, defaults.TRAINER_LINE_BYTES):
+            if line is not None:
+                self._line(*line)
+                continue
+            self.sink.send()
+            now = time.monotonic()
+            if exited_at is None and self.process.poll() is not None:
+                exited_at = now
+                self.group.kill()  # what it left behind holds its pipes open: it goes now
+            elif exited_at is not None and now - exited_at > LEFTOVER_GRACE_S:
+                self.sink.log("warning", "processes the trainer left behind still hold its output: not read further")
+                break
+            if now >= next_check or self._look.is_set():
+                self._look.clear()
+                next_check = now + CHECK_EVERY_S
+                self._check(now - started)
+                self._note_pids()
+            if self.folder.due(now):
+                self._measure_folder(now)
+            self._escalate()
+            if self.sink.due():
+                self._flush()
+        while self.process.poll() is None:
+            self._escalate()
+            time.sleep(defaults.KILL_CHECK_INTERVAL_S)
+        self.outcome.returncode = self.process.returncode
+
+    def _line(self, stream: str, raw: bytes) -> None:
+        if len(raw) >= defaults.TRAINER_LINE_BYTES:
+            limit = defaults.TRAINER_LINE_BYTES // 2**20
+            self.sink.log(
+                "warning", f"a line of the trainer's std{stream} over {limit} MiB was cut there (towerq's limit)"
+            )
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if not text:
+            return
+        event = events.decode(text) if stream == "out" else None
+        if event is not None and self._takes(event):
+            self._event(event)
+            return
+        if stream == "err":
+            if is_runtime_noise(text):
+                return
+            self.outcome.stderr(text)
+        self.sink.log(level_of(text) if stream == "err" else "info", text)
+
+    def _note_pids(self) -> None:
+        """The attempt's processes as the host numbers them (NVML's pids): bwrap's
+        descendants in the sandbox (its pid namespace numbers them otherwise), the
+        process's own outside it."""
+        if self.process is not None:
+            self.trainer_pids |= descendants(self.process.pid) | self.group.pids()
+
+    def _flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
+        try:
+            self.sink.flush(job_updates, wait)
+        except StaleAttemptError as err:
+            self._stale(str(err))
+
+    def _stale(self, why: str) -> None:
+        if self.outcome.stop != Stop.STALE:
+            log.warning("job %s attempt %s is stale (%s): killing its trainer", *self.key, why)
+        self.outcome.stop = Stop.STALE
+        self._kill_group()
+
+    def _check(self, elapsed: float) -> None:
+        """Poll the database: cancel requested? attempt still current? time limit?"""
+        row = self._job_row()
+        if not self._current(row):
+            self._moved_on()
+            return
+        if row.cancel_requested_at is not None:
+            self.request_stop(Stop.CANCEL, row.stop_reason or "cancelled")
+        elif row.preempt_requested_at is not None:
+            why = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
+            self.request_stop(Stop.PREEMPT, why)
+        limit = self.launch.time_limit_s
+        if limit is not None and elapsed > limit:
+            self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
+        if self.launch.ranks > 1:
+            self._watch_frozen()
+        self._watch()
+
+    def _moved_on(self) -> None:
+        """The job has moved on from this attempt: its process goes now, unless it said it
+        stopped with the other ranks. Then rank 0 has recorded the stop, maybe before this
+        worker read the line, and the trainer gets the stop's grace to exit on its own (its
+        last lines are written: `MetricSink.last_words`)."""
+        grace = self.ctx.settings.cancel_grace_s
+        if not self.outcome.agreed_stop:
+            self._stale("the job moved on")
+        elif self.rank.grace_over(grace):
+            self._stale(f"its trainer said it stopped but still ran {grace:g} s later")
+
+    def _watch_frozen(self) -> None:
+        """A rank of a job over several hosts whose process is stopped by a signal (SIGSTOP)
+        hangs the others. Once the ranks compute, their collective timeout notices; before,
+        while the first collective waits up to `START_TIMEOUT_S` for every rank's start-up,
+        only its worker can. Frozen for longer than the collective timeout, it is killed and
+        the job goes back to the queue, as a crash."""
+        frozen_s = self.rank.frozen_for(self.trainer_pids)
+        if frozen_s < self.ctx.settings.collective_timeout_s or self.outcome.stop is not None:
+            return
+        where = f"{self.launch.where}: " if self.chief else ""
+        self.outcome.stop = Stop.FROZEN
+        self.outcome.stop_message = (
+            f"{where}its trainer was frozen (stopped by a signal) for {frozen_s:.0f} s: killed, so the other "
+            "ranks do not wait for it; the job goes back to the queue"
+        )
+        self.sink.log("error", self.outcome.stop_message)
+        self._kill_group()
+
+    def _measure_folder(self, now: float, running: bool = True) -> None:
+        over = self.folder.measure(now)
+        self._flush({"folder_bytes": self.folder.bytes})
+        if running and over is not None and self.outcome.stop is None:
+            self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"stopped: {over}"
+            self.sink.log("error", f"stopped: {over}")
+            self._kill_group()  # a checkpoint would only write more
+
+    def _escalate(self) -> None:
+        if not self._stop_requested.is_set() or self.process is None or self.process.poll() is not None:
+            return
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.ctx.settings.cancel_grace_s
+            self._signal_group(signal.SIGTERM)
+        elif time.monotonic() >= self._stop_deadline:
+            self._signal_group(signal.SIGKILL)
+
+    # -- the end --------------------------------------------------------------------------
+
+    def _end(self) -> None:
+        self._kill_group()
+        if self.outcome.stop != Stop.STALE:
+            self._measure_folder(time.monotonic(), running=False)  # its size, for the Usage page
+        self.outcome.limits_hit = self.group.limits_hit()
+        for hit in self.outcome.limits_hit:
+            self.sink.log("error", f"the attempt reached its {hit} (towerq's limit; see TOWERQ_TRAINER_*)")
+        if self.process is not None:
+            reaper.wait_gpus_free(
+                self.ctx, self.inventory, self.launch.host, self.launch.indices, self.trainer_pids, self.launch.job_id
+            )
+        if self.outcome.stop == Stop.STALE:
+            return
+        self._flush(wait=True)
+        if self.outcome.stop in (Stop.STALE, Stop.EXECUTOR):
+            return  # an executor's stop: the scheduler records the end from the cluster's word
+        state, message = self.outcome.verdict(self.launch.fraction)
+        if not self.chief and (state == JobState.SUCCEEDED or self.outcome.stop in RANK_ZERO_RECORDS):
+            return  # rank 0 records a success, and a stop every rank was asked for
+        if not self.chief and self.outcome.stop is None and self.outcome.agreed_stop:
+            return  # stopped with the others before this worker saw the request: rank 0 records it
+        if not self.chief and message:
+            message = f"{self.launch.where}: {message}"
+        self._record(state, message)
+
+    def _record(self, state: JobState, message: str | None) -> None:
+        try:
+            with self.ctx.db.write() as session:
+                if state == JobState.QUEUED:
+                    job = current_attempt(session, *self.key)
+                    if self.outcome.out_of_memory:
+                        job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
+                    requeue(session, job, message or "interrupted", crashed=self.outcome.crashed)
+                else:
+                    finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
+                self.sink.trim_logs(session)
+        except StaleAttemptError as err:
+            log.info("not recording the end of job %s attempt %s: %s", *self.key, err)
+
+    def _signal_group(self, signum: int) -> None:
+        if self.process is not None:
+            signal_trainer(self.process.pid, signum, self.sandboxed)
+
+    def _kill_group(self) -> None:
+        """SIGKILL whatever is left of the attempt's processes and wait until they are gone."""
+        if self.process is None:
+            return
+        self._note_pids()
+        reaper.kill_attempt(self.process, self.group, self.trainer_pids, self.sandboxed, self.key)
+        if self.outcome.returncode is None:
+            self.outcome.returncode = self.process.returncode
