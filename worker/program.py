@@ -28,18 +28,16 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.core.context import Context
 from service.core.settings import Settings
 from towerq.contract import events
 from towerq.contract.paths import bundle_root
 from worker import gang, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
-from worker.inventory import GpuState, Inventory
+from worker.inventory import GpuState
 from worker.launch import Launch, in_sandbox, input_paths, start_trainer, trainer_environment, trainer_user
 from worker.outcome import Stop
 from worker.relay import program_metrics_log
@@ -172,19 +170,10 @@ class ProgramRunner(AttemptRunner):
 
     program = True
 
-    def __init__(
-        self,
-        ctx: Context,
-        inventory: Inventory,
-        launch: Launch,
-        on_exit: Callable[[Any], None],
-        sandboxed: bool = False,
-    ) -> None:
-        super().__init__(ctx, inventory, launch, on_exit, sandboxed)
-        self.replaces_from = launch.attempt > 1
-        """A resumed attempt's first point says where it resumed (`MetricSink.replace_from`)."""
-        self._over_share_since: float | None = None
-        """Since when its processes have held more GPU memory than its share (`_watch`)."""
+    _over_share_since: float | None = None
+    """Since when its processes have held more GPU memory than its share (`_watch`)."""
+    _replaced = False
+    """A resumed attempt's first point came (`_event`)."""
 
     def _prepare(self) -> Starter:
         settings, launch = self.ctx.settings, self.launch
@@ -211,8 +200,10 @@ class ProgramRunner(AttemptRunner):
         return event.event in PROGRAM_EVENTS and self.chief
 
     def _event(self, event: events.TrainerEvent | events.Refused) -> None:
-        if isinstance(event, (events.Metric, events.Eval)) and self.replaces_from:
-            self.replaces_from = False
+        """A resumed attempt's first point says where it resumed: the points from there on
+        go (`MetricSink.replace_from`)."""
+        if isinstance(event, (events.Metric, events.Eval)) and self.launch.attempt > 1 and not self._replaced:
+            self._replaced = True
             self.sink.replace_from(event.step)
         super()._event(event)
 
