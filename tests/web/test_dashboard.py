@@ -73,11 +73,11 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     row.locator(".name a").click()
     page.wait_for_selector('#charts[data-points]:not([data-points="0"])', timeout=60_000)
     first = int(page.locator("#charts").get_attribute("data-points") or 0)
-    page.wait_for_function(f"Number(document.querySelector('#charts').dataset.points) > {first}", timeout=30_000)
+    page.wait_for_function(f"Number(document.querySelector('#charts')?.dataset.points) > {first}", timeout=30_000)
     assert page.locator(".job-header .badge").inner_text() == "running"
     # The summary follows the stream too: an ETA from the step time, the latest evaluation.
     for name in ("ETA", "Eval accuracy"):
-        page.wait_for_function(f"document.querySelector('dd[data-field=\"{name}\"]').textContent !== '–'")
+        page.wait_for_function(f"(document.querySelector('dd[data-field=\"{name}\"]')?.textContent ?? '–') !== '–'")
     assert page.locator("#chart-loss canvas").count() == 1
     page.check("#log-scale")
     page.wait_for_selector("#chart-loss canvas")

@@ -36,7 +36,7 @@ def test_admins_make_groups_and_reservations_and_members_read_them(
     form = admin.locator("#new-group")
     form.locator('input[name="name"]').fill("Vision!")
     form.locator("button[type=submit]").click()
-    admin.wait_for_function("document.querySelector('#new-group .error').textContent.includes('name')")
+    admin.wait_for_function("document.querySelector('#new-group .error')?.textContent.includes('name')")
     form.locator('input[name="name"]').fill("vision")
     form.locator('input[name="share"]').fill("2")
     form.locator('input[name="max_gpus"]').fill("3")
@@ -59,7 +59,7 @@ def test_admins_make_groups_and_reservations_and_members_read_them(
     keep.locator('input[name="gpus"]').fill("9")
     keep.locator('input[name="note"]').fill("CVPR deadline")
     keep.locator("button[type=submit]").click()
-    admin.wait_for_function("document.querySelector('#new-reservation .error').textContent.includes('gpus')")
+    admin.wait_for_function("document.querySelector('#new-reservation .error')?.textContent.includes('gpus')")
     assert "the lab has 4" in keep.locator(".error").inner_text()
     keep.locator('input[name="gpus"]').fill("2")
     keep.locator("button[type=submit]").click()
@@ -90,7 +90,7 @@ def test_admins_make_groups_and_reservations_and_members_read_them(
     assert member.locator("#chart-gpus-per-user").get_attribute("data-users") == "alice,bob"
     member.click('#per-what a:text("per group")')
     member.wait_for_url("**/#/usage?window=day&by=group")
-    member.wait_for_function("document.querySelector('#chart-gpus-per-user').dataset.users === '(no group),vision'")
+    member.wait_for_function("document.querySelector('#chart-gpus-per-user')?.dataset.users === '(no group),vision'")
     assert "GPUs in use per group" in member.locator("#chart-gpus-per-user figcaption").inner_text()
     member.goto(f"{url}/#/jobs/{submitted['id']}")
     member.wait_for_selector(".summary")
@@ -98,4 +98,4 @@ def test_admins_make_groups_and_reservations_and_members_read_them(
 
     admin.on("dialog", lambda dialog: dialog.accept())
     admin.locator("#reservations button.danger").first.click()
-    admin.wait_for_function("document.querySelector('#reservations').textContent.includes('No reservation ahead')")
+    admin.wait_for_function("document.querySelector('#reservations')?.textContent.includes('No reservation ahead')")

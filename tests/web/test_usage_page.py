@@ -133,7 +133,7 @@ def test_admins_replay_the_labs_history_under_other_settings(
     page.wait_for_selector("#what-if")
     page.fill("#wi-hosts", "0")
     page.click("#what-if button[type=submit]")
-    page.wait_for_function("document.querySelector('#what-if .error').textContent.includes('hosts')")
+    page.wait_for_function("document.querySelector('#what-if .error')?.textContent.includes('hosts')")
     page.fill("#wi-hosts", "3")
     page.fill("#wi-slice", "0")
     page.click("#what-if button[type=submit]")
