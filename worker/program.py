@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -186,7 +187,7 @@ class ProgramRunner(AttemptRunner):
         death = None if self.sandboxed else die_with_parent
         how = f"the command {shlex.join(launch.spec['command'])[:500]}"
 
-        def start(group: AttemptGroup) -> tuple[Any, dict[str, str], str]:
+        def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
             return start_trainer(command, cwd, env, group, death), env, how
 
         return start

@@ -10,6 +10,7 @@ and log lines any attempt has. The attempt's life is `worker.attempt`.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +37,9 @@ class JobRunner(AttemptRunner):
     ) -> None:
         super().__init__(ctx, inventory, launch, on_exit, sandboxed)
         self.pool = pool
-        self.warm = False
-        """The trainer came warm from the pool (`worker.pool`)."""
         self.owes_refill = False
-        """It did, and the pool has not yet been told to warm the next one."""
+        """The trainer came warm from the pool (`worker.pool`), which has not yet been told to
+        warm the next one."""
         self.started_once = False
         """A valid `started` line came: later ones are the trainer's word only, and ignored."""
 
@@ -55,11 +55,11 @@ class JobRunner(AttemptRunner):
                 end_warm(warm.process)
             raise
 
-        def start(group: AttemptGroup) -> tuple[Any, dict[str, str], str]:
+        def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
             if warm is not None:
                 group.adopt({warm.process.pid} | descendants(warm.process.pid))  # before it runs user code
                 if hand_over(warm, spec_path, env):
-                    self.warm, self.owes_refill = True, True
+                    self.owes_refill = True
                     return warm.process, env, "in a warm trainer from the pool"
             command = trainer_command(self.launch, settings, spec_path, self.sandboxed)
             return start_trainer(command, spec_path.parent, env, group), env, "in a new trainer (cold start)"
