@@ -54,7 +54,7 @@ FROM base AS worker
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap \
     && rm -rf /var/lib/apt/lists/*
-RUN python scripts/requirements.py gpu > /tmp/requirements.txt \
+RUN python scripts/requirements.py gpu notebook > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 COPY --from=build /wheels /wheels

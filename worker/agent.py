@@ -29,12 +29,14 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
+from towerq.contract.spec import is_notebook
 from worker import cgroups, program
 from worker.attempt import AttemptRunner
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
 from worker.launch import read_launch, sandboxed_here
+from worker.notebook import NotebookRunner
 from worker.outcome import Stop
 from worker.pool import TrainerPool
 from worker.processes import is_trainer, kill_group, pid_alive
@@ -194,7 +196,9 @@ class HostAgent:
             log.info("ignoring launch: %s", err)
             return {"status": "stale", "reason": str(err)}
         runner: AttemptRunner
-        if program.is_program(spec.spec):
+        if is_notebook(spec.spec):
+            runner = NotebookRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
+        elif program.is_program(spec.spec):
             runner = ProgramRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
         else:
             runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)

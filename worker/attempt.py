@@ -62,6 +62,8 @@ class AttemptRunner:
 
     program = False
     """A member's program (a command job), not towerq's trainer."""
+    session = False
+    """A notebook session (`worker.notebook`)."""
 
     def __init__(
         self,
@@ -81,7 +83,7 @@ class AttemptRunner:
         self.sink = MetricSink(ctx, launch.job_id, launch.attempt)
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
-        self.outcome = Outcome(ranks=launch.ranks, program=self.program)
+        self.outcome = Outcome(ranks=launch.ranks, program=self.program, session=self.session)
         self.process: subprocess.Popen[bytes] | None = None
         self.rank = RankLink(ctx, launch)
         self._stop_requested = threading.Event()
@@ -429,6 +431,8 @@ class AttemptRunner:
                     if self.outcome.out_of_memory:
                         job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
                     requeue(session, job, message or "interrupted", crashed=self.outcome.crashed)
+                elif state == JobState.SUCCEEDED:  # a session's end says why (idle), which is no error
+                    finish(session, *self.key, state, message=message, exit_code=self.outcome.returncode)
                 else:
                     finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
                 self.sink.trim_logs(session)

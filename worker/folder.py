@@ -36,13 +36,13 @@ class FolderWatch:
             return f"its folder holds {JOB_FOLDER_MAX_ENTRIES:,} files and folders or more (towerq's limit)"
         if self.max_bytes and self.bytes > self.max_bytes:
             return (
-                f"its folder takes {_size(self.bytes)}, over the {_size(self.max_bytes)} "
+                f"its folder takes {size_words(self.bytes)}, over the {size_words(self.max_bytes)} "
                 "a job folder may take (TOWERQ_JOB_FOLDER_MAX_BYTES)"
             )
         return None
 
 
-def _size(n: int) -> str:
+def size_words(n: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"

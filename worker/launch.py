@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -57,6 +57,8 @@ class Launch:
     """A job over several hosts: every host it runs on, by rank (this one is `rank`)."""
     cluster: list[str] = field(default_factory=list)
     """Every rank's address:port, once they met (`worker.rendezvous`)."""
+    user_id: int = 0
+    """The member whose job it is (a notebook session mounts their folder, `worker.notebook`)."""
     gate: Path | None = None
     """A sandboxed rank: the folder of its worker's control socket (`worker.trainer.tunnel`),
     seen at `sandbox.RANKS_PATH` in the sandbox, which then has no network of its host."""
@@ -98,6 +100,7 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
         notes=notes,
         rank=hosts.index(host) if host in hosts else 0,
         hosts=hosts if len(hosts) > 1 else [],
+        user_id=job.user_id,
     )
 
 
@@ -258,9 +261,16 @@ def trainer_command(launch: Launch, settings: Settings, spec_path: Path, sandbox
 
 
 def in_sandbox(
-    command: list[str], launch: Launch, settings: Settings, job_folder: Path, network: bool, workdir: Path | None = None
+    command: list[str],
+    launch: Launch,
+    settings: Settings,
+    job_folder: Path,
+    network: bool,
+    workdir: Path | None = None,
+    binds: Iterable[tuple[Path, Path]] = (),
 ) -> list[str]:
-    """`command` in bubblewrap with this job's view: the trainer's, and a command job's."""
+    """`command` in bubblewrap with this job's view: the trainer's, a command job's, a
+    notebook session's (which has `binds` of its own, read-write: host folder, seen at)."""
     datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
         command,
@@ -278,6 +288,7 @@ def in_sandbox(
         inputs=[(folder, input_in_sandbox(job_id)) for job_id, folder in launch.inputs],
         gate=launch.gate,
         workdir=workdir,
+        binds=binds,
     )
 
 

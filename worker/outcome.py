@@ -34,6 +34,10 @@ class Stop(enum.StrEnum):
     GPU_MEMORY = "gpu_memory"
     """A command job held more GPU memory than its share for longer than the grace
     (`worker.program.over_share`): it fails, and the message names both numbers."""
+    IDLE = "idle"
+    """A notebook session idle for its `idle_timeout_s` (`worker.notebook`): it ends, succeeded."""
+    NOT_READY = "not_ready"
+    """A notebook session whose JupyterLab did not answer in time: it fails."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -58,6 +62,8 @@ class Outcome:
     """How many hosts the attempt runs on (a trainer, a rank, on each)."""
     program: bool = False
     """A command job's program: it succeeds by exiting 0 (it says no `done`)."""
+    session: bool = False
+    """A notebook session: ended, not queued again, by its idle or time limit and the worker's stop."""
 
     @property
     def who(self) -> str:
@@ -114,13 +120,17 @@ class Outcome:
         reason to record with it. Out of memory on a shared GPU is tried once more on whole
         GPUs (the runner raises the job's fraction to 1): a neighbour may have taken the
         memory, or the slice was too small."""
+        if self.session and self.stop in (Stop.IDLE, Stop.TIME_LIMIT):
+            return JobState.SUCCEEDED, self.stop_message
+        if self.session and self.stop == Stop.SHUTDOWN:
+            return JobState.CANCELLED, f"{self.stop_message}: the session ended (its notebook folder is kept)"
         if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT, Stop.RENDEZVOUS, Stop.FROZEN):
             return JobState.QUEUED, self.stop_message
         if self.stop == Stop.CANCEL:
             return JobState.CANCELLED, self.stop_message
         if self.stop == Stop.TIME_LIMIT:
             return JobState.FAILED, f"{self.stop_message} at step {self.step}"
-        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY):
+        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.NOT_READY):
             return JobState.FAILED, self.stop_message
         if (self.done is not None or self.program) and self.returncode == 0:
             return JobState.SUCCEEDED, None

@@ -245,6 +245,7 @@ def bwrap_command(
     inputs: Iterable[tuple[Path, Path]] = (),
     gate: Path | None = None,
     workdir: Path | None = None,
+    binds: Iterable[tuple[Path, Path]] = (),
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above, run as `identity`
     (`trainer_identity`) in `workdir` (default `JOB_PATH`); `job_folder` is seen at
@@ -287,6 +288,8 @@ def bwrap_command(
     if gate is not None:  # a rank's way to the other ranks: its worker's control socket, read-only
         args += ["--ro-bind", str(gate), str(RANKS_PATH)]
     args += ["--bind", str(job_folder), str(JOB_PATH)]
+    for folder, seen in binds:  # a notebook session's own: its member's folder, its socket's
+        args += ["--bind", str(folder), str(seen)]
     args += see_through(args)
     args += ["--chdir", str(workdir or JOB_PATH)]
     return [*args, "--", *drop_to(identity), *command]

@@ -36,6 +36,7 @@ from service.api.routes import (
     jobs,
     reservations,
     session,
+    sessions,
     stream,
     sweeps,
     usage,
@@ -109,16 +110,25 @@ class BodySizeLimit:
     """Refuses request bodies over their limit with 413, before anyone parses them: `limit`
     (TOWERQ_MAX_REQUEST_BYTES), or for an upload route in `uploads` that route's own."""
 
-    def __init__(self, app: ASGIApp, limit: int, uploads: dict[str, tuple[int, str]] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        uploads: dict[str, tuple[int, str]] | None = None,
+        prefixes: dict[str, tuple[int, str]] | None = None,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.uploads = uploads or {}
+        self.prefixes = prefixes or {}
+        """Limits of the paths under a prefix (a notebook session's: JupyterLab's own uploads)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit, setting = self.uploads.get(scope["path"], (self.limit, "TOWERQ_MAX_REQUEST_BYTES"))
+        under = next((v for prefix, v in self.prefixes.items() if scope["path"].startswith(prefix)), None)
+        limit, setting = self.uploads.get(scope["path"], under or (self.limit, "TOWERQ_MAX_REQUEST_BYTES"))
         allowed = limit + (MULTIPART_OVERHEAD_BYTES if scope["path"] in self.uploads else 0)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > allowed):
@@ -228,14 +238,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (
         jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, groups, reservations, health,
-        session, catalog, usage,
+        session, catalog, usage, sessions,
     ):  # fmt: skip
         app.include_router(module.router)
     uploads = {
         "/api/code": (settings.max_code_bytes, "TOWERQ_MAX_CODE_BYTES"),
         "/api/datasets": (settings.user_data_quota_bytes, "TOWERQ_USER_DATA_QUOTA_BYTES"),
     }
-    app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes, uploads=uploads)
+    sessions_limit = (sessions.SESSION_MAX_REQUEST_BYTES, "towerq's limit for a notebook session's requests")
+    app.add_middleware(
+        BodySizeLimit, limit=settings.max_request_bytes, uploads=uploads, prefixes={"/sessions/": sessions_limit}
+    )
     app.add_middleware(AuthBeforeUpload, paths=set(uploads))
     app.add_middleware(NoReferrer)
     web = dashboard_dir()

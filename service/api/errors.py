@@ -14,6 +14,7 @@ from service.core.exceptions import (
     AuthError,
     ForbiddenError,
     NotFoundError,
+    NotReadyError,
     SpecError,
     StaleAttemptError,
     StateConflictError,
@@ -69,6 +70,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(AuthError)
     async def _auth(_: Request, exc: AuthError) -> JSONResponse:
         return JSONResponse(status_code=401, content={"detail": str(exc)}, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(NotReadyError)
+    async def _not_ready(_: Request, exc: NotReadyError) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": "2"})
 
     for exc_type, status in STATUS.items():
         app.add_exception_handler(exc_type, _status_handler(status))

@@ -23,6 +23,10 @@ class TooManyError(TowerqError):
     """The caller holds as many of something (streams, queued jobs) as a limit allows (429)."""
 
 
+class NotReadyError(TowerqError):
+    """What was asked for is coming but not there yet (a notebook session starting): 503, try again."""
+
+
 class AuthError(TowerqError):
     """No token, or a token that is unknown or revoked."""
 

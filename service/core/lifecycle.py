@@ -149,15 +149,17 @@ def finish(
     state: JobState,
     error: str | None = None,
     exit_code: int | None = None,
+    message: str | None = None,
 ) -> Job:
-    """End this attempt with a final state and free its GPUs."""
+    """End this attempt with a final state and free its GPUs; the state's event says
+    `error`, or else `message` (why a job that did not fail ended)."""
     job = current_attempt(session, job_id, attempt)
     release_allocations(session, job)
     job.error = error
     job.exit_code = exit_code
     job.finished_at = utcnow()
     job.pid = None
-    record_state(session, job, state, error)
+    record_state(session, job, state, error or message)
     kick_scheduler(session)
     return job
 

@@ -122,6 +122,8 @@ class JobDetailOut(JobOut):
     """The webhooks sent (or being retried) since the job ended."""
     outputs_readable: bool = True
     """Whether the caller may read the job's log, artifacts and code (service/jobs/privacy.py)."""
+    url: str | None = None
+    """A notebook session: where its JupyterLab opens, a path of the API (owner and admins)."""
 
 
 class JobPage(BaseModel):

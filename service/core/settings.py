@@ -215,6 +215,21 @@ class Settings(BaseSettings):
     token: str | None = None
     max_request_bytes: int = 1_000_000
 
+    # Notebook sessions (docs/notebooks.md)
+    notebook_idle_timeout_s: int = Field(default=3600, ge=10)
+    """A session's idle timeout when it names none."""
+    notebook_max_idle_timeout_s: int = Field(default=4 * 3600, ge=10)
+    """The longest idle timeout a member's session may ask (an admin's may ask more)."""
+    notebook_max_per_member: int = Field(default=2, ge=0)
+    """Sessions one member may have queued or running at once (0: none)."""
+    notebook_max_gpus: int = Field(default=0, ge=0)
+    """GPUs the lab's sessions may hold together, queued and running (0: no cap)."""
+    notebook_home_max_bytes: int = Field(default=10_000_000_000, ge=0)
+    """What one member's notebook folder (every session of theirs mounts it) may hold; a
+    session past it is stopped, its files kept (0: no limit)."""
+    notebook_start_timeout_s: float = Field(default=120.0, gt=0)
+    """How long JupyterLab may take to open its socket before the session fails."""
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")

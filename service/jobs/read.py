@@ -15,6 +15,7 @@ from service.core.models import Allocation, Gpu, Host, Job, Notification, User
 from service.core.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut, RankOut
 from service.core.sharing import LAB, error_category
 from service.lab.auth import Caller
+from towerq.contract.spec import is_notebook
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -142,11 +143,16 @@ def job_detail(session: Session, job: Job) -> JobDetailOut:
     owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
     notifications = [NotificationOut.model_validate(n) for n in owed]
     return JobDetailOut.model_validate(job).model_copy(
-        update={"allocation": allocation, "notifications": notifications}
+        update={"allocation": allocation, "notifications": notifications, "url": session_url(job)}
     )
+
+
+def session_url(job: Job) -> str | None:
+    """Where a notebook session's JupyterLab opens (`service.api.routes.sessions`)."""
+    return f"/sessions/{job.id}/lab" if is_notebook(job.spec or {}) else None
 
 
 def job_detail_of_new(job: Job, event: JobEventOut) -> JobDetailOut:
     """The detail of a job just inserted, without asking the database again (`job` is a
     transient row holding what was inserted)."""
-    return JobDetailOut.model_validate(job).model_copy(update={"events": [event]})
+    return JobDetailOut.model_validate(job).model_copy(update={"events": [event], "url": session_url(job)})

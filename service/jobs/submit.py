@@ -32,7 +32,7 @@ from service.uploads import code as code_bundles
 from service.uploads import datasets
 from towerq.contract.paths import PathEscapeError, resolve_inside
 from towerq.contract.runtime import MIN_MEMORY_LIMIT_MB, memory_limit_mb
-from towerq.contract.spec import JobSpec
+from towerq.contract.spec import JobSpec, is_notebook
 
 
 def submit(
@@ -50,6 +50,10 @@ def submit(
     by `writer` (group commit) when there is one, else in a transaction of its own."""
     inventory = inventory or HostInventory(db, executor_for(settings, connect_redis(settings.redis_url)))
     host = check_submission(caller, spec, settings, inventory)
+    if spec.is_notebook:
+        if sweep_id is not None:
+            raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
+        check_notebook(db, caller, spec, settings)
     if sweep_id is None:  # a sweep's jobs were counted together, before it was stored
         check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
     if spec.hyperparameters.seed is None:
@@ -91,10 +95,11 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
     """Everything a submission must pass besides the spec's own validation; the host the
     job must run on, if one."""
     caller.check_priority(spec.priority)
-    if spec.is_command and not inventory.executor.places_jobs:
+    if (spec.is_command or spec.is_notebook) and not inventory.executor.places_jobs:
+        what = "notebook sessions" if spec.is_notebook else "command jobs"
         raise SpecError(
-            "command",
-            f"command jobs run on towerq's own workers, not yet with TOWERQ_EXECUTOR={inventory.executor.name}",
+            "kind" if spec.is_notebook else "command",
+            f"{what} run on towerq's own workers, not yet with TOWERQ_EXECUTOR={inventory.executor.name}",
         )
     host = check_resources(inventory, spec)
     check_memory_fraction(inventory, spec, host, settings)
@@ -112,6 +117,41 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
             "an admin's job may ask more",
         )
     return host
+
+
+SESSION_STATES = (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
+"""A notebook session in these counts against the lab's caps on sessions."""
+
+
+def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings) -> None:
+    """A notebook session within the lab's caps: its idle timeout (resolved here, so the
+    job shows it), the sessions a member holds, the GPUs every session holds together."""
+    idle = spec.idle_timeout_s or settings.notebook_idle_timeout_s
+    if idle > settings.notebook_max_idle_timeout_s and not caller.is_admin:
+        raise SpecError(
+            "idle_timeout_s",
+            f"{idle} s is longer than a member's session may wait idle: at most "
+            f"{settings.notebook_max_idle_timeout_s} s (TOWERQ_NOTEBOOK_MAX_IDLE_TIMEOUT_S)",
+        )
+    spec.idle_timeout_s = idle
+    with db.read() as session:
+        rows = session.execute(
+            select(Job.user_id, Job.spec, Job.gpu_count).where(Job.state.in_([s.value for s in SESSION_STATES]))
+        ).all()
+    sessions = [row for row in rows if is_notebook(row.spec)]
+    mine = sum(1 for row in sessions if row.user_id == caller.user_id)
+    if mine >= settings.notebook_max_per_member:
+        raise TooManyError(
+            f"you have {mine} notebook sessions queued or running; at most {settings.notebook_max_per_member} "
+            "at once (TOWERQ_NOTEBOOK_MAX_PER_MEMBER): end one first (towerq cancel ID)"
+        )
+    held = sum(row.gpu_count for row in sessions)
+    cap = settings.notebook_max_gpus
+    if cap and held + (spec.gpu_count or 1) > cap:
+        raise TooManyError(
+            f"the lab's notebook sessions hold {held} GPUs of the {cap} they may hold together "
+            f"(TOWERQ_NOTEBOOK_MAX_GPUS): a session of {spec.gpu_count} GPUs waits for one to end"
+        )
 
 
 def check_network(caller: Caller, settings: Settings) -> None:
@@ -201,7 +241,7 @@ def check_over_hosts(sizes: list[int], spec: JobSpec) -> None:
     count, largest = spec.gpu_count or 1, max(sizes)
     hosts = sizes.count(largest)
     most = largest * hosts
-    if hosts < 2:
+    if hosts < 2 or spec.is_notebook:
         raise SpecError("gpu_count", f"{count} GPUs asked for but the largest host has {largest}")
     if count > most:
         raise SpecError(

@@ -36,6 +36,7 @@ from service.scheduler.types import (
     RunningJob,
 )
 from service.scheduler.usage import gpu_hours_within
+from towerq.contract.spec import stoppable
 
 Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | None]
 """What a queued job shows now: (queue_position, pending_reason, reserved_start_at,
@@ -178,7 +179,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
-                stoppable=r.spec.get("command") is None or bool(r.spec.get("resumable")),
+                stoppable=stoppable(r.spec),
             )
     whole: dict[int, float] = defaultdict(float)
     for part, running in by_job.items():

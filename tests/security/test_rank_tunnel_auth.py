@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from towerq.contract import handshake
 from worker.trainer import tunnel
 
 
@@ -61,10 +62,10 @@ def ranks() -> Iterator[list[Rank]]:
 def test_a_connection_without_the_ranks_secret_never_reaches_its_trainer(ranks: list[Rank]) -> None:
     _, target = ranks
     port = int(target.gate.cluster[1].rpartition(":")[2])
-    for answer in (b"", b"x" * 32, tunnel.proof(secrets.token_hex(32), b"\0" * tunnel.NONCE_BYTES)):
+    for answer in (b"", b"x" * 32, tunnel.proof(secrets.token_hex(32), b"\0" * handshake.NONCE_BYTES)):
         intruder = socket.create_connection(("127.0.0.1", port), timeout=5)  # from a peer host's address
-        nonce = intruder.recv(tunnel.NONCE_BYTES)
-        assert len(nonce) == tunnel.NONCE_BYTES
+        nonce = intruder.recv(handshake.NONCE_BYTES)
+        assert len(nonce) == handshake.NONCE_BYTES
         intruder.sendall(answer)
         if not answer:
             intruder.shutdown(socket.SHUT_WR)

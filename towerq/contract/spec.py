@@ -323,6 +323,7 @@ MODEL_ONLY_FIELDS = (
     "memory_growth",
 )
 """Fields that configure towerq's own trainer: a command job refuses them."""
+NOTEBOOK_MIN_IDLE_S = 10
 COMMAND_MAX_ARGS = 1024
 COMMAND_ARG_MAX = 4096
 ENV_MAX_ENTRIES = 64
@@ -358,6 +359,22 @@ class JobSpec(TrainSpec):
         min_length=1,
         max_length=1024,
         description="a name, or kind:PATH under TOWERQ_DATA_DIR (a command job: optional, an upload, read only)",
+    )
+    kind: Literal["model", "command", "notebook"] | None = Field(
+        default=None,
+        description=(
+            "what runs: a model in towerq's trainer, your own command, or a notebook session (JupyterLab on its "
+            "GPUs, docs/notebooks.md); default: command when command is given, else model"
+        ),
+    )
+    idle_timeout_s: int | None = Field(
+        default=None,
+        ge=NOTEBOOK_MIN_IDLE_S,
+        le=365 * 24 * 3600,
+        description=(
+            "a notebook session ends after this long idle: no kernel busy, no browser connected, its GPUs unused "
+            "(default and most: the lab's TOWERQ_NOTEBOOK_IDLE_TIMEOUT_S and TOWERQ_NOTEBOOK_MAX_IDLE_TIMEOUT_S)"
+        ),
     )
     command: list[CommandArg] | None = Field(
         default=None,
@@ -458,7 +475,17 @@ class JobSpec(TrainSpec):
             raise ValueError(f"tower_weights has {len(self.tower_weights)} entries for {self.gpu_count} GPUs")
         if self.memory_growth and self.gpu_memory_fraction < 1:
             raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
-        if self.command is not None:
+        if self.kind == "notebook":
+            self._check_notebook()
+        elif self.idle_timeout_s is not None:
+            raise ValueError("idle_timeout_s: applies to notebook sessions only (kind: notebook)")
+        if self.kind == "command" and self.command is None:
+            raise ValueError("command: kind command runs your own program: give its command")
+        if self.kind == "model" and self.command is not None:
+            raise ValueError("command: kind model runs a model in towerq's trainer: give model, not command")
+        if self.kind == "notebook":
+            pass
+        elif self.command is not None:
             self._check_command()
         elif self.model is None:
             raise ValueError("model: give model (a Keras model for towerq's trainer) or command (your own program)")
@@ -472,7 +499,9 @@ class JobSpec(TrainSpec):
             raise ValueError("with code, model names a function in the bundle: module:function")
         if len(set(self.after)) != len(self.after):
             raise ValueError("after: each job or sweep may be named only once")
-        if self.name is None:
+        if self.name is None and self.kind == "notebook":
+            self.name = "notebook"
+        elif self.name is None:
             shown = " ".join(self.command) if self.command is not None else f"{self.model}-{self.dataset}"
             self.name = "".join(c if c.isprintable() else " " for c in shown)[:128]
         return self
@@ -496,19 +525,57 @@ class JobSpec(TrainSpec):
                 "(npz:PATH, tfrecord:PATH or images:FOLDER under TOWERQ_DATA_DIR)"
             )
 
+    def _check_notebook(self) -> None:
+        for field, value in (("model", self.model), ("command", self.command)):
+            if value is not None:
+                raise ValueError(f"{field}: a notebook session runs JupyterLab: give neither model nor command")
+        for field in MODEL_ONLY_FIELDS:
+            if field in self.model_fields_set:
+                raise ValueError(f"{field}: applies to model jobs only, not to a notebook session")
+        if self.processes != "one":
+            raise ValueError("processes: a notebook session is one JupyterLab server that sees all its GPUs")
+        if self.resumable:
+            raise ValueError("resumable: a notebook session is never stopped to be resumed (docs/notebooks.md)")
+        if self.dataset is not None and self.dataset_path is None:
+            raise ValueError(
+                f"dataset: {self.dataset!r} is towerq's trainer's own; a session reads an upload "
+                "(npz:PATH, tfrecord:PATH or images:FOLDER under TOWERQ_DATA_DIR)"
+            )
+
     @property
     def is_command(self) -> bool:
         return self.command is not None
 
+    @property
+    def is_notebook(self) -> bool:
+        return self.kind == "notebook"
+
     def stored(self) -> dict[str, Any]:
-        """The spec as the API stores it, defaults resolved; a command job's without the
-        trainer's fields, which it does not have."""
-        if self.command is None:
-            return self.model_dump(mode="json")
-        return self.model_dump(mode="json", exclude={"model", *MODEL_ONLY_FIELDS})
+        """The spec as the API stores it, defaults resolved; a command job's and a notebook
+        session's without the trainer's fields, which they do not have; `kind` and
+        `idle_timeout_s` only where they say something (a model or command job's spec reads
+        as before they existed)."""
+        unset = {name for name in ("kind", "idle_timeout_s") if getattr(self, name) is None}
+        if self.command is None and not self.is_notebook:
+            return self.model_dump(mode="json", exclude=unset)
+        return self.model_dump(mode="json", exclude={"model", *MODEL_ONLY_FIELDS, *unset})
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))
+
+
+def is_notebook(spec: dict[str, Any]) -> bool:
+    """A stored spec is a notebook session's (`JobSpec.stored`)."""
+    return spec.get("kind") == "notebook"
+
+
+def stoppable(spec: dict[str, Any]) -> bool:
+    """Whether the scheduler may stop a job of this stored spec to run another (preemption,
+    time slicing): a model job always resumes, a command job when it says it does
+    (`resumable`), a notebook session never (someone is working in it)."""
+    if is_notebook(spec):
+        return False
+    return spec.get("command") is None or bool(spec.get("resumable"))
 
 
 def describe(err: ValidationError) -> str:

@@ -10,7 +10,7 @@ cannot write); the two pass whole TCP connections by file descriptor (SCM_RIGHTS
 - in: the trainer asks `accept`; every connection the worker accepts on the public port,
   from one of the other ranks' hosts only, and only once the peer's worker proved it knows
   this rank's secret of the attempt (`worker.rendezvous`: it answers a fresh challenge with
-  its HMAC, `AUTH_TIMEOUT_S` at most), is handed in on that channel. TensorFlow's gRPC has
+  its HMAC, `towerq.contract.handshake`), is handed in on that channel. TensorFlow's gRPC has
   no authentication of its own: without this, any process on a peer host reached the trainer.
 
 Inside, every rank sees the cluster as `127.0.0.1:<INNER_PORT + r>`: its own TensorFlow
@@ -22,8 +22,6 @@ through towerq, and nothing else: not Redis, not the database, not other jobs' p
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import os
 import signal
 import socket
@@ -31,6 +29,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+
+from towerq.contract import handshake
 
 CONTROL = "control.sock"
 INNER_PORT = 29400
@@ -44,8 +45,9 @@ def inner_cluster(size: int) -> list[str]:
     return [f"127.0.0.1:{INNER_PORT + r}" for r in range(size)]
 
 
-def pipe(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways between `a` and `b` until either side closes; then close both."""
+def pipe(a: socket.socket, b: socket.socket, on_close: Callable[[], None] | None = None) -> None:
+    """Copy bytes both ways between `a` and `b` until either side closes; then close both
+    (and call `on_close`)."""
 
     def copy(src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -66,6 +68,8 @@ def pipe(a: socket.socket, b: socket.socket) -> None:
             thread.join()
         a.close()
         b.close()
+        if on_close is not None:
+            on_close()
 
     threading.Thread(target=close_after, daemon=True).start()
 
@@ -168,13 +172,13 @@ def _serve_in(channel: socket.socket, own_port: int) -> None:
 # -- outside (the worker) ---------------------------------------------------------------------
 
 
-NONCE_BYTES = 32
-AUTH_TIMEOUT_S = 5.0
+LABEL = "rank"
+"""What the handshake's proof is for (`towerq.contract.handshake`)."""
 
 
 def proof(key: str, nonce: bytes) -> bytes:
     """What a peer's worker answers to `nonce` to show it knows the rank's `key`."""
-    return hmac.new(bytes.fromhex(key), b"towerq-rank:" + nonce, hashlib.sha256).digest()
+    return handshake.proof(key, nonce, LABEL)
 
 
 def _receive_exactly(sock: socket.socket, size: int) -> bytes:
@@ -187,27 +191,28 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def prove(sock: socket.socket, key: str) -> None:
+def prove(sock: socket.socket, key: str, label: str = LABEL) -> None:
     """The connecting side: answer the rank's challenge (OSError when it gives none)."""
-    sock.settimeout(AUTH_TIMEOUT_S)
-    nonce = _receive_exactly(sock, NONCE_BYTES)
-    if len(nonce) != NONCE_BYTES:
+    sock.settimeout(handshake.AUTH_TIMEOUT_S)
+    nonce = _receive_exactly(sock, handshake.NONCE_BYTES)
+    if len(nonce) != handshake.NONCE_BYTES:
         raise OSError("the rank gave no challenge")
-    sock.sendall(proof(key, nonce))
+    sock.sendall(handshake.proof(key, nonce, label))
     sock.settimeout(None)
 
 
-def challenge(sock: socket.socket, key: str) -> bool:
-    """The accepting side: whether the peer proved it knows `key` in time."""
-    nonce = os.urandom(NONCE_BYTES)
+def challenge(sock: socket.socket, key: str, label: str = LABEL) -> bool:
+    """The accepting side: whether the peer proved it knows `key` in time (for connections
+    of kind `label`)."""
+    nonce = os.urandom(handshake.NONCE_BYTES)
     try:
-        sock.settimeout(AUTH_TIMEOUT_S)
+        sock.settimeout(handshake.AUTH_TIMEOUT_S)
         sock.sendall(nonce)
-        answer = _receive_exactly(sock, hashlib.sha256().digest_size)
+        answer = _receive_exactly(sock, handshake.PROOF_BYTES)
         sock.settimeout(None)
     except OSError:
         return False
-    return hmac.compare_digest(answer, proof(key, nonce))
+    return handshake.proven(key, nonce, label, answer)
 
 
 class Gate:

@@ -113,6 +113,8 @@ def create(
         for index, (setting, raw) in enumerate(sweeps.job_specs(body)):
             try:
                 spec = JobSpec.model_validate(raw)
+                if spec.is_notebook:
+                    raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
                 check_submission(caller, spec, settings, inventory)
                 # What submit checks against the database, checked before anything is stored.
                 resolve_after(session, caller, spec)

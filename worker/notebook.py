@@ -1,0 +1,362 @@
+"""A notebook session (`"kind": "notebook"`): JupyterLab on the job's GPUs, run as a command
+job's program is run (its sandbox, cgroups, `CUDA_VISIBLE_DEVICES`, the lab's Python as its
+kernel), reached only through towerq's API, and ended when idle.
+
+What the session sees, besides a command job's view (`worker.program`):
+
+- its member's folder (`TOWERQ_ARTIFACTS_DIR/homes/user-<id>`, kept across sessions, at
+  most `TOWERQ_NOTEBOOK_HOME_MAX_BYTES`) at `HOME_PATH`: JupyterLab's root and `$HOME`;
+- the session's own folder (`TOWERQ_VAR_DIR/sessions/job-<id>-<attempt>`) at
+  `SESSION_PATH`, where JupyterLab listens on a unix socket (`SOCKET`) and keeps its runtime
+  files. No TCP port: the sandbox has no network of its host, and the socket is in no folder
+  anyone but the worker and the session reaches;
+- its code bundle, when it names one, read-only at `TOWERQ_CODE_DIR` (on `PYTHONPATH`).
+
+The way in is the session's door (`Door`): a TCP port of `TOWERQ_RANK_PORTS` on the worker's
+host, recorded with a secret of the attempt where the ranks of a job meet (`RankAddress`,
+rank 0, in the database, which only towerq's processes reach). The API connects, proves it
+knows the secret (`towerq.contract.handshake`, label `session`), and the door pipes the
+connection to the socket, opened without following a link and only when it is a socket of
+the session's user (`open_socket`): what the session put there in its place (a link to
+another socket) is refused. The API proxies the member's requests through it
+(`service.api.routes.sessions`), so JupyterLab has no token of its own.
+
+Idle: no connection through the door, no kernel busy (JupyterLab's word, asked through the
+socket), and, where NVML reports one, none of its GPUs in use, for `idle_timeout_s`. Then it
+is stopped as a cancelled job is (SIGTERM: JupyterLab shuts its kernels down) and ends
+`succeeded`, with the reason "idle for N min". A session is never requeued: a stop of the
+worker ends it (`cancelled`); its member's folder stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from service.core.models import RankAddress
+from service.core.settings import Settings
+from towerq.contract.paths import bundle_root
+from worker import rendezvous, sandbox
+from worker.attempt import Starter
+from worker.cgroups import AttemptGroup
+from worker.folder import FolderWatch, size_words
+from worker.launch import in_sandbox, start_trainer, trainer_user
+from worker.outcome import Stop
+from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
+from worker.trainer import tunnel
+
+HOME_PATH = Path("/home/towerq")
+"""Where a sandboxed session sees its member's folder."""
+SESSION_PATH = Path("/run/towerq")
+"""Where a sandboxed session sees its own folder (its socket, JupyterLab's runtime files)."""
+SOCKET = "jupyter.sock"
+LABEL = "session"
+"""The handshake's label for the door (`towerq.contract.handshake`)."""
+IDLE_CHECK_S = 5.0
+"""How often the worker asks JupyterLab whether a kernel is busy."""
+GPU_BUSY_PCT = 5.0
+"""A GPU whose utilization NVML reports at or above this is in use (not idle)."""
+ASK_TIMEOUT_S = 5.0
+
+
+def home_folder(settings: Settings, user_id: int) -> Path:
+    """The member's notebook folder, kept across their sessions (on the shared storage)."""
+    return settings.artifacts_dir / "homes" / f"user-{user_id}"
+
+
+def session_folder(settings: Settings, job_id: int, attempt: int) -> Path:
+    return settings.var_dir / "sessions" / f"job-{job_id}-{attempt}"
+
+
+def session_base_url(settings: Settings, job_id: int) -> str:
+    """The path JupyterLab serves under: the API's, as the browser sees it."""
+    return f"{settings.root_path}/sessions/{job_id}/"
+
+
+def open_socket(folder: Path, owner: int) -> socket.socket:
+    """A connection to the session's socket in `folder` (a folder the worker made, in which
+    the session may write): the name is opened without following a link, and must be a
+    socket that the session's user (`owner`) made; connected through that very file
+    (`/proc/self/fd`), so nothing the session renames meanwhile is reached instead. OSError
+    otherwise."""
+    fd = os.open(folder / SOCKET, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISSOCK(info.st_mode):
+            raise OSError(f"{SOCKET} is not a socket")
+        if info.st_uid != owner:
+            raise OSError(f"{SOCKET} is not the session's (uid {info.st_uid}, not {owner})")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(f"/proc/self/fd/{fd}")
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    finally:
+        os.close(fd)
+
+
+class _SocketConnection(http.client.HTTPConnection):
+    """http.client over the session's socket (`open_socket`)."""
+
+    def __init__(self, folder: Path, owner: int) -> None:
+        super().__init__("localhost", timeout=ASK_TIMEOUT_S)
+        self._folder, self._owner = folder, owner
+
+    def connect(self) -> None:
+        self.sock = open_socket(self._folder, self._owner)
+        self.sock.settimeout(self.timeout)
+
+
+def ask(folder: Path, owner: int, path: str) -> Any:
+    """GET `path` of the session's JupyterLab; its JSON answer (OSError, ValueError)."""
+    conn = _SocketConnection(folder, owner)
+    try:
+        conn.request("GET", path, headers={"Host": "localhost"})
+        response = conn.getresponse()
+        body = response.read(1 << 20)
+        if response.status != 200:
+            raise OSError(f"{path}: HTTP {response.status}")
+        return json.loads(body)
+    except http.client.HTTPException as err:
+        raise OSError(str(err)) from err
+    finally:
+        conn.close()
+
+
+class Door:
+    """The session's way in: a TCP listener that pipes each connection, once it proved it
+    knows `key`, to the session's socket. It counts what passes: connections open now, and
+    when the last one closed."""
+
+    def __init__(self, host: str, port: int, key: str, folder: Path, owner: int) -> None:
+        self.key, self.folder, self.owner = key, folder, owner
+        self.listener = socket.create_server((host, port), reuse_port=False)
+        self.address = f"{host}:{self.listener.getsockname()[1]}"
+        self.open = 0
+        self.last_closed = time.monotonic()
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._serve, name=f"door-{self.address}", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the last connection closed; 0 while one is open."""
+        with self._lock:
+            return 0.0 if self.open else now - self.last_closed
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                remote, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._admit, args=(remote,), daemon=True).start()
+
+    def _admit(self, remote: socket.socket) -> None:
+        if not tunnel.challenge(remote, self.key, LABEL):
+            self.refused += 1
+            remote.close()
+            return
+        try:
+            inner = open_socket(self.folder, self.owner)
+        except OSError:
+            remote.close()  # not listening yet (the API says it is starting), or not the session's
+            return
+        with self._lock:
+            self.open += 1
+        tunnel.pipe(remote, inner, self._one_closed)
+
+    def _one_closed(self) -> None:
+        with self._lock:
+            self.open -= 1
+            self.last_closed = time.monotonic()
+
+
+def jupyter_command(settings: Settings, job_id: int, home: Path, session: Path) -> list[str]:
+    """JupyterLab on the session's socket, under the API's path, without a token (the API
+    is the only way in and checks the member's login), `HOME` the member's folder."""
+    return [
+        "env", f"HOME={home}", f"JUPYTER_RUNTIME_DIR={session / 'runtime'}", "SHELL=/bin/bash",
+        sys.executable, "-m", "jupyterlab", "--no-browser",
+        f"--ServerApp.sock={session / SOCKET}", "--ServerApp.sock_mode=0600",
+        f"--ServerApp.base_url={session_base_url(settings, job_id)}",
+        f"--ServerApp.root_dir={home}", "--IdentityProvider.token=", "--ServerApp.password=",
+        "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]  # fmt: skip
+
+
+class NotebookRunner(ProgramRunner):
+    """An attempt of a notebook session."""
+
+    session = True
+
+    door: Door | None = None
+    _ready = False
+    _busy_at = 0.0
+    """When a kernel was last busy, or a GPU in use (monotonic)."""
+    _next_ask = 0.0
+    _home_watch: FolderWatch | None = None
+    _started_at = 0.0
+
+    def _prepare(self) -> Starter:
+        settings, launch = self.ctx.settings, self.launch
+        identity = trainer_user(settings) if self.sandboxed else None
+        self.owner = identity[0] if identity is not None else os.geteuid()
+        prepare_folders(self.artifacts, identity)
+        home = home_folder(settings, launch.user_id)
+        home.mkdir(parents=True, exist_ok=True)
+        if home.is_symlink() or not home.is_dir():
+            raise sandbox.SandboxError("the member's notebook folder is not a folder")
+        sandbox.hand_over(home, identity)
+        self.socket_folder = session_folder(settings, launch.job_id, launch.attempt)
+        self.socket_folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.socket_folder.mkdir(mode=0o700, exist_ok=True)
+        sandbox.hand_over(self.socket_folder, identity)
+        seen_home, seen_session = (HOME_PATH, SESSION_PATH) if self.sandboxed else (home, self.socket_folder)
+        env = program_environment(
+            launch, settings, sandbox.JOB_PATH if self.sandboxed else self.artifacts, self.sandboxed
+        )
+        if launch.spec.get("code"):
+            code = str(bundle_root(settings.code_dir, launch.spec["code"]))
+            env["TOWERQ_CODE_DIR"] = env["PYTHONPATH"] = code
+        command = jupyter_command(settings, launch.job_id, seen_home, seen_session)
+        if self.sandboxed:
+            binds = [(home, HOME_PATH), (self.socket_folder, SESSION_PATH)]
+            command = in_sandbox(
+                command, launch, settings, self.artifacts, bool(launch.spec.get("network")), HOME_PATH, binds
+            )
+        self._home_watch = FolderWatch(home, settings.notebook_home_max_bytes, settings.job_folder_check_s)
+        self._open_door()
+        death = None if self.sandboxed else die_with_parent
+
+        def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
+            self._started_at = time.monotonic()
+            return start_trainer(command, home, env, group, death), env, "JupyterLab"
+
+        return start
+
+    def _open_door(self) -> None:
+        settings, launch = self.ctx.settings, self.launch
+        here = rendezvous.address(settings)
+        first = rendezvous.first_port_tried(settings, launch.job_id, launch.attempt)
+        port = rendezvous.free_port(settings, here, first)
+        key = secrets.token_hex(32)
+        self.door = Door(here, port, key, self.socket_folder, self.owner)
+        with self.ctx.db.write() as session:
+            session.merge(
+                RankAddress(job_id=launch.job_id, attempt=launch.attempt, rank=0, address=self.door.address, key=key)
+            )
+
+    def _watch(self) -> None:
+        super()._watch()
+        now = time.monotonic()
+        if now < self._next_ask or self.door is None:
+            return
+        self._next_ask = now + IDLE_CHECK_S
+        self._watch_home(now)
+        try:
+            kernels = ask(
+                self.socket_folder,
+                self.owner,
+                f"{session_base_url(self.ctx.settings, self.launch.job_id)}api/kernels?no_track_activity=1",
+            )
+        except (OSError, ValueError):
+            kernels = None
+        if not self._ready:
+            self._wait_ready(kernels is not None, now)
+            return
+        busy = isinstance(kernels, list) and any(
+            isinstance(k, dict) and k.get("execution_state") == "busy" for k in kernels
+        )
+        if busy or self._gpus_in_use():
+            self._busy_at = now
+        idle_s = min(self.door.idle_for(now), now - self._busy_at)
+        timeout = self.launch.spec.get("idle_timeout_s") or self.ctx.settings.notebook_idle_timeout_s
+        if idle_s >= timeout and self.outcome.stop is None:
+            self.request_stop(Stop.IDLE, f"idle for {_duration(idle_s)}: ended, its GPUs freed")
+            self.sink.log("info", f"the session was idle for {_duration(idle_s)} (idle_timeout_s {timeout}): it ends")
+
+    def _wait_ready(self, answered: bool, now: float) -> None:
+        if answered:
+            self._ready = True
+            self._busy_at = now
+            self.sink.log(
+                "info", f"JupyterLab is ready: open {session_base_url(self.ctx.settings, self.launch.job_id)}lab"
+            )
+            return
+        waited = now - self._started_at
+        if waited > self.ctx.settings.notebook_start_timeout_s and self.outcome.stop is None:
+            self.request_stop(Stop.NOT_READY, f"JupyterLab did not answer within {waited:.0f} s of its start")
+
+    def _watch_home(self, now: float) -> None:
+        watch = self._home_watch
+        if watch is None or not watch.due(now):
+            return
+        first = watch.bytes is None
+        watch.measure(now)
+        used, most = watch.bytes or 0, watch.max_bytes
+        if not most or used <= most:
+            return
+        if first:  # it came over its quota: it may delete files in this session, not add more
+            watch.max_bytes = used
+            self.sink.log(
+                "warning", f"your notebook folder holds {size_words(used)}, over its {size_words(most)}: delete some"
+            )
+        elif self.outcome.stop is None:
+            why = f"your notebook folder grew to {size_words(used)}, over its {size_words(most)}"
+            why += " (TOWERQ_NOTEBOOK_HOME_MAX_BYTES)"
+            self.request_stop(Stop.FOLDER_FULL, f"stopped: {why}; its files are kept")
+
+    def _gpus_in_use(self) -> bool:
+        """Where NVML reports utilization: one of its GPUs in use (on a shared GPU, only
+        while a process of the session is on it)."""
+        if self.inventory.simulated:
+            return False
+        self._note_pids()
+        for gpu in self.inventory.refresh():
+            if gpu.index not in self.launch.indices or (gpu.utilization_pct or 0) < GPU_BUSY_PCT:
+                continue
+            if self.launch.fraction >= 1 or any(p["pid"] in self.trainer_pids for p in gpu.processes):
+                return True
+        return False
+
+    def _after(self) -> None:
+        super()._after()
+        if self.door is not None:
+            self.door.close()
+        with contextlib.suppress(Exception), self.ctx.db.write() as session:
+            session.query(RankAddress).filter_by(job_id=self.launch.job_id, attempt=self.launch.attempt).delete()
+        folder = getattr(self, "socket_folder", None)
+        if folder is not None:
+            _remove_tree(folder)
+
+
+def _remove_tree(folder: Path) -> None:
+    """The session's folder (its socket, JupyterLab's runtime files), never through a link."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(folder)
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes >= 1 else f"{seconds:.0f} s"
