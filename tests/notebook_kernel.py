@@ -48,7 +48,9 @@ def run_code(client: httpx.Client, api_url: str, token: str, job_id: int, kernel
             "msg_type": "execute_request", "version": "5.3",
         },
         "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
+        "content": {
+            "code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
+        },
     }  # fmt: skip
     printed: list[str] = []
     with connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=30) as ws:

@@ -241,9 +241,25 @@ function headerOf(job, reload) {
     job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel",
   );
   const clone = el("a", { class: "button", href: `#/submit?clone=${job.id}`, id: "clone" }, "Clone");
+  // A notebook session's JupyterLab (its owner and admins), a path of the API as the page is served.
+  const open =
+    job.url && job.state === "running" && mine
+      ? el(
+          "a",
+          {
+            class: "button",
+            id: "open-session",
+            href: job.url.replace(/^\//, ""),
+            target: "_blank",
+            rel: "noopener",
+            title: "Open this session's JupyterLab in a new tab",
+          },
+          "Open",
+        )
+      : null;
   return [
     el("h1", {}, el("span", { class: "muted" }, `#${job.id} `), job.name, " ", badge(job.state)),
-    el("div", { class: "actions" }, FINAL.includes(job.state) ? null : cancel, clone), // nothing to cancel once ended
+    el("div", { class: "actions" }, open, FINAL.includes(job.state) ? null : cancel, clone), // nothing to cancel once ended
   ];
 }
 
