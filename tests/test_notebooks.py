@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ from sqlalchemy.engine import make_url
 from service.core.settings import Settings
 from tests.notebook_kernel import run_code, start_kernel, wait_ready, xsrf_headers
 from tests.stack import Stack, finished, wait_for
+from tests.test_command_jobs import towerq_cli
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +51,7 @@ def open_session(client: httpx.Client, **spec: Any) -> int:
 
 
 def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_idle(
-    stack: Stack, settings: Settings, make_token: Callable[..., str]
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
 ) -> None:
     start_stack(stack)
     alice_token, bob_token = make_token("alice"), make_token("bob")
@@ -100,8 +102,14 @@ def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_i
     assert "idle for" in job["events"][-1]["message"], job["events"][-1]
     assert alice.get(f"/sessions/{job_id}/api/status").status_code == 409
 
-    second = open_session(alice, gpus=[int(detail["cuda_visible_devices"])])
-    wait_ready(alice, second)
+    # `towerq notebook` queues the next one, waits until it answers and says where it is
+    gpu_id = detail["cuda_visible_devices"]
+    done = towerq_cli("notebook", "--gpu-ids", gpu_id, cwd=tmp_path, api=str(stack.api_url), token=alice_token)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ready = next(line for line in done.stdout.splitlines() if " is ready: " in line)
+    second = int(ready.split()[1])
+    assert ready.endswith(f"{stack.api_url}/sessions/{second}/lab"), done.stdout
+    assert alice.get(f"/sessions/{second}/api/status").status_code == 200
     listed = alice.get(f"/sessions/{second}/api/contents").json()
     assert "kept.ipynb" in [item["name"] for item in listed["content"]]
 
@@ -109,3 +117,32 @@ def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_i
     stack.stop("worker-lab-a", signal.SIGINT)
     ended = finished(alice, second, timeout=60)
     assert ended["state"] == "cancelled" and "the session ended" in ended["events"][-1]["message"], ended
+
+
+def test_a_sessions_spec_and_the_labs_caps_are_checked_at_submit(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None]
+) -> None:
+    stack.start_api(notebook_max_per_member=1, notebook_max_gpus=2, notebook_max_idle_timeout_s=600)
+    add_host("lab-a", 4)
+    alice, bob = stack.client(make_token("alice")), stack.client(make_token("bob"))
+    for spec, field in (
+        ({"kind": "notebook", "model": "mlp"}, "model"),
+        ({"kind": "notebook", "command": ["python"]}, "model"),
+        ({"kind": "notebook", "resumable": True}, "resumable"),
+        ({"kind": "notebook", "idle_timeout_s": 3}, "idle_timeout_s"),
+        ({"kind": "notebook", "idle_timeout_s": 3600}, "idle_timeout_s"),
+        ({"kind": "notebook", "gpu_count": 8}, "gpu_count"),
+        ({"model": "mlp", "dataset": "digits", "idle_timeout_s": 60}, "idle_timeout_s"),
+    ):
+        refused = alice.post("/api/jobs", json=spec)
+        assert refused.status_code == 422, (spec, refused.text)
+        assert field in refused.text, (spec, refused.text)
+    first = alice.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1})
+    assert first.status_code == 201 and first.json()["spec"]["idle_timeout_s"] == 600  # the lab's default, capped
+    second = alice.post("/api/jobs", json={"kind": "notebook"})
+    assert second.status_code == 429 and "TOWERQ_NOTEBOOK_MAX_PER_MEMBER" in second.text, second.text
+    over = bob.post("/api/jobs", json={"kind": "notebook", "gpu_count": 2})
+    assert over.status_code == 429 and "TOWERQ_NOTEBOOK_MAX_GPUS" in over.text, over.text
+    sweep = {"name": "s", "base": {"kind": "notebook"}, "grid": {"gpu_count": [1]}}
+    refused = bob.post("/api/sweeps", json=sweep)
+    assert refused.status_code == 422 and "kind" in refused.text, refused.text

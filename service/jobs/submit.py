@@ -126,8 +126,9 @@ SESSION_STATES = (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
 def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings) -> None:
     """A notebook session within the lab's caps: its idle timeout (resolved here, so the
     job shows it), the sessions a member holds, the GPUs every session holds together."""
-    idle = spec.idle_timeout_s or settings.notebook_idle_timeout_s
-    if idle > settings.notebook_max_idle_timeout_s and not caller.is_admin:
+    longest = settings.notebook_max_idle_timeout_s
+    idle = spec.idle_timeout_s or min(settings.notebook_idle_timeout_s, longest)
+    if idle > longest and not caller.is_admin:
         raise SpecError(
             "idle_timeout_s",
             f"{idle} s is longer than a member's session may wait idle: at most "

@@ -16,6 +16,7 @@ from typing import Any
 from towerq.cli import views
 from towerq.cli.follow import follow_job
 from towerq.cli.groups import add_group_commands, add_reservation_commands
+from towerq.cli.notebook import add_notebook_command
 from towerq.cli.reports import (
     dry_run_line,
     run_fair_share,
@@ -181,6 +182,7 @@ def add_commands(commands: Any) -> None:
         sub.set_defaults(run={"upload": run_data_upload, "list": run_data_list, "rm": run_data_rm}[action])
 
     add_run_command(commands, command)
+    add_notebook_command(command)
     add_group_commands(commands)
     add_reservation_commands(commands)
 

@@ -235,7 +235,7 @@ async def session_root(job_id: JobId, request: Request) -> Response:
 @router.api_route(
     "/sessions/{job_id}/{path:path}",
     methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
-    summary="A notebook session's JupyterLab (owner and admins)",
+    include_in_schema=False,
 )
 async def session_http(job_id: JobId, path: str, request: Request) -> Response:
     """Proxied to the session's JupyterLab, streamed both ways."""

@@ -1,0 +1,106 @@
+"""`towerq notebook --gpus 1`: a JupyterLab session on the lab's GPUs (docs/notebooks.md).
+
+Queues the session, waits while it is queued (saying why, as `towerq follow` does) and until
+its JupyterLab answers through the API, then prints its URL (`--open`: opens it in this
+machine's browser). The browser gets in with the dashboard's login: log in there first.
+Ctrl+C while it waits leaves the session queued; `towerq cancel ID` ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import webbrowser
+from typing import Any
+
+from towerq.cli.session import Api
+from towerq.errors import ApiError
+
+FINAL = ("succeeded", "failed", "cancelled")
+POLL_S = 1.0
+
+
+def add_notebook_command(command: Any) -> None:
+    notebook: argparse.ArgumentParser = command(
+        "notebook", "a JupyterLab session on the lab's GPUs, ended when idle: towerq notebook --gpus 1"
+    )
+    notebook.add_argument("--gpus", type=int, default=None, metavar="N", help="this many GPUs (default 1)")
+    notebook.add_argument("--gpu-ids", default=None, metavar="I,J", help="these GPU indices (with --host)")
+    notebook.add_argument("--host", default=None)
+    notebook.add_argument("--fraction", type=float, default=None, metavar="F", help="gpu_memory_fraction: share GPUs")
+    notebook.add_argument(
+        "--idle-timeout", type=int, default=None, metavar="SECONDS", help="end it after this long idle (lab default)"
+    )
+    notebook.add_argument("--time-limit", type=int, default=None, metavar="SECONDS", help="end it after this long")
+    notebook.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
+    notebook.add_argument("--group", default=None)
+    notebook.add_argument("--name", default=None)
+    notebook.add_argument("--open", action="store_true", help="open it in this machine's browser once it is ready")
+    notebook.add_argument("--detach", action="store_true", help="queue it and return; do not wait")
+    notebook.set_defaults(run=run_notebook)
+
+
+def notebook_spec(args: argparse.Namespace) -> dict[str, Any]:
+    optional = {
+        "gpu_count": args.gpus,
+        "gpus": [int(i) for i in args.gpu_ids.split(",")] if args.gpu_ids else None,
+        "host": args.host,
+        "gpu_memory_fraction": args.fraction,
+        "idle_timeout_s": args.idle_timeout,
+        "time_limit_s": args.time_limit,
+        "dataset": args.dataset,
+        "group": args.group,
+        "name": args.name,
+    }
+    return {"kind": "notebook", **{key: value for key, value in optional.items() if value is not None}}
+
+
+def run_notebook(args: argparse.Namespace) -> int:
+    api = Api(args)
+    job = api.client.submit(notebook_spec(args))
+    url = api.client.url.rstrip("/") + str(job.data["url"])
+    idle = job.data["spec"].get("idle_timeout_s")
+    print(f"session {job.id} queued ({job.data['gpu_count']} GPU, ends after {idle} s idle)", flush=True)
+    if args.detach:
+        print(f"it opens at {url} once it runs (towerq show {job.id})")
+        return 0
+    try:
+        ended = wait_open(api, job.id)
+    except KeyboardInterrupt:
+        print(f"\nstopped waiting: session {job.id} stays queued (towerq cancel {job.id} ends it)", flush=True)
+        return 0
+    if ended is not None:
+        print(f"session {job.id} {ended['state']}: {ended.get('error') or last_message(ended)}", flush=True)
+        return 1
+    print(f"session {job.id} is ready: {url}")
+    print(f"(your browser gets in with the dashboard's login: {api.client.url.rstrip('/')}/)")
+    print(f"it ends after {idle} s idle, or with towerq cancel {job.id}; your notebooks are kept for the next one")
+    if args.open:
+        webbrowser.open(url)
+    return 0
+
+
+def wait_open(api: Api, job_id: int) -> dict[str, Any] | None:
+    """Wait until the session's JupyterLab answers; the job if it ended first."""
+    said = None
+    while True:
+        data = api.client.request("GET", f"/api/jobs/{job_id}")
+        if data["state"] in FINAL:
+            return data
+        if data["state"] == "running":
+            try:
+                api.client.request("GET", f"/sessions/{job_id}/api/status")
+                return None
+            except ApiError as err:
+                if err.status != 503:
+                    raise
+        news = data["state"] if data["state"] != "queued" else f"queued: {data.get('pending_reason') or 'waiting'}"
+        if news != said:
+            print(f"  {news}", flush=True)
+            said = news
+        time.sleep(POLL_S)
+
+
+def last_message(job: dict[str, Any]) -> str:
+    events = job.get("events") or []
+    return str(events[-1].get("message") or "") if events else ""
