@@ -39,7 +39,10 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 def start_stack(stack: Stack) -> None:
     stack.start_api()
     stack.start_scheduler()
-    stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
+    # a member's notebook folder of at most 1 MB, measured every second
+    stack.start_worker(
+        "lab-a", 2, sandbox="bwrap", trainer_pool=0, notebook_home_max_bytes=1_000_000, job_folder_check_s=1
+    )
 
 
 def open_session(client: httpx.Client, **spec: Any) -> int:
@@ -86,6 +89,12 @@ def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_i
     walls = run_code(alice, str(stack.api_url), alice_token, job_id, kernel, PROBE.format(paths=probes))
     assert "READ" not in walls and walls.count("DENIED") == len(probes), walls
 
+    # the API restarts under the open session: the proxy kept nothing, the kernel is reached again
+    stack.stop("api")
+    stack.start_api()
+    alice, bob = stack.client(alice_token), stack.client(bob_token)
+    assert run_code(alice, str(stack.api_url), alice_token, job_id, kernel, "print(6 * 7)").strip() == "42"
+
     # a notebook saved now is there in the next session
     saved = alice.put(
         f"/sessions/{job_id}/api/contents/kept.ipynb",
@@ -113,6 +122,17 @@ def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_i
     listed = alice.get(f"/sessions/{second}/api/contents").json()
     assert "kept.ipynb" in [item["name"] for item in listed["content"]]
 
+    # past its quota the member's folder stops the session; what it holds stays
+    kernel = start_kernel(alice, second)
+    run_code(alice, str(stack.api_url), alice_token, second, kernel, "open('big.bin', 'wb').write(b'x' * 3_000_000)")
+    full = finished(alice, second, timeout=60)
+    assert full["state"] == "failed" and "your notebook folder grew to" in full["error"], full
+    third = open_session(alice)
+    wait_ready(alice, third)
+    names = [item["name"] for item in alice.get(f"/sessions/{third}/api/contents").json()["content"]]
+    assert {"kept.ipynb", "big.bin"} <= set(names), names
+    second = third
+
     # the service stopped (Ctrl+C): the session ends, it is not queued again
     stack.stop("worker-lab-a", signal.SIGINT)
     ended = finished(alice, second, timeout=60)
@@ -122,7 +142,9 @@ def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_i
 def test_a_sessions_spec_and_the_labs_caps_are_checked_at_submit(
     stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None]
 ) -> None:
-    stack.start_api(notebook_max_per_member=1, notebook_max_gpus=2, notebook_max_idle_timeout_s=600)
+    stack.start_api(
+        notebook_max_per_member=1, notebook_max_gpus=2, notebook_max_idle_timeout_s=600, notebook_max_time_limit_s=7200
+    )
     add_host("lab-a", 4)
     alice, bob = stack.client(make_token("alice")), stack.client(make_token("bob"))
     for spec, field in (
@@ -132,6 +154,7 @@ def test_a_sessions_spec_and_the_labs_caps_are_checked_at_submit(
         ({"kind": "notebook", "idle_timeout_s": 3}, "idle_timeout_s"),
         ({"kind": "notebook", "idle_timeout_s": 3600}, "idle_timeout_s"),
         ({"kind": "notebook", "gpu_count": 8}, "gpu_count"),
+        ({"kind": "notebook", "time_limit_s": 7201}, "TOWERQ_NOTEBOOK_MAX_TIME_LIMIT_S"),
         ({"model": "mlp", "dataset": "digits", "idle_timeout_s": 60}, "idle_timeout_s"),
     ):
         refused = alice.post("/api/jobs", json=spec)
@@ -139,6 +162,7 @@ def test_a_sessions_spec_and_the_labs_caps_are_checked_at_submit(
         assert field in refused.text, (spec, refused.text)
     first = alice.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1})
     assert first.status_code == 201 and first.json()["spec"]["idle_timeout_s"] == 600  # the lab's default, capped
+    assert first.json()["spec"]["time_limit_s"] == 7200  # the lab's longest, when it names none
     second = alice.post("/api/jobs", json={"kind": "notebook"})
     assert second.status_code == 429 and "TOWERQ_NOTEBOOK_MAX_PER_MEMBER" in second.text, second.text
     over = bob.post("/api/jobs", json={"kind": "notebook", "gpu_count": 2})

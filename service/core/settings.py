@@ -220,6 +220,10 @@ class Settings(BaseSettings):
     """A session's idle timeout when it names none."""
     notebook_max_idle_timeout_s: int = Field(default=4 * 3600, ge=10)
     """The longest idle timeout a member's session may ask (an admin's may ask more)."""
+    notebook_max_time_limit_s: int = Field(default=24 * 3600, ge=0)
+    """A session's time limit when it names none, and the longest a member's may ask (an
+    admin's may ask more; 0: none). What ends a session whose kernel is kept busy, and what
+    a job waiting behind one is told to expect."""
     notebook_max_per_member: int = Field(default=2, ge=0)
     """Sessions one member may have queued or running at once (0: none)."""
     notebook_max_gpus: int = Field(default=0, ge=0)

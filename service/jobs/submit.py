@@ -135,6 +135,15 @@ def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settin
             f"{settings.notebook_max_idle_timeout_s} s (TOWERQ_NOTEBOOK_MAX_IDLE_TIMEOUT_S)",
         )
     spec.idle_timeout_s = idle
+    most = settings.notebook_max_time_limit_s
+    if most and spec.time_limit_s is None:
+        spec.time_limit_s = most
+    elif most and spec.time_limit_s is not None and spec.time_limit_s > most and not caller.is_admin:
+        raise SpecError(
+            "time_limit_s",
+            f"a member's session runs at most {most} s (TOWERQ_NOTEBOOK_MAX_TIME_LIMIT_S): ask for less, "
+            "and start a new one when it ends (your notebooks are kept)",
+        )
     with db.read() as session:
         rows = session.execute(
             select(Job.user_id, Job.spec, Job.gpu_count).where(Job.state.in_([s.value for s in SESSION_STATES]))

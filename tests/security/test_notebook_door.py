@@ -170,6 +170,8 @@ def test_the_proxy_sends_the_session_no_towerq_login_and_keeps_its_page_to_its_p
             bob = as_user("bob")
             assert bob.get(f"/sessions/{job_id}/api/status").status_code == 403
             assert alice.client.get(f"/sessions/{job_id}/api/status").status_code == 401
+            page = alice.client.get(f"/sessions/{job_id}/lab", headers={"Accept": "text/html"})
+            assert page.status_code == 401 and "Log in to towerq first" in page.text, page.text
             assert as_user("root", admin=True).get(f"/sessions/{job_id}/api/status").status_code == 200
         finally:
             door.close()

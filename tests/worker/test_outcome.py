@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from worker.outcome import is_runtime_noise, level_of
+from service.core.models import JobState
+from towerq.contract.spec import stoppable
+from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
 from worker.relay import evaluation_line
 
 # Printed by TensorFlow 2.21 (CPU) at import with TF_CPP_MIN_LOG_LEVEL=1, twice each.
@@ -46,3 +48,27 @@ def test_an_evaluation_is_said_in_words() -> None:
     assert evaluation_line(point) == "evaluation at step 400: loss 0.4123, accuracy 91.20%, top5 0.99"
     empty = {"step": 7, "split": "eval", "loss": None, "accuracy": None, "custom": None}
     assert evaluation_line(empty) == "evaluation at step 7: no figures"
+
+
+@pytest.mark.parametrize(
+    ("stop", "state", "said"),
+    [
+        (Stop.IDLE, JobState.SUCCEEDED, "idle for 20 s"),
+        (Stop.TIME_LIMIT, JobState.SUCCEEDED, "idle for 20 s"),
+        (Stop.SHUTDOWN, JobState.CANCELLED, "the session ended"),
+        (Stop.NOT_READY, JobState.FAILED, "idle for 20 s"),
+        (Stop.CANCEL, JobState.CANCELLED, "idle for 20 s"),
+    ],
+)
+def test_a_notebook_session_ends_rather_than_queues_again(stop: Stop, state: JobState, said: str) -> None:
+    outcome = Outcome(program=True, session=True, stop=stop, stop_message="idle for 20 s", returncode=0)
+    ended, message = outcome.verdict()
+    assert ended == state and said in (message or ""), (ended, message)
+    program = Outcome(program=True, stop=Stop.SHUTDOWN, stop_message="worker shut down")
+    assert program.verdict()[0] == JobState.QUEUED, "a command job's attempt is queued again"
+
+
+def test_the_scheduler_never_stops_a_session_for_another_job() -> None:
+    assert stoppable({"model": "mlp"}) and stoppable({"command": ["x"], "resumable": True})
+    assert not stoppable({"command": ["x"]})
+    assert not stoppable({"kind": "notebook", "command": None, "resumable": False})

@@ -18,7 +18,7 @@ from service.core.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, M
 from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
-from service.jobs.submit import check_submission, submit
+from service.jobs.submit import check_notebook, check_submission, submit
 from service.lab.groups import resolve_group
 from service.scheduler.dryrun import estimate
 from towerq.contract.spec import JobSpec
@@ -50,6 +50,8 @@ def submit_job(
     likely start (the scheduler's forward replay of the live queue)."""
     if dry_run:
         host = check_submission(caller, spec, settings, inventory)
+        if spec.is_notebook:
+            check_notebook(db, caller, spec, settings)
         with db.read() as session:
             spec.group = resolve_group(session, caller, spec.group)
             answer = estimate(session, settings, caller.name, spec, host)

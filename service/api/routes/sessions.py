@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import anyio
 import anyio.abc
 import httpcore
 from fastapi import APIRouter, Path, Request, WebSocket
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
@@ -240,9 +241,14 @@ async def session_root(job_id: JobId, request: Request) -> Response:
 async def session_http(job_id: JobId, path: str, request: Request) -> Response:
     """Proxied to the session's JupyterLab, streamed both ways."""
     ctx: Context = request.app.state.context
-    caller = await _caller(request)
-    door = await run_in_threadpool(_door, ctx, job_id, caller)
     root = ctx.settings.root_path
+    try:
+        caller = await _caller(request)
+    except AuthError as err:
+        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+            return _log_in_first(root, str(err))
+        raise
+    door = await run_in_threadpool(_door, ctx, job_id, caller)
     target = f"{root}/sessions/{job_id}/{path}"
     if request.url.query:
         target += f"?{request.url.query}"
@@ -281,6 +287,19 @@ async def session_http(job_id: JobId, path: str, request: Request) -> Response:
         *[(k, v) for k, v in out.raw_headers if k == b"referrer-policy"],
     ]
     return out
+
+
+def _log_in_first(root: str, why: str) -> HTMLResponse:
+    """A browser without towerq's login: a page that says so and links the dashboard's
+    login, rather than the API's JSON."""
+    page = (
+        "<!doctype html><meta charset=utf-8><title>towerq: log in first</title>"
+        "<body style='font-family:sans-serif;max-width:40em;margin:4em auto'>"
+        "<h1>Log in to towerq first</h1>"
+        f"<p>This notebook session opens with your towerq login ({html.escape(why)}).</p>"
+        f"<p><a href='{html.escape(root)}/'>Log in on the dashboard</a> in this browser, then reload this page.</p>"
+    )
+    return HTMLResponse(page, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 async def _empty() -> AsyncIterator[bytes]:
