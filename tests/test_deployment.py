@@ -171,7 +171,10 @@ def test_the_dockerfile_builds_a_slim_api_image_and_a_cuda_worker_image() -> Non
     copied = " ".join(stages["base"].of("COPY"))
     assert "service" not in copied and "worker" not in copied
     # the worker image: the trainer's side and a notebook session's server (docs/notebooks.md)
-    requirements = {"api": "python scripts/requirements.py >", "worker": "python scripts/requirements.py gpu notebook >"}
+    requirements = {
+        "api": "python scripts/requirements.py >",
+        "worker": "python scripts/requirements.py gpu notebook >",
+    }
     for name, install in requirements.items():
         instructions = stages[name].instructions
         kinds = [kind for kind, _ in instructions]
