@@ -53,11 +53,19 @@ def test_a_session_opens_from_the_job_page_runs_a_cell_on_its_gpu_and_a_terminal
     lab.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
     cell = lab.locator(".jp-Notebook .jp-Cell .cm-content").first
     cell.wait_for(timeout=60_000)
+    code = "import os; print('GPU', os.environ['CUDA_VISIBLE_DEVICES'])"
+
+    def typed() -> bool:  # on a loaded machine the editor may take keys only once it has focus
+        if "CUDA_VISIBLE_DEVICES" not in cell.inner_text():
+            cell.click()
+            lab.keyboard.type(code)
+        return "CUDA_VISIBLE_DEVICES" in cell.inner_text()
+
+    wait_for(typed, 60, "the cell to take the code", 1.0)
     cell.click()
-    lab.keyboard.type("import os; print('GPU', os.environ['CUDA_VISIBLE_DEVICES'])")
     lab.keyboard.press("Shift+Enter")
     output = lab.locator(".jp-OutputArea-output").first
-    output.wait_for(timeout=60_000)
+    output.wait_for(timeout=120_000)  # the kernel starts first
     assert output.inner_text().strip() == f"GPU {gpu}"
     shot(lab, "notebook-cell")
 
