@@ -431,8 +431,6 @@ class AttemptRunner:
                     if self.outcome.out_of_memory:
                         job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
                     requeue(session, job, message or "interrupted", crashed=self.outcome.crashed)
-                elif state == JobState.SUCCEEDED:  # a session's end says why (idle), which is no error
-                    finish(session, *self.key, state, message=message, exit_code=self.outcome.returncode)
                 else:
                     finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
                 self.sink.trim_logs(session)

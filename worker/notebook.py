@@ -217,6 +217,10 @@ class NotebookRunner(ProgramRunner):
     _next_ask = 0.0
     _home_watch: FolderWatch | None = None
     _started_at = 0.0
+    socket_folder: Path | None = None
+    """The session's own folder (`session_folder`), once made."""
+    owner = 0
+    """The uid the session runs as (who may own its socket)."""
 
     def _prepare(self) -> Starter:
         settings, launch = self.ctx.settings, self.launch
@@ -228,11 +232,11 @@ class NotebookRunner(ProgramRunner):
         if home.is_symlink() or not home.is_dir():
             raise sandbox.SandboxError("the member's notebook folder is not a folder")
         sandbox.hand_over(home, identity)
-        self.socket_folder = session_folder(settings, launch.job_id, launch.attempt)
-        self.socket_folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.socket_folder.mkdir(mode=0o700, exist_ok=True)
-        sandbox.hand_over(self.socket_folder, identity)
-        seen_home, seen_session = (HOME_PATH, SESSION_PATH) if self.sandboxed else (home, self.socket_folder)
+        self.socket_folder = folder = session_folder(settings, launch.job_id, launch.attempt)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        sandbox.hand_over(folder, identity)
+        seen_home, seen_session = (HOME_PATH, SESSION_PATH) if self.sandboxed else (home, folder)
         env = program_environment(
             launch, settings, sandbox.JOB_PATH if self.sandboxed else self.artifacts, self.sandboxed
         )
@@ -241,12 +245,12 @@ class NotebookRunner(ProgramRunner):
             env["TOWERQ_CODE_DIR"] = env["PYTHONPATH"] = code
         command = jupyter_command(settings, launch.job_id, seen_home, seen_session)
         if self.sandboxed:
-            binds = [(home, HOME_PATH), (self.socket_folder, SESSION_PATH)]
+            binds = [(home, HOME_PATH), (folder, SESSION_PATH)]
             command = in_sandbox(
                 command, launch, settings, self.artifacts, bool(launch.spec.get("network")), HOME_PATH, binds
             )
         self._home_watch = FolderWatch(home, settings.notebook_home_max_bytes, settings.job_folder_check_s)
-        self._open_door()
+        self._open_door(folder)
         death = None if self.sandboxed else die_with_parent
 
         def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
@@ -255,13 +259,13 @@ class NotebookRunner(ProgramRunner):
 
         return start
 
-    def _open_door(self) -> None:
+    def _open_door(self, folder: Path) -> None:
         settings, launch = self.ctx.settings, self.launch
         here = rendezvous.address(settings)
         first = rendezvous.first_port_tried(settings, launch.job_id, launch.attempt)
         port = rendezvous.free_port(settings, here, first)
         key = secrets.token_hex(32)
-        self.door = Door(here, port, key, self.socket_folder, self.owner)
+        self.door = Door(here, port, key, folder, self.owner)
         with self.ctx.db.write() as session:
             session.merge(
                 RankAddress(job_id=launch.job_id, attempt=launch.attempt, rank=0, address=self.door.address, key=key)
@@ -270,7 +274,7 @@ class NotebookRunner(ProgramRunner):
     def _watch(self) -> None:
         super()._watch()
         now = time.monotonic()
-        if now < self._next_ask or self.door is None:
+        if now < self._next_ask or self.door is None or self.socket_folder is None:
             return
         self._next_ask = now + IDLE_CHECK_S
         self._watch_home(now)
@@ -346,15 +350,8 @@ class NotebookRunner(ProgramRunner):
             self.door.close()
         with contextlib.suppress(Exception), self.ctx.db.write() as session:
             session.query(RankAddress).filter_by(job_id=self.launch.job_id, attempt=self.launch.attempt).delete()
-        folder = getattr(self, "socket_folder", None)
-        if folder is not None:
-            _remove_tree(folder)
-
-
-def _remove_tree(folder: Path) -> None:
-    """The session's folder (its socket, JupyterLab's runtime files), never through a link."""
-    with contextlib.suppress(OSError):
-        shutil.rmtree(folder)
+        if self.socket_folder is not None:  # its socket, JupyterLab's runtime files (rmtree follows no link)
+            shutil.rmtree(self.socket_folder, ignore_errors=True)
 
 
 def _duration(seconds: float) -> str:

@@ -9,6 +9,7 @@ import redis
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
 
 from service.core.context import Context
 from service.core.db import Database
@@ -79,7 +80,7 @@ transaction's lock (SQLite's write lock, or PostgreSQL row locks)."""
 DatabaseDep = Annotated[Database, Depends(get_database)]
 
 
-def bearer_token(request: Request) -> str | None:
+def bearer_token(request: HTTPConnection) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
@@ -88,8 +89,13 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def get_caller(request: Request, ctx: ContextDep) -> Caller:
-    """The token's owner: from the checker's cache on the event loop when it can (no thread
-    hop for the common case), else from the database in a worker thread."""
+    return await caller_of(request, ctx)
+
+
+async def caller_of(request: HTTPConnection, ctx: Context) -> Caller:
+    """The token's owner (of a request or a WebSocket): from the checker's cache on the
+    event loop when it can (no thread hop for the common case), else from the database in a
+    worker thread."""
     checker: TokenChecker = request.app.state.tokens
     token = bearer_token(request)
     caller = checker.cached(token)

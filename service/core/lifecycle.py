@@ -149,17 +149,17 @@ def finish(
     state: JobState,
     error: str | None = None,
     exit_code: int | None = None,
-    message: str | None = None,
 ) -> Job:
-    """End this attempt with a final state and free its GPUs; the state's event says
-    `error`, or else `message` (why a job that did not fail ended)."""
+    """End this attempt with a final state and free its GPUs. The state's event says
+    `error`; a job that succeeded keeps none (what was said is why it ended: a notebook
+    session's "idle for N min")."""
     job = current_attempt(session, job_id, attempt)
     release_allocations(session, job)
-    job.error = error
+    job.error = None if state == JobState.SUCCEEDED else error
     job.exit_code = exit_code
     job.finished_at = utcnow()
     job.pid = None
-    record_state(session, job, state, error or message)
+    record_state(session, job, state, error)
     kick_scheduler(session)
     return job
 

@@ -50,9 +50,7 @@ def submit(
     by `writer` (group commit) when there is one, else in a transaction of its own."""
     inventory = inventory or HostInventory(db, executor_for(settings, connect_redis(settings.redis_url)))
     host = check_submission(caller, spec, settings, inventory)
-    if spec.is_notebook:
-        if sweep_id is not None:
-            raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
+    if spec.is_notebook:  # a sweep's specs were refused one by one before it was stored
         check_notebook(db, caller, spec, settings)
     if sweep_id is None:  # a sweep's jobs were counted together, before it was stored
         check_queue_room(db, caller, 1, settings.user_max_queued_jobs)

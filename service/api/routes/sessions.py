@@ -43,11 +43,11 @@ from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from service.api.deps import SESSION_COOKIE, bearer_token
+from service.api.deps import SESSION_COOKIE, caller_of
 from service.core.context import Context
 from service.core.exceptions import AuthError, ForbiddenError, NotFoundError, NotReadyError, StateConflictError
 from service.core.models import Job, JobState, RankAddress
-from service.lab.auth import Caller, TokenChecker
+from service.lab.auth import Caller
 from towerq.contract import handshake
 from towerq.contract.spec import is_notebook
 
@@ -77,22 +77,6 @@ class Door:
     host: str
     port: int
     key: str
-
-
-async def _caller(conn: HTTPConnection) -> Caller:
-    ctx: Context = conn.app.state.context
-    checker: TokenChecker = conn.app.state.tokens
-    token = bearer_token(conn)  # type: ignore[arg-type]  # headers and cookies: any connection has them
-    caller = checker.cached(token)
-    if caller is None:
-
-        def look_up() -> Caller:
-            with ctx.db.read() as session:
-                return checker.check(session, token)
-
-        caller = await run_in_threadpool(look_up)
-    checker.used(caller.token_id)
-    return caller
 
 
 def _door(ctx: Context, job_id: int, caller: Caller) -> Door:
@@ -178,6 +162,12 @@ class _DoorNetwork(httpcore.AsyncNetworkBackend):
         await anyio.sleep(seconds)
 
 
+def _target(conn: HTTPConnection, root: str, job_id: int, path: str) -> str:
+    """The path and query JupyterLab is asked for (it serves under the API's path)."""
+    target = f"{root}/sessions/{job_id}/{path}"
+    return f"{target}?{conn.url.query}" if conn.url.query else target
+
+
 def _allowed_here(conn: HTTPConnection, job_id: int, root: str) -> str:
     """The Content-Security-Policy that keeps a session's page to its own path."""
     host = conn.headers.get("host", "localhost")
@@ -243,15 +233,13 @@ async def session_http(job_id: JobId, path: str, request: Request) -> Response:
     ctx: Context = request.app.state.context
     root = ctx.settings.root_path
     try:
-        caller = await _caller(request)
+        caller = await caller_of(request, ctx)
     except AuthError as err:
         if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
             return _log_in_first(root, str(err))
         raise
     door = await run_in_threadpool(_door, ctx, job_id, caller)
-    target = f"{root}/sessions/{job_id}/{path}"
-    if request.url.query:
-        target += f"?{request.url.query}"
+    target = _target(request, root, job_id, path)
     headers = [(b"host", request.headers.get("host", "localhost").encode("latin-1")), *_forwarded(request.headers)]
     body: AsyncIterator[bytes] = request.stream()
     if request.method in ("GET", "HEAD", "OPTIONS", "DELETE") and "content-length" not in request.headers:
@@ -282,10 +270,7 @@ async def session_http(job_id: JobId, path: str, request: Request) -> Response:
 
     policy = _allowed_here(request, job_id, root)
     out = StreamingResponse(stream(), status_code=response.status)
-    out.raw_headers = [
-        *_response_headers(list(response.headers), policy),
-        *[(k, v) for k, v in out.raw_headers if k == b"referrer-policy"],
-    ]
+    out.raw_headers = _response_headers(list(response.headers), policy)
     return out
 
 
@@ -312,15 +297,13 @@ async def session_websocket(websocket: WebSocket, job_id: int, path: str) -> Non
     """A WebSocket of the session's JupyterLab (kernels, terminals, events), piped both ways."""
     ctx: Context = websocket.app.state.context
     try:
-        caller = await _caller(websocket)
+        caller = await caller_of(websocket, ctx)
         door = await run_in_threadpool(_door, ctx, job_id, caller)
         sock = await _through_door(door)
     except (AuthError, ForbiddenError, NotFoundError, StateConflictError, NotReadyError):
         await websocket.close(code=1008)
         return
-    target = f"{ctx.settings.root_path}/sessions/{job_id}/{path}"
-    if websocket.url.query:
-        target += f"?{websocket.url.query}"
+    target = _target(websocket, ctx.settings.root_path, job_id, path)
     headers = [(k, v) for k, v in _forwarded(websocket.headers) if k.decode("latin-1").lower() in WS_CLIENT_HEADERS]
     offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     host = websocket.headers.get("host", "localhost")
