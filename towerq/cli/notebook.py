@@ -13,10 +13,11 @@ import time
 import webbrowser
 from typing import Any
 
+from towerq.cli.run import add_placement_options, placement_fields
 from towerq.cli.session import Api
+from towerq.client import FINAL_STATES
 from towerq.errors import ApiError
 
-FINAL = ("succeeded", "failed", "cancelled")
 POLL_S = 1.0
 
 
@@ -24,34 +25,17 @@ def add_notebook_command(command: Any) -> None:
     notebook: argparse.ArgumentParser = command(
         "notebook", "a JupyterLab session on the lab's GPUs, ended when idle: towerq notebook --gpus 1"
     )
-    notebook.add_argument("--gpus", type=int, default=None, metavar="N", help="this many GPUs (default 1)")
-    notebook.add_argument("--gpu-ids", default=None, metavar="I,J", help="these GPU indices (with --host)")
-    notebook.add_argument("--host", default=None)
-    notebook.add_argument("--fraction", type=float, default=None, metavar="F", help="gpu_memory_fraction: share GPUs")
+    add_placement_options(notebook)
     notebook.add_argument(
         "--idle-timeout", type=int, default=None, metavar="SECONDS", help="end it after this long idle (lab default)"
     )
-    notebook.add_argument("--time-limit", type=int, default=None, metavar="SECONDS", help="end it after this long")
-    notebook.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
-    notebook.add_argument("--group", default=None)
-    notebook.add_argument("--name", default=None)
     notebook.add_argument("--open", action="store_true", help="open it in this machine's browser once it is ready")
     notebook.add_argument("--detach", action="store_true", help="queue it and return; do not wait")
     notebook.set_defaults(run=run_notebook)
 
 
 def notebook_spec(args: argparse.Namespace) -> dict[str, Any]:
-    optional = {
-        "gpu_count": args.gpus,
-        "gpus": [int(i) for i in args.gpu_ids.split(",")] if args.gpu_ids else None,
-        "host": args.host,
-        "gpu_memory_fraction": args.fraction,
-        "idle_timeout_s": args.idle_timeout,
-        "time_limit_s": args.time_limit,
-        "dataset": args.dataset,
-        "group": args.group,
-        "name": args.name,
-    }
+    optional = {**placement_fields(args), "idle_timeout_s": args.idle_timeout}
     return {"kind": "notebook", **{key: value for key, value in optional.items() if value is not None}}
 
 
@@ -85,7 +69,7 @@ def wait_open(api: Api, job_id: int) -> dict[str, Any] | None:
     said = None
     while True:
         data = api.client.request("GET", f"/api/jobs/{job_id}")
-        if data["state"] in FINAL:
+        if data["state"] in FINAL_STATES:
             return data
         if data["state"] == "running":
             try:

@@ -159,15 +159,9 @@ def add_run_command(commands: Any, command: Any) -> None:
         "run", "run this folder's program as a job: towerq run --gpus 2 -- python train.py --lr 0.1"
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="the command, after --")
-    run.add_argument("--gpus", type=int, default=None, metavar="N", help="this many GPUs (default 1)")
-    run.add_argument("--gpu-ids", default=None, metavar="I,J", help="these GPU indices (with --host)")
-    run.add_argument("--host", default=None)
-    run.add_argument("--fraction", type=float, default=None, metavar="F", help="gpu_memory_fraction: share GPUs")
-    run.add_argument("--name", default=None)
+    add_placement_options(run)
     run.add_argument("--priority", choices=("low", "normal", "high"), default=None)
-    run.add_argument("--time-limit", type=int, default=None, metavar="SECONDS")
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
-    run.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
     run.add_argument("--resumable", action="store_true", help="it resumes from TOWERQ_CHECKPOINT_DIR")
     run.add_argument(
         "--per-gpu", action="store_true", help="one process per GPU, with RANK, WORLD_SIZE, MASTER_ADDR, TF_CONFIG"
@@ -175,13 +169,38 @@ def add_run_command(commands: Any, command: Any) -> None:
     run.add_argument(
         "--network", action="store_true", help="the hosts' network (an admin's grant): needed over several hosts"
     )
-    run.add_argument("--group", default=None)
     run.add_argument("--folder", type=Path, default=Path("."), help="the folder to send (default: this one)")
     run.add_argument("--detach", action="store_true", help="submit and return; do not follow")
     run.add_argument(
         "--cancel-on-interrupt", action="store_true", help="Ctrl+C cancels the job (default: detaches, it runs on)"
     )
     run.set_defaults(run=run_run)
+
+
+def add_placement_options(parser: argparse.ArgumentParser) -> None:
+    """Where and for how long a job runs, as `towerq run` and `towerq notebook` ask for it."""
+    parser.add_argument("--gpus", type=int, default=None, metavar="N", help="this many GPUs (default 1)")
+    parser.add_argument("--gpu-ids", default=None, metavar="I,J", help="these GPU indices (with --host)")
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--fraction", type=float, default=None, metavar="F", help="gpu_memory_fraction: share GPUs")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--time-limit", type=int, default=None, metavar="SECONDS")
+    parser.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
+    parser.add_argument("--group", default=None)
+
+
+def placement_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec's fields `add_placement_options` asked for (None where not given)."""
+    return {
+        "gpu_count": args.gpus,
+        "gpus": [int(i) for i in args.gpu_ids.split(",")] if args.gpu_ids else None,
+        "host": args.host,
+        "gpu_memory_fraction": args.fraction,
+        "name": args.name,
+        "time_limit_s": args.time_limit,
+        "dataset": args.dataset,
+        "group": args.group,
+    }
 
 
 def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
@@ -197,18 +216,11 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         env[name] = value
     optional = {
         "env": env or None,
-        "gpu_count": args.gpus,
-        "gpus": [int(i) for i in args.gpu_ids.split(",")] if args.gpu_ids else None,
-        "host": args.host,
-        "gpu_memory_fraction": args.fraction,
-        "name": args.name,
+        **placement_fields(args),
         "priority": args.priority,
-        "time_limit_s": args.time_limit,
-        "dataset": args.dataset,
         "resumable": args.resumable or None,
         "network": args.network or None,
         "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
-        "group": args.group,
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
     return spec
