@@ -112,6 +112,13 @@ class Outcome:
         return self.killed_from_outside or self.peer_lost or self.rank_died or lost
 
     @property
+    def trained(self) -> bool:
+        """A model job's trainer trained its last step, saved, exported and said `done`: a
+        stop asked after its last step (a cancel, a preemption, the time limit, the worker's
+        shutdown) came too late to matter, so the job succeeded."""
+        return self.done is not None and self.returncode == 0 and not self.program and not self.session
+
+    @property
     def out_of_memory(self) -> bool:
         return self.error is not None and self.error.get("kind") == "oom"
 
@@ -120,6 +127,8 @@ class Outcome:
         reason to record with it. Out of memory on a shared GPU is tried once more on whole
         GPUs (the runner raises the job's fraction to 1): a neighbour may have taken the
         memory, or the slice was too small."""
+        if self.trained and self.stop in TOO_LATE:
+            return JobState.SUCCEEDED, None
         if self.session and self.stop in (Stop.IDLE, Stop.TIME_LIMIT):
             return JobState.SUCCEEDED, self.stop_message
         if self.session and self.stop == Stop.SHUTDOWN:
@@ -149,6 +158,10 @@ class Outcome:
             return JobState.QUEUED, exit_message(self.returncode, self.last_stderr, self.who)
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr, self.who)
 
+
+TOO_LATE = frozenset({None, Stop.CANCEL, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT})
+"""Stops that do not undo a trained job: asked after its last step, they change nothing it
+made. A full folder, a bad spec or a GPU-memory breach still fail it."""
 
 ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 NATIVE_LINE = re.compile(r"^(?:([IWEF])\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: ([IWEF]) )\S+:\d+\] ")

@@ -62,6 +62,28 @@ def test_cancel_checkpoints_stops_the_trainer_and_frees_the_gpu(stack: Stack, ma
     assert client.get("/api/gpus").json()[0]["holders"] == []
 
 
+def test_a_cancel_after_the_last_step_leaves_the_job_succeeded(stack: Stack, make_token: Callable[..., str]) -> None:
+    """The last step trained, the trainer evaluates, saves and exports (here a large test
+    split makes that take seconds) when the cancel arrives: too late to matter, so the job
+    ends succeeded with its model, not cancelled with its work done."""
+    client = start(stack, make_token)
+    spec = {
+        "model": "lenet5",
+        "dataset": "synthetic",
+        "dataset_options": {"shape": [12, 12, 3], "train_examples": 200, "test_examples": 200_000},
+        "gpus": [0],
+        "hyperparameters": {"steps": 20, "batch_size": 8, "log_every": 20, "eval_every": 0},
+    }
+    job = client.post("/api/jobs", json=spec).json()
+    wait_step(client, job["id"], 20, 120)
+    assert client.post(f"/api/jobs/{job['id']}/cancel").json()["cancel_requested"] is True
+    done = wait_state(client, job["id"], FINAL, 120)
+    logs = [line["message"] for line in client.get(f"/api/jobs/{job['id']}/logs").json()]
+    assert done["state"] == "succeeded", (done["events"], logs[-5:])
+    assert any("exported the trained model" in m for m in logs)
+    assert client.get("/api/gpus").json()[0]["holders"] == []
+
+
 def test_a_job_over_its_time_limit_is_stopped_and_fails_saying_so(stack: Stack, make_token: Callable[..., str]) -> None:
     client = start(stack, make_token)
     job = client.post("/api/jobs", json={**LONG, "time_limit_s": 8}).json()

@@ -72,3 +72,22 @@ def test_the_scheduler_never_stops_a_session_for_another_job() -> None:
     assert stoppable({"model": "mlp"}) and stoppable({"command": ["x"], "resumable": True})
     assert not stoppable({"command": ["x"]})
     assert not stoppable({"kind": "notebook", "command": None, "resumable": False})
+
+
+@pytest.mark.parametrize("stop", [Stop.CANCEL, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT])
+def test_a_stop_after_the_last_step_leaves_a_trained_job_succeeded(stop: Stop) -> None:
+    done = {"step": 100, "final": None, "seconds": 3.0}
+    assert Outcome(done=done, stop=stop, stop_message="cancelled by alice", returncode=0).verdict() == (
+        JobState.SUCCEEDED,
+        None,
+    )
+    stopped = Outcome(stop=stop, stop_message="cancelled by alice", returncode=143, step=60).verdict()[0]
+    assert stopped != JobState.SUCCEEDED, "a stop before the last step still stops the job"
+    program = Outcome(program=True, stop=Stop.CANCEL, stop_message="cancelled by alice", returncode=0)
+    assert program.verdict()[0] == JobState.CANCELLED, "a program that exits 0 on SIGTERM is still cancelled"
+
+
+def test_a_full_folder_fails_a_job_even_when_it_trained() -> None:
+    done = {"step": 100, "final": None, "seconds": 3.0}
+    full = Outcome(done=done, stop=Stop.FOLDER_FULL, stop_message="its folder takes 2 GB", returncode=0)
+    assert full.verdict() == (JobState.FAILED, "its folder takes 2 GB")

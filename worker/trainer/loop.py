@@ -14,6 +14,7 @@ have seen without the interruption.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import signal
@@ -41,11 +42,15 @@ MAX_STEPS_PER_CALL = 50
 
 
 class StopFlag:
-    """Set by SIGTERM: the loop checkpoints after the current step and exits."""
+    """Set by SIGTERM: the loop checkpoints after the current step and exits. Once the last
+    step is trained (`finishing`), a stop is too late to matter: the trainer evaluates,
+    saves and exports as always and says `done`, so the job succeeds rather than ending
+    stopped with its work done."""
 
     def __init__(self) -> None:
         self.set = False
         self.in_loop = False
+        self.finishing = False
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -58,6 +63,8 @@ class StopFlag:
         self.install()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.finishing:
+            return
         if not self.in_loop:
             raise SystemExit(EXIT_STOPPED)  # nothing trained since the last checkpoint
         self.set = True
@@ -182,6 +189,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
         start_step = int(step.steps_done.numpy())
     if chief:
         writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
+        atexit.register(writer.flush)  # the trainer exits without tearing its objects down
         reporter.keep_metrics(artifacts / METRICS_LOG, start_step, spec.runtime.attempt)
     else:
         writer = tf.summary.create_noop_writer()
@@ -237,6 +245,7 @@ def train(run: Run, stop: StopFlag) -> int:
     hp = run.hp
     started = time.monotonic()
     if run.start_step >= hp.steps:
+        stop.finishing = True
         return finish(run, hp.steps, started)
     batches = run.train_batches()
     graph_due = not run.start_step and run.chief  # written after the first report, which it must not delay
@@ -273,11 +282,11 @@ def train(run: Run, stop: StopFlag) -> int:
         if hp.checkpoint_every and done % hp.checkpoint_every == 0 and done != hp.steps:
             save(run, done)
         window_paused += time.monotonic() - paused
-        if agreed_stop(run, stop.set):
+        if done < hp.steps and agreed_stop(run, stop.set):  # every rank has the same `done`
             save(run, done)
             run.reporter.emit("stopped", step=done)
             return EXIT_STOPPED
-    stop.in_loop = False
+    stop.finishing, stop.in_loop = True, False
     return finish(run, done, started)
 
 
@@ -367,6 +376,7 @@ def save(run: Run, done: int) -> None:
     if not run.chief:
         return
     run.reporter.sync_metrics()
+    run.writer.flush()  # TensorBoard's points up to a checkpoint are kept with it
     path = run.manager.save(checkpoint_number=done)
     run.reporter.emit("checkpoint", step=done, path=path)
 

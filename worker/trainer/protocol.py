@@ -26,6 +26,7 @@ Anything else a model prints goes to stdout as plain text and is kept as a log l
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -73,6 +74,7 @@ class Reporter:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(line) + "\n" for line in kept))
         self.metrics_log = path.open("a")
+        atexit.register(self.metrics_log.flush)  # the trainer exits without tearing its objects down
 
     def sync_metrics(self) -> None:
         """Make the metrics log durable (done before each checkpoint is announced)."""

@@ -143,12 +143,34 @@ def test_sigterm_checkpoints_then_exits_143_and_the_next_run_resumes_there(tmp_p
     assert process.wait(timeout=60) == EXIT_STOPPED
     stopped = events(rest, "stopped")[0]["step"]
     assert events(rest, "checkpoint")[-1]["step"] == stopped
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "stop" / "tensorboard"), size_guidance={"tensors": 0})
+    board.Reload()  # the trainer exits without teardown: what it wrote is flushed before
+    assert [e.step for e in board.Tensors("train/loss")][-1] == stopped
 
     resumed = start(write_spec(tmp_path, "stop", hyperparameters={"steps": stopped + 2, "checkpoint_every": 0}))
     out, _ = resumed.communicate(timeout=120)
     lines = [json.loads(line) for line in out.splitlines()]
     assert lines[0]["resumed_from_step"] == stopped
     assert lines[-1]["event"] == "done" and lines[-1]["step"] == stopped + 2
+
+
+def test_a_sigterm_after_the_last_step_is_too_late_the_trainer_finishes_and_says_done(tmp_path: Path) -> None:
+    """A cancel that reaches a trainer evaluating, saving or exporting after its last step
+    used to end it 'stopped' (exit 143), and the job cancelled with its work done."""
+    spec = write_spec(tmp_path, "late", hyperparameters={"steps": 6, "checkpoint_every": 0})
+    process = start(spec)
+    assert process.stdout is not None
+    for raw in process.stdout:
+        if raw.startswith("{") and json.loads(raw).get("step") == 6:  # the last step's metric
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = [json.loads(line) for line in process.stdout.read().splitlines() if line.startswith("{")]
+    assert process.wait(timeout=60) == EXIT_OK, rest
+    assert not events(rest, "stopped")
+    assert events(rest, "done")[0]["step"] == 6
+    assert (tmp_path / "late" / "model.keras").exists()
 
 
 IGNORING_MODEL = """
