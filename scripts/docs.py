@@ -206,8 +206,8 @@ def cli_page() -> str:
         "Exit codes: 0 done (a followed job succeeded), 1 failed (the job, or the API refused:",
         "the message names the field), 2 usage, 3 a followed job was cancelled, 4 the API is",
         "unreachable or refused the token. Client commands find the API and the token in",
-        "`--api`/`--token`, `TOWERQ_API_URL`/`TOWERQ_TOKEN`, or `~/.config/towerq/config.toml`",
-        "(`towerq login URL`).",
+        "`--api`/`--token`, `TOWERQ_API_URL`/`TOWERQ_TOKEN`, or `config.toml` in",
+        "`$XDG_CONFIG_HOME/towerq`, default `~/.config/towerq` (`towerq login URL`).",
         "",
     ]
     lines += _commands("towerq", top)

@@ -140,6 +140,10 @@ class Client:
         """A sweep's progress, results and best job."""
         return dict(self.request("GET", f"/api/sweeps/{sweep_id}"))
 
+    def cancel_sweep(self, sweep_id: int) -> dict[str, Any]:
+        """Cancel every unfinished job of a sweep (yours, or any as an admin); the sweep."""
+        return dict(self.request("POST", f"/api/sweeps/{sweep_id}/cancel"))
+
     def upload_code(self, name: str, data: bytes) -> dict[str, Any]:
         """Upload a code bundle (a .py, or a .zip / .tar.gz of a folder); its id and files."""
         return dict(self.request("POST", "/api/code", files={"file": (name, data)}))

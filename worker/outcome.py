@@ -138,7 +138,8 @@ class Outcome:
         if self.stop == Stop.CANCEL:
             return JobState.CANCELLED, self.stop_message
         if self.stop == Stop.TIME_LIMIT:
-            return JobState.FAILED, f"{self.stop_message} at step {self.step}"
+            where = f"at step {self.step}" if self.step is not None else "before its first step"
+            return JobState.FAILED, f"{self.stop_message} {where}"
         if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.NOT_READY):
             return JobState.FAILED, self.stop_message
         if (self.done is not None or self.program) and self.returncode == 0:

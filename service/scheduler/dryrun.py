@@ -8,13 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.core.models import Job
 from service.core.settings import Settings
 from service.scheduler.explain import describe
 from service.scheduler.forecast import forecast, in_queue_order
 from service.scheduler.policy import schedule
-from service.scheduler.snapshot import live_inputs
+from service.scheduler.snapshot import dependency_wait, live_inputs
 from service.scheduler.types import PRIORITY_RANK, PolicyConfig, QueuedJob
 from towerq.contract.spec import JobSpec
 
@@ -43,7 +45,15 @@ def policy_config(settings: Settings) -> PolicyConfig:
     )
 
 
-def estimate(session: Session, settings: Settings, user: str, spec: JobSpec, host: str | None) -> Estimate:
+def estimate(
+    session: Session, settings: Settings, user: str, spec: JobSpec, host: str | None, after: list[int] | None = None
+) -> Estimate:
+    """When and where the job would start if submitted now; `after`: the ids of the jobs it
+    would wait for (resolved as a submit resolves them), which hold it first."""
+    if after:
+        states = dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(after))).all())
+        if waits := dependency_wait(after, spec.after_condition, states):
+            return Estimate(False, None, None, None, f"{waits}: no start estimate until then")
     now = datetime.now(UTC)
     t = now.timestamp()
     queued, cluster, fair_share, history = live_inputs(

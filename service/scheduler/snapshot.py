@@ -310,12 +310,20 @@ def held_by_dependencies(session: Session, queued_ids: list[int]) -> tuple[dict[
             if lost is not None:
                 never[job_id] = f"job {lost}, which it waits for, {states[lost]}: it could never start (afterok)"
                 continue
-        pending = [d for d in after if d in states and JobState(states[d]) not in FINAL_STATES]
-        if pending:
-            more = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
-            to = "succeed" if condition == "afterok" else "end"
-            waiting[job_id] = f"waiting for job {pending[0]} to {to}{more}"
+        if reason := dependency_wait(after, condition, states):
+            waiting[job_id] = reason
     return waiting, never
+
+
+def dependency_wait(after: list[int], condition: str, states: dict[int, str]) -> str | None:
+    """Why a job that names `after` (with `condition`) waits, given those jobs' `states`;
+    None when none of them holds it."""
+    pending = [d for d in after if d in states and JobState(states[d]) not in FINAL_STATES]
+    if not pending:
+        return None
+    more = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
+    to = "succeed" if condition == "afterok" else "end"
+    return f"waiting for job {pending[0]} to {to}{more}"
 
 
 def held_by_sweeps(session: Session, queued_ids: list[int]) -> dict[int, str]:

@@ -91,3 +91,10 @@ def test_a_full_folder_fails_a_job_even_when_it_trained() -> None:
     done = {"step": 100, "final": None, "seconds": 3.0}
     full = Outcome(done=done, stop=Stop.FOLDER_FULL, stop_message="its folder takes 2 GB", returncode=0)
     assert full.verdict() == (JobState.FAILED, "its folder takes 2 GB")
+
+
+def test_a_time_limit_before_the_first_step_says_so_in_words() -> None:
+    early = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5 s reached", returncode=143)
+    assert early.verdict() == (JobState.FAILED, "time limit of 5 s reached before its first step")
+    late = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5 s reached", returncode=143, step=40)
+    assert late.verdict() == (JobState.FAILED, "time limit of 5 s reached at step 40")

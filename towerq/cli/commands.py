@@ -1,8 +1,9 @@
 """Client commands: talk to the REST API at TOWERQ_API_URL with a token.
 
 The URL is `--api`, else TOWERQ_API_URL, else the one `towerq login` saved; the token is
-`--token`, else TOWERQ_TOKEN, else the one `towerq login` saved (~/.config/towerq/config.toml),
-else `var/admin-token` of a local `towerq up` (`towerq.config`).
+`--token`, else TOWERQ_TOKEN, else the one `towerq login` saved (config.toml in
+$XDG_CONFIG_HOME/towerq, default ~/.config/towerq), else `var/admin-token` of a local
+`towerq up` (`towerq.config`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from towerq.cli import views
-from towerq.cli.follow import follow_job
+from towerq.cli.follow import EXIT_FOR_STATE, follow_job
 from towerq.cli.groups import add_group_commands, add_reservation_commands
 from towerq.cli.notebook import add_notebook_command
 from towerq.cli.reports import (
@@ -62,8 +63,8 @@ def add_commands(commands: Any) -> None:
     login.add_argument("--token", default=None, help="your token (default TOWERQ_TOKEN, else asked for)")
     login.set_defaults(run=run_login)
 
-    submit = command("submit", "submit a job spec (JSON file, or - for stdin)")
-    submit.add_argument("spec", help="path of a JSON job spec, or -")
+    submit = command("submit", "submit a job spec (a YAML or JSON file, or - for stdin)")
+    submit.add_argument("spec", help="path of a job spec (YAML or JSON), or - for stdin")
     submit.add_argument(
         "--set",
         action="append",
@@ -126,11 +127,11 @@ def add_commands(commands: Any) -> None:
     sweep = command(
         "sweep",
         "launch a sweep (YAML or JSON: name, base, grid or random, metric, goal, max_parallel); "
-        "`towerq sweep show ID`: one sweep's jobs, settings and results",
+        "`towerq sweep show ID`: one sweep's jobs, settings and results; `towerq sweep cancel ID`: stop them all",
         read=True,
     )
-    sweep.add_argument("spec", metavar="SPEC|show", help="the sweep's file, or -; or `show`")
-    sweep.add_argument("id", type=int, nargs="?", default=None, help="with show: the sweep's id")
+    sweep.add_argument("spec", metavar="SPEC|show|cancel", help="the sweep's file, or -; or `show` or `cancel`")
+    sweep.add_argument("id", type=int, nargs="?", default=None, help="with show or cancel: the sweep's id")
     sweep.add_argument("--follow", action="store_true", help="follow it until every job ended")
     sweep.set_defaults(run=run_sweep)
 
@@ -232,6 +233,11 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.code is not None:
         spec["code"] = upload_code(api, args.code)
     job = api.client.submit(spec)
+    if args.output_format == "json":  # the API's answer; with --follow, the job as it ended
+        if args.follow:
+            job.wait()
+        print_json(job.data)
+        return EXIT_FOR_STATE.get(job.data["state"], 1) if args.follow else 0
     print(f"job {job.id} submitted ({job.name}), {job.state}", flush=True)
     if args.follow:
         return follow_job(api.client, job.id)

@@ -10,18 +10,32 @@ from typing import Any
 from towerq.cli import views
 from towerq.cli.plain import rewrite_line
 from towerq.cli.session import Api, UsageError, print_json, read_spec
+from towerq.client import FINAL_STATES as FINAL
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     client = Api(args).client
-    if args.spec == "show":
+    if args.spec in ("show", "cancel"):
         if args.id is None:
-            raise UsageError("towerq sweep show ID: which sweep? (`towerq sweeps` lists them)")
-        found = client.sweep_status(args.id)
-        return print_json(found) if args.output_format == "json" else _print(views.sweep_page(found))
+            raise UsageError(f"towerq sweep {args.spec} ID: which sweep? (`towerq sweeps` lists them)")
+        found = client.sweep_status(args.id) if args.spec == "show" else client.cancel_sweep(args.id)
+        if args.output_format == "json":
+            return print_json(found)
+        if args.spec == "cancel":
+            stopping = sum(job["state"] not in FINAL for job in found["jobs"])
+            return _print([f"sweep {found['id']} ({found['name']}): cancelled; {stopping} of its jobs stopping"])
+        return _print(views.sweep_page(found))
     if args.id is not None:
-        raise UsageError(f"towerq sweep {args.spec} {args.id}: a sweep's file takes no id (did you mean `show`?)")
+        raise UsageError(
+            f"towerq sweep {args.spec} {args.id}: a sweep's file takes no id (did you mean `show` or `cancel`?)"
+        )
     sweep = client.sweep(read_spec(args.spec))
+    if args.output_format == "json":  # the API's answer; with --follow, the sweep once every job ended
+        while args.follow and sweep["done"] < sweep["total"]:
+            time.sleep(2)
+            sweep = client.sweep_status(sweep["id"])
+        print_json(sweep)
+        return sweep_exit(sweep) if args.follow else 0
     ids = [job["id"] for job in sweep["jobs"]]
     print(f"sweep {sweep['id']} ({sweep['name']}): {sweep['total']} jobs, {ids[0]}-{ids[-1]}", flush=True)
     if not args.follow:
@@ -42,6 +56,11 @@ def run_sweep(args: argparse.Namespace) -> int:
         print()
     elif last != shown:
         print(last, flush=True)
+    return sweep_exit(sweep)
+
+
+def sweep_exit(sweep: dict[str, Any]) -> int:
+    """A followed sweep's exit code: 1 if a job failed, else 3 if one was cancelled, else 0."""
     counts = sweep["counts"]
     if counts.get("failed"):
         return 1

@@ -17,6 +17,7 @@ from service.core.models import JobState, LogLine
 from service.core.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
 from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
+from service.jobs.dependencies import resolve_after
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
 from service.jobs.submit import check_notebook, check_submission, submit
 from service.lab.groups import resolve_group
@@ -54,7 +55,8 @@ def submit_job(
             check_notebook(db, caller, spec, settings)
         with db.read() as session:
             spec.group = resolve_group(session, caller, spec.group)
-            answer = estimate(session, settings, caller.name, spec, host)
+            after = resolve_after(session, caller, spec)  # the refusals a submit would give
+            answer = estimate(session, settings, caller.name, spec, host, after)
         body = DryRunOut(dry_run=True, **answer.__dict__).model_dump_json()
         return Response(body, 200, media_type="application/json")
     detail, created = submit(db, caller, spec, settings, idempotency_key, inventory, writer)

@@ -1,0 +1,116 @@
+"""The CLI for scripts: every command that takes `-o json` prints the API's JSON (checked
+command by command, and the list of such commands read from the parser, so a new one
+cannot be left out), `towerq sweep cancel`, a dry run that resolves `after` as a submit
+does, and the config file under `XDG_CONFIG_HOME`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from service.cli import parser
+from service.core.settings import Settings
+from tests.stack import REPO, Stack, wait_for
+from towerq import Client
+
+pytestmark = pytest.mark.slow
+LONG = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 100_000_000}}
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def commands_with_json(top: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command (`data list` as two words) whose parser takes `-o table|json`."""
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from commands_with_json(sub, (*path, name))
+    if any(action.dest == "output_format" for action in top._actions):
+        yield path
+
+
+class Cli:
+    def __init__(self, home: Path, xdg: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_")}
+        self.env = {**env, "HOME": str(home), "XDG_CONFIG_HOME": str(xdg), "PYTHONPATH": str(REPO)}
+
+    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "service.cli", *args]
+        return subprocess.run(command, capture_output=True, text=True, env=self.env, input=stdin, timeout=240)
+
+    def json(self, *args: str, stdin: str | None = None, code: int = 0) -> object:
+        done = self(*args, "-o", "json", stdin=stdin)
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
+
+def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
+    stack: Stack, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    url = stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 2)
+    token = make_token("alice")
+    wait_for(lambda: Client(url, token).request("GET", "/api/gpus"), 30, "the worker to register its GPUs")
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    home.mkdir()
+    cli = Cli(home, xdg)
+
+    # `towerq login` writes where XDG_CONFIG_HOME says, and the commands read it there.
+    assert cli("login", url, "--token", token).returncode == 0
+    assert token in (xdg / "towerq" / "config.toml").read_text()
+    assert not (home / ".config").exists()
+
+    # submit -o json: the API's job, as `| jq .id` wants it; with --follow, the job as it ended
+    running = cli.json("submit", "-", stdin=json.dumps(LONG))
+    assert isinstance(running, dict) and running["state"] == "queued" and running["id"] > 0
+    short = {**LONG, "hyperparameters": {"steps": 20}}
+    ended = cli.json("submit", "-", "--follow", stdin=json.dumps(short))
+    assert isinstance(ended, dict) and ended["state"] == "succeeded", ended
+
+    # a dry run resolves `after` as a submit does: a missing job is refused, a running one holds it
+    missing = cli("submit", "-", "--dry-run", "--after", "99999", stdin=json.dumps(short))
+    assert missing.returncode == 1 and "after" in missing.stderr and "does not exist" in missing.stderr
+    held = cli.json("submit", "-", "--dry-run", "--after", str(running["id"]), stdin=json.dumps(short))
+    assert isinstance(held, dict) and held["starts_now"] is False, held
+    assert held["reason"].startswith(f"waiting for job {running['id']} to succeed"), held
+    ran = cli("submit", "-", "--dry-run", "--after", str(ended["id"]), stdin=json.dumps(short))
+    assert ran.returncode == 0 and "waiting for" not in ran.stdout, ran.stdout
+
+    # sweep SPEC -o json: the sweep and its jobs; `towerq sweep cancel ID` stops them all
+    body = {"name": "lr", "base": LONG, "grid": {"hyperparameters.learning_rate": [0.1, 0.01]}, "metric": "loss"}
+    sweep = cli.json("sweep", "-", stdin=json.dumps(body))
+    assert isinstance(sweep, dict) and sweep["total"] == 2 and len(sweep["jobs"]) == 2
+    shown = cli("sweep", "cancel", str(sweep["id"]))
+    assert shown.returncode == 0 and f"sweep {sweep['id']} (lr): cancelled" in shown.stdout, shown
+    assert cli("sweep", "cancel").returncode == 2
+    client = Client(url, token)
+    for job in sweep["jobs"]:
+        wait_for(lambda j=job: client.job(j["id"]).state == "cancelled", 60, f"sweep job {job['id']} cancelled")
+    again = cli.json("sweep", "cancel", str(sweep["id"]))
+    assert isinstance(again, dict) and again["counts"].get("cancelled") == 2, again
+    client.cancel(running["id"])
+
+    # every command that takes -o json prints JSON
+    job, sweep_id = str(ended["id"]), str(sweep["id"])
+    arguments = {
+        ("submit",): ["-"],
+        ("show",): [job],
+        ("logs",): [job],
+        ("sweep",): ["show", sweep_id],
+    }
+    for command in commands_with_json(parser()):
+        stdin = json.dumps(short) if command == ("submit",) else None
+        cli.json(*command, *arguments.get(command, []), stdin=stdin)
+    sweep_spec = json.dumps({**body, "name": "again"})
+    assert isinstance(cli.json("sweep", "-", stdin=sweep_spec), dict)  # the other form of `sweep`
