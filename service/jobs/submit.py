@@ -21,6 +21,7 @@ from service.core.models import Job, JobState, User, utcnow
 from service.core.schemas import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
+from service.jobs import sources
 from service.jobs.dependencies import resolve_after
 from service.jobs.intake import Submission, SubmissionWriter, store_submissions
 from service.jobs.read import get_job, job_detail, job_detail_of_new
@@ -324,6 +325,8 @@ def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
     elif spec.model is not None and ":" in spec.model:
         module = spec.model.split(":")[0].replace(".", "/") + ".py"
         _check_inside(settings.models_path, module, "model", "TOWERQ_MODELS_PATH")
+        if settings.models_path.is_dir():
+            _check_function(resolve_inside(settings.models_path, module), module, spec.model)
     if spec.dataset_path is not None:
         _check_inside(settings.data_dir, spec.dataset_path, "dataset", "TOWERQ_DATA_DIR")
     if spec.dataset_options.test_path is not None:
@@ -342,9 +345,24 @@ def _check_bundle(spec: JobSpec, settings: Settings) -> None:
         return
     assert spec.model is not None
     module = spec.model.split(":")[0].replace(".", "/")
-    if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
+    found = next((path for path in (f"{module}.py", f"{module}/__init__.py") if path in files), None)
+    if found is None:
         shown = ", ".join(sorted(path for path in files if path.endswith(".py"))[:10])
         raise SpecError("model", f"bundle {spec.code[:12]}… has no {module}.py (its Python files: {shown or 'none'})")
+    _check_function(code_bundles.bundle_file(settings.code_dir, spec.code, found), found, spec.model)
+
+
+def _check_function(path: Path, shown: str, model: str) -> None:
+    """The module at `path` (`shown` in messages) defines the function `model` names, as far
+    as reading it tells (`service.jobs.sources`)."""
+    try:
+        if path.stat().st_size > sources.MAX_SOURCE_BYTES:
+            return
+        source = path.read_text(errors="replace")
+    except OSError:
+        return  # the trainer will say what it cannot read
+    if reason := sources.missing_function(source, model.partition(":")[2], shown):
+        raise SpecError("model", reason)
 
 
 def _check_program(program: str, files: set[str], code: str) -> None:

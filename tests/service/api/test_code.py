@@ -129,6 +129,9 @@ def test_a_job_names_its_bundle_and_the_bundle_must_hold_its_module(alice: Api) 
         "has no lab/missing.py (its Python files: lab/__init__.py, lab/nets.py)",
     )
     refused({"model": "mlp"}, "body", "with code, model names a function in the bundle")
+    refused({"model": "lab.nets:biuld"}, "model", "lab/nets.py has no function 'biuld' (did you mean 'build'?)")
+    broken = upload(alice, "bad.py", b"def build(params)\n    return None\n").json()["id"]
+    refused({"model": "bad:build", "code": broken}, "model", "bad.py does not parse: line 1: expected ':'")
 
 
 def test_a_package_module_counts(alice: Api) -> None:
