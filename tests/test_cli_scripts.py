@@ -18,7 +18,8 @@ import pytest
 from service.cli import parser
 from service.core.settings import Settings
 from tests.stack import REPO, Stack, wait_for
-from towerq import Client
+from tests.conftest import free_port
+from towerq import ApiError, Client
 
 pytestmark = pytest.mark.slow
 LONG = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 100_000_000}}
@@ -114,3 +115,17 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
         cli.json(*command, *arguments.get(command, []), stdin=stdin)
     sweep_spec = json.dumps({**body, "name": "again"})
     assert isinstance(cli.json("sweep", "-", stdin=sweep_spec), dict)  # the other form of `sweep`
+
+
+def test_a_dataset_name_the_api_would_refuse_is_refused_before_a_byte_is_sent(tmp_path: Path) -> None:
+    """Nothing listens at the URL: an upload that tried to send would be unreachable."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ApiError) as refused:
+        Client(nowhere, "tq_x", retries=0).upload_dataset("bad name!", "d.npz", b"x" * 1000)
+    assert refused.value.status == 422 and refused.value.detail.startswith("name: 'bad name!': letters, digits")
+    folder = tmp_path / "images"
+    (folder / "cats").mkdir(parents=True)
+    (folder / "cats" / "a.png").write_bytes(b"x")
+    cli = Cli(tmp_path, tmp_path / "xdg")
+    said = cli("data", "upload", "bad name!", str(folder), "--api", nowhere, "--token", "tq_x")
+    assert said.returncode == 2 and "name: 'bad name!'" in said.stderr, said

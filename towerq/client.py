@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import httpx
 
 from towerq.config import Config
+from towerq.contract.api import dataset_name_problem
 from towerq.contract.messages import MessageError, decode
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
 
@@ -151,7 +152,10 @@ class Client:
     # -- datasets and the lab ---------------------------------------------------------------
 
     def upload_dataset(self, name: str, filename: str, content: bytes | BinaryIO) -> dict[str, Any]:
-        """Upload a dataset (.npz, .tfrecord, or a .zip of images, one folder per class)."""
+        """Upload a dataset (.npz, .tfrecord, or a .zip of images, one folder per class). A
+        name the API would refuse is refused before a byte is sent (`ApiError` 422 on `name`)."""
+        if problem := dataset_name_problem(name):
+            raise ApiError(422, [{"loc": ["body", "name"], "msg": problem}])
         timeout = httpx.Timeout(30, read=3600, write=3600)
         answer = self.request(
             "POST", "/api/datasets", data={"name": name}, files={"file": (filename, content)}, timeout=timeout

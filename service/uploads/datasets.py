@@ -17,7 +17,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -28,10 +27,10 @@ from typing import IO, Any
 from service.core.exceptions import NotFoundError, SpecError, StateConflictError, TooLargeError
 from service.uploads.quota import held as quota_lock
 from service.uploads.unpack import Limits, Unpacker, writable
+from towerq.contract.api import DATASET_NAME, dataset_name_problem
 
 USERS = "users"
 DESCRIPTION = "dataset.json"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CHUNK = 1024 * 1024
 MAX_IMAGE_FILES = 1_000_000
 
@@ -84,8 +83,8 @@ def store(
     upload: IO[bytes], filename: str, name: str, data_dir: Path, user: str, quota: int, max_files: int
 ) -> dict[str, Any]:
     """Store the upload as the user's dataset `name`; returns its description."""
-    if not NAME.match(name):
-        raise SpecError("name", f"{name!r}: letters, digits, _ . -; at most 64, starting with a letter or digit")
+    if problem := dataset_name_problem(name):
+        raise SpecError("name", problem)
     lower = filename.lower()
     if lower.endswith(".npz"):
         kind = "npz"
@@ -142,7 +141,7 @@ def _store_within(
 
 
 def remove(data_dir: Path, user: str, name: str) -> None:
-    if not NAME.match(name):
+    if not DATASET_NAME.match(name):
         raise NotFoundError(f"you have no dataset {name!r}")
     target = user_folder(data_dir, user) / name
     if not (target / DESCRIPTION).is_file():

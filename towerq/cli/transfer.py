@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from towerq.cli.session import Api, ClientError, human_bytes, print_json
+from towerq.cli.session import Api, ClientError, UsageError, human_bytes, print_json
+from towerq.contract.api import dataset_name_problem
 
 SKIPPED_FOLDERS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
                    ".ipynb_checkpoints", "node_modules", ".tox", ".nox"}  # fmt: skip
@@ -147,6 +148,8 @@ def run_data_upload(args: argparse.Namespace) -> int:
     import io
     import zipfile
 
+    if problem := dataset_name_problem(args.name):  # before a folder is packed or a byte sent
+        raise UsageError(f"name: {problem}")
     api = Api(args)
     path: Path = args.path
     if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders

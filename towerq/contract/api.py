@@ -1,6 +1,19 @@
-"""Where a towerq API answers unless told otherwise: the address `towerq up` and `towerq api`
-listen on, and the one the client and the CLI look for."""
+"""Where a towerq API answers unless told otherwise (the address `towerq up` and `towerq api`
+listen on, and the one the client and the CLI look for), and the rules of the API the
+client checks before it sends anything."""
+
+import re
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+"""A dataset's name: the API refuses others, and the client before it uploads a byte."""
+
+
+def dataset_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a dataset, in words; None when it can."""
+    if DATASET_NAME.match(name):
+        return None
+    return f"{name!r}: letters, digits, _ . -; at most 64, starting with a letter or digit"

@@ -13,10 +13,11 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import CallerDep, SettingsDep
 from service.api.routes.catalog import shared_data
 from service.uploads import datasets
+from towerq.contract.api import DATASET_NAME
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
 
-DatasetName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+DatasetName = Annotated[str, Path(pattern=DATASET_NAME.pattern)]
 
 
 class DatasetOut(BaseModel):
