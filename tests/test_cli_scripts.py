@@ -17,8 +17,8 @@ import pytest
 
 from service.cli import parser
 from service.core.settings import Settings
-from tests.stack import REPO, Stack, wait_for
 from tests.conftest import free_port
+from tests.stack import REPO, Stack, wait_for
 from towerq import ApiError, Client
 
 pytestmark = pytest.mark.slow
