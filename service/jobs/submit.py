@@ -13,11 +13,12 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from service.core.context import connect_redis
 from service.core.db import Database
 from service.core.exceptions import NotFoundError, SpecError, TooManyError
-from service.core.models import Job, JobState, User, utcnow
+from service.core.models import Group, Job, JobState, User, utcnow
 from service.core.schemas import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
@@ -60,6 +61,7 @@ def submit(
     with db.read() as session:
         after = resolve_after(session, caller, spec)
         spec.group = resolve_group(session, caller, spec.group)
+        check_startable(session, caller, spec, settings)
     row = new_job(caller, spec, host, settings, idempotency_key)
     row["sweep_id"] = sweep_id
     row["after_jobs"] = after
@@ -72,6 +74,36 @@ def submit(
         with db.read() as session:
             return job_detail(session, get_job(session, job_id)), False
     return job_detail_of_new(Job(id=job_id, user=User(id=caller.user_id, name=caller.name), **row), event), True
+
+
+def check_startable(session: Session, caller: Caller, spec: JobSpec, settings: Settings) -> None:
+    """Refuse a job no state of the lab could ever start (it would wait for ever): one that
+    needs more GPUs at once than its owner's GPU limit or its group's quota allows. Run
+    after its group is resolved."""
+    gpus = spec.gpu_count or len(spec.gpus or ()) or 1
+    need = gpus * spec.gpu_memory_fraction
+    asked = gpu_words(gpus) + (f" × {spec.gpu_memory_fraction:g}" if spec.gpu_memory_fraction < 1 else "")
+    own = session.scalar(select(User.gpu_limit).where(User.id == caller.user_id))
+    limit, source = (own, "their limit") if own is not None else (settings.user_gpu_limit, "TOWERQ_USER_GPU_LIMIT")
+    if limit is not None and need > limit + 1e-9:
+        raise SpecError(
+            "gpu_count",
+            f"{caller.name} may hold at most {gpu_words(limit)} at once ({source}); this job asks {asked}, "
+            "so it could never start: ask for fewer",
+        )
+    if spec.group is None:
+        return
+    cap = session.scalar(select(Group.max_gpus).where(Group.name == spec.group))
+    if cap is not None and need > cap + 1e-9:
+        raise SpecError(
+            "gpu_count",
+            f"group {spec.group} may hold at most {gpu_words(cap)} at once (its quota); this job asks {asked}, "
+            "so it could never start: ask for fewer, or an admin raises the quota (towerq group set)",
+        )
+
+
+def gpu_words(count: float) -> str:
+    return f"{count:g} GPU{'' if count == 1 else 's'}"
 
 
 def check_queue_room(db: Database, caller: Caller, adding: int, limit: int) -> None:

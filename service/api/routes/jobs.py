@@ -19,7 +19,7 @@ from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
 from service.jobs.dependencies import resolve_after
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
-from service.jobs.submit import check_notebook, check_submission, submit
+from service.jobs.submit import check_notebook, check_startable, check_submission, submit
 from service.lab.groups import resolve_group
 from service.scheduler.dryrun import estimate
 from towerq.contract.spec import JobSpec
@@ -55,6 +55,7 @@ def submit_job(
             check_notebook(db, caller, spec, settings)
         with db.read() as session:
             spec.group = resolve_group(session, caller, spec.group)
+            check_startable(session, caller, spec, settings)
             after = resolve_after(session, caller, spec)  # the refusals a submit would give
             answer = estimate(session, settings, caller.name, spec, host, after)
         body = DryRunOut(dry_run=True, **answer.__dict__).model_dump_json()

@@ -17,7 +17,7 @@ from service.core.models import Job, Sweep
 from service.core.publish import kick_scheduler
 from service.jobs import sweeps
 from service.jobs.dependencies import resolve_after
-from service.jobs.submit import check_queue_room, check_submission, submit
+from service.jobs.submit import check_queue_room, check_startable, check_submission, submit
 from service.lab.groups import resolve_group
 from service.notifications import outbound
 from towerq.contract.spec import JobSpec
@@ -119,6 +119,7 @@ def create(
                 # What submit checks against the database, checked before anything is stored.
                 resolve_after(session, caller, spec)
                 spec.group = resolve_group(session, caller, spec.group)
+                check_startable(session, caller, spec, settings)
             except (ValidationError, SpecError) as err:
                 raise sweeps.refusal(index, setting, err) from None
             checked.append((setting, spec))

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import update
+
 from service.core.context import Context
 from service.core.db import Database
-from service.core.models import JobState, utcnow
+from service.core.models import JobState, User, utcnow
 from service.core.settings import Settings
 from service.scheduler.live import LiveScheduler
 from tests.service.api.conftest import Api
@@ -184,3 +186,39 @@ def test_a_sweep_in_a_group_you_are_not_in_stores_nothing(alice: Api, as_user: C
     made = alice.post("/api/sweeps", json=body)
     assert made.status_code == 201, made.text
     assert {alice.get(f"/api/jobs/{j['id']}").json()["group"] for j in made.json()["jobs"]} == {"vision"}
+
+
+def test_a_job_over_its_groups_gpu_quota_could_never_start_and_is_refused(
+    alice: Api, as_user: Callable[..., Api]
+) -> None:
+    """Accepted, it waited for ever ("group quota: vision uses 0 of its 2 GPUs")."""
+    admin = as_user("root", admin=True)
+    admin.post("/api/groups", json={"name": "vision", "max_gpus": 2})
+    admin.put("/api/groups/vision/members/alice", json={})
+    four = {**SPEC, "gpu_count": 4}
+    for params in ({}, {"dry_run": "true"}):
+        refused = alice.post("/api/jobs", params=params, json=four)
+        assert refused.status_code == 422, refused.text
+        detail = refused.json()["detail"][0]
+        assert detail["loc"][-1] == "gpu_count"
+        assert detail["msg"] == (
+            "gpu_count: group vision may hold at most 2 GPUs at once (its quota); this job asks 4 GPUs, so it could "
+            "never start: ask for fewer, or an admin raises the quota (towerq group set)"
+        )
+    shared = alice.post("/api/jobs", json={**four, "gpu_memory_fraction": 0.5})
+    assert shared.status_code == 201, "4 GPUs at half each hold 2"
+    sweep = {"name": "s", "base": four, "grid": {"hyperparameters.seed": [1, 2]}, "metric": "loss"}
+    refused = alice.post("/api/sweeps", json=sweep)
+    assert refused.status_code == 422 and "could never start" in refused.text, refused.text
+    assert alice.get("/api/sweeps").json()["items"] == []
+    assert alice.post("/api/jobs", json={**SPEC, "gpu_count": 2}).status_code == 201
+
+
+def test_a_job_over_its_owners_gpu_limit_is_refused(settings: Settings, alice: Api, db: Database) -> None:
+    with db.write() as session:
+        session.execute(update(User).where(User.name == "alice").values(gpu_limit=1))
+    refused = alice.post("/api/jobs", json={**SPEC, "gpu_count": 2})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["msg"].startswith(
+        "gpu_count: alice may hold at most 1 GPU at once (their limit)"
+    )
