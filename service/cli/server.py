@@ -70,9 +70,11 @@ def run_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.api.app import create_app
+    from service.core.context import Context
 
     settings = Settings()
     require_schema(settings.database_url)
+    Context.open(settings).close()  # its claim on Redis, refused here rather than in a server process
     host = args.host or settings.api_host
     port = args.port or settings.api_port
     workers = args.workers or settings.api_workers

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from sqlalchemy import select
 
 from service.cli.redis_server import EmbeddedRedis, answers, embedded_url
 from service.core.db import Database, upgrade_database
+from service.core.keyspace import KeyspaceError, claim, identity
 from service.core.lifetime import dies_with_this_process
 from service.core.models import Host
 from service.core.settings import Settings, redacted
@@ -85,17 +87,30 @@ class Supervisor:
         self.stopping = True
 
     def _ensure_redis(self) -> None:
-        if answers(self.settings.redis_url):
-            self.redis_note = f"Redis at {redacted(self.settings.redis_url)}"
-            return
+        """Use the Redis the settings name if it answers and is not another towerq service's;
+        else start one of its own: on that URL's port when nothing answered there, on a free
+        port when the default one belongs to another service (two labs on one machine). A
+        Redis named in TOWERQ_REDIS_URL that another service holds is refused, not replaced."""
         asked = self.settings.redis_url
+        why = f"none answered at {redacted(asked)}"
+        if answers(asked):
+            db = Database(self.settings.database_url)
+            try:
+                claim(asked, identity(db))
+                self.redis_note = f"Redis at {redacted(asked)}"
+                return
+            except KeyspaceError:
+                if "TOWERQ_REDIS_URL" in os.environ:
+                    raise
+                why = f"the one at {redacted(asked)} holds another towerq service's keys"
+                asked = f"redis://127.0.0.1:{free_port()}/0"
+            finally:
+                db.dispose()
         url = embedded_url(asked)
         self.redis = EmbeddedRedis(url, self.settings.var_dir / "redis")
         self.redis.start()
         self.settings = self.settings.model_copy(update={"redis_url": url})  # what the children get
-        self.redis_note = (
-            f"embedded Redis on port {self.redis.port}, with a password (none answered at {redacted(asked)})"
-        )
+        self.redis_note = f"embedded Redis on port {self.redis.port}, with a password ({why})"
 
     def _bootstrap_admin(self) -> str | None:
         db = Database(self.settings.database_url)
@@ -204,3 +219,10 @@ class Supervisor:
         finally:
             db.dispose()
         return "the worker has not registered yet"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on the loopback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis
 
 from service.core.db import Database
+from service.core.keyspace import claim, identity
 from service.core.publish import Publisher
 from service.core.settings import Settings
 
@@ -23,8 +24,16 @@ class Context:
 
     @classmethod
     def open(cls, settings: Settings) -> Context:
+        """Open the database and Redis, and claim Redis's keyspace for this service's
+        database (`service.core.keyspace`): KeyspaceError when another service has it."""
         db = Database(settings.database_url)
         client = connect_redis(settings.redis_url)
+        try:
+            claim(settings.redis_url, identity(db))
+        except BaseException:
+            db.dispose()
+            client.close()
+            raise
         db.on_commit.append(Publisher(client))
         return cls(settings=settings, db=db, redis=client)
 

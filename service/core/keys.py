@@ -12,6 +12,10 @@ SCHEDULER_LOCK = PREFIX + "lock:scheduler"
 SCHEDULER_KICK = PREFIX + "scheduler:kick"
 """A list; pushing to it asks the scheduler for a pass now instead of at its next tick."""
 
+LAB_OWNER = PREFIX + "lab"
+"""The identity of the service whose keys these are, in database 0 of the server whatever
+number the service uses (`service.core.keyspace`)."""
+
 JOBS_CHANNEL = PREFIX + "jobs"
 """Pub/sub channel carrying every job's state changes (the list-level stream)."""
 

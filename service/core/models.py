@@ -94,6 +94,18 @@ class HostState(enum.StrEnum):
     DOWN = "down"
 
 
+class Lab(Base):
+    """The service's identity (one row, made by its first process): the Redis keyspace it
+    claims carries it, so a second service on the same Redis is told, not mixed in
+    (`service.core.keyspace`)."""
+
+    __tablename__ = "lab"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    identity: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class User(Base):
     __tablename__ = "users"
 

@@ -1,0 +1,78 @@
+"""A service owns its Redis keyspace.
+
+Two towerq services on one Redis (two labs on one machine, a test stack beside a real
+one) would share `towerq:host:<name>`, `towerq:job:<id>` and the scheduler's lock: one's
+scheduler would wake for the other's jobs, its workers take the other's launches. So every
+process, as it opens its resources (`Context.open`), claims the keyspace for its
+database's identity (`Lab`, made by the first process) under `towerq:lab`, and a process
+whose database is another's refuses to start and says what to do."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from service.core.db import Database
+from service.core.keys import LAB_OWNER
+from service.core.models import Lab
+from service.core.settings import redacted
+
+
+class KeyspaceError(RuntimeError):
+    """The Redis this process was given holds another service's keys."""
+
+
+def identity(db: Database) -> str:
+    """The service's identity, made once (by whichever process comes first)."""
+    with db.read() as session:
+        found = session.scalar(select(Lab.identity).where(Lab.id == 1))
+    if found is not None:
+        return found
+    try:
+        with db.write() as session:
+            session.add(Lab(id=1, identity=uuid.uuid4().hex))
+    except IntegrityError:
+        pass  # another process made it first: theirs is the one
+    with db.read() as session:
+        return str(session.scalar(select(Lab.identity).where(Lab.id == 1)))
+
+
+def owner(url: str) -> str | None:
+    """The identity of the service whose keys the Redis server at `url` holds, if one claimed it."""
+    with _server(url) as server:
+        found = server.get(LAB_OWNER)
+    return found.decode() if isinstance(found, bytes) else found
+
+
+def claim(url: str, mine: str) -> None:
+    """Claim the Redis server at `url` for the service `mine`, or raise KeyspaceError when
+    another has it. The claim is the server's, whatever database number `url` names: pub/sub
+    channels (`towerq:job:<id>`, `towerq:jobs`) are not per database, so two services on
+    two numbers of one server would still hear each other. A claim lost with a flush is
+    made again by the next process that starts."""
+    with _server(url) as server:
+        server.set(LAB_OWNER, mine, nx=True)
+        found = server.get(LAB_OWNER)
+    theirs = found.decode() if isinstance(found, bytes) else found
+    if theirs is not None and theirs != mine:
+        raise KeyspaceError(
+            f"Redis at {redacted(url)} holds the keys of another towerq service (lab {theirs[:8]}; this one, "
+            f"with a database of its own, is lab {mine[:8]}): on one Redis server they would take each other's "
+            "jobs and messages, whatever database number each names. Give this service a Redis server of its "
+            "own (TOWERQ_REDIS_URL)"
+        )
+
+
+def _server(url: str) -> redis.Redis:
+    """A client of database 0 of the server at `url`, where the claim is kept."""
+    parts = urlsplit(url)  # the URL's own number wins over a `db` argument: replace it
+    query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("db="))
+    if parts.scheme == "unix":  # unix:///run/redis.sock?db=1: the path is the socket's
+        server = f"unix://{parts.netloc}{parts.path}?{'&'.join(q for q in (query, 'db=0') if q)}"
+    else:
+        server = urlunsplit(parts._replace(path="/0", query=query))
+    return redis.Redis.from_url(server, socket_timeout=10, socket_connect_timeout=5)
