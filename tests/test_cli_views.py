@@ -157,3 +157,13 @@ def test_client_errors_read_as_sentences_and_keep_the_problems(
     monkeypatch.setitem(sys.modules, "pandas", None)  # as on a laptop without pandas
     with pytest.raises(MissingPackageError, match="pip install pandas"):
         client.metrics(ids["broken"], as_frame=True)
+
+
+def test_counts_and_gpus_are_said_in_the_singular_when_there_is_one() -> None:
+    from service.core.lifecycle import gpu_list
+    from towerq.cli.views import sweeps_table
+
+    sweep = {"id": 1, "user": "alice", "done": 1, "total": 2, "best_job": None, "goal": "max", "metric": "loss"}
+    assert sweeps_table([{**sweep, "name": "lr"}])[-1] == "(1 sweep)"
+    assert sweeps_table([{**sweep, "name": "a"}, {**sweep, "name": "b"}])[-1] == "(2 sweeps)"
+    assert (gpu_list(["0"]), gpu_list(["0", "1"])) == ("GPU 0", "GPUs 0,1")

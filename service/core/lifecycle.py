@@ -98,10 +98,10 @@ def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fr
     for gpu in gpus:
         hosts.setdefault(gpu.host_id, []).append(str(gpu.index))
     if len(hosts) == 1:
-        record_state(session, job, JobState.DISPATCHED, f"GPUs {','.join(hosts[gpus[0].host_id])} on {host_name}")
+        record_state(session, job, JobState.DISPATCHED, f"{gpu_list(hosts[gpus[0].host_id])} on {host_name}")
         return
     names = {gpu.host_id: gpu.host.name for gpu in gpus}
-    where = "; ".join(f"rank {r}: GPUs {','.join(ids)} on {names[h]}" for r, (h, ids) in enumerate(hosts.items()))
+    where = "; ".join(f"rank {r}: {gpu_list(ids)} on {names[h]}" for r, (h, ids) in enumerate(hosts.items()))
     record_state(session, job, JobState.DISPATCHED, f"over {len(hosts)} hosts ({where})")
 
 
@@ -162,6 +162,11 @@ def finish(
     record_state(session, job, state, error)
     kick_scheduler(session)
     return job
+
+
+def gpu_list(indices: list[str]) -> str:
+    """`GPU 0` or `GPUs 0,1`."""
+    return f"GPU{'s' if len(indices) != 1 else ''} {','.join(indices)}"
 
 
 def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:

@@ -169,6 +169,12 @@ def test_a_bad_field_gets_its_error_next_to_it_and_nothing_is_stored(
 
     assert page.url.endswith("#/submit")
     assert stack.client(make_token("bob")).get("/api/jobs").json()["total"] == 0
+    page.goto(f"{url}/#/jobs")  # an empty lab says how to start, not that a filter found nothing
+    empty = page.locator("table.jobs")
+    empty.wait_for()
+    assert "No jobs yet: submit one" in empty.inner_text()
+    page.goto(f"{url}/#/jobs?state=failed")
+    page.wait_for_function("document.querySelector('table.jobs')?.innerText.includes('No jobs match.')")
 
 
 def put_metrics(db: Database, job_id: int, losses: list[float], eval_accuracy: float) -> None:

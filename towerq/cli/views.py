@@ -148,7 +148,7 @@ def sweeps_table(sweeps: list[dict[str, Any]]) -> list[str]:
         best = str(sweep["best_job"]) if sweep.get("best_job") is not None else "-"
         metric = f"{sweep['goal']} {sweep['metric']}"
         lines.append(f"{sweep['id']:>5}  {sweep['user'][:12]:<12} {done:>9}  {best:>6}  {metric:<16} {sweep['name']}")
-    lines.append(f"({len(sweeps)} sweeps)")
+    lines.append(f"({len(sweeps)} sweep{'' if len(sweeps) == 1 else 's'})")
     return lines
 
 

@@ -83,7 +83,8 @@ export async function render(main, params) {
       caption: "Jobs, newest first",
       tableClass: "jobs",
       attrs: (job) => ({ dataset: { job: job.id, state: job.state } }),
-      empty: "No jobs match.",
+      empty:
+        filters.state || filters.user || filters.q ? "No jobs match." : "No jobs yet: submit one with the form (Submit) or towerq submit.",
     }));
     tableBox.replaceChildren(table);
   };

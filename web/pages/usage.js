@@ -311,7 +311,7 @@ function fairShareTable(shares) {
 }
 
 const GB = 1e9;
-const size = (n) => (n >= GB ? `${(n / GB).toFixed(1)} GB` : n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${Math.round(n / 1e3)} KB`);
+const size = (n) => (n >= GB ? `${(n / GB).toFixed(1)} GB` : n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${Math.round(n / 1e3)} kB`);
 
 // Each member's uploads and job folders beside the quotas (TOWERQ_USER_*_QUOTA_BYTES).
 function storageOf(stored) {
