@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.lifecycle import host_of_running
-from service.core.models import Allocation, Gpu, Group, Host, Job, JobEvent, JobState, User
+from service.core.models import Allocation, Gpu, Group, GroupMember, Host, Job, JobEvent, JobState, User
 from service.core.schemas import FairShareGroupOut, FairShareUserOut
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.snapshot import live_inputs
@@ -176,7 +176,10 @@ def fair_share_report(
         waiting[(queued_job.user, queued_job.group)] += 1
     present = set(running) | set(waiting)
     present_users = {user for user, _ in present}
-    absent: set[tuple[str, str | None]] = {(u, None) for u, v in usage.items() if v > 0 and u not in present_users}
+    homes = default_groups(session)  # an idle member shows under the group their next job runs in
+    absent: set[tuple[str, str | None]] = {
+        (u, homes.get(u)) for u, v in usage.items() if v > 0 and u not in present_users
+    }
     users = [
         FairShareUserOut(
             user=user,
@@ -217,6 +220,23 @@ def fair_share_report(
             )
         )
     return users, groups
+
+
+def default_groups(session: Session) -> dict[str, str]:
+    """Each member's group for a job that names none (`service.lab.groups.resolve_group`):
+    their default group, else their only one; members of several with no default have none."""
+    rows = session.execute(
+        select(User.name, Group.name, GroupMember.is_default)
+        .join(GroupMember, GroupMember.user_id == User.id)
+        .join(Group, Group.id == GroupMember.group_id)
+    ).all()
+    chosen: dict[str, str] = {}
+    groups: dict[str, list[str]] = defaultdict(list)
+    for user, group, is_default in rows:
+        groups[user].append(group)
+        if is_default:
+            chosen[user] = group
+    return {**{user: names[0] for user, names in groups.items() if len(names) == 1}, **chosen}
 
 
 @dataclass

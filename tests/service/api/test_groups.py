@@ -222,3 +222,19 @@ def test_a_job_over_its_owners_gpu_limit_is_refused(settings: Settings, alice: A
     assert refused.json()["detail"][0]["msg"].startswith(
         "gpu_count: alice may hold at most 1 GPU at once (their limit)"
     )
+
+
+def test_an_idle_lab_shows_each_member_under_their_group(alice: Api, as_user: Callable[..., Api], db: Database) -> None:
+    """Nothing runs or waits: members with usage used to show under "[no group]"."""
+    admin = as_user("root", admin=True)
+    admin.post("/api/groups", json={"name": "vision"})
+    admin.post("/api/groups", json={"name": "nlp"})
+    as_user("bob")
+    admin.put("/api/groups/vision/members/alice", json={})
+    for group in ("vision", "nlp"):  # bob is in two, nlp his default
+        admin.put(f"/api/groups/{group}/members/bob", json={"default": group == "nlp"})
+    now = utcnow()
+    for user in ("alice", "bob"):
+        add_run(db, user, "lab-a", [0], now - timedelta(hours=3), now - timedelta(hours=3), now - timedelta(hours=2))
+    users = {u["user"]: u["group"] for u in alice.get("/api/fair-share").json()["users"]}
+    assert users == {"alice": "vision", "bob": "nlp"}
