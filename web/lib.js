@@ -103,11 +103,11 @@ export function gpusOf(job) {
   return job.spec.host ? `${job.spec.host}: ${asked}` : asked;
 }
 
-// Seconds left, from the time per step of the latest log window.
+// Seconds left: to the end the API expects at the job's wall-clock pace (its evaluations and
+// checkpoints included), not the training-only time per step, which was 3-4x too soon.
 export function eta(job) {
-  const stepTime = job.latest?.step_time_s;
-  if (job.state !== "running" || !stepTime || job.step === null) return null;
-  return (job.total_steps - job.step) * stepTime;
+  if (job.state !== "running" || !job.expected_end_at) return null;
+  return Math.max(0, (Date.parse(job.expected_end_at) - Date.now()) / 1000);
 }
 
 export function progress(job) {

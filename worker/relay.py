@@ -9,6 +9,7 @@ scheduler gave up on cannot write results.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import queue
@@ -76,6 +77,32 @@ Batch = tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int]
 """What the writer writes at once: metric points, log lines, job fields, the lines' bytes."""
 
 
+class Pace:
+    """Train points as received, (step, when), thinned to at most `KEPT` (every other one
+    dropped when full, the newest always kept), and the pace over the later half of them."""
+
+    KEPT = 256
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, datetime]] = []
+
+    def note(self, step: int, when: datetime) -> None:
+        if self.points and step <= self.points[-1][0]:
+            return
+        if len(self.points) >= self.KEPT:
+            self.points = self.points[:-1:2] + [self.points[-1]]
+        self.points.append((step, when))
+
+    def pace(self) -> float | None:
+        """Seconds per step from the point halfway through the steps to the newest."""
+        if len(self.points) < 2:
+            return None
+        (first, _), (last, at) = self.points[0], self.points[-1]
+        halfway = bisect.bisect_left([s for s, _ in self.points], (first + last) / 2)
+        step, since = self.points[min(halfway, len(self.points) - 2)]
+        return (at - since).total_seconds() / (last - step)
+
+
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
@@ -88,6 +115,7 @@ class MetricSink:
         self.metrics: list[dict[str, Any]] = []
         self.logs: list[dict[str, Any]] = []
         self.latest: dict[str, Any] = {}
+        self.paces = Pace()
         self.first_buffered: float | None = None
         self.first_metric_pending = True
         self.urgent = False
@@ -136,6 +164,8 @@ class MetricSink:
         attempt = (event.attempt or self.attempt) if not publish else self.attempt
         self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
         self._note_latest(point, step_time)
+        if train and publish:
+            self._note_pace(event.step)
         if not train and publish:
             self.log("info", evaluation_line(point))
         self._buffered()
@@ -178,6 +208,18 @@ class MetricSink:
         if before > cap:
             return ""
         return f"the job's log reached {self.ctx.settings.job_log_max_mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
+
+    def _note_pace(self, step: int) -> None:
+        """The attempt's wall-clock pace, as this worker received its train points (the
+        trainer's own times are its word): over the later half of the steps it trained so
+        far, so a start-up's one-off costs (tracing the evaluation, the first checkpoint)
+        fade, while the evaluations and checkpoints it repeats still count."""
+        now = datetime.now(UTC)
+        self.paces.note(step, now)
+        pace = self.paces.pace()
+        self.latest.update(
+            pace_s=pace, step_at=now
+        )  # None at an attempt's first point: an earlier pace no longer holds
 
     def _note_latest(self, point: dict[str, Any], step_time_s: float | None) -> None:
         if point["split"] == "eval":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -319,6 +319,12 @@ class Job(Base):
     """The model's own metrics (`metrics()` of a code bundle) at the latest train point."""
     eval_custom_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     """The same at the latest evaluation."""
+    pace_s: Mapped[float | None] = mapped_column(Float, default=None)
+    """Wall-clock seconds per step of the current attempt since its first train point, with
+    its evaluations, checkpoints and pauses: what its expected end is told from (the
+    trainer's `step_time_s` counts training alone, and an ETA from it was 3-4x too soon)."""
+    step_at: Mapped[datetime | None] = mapped_column(default=None)
+    """When its worker received the latest train point."""
 
     user: Mapped[User] = relationship()
     allocations: Mapped[list[Allocation]] = relationship(back_populates="job", order_by="Allocation.id")
@@ -332,6 +338,13 @@ class Job(Base):
     @property
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
+
+    @property
+    def expected_end_at(self) -> datetime | None:
+        """A running job: when its last step will be trained at its pace so far."""
+        if self.state != JobState.RUNNING or self.pace_s is None or self.step is None or self.step_at is None:
+            return None
+        return self.step_at + timedelta(seconds=max(0, self.total_steps - self.step) * self.pace_s)
 
     @property
     def reason(self) -> str | None:

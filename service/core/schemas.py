@@ -98,6 +98,14 @@ class JobOut(Out):
     step: int | None
     total_steps: int
     latest: LatestMetrics = Field(validation_alias="latest_metrics")
+    pace_s: float | None = Field(
+        default=None,
+        description="running: wall-clock seconds per step of this attempt, evaluations and checkpoints included",
+    )
+    expected_end_at: datetime | None = Field(
+        default=None, description="running: when its last step will be trained at that pace"
+    )
+    step_at: datetime | None = Field(default=None, description="when its worker received its latest train point")
     artifacts_dir: str | None
     sweep_id: int | None
     created_at: datetime

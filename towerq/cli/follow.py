@@ -32,11 +32,17 @@ class ProgressLine:
         self.printed = 0.0
         self.latest: dict[str, Any] = {}
         self.eval: dict[str, Any] = {}
+        self.pace_from: tuple[int, float] | None = None
+        """The first train point this follower saw: (step, when it came)."""
+        self.pace_s: float | None = job.get("pace_s")
+        """Wall-clock seconds per step, evaluations and checkpoints included (the API's until
+        this follower has seen two points of its own)."""
 
     def update(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "metric":
             self.latest = event
+            self._note_pace(int(event.get("step") or 0))
         elif kind == "eval":
             self.eval = event
         elif kind == "state":
@@ -65,10 +71,16 @@ class ProgressLine:
         speed = latest.get("examples_per_sec")
         if speed:
             parts.append(f"{speed:,.0f} ex/s")
-        step_time = latest.get("step_time_s")
-        if step_time and total and step < total:
-            parts.append(f"ETA {_clock((total - step) * step_time)}")
+        if self.pace_s and total and step < total and job["state"] == "running":
+            parts.append(f"ETA {_clock((total - step) * self.pace_s)}")
         return "  ".join(parts)
+
+    def _note_pace(self, step: int) -> None:
+        now = time.monotonic()
+        if self.pace_from is None or step < self.pace_from[0]:  # the first point, or a new attempt's
+            self.pace_from = (step, now)
+        elif step > self.pace_from[0]:
+            self.pace_s = (now - self.pace_from[1]) / (step - self.pace_from[0])
 
     def draw(self, force: bool = False) -> None:
         now = time.monotonic()

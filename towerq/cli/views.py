@@ -34,6 +34,17 @@ def expected_start_text(job: dict[str, Any]) -> str:
     return f"~{clock} on {host}" if host else f"~{clock}"
 
 
+def expected_end_text(at: str) -> str:
+    """`~14:05 (in 12m 30s)`: when a running job's last step is expected, at its pace so far."""
+    when = datetime.fromisoformat(at).astimezone()
+    now = datetime.now().astimezone()
+    clock = when.strftime("%H:%M") if when.date() == now.date() else when.strftime("%b %d %H:%M")
+    left = max(0, int((when - now).total_seconds()))
+    hours, rest = divmod(left, 3600)
+    span = f"{hours}h {rest // 60:02d}m" if hours else f"{rest // 60}m {rest % 60:02d}s"
+    return f"~{clock} (in {span})"
+
+
 def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
     """The first line of `text`, cut to `width` with an ellipsis."""
     lines = (text or "").strip().splitlines()
@@ -97,6 +108,8 @@ def job_page(job: dict[str, Any]) -> list[str]:
     total = job["total_steps"]
     step = job.get("step") or 0
     rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))
+    if job.get("expected_end_at"):
+        rows.append(("ends", expected_end_text(job["expected_end_at"])))
     latest = job.get("latest") or {}
     for label, loss, accuracy in (("train", "loss", "accuracy"), ("eval", "eval_loss", "eval_accuracy")):
         parts = [f"loss {v}" for v in [_number(latest.get(loss))] if v] + [

@@ -1,0 +1,32 @@
+"""A running job's wall-clock pace, as its worker tells it from the train points it
+receives: over the later half of the steps, so a start's one-off costs fade while the
+evaluations and checkpoints it repeats count; thinned to a bounded number of points."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from worker.relay import Pace
+
+START = datetime(2026, 11, 27, tzinfo=UTC)
+
+
+def test_the_pace_is_over_the_later_half_of_the_steps() -> None:
+    pace = Pace()
+    pace.note(10, START)
+    assert pace.pace() is None  # one point: nothing to tell a pace from
+    pace.note(20, START + timedelta(seconds=30))  # a slow start (tracing, the first evaluation)
+    for step in range(30, 210, 10):  # then 1 s a step, evaluations and all
+        pace.note(step, START + timedelta(seconds=30 + step - 20))
+    assert pace.pace() == 1.0
+    pace.note(200, START + timedelta(seconds=999))  # a step again (a replayed line) changes nothing
+    assert pace.pace() == 1.0
+
+
+def test_the_points_kept_are_bounded_and_keep_the_first_and_the_newest() -> None:
+    pace = Pace()
+    for step in range(1, 10_001):
+        pace.note(step, START + timedelta(seconds=2 * step))
+    assert len(pace.points) <= Pace.KEPT
+    assert pace.points[0][0] == 1 and pace.points[-1][0] == 10_000
+    assert pace.pace() == 2.0
