@@ -106,7 +106,7 @@ def test_a_node_whose_slurmd_dies_mid_job_requeues_it_and_it_resumes_from_its_ch
 
     def resumed() -> int | None:
         log = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
-        said = [m for m in log if m.startswith("resumed from the checkpoint of step ")]
+        said = [m for m in log if "resumed from the checkpoint of step " in m]
         return int(said[0].split()[-1]) if said else None
 
     step = wait_for(resumed, 60, "the second attempt to resume")

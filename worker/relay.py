@@ -353,7 +353,7 @@ class MetricSink:
         that file, so it is read without following links and only up to a bound."""
         self.forget_after(step)
         self._restore(step)
-        self.log("info", f"resumed from the checkpoint of step {step}")
+        self.log("info", f"attempt {self.attempt} resumed from the checkpoint of step {step}")
 
     def replace_from(self, step: int) -> None:
         """A command job's resumed attempt reported `step` first: the points from it on go

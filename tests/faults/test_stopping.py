@@ -130,6 +130,7 @@ def test_time_slicing_stops_a_long_job_for_fresh_work_and_it_resumes_from_its_ch
     assert requeued.startswith("had its time slice (2.0 GPU-hours so far)"), requeued
     assert f"to make room for job {short['id']}" in requeued
     logs = [line["message"] for line in client.get(f"/api/jobs/{long}/logs", params={"tail": 5000}).json()]
-    resumed = [int(m.rsplit(" ", 1)[1]) for m in logs if m.startswith("resumed from the checkpoint of step")]
+    resumed = [int(m.rsplit(" ", 1)[1]) for m in logs if "resumed from the checkpoint of step" in m]
     assert len(resumed) == 1 and resumed[0] >= 100, "it checkpointed when stopped, not only every 500 steps"
+    assert f"attempt 2 resumed from the checkpoint of step {resumed[0]}" in logs  # which attempt, said
     assert_metrics_continuous(client, long, 10, 1200)
