@@ -17,6 +17,12 @@ def clock(t: float, now: float) -> str:
     return moment.strftime("%a %d %b %H:%M")
 
 
+def span(seconds: int) -> str:
+    """`1h52m`, `14m`: a duration in whole minutes."""
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
 def gpu_list(indices: Sequence[int]) -> str:
     label = "GPU" if len(indices) == 1 else "GPUs"
     return f"{label} {', '.join(str(i) for i in indices)}"
@@ -68,9 +74,15 @@ def describe(reason: Reason, now: float) -> str:
             group, used, quota = a
             return f"group quota: {group} used {used:,.1f} of its {quota:g} GPU hours in the last 7 days"
         case Wait.LAB_RESERVED:
-            host, indices, group, start, end = a
-            window = f"until {clock(end, now)}" if start <= now else f"from {clock(start, now)} to {clock(end, now)}"
-            return f"{gpu_list(indices)} on {host} reserved for group {group} {window}"
+            host, indices, group, start, end, reservation = a
+            if start <= now:
+                return f"{gpu_list(indices)} on {host} reserved for group {group} until {clock(end, now)}"
+            before = int(start - now) // 60 * 60  # whole minutes: the reason is read a little later
+            hint = f": set time_limit_s ≤ {before} ({span(before)}) to run before it" if before >= 60 else ""
+            return (
+                f"{gpu_list(indices)} on {host} reserved for group {group} from {clock(start, now)} "
+                f"to {clock(end, now)} (reservation {reservation}){hint}"
+            )
         case Wait.BEHIND:
             return f"behind job {a[0]} (strict FIFO)"
         case Wait.RESERVED:

@@ -520,7 +520,8 @@ def _lab_reserved(host: str, indices: tuple[int, ...], kept: LabReservation) -> 
     """The wait for these GPUs of `host`, some of which `kept` keeps (named)."""
     gpus = set(kept.gpus)
     return Reason(
-        Wait.LAB_RESERVED, (host, tuple(i for i in indices if (host, i) in gpus), kept.group, kept.start, kept.end)
+        Wait.LAB_RESERVED,
+        (host, tuple(i for i in indices if (host, i) in gpus), kept.group, kept.start, kept.end, kept.id),
     )
 
 

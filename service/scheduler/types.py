@@ -215,7 +215,7 @@ class Wait(enum.StrEnum):
     USER_LIMIT = "user_limit"  # (user, used, limit)
     GROUP_LIMIT = "group_limit"  # (group, used, limit)
     GROUP_HOURS = "group_hours"  # (group, used hours, quota hours)
-    LAB_RESERVED = "lab_reserved"  # (host, indices, group, start, end)
+    LAB_RESERVED = "lab_reserved"  # (host, indices, group, start, end, reservation id)
     BEHIND = "behind"  # (blocking job id,)
     RESERVED = "reserved"  # (host, indices, for job id, start)
     PREEMPTING = "preempting"  # (host, job ids)

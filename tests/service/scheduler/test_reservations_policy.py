@@ -22,9 +22,16 @@ def with_kept(c, *reservations: LabReservation):
 
 
 def test_before_the_window_only_jobs_sure_to_end_in_time_borrow_the_kept_gpus() -> None:
-    window = kept(NOW + 2 * HOUR, NOW + 6 * HOUR)
+    window = kept(NOW + 2 * HOUR - 30, NOW + 6 * HOUR)
     queued = [job(1, "dave", gpus=2, group="vision")]
-    assert placed(run(queued, with_kept(cluster(2), window), explain=True)) == {}
+    d = run(queued, with_kept(cluster(2), window), explain=True)
+    assert placed(d) == {}
+    said = reasons(d)[1]  # the wait says what would let it run now: a time limit that ends it in time
+    assert said.startswith("GPUs 0, 1 on lab-a reserved for group nlp from "), said
+    assert said.endswith("(reservation 1): set time_limit_s ≤ 7140 (1h59m) to run before it"), said
+    assert placed(run([job(1, "dave", gpus=2, group="vision", limit_s=7140)], with_kept(cluster(2), window))) == {
+        1: ("lab-a", (0, 1))
+    }  # as said
     short = [job(2, "dave", gpus=2, group="vision", limit_s=HOUR)]
     assert placed(run(short, with_kept(cluster(2), window))) == {2: ("lab-a", (0, 1))}
     too_long = [job(3, "dave", gpus=2, group="vision", limit_s=3 * HOUR)]
