@@ -333,6 +333,8 @@ def test_groups_from_the_command_line(
     listed = towerq(member, "reservation", "list").stdout.splitlines()
     assert len(listed) == 2 and "(ACL deadline)" in listed[1]
     reservation_id = listed[1].split()[0]
+    gpus = towerq(member, "gpus").stdout.splitlines()  # a kept GPU is not shown as free to everyone
+    assert sum("reserved for nlp from " in line and f"(reservation {reservation_id})" in line for line in gpus) == 3
     assert towerq(member, "reservation", "delete", reservation_id).returncode == 1  # admins only
     gone = towerq(admin, "reservation", "delete", reservation_id)
     assert gone.returncode == 0 and "everyone's again" in gone.stdout

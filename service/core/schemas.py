@@ -169,6 +169,17 @@ class GpuHolder(BaseModel):
     fraction: float
 
 
+class GpuReservation(BaseModel):
+    """The reservation that keeps a GPU for a group: the one in its window now, else the next."""
+
+    id: int
+    group: str
+    start_at: datetime
+    end_at: datetime
+    now: bool
+    """In its window now: only the group's jobs take the GPU."""
+
+
 class GpuOut(BaseModel):
     host: str
     index: int
@@ -185,6 +196,8 @@ class GpuOut(BaseModel):
     processes: list[dict[str, Any]]
     sandboxed: bool | None = None
     """Whether its host runs trainers in the sandbox (None: the worker did not say)."""
+    reserved: GpuReservation | None = None
+    """Kept for a group now or later: a free GPU is not free to everyone."""
 
 
 class WorkerOut(BaseModel):

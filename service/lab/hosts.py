@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from service.core.db import Database
-from service.core.models import HOLDING_STATES, Allocation, Host, Job, User, utcnow
-from service.core.schemas import GpuHolder, GpuOut, WorkerOut
+from service.core.models import HOLDING_STATES, Allocation, Host, Job, Reservation, User, utcnow
+from service.core.schemas import GpuHolder, GpuOut, GpuReservation, WorkerOut
 from service.executors import Executor
 
 
@@ -66,6 +66,7 @@ def holders_by_gpu(session: Session) -> dict[int, list[GpuHolder]]:
 def list_gpus(session: Session) -> list[GpuOut]:
     hosts = session.scalars(select(Host).options(selectinload(Host.gpus)).order_by(Host.name)).all()
     holders = holders_by_gpu(session)
+    kept = reservations_by_gpu(session)
     out = []
     for host in hosts:
         for gpu in host.gpus:
@@ -88,9 +89,29 @@ def list_gpus(session: Session) -> list[GpuOut]:
                     holders=held,
                     processes=list(gpu.processes or []),
                     sandboxed=sandboxed(host),
+                    reserved=kept.get((host.name, gpu.index)),
                 )
             )
     return out
+
+
+def reservations_by_gpu(session: Session) -> dict[tuple[str, int], GpuReservation]:
+    """For each GPU a reservation keeps, the one in its window now, else the next to start."""
+    now = utcnow()
+    kept: dict[tuple[str, int], GpuReservation] = {}
+    for reservation in session.scalars(
+        select(Reservation).where(Reservation.end_at > now).order_by(Reservation.start_at, Reservation.id)
+    ):
+        said = GpuReservation(
+            id=reservation.id,
+            group=reservation.group,
+            start_at=reservation.start_at,
+            end_at=reservation.end_at,
+            now=reservation.start_at <= now,
+        )
+        for host, index in reservation.gpus:
+            kept.setdefault((str(host), int(index)), said)
+    return kept
 
 
 def sandboxed(host: Host) -> bool | None:

@@ -67,6 +67,11 @@ def test_admins_make_groups_and_reservations_and_members_read_them(
     cells = admin.locator("#reservations tbody tr").first.locator("td").all_inner_texts()
     assert cells[1:3] == ["vision", "lab-a 0, 1"] and cells[4] == "ahead" and cells[5] == "CVPR deadline"
     shot(admin, "groups")
+    admin.goto(f"{url}/#/gpus")  # a kept GPU is not shown as free to everyone
+    admin.wait_for_selector(".reserved[data-reservation]")
+    assert admin.locator(".reserved").count() == 2
+    assert admin.locator(".reserved").first.inner_text().startswith("reserved for vision from ")
+    admin.goto(f"{url}/#/groups")
 
     member = open_page()
     member.goto(f"{url}/?token={member_token}#/groups")

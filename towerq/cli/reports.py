@@ -208,6 +208,8 @@ def run_gpus(args: argparse.Namespace) -> int:
         ]
         memory = f"{gpu['memory_used_mb']}/{gpu['memory_total_mb']} MB"
         holders = ", ".join(f"job {h['job_id']} ({h['user']}, {h['fraction']:g})" for h in gpu["holders"]) or "-"
+        if kept := gpu.get("reserved"):  # a free GPU kept for a group is not free to everyone
+            holders += f"  {views.reservation_text(kept)}"
         flags = f"  [{', '.join(badges)}]" if badges else ""
         host, name = gpu["host"][:14], gpu["name"][:36]
         print(f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {gpu['free_fraction']:>5.2f}  {holders}{flags}")

@@ -34,6 +34,19 @@ def expected_start_text(job: dict[str, Any]) -> str:
     return f"~{clock} on {host}" if host else f"~{clock}"
 
 
+def reservation_text(kept: dict[str, Any]) -> str:
+    """`reserved for nlp until 18:00` (in its window), `reserved for nlp from 06:31 to 10:31`."""
+    start, end = (_local_clock(kept[key]) for key in ("start_at", "end_at"))
+    window = f"until {end}" if kept["now"] else f"from {start} to {end}"
+    return f"reserved for {kept['group']} {window} (reservation {kept['id']})"
+
+
+def _local_clock(at: str) -> str:
+    when = datetime.fromisoformat(at).astimezone()
+    today = when.date() == datetime.now().astimezone().date()
+    return when.strftime("%H:%M") if today else when.strftime("%b %d %H:%M")
+
+
 def expected_end_text(at: str) -> str:
     """`~14:05 (in 12m 30s)`: when a running job's last step is expected, at its pace so far."""
     when = datetime.fromisoformat(at).astimezone()

@@ -96,8 +96,9 @@ function memoryOf(gpu) {
 }
 
 function holdersOf(gpu) {
-  if (!gpu.holders.length) return el("span", { class: "muted" }, "free");
-  return gpu.holders.map((h) =>
+  const kept = gpu.reserved ? reservationOf(gpu.reserved) : "";
+  if (!gpu.holders.length) return kept || el("span", { class: "muted" }, "free");
+  const held = gpu.holders.map((h) =>
     el(
       "div",
       {},
@@ -107,6 +108,15 @@ function holdersOf(gpu) {
       el("span", { class: "muted" }, ` ${h.job_name}`),
     ),
   );
+  return kept ? [...held, kept] : held;
+}
+
+// A GPU kept for a group is not free to everyone: in its window only the group's jobs take
+// it, before it only jobs sure to end in time.
+function reservationOf(r) {
+  const clock = (at) => new Date(at).toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit" });
+  const window = r.now ? `until ${clock(r.end_at)}` : `from ${clock(r.start_at)} to ${clock(r.end_at)}`;
+  return el("div", { class: "reserved", dataset: { reservation: r.id } }, `reserved for ${r.group} ${window}`);
 }
 
 function drainButton(gpu, { refresh, problem }) {

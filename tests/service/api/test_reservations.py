@@ -91,6 +91,9 @@ def test_a_pass_keeps_the_window_for_the_group_and_says_so_to_others(
     admin.delete(f"/api/reservations/{made['id']}")
     every = admin.post("/api/reservations", json={"group": "nlp", "gpus": 4, "host": "lab-a", **window(0, 2)})
     assert [h["job_id"] for h in every.json()["held_past_start"]] == [borrower]
+    kept = {g["index"]: g["reserved"] for g in alice.get("/api/gpus").json() if g["host"] == "lab-a"}
+    assert all(k is not None and (k["group"], k["id"], k["now"]) == ("nlp", every.json()["id"], True)
+               for k in kept.values()), kept  # fmt: skip
 
     theirs = erin.post("/api/jobs", json={**SPEC, "gpu_count": 2}).json()["id"]
     waiting = alice.post("/api/jobs", json={**SPEC, "gpu_count": 2}).json()["id"]
