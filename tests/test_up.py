@@ -145,7 +145,8 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
     # The second start keeps the database and does not make another admin token.
     again = Up(tmp_path, port, free_port())
     try:
-        again.wait_for_line(r"log in with your token; the admin token was saved in", 120)
+        relogin = again.wait_for_line(r"log in:\s+(http://\S+/#token=(\S+))", 120)  # the saved token, again
+        assert relogin.group(2) == token
         assert client.get(f"/api/jobs/{job_id}").json()["state"] == "succeeded"
         assert again.ctrl_c() == 0
         assert processes_in_session(again.process.pid) == []
@@ -156,7 +157,7 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
     # Killed outright, `towerq up` still takes every process it started with it.
     killed = Up(tmp_path, port, free_port())
     try:
-        killed.wait_for_line(r"log in with your token", 120)
+        killed.wait_for_line(r"log in:", 120)
         os.kill(killed.process.pid, signal.SIGKILL)
         killed.process.wait()
         wait_for(lambda: not processes_in_session(killed.process.pid), 90, "towerq up's children to die with it")

@@ -175,9 +175,7 @@ class Supervisor:
                 f"  {token}",
             ]
         else:
-            lines.append(
-                f"  log in with your token; the admin token was saved in {self.settings.var_dir / 'admin-token'}"
-            )
+            lines += self._saved_login(url, healthy)
         lines += [
             f"  GPUs: {gpus}",
             f"  database: {redacted(self.settings.database_url)}",
@@ -186,6 +184,28 @@ class Supervisor:
             "",
         ]
         print("\n".join(lines), flush=True)
+
+    def _saved_login(self, url: str, healthy: bool) -> list[str]:
+        """A later start's login link: the admin token the first start saved, unless the API
+        refuses it (revoked) or the file is gone."""
+        path = self.settings.var_dir / "admin-token"
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            token = ""
+        if not token:
+            return [f"  log in with your token; the admin token saved in {path} is not there"]
+        if healthy:
+            try:
+                refused = httpx.get(f"{url}/api/me", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+            except httpx.HTTPError:
+                refused = None
+            if refused is not None and refused.status_code == 401:
+                return [
+                    f"  log in with your token; the admin token saved in {path} no longer works: "
+                    "make one with `towerq token create --user NAME --admin`"
+                ]
+        return [f"  log in:  {url}/#token={token}", f"  (the admin token saved in {path})"]
 
     def _wait_healthy(self, url: str, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
