@@ -14,6 +14,7 @@ from service.core.db import Database
 from service.core.models import Job, Metric
 from tests.stack import Stack, wait_for
 from tests.web.conftest import shot
+from towerq.contract.paths import job_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -97,9 +98,13 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     page.click("#cancel")
     page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000)
     assert page.locator("#cancel").count() == 0  # an ended job offers no cancel
+    page.wait_for_selector('dd[data-field="Cancelled"]')  # said plainly, not as an error in red
+    assert page.locator('dd[data-field="Cancelled"]').inner_text() == "cancelled by alice"
+    assert page.locator('dd[data-field="Error"]').count() == 0
     # Its artifacts are links, not server paths: the stop's checkpoint, the whole log.
     page.wait_for_selector('#artifacts a:text("checkpoints/checkpoint")')
     assert page.locator("#download-model").count() == 0  # no model.keras: it did not finish
+    assert "TensorBoard at home" in page.locator("#artifacts").inner_text()  # it wrote TensorBoard events
     with page.expect_download() as download:
         page.click("#download-log")
     assert "attempt 1" in Path(download.value.path()).read_text()
@@ -220,8 +225,15 @@ def test_clone_compare_keyboard_and_phone(
     assert page.locator("tbody tr").first.get_attribute("data-job") == str(second)  # newest first
     assert "waiting" in page.locator(f'tr[data-job="{first}"] td.why').inner_text()
 
-    # Clone opens the form filled with the job's spec.
+    # A job whose folder holds no TensorBoard events is offered no TensorBoard command.
+    folder = job_folder(stack.settings.artifacts_dir, first)
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("no events here\n")
     page.goto(f"{url}/#/jobs/{first}")
+    page.wait_for_selector('#artifacts a:text("notes.txt")')
+    assert "TensorBoard" not in page.locator("#artifacts").inner_text()
+
+    # Clone opens the form filled with the job's spec.
     page.click("#clone")
     page.wait_for_selector("#submit")
     assert field(page, "hyperparameters.learning_rate").input_value() == "0.05"

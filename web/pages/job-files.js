@@ -42,14 +42,13 @@ export function artifactsOf(job, listing) {
   }
   const base = `api/jobs/${job.id}`;
   const has = (path) => listing.items.some((item) => item.path === path);
+  const boards = listing.items.some((item) => item.path.startsWith("tensorboard/"));
   const link = (href, text, attrs = {}) => el("a", { href, download: "", ...attrs }, text);
   const quick = [
     has("model.keras") ? link(`${base}/artifacts/model.keras`, "model.keras", { id: "download-model" }) : null,
     link(`${base}/artifacts.tar.gz`, `everything (.tar.gz, ${bytes(listing.total_bytes)})`, { id: "download-all" }),
     link(`${base}/logs.txt`, "the whole log", { id: "download-log" }),
-    listing.items.some((item) => item.path.startsWith("tensorboard/"))
-      ? link(`${base}/artifacts/tensorboard`, "TensorBoard events (.tar.gz)")
-      : null,
+    boards ? link(`${base}/artifacts/tensorboard`, "TensorBoard events (.tar.gz)") : null,
   ].filter(Boolean);
   const columns = [
     {
@@ -64,12 +63,15 @@ export function artifactsOf(job, listing) {
   return [
     title,
     el("p", { class: "links" }, "Download: ", ...quick.flatMap((a, i) => (i ? [" · ", a] : [a]))),
-    el(
-      "p",
-      { class: "muted" },
-      "TensorBoard at home: ",
-      el("code", {}, `towerq download ${job.id} tensorboard && tensorboard --logdir job-${job.id}-tensorboard`),
-    ),
+    // Offered only where there are events to look at (a job that failed early wrote none).
+    boards
+      ? el(
+          "p",
+          { class: "muted", id: "tensorboard-hint" },
+          "TensorBoard at home: ",
+          el("code", {}, `towerq download ${job.id} tensorboard && tensorboard --logdir job-${job.id}-tensorboard`),
+        )
+      : null,
     el("div", { class: "scroll" }, dataTable(columns, shown, { caption: "Files" }).table),
     more > 0
       ? el("p", { class: "muted" }, `and ${more}${listing.truncated ? "+" : ""} more files: download everything to see them all.`)

@@ -288,7 +288,9 @@ function summaryOf(job) {
     pairs.splice(1, 0, ["Waiting", job.reason]);
     if (job.expected_start_at) pairs.splice(2, 0, ["Expected start", expectedStart(job)]);
   }
-  if (job.error) pairs.splice(1, 0, ["Error", el("span", { class: "error" }, job.error)]);
+  // A failure in red; a cancel is someone's choice, said plainly (its reason is the "error").
+  if (job.error && job.state === "cancelled") pairs.splice(1, 0, ["Cancelled", job.error]);
+  else if (job.error) pairs.splice(1, 0, ["Error", el("span", { class: "error" }, job.error)]);
   return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { field: k } }, v)]);
 }
 
