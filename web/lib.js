@@ -16,7 +16,15 @@ export async function api(path, { method = "GET", body, headers = {}, etag } = {
     init.headers["Content-Type"] = "application/json";
   }
   if (etag) init.headers["If-None-Match"] = etag;
-  const response = await fetch(path, init);
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch {
+    throw new UnreachableError(); // no answer at all: the service stopped, or the network is down
+  }
+  if ([502, 503, 504].includes(response.status) && !response.headers.get("content-type")?.includes("json")) {
+    throw new UnreachableError(); // a proxy in front of towerq says it does not answer
+  }
   if (response.status === 304) return { notModified: true };
   const text = await response.text();
   const data = text ? JSON.parse(text) : null;
@@ -145,9 +153,18 @@ export function stream(path, handlers) {
 
 // What went wrong, shown to the person: in `problem` (an element that shows it until the
 // next success empties it) when given, else as a toast. Nothing fails silently.
+// towerq did not answer: what the page shows may be out of date (a job "running" may have
+// stopped with the service), so say so rather than what failed to load.
+export class UnreachableError extends Error {
+  constructor() {
+    super("towerq does not answer (the service stopped, or the network is down): what you see may be out of date; retrying");
+    this.name = "UnreachableError";
+  }
+}
+
 export function reportError(what, problem) {
   return (error) => {
-    const message = `${what} failed: ${error.message || error}`;
+    const message = error instanceof UnreachableError ? error.message : `${what} failed: ${error.message || error}`;
     if (problem) problem.textContent = message;
     else toast(message);
     console.warn(message);

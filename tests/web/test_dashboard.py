@@ -297,7 +297,7 @@ def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(
 ) -> None:
     url = stack.start_api()
     add_host("lab-a", 2)
-    page = open_page()
+    page = open_page(unreachable_ok=True)
     page.goto(f"{url}/?token={make_token('alice')}#/gpus")
     page.wait_for_selector('[data-host="lab-a"]')
     assert page.locator(".problem").inner_text() == ""
@@ -306,6 +306,9 @@ def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(
     page.goto(f"{url}/?token={make_token('alice')}#/gpus")
     page.wait_for_selector('[data-host="lab-a"]')
     assert page.locator(".problem").inner_text() == ""
+    stack.stop("api")  # the service stops (Ctrl+C) under the open page: said as such, not "Failed to fetch"
+    page.wait_for_selector(".problem:has-text('towerq does not answer')", timeout=15_000)
+    assert "Failed to fetch" not in page.locator(".problem").inner_text()
 
 
 def test_an_admin_drains_a_gpu_from_its_card_and_others_get_no_button(
