@@ -28,6 +28,20 @@ export function metricsOverview(id, split, range = null) {
   return api(query);
 }
 
+// A tick's label for small or spread values (a learning rate, a loss on a log scale): three
+// significant digits without trailing zeros ("0.0005", not "0.000500"; "0", not "0.00"), and
+// powers of ten past four decimals ("1e-5"), where the default said "0".
+export function tickText(v) {
+  if (v === null || v === undefined) return "";
+  if (v === 0) return "0";
+  const size = Math.abs(v);
+  if (size >= 1e-4 && size < 1e6) return String(Number(v.toPrecision(3)));
+  return v
+    .toExponential(2)
+    .replace(/\.?0+e/, "e")
+    .replace("e+", "e");
+}
+
 // A line chart over steps: `lines` = [{ label, color, points? }]; `data` = [steps, ...columns].
 // `onZoom({ min, max })` hears of a drag across the chart, `onReset()` of the double-click undoing it.
 export function lineChart(holder, { width, height, yLabel, lines, log = false, precise = false, onZoom, onReset }, data) {
@@ -35,7 +49,7 @@ export function lineChart(holder, { width, height, yLabel, lines, log = false, p
     width,
     height,
     scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
-    axes: [{ label: "step" }, { label: yLabel, size: 72, values: precise ? (_u, ticks) => ticks.map((v) => v.toPrecision(3)) : undefined }],
+    axes: [{ label: "step" }, { label: yLabel, size: 72, values: precise || log ? (_u, ticks) => ticks.map(tickText) : undefined }],
     series: [
       { label: "step" },
       ...lines.map((l) => ({ label: l.label, stroke: l.color, width: 1.5, spanGaps: true, points: { show: !!l.points } })),

@@ -225,6 +225,10 @@ def test_clone_compare_keyboard_and_phone(
     assert page.locator("tbody tr").first.get_attribute("data-job") == str(second)  # newest first
     assert "waiting" in page.locator(f'tr[data-job="{first}"] td.why').inner_text()
 
+    # Axis labels of small values (a learning rate, a log-scale loss) read as numbers.
+    ticks = page.evaluate("import('./charts.js').then(m => [0, 0.0005, 0.0001, 0.00001, 0.25].map(m.tickText))")
+    assert ticks == ["0", "0.0005", "0.0001", "1e-5", "0.25"]
+
     # A job whose folder holds no TensorBoard events is offered no TensorBoard command.
     folder = job_folder(stack.settings.artifacts_dir, first)
     folder.mkdir(parents=True)

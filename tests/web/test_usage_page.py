@@ -143,3 +143,25 @@ def test_admins_replay_the_labs_history_under_other_settings(
     assert "3 × 1 GPUs" in page.locator("table.what-if thead").inner_text()
     assert page.locator("table.what-if-users tbody tr").count() == 3
     shot(page, "usage-what-if")
+
+
+def test_a_new_labs_usage_is_not_squeezed_into_the_end_of_the_day(
+    stack: Stack,
+    db: Database,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    """A lab whose first job ran 20 minutes ago: its charts begin shortly before that, not
+    24 hours back with everything in their last pixels."""
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    now = datetime.now(UTC)
+    first = now - timedelta(minutes=20)
+    add_run(db, "alice", "lab-a", [0], first, first, first + timedelta(minutes=10))
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('alice')}#/usage")
+    page.wait_for_selector("#chart-gpus-per-user .uplot")
+    begins = int(page.locator("#chart-gpus-per-user").get_attribute("data-from") or 0)
+    assert first.timestamp() - 600 <= begins <= first.timestamp(), (begins, first.timestamp())
+    assert float(page.locator("#chart-gpus-per-user").get_attribute("data-peak") or 0) > 0.5

@@ -100,11 +100,26 @@ export async function render(main, params) {
 
 const seconds = (iso) => new Date(iso).getTime() / 1000;
 
+// Where the charts begin: the window's start, or, in a lab whose first GPU was taken (or
+// first job waited) inside the window (a new lab), a little before that, so its hour of use is not squeezed into the
+// last pixels of 24 h.
+function shownFrom(timeline) {
+  const from = seconds(timeline.since);
+  const to = Math.min(seconds(timeline.until), seconds(timeline.now));
+  const starts = [
+    ...timeline.allocations.map((a) => seconds(a.start)),
+    ...timeline.queue.filter((q) => q.queued > 0).map((q) => seconds(q.time)),
+  ];
+  if (!starts.length) return from;
+  const first = Math.min(...starts);
+  return first <= from ? from : Math.max(from, first - Math.max(60, 0.05 * (to - first)));
+}
+
 // GPUs held per user (or group: `keyOf`) in each of POINTS buckets, stacked. A bucket's value is the GPU-seconds
 // held in it over its length (the average GPUs held), so a job shorter than a bucket still
 // shows, as a part of a GPU. The scale is the lab: 0 to its GPUs.
 function stackedChart(figure, timeline, users, keyOf, color, width) {
-  const from = seconds(timeline.since);
+  const from = shownFrom(timeline);
   const to = Math.min(seconds(timeline.until), seconds(timeline.now));
   const step = Math.max(1e-9, (to - from) / POINTS);
   const times = Array.from({ length: POINTS }, (_, i) => from + step * i);
@@ -148,6 +163,7 @@ function stackedChart(figure, timeline, users, keyOf, color, width) {
   figure.dataset.users = users.join(",");
   figure.dataset.scale = String(Math.max(1, timeline.gpus, Math.ceil(peak)));
   figure.dataset.peak = peak.toFixed(3);
+  figure.dataset.from = String(Math.round(from));
   figure.querySelector(".uplot")?.remove();
   return new uPlot(options, [times, ...order.map((i) => stacks[i])], figure);
 }
@@ -160,10 +176,12 @@ function waitUnit(longest) {
 }
 
 function queueChart(figure, timeline, width) {
-  const times = timeline.queue.map((q) => seconds(q.time));
-  const waits = timeline.queue.map((q) => q.median_wait_s).filter((w) => w !== null);
+  const from = shownFrom(timeline);
+  const shown = timeline.queue.filter((q) => seconds(q.time) >= from);
+  const times = shown.map((q) => seconds(q.time));
+  const waits = shown.map((q) => q.median_wait_s).filter((w) => w !== null);
   const unit = waitUnit(Math.max(0, ...waits));
-  const most = Math.max(0, ...timeline.queue.map((q) => q.queued));
+  const most = Math.max(0, ...shown.map((q) => q.queued));
   const longest = Math.max(0, ...waits) / unit.per;
   const options = {
     width,
@@ -184,11 +202,7 @@ function queueChart(figure, timeline, width) {
       { label: `median wait (${unit.name})`, stroke: COLORS[1], scale: "wait", width: 0, points: { show: true, size: 5 } },
     ],
   };
-  const data = [
-    times,
-    timeline.queue.map((q) => q.queued),
-    timeline.queue.map((q) => (q.median_wait_s === null ? null : q.median_wait_s / unit.per)),
-  ];
+  const data = [times, shown.map((q) => q.queued), shown.map((q) => (q.median_wait_s === null ? null : q.median_wait_s / unit.per))];
   figure.dataset.most = String(most);
   figure.dataset.unit = unit.name;
   figure.querySelector(".uplot")?.remove();
@@ -197,7 +211,7 @@ function queueChart(figure, timeline, width) {
 
 // One row per GPU; each allocation a bar from its start to its end (or now), a link to its job.
 function drawGantt(box, timeline, color) {
-  const from = seconds(timeline.since);
+  const from = shownFrom(timeline);
   const to = seconds(timeline.until);
   const now = seconds(timeline.now);
   const rows = new Map();
@@ -218,7 +232,7 @@ function drawGantt(box, timeline, color) {
     el(
       "div",
       { class: "gantt-scale" },
-      el("span", {}, new Date(timeline.since).toLocaleString()),
+      el("span", {}, new Date(from * 1000).toLocaleString()),
       el("span", {}, new Date(timeline.until).toLocaleString()),
     ),
   );
