@@ -207,6 +207,10 @@ def add_simulate(commands: Any) -> None:
     simulate.add_argument(
         "--export", type=Path, default=None, metavar="CSV", help="with --from-db: write the trace there, replay nothing"
     )
+    simulate.add_argument(
+        "-o", "--output", dest="output_format", choices=("table", "json"), default=None,
+        help="with --from-db: table (default, as the What-if page) or json; a --trace replay prints JSON",
+    )  # fmt: skip
     simulate.add_argument("--hosts", type=int, default=None, help="required with --trace")
     simulate.add_argument("--gpus-per-host", type=int, default=None, help="required with --trace")
     simulate.add_argument("--policy", default=None, choices=["fifo", "fit-first", "towerq"], help="default towerq")
@@ -341,5 +345,51 @@ def _simulate_from_db(args: argparse.Namespace) -> int:
             result = what_if(session, settings, since, until, {k: v for k, v in changes.items() if v is not None})
     finally:
         db.dispose()
-    print(json.dumps(result, default=str))
+    if args.output_format == "json":
+        print(json.dumps(result, default=str))
+    else:
+        print("\n".join(what_if_table(result)))
     return 0
+
+
+WHAT_IF_ROWS = (
+    ("avg_jct_s", "avg job completion"),
+    ("p95_jct_s", "p95 job completion"),
+    ("avg_wait_s", "avg wait"),
+    ("p95_wait_s", "p95 wait"),
+    ("max_wait_s", "max wait"),
+    ("utilization", "GPUs busy"),
+)
+
+
+def what_if_table(result: dict[str, Any]) -> list[str]:
+    """`towerq simulate --from-db` as the What-if page shows it: the lab as it is beside the
+    options given, their ratio, and each user's p95 wait."""
+    from towerq.cli.views import duration_text
+
+    now, other = result["now"], result["what_if"]
+
+    def setup(replay: dict[str, Any]) -> str:
+        s = replay["setup"]
+        slicing = f"slice {s['time_slice_gpu_s'] / 3600:g} GPU-h" if s["time_slice_gpu_s"] else "no slicing"
+        return f"{s['hosts']} x {s['gpus_per_host']} GPUs, {s['policy']}, {slicing}"
+
+    def figure(key: str, value: float) -> str:
+        return f"{100 * value:.1f}%" if key == "utilization" else duration_text(value)
+
+    left = f"; {result['never_ran']} that never held a GPU left out" if result["never_ran"] else ""
+    lines = [
+        f"{result['jobs']} jobs, {now['gpu_hours']:.1f} GPU-hours of work{left}",
+        f"  as now:  {setup(now)}",
+        f"  what if: {setup(other)}",
+        "",
+        f"{'':<20} {'AS NOW':>12} {'WHAT IF':>12} {'RATIO':>7}",
+    ]
+    for key, label in WHAT_IF_ROWS:
+        ratio = f"{other[key] / now[key]:.2f}x" if now[key] else "-"
+        lines.append(f"{label:<20} {figure(key, now[key]):>12} {figure(key, other[key]):>12} {ratio:>7}")
+    lines += ["", f"{'USER':<20} {'GPU-HOURS':>12} {'P95 WAIT NOW':>14} {'WHAT IF':>12}"]
+    for user, row in sorted(now["per_user"].items(), key=lambda item: -item[1]["gpu_hours"]):
+        waits = duration_text(row["p95_wait_s"]), duration_text(other["per_user"].get(user, {}).get("p95_wait_s", 0.0))
+        lines.append(f"{user[:20]:<20} {row['gpu_hours']:>12.1f} {waits[0]:>14} {waits[1]:>12}")
+    return lines

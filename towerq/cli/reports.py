@@ -113,15 +113,6 @@ def when_from(text: str, option: str) -> str:
     return (moment if moment.tzinfo else moment.astimezone()).isoformat()
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def run_usage(args: argparse.Namespace) -> int:
     until = when_from(args.until, "--until") if args.until else None
     answer = Api(args).client.usage(when_from(args.since, "--since"), until, args.by)
@@ -132,7 +123,7 @@ def run_usage(args: argparse.Namespace) -> int:
     for row in answer["rows"]:
         print(
             f"{row['key'][:16]:<16} {row['gpu_hours']:>10.2f} {row['jobs']:>6} {row['started']:>8} "
-            f"{_duration(row['median_wait_s']):>9} {_duration(row['p95_wait_s']):>9}"
+            f"{views.duration_text(row['median_wait_s']):>9} {views.duration_text(row['p95_wait_s']):>9}"
         )
     total = sum(row["gpu_hours"] for row in answer["rows"])
     print(f"{'total':<16} {total:>10.2f}")
@@ -187,7 +178,7 @@ def dry_run_line(answer: dict[str, Any]) -> str:
 def _age(iso: str) -> str:
     from datetime import UTC, datetime
 
-    return _duration(max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
+    return views.duration_text(max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
 
 
 def run_gpus(args: argparse.Namespace) -> int:

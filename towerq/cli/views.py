@@ -47,6 +47,16 @@ def _local_clock(at: str) -> str:
     return when.strftime("%H:%M") if today else when.strftime("%b %d %H:%M")
 
 
+def duration_text(seconds: float | None) -> str:
+    """`1h05m`, `4m30s`; `-` for none."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def expected_end_text(at: str) -> str:
     """`~14:05 (in 12m 30s)`: when a running job's last step is expected, at its pace so far."""
     when = datetime.fromisoformat(at).astimezone()

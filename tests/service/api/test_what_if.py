@@ -67,10 +67,20 @@ def test_towerq_simulate_from_db_replays_and_exports_the_labs_jobs(
     three_hour_long_jobs_on_one_gpu(db)
     env = {**os.environ, "TOWERQ_DATABASE_URL": settings.database_url}
     command = [sys.executable, "-m", "service.cli", "simulate", "--from-db", "--since", "1d"]
-    out = subprocess.run([*command, "--gpus-per-host", "3"], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([*command, "--gpus-per-host", "3", "-o", "json"], capture_output=True, text=True, env=env,
+                         timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
     assert body["now"]["max_wait_s"] == 7200.0 and body["what_if"]["max_wait_s"] == 0.0
+    # For people, the What-if page's table: the lab as now beside the options given, per user too.
+    table = subprocess.run([*command, "--gpus-per-host", "3"], capture_output=True, text=True, env=env, timeout=120)
+    lines = table.stdout.splitlines()
+    assert lines[0] == "3 jobs, 3.0 GPU-hours of work", table.stdout
+    assert lines[1] == "  as now:  1 x 1 GPUs, towerq, slice 1 GPU-h" and lines[2].startswith("  what if: 1 x 3 GPUs")
+    max_wait = next(line for line in lines if line.startswith("max wait")).split()
+    assert max_wait == ["max", "wait", "2h00m", "0m00s", "0.00x"]
+    users = lines[lines.index(next(line for line in lines if line.startswith("USER"))) + 1 :]
+    assert {line.split()[0] for line in users} == {"alice", "bob", "carol"}
     trace = tmp_path / "lab.csv"
     exported = subprocess.run([*command, "--export", str(trace)], capture_output=True, text=True, env=env, timeout=120)
     assert exported.returncode == 0 and "3 jobs written" in exported.stdout, exported.stderr
