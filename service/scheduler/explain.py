@@ -45,7 +45,12 @@ def _held(holders: Sequence[int], start: float, now: float) -> str:
 
 
 def describe(reason: Reason, now: float) -> str:
-    """The sentence for `reason`."""
+    """The sentence for `reason`, and for the blocker beside it (`Reason.also`)."""
+    said = _describe_one(reason, now)
+    return f"{said}; and {_describe_one(reason.also, now)}" if reason.also is not None else said
+
+
+def _describe_one(reason: Reason, now: float) -> str:
     a = reason.args
     match reason.kind:
         case Wait.GPUS_BUSY:

@@ -478,8 +478,13 @@ class _Pass:
     def _explain_no_fit(self, job: QueuedJob) -> Reason:
         if self.free.kept:
             reserved = self._kept_from(job)
-            if reserved is not None:
-                return reserved
+            if reserved is not None:  # free GPUs a reservation keeps; and where it could go instead
+                other = self._busy_elsewhere(job)
+                return reserved if other.kind == Wait.LAB_RESERVED else replace(reserved, also=other)
+        return self._busy_elsewhere(job)
+
+    def _busy_elsewhere(self, job: QueuedJob) -> Reason:
+        """Why `job` waits on the GPUs it could have soonest, reservations honoured."""
         found = self.free.earliest(job, self.now)
         if found is None:
             return Reason(Wait.NO_FIT, (job.gpus, job.fraction, INFINITY))

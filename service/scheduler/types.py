@@ -226,6 +226,9 @@ class Wait(enum.StrEnum):
 class Reason:
     kind: Wait
     args: tuple[Any, ...] = ()
+    also: Reason | None = None
+    """A second blocker that matters as much: a job kept from free GPUs by a reservation
+    that would otherwise wait for another host's busy GPUs says both."""
 
 
 @dataclass(slots=True)

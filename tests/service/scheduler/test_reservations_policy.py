@@ -79,3 +79,15 @@ def test_expected_starts_honour_the_window() -> None:
     found = forecast(queued, c, FairShare(), NOW, PolicyConfig())
     assert found[2].start == NOW  # its own GPUs, now
     assert found[1].start >= NOW + 5 * HOUR  # nobody else's until the window is over
+
+
+def test_a_wait_names_every_blocker_that_matters() -> None:
+    """lab-a's GPUs are free but kept for nlp now, lab-b's held by a job: the reason said only
+    the reservation, as if the job would start when it ends."""
+    window = kept(NOW - HOUR, NOW + 2 * HOUR)
+    busy = [running(9, "lab-b", (0, 1), limit_s=HOUR, started=NOW - HOUR / 2)]
+    d = run([job(1, "dave", gpus=2, group="vision")], with_kept(cluster(2, 2, running=busy), window), explain=True)
+    assert placed(d) == {}
+    said = reasons(d)[1]
+    assert said.startswith("GPUs 0, 1 on lab-a reserved for group nlp until "), said
+    assert "; and waiting for 2 free GPUs on lab-b (job 9, ends ~" in said, said
