@@ -167,3 +167,18 @@ def test_counts_and_gpus_are_said_in_the_singular_when_there_is_one() -> None:
     assert sweeps_table([{**sweep, "name": "lr"}])[-1] == "(1 sweep)"
     assert sweeps_table([{**sweep, "name": "a"}, {**sweep, "name": "b"}])[-1] == "(2 sweeps)"
     assert (gpu_list(["0"]), gpu_list(["0", "1"])) == ("GPU 0", "GPUs 0,1")
+
+
+def test_no_line_of_towerq_show_ends_in_spaces() -> None:
+    """`towerq show` printed 'succeeded ' (its history's state padded for a message it lacked)."""
+    from towerq.cli.views import job_page
+
+    job = {
+        "id": 7, "name": "mlp", "state": "succeeded", "reason": None, "user": "alice", "priority": "normal",
+        "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 1, "total_steps": 100, "step": 100,
+        "latest": {"loss": 0.1}, "attempts": 1, "crashes": 0, "max_attempts": 3,
+        "events": [{"time": "2026-11-27T10:00:00+00:00", "state": "succeeded", "message": None}],
+    }  # fmt: skip
+    lines = job_page(job)
+    assert any(line.endswith("  succeeded") for line in lines), lines  # the history's line
+    assert not [line for line in lines if line != line.rstrip()], lines

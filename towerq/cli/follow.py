@@ -73,7 +73,7 @@ class ProgressLine:
             parts.append(f"{speed:,.0f} ex/s")
         if self.pace_s and total and step < total and job["state"] == "running":
             parts.append(f"ETA {_clock((total - step) * self.pace_s)}")
-        return "  ".join(parts)
+        return "  ".join(parts).rstrip()
 
     def _note_pace(self, step: int) -> None:
         now = time.monotonic()

@@ -158,7 +158,7 @@ def job_page(job: dict[str, Any]) -> list[str]:
         lines.append("  history")
         for event in events[-10:]:
             message = f"  {one_line(event['message'])}" if event.get("message") else ""
-            lines.append(f"    {_clock(event['time'])}  {event['state']:<10}{message}")
+            lines.append(f"    {_clock(event['time'])}  {event['state']:<10}{message}".rstrip())
         if len(events) > 10:
             lines.append(f"    ({len(events) - 10} earlier; -o json for all)")
     return lines
