@@ -45,12 +45,15 @@ class Cli:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_")}
         self.env = {**env, "HOME": str(home), "XDG_CONFIG_HOME": str(xdg), "PYTHONPATH": str(REPO)}
 
-    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "service.cli", *args]
-        return subprocess.run(command, capture_output=True, text=True, env=self.env, input=stdin, timeout=240)
+        environment = {**self.env, **(env or {})}
+        return subprocess.run(command, capture_output=True, text=True, env=environment, input=stdin, timeout=240)
 
-    def json(self, *args: str, stdin: str | None = None, code: int = 0) -> object:
-        done = self(*args, "-o", "json", stdin=stdin)
+    def json(self, *args: str, stdin: str | None = None, code: int = 0, env: dict[str, str] | None = None) -> object:
+        done = self(*args, "-o", "json", stdin=stdin, env=env)
         assert done.returncode == code, (args, done.stdout, done.stderr)
         return json.loads(done.stdout)
 
@@ -109,10 +112,12 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
         ("show",): [job],
         ("logs",): [job],
         ("sweep",): ["show", sweep_id],
+        ("simulate",): ["--from-db", "--since", "1d"],  # on the database's machine, an admin's
     }
+    database = {"TOWERQ_DATABASE_URL": stack.settings.database_url}
     for command in commands_with_json(parser()):
         stdin = json.dumps(short) if command == ("submit",) else None
-        cli.json(*command, *arguments.get(command, []), stdin=stdin)
+        cli.json(*command, *arguments.get(command, []), stdin=stdin, env=database if command == ("simulate",) else None)
     sweep_spec = json.dumps({**body, "name": "again"})
     assert isinstance(cli.json("sweep", "-", stdin=sweep_spec), dict)  # the other form of `sweep`
 

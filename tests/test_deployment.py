@@ -561,7 +561,7 @@ def test_a_non_editable_wheel_serves_the_dashboard_migrates_and_runs_a_job(tmp_p
     up = Up(workdir, port, free_port(), command=[towerq, "up", "--port", str(port)], pythonpath=False, base_env=env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
     try:
-        up.wait_for_line(r"log in with your token; the admin token was saved in", 120)
+        up.wait_for_line(rf"log in:\s+http://\S+/#token={token}", 120)  # the bootstrap's saved token
         page = client.get("/")
         assert page.status_code == 200 and '<script type="module" src="app.js">' in page.text
         assert client.get("/pages/job.js").status_code == 200

@@ -34,7 +34,7 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 def test_the_expected_end_holds_within_a_quarter_of_what_was_left(stack: Stack, make_token: Callable[..., str]) -> None:
     stack.start_api()
     stack.start_scheduler()
-    stack.start_worker("lab-a", 1)
+    stack.start_worker("lab-a", 1, trainer_nice=0)  # the estimate is tested, not how a niced trainer starves
     client = stack.client(make_token("alice"))
     wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
     job_id = client.post("/api/jobs", json=SPEC).json()["id"]
@@ -61,6 +61,7 @@ def test_the_expected_end_holds_within_a_quarter_of_what_was_left(stack: Stack, 
     print(f"expected end off by {median:.0%} of what was left (median; worst {worst:.0%}); old: {old_median:.0%}")
     # The median, not the worst: on a machine whose other work takes the CPU in bursts (the
     # suite's other tests), the job's own pace changes, and no estimate can follow it. Alone
-    # the worst look was 13-23 % off; beside two CPU-bound processes, 29-40 %.
+    # the worst look was 13-23 % off; beside two CPU-bound processes, 21-25 % (median 6-14 %);
+    # with the trainer at its default niceness there, 29-40 % (it starves in bursts).
     assert median <= 0.25, [(step, round(e, 2)) for (_, step, _, _), e in zip(seen, errors, strict=True)]
     assert old_median > 0.5, "the old ETA was as good here: this job does not show the difference"

@@ -9,6 +9,7 @@ whose database is another's refuses to start and says what to do."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +21,8 @@ from service.core.db import Database
 from service.core.keys import LAB_OWNER
 from service.core.models import Lab
 from service.core.settings import redacted
+
+log = logging.getLogger(__name__)
 
 
 class KeyspaceError(RuntimeError):
@@ -50,13 +53,18 @@ def owner(url: str) -> str | None:
 
 def claim(url: str, mine: str) -> None:
     """Claim the Redis server at `url` for the service `mine`, or raise KeyspaceError when
-    another has it. The claim is the server's, whatever database number `url` names: pub/sub
+    another has it (a Redis that does not answer is not checked: the next process to start
+    claims it). The claim is the server's, whatever database number `url` names: pub/sub
     channels (`towerq:job:<id>`, `towerq:jobs`) are not per database, so two services on
     two numbers of one server would still hear each other. A claim lost with a flush is
     made again by the next process that starts."""
-    with _server(url) as server:
-        server.set(LAB_OWNER, mine, nx=True)
-        found = server.get(LAB_OWNER)
+    try:
+        with _server(url) as server:
+            server.set(LAB_OWNER, mine, nx=True)
+            found = server.get(LAB_OWNER)
+    except (redis.ConnectionError, redis.TimeoutError) as err:  # the API serves without Redis; claimed later
+        log.warning("could not claim Redis at %s for this service (%s): not checked now", redacted(url), err)
+        return
     theirs = found.decode() if isinstance(found, bytes) else found
     if theirs is not None and theirs != mine:
         raise KeyspaceError(
