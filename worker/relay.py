@@ -216,10 +216,8 @@ class MetricSink:
         fade, while the evaluations and checkpoints it repeats still count."""
         now = datetime.now(UTC)
         self.paces.note(step, now)
-        pace = self.paces.pace()
-        self.latest.update(
-            pace_s=pace, step_at=now
-        )  # None at an attempt's first point: an earlier pace no longer holds
+        # None at an attempt's first point: an earlier attempt's pace no longer holds
+        self.latest.update(pace_s=self.paces.pace(), step_at=now)
 
     def _note_latest(self, point: dict[str, Any], step_time_s: float | None) -> None:
         if point["split"] == "eval":

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 from sqlalchemy import select
@@ -83,6 +84,11 @@ class Supervisor:
             self._stop_all()
         return 0
 
+    @property
+    def token_file(self) -> Path:
+        """Where the first start saves the admin token it makes."""
+        return self.settings.var_dir / "admin-token"
+
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
 
@@ -121,8 +127,7 @@ class Supervisor:
             db.dispose()
         if secret is None:
             return None
-        path = self.settings.var_dir / "admin-token"
-        write_secret(path, secret)
+        write_secret(self.token_file, secret)
         return secret
 
     def _start(self, child: Child) -> None:
@@ -171,7 +176,7 @@ class Supervisor:
         if token:
             lines += [
                 f"  log in:  {url}/#token={token}",
-                f"  admin token (shown once; also saved in {self.settings.var_dir / 'admin-token'}):",
+                f"  admin token (shown once; also saved in {self.token_file}):",
                 f"  {token}",
             ]
         else:
@@ -188,7 +193,7 @@ class Supervisor:
     def _saved_login(self, url: str, healthy: bool) -> list[str]:
         """A later start's login link: the admin token the first start saved, unless the API
         refuses it (revoked) or the file is gone."""
-        path = self.settings.var_dir / "admin-token"
+        path = self.token_file
         try:
             token = path.read_text().strip()
         except OSError:

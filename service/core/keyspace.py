@@ -47,8 +47,7 @@ def identity(db: Database) -> str:
 def owner(url: str) -> str | None:
     """The identity of the service whose keys the Redis server at `url` holds, if one claimed it."""
     with _server(url) as server:
-        found = server.get(LAB_OWNER)
-    return found.decode() if isinstance(found, bytes) else found
+        return _text(server.get(LAB_OWNER))
 
 
 def claim(url: str, mine: str) -> None:
@@ -61,11 +60,10 @@ def claim(url: str, mine: str) -> None:
     try:
         with _server(url) as server:
             server.set(LAB_OWNER, mine, nx=True)
-            found = server.get(LAB_OWNER)
+            theirs = _text(server.get(LAB_OWNER))
     except (redis.ConnectionError, redis.TimeoutError) as err:  # the API serves without Redis; claimed later
         log.warning("could not claim Redis at %s for this service (%s): not checked now", redacted(url), err)
         return
-    theirs = found.decode() if isinstance(found, bytes) else found
     if theirs is not None and theirs != mine:
         raise KeyspaceError(
             f"Redis at {redacted(url)} holds the keys of another towerq service (lab {theirs[:8]}; this one, "
@@ -73,6 +71,10 @@ def claim(url: str, mine: str) -> None:
             "jobs and messages, whatever database number each names. Give this service a Redis server of its "
             "own (TOWERQ_REDIS_URL)"
         )
+
+
+def _text(found: object) -> str | None:
+    return found.decode() if isinstance(found, bytes) else None if found is None else str(found)
 
 
 def _server(url: str) -> redis.Redis:

@@ -320,9 +320,10 @@ class Job(Base):
     eval_custom_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     """The same at the latest evaluation."""
     pace_s: Mapped[float | None] = mapped_column(Float, default=None)
-    """Wall-clock seconds per step of the current attempt since its first train point, with
-    its evaluations, checkpoints and pauses: what its expected end is told from (the
-    trainer's `step_time_s` counts training alone, and an ETA from it was 3-4x too soon)."""
+    """Wall-clock seconds per step of the current attempt over the later half of the steps it
+    trained (`worker.relay.Pace`), with its evaluations, checkpoints and pauses: what its
+    expected end is told from (the trainer's `step_time_s` counts training alone, and an ETA
+    from it was 3-4x too soon)."""
     step_at: Mapped[datetime | None] = mapped_column(default=None)
     """When its worker received the latest train point."""
 

@@ -80,7 +80,7 @@ def check_startable(session: Session, caller: Caller, spec: JobSpec, settings: S
     """Refuse a job no state of the lab could ever start (it would wait for ever): one that
     needs more GPUs at once than its owner's GPU limit or its group's quota allows. Run
     after its group is resolved."""
-    gpus = spec.gpu_count or len(spec.gpus or ()) or 1
+    gpus = spec.gpu_count or 1  # the spec made it len(gpus) when it names GPUs
     need = gpus * spec.gpu_memory_fraction
     asked = gpu_words(gpus) + (f" × {spec.gpu_memory_fraction:g}" if spec.gpu_memory_fraction < 1 else "")
     own = session.scalar(select(User.gpu_limit).where(User.id == caller.user_id))

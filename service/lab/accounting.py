@@ -24,8 +24,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.lifecycle import host_of_running
-from service.core.models import Allocation, Gpu, Group, GroupMember, Host, Job, JobEvent, JobState, User
+from service.core.models import Allocation, Gpu, Group, Host, Job, JobEvent, JobState, User
 from service.core.schemas import FairShareGroupOut, FairShareUserOut
+from service.lab.groups import default_groups
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.snapshot import live_inputs
 from service.scheduler.usage import gpu_hours_within
@@ -220,23 +221,6 @@ def fair_share_report(
             )
         )
     return users, groups
-
-
-def default_groups(session: Session) -> dict[str, str]:
-    """Each member's group for a job that names none (`service.lab.groups.resolve_group`):
-    their default group, else their only one; members of several with no default have none."""
-    rows = session.execute(
-        select(User.name, Group.name, GroupMember.is_default)
-        .join(GroupMember, GroupMember.user_id == User.id)
-        .join(Group, Group.id == GroupMember.group_id)
-    ).all()
-    chosen: dict[str, str] = {}
-    groups: dict[str, list[str]] = defaultdict(list)
-    for user, group, is_default in rows:
-        groups[user].append(group)
-        if is_default:
-            chosen[user] = group
-    return {**{user: names[0] for user, names in groups.items() if len(names) == 1}, **chosen}
 
 
 @dataclass

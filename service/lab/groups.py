@@ -9,6 +9,8 @@ group; the scheduler ranks groups by their shares first, then the users of each 
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, selectinload
 
@@ -29,15 +31,27 @@ def resolve_group(session: Session, caller: Caller, named: str | None) -> str | 
         if not caller.is_admin and not any(m.user_id == caller.user_id for m in group.members):
             raise SpecError("group", f"you are not a member of {named!r}; an admin adds you with towerq group add")
         return named
-    mine = session.execute(
-        select(Group.name, GroupMember.is_default)
-        .join(GroupMember, GroupMember.group_id == Group.id)
-        .where(GroupMember.user_id == caller.user_id)
-    ).all()
-    defaults = [name for name, is_default in mine if is_default]
-    if defaults:
-        return defaults[0]
-    return mine[0][0] if len(mine) == 1 else None
+    return default_groups(session, caller.user_id).get(caller.name)
+
+
+def default_groups(session: Session, user_id: int | None = None) -> dict[str, str]:
+    """The group of a job that names none, by user name (of `user_id` alone, when given):
+    their default group, else their only one; a member of several with no default has none."""
+    query = (
+        select(User.name, Group.name, GroupMember.is_default)
+        .join(GroupMember, GroupMember.user_id == User.id)
+        .join(Group, Group.id == GroupMember.group_id)
+        .order_by(Group.name)
+    )
+    if user_id is not None:
+        query = query.where(User.id == user_id)
+    chosen: dict[str, str] = {}
+    groups: dict[str, list[str]] = defaultdict(list)
+    for user, group, is_default in session.execute(query):
+        groups[user].append(group)
+        if is_default:
+            chosen.setdefault(user, group)
+    return {**{user: names[0] for user, names in groups.items() if len(names) == 1}, **chosen}
 
 
 def get_group(session: Session, name: str) -> Group:

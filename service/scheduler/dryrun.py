@@ -63,7 +63,7 @@ def estimate(
         CANDIDATE,
         user,
         PRIORITY_RANK[spec.priority.value],
-        spec.gpu_count or len(spec.gpus or ()) or 1,
+        spec.gpu_count or 1,  # the spec made it len(gpus) when it names GPUs
         spec.gpu_memory_fraction,
         t,
         host=host,

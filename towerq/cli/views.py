@@ -26,10 +26,7 @@ def steps(job: dict[str, Any]) -> str:
 
 def expected_start_text(job: dict[str, Any]) -> str:
     """`~14:05 on lab-a` (local time; with the date when not today), from the scheduler's replay."""
-    when = datetime.fromisoformat(job["expected_start_at"]).astimezone()
-    clock = (
-        when.strftime("%H:%M") if when.date() == datetime.now().astimezone().date() else when.strftime("%b %d %H:%M")
-    )
+    clock = _local_clock(job["expected_start_at"])
     host = job.get("expected_host")
     return f"~{clock} on {host}" if host else f"~{clock}"
 
@@ -42,6 +39,7 @@ def reservation_text(kept: dict[str, Any]) -> str:
 
 
 def _local_clock(at: str) -> str:
+    """`14:05` in local time; with the date when it is not today."""
     when = datetime.fromisoformat(at).astimezone()
     today = when.date() == datetime.now().astimezone().date()
     return when.strftime("%H:%M") if today else when.strftime("%b %d %H:%M")
@@ -59,13 +57,10 @@ def duration_text(seconds: float | None) -> str:
 
 def expected_end_text(at: str) -> str:
     """`~14:05 (in 12m 30s)`: when a running job's last step is expected, at its pace so far."""
-    when = datetime.fromisoformat(at).astimezone()
-    now = datetime.now().astimezone()
-    clock = when.strftime("%H:%M") if when.date() == now.date() else when.strftime("%b %d %H:%M")
-    left = max(0, int((when - now).total_seconds()))
+    left = max(0, int((datetime.fromisoformat(at).astimezone() - datetime.now().astimezone()).total_seconds()))
     hours, rest = divmod(left, 3600)
     span = f"{hours}h {rest // 60:02d}m" if hours else f"{rest // 60}m {rest % 60:02d}s"
-    return f"~{clock} (in {span})"
+    return f"~{_local_clock(at)} (in {span})"
 
 
 def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
