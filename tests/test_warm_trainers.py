@@ -1,23 +1,21 @@
 """Warm trainers (worker/pool.py), through real processes: a job takes the trainer the
 pool started before it was submitted, sees only its own GPUs, is served once and never
 again, and the pool warms the next one, with and without the sandbox; in the sandbox a warm
-trainer's user code sees what a cold one's sees (its folder at /job, nothing else), and a
-job with a code bundle starts cold; `TOWERQ_TRAINER_POOL=0` starts none; a warm trainer
+trainer's user code sees what a cold one's sees (its folder at /job, its code bundle at
+/code, nothing else), a job with a code bundle starts warm too; `TOWERQ_TRAINER_POOL=0` starts none; a warm trainer
 that died is replaced; stopping the worker leaves no trainer behind."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
-import zipfile
 from collections.abc import Callable
 
 import httpx
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, wait_for
+from tests.stack import Stack, upload_code, wait_for
 from towerq.contract.paths import MODEL_FILE, job_folder
 from worker.launch import Launch
 from worker.pool import TrainerPool
@@ -97,7 +95,8 @@ def test_a_job_takes_the_warm_trainer_once_and_the_pool_warms_the_next(
     wait_for(lambda: ready(client) == 1, 120, "the next warm trainer", 0.3)
     after = warm_pids(worker)
     assert len(after) == 1 and not after.keys() & before.keys(), (before, after)  # a new process, never the same one
-    assert len(list((settings.artifacts_dir / ".warm").glob("*"))) == (sandbox == "bwrap")  # the next one's folder
+    # the next one's folders (its own, seen at /job, and its code folder, at /code)
+    assert len(list((settings.artifacts_dir / ".warm").glob("*"))) == 2 * (sandbox == "bwrap")
 
     stack.stop("worker-lab-a")
     gone = [*after, *after.values()]
@@ -156,35 +155,68 @@ def test_in_the_sandbox_a_warm_trainer_sees_what_a_cold_one_sees(
     client.close()
 
 
-def test_in_the_sandbox_a_job_with_its_own_code_starts_cold(
+MINE = """
+import os
+
+import keras
+
+from lab.parts import head
+
+
+def build(params):
+    print("CODE AT", __file__)
+    try:
+        open("/code/planted.py", "w")
+        print("CODE WRITABLE")
+    except OSError as err:
+        print("CODE READ ONLY", type(err).__name__)
+    return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(), head(params)])
+"""
+PARTS = """
+import keras
+
+
+def head(params):
+    return keras.layers.Dense(params["num_classes"])
+"""
+
+
+def test_in_the_sandbox_a_job_with_its_own_code_starts_warm_and_sees_it_as_a_cold_one_does(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
+    """A code bundle is shown at /code, read only, to a warm trainer (filled when the job
+    takes it) as to a cold one; the warm one's code folder goes when its attempt ends."""
     client = start(stack, make_token(), sandbox="bwrap")
     worker = stack.processes["worker-lab-a"].pid
-    wait_for(lambda: ready(client) == 1, 120, "a warm trainer", 0.3)
-    before = warm_pids(worker)
-    bundle = io.BytesIO()
-    with zipfile.ZipFile(bundle, "w") as archive:
-        archive.writestr(
-            "mine.py",
-            "import keras\n\ndef build(params):\n    print('USER CODE RAN')\n"
-            "    return keras.Sequential([keras.Input(params['input_shape']), keras.layers.Flatten(),"
-            " keras.layers.Dense(params['num_classes'])])\n",
-        )
-    uploaded = client.post("/api/code", files={"file": ("code.zip", bundle.getvalue(), "application/zip")})
-    assert uploaded.status_code == 201, uploaded.text
-    spec = {**JOB, "model": "mine:build", "code": uploaded.json()["id"]}
-    job = finished(client, client.post("/api/jobs", json=spec).json()["id"])
-    log = client.get(f"/api/jobs/{job['id']}/logs.txt").text
-    assert "USER CODE RAN" in log and "runs in a new trainer (cold start)" in log, log[-3000:]
-    assert warm_pids(worker) == before, "the warm trainer was used for a job its sandbox cannot show the code of"
+    bundle = upload_code(client, {"mine.py": MINE, "lab/__init__.py": "", "lab/parts.py": PARTS})
+    spec = {**JOB, "model": "mine:build", "code": bundle}
+    seen = {}
+    for how in ("warm", "cold"):
+        if how == "warm":
+            wait_for(lambda: ready(client) == 1, 120, "a warm trainer", 0.3)
+            before = warm_pids(worker)
+        else:
+            stack.stop("worker-lab-a")
+            stack.start_worker("lab-a", 2, heartbeat_interval_s=0.3, sandbox="bwrap", trainer_pool=0)
+        job = finished(client, client.post("/api/jobs", json=spec).json()["id"])
+        log = client.get(f"/api/jobs/{job['id']}/logs.txt").text
+        if how == "warm":
+            ((started_as,),) = [before.values()]
+            assert f"runs in a warm trainer from the pool, pid {started_as}" in log, log[-3000:]
+            wait_for(lambda: ready(client) == 1, 120, "the next warm trainer", 0.3)
+            left = sorted(path.name.endswith(".code") for path in (settings.artifacts_dir / ".warm").iterdir())
+            assert left == [False, True], left  # the next trainer's two folders, not the taken one's code
+        else:
+            assert "runs in a new trainer (cold start)" in log, log[-3000:]
+        seen[how] = sorted(line.split("CODE ", 1)[1] for line in log.splitlines() if "CODE " in line)
+    assert seen["warm"] == seen["cold"] == ["AT /code/mine.py", "READ ONLY OSError"], seen
     client.close()
 
 
 def test_in_the_sandbox_only_jobs_with_every_jobs_view_take_a_warm_trainer(settings: Settings) -> None:
     """A sandboxed warm trainer's view is fixed before its job is known: a job that needs
-    more shown (its code bundle, an upload, GPU device nodes) or resumes in its own folder
-    starts cold."""
+    more shown (an upload, GPU device nodes) or resumes in its own folder starts cold; a code
+    bundle is shown at /code, which a warm trainer has."""
     pool = TrainerPool(settings, "lab-a", 1, sandboxed=True, simulated=True)
     upload = settings.data_dir / "users" / "alice" / "mine"
     upload.mkdir(parents=True)
@@ -194,7 +226,7 @@ def test_in_the_sandbox_only_jobs_with_every_jobs_view_take_a_warm_trainer(setti
 
     fresh = settings.artifacts_dir / "job-1"
     assert pool.fits(launch(), fresh)
-    assert not pool.fits(launch(code="a" * 64), fresh)
+    assert pool.fits(launch(code="a" * 64), fresh)  # shown at /code when taken
     assert not pool.fits(launch(dataset="npz:users/alice/mine/data.npz"), fresh)
     assert not pool.fits(launch(simulated=False), fresh)
     fresh.mkdir(parents=True)

@@ -153,7 +153,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
         artifacts_dir=str(sandbox.JOB_PATH if sandboxed else artifacts),
         data_dir=str(settings.data_dir.resolve()),
         models_path=str(settings.models_path.resolve()),
-        code_path=str(bundle_root(settings.code_dir, launch.spec["code"])) if launch.spec.get("code") else None,
+        code_path=str(code) if (code := code_seen(launch, settings, sandboxed)) else None,
         simulated=launch.simulated,
         num_devices=len(launch.indices),
         gpu_memory_fraction=launch.fraction,
@@ -308,14 +308,20 @@ def seen_path(path: Path, sandboxed: bool) -> Path:
 
 def sandbox_extras(launch: Launch, settings: Settings) -> tuple[list[Path], Path | None]:
     """What the job's sandbox shows beyond every job's view: its uploaded dataset folders
-    and its code bundle's folder."""
+    and its code bundle's files (seen at `sandbox.CODE_PATH`)."""
     options = launch.spec.get("dataset_options") or {}
     asked = [str(launch.spec.get("dataset", "")).partition(":")[2], options.get("test_path") or ""]
+    return sandbox.dataset_folders(settings.data_dir, [path for path in asked if path]), code_seen(launch, settings)
+
+
+def code_seen(launch: Launch, settings: Settings, sandboxed: bool = False) -> Path | None:
+    """Where the job's code bundle is, as its process sees it: `sandbox.CODE_PATH` in the
+    sandbox (for every job the same, so a warm trainer can take any bundle, `worker.pool`),
+    else its folder under `TOWERQ_CODE_DIR`. None for a job without one."""
     code = launch.spec.get("code")
-    return (
-        sandbox.dataset_folders(settings.data_dir, [path for path in asked if path]),
-        bundle_root(settings.code_dir, code).parent if code else None,
-    )
+    if not code:
+        return None
+    return sandbox.CODE_PATH if sandboxed else bundle_root(settings.code_dir, code)
 
 
 def start_trainer(

@@ -47,12 +47,11 @@ from typing import Any
 
 from service.core.models import RankAddress
 from service.core.settings import Settings
-from towerq.contract.paths import bundle_root
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch, size_words
-from worker.launch import in_sandbox, start_trainer, trainer_user
+from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
 from worker.outcome import Stop
 from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
 from worker.trainer import tunnel
@@ -240,9 +239,9 @@ class NotebookRunner(ProgramRunner):
         env = program_environment(
             launch, settings, sandbox.JOB_PATH if self.sandboxed else self.artifacts, self.sandboxed
         )
-        if launch.spec.get("code"):
-            code = str(bundle_root(settings.code_dir, launch.spec["code"]))
-            env["TOWERQ_CODE_DIR"] = env["PYTHONPATH"] = code
+        code = code_seen(launch, settings, self.sandboxed)
+        if code is not None:
+            env["TOWERQ_CODE_DIR"] = env["PYTHONPATH"] = str(code)
         command = jupyter_command(settings, launch.job_id, seen_home, seen_session)
         if self.sandboxed:
             binds = [(home, HOME_PATH), (folder, SESSION_PATH)]

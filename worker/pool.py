@@ -13,10 +13,14 @@ In the sandbox (`worker.sandbox`) a trainer's view is fixed when bwrap starts it
 warm trainer's job is known. Every sandboxed trainer sees its job folder at `/job`, so a
 warm one is started with a folder of its own (`<artifacts>/.warm/<host>-<id>`) shown there,
 and the folder is renamed to the job's when a job takes it: the trainer, its working folder
-and its paths are the same as a cold start's. Only a trainer that is ready is taken (until
-bwrap has set up its view, its folder must not move), and only by a job whose view is
-every job's: no code bundle or uploaded dataset to show, no GPU device nodes (real GPUs),
-and no folder yet (a retry resumes in its own); the others start cold.
+and its paths are the same as a cold start's. A job's code bundle is seen at `/code`
+(`sandbox.CODE_PATH`) by every sandboxed job, so a warm trainer is started with an empty
+folder of its own shown there, read only, which the worker fills with the bundle's files
+when a job with one takes it (a bind shows what is added to its folder later), before the
+trainer reads its spec. Only a trainer that is ready is taken (until bwrap has set up its
+view, its folders must not move), and only by a job whose view it can show: no uploaded
+dataset, no GPU device nodes (real GPUs), no network, no input folders, and no folder yet
+(a retry resumes in its own); the others start cold.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from worker import sandbox
 from worker.launch import (
     REPO_ROOT,
     Launch,
+    code_seen,
     protected_paths,
     sandbox_extras,
     seen_path,
@@ -53,6 +58,8 @@ REFILL_AFTER_S = 15.0
 """Warm the next trainer this long after a take even if the job has not reported training."""
 WARM_LINE = b'"event": "warm"'
 SLOTS = ".warm"
+CODE_SLOT = ".code"
+"""A warm trainer's code folder is its slot's name with this added."""
 
 
 @dataclass
@@ -60,6 +67,9 @@ class WarmTrainer:
     process: subprocess.Popen[bytes]
     slot: Path | None
     """In the sandbox: its folder (seen as `/job`), which becomes the job's."""
+    code: Path | None = None
+    """In the sandbox: the folder it sees at `/code`, read only, filled with the job's code
+    bundle when it is taken; removed when its attempt ends (`TrainerPool.release`)."""
     ready: bool = False
     """It has loaded TensorFlow and waits for its job."""
 
@@ -122,6 +132,7 @@ class TrainerPool:
             for dead in (t for t in self.warm if t not in alive):
                 end(dead.process)
                 self._remove_slot(dead.slot)
+                self._remove_slot(dead.code)
             alive.sort(key=lambda t: not t.ready)  # one that is ready first
             self.warm = alive
             # In the sandbox only a ready one: until bwrap has set up its view, the folder it
@@ -132,10 +143,26 @@ class TrainerPool:
             trainer = usable[0]
             self.warm = [t for t in alive if t is not trainer]
             self.taken_at = time.monotonic()
+        bundle = code_seen(launch, self.settings)
+        if trainer.code is not None and bundle is not None:
+            try:
+                fill_code(bundle, trainer.code)
+            except OSError as err:
+                log.warning(
+                    "could not show job %s its code in a warm trainer (%s): starting one cold", launch.job_id, err
+                )
+                end(trainer.process)
+                self._remove_slot(trainer.slot)
+                self.release(trainer)
+                return None
         if trainer.slot is not None:
             folder.parent.mkdir(parents=True, exist_ok=True)
             trainer.slot.rename(folder)
         return trainer
+
+    def release(self, trainer: WarmTrainer) -> None:
+        """A taken trainer's attempt is over: its code folder goes (its slot is the job's folder)."""
+        self._remove_slot(trainer.code)
 
     def refill(self) -> None:
         """The job that took a warm trainer is training (or over): warm the next one now."""
@@ -146,9 +173,9 @@ class TrainerPool:
         """Whether this job may take a warm trainer (in the sandbox: its view is every job's)."""
         if not self.sandboxed:
             return True
-        datasets, code = sandbox_extras(launch, self.settings)
+        datasets, _ = sandbox_extras(launch, self.settings)  # a code bundle is shown at /code when taken
         network = bool(launch.spec.get("network"))
-        plain = not datasets and code is None and not network and not launch.inputs
+        plain = not datasets and not network and not launch.inputs
         return launch.simulated and plain and not folder.exists()
 
     # -- the pool's thread ----------------------------------------------------------------
@@ -197,10 +224,12 @@ class TrainerPool:
 
     def _spawn(self) -> WarmTrainer:
         command = [sys.executable, "-m", "worker.trainer", "--warm", str(self.settings.trainer_nice)]
-        slot = None
+        slot = code = None
         if self.sandboxed:
             slot = self.slots / f"{self.prefix}{uuid.uuid4().hex[:12]}"
             slot.mkdir(parents=True)
+            code = slot.with_name(slot.name + CODE_SLOT)
+            code.mkdir(mode=0o755)  # the worker's: the trainer only reads it
             identity = trainer_user(self.settings)
             sandbox.hand_over(slot, identity)
             command = sandbox.bwrap_command(
@@ -210,7 +239,7 @@ class TrainerPool:
                 models_path=self.settings.models_path,
                 data_dir=self.settings.data_dir,
                 datasets=[],
-                code_path=None,
+                code_path=code,
                 devices=[],
                 identity=identity,
                 protected=protected_paths(self.settings),
@@ -225,7 +254,7 @@ class TrainerPool:
             cwd=slot or self.settings.artifacts_dir.resolve().parent,
             start_new_session=True,
         )
-        return WarmTrainer(process, slot)
+        return WarmTrainer(process, slot, code)
 
     def _clear_slots(self) -> None:
         if self.slots.is_dir():
@@ -236,6 +265,25 @@ class TrainerPool:
     def _remove_slot(slot: Path | None) -> None:
         if slot is not None:
             shutil.rmtree(slot, ignore_errors=True)
+
+
+def fill_code(bundle: Path, folder: Path) -> None:
+    """Put a code bundle's files (`bundle`, towerq's own unpacked copy: no links in it) into
+    a warm trainer's empty code folder, as hard links where the two share a filesystem (a
+    bundle's files are read only), else as copies. Links are never followed, nor made."""
+    for root, folders, files in os.walk(bundle):
+        target = folder / Path(root).relative_to(bundle)
+        for name in folders:
+            (target / name).mkdir(mode=0o755)
+        for name in files:
+            source = Path(root) / name
+            if source.is_symlink():
+                continue
+            try:
+                os.link(source, target / name, follow_symlinks=False)
+            except OSError:
+                shutil.copyfile(source, target / name, follow_symlinks=False)
+                (target / name).chmod(0o644)
 
 
 def _read_line(fd: int) -> bytes:

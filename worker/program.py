@@ -34,12 +34,11 @@ from typing import Any
 
 from service.core.settings import Settings
 from towerq.contract import events
-from towerq.contract.paths import bundle_root
 from worker import gang, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import GpuState
-from worker.launch import Launch, in_sandbox, input_paths, start_trainer, trainer_environment, trainer_user
+from worker.launch import Launch, code_seen, in_sandbox, input_paths, start_trainer, trainer_environment, trainer_user
 from worker.outcome import Stop
 from worker.relay import program_metrics_log
 
@@ -132,12 +131,14 @@ def program_command(launch: Launch, settings: Settings, job_folder: Path, sandbo
     if not sandboxed:
         return command
     network = bool(launch.spec.get("network"))
-    return in_sandbox(command, launch, settings, job_folder, network, workdir=program_workdir(settings, launch))
+    return in_sandbox(command, launch, settings, job_folder, network, workdir=program_workdir(settings, launch, True))
 
 
-def program_workdir(settings: Settings, launch: Launch) -> Path:
+def program_workdir(settings: Settings, launch: Launch, sandboxed: bool) -> Path:
     """Where the program starts: its code bundle's folder (`python train.py` finds it)."""
-    return bundle_root(settings.code_dir, launch.spec["code"])
+    workdir = code_seen(launch, settings, sandboxed)
+    assert workdir is not None, "a command job has a code bundle"
+    return workdir
 
 
 def over_share(gpus: list[GpuState], launch: Launch, pids: set[int], reserved_mb: int) -> str | None:
@@ -182,7 +183,7 @@ class ProgramRunner(AttemptRunner):
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
         env = program_environment(launch, settings, seen, self.sandboxed)
         command = program_command(launch, settings, self.artifacts, self.sandboxed)
-        cwd = self.artifacts if self.sandboxed else program_workdir(settings, launch)
+        cwd = self.artifacts if self.sandboxed else program_workdir(settings, launch, False)
         # outside the sandbox nothing else ends a program whose worker died (bwrap does inside)
         death = None if self.sandboxed else die_with_parent
         how = f"the command {shlex.join(launch.spec['command'])[:500]}"

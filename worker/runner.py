@@ -20,7 +20,7 @@ from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import Inventory
 from worker.launch import Launch, start_trainer, trainer_command, trainer_environment, write_trainer_spec
-from worker.pool import TrainerPool, hand_over
+from worker.pool import TrainerPool, WarmTrainer, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants
 
@@ -42,12 +42,15 @@ class JobRunner(AttemptRunner):
         warm the next one."""
         self.started_once = False
         """A valid `started` line came: later ones are the trainer's word only, and ignored."""
+        self.warm: WarmTrainer | None = None
+        """The warm trainer this attempt took, if it took one."""
 
     def _prepare(self) -> Starter:
         settings = self.ctx.settings
         env = trainer_environment(self.launch.indices, settings.trainer_env_pass)
         # a rank sets up its cluster before any TensorFlow op: never a warm trainer
         warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None and self.launch.ranks < 2 else None
+        self.warm = warm
         try:
             spec_path = write_trainer_spec(self.launch, settings, self.artifacts, self.sandboxed)
         except Exception:
@@ -107,3 +110,5 @@ class JobRunner(AttemptRunner):
 
     def _after(self) -> None:
         self._refill()
+        if self.warm is not None and self.pool is not None:
+            self.pool.release(self.warm)

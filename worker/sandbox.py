@@ -6,7 +6,8 @@ in namespaces of its own that show only what the job needs:
 - read-only: the system (`/usr`, `/etc`, ...), the Python installation the worker runs on
   (its prefixes and its import path), towerq's `worker` package and the job-spec contract
   (`towerq.contract`),
-  `TOWERQ_MODELS_PATH`, the job's own code bundle, and `TOWERQ_DATA_DIR` with every user's
+  `TOWERQ_MODELS_PATH`, the job's own code bundle (at `/code`, `CODE_PATH`, the same path
+  for every job, so a warm trainer can take a job with a bundle), and `TOWERQ_DATA_DIR` with every user's
   uploads (`users/`) hidden but the dataset folders the job asked for. Nothing that holds
   towerq's own state is ever bound whole (the folder `towerq up` ran in, with its `var/`):
   the folder the worker started in, and any path entry above `TOWERQ_VAR_DIR`, the
@@ -81,9 +82,11 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 NVIDIA_SHARED_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 SANDBOX_KINDS = ("auto", "bwrap", "none")
 JOB_PATH = Path("/job")
+"""Where a sandboxed trainer sees its job folder."""
 RANKS_PATH = Path("/ranks")
 """A rank of a job over several hosts: where it sees its worker's control socket (`worker.trainer.tunnel`)."""
-"""Where a sandboxed trainer sees its job folder."""
+CODE_PATH = Path("/code")
+"""Where a job's code bundle is seen, read only (a command job's working folder)."""
 
 
 class SandboxError(RuntimeError):
@@ -282,7 +285,7 @@ def bwrap_command(
         for folder in datasets:  # ... but the job's own
             args += ["--ro-bind", str(folder), str(folder)]
     if code_path is not None:
-        args += ["--ro-bind", str(code_path), str(code_path)]
+        args += ["--ro-bind", str(code_path), str(CODE_PATH)]
     for folder, seen in inputs:  # the folders of the jobs it waited for, read-only
         args += ["--ro-bind", str(folder.resolve()), str(seen)]
     if gate is not None:  # a rank's way to the other ranks: its worker's control socket, read-only
