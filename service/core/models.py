@@ -343,9 +343,7 @@ class Job(Base):
     @property
     def expected_end_at(self) -> datetime | None:
         """A running job: when its last step will be trained at its pace so far."""
-        if self.state != JobState.RUNNING or self.pace_s is None or self.step is None or self.step_at is None:
-            return None
-        return self.step_at + timedelta(seconds=max(0, self.total_steps - self.step) * self.pace_s)
+        return expected_end_at(self.state, self.step, self.step_at, self.pace_s, self.total_steps)
 
     @property
     def reason(self) -> str | None:
@@ -496,3 +494,14 @@ class JobEvent(Base):
     state: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer)
     message: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+def expected_end_at(
+    state: str, step: int | None, step_at: datetime | None, pace_s: float | None, total_steps: int
+) -> datetime | None:
+    """A running job's ETA: when its last step will be trained at its pace so far (the
+    worker's measure, `worker.relay.Pace`); None for a job not running or not yet measured.
+    The scheduler's expected starts take running jobs to end then (`scheduler.capacity`)."""
+    if state != JobState.RUNNING or pace_s is None or step is None or step_at is None:
+        return None
+    return step_at + timedelta(seconds=max(0, total_steps - step) * pace_s)

@@ -47,9 +47,12 @@ def expected_end(running: RunningJob, now: float) -> float:
 
 def likely_end(running: RunningJob, now: float) -> float:
     """When a running job will most likely end, for expected starts (`expected_end` is
-    cautious, a 90th percentile, as lending held GPUs must be): its owner's median run time,
-    or once it has outlived that, as long again as it has run so far; never past its time
-    limit. With no median known, `expected_end`."""
+    cautious, a 90th percentile, as lending held GPUs must be): when its pace is measured,
+    its own ETA (the end its page shows, so the job waiting for it says the same); else its
+    owner's median run time, or once it has outlived that, as long again as it has run so
+    far; never past its time limit. With neither known, `expected_end`."""
+    if running.measured_end is not None:
+        return min(max(running.measured_end, now), running.end)
     if running.typical_s is None:
         return expected_end(running, now)
     typical = running.started + running.typical_s

@@ -22,6 +22,7 @@ from service.core.models import (
     Reservation,
     Sweep,
     User,
+    expected_end_at,
     utcnow,
 )
 from service.scheduler.history import RunTimes
@@ -149,6 +150,11 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.preempt_requested_at,
             Job.group,
             Job.spec,
+            Job.state,
+            Job.step,
+            Job.step_at,
+            Job.pace_s,
+            Job.total_steps,
         )
         .join(Gpu, Allocation.gpu_id == Gpu.id)
         .join(Host, Allocation.host_id == Host.id)
@@ -180,6 +186,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
                 stoppable=stoppable(r.spec),
+                measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
     whole: dict[int, float] = defaultdict(float)
     for part, running in by_job.items():
@@ -189,6 +196,10 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
         if whole[running.id] != running.gpu_load:  # a job over several hosts
             running.job_gpu_load = whole[running.id]
     return list(by_job.values())
+
+
+def _timestamp(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
 
 
 def read_fair_share(

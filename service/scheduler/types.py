@@ -46,6 +46,9 @@ class QueuedJob:
     promise); None when unknown."""
     typical_s: float | None = None
     """Its owner's median run time lately; None when unknown."""
+    measured_end: float | None = None
+    """When its last step will be trained at the pace the worker measured so far (the job's
+    `expected_end_at`, its ETA); None until there is one."""
     served_gpu_s: float = 0.0
     """GPU-seconds its earlier attempts ran (0 for a job that never ran)."""
     group: str | None = None
@@ -84,6 +87,9 @@ class RunningJob:
     """A likely run time from the owner's recent jobs; None when unknown."""
     typical_s: float | None = None
     """Its owner's median run time lately; None when unknown."""
+    measured_end: float | None = None
+    """When its last step will be trained at the pace the worker measured so far (the job's
+    `expected_end_at`, its ETA); None until there is one."""
     served_gpu_s: float = 0.0
     """GPU-seconds its earlier attempts ran (not counting this one)."""
     group: str | None = None

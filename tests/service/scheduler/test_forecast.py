@@ -62,6 +62,20 @@ def test_running_jobs_are_taken_to_end_at_their_owners_median_not_the_cautious_9
     assert forecast([job(1)], cluster(1, running=outlived), FairShare(), NOW, PolicyConfig())[1].start == NOW + 1000
 
 
+def test_a_running_job_with_a_measured_pace_is_taken_to_end_at_its_eta() -> None:
+    """The waiting job's expected start is the running job's ETA (what its page shows), not a
+    guess from its owner's runs or its age, never past its limit, never in the past."""
+    for kw, start in (
+        ({}, NOW + 90),
+        ({"typical_s": 600.0, "estimate_s": 3600.0}, NOW + 90),
+        ({"limit_s": 100.0}, NOW + 50),
+    ):
+        busy = [running(100, "lab-a", (0,), measured_end=NOW + 90, **kw)]
+        assert forecast([job(1)], cluster(1, running=busy), FairShare(), NOW, PolicyConfig())[1].start == start, kw
+    late = [running(100, "lab-a", (0,), measured_end=NOW - 5)]  # its last step is due: any moment now
+    assert forecast([job(1)], cluster(1, running=late), FairShare(), NOW, PolicyConfig())[1].start == NOW
+
+
 def test_a_job_the_replay_starts_runs_for_its_owners_median_at_most_its_limit() -> None:
     queued = [job(1, typical_s=600.0, estimate_s=3600.0), job(2, typical_s=600.0, limit_s=120.0), job(3)]
     found = forecast(

@@ -446,6 +446,27 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     assert job_row(ctx, third).expected_start_at is not None
 
 
+def test_a_waiting_jobs_expected_start_is_the_running_jobs_eta(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """Once the worker has measured a running job's pace, the job behind it expects to start
+    when that job's page says it ends, not at a guess from its age (issue 49: the estimate
+    jumped from ~05:02 to ~04:32 in a minute)."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    first = submit_job(ctx, alice, hyperparameters={"steps": 1000})
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.write() as session:
+        job = session.get(Job, first)
+        assert job is not None
+        job.state, job.step, job.step_at, job.pace_s = JobState.RUNNING, 100, utcnow(), 0.5  # 450 s to go
+    second = submit_job(ctx, alice)
+    LiveScheduler(ctx).run_pass()
+    ends, starts = job_row(ctx, first).expected_end_at, job_row(ctx, second).expected_start_at
+    assert ends is not None and starts is not None
+    assert abs((starts - ends).total_seconds()) <= 1, (starts, ends)
+
+
 def test_a_replay_longer_than_its_slice_goes_on_between_passes_until_a_pass_is_asked_for(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
