@@ -182,3 +182,24 @@ def test_no_line_of_towerq_show_ends_in_spaces() -> None:
     lines = job_page(job)
     assert any(line.endswith("  succeeded") for line in lines), lines  # the history's line
     assert not [line for line in lines if line != line.rstrip()], lines
+
+
+def test_speed_is_over_wall_time_with_the_training_rate_beside_it() -> None:
+    """A job whose evaluations take most of its time: the trainer's 1,280 examples/s while
+    training was shown as its speed, 4x what it gets through (issue 49)."""
+    from towerq.cli.follow import ProgressLine
+    from towerq.cli.views import job_page
+
+    latest = {"step": 40, "examples_per_sec": 1280.0, "step_time_s": 0.1, "loss": 0.5}  # 128 a step
+    job = {
+        "id": 7, "name": "mlp", "state": "running", "reason": None, "user": "alice", "priority": "normal",
+        "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 1, "total_steps": 100, "step": 40,
+        "latest": latest, "attempts": 1, "crashes": 0, "max_attempts": 3, "pace_s": 0.4, "events": [],
+    }  # fmt: skip
+    speed = [line for line in job_page(job) if line.lstrip().startswith("speed")]
+    assert speed and speed[0].split("speed", 1)[1].strip() == "320 examples/s (1,280 while training)", speed
+    ended = [line for line in job_page({**job, "state": "succeeded"}) if line.lstrip().startswith("speed")]
+    assert ended[0].split("speed", 1)[1].strip() == "1,280 examples/s while training", ended
+    line = ProgressLine(dict(job))
+    line.update({"type": "metric", **latest})
+    assert "320 ex/s" in line.text(), line.text()

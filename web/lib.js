@@ -118,6 +118,21 @@ export function eta(job) {
   return Math.max(0, (Date.parse(job.expected_end_at) - Date.now()) / 1000);
 }
 
+// Examples a second over wall time: a step's examples (the trainer's rate while training
+// times its step time) over the job's pace, evaluations and checkpoints included.
+export function wallRate(job) {
+  const { examples_per_sec: rate, step_time_s: stepTime } = job.latest || {};
+  if (job.state !== "running" || !job.pace_s || !rate || !stepTime) return null;
+  return (rate * stepTime) / job.pace_s;
+}
+
+export function speed(job) {
+  const rate = job.latest?.examples_per_sec;
+  if (!rate) return null;
+  const wall = wallRate(job);
+  return wall === null ? `${number(rate, 5)} while training` : `${number(wall, 5)} (${number(rate, 5)} while training)`;
+}
+
 export function progress(job) {
   const done = job.step || 0;
   const fraction = Math.min(1, done / job.total_steps);

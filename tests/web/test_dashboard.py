@@ -79,6 +79,9 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     # The summary follows the stream too: an ETA from the step time, the latest evaluation.
     for name in ("ETA", "Eval accuracy"):
         page.wait_for_function(f"(document.querySelector('dd[data-field=\"{name}\"]')?.textContent ?? '–') !== '–'")
+    # Its speed over wall time (its evaluations included), the trainer's rate while training beside it.
+    speed = "document.querySelector('dd[data-field=\"Examples/s\"]')?.textContent ?? ''"
+    page.wait_for_function(f"/^[0-9,.]+ \\([0-9,.]+ while training\\)$/.test({speed})")
     assert page.locator("#chart-loss canvas").count() == 1
     page.check("#log-scale")
     page.wait_for_selector("#chart-loss canvas")

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from towerq.cli.plain import rewrite_line
+from towerq.cli.views import wall_rate
 from towerq.client import Client
 
 EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 3}
@@ -68,7 +69,7 @@ class ProgressLine:
             parts.append(f"loss {latest['loss']:.4f}")
         if latest.get("accuracy") is not None:
             parts.append(f"acc {100 * latest['accuracy']:.1f}%")
-        speed = latest.get("examples_per_sec")
+        speed = wall_rate(latest, self.pace_s) or latest.get("examples_per_sec")
         if speed:
             parts.append(f"{speed:,.0f} ex/s")
         if self.pace_s and total and step < total and job["state"] == "running":
