@@ -17,6 +17,7 @@ from service.cli.redis_server import RedisUnavailableError
 from service.core.db import SchemaError
 from service.core.keyspace import KeyspaceError
 from service.core.settings import Settings, redacted
+from service.executors import UnknownExecutorError
 from towerq.cli import commands, plain, session
 from towerq.client import AuthError, TowerqError, UnreachableError
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except TowerqError as err:  # the API refused: the message names the field or the cause
         print(f"towerq: {err}", file=sys.stderr)
         return 1
-    except (session.ClientError, RedisUnavailableError, SchemaError, KeyspaceError) as err:
+    except (session.ClientError, RedisUnavailableError, SchemaError, KeyspaceError, UnknownExecutorError) as err:
         print(f"towerq: {err}", file=sys.stderr)
         return 1
     except OperationalError as err:  # the database refused the credentials or did not answer

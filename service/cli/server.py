@@ -71,8 +71,10 @@ def run_api(args: argparse.Namespace) -> int:
 
     from service.api.app import create_app
     from service.core.context import Context
+    from service.executors import known_executor
 
     settings = Settings()
+    known_executor(settings.executor)  # refused here rather than in a server process
     require_schema(settings.database_url)
     Context.open(settings).close()  # its claim on Redis, refused here rather than in a server process
     host = args.host or settings.api_host
@@ -173,9 +175,11 @@ def run_health_worker(args: argparse.Namespace) -> int:
 
 def run_up(args: argparse.Namespace) -> int:
     from service.cli.up import Supervisor
+    from service.executors import known_executor
     from worker.sandbox import SandboxError, resolve
 
     settings = Settings()
+    known_executor(settings.executor)  # said once, before anything starts
     if not args.no_worker:
         try:  # said once, before anything starts, not by a worker restarted five times
             resolve(settings.sandbox)

@@ -92,10 +92,11 @@ class Settings(BaseSettings):
     job, so a job trains without waiting for that (worker/pool.py; 0 turns them off). Each
     costs the memory of a Python process with TensorFlow loaded, and never serves twice."""
 
-    executor: str = Field(default="local", pattern=r"^(local|slurm)$")
-    """What runs the jobs (`service/executors/`): `local`, the lab's own hosts, each with a
-    `towerq worker`, placed by towerq's scheduler; `slurm`, an existing Slurm cluster, which
-    decides where and when (docs/deployment.md, "On a Slurm cluster")."""
+    executor: str = Field(default="local", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    """What runs the jobs, by its name in the registry of `service/executors/`: `local`, the
+    lab's own hosts, each with a `towerq worker`, placed by towerq's scheduler; `slurm`, an
+    existing Slurm cluster, which decides where and when (docs/deployment.md, "On a Slurm
+    cluster"). A name no executor has is refused when a process starts, naming those known."""
     slurm_partition: str = Field(default="", pattern=r"^[A-Za-z0-9_.,-]*$")
     """The partition(s) towerq's Slurm jobs go to (`sbatch --partition`); empty: the cluster's default."""
     slurm_account: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$")
