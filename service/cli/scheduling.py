@@ -11,6 +11,7 @@ import redis
 
 from service.core import defaults, keys
 from service.core.context import Context
+from service.core.keyspace import KeptClaim, identity
 from service.notifications.prometheus import record_pass
 from service.notifications.webhooks import Deliverer
 from service.scheduler.live import LiveScheduler
@@ -49,6 +50,7 @@ def wait_for_kick(ctx: Context, until: float, stop: threading.Event) -> None:
 def serve(ctx: Context, stop: threading.Event) -> None:
     """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
     scheduler = LiveScheduler(ctx)
+    kept = KeptClaim(ctx.settings.redis_url, identity(ctx.db), defaults.KEYSPACE_CLAIM_S)
     Deliverer(ctx, stop).start()  # webhooks, in a thread of their own: never inside a pass
     interval = ctx.settings.scheduler_interval_s
     # What is loaded by now lives as long as the process (~100k objects): out of the garbage
@@ -57,6 +59,7 @@ def serve(ctx: Context, stop: threading.Event) -> None:
     log.info("scheduler started (pass every %.1fs and on demand)", interval)
     timer = time.monotonic() + interval
     while not stop.is_set():
+        kept.keep(time.monotonic())  # KeyspaceError: another service took it (after a flush): stop
         try:
             forecast_between_passes(ctx, scheduler, stop)
             owed = scheduler.replay_owed_at  # a job that came during the last replay: its pass

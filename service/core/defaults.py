@@ -34,6 +34,11 @@ MAX_PASS_GAP_S = 0.5
 """The longest pause after a pass before the next kick is served (the pause is as long
 as the pass took: `service.cli.scheduling.pass_gap`)."""
 
+KEYSPACE_CLAIM_S = 10.0
+"""How often a running scheduler claims its Redis keyspace again (`service.core.keyspace`):
+a flush would otherwise leave it unclaimed, free for another service, until a process
+started."""
+
 FORECAST_COST_RATIO = 10.0
 """Waiting jobs' expected starts are replayed for every pass that writes the queue's
 positions (each `PENDING_REFRESH_S`, and at once for a new job); unless the last replay

@@ -73,6 +73,25 @@ def claim(url: str, mine: str) -> None:
         )
 
 
+class KeptClaim:
+    """A long-running process's claim, made again every `every_s`: a flush of Redis loses
+    the claim, and the first process of another service to start after it would take the
+    keyspace while this one goes on using it. Made again in time, the claim is this
+    service's once more; found taken, it raises KeyspaceError, and the process stops."""
+
+    def __init__(self, url: str, mine: str, every_s: float) -> None:
+        self.url = url
+        self.mine = mine
+        self.every_s = every_s
+        self.next_at = 0.0
+
+    def keep(self, now: float) -> None:
+        """Claim again when due (`now`, monotonic)."""
+        if now >= self.next_at:
+            self.next_at = now + self.every_s
+            claim(self.url, self.mine)
+
+
 def _text(found: object) -> str | None:
     return found.decode() if isinstance(found, bytes) else None if found is None else str(found)
 

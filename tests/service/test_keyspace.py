@@ -20,7 +20,7 @@ from service.core.context import Context
 from service.core.db import Database
 from service.core.keyspace import KeyspaceError, identity, owner
 from service.core.settings import Settings
-from tests.stack import REPO
+from tests.stack import REPO, wait_for
 
 
 @pytest.fixture
@@ -84,3 +84,39 @@ def test_towerq_up_starts_a_redis_of_its_own_when_the_default_one_is_another_ser
     monkeypatch.setenv("TOWERQ_REDIS_URL", redis_url)  # named by the admin: refused, not replaced
     with pytest.raises(KeyspaceError):
         Supervisor(make_settings(lab_b), "127.0.0.1", 0)._ensure_redis()
+
+
+def test_a_running_scheduler_claims_its_redis_again_after_a_flush_and_stops_if_another_took_it(
+    make_settings: Callable[..., Settings], sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from service.cli.scheduling import serve
+    from service.core import defaults, keys
+
+    monkeypatch.setattr(defaults, "KEYSPACE_CLAIM_S", 0.2)
+    ctx = Context.open(make_settings(sqlite_url))
+    mine = identity(ctx.db)
+    stop, failed = threading.Event(), []
+
+    def run() -> None:
+        try:
+            serve(ctx, stop)
+        except KeyspaceError as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    server = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/0")  # the claim is the server's, in database 0
+    try:
+        server.flushall()  # the claim is lost: the scheduler makes it again
+        wait_for(lambda: owner(redis_url) == mine, 10, "the scheduler to claim its Redis again")
+        server.flushall()
+        server.set(keys.LAB_OWNER, "f" * 32)  # another service's process started first
+        thread.join(10)
+        assert not thread.is_alive() and failed, "the scheduler went on with another service's Redis"
+        assert "holds the keys of another towerq service (lab ffffffff" in str(failed[0])
+    finally:
+        stop.set()
+        thread.join(10)
+        ctx.close()
