@@ -13,6 +13,7 @@ from typing import Any
 from service.core import defaults
 from service.core.db import require_schema, upgrade_database
 from service.core.settings import Settings, redacted
+from service.scheduler.types import Policy
 
 
 def add_commands(commands: Any) -> None:
@@ -217,7 +218,8 @@ def add_simulate(commands: Any) -> None:
     )  # fmt: skip
     simulate.add_argument("--hosts", type=int, default=None, help="required with --trace")
     simulate.add_argument("--gpus-per-host", type=int, default=None, help="required with --trace")
-    simulate.add_argument("--policy", default=None, choices=["fifo", "fit-first", "towerq"], help="default towerq")
+    policies = [policy.value for policy in Policy]
+    simulate.add_argument("--policy", default=None, choices=policies, help="default towerq")
     simulate.add_argument(
         "--estimates", default="none", choices=["none", "oracle"], help="oracle: true durations become time limits"
     )

@@ -48,7 +48,8 @@ from service.core.defaults import DEFAULT_HALF_LIFE_S, FORECAST_SLICE_S
 from service.scheduler.clock import Happens, SimCluster
 from service.scheduler.forecast import Replay, in_queue_order
 from service.scheduler.history import RunTimes
-from service.scheduler.policy import RESTART_S, schedule
+from service.scheduler.mechanics import RESTART_S
+from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.trace import TraceJob
 from service.scheduler.types import (

@@ -99,3 +99,20 @@ def test_a_second_high_job_preempts_with_or_without_reasons() -> None:
     ]
     assert decisions[0].preempt == {100: 1, 101: 0} or decisions[0].preempt == {100: 0, 101: 1}
     assert decisions[1].preempt == decisions[0].preempt
+
+
+def test_every_policy_is_one_object_of_the_registry_by_its_name() -> None:
+    """fifo, fit-first and towerq are policies behind one interface (issue 45, part 4), found
+    by name; `towerq simulate --policy` offers exactly those."""
+    from service.cli import parser
+    from service.scheduler.policy import POLICIES, Fifo, FitFirst, Towerq
+    from service.scheduler.types import Policy
+
+    assert {name: type(policy) for name, policy in POLICIES.items()} == {
+        Policy.FIFO: Fifo,
+        Policy.FIT_FIRST: FitFirst,
+        Policy.TOWERQ: Towerq,
+    }
+    simulate = parser()._subparsers._group_actions[0].choices["simulate"]  # type: ignore[union-attr]
+    choices = next(a.choices for a in simulate._actions if a.dest == "policy")
+    assert sorted(choices) == sorted(POLICIES)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from service.core.defaults import DAY
 from service.scheduler.explain import describe
-from service.scheduler.policy import MAX_SLICES_PER_PASS, schedule
+from service.scheduler.mechanics import MAX_SLICES_PER_PASS
+from service.scheduler.policy import schedule
 from service.scheduler.types import (
     Cluster,
     FairShare,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from service.scheduler.history import RunTimes
-from service.scheduler.policy import CHECKPOINT_S, RESTART_S
+from service.scheduler.mechanics import CHECKPOINT_S, RESTART_S
 from service.scheduler.simulate import simulate
 from service.scheduler.trace import TraceError, TraceJob, read_trace
 from service.scheduler.types import Policy, PolicyConfig

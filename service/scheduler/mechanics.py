@@ -1,0 +1,435 @@
+"""The mechanics every scheduling policy shares (`service.scheduler.policy` says the order
+each considers jobs in): one pass's state (free GPUs, each user's and group's load, the
+decision so far), placing a job on the tightest host where it fits and may run, saying why
+one waits, backfill reservations for the jobs a policy makes `reservable`, and, for a
+policy that stops jobs, choosing the victims of preemption and time slicing.
+
+- Reservations (EASY backfill): a reservable job that cannot start gets its GPUs held on the
+  host(s) that will free up soonest; a held GPU then goes only to a job that ends before the
+  reservation starts: known from its time limit, or very likely from its owner's recent run
+  times.
+- Preemption (optional): a `high` job that cannot start stops `low` jobs (the youngest
+  first, so the least work is redone) on the host where that frees room soonest; their
+  GPUs are held for it until they have checkpointed and gone back to the queue.
+- Time slicing (`demote_after_gpu_s` > 0): a fresh job that cannot start may stop jobs of
+  its priority or lower that have had their slice, the most served first, when the stop
+  pays (`_slice_victims`). An attempt is never stopped before it has run `MIN_RUN_S` and as
+  long as all the job's earlier attempts together (`sliceable_from`), so slices double and
+  a job is stopped at most about log2(its run time / the threshold) times.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+
+from service.scheduler.capacity import FreeGpus, Slots, ends_if_started, expected_end
+from service.scheduler.ranking import FairShareTerms
+from service.scheduler.types import (
+    EPSILON,
+    INFINITY,
+    PRIORITY_RANK,
+    Cluster,
+    Decision,
+    FairShare,
+    LabReservation,
+    Pending,
+    Placement,
+    PolicyConfig,
+    QueuedJob,
+    Reason,
+    RunningJob,
+    Wait,
+)
+
+HIGH = PRIORITY_RANK["high"]
+LOW = PRIORITY_RANK["low"]
+
+
+class Outcome(enum.Enum):
+    """What considering a job came to."""
+
+    PLACED = "placed"
+    HELD = "held"
+    """It may not run now, wherever there is room (a host down, a limit, a group's quota)."""
+    NO_ROOM = "no room"
+    """It may run, and waits for room (which a policy that stops jobs may be making)."""
+
+
+class Pass:
+    """One scheduling pass's state and the mechanics on it; a policy calls `consider` on the
+    jobs in its order (`service.scheduler.policy`)."""
+
+    def __init__(
+        self,
+        queued: list[QueuedJob],
+        cluster: Cluster,
+        fair_share: FairShare,
+        now: float,
+        config: PolicyConfig,
+        stops_jobs: bool = False,
+    ) -> None:
+        self.queued = queued
+        self.cluster = cluster
+        self.fair_share = fair_share
+        self.now = now
+        self.config = config
+        self.free = FreeGpus(cluster, now, lend_likely=config.preemption)
+        self.decision = Decision()
+        self.position = 0
+        self.reservations = 0
+        self.load: dict[str, float] = defaultdict(float)
+        self.group_load: dict[str, float] = defaultdict(float)
+        for running in cluster.running:
+            self.load[running.user] += running.gpu_load
+            if running.group is not None:
+                self.group_load[running.group] += running.gpu_load
+        self.reservable: set[int] = set()
+        """Jobs the policy lets take a reservation in this pass (`may_reserve`)."""
+        self._reasons: dict[tuple[object, ...], Reason] = {}
+        self._no_victims: dict[tuple[object, ...], float] = {}
+        """A shape that found no victims, with the shortest fresh run it looked for (a longer
+        one, that needs victims with more left, finds none either)."""
+        self.terms: FairShareTerms | None = None
+        """The fair-share terms, where the policy ranks by them (who is above their share)."""
+        self._stops_jobs = stops_jobs and (config.preemption or config.demote_after_gpu_s > 0)
+        """Preemption or time slicing may stop running jobs in this pass."""
+        self._sliceable = (
+            {r.id: r.served(now) for r in cluster.running if self._may_slice(r)}
+            if config.demote_after_gpu_s > 0
+            else {}
+        )
+        """Time slicing: the running jobs fresh work may still stop, and what each has served."""
+        self.eldest_gang: int | None = None
+        """The eldest queued job when it needs a whole host: it may slice (towerq's rule)."""
+
+    def reclaim_reserved(self) -> None:
+        """A window has begun on GPUs that another group's job still holds: with preemption
+        on it was lent them expecting to end in time, and is stopped (it checkpoints and
+        queues again). Without preemption none was lent them, and those already running
+        when the reservation was made run on to their end."""
+        for kept in self.cluster.reservations:
+            if not kept.start <= self.now < kept.end:
+                continue
+            gpus = set(kept.gpus)
+            for running in self.cluster.running:
+                if running.group == kept.group or self._stopping(running):
+                    continue
+                if any((running.host, i) in gpus for i in running.indices):
+                    self.decision.reclaim[running.id] = kept.id
+
+    # -- one job ----------------------------------------------------------------------------
+
+    def consider(self, job: QueuedJob) -> Outcome:
+        """Place `job` if it may and can; else record why it waits (making room for it, by
+        preemption or slicing, where the policy stops jobs; reserving GPUs for it, where it
+        may take a reservation)."""
+        self.position += 1
+        reason = self.cannot_run(job)
+        if reason is not None:
+            self._wait(job, reason)
+            return Outcome.HELD
+        slots = self.free.fit(job, ends_if_started(job, self.now)) if self.free.any_free else None
+        if slots is not None:
+            self._place(job, slots)
+            return Outcome.PLACED
+        reason = self._make_room(job)
+        starving = self.may_reserve(job) and reason.kind not in (Wait.PREEMPTING, Wait.SLICING)
+        reserved = self.reserve(job) if starving else None
+        self._wait(job, reason, reserved)
+        return Outcome.NO_ROOM
+
+    def behind(self, job: QueuedJob, blocker: QueuedJob) -> None:
+        """`job` waits behind `blocker` (a strict order lets nothing pass it)."""
+        self.position += 1
+        self._wait(job, Reason(Wait.BEHIND, (blocker.id,)))
+
+    def cannot_run(self, job: QueuedJob) -> Reason | None:
+        if job.host is not None and job.host not in self.free.hosts:
+            return Reason(Wait.HOST_DOWN, (job.host,))
+        if job.indices is not None and job.host is not None:
+            unusable = self.free.hosts[job.host].unusable
+            size = len(self.free.free[job.host])
+            bad = tuple(i for i in job.indices if i in unusable or i >= size)
+            if bad:
+                return Reason(Wait.GPU_UNUSABLE, (job.host, bad))
+        limit = self.fair_share.limit(job.user)
+        if limit is not None and self.load[job.user] + job.gpus * job.fraction > limit + EPSILON:
+            return Reason(Wait.USER_LIMIT, (job.user, self.load[job.user], limit))
+        if job.group is not None:
+            hours = self.fair_share.group_hours.get(job.group)
+            if hours is not None and hours[0] >= hours[1]:
+                return Reason(Wait.GROUP_HOURS, (job.group, *hours))
+            cap = self.fair_share.group_limits.get(job.group)
+            used = self.group_load[job.group]
+            if cap is not None and used + job.gpus * job.fraction > cap + EPSILON:
+                return Reason(Wait.GROUP_LIMIT, (job.group, used, cap))
+        return None
+
+    def _place(self, job: QueuedJob, slots: Slots) -> None:
+        self.free.take(slots, job.fraction)
+        self.load[job.user] += job.gpus * job.fraction
+        if job.group is not None:
+            self.group_load[job.group] += job.gpus * job.fraction
+        self.decision.placements.append(Placement(job.id, slots))
+        self.position -= 1
+
+    def _wait(self, job: QueuedJob, reason: Reason, reserved: float | None = None) -> None:
+        if self.config.explain:
+            self.decision.pending.append(Pending(job.id, self.position, reason, reserved))
+
+    # -- starvation guard -------------------------------------------------------------------
+
+    @property
+    def whole_host(self) -> int:
+        """A job of this many GPUs or more needs a whole host (or several)."""
+        return max(2, self.free.largest)
+
+    def may_reserve(self, job: QueuedJob) -> bool:
+        """The job may take a reservation now: one the policy made `reservable` (towerq's
+        starving gangs by age), while reservations are left."""
+        return job.id in self.reservable and self.reservations < self.config.max_reservations
+
+    def reserve(self, job: QueuedJob) -> float | None:
+        found = self.free.earliest(job, self.now, skip_held=True)
+        if found is None or found[1] == INFINITY:
+            return None
+        known, expected, slots = found
+        self.free.hold(job.id, slots, known, expected)
+        self.reservations += 1
+        return known
+
+    # -- preemption -------------------------------------------------------------------------
+
+    @property
+    def may_preempt(self) -> bool:
+        """Whether a job considered from here on might still stop a running one."""
+        return self.config.preemption or bool(self._sliceable)
+
+    def _may_slice(self, running: RunningJob) -> bool:
+        """(Time slicing on.) The job is not stopping, it has had its first
+        `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
+        all its earlier attempts together."""
+        if not running.stoppable or running.stopping:
+            return False
+        return self.now >= sliceable_from(running, self.config.demote_after_gpu_s)
+
+    def _make_room(self, job: QueuedJob) -> Reason:
+        if not self._stops_jobs:
+            return self._why_no_fit(job)
+        choice, kind = None, Wait.PREEMPTING
+        if self.config.preemption and job.priority == HIGH:
+            choice = self._victims(job, lambda r: r.priority == LOW and r.stoppable, lambda r: -r.started)
+        eldest = job.id == self.eldest_gang
+        fresh = job.served_gpu_s < self.config.demote_after_gpu_s
+        if choice is None and 0 < self.config.demote_after_gpu_s and (fresh or eldest):
+            choice, kind = self._slice_victims(job, eldest), Wait.SLICING
+        if choice is None:
+            return self._why_no_fit(job)
+        slots, victims = choice
+        for victim in victims:
+            if not self._stopping(victim):
+                self.decision.preempt[victim.id] = job.id
+                if kind == Wait.SLICING:
+                    self.decision.sliced.add(victim.id)
+                self._sliceable.pop(victim.id, None)
+        if kind == Wait.SLICING and len(self.decision.sliced) >= MAX_SLICES_PER_PASS:
+            self._sliceable.clear()  # the rest next pass
+        self.free.hold(job.id, slots, self.now, self.now)
+        hosts = " + ".join(host for host, _ in slots)
+        return Reason(kind, (hosts, tuple(dict.fromkeys(v.id for v in victims))))
+
+    def _slice_victims(self, job: QueuedJob, eldest: bool = False) -> tuple[Slots, list[RunningJob]] | None:
+        """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
+        the most served first; a user above their share (their part of the present users'
+        use is over their part of the shares) stops only their own jobs, except for the
+        eldest whole-host job (`eldest`, `policy.Towerq.eldest_whole_host_gang`). A stop must pay:
+        when the fresh work's run time is known (`_fresh_run_s`), the job stopped must be
+        expected to run on (`expected_end`, cautious) for longer than that plus what the stop
+        costs it (`STOP_COST_S`), else the fresh job waits as it would without slicing
+        (shortest remaining work first: stopping a job for one as long gains nobody). Within a pass,
+        victims only get fewer and free GPUs scarcer, so a shape that found none finds none
+        later in the pass either."""
+        terms = self.terms
+        above_share = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
+        own_only = above_share and not eldest
+        fresh_run = self._fresh_run_s(job)
+        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
+        if not self._sliceable or fresh_run >= self._no_victims.get(shape, INFINITY):
+            return None
+        served = self._sliceable
+
+        def may_stop(running: RunningJob) -> bool:
+            mine = running.user == job.user or not own_only
+            if not (running.id in served and running.priority >= job.priority and mine):
+                return False
+            return not fresh_run or expected_end(running, self.now) - self.now >= fresh_run + STOP_COST_S
+
+        choice = self._victims(job, may_stop, lambda r: -served[r.id])
+        if choice is None:
+            self._no_victims[shape] = min(fresh_run, self._no_victims.get(shape, INFINITY))
+        return choice
+
+    def _fresh_run_s(self, job: QueuedJob) -> float:
+        """How long fresh work stopping a served job is known to hold its GPUs: its owner's
+        median run time (at most its limit), else its limit; 0 when nothing is known (as
+        Tiresias does, time slicing then finds out by running it: it can be stopped in turn
+        once it has had its slice)."""
+        for known in (job.likely_run_s, job.limit_s):
+            if known is not None:
+                return known
+        return 0.0
+
+    def _victims(
+        self, job: QueuedJob, may_stop: Callable[[RunningJob], bool], order: Callable[[RunningJob], float]
+    ) -> tuple[Slots, list[RunningJob]] | None:
+        """The host where stopping the fewest running jobs that `may_stop` (in `order`)
+        makes room; jobs already stopping count as gone. A job larger than any host takes
+        whole hosts (`_victims_whole_hosts`)."""
+        if job.gpus > self.free.largest:
+            return self._victims_whole_hosts(job, may_stop)
+        best: tuple[int, str, tuple[int, ...], list[RunningJob]] | None = None
+        hosts = [job.host] if job.host is not None else self.free.order
+        for host in hosts:
+            if host not in self.free.hosts:
+                continue
+            running = self.free.running_on[host]
+            freed = [r for r in running if self._stopping(r)]
+            candidates = sorted((r for r in running if may_stop(r) and not self._stopping(r)), key=order)
+            indices = self.free.would_fit_if_freed(job, host, freed)
+            for victim in candidates:
+                if indices is not None:
+                    break
+                freed.append(victim)
+                indices = self.free.would_fit_if_freed(job, host, freed)
+            if indices is None:
+                continue
+            fresh = sum(1 for r in freed if not self._stopping(r))
+            if best is None or fresh < best[0]:
+                best = (fresh, host, indices, freed)
+        return ([(best[1], best[2])], best[3]) if best else None
+
+    def _victims_whole_hosts(
+        self, job: QueuedJob, may_stop: Callable[[RunningJob], bool]
+    ) -> tuple[Slots, list[RunningJob]] | None:
+        """For a job larger than any host: the whole hosts (as `FreeGpus.fit` places it)
+        where stopping the fewest running jobs makes room. A host is a candidate only if
+        every job on it that is not already stopping `may_stop`; one part of a job over
+        several hosts frees its other hosts too (a job stops on all of them)."""
+        size = self.free.largest
+        part = replace(job, gpus=size, host=None, indices=None)
+        candidates: list[tuple[int, int, str, tuple[int, ...], list[RunningJob]]] = []
+        for position, host in enumerate(self.free.order):
+            if len(self.free.free[host]) != size:
+                continue
+            running = self.free.running_on[host]
+            fresh = {r.id for r in running if not self._stopping(r)}
+            if any(not may_stop(r) for r in running if r.id in fresh):
+                continue
+            indices = self.free.would_fit_if_freed(part, host, running)
+            if indices is not None:
+                candidates.append((len(fresh), position, host, indices, running))
+        needed = -(-job.gpus // max(size, 1))
+        if len(candidates) < needed:
+            return None
+        chosen = sorted(candidates)[:needed]
+        return [(host, indices) for _, _, host, indices, _ in chosen], [r for *_, freed in chosen for r in freed]
+
+    def _stopping(self, running: RunningJob) -> bool:
+        return running.stopping or running.id in self.decision.preempt or running.id in self.decision.reclaim
+
+    # -- why it waits -----------------------------------------------------------------------
+
+    def _why_no_fit(self, job: QueuedJob) -> Reason:
+        if not self.config.explain:
+            return Reason(Wait.NO_FIT)
+        shape = (job.gpus, job.fraction, job.host, job.indices, self.free.version)
+        reason = self._reasons.get(shape)
+        if reason is None:
+            reason = self._reasons[shape] = self._explain_no_fit(job)
+        return reason
+
+    def _explain_no_fit(self, job: QueuedJob) -> Reason:
+        if self.free.kept:
+            reserved = self._kept_from(job)
+            if reserved is not None:  # free GPUs a reservation keeps; and where it could go instead
+                other = self._busy_elsewhere(job)
+                return reserved if other.kind == Wait.LAB_RESERVED else replace(reserved, also=other)
+        return self._busy_elsewhere(job)
+
+    def _busy_elsewhere(self, job: QueuedJob) -> Reason:
+        """Why `job` waits on the GPUs it could have soonest, reservations honoured."""
+        found = self.free.earliest(job, self.now)
+        if found is None:
+            return Reason(Wait.NO_FIT, (job.gpus, job.fraction, INFINITY))
+        known, _, slots = found
+        host, indices = slots[0]
+        kept = self.free.kept_from(host, indices, job.group) if self.free.kept else None
+        if kept is not None:  # the soonest it could start is on GPUs kept for a group, after its window
+            return _lab_reserved(host, indices, kept)
+        holds = self.free.holds.get(host, {})
+        held_by = sorted({holds[i].job_id for i in indices if i in holds and holds[i].job_id != job.id})
+        if held_by:
+            start = min(holds[i].start for i in indices if i in holds and holds[i].job_id == held_by[0])
+            return Reason(Wait.RESERVED, (host, indices, held_by[0], start))
+        holders = tuple(sorted({r.id for r in self.free.running_on[host] if set(r.indices) & set(indices)}))
+        if job.indices is not None:
+            return Reason(Wait.GPUS_BUSY, (host, indices, holders, known))
+        if holders:  # the earliest GPUs are a forecast: the job takes whichever free up, so none is named
+            return Reason(Wait.JOBS_HOLD, (host, job.gpus, job.fraction, holders, known))
+        return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
+
+    def _kept_from(self, job: QueuedJob) -> Reason | None:
+        """`LAB_RESERVED` when the job would fit now but for GPUs kept for another group."""
+        self.free.ignore_kept = True
+        try:
+            slots = self.free.fit(job, ends_if_started(job, self.now))
+        finally:
+            self.free.ignore_kept = False
+        if slots is None:
+            return None
+        for host, indices in slots:
+            kept = self.free.kept_from(host, indices, job.group)
+            if kept is not None:
+                return _lab_reserved(host, indices, kept)
+        return None
+
+
+def _lab_reserved(host: str, indices: tuple[int, ...], kept: LabReservation) -> Reason:
+    """The wait for these GPUs of `host`, some of which `kept` keeps (named)."""
+    gpus = set(kept.gpus)
+    return Reason(
+        Wait.LAB_RESERVED,
+        (host, tuple(i for i in indices if (host, i) in gpus), kept.group, kept.start, kept.end, kept.id),
+    )
+
+
+MAX_SLICES_PER_PASS = 32
+"""Time slicing stops at most this many jobs in one pass (a gang may take it a little
+over); fresh work that needs more stops them in the next passes, seconds later, while the
+first ones are still writing their checkpoints (`CHECKPOINT_S`). So a pass stays fast
+however many jobs are past their slice at once (a whole busy cluster after a quiet spell):
+each stop is a search of every host for the fewest victims."""
+CHECKPOINT_S = 30.0
+"""A stopped job holds its GPUs this long (it writes a checkpoint first), in the simulator
+and the forecast; the worker gives it `cancel_grace_s` (30 s by default)."""
+RESTART_S = 60.0
+"""Run time a stopped job loses when it starts again (process, graph, checkpoint restore)."""
+STOP_COST_S = CHECKPOINT_S + RESTART_S
+"""What stopping a job costs it: the checkpoint it writes, and the restart it pays again."""
+MIN_RUN_S = 600.0
+"""Time slicing stops no attempt younger than this: starting a job again costs about a
+minute (`RESTART_S`), so each slice pays for it at least ten times over."""
+
+
+def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
+    """When time slicing (after `slice_gpu_s`) may first stop this attempt: once the job has
+    served its slice, and the attempt has run `MIN_RUN_S` and as long as the earlier ones.
+    A job over several hosts serves on all of them at once (`whole_load`)."""
+    load = running.whole_load
+    if load <= 0:
+        return INFINITY
+    to_serve = (slice_gpu_s - running.served_gpu_s) / load
+    return running.started + max(to_serve, MIN_RUN_S, running.served_gpu_s / load)
