@@ -19,10 +19,26 @@ import random
 from typing import Any, Self
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session, joinedload
 
-from service.core.exceptions import SpecError
-from service.core.models import FINAL_STATES, Job, JobState
-from towerq.contract.spec import set_dotted
+from service.core.db import Database
+from service.core.exceptions import NotFoundError, SpecError
+from service.core.lifecycle import locked_job, request_cancel
+from service.core.models import FINAL_STATES, Job, JobState, Sweep
+from service.core.publish import kick_scheduler
+from service.core.settings import Settings
+from service.executors import Executor
+from service.jobs.dependencies import resolve_after
+from service.jobs.intake import SubmissionWriter
+from service.jobs.stopping import cancel_then_stop
+from service.jobs.submit import check_queue_room, check_startable, check_submission, submit
+from service.lab.auth import Caller
+from service.lab.groups import resolve_group
+from service.lab.hosts import HostInventory
+from service.notifications import outbound
+from towerq.contract.messages import CancelMessage
+from towerq.contract.spec import JobSpec, set_dotted
 
 MAX_JOBS_PER_SWEEP = 1000
 METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
@@ -187,3 +203,83 @@ def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:
     if not scored:
         return None
     return (max if goal == "max" else min)(scored)[1]
+
+
+def create_sweep(
+    db: Database,
+    caller: Caller,
+    body: SweepIn,
+    settings: Settings,
+    inventory: HostInventory,
+    writer: SubmissionWriter,
+) -> int:
+    """Every setting becomes a job spec, checked like a submission before anything is
+    stored (a refusal names the setting); then the sweep and its jobs (queued) are stored.
+    The sweep's id."""
+    if body.notify_url:
+        outbound.check_url(body.notify_url, settings.webhook_allow)
+    checked: list[tuple[dict[str, Any], JobSpec]] = []
+    with db.read() as session:
+        for index, (setting, raw) in enumerate(job_specs(body)):
+            try:
+                spec = JobSpec.model_validate(raw)
+                if spec.is_notebook:
+                    raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
+                check_submission(caller, spec, settings, inventory)
+                # What submit checks against the database, checked before anything is stored.
+                resolve_after(session, caller, spec)
+                spec.group = resolve_group(session, caller, spec.group)
+                check_startable(session, caller, spec, settings)
+            except (ValidationError, SpecError) as err:
+                raise refusal(index, setting, err) from None
+            checked.append((setting, spec))
+    check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
+    definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
+    with db.write() as session:
+        sweep = Sweep(
+            name=body.name,
+            user_id=caller.user_id,
+            spec={
+                "base": body.base,
+                "metric": body.metric,
+                "goal": body.goal,
+                "max_parallel": body.max_parallel,
+                "notify_url": body.notify_url,
+                "settings": [setting for setting, _ in checked],
+            },
+            grid=definition,
+        )
+        session.add(sweep)
+        session.flush()
+        sweep_id = sweep.id
+    for _, spec in checked:
+        submit(db, caller, spec, settings, inventory=inventory, writer=writer, sweep_id=sweep_id)
+    return sweep_id
+
+
+def cancel_sweep(db: Database, caller: Caller, sweep_id: int, executor: Executor) -> None:
+    """Cancel every unfinished job of the sweep (its owner or an admin)."""
+
+    def ask(session: Session) -> list[CancelMessage]:
+        sweep = get_sweep(session, sweep_id)
+        caller.check_owner(sweep.user_id, f"sweep {sweep_id}", sweep.user.name, "cancel")
+        unfinished = session.scalars(
+            select(Job.id).where(Job.sweep_id == sweep_id, Job.state.not_in(FINAL)).order_by(Job.id)
+        ).all()
+        stopping = []
+        for job_id in unfinished:
+            job = locked_job(session, job_id)
+            if job.state not in FINAL and job.cancel_requested_at is None:
+                if message := request_cancel(session, job, caller.name):
+                    stopping.append(message)
+        kick_scheduler(session)
+        return stopping
+
+    cancel_then_stop(db, executor, ask)
+
+
+def get_sweep(session: Session, sweep_id: int) -> Sweep:
+    sweep = session.scalars(select(Sweep).options(joinedload(Sweep.user)).where(Sweep.id == sweep_id)).one_or_none()
+    if sweep is None:
+        raise NotFoundError(f"sweep {sweep_id} not found")
+    return sweep

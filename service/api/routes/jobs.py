@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import TypeAdapter
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.core import defaults
@@ -19,9 +20,11 @@ from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
 from service.jobs.dependencies import resolve_after
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
+from service.jobs.stopping import cancel_then_stop
 from service.jobs.submit import check_notebook, check_startable, check_submission, submit
 from service.lab.groups import resolve_group
 from service.scheduler.dryrun import estimate
+from towerq.contract.messages import CancelMessage
 from towerq.contract.spec import JobSpec
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -162,12 +165,13 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobDetailOut)
 def cancel(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDep) -> JobDetailOut:
     """Cancel a queued job now, or ask a running one to checkpoint and stop."""
-    with db.write() as session:
+
+    def ask(session: Session) -> list[CancelMessage]:
         job = locked_job(session, job_id)
         caller.check_owner(job.user_id, f"job {job_id}", job.user.name, "cancel")
         stopping = request_cancel(session, job, caller.name)
-        session.flush()
-        detail = job_detail(session, get_job(session, job_id))
-    if stopping is not None:
-        executor.stop(stopping)
-    return detail
+        return [stopping] if stopping is not None else []
+
+    cancel_then_stop(db, executor, ask)
+    with db.read() as session:
+        return job_detail(session, get_job(session, job_id))

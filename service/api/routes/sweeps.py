@@ -6,21 +6,13 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.core.exceptions import NotFoundError, SpecError
-from service.core.lifecycle import locked_job, request_cancel
 from service.core.models import Job, Sweep
-from service.core.publish import kick_scheduler
 from service.jobs import sweeps
-from service.jobs.dependencies import resolve_after
-from service.jobs.submit import check_queue_room, check_startable, check_submission, submit
-from service.lab.groups import resolve_group
-from service.notifications import outbound
-from towerq.contract.spec import JobSpec
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
 SweepId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -106,46 +98,9 @@ def create(
 ) -> SweepOut:
     """Every setting becomes a job spec, checked like a submission before anything is
     stored; then the sweep and its jobs (queued) are stored."""
-    if body.notify_url:
-        outbound.check_url(body.notify_url, settings.webhook_allow)
-    checked: list[tuple[dict[str, Any], JobSpec]] = []
+    sweep_id = sweeps.create_sweep(db, caller, body, settings, inventory, writer)
     with db.read() as session:
-        for index, (setting, raw) in enumerate(sweeps.job_specs(body)):
-            try:
-                spec = JobSpec.model_validate(raw)
-                if spec.is_notebook:
-                    raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
-                check_submission(caller, spec, settings, inventory)
-                # What submit checks against the database, checked before anything is stored.
-                resolve_after(session, caller, spec)
-                spec.group = resolve_group(session, caller, spec.group)
-                check_startable(session, caller, spec, settings)
-            except (ValidationError, SpecError) as err:
-                raise sweeps.refusal(index, setting, err) from None
-            checked.append((setting, spec))
-    check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
-    definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
-    with db.write() as session:
-        sweep = Sweep(
-            name=body.name,
-            user_id=caller.user_id,
-            spec={
-                "base": body.base,
-                "metric": body.metric,
-                "goal": body.goal,
-                "max_parallel": body.max_parallel,
-                "notify_url": body.notify_url,
-                "settings": [setting for setting, _ in checked],
-            },
-            grid=definition,
-        )
-        session.add(sweep)
-        session.flush()
-        sweep_id = sweep.id
-    for _, spec in checked:
-        submit(db, caller, spec, settings, inventory=inventory, writer=writer, sweep_id=sweep_id)
-    with db.read() as session:
-        return describe(session, _get(session, sweep_id))
+        return describe(session, sweeps.get_sweep(session, sweep_id))
 
 
 @router.get("", response_model=SweepList)
@@ -158,33 +113,12 @@ def listing(session: SessionDep, _: CallerDep) -> SweepList:
 @router.get("/{sweep_id}", response_model=SweepOut)
 def show(sweep_id: SweepId, session: SessionDep, _: CallerDep) -> SweepOut:
     """The sweep: its jobs with their settings, states and results; progress; the best job."""
-    return describe(session, _get(session, sweep_id))
+    return describe(session, sweeps.get_sweep(session, sweep_id))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepOut)
 def cancel(sweep_id: SweepId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDep) -> SweepOut:
     """Cancel every unfinished job of the sweep (its owner or an admin)."""
-    with db.write() as session:
-        sweep = _get(session, sweep_id)
-        caller.check_owner(sweep.user_id, f"sweep {sweep_id}", sweep.user.name, "cancel")
-        unfinished = session.scalars(
-            select(Job.id).where(Job.sweep_id == sweep_id, Job.state.not_in(sweeps.FINAL)).order_by(Job.id)
-        ).all()
-        stopping = []
-        for job_id in unfinished:
-            job = locked_job(session, job_id)
-            if job.state not in sweeps.FINAL and job.cancel_requested_at is None:
-                if message := request_cancel(session, job, caller.name):
-                    stopping.append(message)
-        kick_scheduler(session)
-    for message in stopping:
-        executor.stop(message)
+    sweeps.cancel_sweep(db, caller, sweep_id, executor)
     with db.read() as session:
-        return describe(session, _get(session, sweep_id))
-
-
-def _get(session: Session, sweep_id: int) -> Sweep:
-    sweep = session.scalars(select(Sweep).options(joinedload(Sweep.user)).where(Sweep.id == sweep_id)).one_or_none()
-    if sweep is None:
-        raise NotFoundError(f"sweep {sweep_id} not found")
-    return sweep
+        return describe(session, sweeps.get_sweep(session, sweep_id))
