@@ -140,7 +140,7 @@ def pass_time(
         RunningJob(10**7 + i, jobs[i].user, 1, f"h{i // GPUS_PER_HOST:03d}", (i % GPUS_PER_HOST,), 1.0, now - 60 * i)
         for i in range(HOSTS * GPUS_PER_HOST)
     ]
-    queued = [QueuedJob(j.id, j.user, 1, j.gpus, 1.0, j.submit) for j in jobs]
+    queued = [QueuedJob(j.id, j.user, 1, j.gpu_count, 1.0, j.submit) for j in jobs]
     usage = {user: 1000.0 * k for k, user in enumerate(sorted({j.user for j in jobs}))}
     config = replace(config or PolicyConfig(), explain=explain)
     times, replays = [], []
@@ -167,7 +167,7 @@ def bootstrap(jobs: list[TraceJob], seed: int, limits: bool = False) -> list[Tra
     rng = random.Random(seed)
     picks = [rng.choice(jobs) for _ in jobs]
     sample = [
-        TraceJob(i, arrival.submit, pick.duration, pick.gpus, pick.user)
+        TraceJob(i, arrival.submit, pick.duration, pick.gpu_count, pick.user)
         for i, (arrival, pick) in enumerate(zip(jobs, picks, strict=True))
     ]
     if limits:
@@ -191,7 +191,7 @@ def bootstrap_ratios(work: tuple[list[TraceJob], int, bool, float]) -> Ratios:
     config = PolicyConfig(demote_after_gpu_s=slice_gpu_s)
     towerq = simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, config=config)
     fit_first = simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.FIT_FIRST)
-    runnable = [j.run_s for j in sample if j.gpus <= HOSTS * GPUS_PER_HOST]  # as `simulate` counts them
+    runnable = [j.run_s for j in sample if j.gpu_count <= HOSTS * GPUS_PER_HOST]  # as `simulate` counts them
     floor = statistics.mean(runnable) / fit_first["avg_jct_s"] if fit_first["avg_jct_s"] else math.nan
     return seed, ratio(towerq, fit_first, "avg_jct_s"), ratio(towerq, fit_first, "max_wait_s"), floor
 
@@ -223,7 +223,7 @@ def print_bootstraps(title: str, rows: list[Ratios]) -> None:
 def print_users(jobs: list[TraceJob], results: dict[str, dict]) -> None:
     gpu_s: dict[str, float] = {}
     for j in jobs:
-        gpu_s[j.user] = gpu_s.get(j.user, 0.0) + j.gpus * j.duration
+        gpu_s[j.user] = gpu_s.get(j.user, 0.0) + j.gpu_count * j.duration
     heaviest = sorted(gpu_s, key=lambda u: -gpu_s[u])[:10]
     towerq, fit_first = results["towerq"]["per_user"], results["fit-first"]["per_user"]
     print("\nper user (ten heaviest by GPU-time): waits in hours; GPUs held / entitled while they had work waiting")
@@ -250,7 +250,7 @@ def with_groups(jobs: list[TraceJob]) -> list[TraceJob]:
     groups by GPU-time, heaviest first."""
     gpu_s: dict[str, float] = {}
     for j in jobs:
-        gpu_s[j.user] = gpu_s.get(j.user, 0.0) + j.gpus * j.duration
+        gpu_s[j.user] = gpu_s.get(j.user, 0.0) + j.gpu_count * j.duration
     names = list(GROUP_SHARES)
     group_of = {user: names[rank % len(names)] for rank, user in enumerate(sorted(gpu_s, key=lambda u: -gpu_s[u]))}
     return [replace(j, group=group_of[j.user]) for j in copy.deepcopy(jobs)]

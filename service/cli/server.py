@@ -333,7 +333,7 @@ def _simulate_from_db(args: argparse.Namespace) -> int:
                             [
                                 f"{job.submit:.3f}",
                                 f"{job.duration:.3f}",
-                                job.gpus,
+                                job.gpu_count,
                                 job.user,
                                 f"{job.fraction:g}",
                                 limit,

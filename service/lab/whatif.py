@@ -146,7 +146,7 @@ def what_if(
     shares = group_shares(session)
     hours: dict[str, float] = defaultdict(float)  # the same work on either side
     for job in trace.jobs:
-        hours[job.user] += job.gpus * job.fraction * job.duration / 3600
+        hours[job.user] += job.gpu_count * job.fraction * job.duration / 3600
     return {
         "since": since,
         "until": until,

@@ -165,17 +165,17 @@ class FreeGpus:
             ok = all(i < len(free) and self.usable(host, i, job, end) for i in job.indices)
             return job.indices if ok else None
         candidates = [i for i in range(len(free)) if self.usable(host, i, job, end)]
-        if len(candidates) < job.gpus:
+        if len(candidates) < job.gpu_count:
             return None
         candidates.sort(key=lambda i: (free[i], i))
-        return tuple(sorted(candidates[: job.gpus]))
+        return tuple(sorted(candidates[: job.gpu_count]))
 
     def fit(self, job: QueuedJob, end: Ends) -> Slots | None:
         """Where `job` fits now: the tightest host that holds it (best fit keeps whole hosts
         free for big jobs), or whole hosts for a job larger than any host (trace replay)."""
-        if job.gpus > self.largest:
+        if job.gpu_count > self.largest:
             return self._fit_whole_hosts(job, end)
-        if job.fraction >= 1 - EPSILON and job.gpus > self.max_full:
+        if job.fraction >= 1 - EPSILON and job.gpu_count > self.max_full:
             return None
         hosts = [job.host] if job.host is not None else self.order
         best: tuple[float, str, tuple[int, ...]] | None = None
@@ -185,13 +185,13 @@ class FreeGpus:
             indices = self.fit_on_host(host, job, end)
             if indices is None:
                 continue
-            spare = sum(self.free[host]) - job.gpus * job.fraction
+            spare = sum(self.free[host]) - job.gpu_count * job.fraction
             if best is None or spare < best[0]:
                 best = (spare, host, indices)
         return [(best[1], best[2])] if best else None
 
     def _fit_whole_hosts(self, job: QueuedJob, end: Ends) -> Slots | None:
-        needed = -(-job.gpus // max(self.largest, 1))
+        needed = -(-job.gpu_count // max(self.largest, 1))
         whole = []
         for host in self.order:
             size = len(self.free[host])
@@ -255,23 +255,23 @@ class FreeGpus:
         start comes from time limits only (inf when unknown); the host is chosen by it,
         then by the expected start. With `skip_held`, GPUs held for others are left out
         (a new reservation never overlaps another)."""
-        shape = (job.gpus, job.fraction, job.host, job.indices, skip_held, job.group if self.kept else None)
+        shape = (job.gpu_count, job.fraction, job.host, job.indices, skip_held, job.group if self.kept else None)
         if shape not in self._earliest:
             self._earliest[shape] = self._find_earliest(job, now, skip_held)
         return self._earliest[shape]
 
     def _find_earliest(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
-        if job.gpus > self.largest:
+        if job.gpu_count > self.largest:
             return self._earliest_whole_hosts(job, now, skip_held)
         hosts = [job.host] if job.host is not None else self.order
         best: tuple[tuple[float, float, str], Slots] | None = None
         for host in hosts:
-            if host not in self.free or self.hosts[host].size < job.gpus:
+            if host not in self.free or self.hosts[host].size < job.gpu_count:
                 continue
             times = self._after_kept(host, self.ready_times(host, job.fraction, now, skip_held), job.group)
             wanted = job.indices if job.indices is not None else range(len(times))
-            ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpus]
-            if len(ranked) < job.gpus:
+            ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpu_count]
+            if len(ranked) < job.gpu_count:
                 continue
             key = (max(times[i][0] for i in ranked), max(times[i][1] for i in ranked), host)
             if best is None or key < best[0]:
@@ -279,7 +279,7 @@ class FreeGpus:
         return (best[0][0], best[0][1], best[1]) if best else None
 
     def _earliest_whole_hosts(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
-        needed = -(-job.gpus // max(self.largest, 1))
+        needed = -(-job.gpu_count // max(self.largest, 1))
         ranked = []
         for host in self.order:
             if len(self.free[host]) == self.largest:
@@ -325,4 +325,4 @@ class FreeGpus:
         fitting = [i for i in wanted if i not in unusable and free[i] >= job.fraction - EPSILON]
         if job.indices is not None:
             return job.indices if len(fitting) == len(job.indices) else None
-        return tuple(fitting[: job.gpus]) if len(fitting) >= job.gpus else None
+        return tuple(fitting[: job.gpu_count]) if len(fitting) >= job.gpu_count else None

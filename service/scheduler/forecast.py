@@ -144,7 +144,7 @@ class Replay:
                 part.estimate_s = part.typical_s = run_s
                 part.served_gpu_s = job.served_gpu_s
                 if len(parts) > 1:
-                    part.job_gpu_load = job.gpus * job.fraction
+                    part.job_gpu_load = job.gpu_count * job.fraction
             sim.start(parts, run_s)
         self.slices.plan(sim, clock, self.queue.values())
         upcoming = sim.next_time()

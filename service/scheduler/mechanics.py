@@ -156,7 +156,7 @@ class Pass:
             if bad:
                 return Reason(Wait.GPU_UNUSABLE, (job.host, bad))
         limit = self.fair_share.limit(job.user)
-        if limit is not None and self.load[job.user] + job.gpus * job.fraction > limit + EPSILON:
+        if limit is not None and self.load[job.user] + job.gpu_count * job.fraction > limit + EPSILON:
             return Reason(Wait.USER_LIMIT, (job.user, self.load[job.user], limit))
         if job.group is not None:
             hours = self.fair_share.group_hours.get(job.group)
@@ -164,15 +164,15 @@ class Pass:
                 return Reason(Wait.GROUP_HOURS, (job.group, *hours))
             cap = self.fair_share.group_limits.get(job.group)
             used = self.group_load[job.group]
-            if cap is not None and used + job.gpus * job.fraction > cap + EPSILON:
+            if cap is not None and used + job.gpu_count * job.fraction > cap + EPSILON:
                 return Reason(Wait.GROUP_LIMIT, (job.group, used, cap))
         return None
 
     def _place(self, job: QueuedJob, slots: Slots) -> None:
         self.free.take(slots, job.fraction)
-        self.load[job.user] += job.gpus * job.fraction
+        self.load[job.user] += job.gpu_count * job.fraction
         if job.group is not None:
-            self.group_load[job.group] += job.gpus * job.fraction
+            self.group_load[job.group] += job.gpu_count * job.fraction
         self.decision.placements.append(Placement(job.id, slots))
         self.position -= 1
 
@@ -256,7 +256,7 @@ class Pass:
         above_share = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
         own_only = above_share and not eldest
         fresh_run = self._fresh_run_s(job)
-        shape = (job.gpus, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
+        shape = (job.gpu_count, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
         if not self._sliceable or fresh_run >= self._no_victims.get(shape, INFINITY):
             return None
         served = self._sliceable
@@ -288,7 +288,7 @@ class Pass:
         """The host where stopping the fewest running jobs that `may_stop` (in `order`)
         makes room; jobs already stopping count as gone. A job larger than any host takes
         whole hosts (`_victims_whole_hosts`)."""
-        if job.gpus > self.free.largest:
+        if job.gpu_count > self.free.largest:
             return self._victims_whole_hosts(job, may_stop)
         best: tuple[int, str, tuple[int, ...], list[RunningJob]] | None = None
         hosts = [job.host] if job.host is not None else self.free.order
@@ -319,7 +319,7 @@ class Pass:
         every job on it that is not already stopping `may_stop`; one part of a job over
         several hosts frees its other hosts too (a job stops on all of them)."""
         size = self.free.largest
-        part = replace(job, gpus=size, host=None, indices=None)
+        part = replace(job, gpu_count=size, host=None, indices=None)
         candidates: list[tuple[int, int, str, tuple[int, ...], list[RunningJob]]] = []
         for position, host in enumerate(self.free.order):
             if len(self.free.free[host]) != size:
@@ -331,7 +331,7 @@ class Pass:
             indices = self.free.would_fit_if_freed(part, host, running)
             if indices is not None:
                 candidates.append((len(fresh), position, host, indices, running))
-        needed = -(-job.gpus // max(size, 1))
+        needed = -(-job.gpu_count // max(size, 1))
         if len(candidates) < needed:
             return None
         chosen = sorted(candidates)[:needed]
@@ -345,7 +345,7 @@ class Pass:
     def _why_no_fit(self, job: QueuedJob) -> Reason:
         if not self.config.explain:
             return Reason(Wait.NO_FIT)
-        shape = (job.gpus, job.fraction, job.host, job.indices, self.free.version)
+        shape = (job.gpu_count, job.fraction, job.host, job.indices, self.free.version)
         reason = self._reasons.get(shape)
         if reason is None:
             reason = self._reasons[shape] = self._explain_no_fit(job)
@@ -363,7 +363,7 @@ class Pass:
         """Why `job` waits on the GPUs it could have soonest, reservations honoured."""
         found = self.free.earliest(job, self.now)
         if found is None:
-            return Reason(Wait.NO_FIT, (job.gpus, job.fraction, INFINITY))
+            return Reason(Wait.NO_FIT, (job.gpu_count, job.fraction, INFINITY))
         known, _, slots = found
         host, indices = slots[0]
         kept = self.free.kept_from(host, indices, job.group) if self.free.kept else None
@@ -378,8 +378,8 @@ class Pass:
         if job.indices is not None:
             return Reason(Wait.GPUS_BUSY, (host, indices, holders, known))
         if holders:  # the earliest GPUs are a forecast: the job takes whichever free up, so none is named
-            return Reason(Wait.JOBS_HOLD, (host, job.gpus, job.fraction, holders, known))
-        return Reason(Wait.NO_FIT, (job.gpus, job.fraction, known))
+            return Reason(Wait.JOBS_HOLD, (host, job.gpu_count, job.fraction, holders, known))
+        return Reason(Wait.NO_FIT, (job.gpu_count, job.fraction, known))
 
     def _kept_from(self, job: QueuedJob) -> Reason | None:
         """`LAB_RESERVED` when the job would fit now but for GPUs kept for another group."""

@@ -191,7 +191,7 @@ class Towerq:
         starving = [
             j
             for j in scheduling.queued
-            if j.gpus > 1 and scheduling.now - j.waiting_since >= waited and scheduling.cannot_run(j) is None
+            if j.gpu_count > 1 and scheduling.now - j.waiting_since >= waited and scheduling.cannot_run(j) is None
         ]
         return sorted(starving, key=lambda j: (j.waiting_since, j.id))
 
@@ -203,7 +203,7 @@ class Towerq:
         if scheduling.config.demote_after_gpu_s <= 0 or not scheduling.queued:
             return None
         eldest = min(scheduling.queued, key=lambda j: (j.priority, j.waiting_since, j.id))
-        if eldest.gpus < scheduling.whole_host or scheduling.cannot_run(eldest) is not None:
+        if eldest.gpu_count < scheduling.whole_host or scheduling.cannot_run(eldest) is not None:
             return None
         scheduling.eldest_gang = eldest.id
         return eldest

@@ -102,11 +102,11 @@ def base_rank(job: QueuedJob, now: float, config: PolicyConfig, whole_host: int)
     waited = max(0.0, now - job.submitted)  # a submit clock ahead of the scheduler's counts as no wait
     rank = job.priority - waited / config.aging_s
     fresh = max(0.0, 1.0 - waited / config.reserve_after_s) if config.reserve_after_s > 0 else 0.0
-    if job.gpus > 1:
-        rank += SIZE_CLASS * math.log2(job.gpus) * fresh
+    if job.gpu_count > 1:
+        rank += SIZE_CLASS * math.log2(job.gpu_count) * fresh
     if 0 < config.demote_after_gpu_s <= job.served_gpu_s:
         rank += DEMOTED_CLASS
-        if job.gpus < whole_host:
+        if job.gpu_count < whole_host:
             rank += SERVED_CLASS * min(MAX_SERVED_DOUBLINGS, math.log2(job.served_gpu_s / config.demote_after_gpu_s))
     return rank + _length_rank(job)
 
@@ -186,8 +186,8 @@ class FairShareTerms:
 
     def started(self, job: QueuedJob) -> None:
         run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
-        self.used[job.user] += job.gpus * job.fraction * run_s
-        self.group_used[job.group] += job.gpus * job.fraction * run_s
+        self.used[job.user] += job.gpu_count * job.fraction * run_s
+        self.group_used[job.group] += job.gpu_count * job.fraction * run_s
         self._terms.clear()
 
     def group_owed(self, group: str | None) -> float:

@@ -134,7 +134,7 @@ def simulate(
     config.policy = policy
     config.explain = False
     capacity = hosts * gpus_per_host
-    runnable = [j for j in jobs if j.gpus <= capacity]
+    runnable = [j for j in jobs if j.gpu_count <= capacity]
     host_list = [HostCapacity(f"h{i:03d}", [1.0] * gpus_per_host) for i in range(hosts)]
     state = _State(sim=SimCluster(host_list), capacity=float(capacity), group_shares=dict(group_shares or {}))
     state.has_groups = any(j.group is not None for j in runnable)
@@ -306,9 +306,9 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
     """Start `job` on `slots`, to end when the run time it has left is up."""
     queued = state.queued.pop(job.id)
     state.waiting[job.user] -= 1
-    state.queued_load[job.user] -= job.gpus * queued.fraction
+    state.queued_load[job.user] -= job.gpu_count * queued.fraction
     state.group_waiting[job.group] -= 1
-    state.group_queued_load[job.group] -= job.gpus * queued.fraction
+    state.group_queued_load[job.group] -= job.gpu_count * queued.fraction
     if job.start is None:
         job.start = now
     left = job.run_s if job.left is None else job.left
@@ -328,13 +328,13 @@ def _start(state: _State, job: TraceJob, slots: list[tuple[str, tuple[int, ...]]
             typical_s=queued.typical_s,
             served_gpu_s=job.served,
             group=job.group,
-            job_gpu_load=job.gpus * queued.fraction if len(slots) > 1 else None,
+            job_gpu_load=job.gpu_count * queued.fraction if len(slots) > 1 else None,
         )
         for host, indices in slots
     ]
     state.sim.start(parts, left)
-    state.held[job.user] += job.gpus * queued.fraction
-    state.group_held[job.group] += job.gpus * queued.fraction
+    state.held[job.user] += job.gpu_count * queued.fraction
+    state.group_held[job.group] += job.gpu_count * queued.fraction
 
 
 def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracle: bool) -> None:
@@ -342,7 +342,7 @@ def _requeue(state: _State, job: TraceJob, now: float, half_life_s: float, oracl
     time left grown by RESTART_S (starting again and restoring the checkpoint)."""
     ran = now - state.sim.parts[job.id][0].started
     _finish(state, job.id, now, half_life_s)
-    job.served += job.gpus * job.fraction * ran
+    job.served += job.gpu_count * job.fraction * ran
     job.left = max(0.0, (job.left or 0.0) - ran) + RESTART_S
     job.queued_at = now
     _enqueue(state, job, oracle)
@@ -354,7 +354,7 @@ def _enqueue(state: _State, job: TraceJob, oracle: bool) -> None:
         job.id,
         job.user,
         1,
-        job.gpus,
+        job.gpu_count,
         job.fraction,
         job.submit,
         limit_s=(job.run_s if job.left is None else job.left) if oracle else job.limit,
@@ -364,9 +364,9 @@ def _enqueue(state: _State, job: TraceJob, oracle: bool) -> None:
         group=job.group,
     )
     state.waiting[job.user] += 1
-    state.queued_load[job.user] += job.gpus * job.fraction
+    state.queued_load[job.user] += job.gpu_count * job.fraction
     state.group_waiting[job.group] += 1
-    state.group_queued_load[job.group] += job.gpus * job.fraction
+    state.group_queued_load[job.group] += job.gpu_count * job.fraction
 
 
 def _finish(state: _State, job_id: int, now: float, half_life_s: float) -> None:

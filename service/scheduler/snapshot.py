@@ -90,7 +90,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 id=r.id,
                 user=r.name,
                 priority=PRIORITY_RANK[r.priority],
-                gpus=r.gpu_count,
+                gpu_count=r.gpu_count,
                 fraction=r.gpu_memory_fraction,
                 submitted=r.created_at.timestamp(),
                 host=r.requested_host,

@@ -30,7 +30,7 @@ class TraceJob:
     id: int
     submit: float
     duration: float
-    gpus: int
+    gpu_count: int
     user: str
     start: float | None = None
     fraction: float = 1.0
@@ -78,14 +78,14 @@ def _trace_job(index: int, row: dict[str, str], path: Path, line: int) -> TraceJ
         job = TraceJob(index, float(row["submit_time_s"]), float(row["duration_s"]), int(row["num_gpus"]), row["user"])
     except (TypeError, ValueError) as err:
         raise TraceError(f"{path}:{line}: {err}") from err
-    if job.gpus < 1 or job.duration < 0 or not math.isfinite(job.submit) or not job.user:
+    if job.gpu_count < 1 or job.duration < 0 or not math.isfinite(job.submit) or not job.user:
         raise TraceError(f"{path}:{line}: needs num_gpus >= 1, duration_s >= 0 and a user")
     fraction = _optional_number(row, FRACTION_COLUMN, f"{path}:{line}")
     if fraction is not None:
         if not 0 < fraction <= 1:
             raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} must be in (0, 1], got {row[FRACTION_COLUMN].strip()}")
-        if fraction < 1 and job.gpus != 1:
-            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} below 1 needs num_gpus 1 (got {job.gpus})")
+        if fraction < 1 and job.gpu_count != 1:
+            raise TraceError(f"{path}:{line}: {FRACTION_COLUMN} below 1 needs num_gpus 1 (got {job.gpu_count})")
         job.fraction = fraction
     job.group = (row.get(GROUP_COLUMN) or "").strip() or None
     job.limit = _optional_number(row, LIMIT_COLUMN, f"{path}:{line}")

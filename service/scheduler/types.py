@@ -32,7 +32,8 @@ class QueuedJob:
     user: str
     priority: int
     """0 high, 1 normal, 2 low (`PRIORITY_RANK`)."""
-    gpus: int
+    gpu_count: int
+    """How many GPUs (a count; `JobSpec.gpus` and `gpu_ids` are lists of indices)."""
     fraction: float
     submitted: float
     host: str | None = None
@@ -46,9 +47,6 @@ class QueuedJob:
     promise); None when unknown."""
     typical_s: float | None = None
     """Its owner's median run time lately; None when unknown."""
-    measured_end: float | None = None
-    """When its last step will be trained at the pace the worker measured so far (the job's
-    `expected_end_at`, its ETA); None until there is one."""
     served_gpu_s: float = 0.0
     """GPU-seconds its earlier attempts ran (0 for a job that never ran)."""
     group: str | None = None
@@ -67,7 +65,7 @@ class QueuedJob:
         GPU-seconds over its GPUs): when it would have been submitted had it waited all along.
         The starvation guard goes by it (`policy`): a job stopped by time slicing, queued
         again after a day's run, has not waited a day."""
-        load = self.gpus * self.fraction
+        load = self.gpu_count * self.fraction
         return self.submitted + self.served_gpu_s / load if load > 0 else self.submitted
 
 

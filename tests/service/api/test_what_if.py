@@ -85,7 +85,7 @@ def test_towerq_simulate_from_db_replays_and_exports_the_labs_jobs(
     exported = subprocess.run([*command, "--export", str(trace)], capture_output=True, text=True, env=env, timeout=120)
     assert exported.returncode == 0 and "3 jobs written" in exported.stdout, exported.stderr
     jobs = read_trace(trace)
-    assert [(j.user, j.duration, j.gpus, j.group) for j in jobs] == [
+    assert [(j.user, j.duration, j.gpu_count, j.group) for j in jobs] == [
         ("alice", 3600.0, 1, None), ("bob", 3600.0, 1, "vision"), ("carol", 3600.0, 1, "vision"),
     ]  # fmt: skip
     bad = subprocess.run([*command, "--until", "2d"], capture_output=True, text=True, env=env, timeout=120)

@@ -53,7 +53,7 @@ def cluster(
 def job(job_id: int, user: str = "alice", gpus: int = 1, **kw: object) -> QueuedJob:
     values: dict[str, object] = {"priority": NORMAL, "fraction": 1.0, "submitted": NOW - 100 + job_id}
     values.update(kw)
-    return QueuedJob(job_id, user, gpus=gpus, **values)
+    return QueuedJob(job_id, user, gpu_count=gpus, **values)
 
 
 def running(job_id: int, host: str, indices: tuple[int, ...], **kw: object) -> RunningJob:
@@ -456,9 +456,9 @@ def test_no_gpu_is_ever_given_more_than_it_has(sizes: list[int], jobs, policy: P
         gpus = [(host, i) for host, indices in placement.slots for i in indices]
         assert len(set(gpus)) == len(gpus)
         if len(placement.slots) == 1:
-            assert len(gpus) == q.gpus
+            assert len(gpus) == q.gpu_count
         else:  # larger than any host: whole hosts (trace replay), at least what it asked for
-            assert len(gpus) >= q.gpus > max(sizes)
+            assert len(gpus) >= q.gpu_count > max(sizes)
         for gpu in gpus:
             load[gpu] += q.fraction
     assert all(v <= 1.0 + 1e-9 for v in load.values()), load

@@ -70,7 +70,7 @@ def test_a_starving_big_job_gets_a_reservation_under_towerq(tmp_path: Path) -> N
     def big_job_wait(policy: Policy, config: PolicyConfig | None = None) -> float:
         jobs = read_trace(trace(tmp_path, rows))
         simulate(jobs, 1, 2, policy, config=config)
-        big = next(j for j in jobs if j.gpus == 2)
+        big = next(j for j in jobs if j.gpu_count == 2)
         assert big.start is not None
         return big.start - big.submit
 
@@ -287,7 +287,7 @@ def test_on_a_real_mix_of_fractions_towerq_beats_fit_first_and_sharing_beats_who
     rng = random.Random(7)
     mixed = copy.deepcopy(jobs)
     for job in mixed:
-        if job.gpus == 1 and rng.random() < 0.5:
+        if job.gpu_count == 1 and rng.random() < 0.5:
             job.fraction = round(rng.uniform(0.25, 0.8), 2)
     towerq = simulate(copy.deepcopy(mixed), 4, 8, Policy.TOWERQ)
     fit_first = simulate(copy.deepcopy(mixed), 4, 8, Policy.FIT_FIRST)
