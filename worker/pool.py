@@ -130,9 +130,7 @@ class TrainerPool:
         with self.lock:
             alive = [t for t in self.warm if t.process.poll() is None]
             for dead in (t for t in self.warm if t not in alive):
-                end(dead.process)
-                self._remove_slot(dead.slot)
-                self._remove_slot(dead.code)
+                self._discard(dead)
             alive.sort(key=lambda t: not t.ready)  # one that is ready first
             self.warm = alive
             # In the sandbox only a ready one: until bwrap has set up its view, the folder it
@@ -151,9 +149,7 @@ class TrainerPool:
                 log.warning(
                     "could not show job %s its code in a warm trainer (%s): starting one cold", launch.job_id, err
                 )
-                end(trainer.process)
-                self._remove_slot(trainer.slot)
-                self.release(trainer)
+                self._discard(trainer)
                 return None
         if trainer.slot is not None:
             folder.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +158,12 @@ class TrainerPool:
 
     def release(self, trainer: WarmTrainer) -> None:
         """A taken trainer's attempt is over: its code folder goes (its slot is the job's folder)."""
+        self._remove_slot(trainer.code)
+
+    def _discard(self, trainer: WarmTrainer) -> None:
+        """A trainer that serves no job: ended, and both its folders removed."""
+        end(trainer.process)
+        self._remove_slot(trainer.slot)
         self._remove_slot(trainer.code)
 
     def refill(self) -> None:
