@@ -68,6 +68,12 @@ IDLE_CHECK_S = 5.0
 GPU_BUSY_PCT = 5.0
 """A GPU whose utilization NVML reports at or above this is in use (not idle)."""
 ASK_TIMEOUT_S = 5.0
+OVER_QUOTA_SLACK_BYTES = 1_000_000
+"""How much a member's folder that is over its quota when a session starts may still grow in
+that session: JupyterLab (as it starts) and the kernel keep their own state in `$HOME`
+(command history, notebook signatures, workspaces, a folder's blocks), which grows as the
+member works, deleting files included. Small beside any quota; a file of the member's own
+soon passes it."""
 
 
 def home_folder(settings: Settings, user_id: int) -> Path:
@@ -191,6 +197,37 @@ class Door:
             self.last_closed = time.monotonic()
 
 
+class HomeQuota:
+    """`TOWERQ_NOTEBOOK_HOME_MAX_BYTES` in one session. Under it at the first measure, the
+    folder may grow up to it; over it (files kept from before), the member may delete files
+    but not add more: the folder may not grow past the least it has held since, plus
+    `OVER_QUOTA_SLACK_BYTES` for JupyterLab's and the kernel's own state (nor need it stay
+    under the quota, where that is more)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.ceiling: int | None = None
+        """The most the folder may hold in this session, set at the first measure."""
+
+    def judge(self, used: int) -> tuple[str | None, str | None]:
+        """(a warning for the member, the reason to stop the session) with the folder at `used`."""
+        most = self.max_bytes
+        if not most:
+            return None, None
+        if self.ceiling is None:
+            self.ceiling = most if used <= most else used + OVER_QUOTA_SLACK_BYTES
+            if used > most:
+                return f"your notebook folder holds {size_words(used)}, over its {size_words(most)}: delete some", None
+            return None, None
+        if used <= self.ceiling:  # what it deleted, it may not add again past the quota
+            self.ceiling = min(self.ceiling, max(most, used + OVER_QUOTA_SLACK_BYTES))
+            return None, None
+        why = f"your notebook folder grew to {size_words(used)}, over its {size_words(most)}"
+        if self.ceiling > most:
+            why += f" and past the {size_words(self.ceiling)} this session allows (what it held, and a little)"
+        return None, why + " (TOWERQ_NOTEBOOK_HOME_MAX_BYTES)"
+
+
 def jupyter_command(settings: Settings, job_id: int, home: Path, session: Path) -> list[str]:
     """JupyterLab on the session's socket, under the API's path, without a token (the API
     is the only way in and checks the member's login), `HOME` the member's folder."""
@@ -215,6 +252,7 @@ class NotebookRunner(ProgramRunner):
     """When a kernel was last busy, or a GPU in use (monotonic)."""
     _next_ask = 0.0
     _home_watch: FolderWatch | None = None
+    _home_quota: HomeQuota
     _started_at = 0.0
     socket_folder: Path | None = None
     """The session's own folder (`session_folder`), once made."""
@@ -249,6 +287,7 @@ class NotebookRunner(ProgramRunner):
                 command, launch, settings, self.artifacts, bool(launch.spec.get("network")), HOME_PATH, binds
             )
         self._home_watch = FolderWatch(home, settings.notebook_home_max_bytes, settings.job_folder_check_s)
+        self._home_quota = HomeQuota(settings.notebook_home_max_bytes)
         self._open_door(folder)
         death = None if self.sandboxed else die_with_parent
 
@@ -276,7 +315,7 @@ class NotebookRunner(ProgramRunner):
         if now < self._next_ask or self.door is None or self.socket_folder is None:
             return
         self._next_ask = now + IDLE_CHECK_S
-        self._watch_home(now)
+        self._watch_home(now)  # first at the start, before the member can add anything
         try:
             kernels = ask(
                 self.socket_folder,
@@ -315,20 +354,12 @@ class NotebookRunner(ProgramRunner):
         watch = self._home_watch
         if watch is None or not watch.due(now):
             return
-        first = watch.bytes is None
         watch.measure(now)
-        used, most = watch.bytes or 0, watch.max_bytes
-        if not most or used <= most:
-            return
-        if first:  # it came over its quota: it may delete files in this session, not add more
-            watch.max_bytes = used
-            self.sink.log(
-                "warning", f"your notebook folder holds {size_words(used)}, over its {size_words(most)}: delete some"
-            )
-        elif self.outcome.stop is None:
-            why = f"your notebook folder grew to {size_words(used)}, over its {size_words(most)}"
-            why += " (TOWERQ_NOTEBOOK_HOME_MAX_BYTES)"
-            self.request_stop(Stop.FOLDER_FULL, f"stopped: {why}; its files are kept")
+        warning, stop = self._home_quota.judge(watch.bytes or 0)
+        if warning is not None:
+            self.sink.log("warning", warning)
+        if stop is not None and self.outcome.stop is None:
+            self.request_stop(Stop.FOLDER_FULL, f"stopped: {stop}; its files are kept")
 
     def _gpus_in_use(self) -> bool:
         """Where NVML reports utilization: one of its GPUs in use (on a shared GPU, only
