@@ -78,11 +78,11 @@ soon passes it."""
 
 def home_folder(settings: Settings, user_id: int) -> Path:
     """The member's notebook folder, kept across their sessions (on the shared storage)."""
-    return settings.artifacts_dir / "homes" / f"user-{user_id}"
+    return settings.artifacts_dir.resolve() / "homes" / f"user-{user_id}"
 
 
 def session_folder(settings: Settings, job_id: int, attempt: int) -> Path:
-    return settings.var_dir / "sessions" / f"job-{job_id}-{attempt}"
+    return settings.var_dir.resolve() / "sessions" / f"job-{job_id}-{attempt}"
 
 
 def session_base_url(settings: Settings, job_id: int) -> str:

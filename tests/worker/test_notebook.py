@@ -1,8 +1,25 @@
-"""The member's folder's quota in a notebook session (worker.notebook.HomeQuota)."""
+"""A notebook session's folders: where they are, and the member's folder's quota
+(worker.notebook.HomeQuota)."""
 
 from __future__ import annotations
 
-from worker.notebook import OVER_QUOTA_SLACK_BYTES, HomeQuota
+from pathlib import Path
+
+import pytest
+
+from service.core.settings import Settings
+from worker.notebook import OVER_QUOTA_SLACK_BYTES, HomeQuota, home_folder, session_folder
+
+
+def test_a_sessions_folders_are_absolute_where_the_lab_names_relative_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`towerq up` names var/ and var/artifacts relative to where it runs; bwrap binds from
+    another working folder, so every session there failed ("Can't find source path")."""
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(var_dir=Path("var"), artifacts_dir=Path("var/artifacts"))
+    assert home_folder(settings, 1) == tmp_path / "var" / "artifacts" / "homes" / "user-1"
+    assert session_folder(settings, 2, 1) == tmp_path / "var" / "sessions" / "job-2-1"
 
 
 def test_a_folder_under_its_quota_may_grow_up_to_it_and_no_further() -> None:
