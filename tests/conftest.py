@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import time
 
 # Imported now, not lazily: the warnings machinery imports tracemalloc the first time it
@@ -35,6 +34,7 @@ from service.core.db import Database, upgrade_database
 from service.core.models import Job
 from service.core.settings import Settings
 from service.lab.auth import create_token
+from tests.stack import free_port
 from worker.cgroups import remove_stale
 from worker.host import register
 from worker.inventory import SimulatedInventory
@@ -43,12 +43,6 @@ from worker.processes import marked
 POSTGRES_ADMIN_URL = os.environ.get(
     "TOWERQ_TEST_POSTGRES_ADMIN_URL", "postgresql://towerq:towerq@127.0.0.1:5432/postgres"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -17,7 +18,6 @@ from typing import Any
 import httpx
 
 from service.core.settings import Settings
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL = ("succeeded", "failed", "cancelled")
@@ -34,6 +34,12 @@ def settings_env(settings: Settings, **overrides: object) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
