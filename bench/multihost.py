@@ -215,15 +215,21 @@ def lose_a_rank(lab: Lab, how: str) -> dict[str, float]:
     again = wait_for(
         lambda: [p for p in lab.train_points(job_id) if p["attempt"] == 2], 180, "attempt 2's first metric", 0.2
     )
-    lines = [line["message"] for line in lab.client.get(f"/api/jobs/{job_id}/logs").json()]
+    logged = lab.client.get(f"/api/jobs/{job_id}/logs", params={"tail": 2000}).json()
+    lines = [line["message"] for line in logged]
     resumed = [int(m.rsplit(" ", 1)[1]) for m in lines if "resumed from the checkpoint of step" in m]
     lab.end(job_id)
-    return {
+    figures = {
         "noticed_s": parse_time(back["time"]) - lost_at,
         "recovered_s": parse_time(again[0]["time"]) - lost_at,
         "resumed_from": resumed[0] if resumed else -1,
         "stored": reached,
     }
+    if figures["noticed_s"] > BAR_NOTICED_S:  # where the time went: the attempt's last lines, timed from the loss
+        print(f"{how}: noticed after {figures['noticed_s']:.1f} s; attempt 1's last lines (s after the loss):")
+        for line in [line for line in logged if line.get("attempt") == 1][-20:]:
+            print(f"  {parse_time(line['time']) - lost_at:+7.1f}  {line['message'][:200]}")
+    return figures
 
 
 def freeze_at_start(lab: Lab) -> dict[str, float]:
