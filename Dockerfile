@@ -38,7 +38,7 @@ COPY web web
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM base AS api
-RUN python scripts/requirements.py > /tmp/requirements.txt \
+RUN python scripts/requirements.py server > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 COPY --from=build /wheels /wheels

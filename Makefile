@@ -68,7 +68,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	@# setuptools announces every editable install of a package-dir layout with a banner
 	@# (a UserWarning, "Editable installation."): that one message is silenced, nothing else.
-	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -e '.[cpu,notebook,dev]'
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -e '.[server,cpu,notebook,dev]'
 	touch $(STAMP)
 
 clean:

@@ -195,7 +195,7 @@ def messages_section() -> list[str]:
 
 
 def cli_page() -> str:
-    from service.cli import parser
+    from service.cli.command import parser
 
     top = parser()
     lines = [

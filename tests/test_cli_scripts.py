@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import parser
+from service.cli.command import parser
 from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import REPO, Stack, wait_for

@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from service.cli import parser as towerq_parser
+from service.cli.command import parser as towerq_parser
 from service.cli.redis_server import RedisUnavailableError, answers, redis_binary
 from service.core.settings import Settings
 from tests.compose import (
@@ -172,7 +172,7 @@ def test_the_dockerfile_builds_a_slim_api_image_and_a_cuda_worker_image() -> Non
     assert "service" not in copied and "worker" not in copied
     # the worker image: the trainer's side and a notebook session's server (docs/notebooks.md)
     requirements = {
-        "api": "python scripts/requirements.py >",
+        "api": "python scripts/requirements.py server >",
         "worker": "python scripts/requirements.py gpu notebook >",
     }
     for name, install in requirements.items():
@@ -192,7 +192,7 @@ def test_the_dockerfile_builds_a_slim_api_image_and_a_cuda_worker_image() -> Non
 
 def test_the_api_image_requirements_carry_no_tensorflow() -> None:
     script = [sys.executable, str(REPO / "scripts" / "requirements.py")]
-    api = subprocess.run(script, capture_output=True, text=True, check=True).stdout.split()
+    api = subprocess.run([*script, "server"], capture_output=True, text=True, check=True).stdout.split()
     worker = subprocess.run([*script, "gpu"], capture_output=True, text=True, check=True).stdout.split()
     assert not [line for line in api if "tensorflow" in line or "keras" in line]
     assert any(line.startswith("tensorflow[and-cuda]") for line in worker)

@@ -104,7 +104,7 @@ def test_a_second_high_job_preempts_with_or_without_reasons() -> None:
 def test_every_policy_is_one_object_of_the_registry_by_its_name() -> None:
     """fifo, fit-first and towerq are policies behind one interface (issue 45, part 4), found
     by name; `towerq simulate --policy` offers exactly those."""
-    from service.cli import parser
+    from service.cli.command import parser
     from service.scheduler.policy import POLICIES, Fifo, FitFirst, Towerq
     from service.scheduler.types import Policy
 
