@@ -5,6 +5,7 @@ API and answers a server command with the extra to install."""
 
 from __future__ import annotations
 
+import argparse
 import email
 import importlib.metadata
 import os
@@ -18,9 +19,9 @@ import pytest
 from packaging.requirements import Requirement
 
 from service.cli import SERVER_PACKAGES
+from service.cli.command import parser
 from tests.stack import REPO, Stack
-
-pytestmark = pytest.mark.slow
+from towerq.cli.main import SERVER_COMMANDS, client_parser
 
 SPEC = "model: mlp\ndataset: digits\ngpu_count: 1\nhyperparameters:\n  steps: 20\n"
 
@@ -76,6 +77,18 @@ def client_only_environment(tmp_path: Path) -> Path:
     return venv / "bin" / "towerq"
 
 
+def test_the_client_only_command_knows_every_server_command_by_name() -> None:
+    whole = command_names(parser())
+    member = command_names(client_parser())
+    assert set(SERVER_COMMANDS) == whole - member and member < whole
+
+
+def command_names(top: argparse.ArgumentParser) -> set[str]:
+    (subcommands,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(subcommands.choices)
+
+
+@pytest.mark.slow
 def test_a_client_only_install_runs_the_member_commands_and_names_the_extra_for_server_ones(
     stack: Stack, make_token: Callable[..., str], tmp_path: Path
 ) -> None:
