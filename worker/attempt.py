@@ -29,7 +29,7 @@ from sqlalchemy import select
 from service.core import defaults
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
-from service.core.lifecycle import current_attempt, finish, mark_running, requeue
+from service.core.lifecycle import current_attempt, finish, mark_running, requeue, stopped_early
 from service.core.models import HOLDING_STATES, Job, JobState
 from towerq.contract import events
 from towerq.contract.spec import describe
@@ -49,7 +49,7 @@ LEFTOVER_GRACE_S = 5.0
 """How long the process's output is still read after it exited: processes it started may
 hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
 CHECK_EVERY_S = 1.0
-RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.PREEMPT, Stop.TIME_LIMIT)
+RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT)
 """Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
 
 Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str], str]]
@@ -339,7 +339,9 @@ class AttemptRunner:
             self._moved_on()
             return
         if row.cancel_requested_at is not None:
-            self.request_stop(Stop.CANCEL, row.stop_reason or "cancelled")
+            self.request_stop(
+                Stop.SWEEP if stopped_early(row.stop_reason) else Stop.CANCEL, row.stop_reason or "cancelled"
+            )
         elif row.preempt_requested_at is not None:
             why = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
             self.request_stop(Stop.PREEMPT, why)

@@ -38,6 +38,9 @@ class Stop(enum.StrEnum):
     """A notebook session idle for its `idle_timeout_s` (`worker.notebook`): it ends, succeeded."""
     NOT_READY = "not_ready"
     """A notebook session whose JupyterLab did not answer in time: it fails."""
+    SWEEP = "sweep"
+    """A setting of an adaptive sweep stopped at a rung, its metric behind the others'
+    (`service.jobs.asha`): it ends succeeded, with the reason; its checkpoint is kept."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -137,6 +140,8 @@ class Outcome:
             return JobState.QUEUED, self.stop_message
         if self.stop == Stop.CANCEL:
             return JobState.CANCELLED, self.stop_message
+        if self.stop == Stop.SWEEP:
+            return JobState.SUCCEEDED, self.stop_message
         if self.stop == Stop.TIME_LIMIT:
             where = f"at step {self.step}" if self.step is not None else "before its first step"
             return JobState.FAILED, f"{self.stop_message} {where}"
@@ -160,7 +165,7 @@ class Outcome:
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr, self.who)
 
 
-TOO_LATE = frozenset({None, Stop.CANCEL, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT})
+TOO_LATE = frozenset({None, Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT})
 """Stops that do not undo a trained job: asked after its last step, they change nothing it
 made. A full folder, a bad spec or a GPU-memory breach still fail it."""
 

@@ -12,6 +12,7 @@ import redis
 from service.core import defaults, keys
 from service.core.context import Context
 from service.core.keyspace import KeptClaim, identity
+from service.jobs import asha
 from service.notifications.prometheus import record_pass
 from service.notifications.webhooks import Deliverer
 from service.scheduler.live import LiveScheduler
@@ -47,6 +48,17 @@ def wait_for_kick(ctx: Context, until: float, stop: threading.Event) -> None:
             return
 
 
+def decide_rungs(ctx: Context, scheduler: LiveScheduler) -> None:
+    """Stop the settings of adaptive sweeps that fell behind at a rung (`service.jobs.asha`)."""
+    try:
+        stopped = asha.decide(ctx.db, scheduler.executor)
+    except Exception:  # a pass must still come: said, and tried again at the next check
+        log.exception("adaptive sweeps: deciding the rungs failed")
+        return
+    if stopped:
+        log.info("adaptive sweeps: %d setting(s) stopped early", stopped)
+
+
 def serve(ctx: Context, stop: threading.Event) -> None:
     """Run passes until `stop` is set: after each kick, and every `scheduler_interval_s`."""
     scheduler = LiveScheduler(ctx)
@@ -58,6 +70,7 @@ def serve(ctx: Context, stop: threading.Event) -> None:
     gc.freeze()
     log.info("scheduler started (pass every %.1fs and on demand)", interval)
     timer = time.monotonic() + interval
+    rungs_at = 0.0
     while not stop.is_set():
         kept.keep(time.monotonic())  # KeyspaceError: another service took it (after a flush): stop
         try:
@@ -91,6 +104,9 @@ def serve(ctx: Context, stop: threading.Event) -> None:
                 record_pass(ctx.redis, report.seconds)
             except redis.RedisError:
                 pass  # a lost sample of a histogram, not a failed pass
+        if time.monotonic() >= rungs_at:  # adaptive sweeps: the settings that reached a rung
+            rungs_at = time.monotonic() + asha.CHECK_S
+            decide_rungs(ctx, scheduler)
         if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):
             log.info(
                 "pass: started %d, waiting %d, requeued %d, hosts down %s (%.1f ms)",

@@ -192,18 +192,29 @@ def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
     kick_scheduler(session)
 
 
-def request_cancel(session: Session, job: Job, by: str) -> CancelMessage | None:
-    """Cancel a queued job now; ask the worker to stop a dispatched or running one."""
+STOPPED_EARLY = "stopped early by sweep"
+"""How the reason of a setting an adaptive sweep stopped begins (`service.jobs.asha`): its
+worker ends it succeeded, not cancelled. Only towerq writes a reason (a member's cancel
+says "cancelled by NAME")."""
+
+
+def stopped_early(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(STOPPED_EARLY)
+
+
+def request_cancel(session: Session, job: Job, by: str, reason: str | None = None) -> CancelMessage | None:
+    """Cancel a queued job now; ask the worker to stop a dispatched or running one. The job
+    ends saying `reason` (default: who cancelled it)."""
     state = JobState(job.state)
     if state.is_final:
         raise StateConflictError(f"job {job.id} is already {state}")
     if state == JobState.QUEUED:
-        cancel_queued(session, job, f"cancelled by {by} while queued")
+        cancel_queued(session, job, reason or f"cancelled by {by} while queued")
         return None
     if job.cancel_requested_at is not None:
         return None
     job.cancel_requested_at = utcnow()
-    job.stop_reason = f"cancelled by {by}"[:512]
+    job.stop_reason = (reason or f"cancelled by {by}")[:512]
     message = CancelMessage(job_id=job.id, attempt=job.attempts, host=job.host_name, by=by)
     job_message(session, message)
     return message  # for the executor, once this commits (`Executor.stop`)

@@ -375,6 +375,26 @@ class Sweep(Base):
     user: Mapped[User] = relationship()
 
 
+class SweepRung(Base):
+    """One setting of an adaptive sweep at one rung (`service.jobs.asha`): the sweep's metric
+    when it got there, and whether it went on. Written once; the searcher's whole state, so a
+    restarted scheduler decides the same."""
+
+    __tablename__ = "sweep_rungs"
+
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    rung: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer)
+    """The step of the report compared (the first at or past the rung's)."""
+    value: Mapped[float | None] = mapped_column(Float)
+    """None: the setting failed or was cancelled before the rung (the worst there)."""
+    stopped: Mapped[bool] = mapped_column()
+    cut: Mapped[float | None] = mapped_column(Float)
+    """The worst value that went on at this rung when it was decided."""
+    reached_at: Mapped[datetime] = mapped_column()
+
+
 class Allocation(Base):
     """One GPU (or a fraction of it) held by one attempt of one job."""
 

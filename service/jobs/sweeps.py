@@ -4,7 +4,8 @@ A sweep is a `base` job spec and either a `grid` (`{"hyperparameters.learning_ra
 0.01], ...}`: the cartesian product) or `random` settings (`{"count": 20, "space":
 {"hyperparameters.learning_rate": {"log_uniform": [1e-4, 1e-1]}, ...}}`). Every setting is
 made into a job spec and checked like a submission before anything is stored; then the
-sweep and all its jobs are stored. `max_parallel` holds the rest of a sweep's jobs in the
+sweep and all its jobs are stored. `early_stopping` stops the settings behind the others at
+rungs (`service.jobs.asha`). `max_parallel` holds the rest of a sweep's jobs in the
 queue while that many of them hold GPUs (the scheduler reads `service.scheduler.snapshot.held_by_sweeps`); `metric`
 and `goal` name the best job.
 """
@@ -29,6 +30,7 @@ from service.core.models import FINAL_STATES, Job, JobState, Sweep
 from service.core.publish import kick_scheduler
 from service.core.settings import Settings
 from service.executors import Executor
+from service.jobs.asha import EarlyStopping, check_setting
 from service.jobs.dependencies import resolve_after
 from service.jobs.intake import SubmissionWriter
 from service.jobs.stopping import cancel_then_stop
@@ -107,6 +109,9 @@ class SweepIn(BaseModel):
     )
     goal: str = Field(default="max", pattern=r"^(max|min)$")
     max_parallel: int | None = Field(default=None, ge=1, le=MAX_JOBS_PER_SWEEP)
+    early_stopping: EarlyStopping | None = Field(
+        default=None, description="stop the settings behind the others at rungs (ASHA: service.jobs.asha)"
+    )
     notify_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
 
     @model_validator(mode="after")
@@ -232,6 +237,8 @@ def create_sweep(
                 check_startable(session, caller, spec, settings)
             except (ValidationError, SpecError) as err:
                 raise refusal(index, setting, err) from None
+            if body.early_stopping is not None:  # its rungs: the error names early_stopping's field
+                check_setting(body.early_stopping, spec, body.metric)
             checked.append((setting, spec))
     check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
     definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
@@ -244,6 +251,7 @@ def create_sweep(
                 "metric": body.metric,
                 "goal": body.goal,
                 "max_parallel": body.max_parallel,
+                "early_stopping": body.early_stopping.model_dump() if body.early_stopping else None,
                 "notify_url": body.notify_url,
                 "settings": [setting for setting, _ in checked],
             },

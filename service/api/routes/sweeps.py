@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
-from service.core.models import Job, Sweep
+from service.core.models import Job, Sweep, SweepRung
 from service.jobs import sweeps
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
@@ -27,6 +27,20 @@ class SweepJob(BaseModel):
     """The sweep's metric at the job's end (its latest value while it runs)."""
     step: int | None
     total_steps: int
+
+
+class RungOut(BaseModel):
+    """A setting of an adaptive sweep at a rung (`service.jobs.asha`)."""
+
+    job_id: int
+    rung: int
+    """Counted from 1."""
+    step: int
+    value: float | None
+    """None: the setting ended before the rung (the worst there)."""
+    stopped: bool
+    cut: float | None
+    """The worst value that went on at the rung when this one was decided."""
 
 
 class SweepOut(BaseModel):
@@ -45,6 +59,10 @@ class SweepOut(BaseModel):
     total: int
     best_job: int | None
     jobs: list[SweepJob]
+    early_stopping: dict[str, Any] | None = None
+    """The sweep's `early_stopping` (ASHA), where it has one."""
+    rungs: list[RungOut] = []
+    """Where it has one: each setting at each rung it reached, in the order decided."""
 
 
 class SweepList(BaseModel):
@@ -84,7 +102,19 @@ def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut
         total=len(jobs),
         best_job=sweeps.best_job(jobs, metric, goal),
         jobs=listed if with_jobs else [],
+        early_stopping=sweep.spec.get("early_stopping"),
+        rungs=rungs_of(session, sweep.id) if with_jobs and sweep.spec.get("early_stopping") else [],
     )
+
+
+def rungs_of(session: Session, sweep_id: int) -> list[RungOut]:
+    rows = session.scalars(
+        select(SweepRung).where(SweepRung.sweep_id == sweep_id).order_by(SweepRung.reached_at, SweepRung.rung)
+    )
+    return [
+        RungOut(job_id=r.job_id, rung=r.rung + 1, step=r.step, value=r.value, stopped=r.stopped, cut=r.cut)
+        for r in rows
+    ]
 
 
 @router.post("", status_code=201, response_model=SweepOut)
