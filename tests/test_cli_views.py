@@ -20,6 +20,7 @@ from service.core.settings import Settings
 from tests.stack import Stack, wait_for
 from tests.test_cli import cli_env, towerq
 from towerq import ApiError, Client, MissingPackageError
+from towerq.cli import views
 
 pytestmark = pytest.mark.slow
 SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 20}}
@@ -203,3 +204,29 @@ def test_speed_is_over_wall_time_with_the_training_rate_beside_it() -> None:
     line = ProgressLine(dict(job))
     line.update({"type": "metric", **latest})
     assert "320 ex/s" in line.text(), line.text()
+
+
+def test_an_adaptive_sweeps_page_says_its_rungs_and_whom_it_stopped() -> None:
+    sweep = {
+        "id": 7, "name": "curves", "user": "alice", "metric": "accuracy", "goal": "max", "fields": ["quality"],
+        "counts": {"succeeded": 3}, "done": 3, "total": 3, "best_job": 2,
+        "jobs": [
+            {"id": n, "state": "succeeded", "step": step, "total_steps": 60, "result": result,
+             "setting": {"quality": q}}
+            for n, step, result, q in ((1, 60, 0.45, 0.5), (2, 60, 0.89, 0.9), (3, 15, 0.27, 0.3))
+        ],
+        "early_stopping": {"method": "asha", "min_steps": 10, "reduction_factor": 2, "max_steps": 60},
+        "rungs": [
+            {"job_id": 1, "rung": 1, "step": 10, "value": 0.45, "stopped": False, "cut": 0.45},
+            {"job_id": 2, "rung": 1, "step": 10, "value": 0.82, "stopped": False, "cut": 0.82},
+            {"job_id": 3, "rung": 1, "step": 10, "value": 0.27, "stopped": True, "cut": 0.82},
+            {"job_id": 1, "rung": 2, "step": 20, "value": 0.48, "stopped": False, "cut": 0.48},
+        ],
+    }  # fmt: skip
+    page = views.sweep_page(sweep)
+    assert page[-3:] == [
+        "  early stopping (ASHA): rungs from step 10, 1 in 2 goes on at each",
+        "    rung 1 (step 10): 3 reached, cut 0.82; stopped: job 3",
+        "    rung 2 (step 20): 1 reached, cut 0.48; none stopped",
+    ]
+    assert views.rung_lines({**sweep, "early_stopping": None}) == []

@@ -212,4 +212,24 @@ def sweep_page(sweep: dict[str, Any]) -> list[str]:
         lines.append(f"  {mark} {job['id']:>6}  {job['state']:<10} {steps(job):>{STEP_WIDTH}}  {result:>9}  {setting}")
     if sweep["best_job"] is not None:
         lines.append("  (* the best job so far)")
+    return lines + rung_lines(sweep)
+
+
+def rung_lines(sweep: dict[str, Any]) -> list[str]:
+    """An adaptive sweep's rungs: how many settings reached each, how many it stopped there,
+    its cut now, and which settings it stopped (nothing for a sweep without early stopping)."""
+    early = sweep.get("early_stopping")
+    if not early:
+        return []
+    factor = early["reduction_factor"]
+    lines = [f"  early stopping (ASHA): rungs from step {early['min_steps']}, 1 in {factor} goes on at each"]
+    rows = sweep.get("rungs") or []
+    for rung in sorted({row["rung"] for row in rows}):
+        there = [row for row in rows if row["rung"] == rung]
+        stopped = [row["job_id"] for row in there if row["stopped"]]
+        cut = there[-1]["cut"]
+        line = f"    rung {rung} (step {early['min_steps'] * factor ** (rung - 1)}): {len(there)} reached"
+        line += f", cut {cut:.4g}" if cut is not None else ""
+        line += f"; stopped: {', '.join(f'job {job_id}' for job_id in stopped)}" if stopped else "; none stopped"
+        lines.append(line)
     return lines
