@@ -1,16 +1,19 @@
 """An adaptive sweep through the whole service (API, scheduler, a worker of simulated GPUs):
 command jobs report synthetic learning curves (no training), the scheduler's searcher
 stops the settings behind at the rungs, and a stopped setting ends succeeded with the
-reason, its GPU freed for the next; the best trains to the end."""
+reason, its GPU freed for the next; the best trains to the end; the sweep's webhook says
+once, when its last job ended, which setting was best and how many it stopped."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from service.core.settings import Settings
 from tests.stack import Stack, finished, upload_code, wait_for
+from tests.test_webhooks import Receiver
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +28,21 @@ for step in range(5, 61, 5):
 """
 
 
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    running = Receiver(failures=0)
+    yield running
+    running.server.shutdown()
+    running.server.server_close()
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], database_url: str, receiver: Receiver) -> Settings:
+    return make_settings(database_url, webhook_allow="127.0.0.1", public_url="https://towerq.lab.example")
+
+
 def test_an_adaptive_sweep_stops_the_settings_behind_at_the_rungs(
-    stack: Stack, settings: Settings, make_token: Callable[..., str]
+    stack: Stack, settings: Settings, make_token: Callable[..., str], receiver: Receiver
 ) -> None:
     stack.start_api()
     stack.start_scheduler()
@@ -41,6 +57,7 @@ def test_an_adaptive_sweep_stops_the_settings_behind_at_the_rungs(
         "metric": "accuracy",
         "max_parallel": 1,  # one at a time: the order they reach the rungs is the grid's
         "early_stopping": {"min_steps": 10, "reduction_factor": 2, "max_steps": 60},
+        "notify_url": f"{receiver.url}/sweep",
     }
     created = client.post("/api/sweeps", json=body)
     assert created.status_code == 201, created.text
@@ -60,3 +77,18 @@ def test_an_adaptive_sweep_stops_the_settings_behind_at_the_rungs(
     assert shown["best_job"] == best
     stopped = {(r["job_id"], r["rung"]) for r in shown["rungs"] if r["stopped"]}
     assert stopped == {(worst, 1), (second, 2)}, shown["rungs"]
+
+    # the sweep's own webhook, once, after its last job: the best setting, the two stopped
+    wait_for(lambda: any(r["headers"]["X-Towerq-Event"] == "sweep.finished" for r in receiver.posts("/sweep")), 30,
+             "the sweep's webhook")  # fmt: skip
+    ended = [r for r in receiver.posts("/sweep") if r["headers"]["X-Towerq-Event"] == "sweep.finished"]
+    assert len(ended) == 1
+    said_sweep = json.loads(ended[0]["body"])["sweep"]
+    assert said_sweep["best"]["job_id"] == best and said_sweep["best"]["setting"] == {"quality": 0.9}
+    assert said_sweep["stopped_early"] == 2 and said_sweep["counts"] == {"succeeded": 4}
+    assert said_sweep["url"] == f"https://towerq.lab.example/#/sweeps/{sweep['id']}"
+    assert (
+        "best: job" in json.loads(ended[0]["body"])["text"]
+        and "2 stopped early" in json.loads(ended[0]["body"])["text"]
+    )
+    wait_for(lambda: len(receiver.posts("/sweep")) == 5, 30, "each job's webhook to the sweep's URL too")

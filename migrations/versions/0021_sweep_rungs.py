@@ -1,4 +1,5 @@
-"""sweep_rungs: an adaptive sweep's settings at its rungs (ASHA), the searcher's state
+"""sweep_rungs: an adaptive sweep's settings at its rungs (ASHA), the searcher's state; and
+notifications.event: a sweep's own webhook when its last job ends
 
 Revision ID: 0021
 Revises: 0020
@@ -28,7 +29,11 @@ def upgrade() -> None:
         sa.Column("cut", sa.Float(), nullable=True),
         sa.Column("reached_at", sa.DateTime(timezone=True), nullable=False),
     )
+    with op.batch_alter_table("notifications") as batch:
+        batch.add_column(sa.Column("event", sa.String(16), nullable=False, server_default="job.finished"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("notifications") as batch:
+        batch.drop_column("event")
     op.drop_table("sweep_rungs")

@@ -484,8 +484,9 @@ class NotificationState(enum.StrEnum):
 
 
 class Notification(Base):
-    """A webhook owed for a finished job: written in the transaction that ends the job (so
-    none is lost or made twice), sent in the background by the scheduler process."""
+    """A webhook owed for a finished job (or the sweep it finished): written in the
+    transaction that ends the job (so none is lost or made twice), sent in the background by
+    the scheduler process."""
 
     __tablename__ = "notifications"
     __table_args__ = (Index("ix_notifications_due", "state", "next_attempt_at"),)
@@ -494,6 +495,8 @@ class Notification(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     url: Mapped[str | None] = mapped_column(Text, default=None)
     """The job's (or its sweep's) `notify_url`; None: the lab's TOWERQ_WEBHOOK_URL."""
+    event: Mapped[str] = mapped_column(String(16), default="job.finished")
+    """job.finished, or sweep.finished: the job was its sweep's last to end (to the sweep's URL)."""
     state: Mapped[str] = mapped_column(String(16), default=NotificationState.PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)

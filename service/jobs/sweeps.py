@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, joinedload
 from service.core.db import Database
 from service.core.exceptions import NotFoundError, SpecError
 from service.core.lifecycle import locked_job, request_cancel
-from service.core.models import FINAL_STATES, Job, JobState, Sweep
+from service.core.models import FINAL_STATES, Job, Sweep
 from service.core.publish import kick_scheduler
 from service.core.settings import Settings
 from service.executors import Executor
@@ -171,21 +171,6 @@ def _as_text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else value if isinstance(value, str) else json.dumps(value)
 
 
-def result_of(job: Job, metric: str) -> float | None:
-    """The job's latest value of the sweep's metric: a column (loss, accuracy, eval_loss,
-    eval_accuracy), else one it reports by name (`eval_` for its evaluation's)."""
-    if metric in STANDARD_METRICS:
-        value = getattr(job, metric, None)
-    elif metric.startswith("eval_"):
-        value = (job.eval_custom_metrics or {}).get(metric.removeprefix("eval_"))
-    else:
-        value = (job.custom_metrics or {}).get(metric)
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-
-
-STANDARD_METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
-
-
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -200,14 +185,6 @@ def refusal(index: int, setting: dict[str, Any], err: ValidationError | SpecErro
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"])
     return SpecError(f"settings.{index}.{field}" if field else f"settings.{index}", f"with {where}: {first['msg']}")
-
-
-def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:
-    scored = [(result_of(j, metric), j.id) for j in jobs if j.state == JobState.SUCCEEDED.value]
-    scored = [(value, job_id) for value, job_id in scored if value is not None]
-    if not scored:
-        return None
-    return (max if goal == "max" else min)(scored)[1]
 
 
 def create_sweep(

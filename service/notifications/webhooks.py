@@ -1,5 +1,6 @@
 """Webhooks when jobs end: the job's `notify_url` (or its sweep's) and the lab's
-`TOWERQ_WEBHOOK_URL`.
+`TOWERQ_WEBHOOK_URL`; and a sweep's `notify_url` once more when its last job ends
+(`sweep.finished`: the best setting, how many it stopped early).
 
 The transaction that ends a job also writes a `Notification` row per target (an outbox),
 so a notification is neither lost when a process dies nor made twice. The `Deliverer`, a
@@ -29,11 +30,13 @@ from typing import Any
 
 import anyio
 import httpx
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
 
 from service.core import joblog
 from service.core.context import Context
-from service.core.models import Job, LogLine, Notification, NotificationState, utcnow
+from service.core.models import Job, LogLine, Notification, NotificationState, Sweep, SweepRung, utcnow
+from service.core.results import best_job, result_of
 from service.core.schemas import LatestMetrics
 from service.core.sharing import LAB, error_category
 from service.notifications import outbound
@@ -93,6 +96,51 @@ def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) ->
             "url": link,
         },
         "text": f"{text} <{link}>",
+    }
+
+
+def sweep_payload(session: Session, sweep: Sweep, delivery: int, public_url: str) -> dict[str, Any]:
+    """The body of a sweep's webhook, when its last job ended: its jobs by state, the best
+    setting and its result, and how many settings it stopped early (an adaptive sweep)."""
+    jobs = list(session.scalars(select(Job).where(Job.sweep_id == sweep.id).order_by(Job.id)))
+    metric, goal = sweep.spec["metric"], sweep.spec["goal"]
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job.state] = counts.get(job.state, 0) + 1
+    stopped = session.scalar(select(func.count()).where(SweepRung.sweep_id == sweep.id, SweepRung.stopped.is_(True)))
+    best_id = best_job(jobs, metric, goal)
+    settings = sweep.spec.get("settings") or []
+    best = None
+    if best_id is not None:
+        place = next(i for i, job in enumerate(jobs) if job.id == best_id)
+        best = {
+            "job_id": best_id,
+            "setting": settings[place] if place < len(settings) else {},
+            "value": result_of(jobs[place], metric),
+        }
+    link = f"{public_url.rstrip('/')}/#/sweeps/{sweep.id}"
+    states = ", ".join(f"{state} {n}" for state, n in sorted(counts.items()))
+    text = f"towerq: sweep {sweep.id} {sweep.name!r} of {sweep.user.name} finished: {len(jobs)} jobs ({states})"
+    if best is not None:
+        shown = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in best["setting"].items())
+        text += f"; best: job {best_id} ({shown}), {metric} {best['value']:.4g}"
+    text += f"; {stopped} stopped early" if stopped else ""
+    return {
+        "event": "sweep.finished",
+        "delivery": delivery,
+        "sweep": {
+            "id": sweep.id,
+            "name": sweep.name,
+            "user": sweep.user.name,
+            "metric": metric,
+            "goal": goal,
+            "counts": counts,
+            "total": len(jobs),
+            "best": best,
+            "stopped_early": stopped or 0,
+            "url": link,
+        },
+        "text": f"{slack_text(text)} <{link}>",
     }
 
 
@@ -164,13 +212,18 @@ class Deliverer:
             job = session.get(Job, notification.job_id)
             assert job is not None
             url = notification.url or settings.webhook_url
-            said = payload(job, notification.id, _public(settings), lab_wide=notification.url is None)
+            event = notification.event
+            sweep = session.get(Sweep, job.sweep_id) if event == "sweep.finished" and job.sweep_id else None
+            if sweep is not None:
+                said = sweep_payload(session, sweep, notification.id, _public(settings))
+            else:
+                said = payload(job, notification.id, _public(settings), lab_wide=notification.url is None)
             body = json.dumps(said).encode() if url else b""
         if not url:  # no lab webhook configured: nothing is owed
             with self.ctx.db.write() as session:
                 session.execute(delete(Notification).where(Notification.id == notification_id))
             return
-        headers = {"Content-Type": "application/json", "X-Towerq-Event": "job.finished"}
+        headers = {"Content-Type": "application/json", "X-Towerq-Event": said["event"]}
         headers["X-Towerq-Delivery"] = str(notification_id)
         if settings.webhook_secret:
             headers["X-Towerq-Signature"] = sign(settings.webhook_secret, body)

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
+from service.core import results
 from service.core.models import Job, Sweep, SweepRung
 from service.jobs import sweeps
 
@@ -82,7 +83,7 @@ def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut
             name=job.name,
             state=job.state,
             setting=settings[i] if i < len(settings) else {},
-            result=sweeps.result_of(job, metric),
+            result=results.result_of(job, metric),
             step=job.step,
             total_steps=job.total_steps,
         )
@@ -100,7 +101,7 @@ def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut
         counts=counts,
         done=sum(counts.get(state, 0) for state in sweeps.FINAL),
         total=len(jobs),
-        best_job=sweeps.best_job(jobs, metric, goal),
+        best_job=results.best_job(jobs, metric, goal),
         jobs=listed if with_jobs else [],
         early_stopping=sweep.spec.get("early_stopping"),
         rungs=rungs_of(session, sweep.id) if with_jobs and sweep.spec.get("early_stopping") else [],

@@ -1,0 +1,31 @@
+"""A job's result by a sweep's metric, and a sweep's best job: what the sweep's page, its
+webhook and `towerq sweep` say."""
+
+from __future__ import annotations
+
+import math
+
+from service.core.models import Job, JobState
+
+
+def result_of(job: Job, metric: str) -> float | None:
+    """The job's latest value of the sweep's metric: a column (loss, accuracy, eval_loss,
+    eval_accuracy), else one it reports by name (`eval_` for its evaluation's)."""
+    if metric in STANDARD_METRICS:
+        value = getattr(job, metric, None)
+    elif metric.startswith("eval_"):
+        value = (job.eval_custom_metrics or {}).get(metric.removeprefix("eval_"))
+    else:
+        value = (job.custom_metrics or {}).get(metric)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+STANDARD_METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
+
+
+def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:
+    scored = [(result_of(j, metric), j.id) for j in jobs if j.state == JobState.SUCCEEDED.value]
+    scored = [(value, job_id) for value, job_id in scored if value is not None]
+    if not scored:
+        return None
+    return (max if goal == "max" else min)(scored)[1]
