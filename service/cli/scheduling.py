@@ -6,19 +6,23 @@ import gc
 import logging
 import threading
 import time
+from datetime import timedelta
 
 import redis
 
 from service.core import defaults, keys
 from service.core.context import Context
 from service.core.keyspace import KeptClaim, identity
+from service.core.models import utcnow
 from service.jobs import asha
 from service.notifications.prometheus import record_pass
-from service.notifications.webhooks import Deliverer
+from service.notifications.webhooks import Deliverer, owe_sweep_notifications
 from service.scheduler.live import LiveScheduler
 
 log = logging.getLogger(__name__)
 
+SWEEP_WEBHOOK_WINDOW = timedelta(days=1)
+"""A sweep whose last job ended longer ago than this (while no scheduler ran) is not announced."""
 KICK_WAIT_S = 5.0
 """The longest single wait for a kick: under the Redis client's 10 s socket timeout."""
 
@@ -48,12 +52,14 @@ def wait_for_kick(ctx: Context, until: float, stop: threading.Event) -> None:
             return
 
 
-def decide_rungs(ctx: Context, scheduler: LiveScheduler) -> None:
-    """Stop the settings of adaptive sweeps that fell behind at a rung (`service.jobs.asha`)."""
+def sweep_duties(ctx: Context, scheduler: LiveScheduler) -> None:
+    """Stop the settings of adaptive sweeps that fell behind at a rung (`service.jobs.asha`),
+    and owe each sweep that ended its `sweep.finished` webhook."""
     try:
         stopped = asha.decide(ctx.db, scheduler.executor)
+        owe_sweep_notifications(ctx.db, utcnow() - SWEEP_WEBHOOK_WINDOW)
     except Exception:  # a pass must still come: said, and tried again at the next check
-        log.exception("adaptive sweeps: deciding the rungs failed")
+        log.exception("sweeps: deciding the rungs or owing the webhooks failed")
         return
     if stopped:
         log.info("adaptive sweeps: %d setting(s) stopped early", stopped)
@@ -70,7 +76,7 @@ def serve(ctx: Context, stop: threading.Event) -> None:
     gc.freeze()
     log.info("scheduler started (pass every %.1fs and on demand)", interval)
     timer = time.monotonic() + interval
-    rungs_at = 0.0
+    sweeps_at = 0.0
     while not stop.is_set():
         kept.keep(time.monotonic())  # KeyspaceError: another service took it (after a flush): stop
         try:
@@ -104,9 +110,9 @@ def serve(ctx: Context, stop: threading.Event) -> None:
                 record_pass(ctx.redis, report.seconds)
             except redis.RedisError:
                 pass  # a lost sample of a histogram, not a failed pass
-        if time.monotonic() >= rungs_at:  # adaptive sweeps: the settings that reached a rung
-            rungs_at = time.monotonic() + asha.CHECK_S
-            decide_rungs(ctx, scheduler)
+        if time.monotonic() >= sweeps_at:  # rungs of adaptive sweeps; webhooks of ended ones
+            sweeps_at = time.monotonic() + asha.CHECK_S
+            sweep_duties(ctx, scheduler)
         if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):
             log.info(
                 "pass: started %d, waiting %d, requeued %d, hosts down %s (%.1f ms)",

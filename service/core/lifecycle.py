@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, insert, select, update
+from sqlalchemy import ColumnElement, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core.exceptions import NotFoundError, StaleAttemptError, StateConflictError
@@ -259,19 +259,8 @@ def owe_notifications(session: Session, job: Job) -> None:
     session.add(Notification(job_id=job.id, url=None))  # the lab's webhook, if one is set
     targets = {job.spec.get("notify_url")}
     if job.sweep_id is not None:
-        # Locked: of two last jobs ending at once, the second sees the first ended.
-        sweep = session.get(Sweep, job.sweep_id, with_for_update=True)
-        sweep_url = (sweep.spec or {}).get("notify_url") if sweep is not None else None
-        targets.add(sweep_url)
-        if sweep_url and not unfinished_beside(session, job):
-            session.add(Notification(job_id=job.id, url=sweep_url, event="sweep.finished"))
+        sweep = session.get(Sweep, job.sweep_id)
+        if sweep is not None:
+            targets.add((sweep.spec or {}).get("notify_url"))
     for url in sorted(t for t in targets if t):
         session.add(Notification(job_id=job.id, url=url))
-
-
-def unfinished_beside(session: Session, job: Job) -> int:
-    """How many other jobs of the job's sweep have not ended."""
-    others = select(func.count()).where(
-        Job.sweep_id == job.sweep_id, Job.id != job.id, Job.state.not_in([s.value for s in FINAL_STATES])
-    )
-    return int(session.scalar(others) or 0)

@@ -496,7 +496,8 @@ class Notification(Base):
     url: Mapped[str | None] = mapped_column(Text, default=None)
     """The job's (or its sweep's) `notify_url`; None: the lab's TOWERQ_WEBHOOK_URL."""
     event: Mapped[str] = mapped_column(String(16), default="job.finished")
-    """job.finished, or sweep.finished: the job was its sweep's last to end (to the sweep's URL)."""
+    """job.finished, or sweep.finished: the sweep of the job (its last to end) has ended, to
+    the sweep's URL (`service.notifications.webhooks.owe_sweep_notifications`)."""
     state: Mapped[str] = mapped_column(String(16), default=NotificationState.PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)

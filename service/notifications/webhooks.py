@@ -1,6 +1,7 @@
 """Webhooks when jobs end: the job's `notify_url` (or its sweep's) and the lab's
-`TOWERQ_WEBHOOK_URL`; and a sweep's `notify_url` once more when its last job ends
-(`sweep.finished`: the best setting, how many it stopped early).
+`TOWERQ_WEBHOOK_URL`; and a sweep's `notify_url` once more when its last job has ended
+(`sweep.finished`: the best setting, how many it stopped early), owed by the scheduler
+(`owe_sweep_notifications`).
 
 The transaction that ends a job also writes a `Notification` row per target (an outbox),
 so a notification is neither lost when a process dies nor made twice. The `Deliverer`, a
@@ -25,7 +26,7 @@ import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -35,7 +36,17 @@ from sqlalchemy.orm import Session
 
 from service.core import joblog
 from service.core.context import Context
-from service.core.models import Job, LogLine, Notification, NotificationState, Sweep, SweepRung, utcnow
+from service.core.db import Database
+from service.core.models import (
+    FINAL_STATES,
+    Job,
+    LogLine,
+    Notification,
+    NotificationState,
+    Sweep,
+    SweepRung,
+    utcnow,
+)
 from service.core.results import best_job, result_of
 from service.core.schemas import LatestMetrics
 from service.core.sharing import LAB, error_category
@@ -55,6 +66,8 @@ answer would otherwise hold the lab's one delivery thread)."""
 LEASE_S = 60.0
 """A claimed notification is not claimed again for this long (another deliverer, a crash)."""
 POLL_S = 1.0
+SWEEP_FINISHED = "sweep.finished"
+FINAL = [state.value for state in FINAL_STATES]
 BATCH = 20
 
 
@@ -144,6 +157,32 @@ def sweep_payload(session: Session, sweep: Sweep, delivery: int, public_url: str
     }
 
 
+def owe_sweep_notifications(db: Database, since: datetime) -> int:
+    """Owe `sweep.finished` to each sweep with a `notify_url` whose jobs have all ended (one
+    of them after `since`) and that is not owed one yet; how many. Run by the scheduler (one
+    process, one thread): looked at once a sweep is done, so two last jobs ending at once
+    cannot both miss it, and none is owed twice."""
+    with db.write() as session:
+        recent = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.finished_at >= since).distinct()
+        unfinished = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.state.not_in(FINAL)).distinct()
+        owed = (
+            select(Job.sweep_id)
+            .join(Notification, Notification.job_id == Job.id)
+            .where(Notification.event == SWEEP_FINISHED)
+        )
+        done = session.scalars(
+            select(Sweep).where(Sweep.id.in_(recent), Sweep.id.not_in(unfinished), Sweep.id.not_in(owed))
+        ).all()
+        count = 0
+        for sweep in done:
+            url = (sweep.spec or {}).get("notify_url")
+            last = session.scalar(select(Job.id).where(Job.sweep_id == sweep.id).order_by(Job.finished_at.desc()))
+            if url and last is not None:
+                session.add(Notification(job_id=last, url=url, event=SWEEP_FINISHED))
+                count += 1
+        return count
+
+
 def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
@@ -213,7 +252,7 @@ class Deliverer:
             assert job is not None
             url = notification.url or settings.webhook_url
             event = notification.event
-            sweep = session.get(Sweep, job.sweep_id) if event == "sweep.finished" and job.sweep_id else None
+            sweep = session.get(Sweep, job.sweep_id) if event == SWEEP_FINISHED and job.sweep_id else None
             if sweep is not None:
                 said = sweep_payload(session, sweep, notification.id, _public(settings))
             else:
