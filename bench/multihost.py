@@ -229,6 +229,10 @@ def lose_a_rank(lab: Lab, how: str) -> dict[str, float]:
         print(f"{how}: noticed after {figures['noticed_s']:.1f} s; attempt 1's last lines (s after the loss):")
         for line in [line for line in logged if line.get("attempt") == 1][-20:]:
             print(f"  {parse_time(line['time']) - lost_at:+7.1f}  {line['message'][:200]}")
+        clock = time.strftime("%H:%M:%S", time.localtime(lost_at))
+        print(f"  the workers' and the scheduler's lines on job {job_id} (clock time; lost at {clock}):")
+        for line in [line for line in lab.stack.dump_logs().splitlines() if f"job {job_id}" in line][-12:]:
+            print(f"    {line[:200]}")
     return figures
 
 

@@ -2,20 +2,22 @@
 command jobs report synthetic learning curves (no training), the scheduler's searcher
 stops the settings behind at the rungs, and a stopped setting ends succeeded with the
 reason, its GPU freed for the next; the best trains to the end; the sweep's webhook says
-once, when its last job ended, which setting was best and how many it stopped."""
+once, when its last job ended, which setting was best and how many it stopped; the sweep's
+page in Chromium says where each setting got to."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from service.core.settings import Settings
 from tests.stack import Stack, finished, upload_code, wait_for
-from tests.test_webhooks import Receiver
+from tests.test_webhooks import Receiver, receiving
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 CURVE = """
 import sys, time
@@ -30,10 +32,8 @@ for step in range(5, 61, 5):
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    running = Receiver(failures=0)
-    yield running
-    running.server.shutdown()
-    running.server.server_close()
+    with receiving(failures=0) as running:
+        yield running
 
 
 @pytest.fixture
@@ -42,12 +42,17 @@ def settings(make_settings: Callable[..., Settings], database_url: str, receiver
 
 
 def test_an_adaptive_sweep_stops_the_settings_behind_at_the_rungs(
-    stack: Stack, settings: Settings, make_token: Callable[..., str], receiver: Receiver
+    stack: Stack,
+    settings: Settings,
+    make_token: Callable[..., str],
+    receiver: Receiver,
+    open_page: Callable[..., Any],
 ) -> None:
     stack.start_api()
     stack.start_scheduler()
     stack.start_worker("lab-a", 2, trainer_pool=0)
-    client = stack.client(make_token("alice"))
+    token = make_token("alice")
+    client = stack.client(token)
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     code = upload_code(client, {"curve.py": CURVE})
     body = {
@@ -92,3 +97,12 @@ def test_an_adaptive_sweep_stops_the_settings_behind_at_the_rungs(
         and "2 stopped early" in json.loads(ended[0]["body"])["text"]
     )
     wait_for(lambda: len(receiver.posts("/sweep")) == 5, 30, "each job's webhook to the sweep's URL too")
+
+    # the sweep's page: how many it stopped, and where each setting got to
+    page = open_page()
+    page.goto(f"{stack.api_url}/?token={token}#/sweeps/{sweep['id']}")
+    page.wait_for_selector(f'#sweep-table tr[data-job="{worst}"]')
+    summary = page.inner_text("#sweep-summary")
+    assert "early stopping (ASHA): rungs from step 10, 1 in 2 goes on · 2 stopped early" in summary, summary
+    rung = {job_id: page.inner_text(f'#sweep-table tr[data-job="{job_id}"] td:last-child') for job_id in jobs}
+    assert rung == {first: "past 3", best: "past 3", worst: "stopped at 1", second: "stopped at 2"}, rung

@@ -4,6 +4,7 @@ the job's own notify_url gets one too, and the failures are in the job's log."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -56,12 +57,21 @@ class Receiver:
             return [r for r in self.received if r["path"] == path]
 
 
+@contextlib.contextmanager
+def receiving(failures: int) -> Iterator[Receiver]:
+    """A Receiver while the block runs."""
+    running = Receiver(failures)
+    try:
+        yield running
+    finally:
+        running.server.shutdown()
+        running.server.server_close()
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    running = Receiver(failures=2)
-    yield running
-    running.server.shutdown()
-    running.server.server_close()
+    with receiving(failures=2) as running:
+        yield running
 
 
 @pytest.fixture

@@ -49,8 +49,31 @@ LEFTOVER_GRACE_S = 5.0
 """How long the process's output is still read after it exited: processes it started may
 hold the pipes open (where no cgroup ends them), and its end must not wait for theirs."""
 CHECK_EVERY_S = 1.0
+SLOW_END_S = 5.0
+"""An attempt whose end (after its process exited) takes longer is said in the worker's log,
+phase by phase."""
 RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT)
 """Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
+
+
+class Phases:
+    """How long each phase of something took, in seconds since the last mark."""
+
+    def __init__(self, since: float | None = None) -> None:
+        self.last = time.monotonic() if since is None else since
+        self.spent: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.spent.append((name, now - self.last))
+        self.last = now
+
+    def total(self) -> float:
+        return sum(seconds for _, seconds in self.spent)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.spent)
+
 
 Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str], str]]
 """Starts the attempt's process in its cgroups: the process, its environment, and how it
@@ -64,6 +87,8 @@ class AttemptRunner:
     """A member's program (a command job), not towerq's trainer."""
     session = False
     """A notebook session (`worker.notebook`)."""
+    _exited_at: float | None = None
+    """When its process exited (monotonic), once it did."""
 
     def __init__(
         self,
@@ -292,6 +317,7 @@ class AttemptRunner:
         while self.process.poll() is None:
             self._escalate()
             time.sleep(defaults.KILL_CHECK_INTERVAL_S)
+        self._exited_at = exited_at if exited_at is not None else time.monotonic()
         self.outcome.returncode = self.process.returncode
 
     def _line(self, stream: str, raw: bytes) -> None:
@@ -401,9 +427,14 @@ class AttemptRunner:
     # -- the end --------------------------------------------------------------------------
 
     def _end(self) -> None:
+        phases = Phases(since=self._exited_at)
+        if self._exited_at is not None:
+            phases.mark("its output after its exit")
         self._kill_group()
+        phases.mark("kill")
         if self.outcome.stop != Stop.STALE:
             self._measure_folder(time.monotonic(), running=False)  # its size, for the Usage page
+        phases.mark("folder")
         self.outcome.limits_hit = self.group.limits_hit()
         for hit in self.outcome.limits_hit:
             self.sink.log("error", f"the attempt reached its {hit} (towerq's limit; see TOWERQ_TRAINER_*)")
@@ -411,9 +442,19 @@ class AttemptRunner:
             reaper.wait_gpus_free(
                 self.ctx, self.inventory, self.launch.host, self.launch.indices, self.trainer_pids, self.launch.job_id
             )
+        phases.mark("GPUs free")
         if self.outcome.stop == Stop.STALE:
             return
         self._flush(wait=True)
+        phases.mark("flush")
+        try:
+            self._verdict_and_record()
+        finally:
+            phases.mark("record")
+            if phases.total() > SLOW_END_S:  # the job's next attempt, or the next job, waited this long
+                log.warning("job %s attempt %s took %.1f s to end (%s)", *self.key, phases.total(), phases)
+
+    def _verdict_and_record(self) -> None:
         if self.outcome.stop in (Stop.STALE, Stop.EXECUTOR):
             return  # an executor's stop: the scheduler records the end from the cluster's word
         state, message = self.outcome.verdict(self.launch.fraction)

@@ -183,13 +183,25 @@ def arrivals(
     return sorted(found, key=lambda a: (a.at, a.rung, a.job_id))
 
 
+def recorded_rungs(session: Session, sweep_id: int) -> dict[int, dict[int, SweepRung]]:
+    """The sweep's decisions so far, by job and rung."""
+    recorded: dict[int, dict[int, SweepRung]] = {}
+    for row in session.scalars(select(SweepRung).where(SweepRung.sweep_id == sweep_id)):
+        recorded.setdefault(row.job_id, {})[row.rung] = row
+    return recorded
+
+
+def pending(session: Session, sweep: Sweep) -> bool:
+    """Whether a setting of the sweep reached a rung (or ended before one) undecided."""
+    early = EarlyStopping.model_validate(sweep.spec["early_stopping"])
+    return bool(arrivals(session, sweep, early, recorded_rungs(session, sweep.id)))
+
+
 def decide_sweep(session: Session, sweep: Sweep) -> list[CancelMessage]:
     """Decide every setting of one adaptive sweep that reached a rung; stop the losers."""
     early = EarlyStopping.model_validate(sweep.spec["early_stopping"])
     metric, goal = sweep.spec["metric"], sweep.spec["goal"]
-    recorded: dict[int, dict[int, SweepRung]] = {}
-    for row in session.scalars(select(SweepRung).where(SweepRung.sweep_id == sweep.id)):
-        recorded.setdefault(row.job_id, {})[row.rung] = row
+    recorded = recorded_rungs(session, sweep.id)
     stopping = []
     for arrival in arrivals(session, sweep, early, recorded):
         if any(row.stopped for row in recorded.get(arrival.job_id, {}).values()):
@@ -224,14 +236,13 @@ def decide_sweep(session: Session, sweep: Sweep) -> list[CancelMessage]:
 
 def decide(db: Database, executor: Executor) -> int:
     """Decide the rungs of every adaptive sweep with a job not yet ended; how many settings
-    it stopped. Each sweep in a transaction of its own."""
+    it stopped. Read first; a sweep with something to decide in a write transaction of its own."""
     with db.read() as session:
         active = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.state.not_in(FINAL)).distinct()
-        adaptive = [
-            sweep_id
-            for sweep_id, spec in session.execute(select(Sweep.id, Sweep.spec).where(Sweep.id.in_(active)))
-            if spec.get("early_stopping")
-        ]
+        adaptive = []
+        for sweep in session.scalars(select(Sweep).where(Sweep.id.in_(active))):
+            if sweep.spec.get("early_stopping") and pending(session, sweep):
+                adaptive.append(sweep.id)
     stopped: list[CancelMessage] = []
     for sweep_id in adaptive:
 

@@ -161,26 +161,26 @@ def owe_sweep_notifications(db: Database, since: datetime) -> int:
     """Owe `sweep.finished` to each sweep with a `notify_url` whose jobs have all ended (one
     of them after `since`) and that is not owed one yet; how many. Run by the scheduler (one
     process, one thread): looked at once a sweep is done, so two last jobs ending at once
-    cannot both miss it, and none is owed twice."""
+    cannot both miss it, and none is owed twice. Read first: a write only when one is owed."""
+    recent = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.finished_at >= since).distinct()
+    unfinished = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.state.not_in(FINAL)).distinct()
+    owed = (
+        select(Job.sweep_id)
+        .join(Notification, Notification.job_id == Job.id)
+        .where(Notification.event == SWEEP_FINISHED)
+    )
+    done = select(Sweep.id, Sweep.spec).where(Sweep.id.in_(recent), Sweep.id.not_in(unfinished), Sweep.id.not_in(owed))
+    with db.read() as session:
+        due = [sweep_id for sweep_id, spec in session.execute(done) if (spec or {}).get("notify_url")]
+    if not due:
+        return 0
     with db.write() as session:
-        recent = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.finished_at >= since).distinct()
-        unfinished = select(Job.sweep_id).where(Job.sweep_id.is_not(None), Job.state.not_in(FINAL)).distinct()
-        owed = (
-            select(Job.sweep_id)
-            .join(Notification, Notification.job_id == Job.id)
-            .where(Notification.event == SWEEP_FINISHED)
-        )
-        done = session.scalars(
-            select(Sweep).where(Sweep.id.in_(recent), Sweep.id.not_in(unfinished), Sweep.id.not_in(owed))
-        ).all()
-        count = 0
-        for sweep in done:
-            url = (sweep.spec or {}).get("notify_url")
-            last = session.scalar(select(Job.id).where(Job.sweep_id == sweep.id).order_by(Job.finished_at.desc()))
-            if url and last is not None:
-                session.add(Notification(job_id=last, url=url, event=SWEEP_FINISHED))
-                count += 1
-        return count
+        for sweep_id in due:
+            sweep = session.get(Sweep, sweep_id)
+            last = session.scalar(select(Job.id).where(Job.sweep_id == sweep_id).order_by(Job.finished_at.desc()))
+            if sweep is not None and last is not None:
+                session.add(Notification(job_id=last, url=sweep.spec["notify_url"], event=SWEEP_FINISHED))
+    return len(due)
 
 
 def sign(secret: str, body: bytes) -> str:

@@ -35,10 +35,15 @@ export async function render(main, params) {
 
   const draw = () => {
     header.replaceChildren(...headerOf(sweep, reload));
+    const early = sweep.early_stopping;
+    const stopped = (sweep.rungs || []).filter((r) => r.stopped);
     summary.textContent =
       `${sweep.done} of ${sweep.total} done · metric ${sweep.metric} (${sweep.goal})` +
-      (sweep.max_parallel ? ` · at most ${sweep.max_parallel} at once` : "");
-    const rows = [...sweep.jobs].sort(compare(sortKey, ascending));
+      (sweep.max_parallel ? ` · at most ${sweep.max_parallel} at once` : "") +
+      (early
+        ? ` · early stopping (ASHA): rungs from step ${early.min_steps}, 1 in ${early.reduction_factor} goes on · ${stopped.length} stopped early`
+        : "");
+    const rows = sweep.jobs.map((j) => ({ ...j, rung: lastRung(sweep, j.id)?.rung ?? null })).sort(compare(sortKey, ascending));
     const columns = [
       { key: "id", title: "Job", cell: (j) => el("a", { href: `#/jobs/${j.id}` }, `#${j.id}`) },
       { key: "state", title: "State", cell: (j) => badge(j.state) },
@@ -50,6 +55,7 @@ export async function render(main, params) {
         class: "num",
       },
       { key: "step", title: "Step", cell: (j) => `${j.step ?? 0}/${j.total_steps}`, class: "num" },
+      ...(early ? [{ key: "rung", title: "Rung", cell: (j) => rungOf(sweep, j.id), class: "num" }] : []),
     ];
     const table = dataTable(columns, rows, {
       caption: "Settings and results",
@@ -144,8 +150,23 @@ export async function render(main, params) {
   };
 }
 
+// An adaptive sweep's setting at the last rung it reached (null: none yet).
+function lastRung(sweep, jobId) {
+  const mine = (sweep.rungs || []).filter((r) => r.job_id === jobId);
+  return mine.length ? mine.reduce((a, b) => (b.rung > a.rung ? b : a)) : null;
+}
+
+// What the Rung column says: past it, stopped there (with the cut), or ended before it.
+function rungOf(sweep, jobId) {
+  const last = lastRung(sweep, jobId);
+  if (!last) return "–";
+  if (last.stopped) return el("span", { class: "badge stopped", title: `the rung's cut: ${number(last.cut)}` }, `stopped at ${last.rung}`);
+  return last.value === null ? `ended before ${last.rung}` : `past ${last.rung}`;
+}
+
 function compare(key, ascending) {
-  const value = (j) => (key === "result" || key === "id" || key === "state" || key === "step" ? j[key] : j.setting[key]);
+  const own = ["result", "id", "state", "step", "rung"];
+  const value = (j) => (own.includes(key) ? j[key] : j.setting[key]);
   return (a, b) => {
     const x = value(a);
     const y = value(b);
