@@ -29,3 +29,11 @@ def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:
     if not scored:
         return None
     return (max if goal == "max" else min)(scored)[1]
+
+
+def counts_by_state(jobs: list[Job]) -> dict[str, int]:
+    """A sweep's jobs, how many in each state."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job.state] = counts.get(job.state, 0) + 1
+    return counts

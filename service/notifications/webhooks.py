@@ -47,7 +47,7 @@ from service.core.models import (
     SweepRung,
     utcnow,
 )
-from service.core.results import best_job, result_of
+from service.core.results import best_job, counts_by_state, result_of
 from service.core.schemas import LatestMetrics
 from service.core.sharing import LAB, error_category
 from service.notifications import outbound
@@ -117,9 +117,7 @@ def sweep_payload(session: Session, sweep: Sweep, delivery: int, public_url: str
     setting and its result, and how many settings it stopped early (an adaptive sweep)."""
     jobs = list(session.scalars(select(Job).where(Job.sweep_id == sweep.id).order_by(Job.id)))
     metric, goal = sweep.spec["metric"], sweep.spec["goal"]
-    counts: dict[str, int] = {}
-    for job in jobs:
-        counts[job.state] = counts.get(job.state, 0) + 1
+    counts = counts_by_state(jobs)
     stopped = session.scalar(select(func.count()).where(SweepRung.sweep_id == sweep.id, SweepRung.stopped.is_(True)))
     best_id = best_job(jobs, metric, goal)
     settings = sweep.spec.get("settings") or []

@@ -74,9 +74,7 @@ def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut
     jobs = list(session.scalars(select(Job).where(Job.sweep_id == sweep.id).order_by(Job.id)))
     metric, goal = sweep.spec["metric"], sweep.spec["goal"]
     settings = sweep.spec.get("settings", [])
-    counts: dict[str, int] = {}
-    for job in jobs:
-        counts[job.state] = counts.get(job.state, 0) + 1
+    counts = results.counts_by_state(jobs)
     listed = [
         SweepJob(
             id=job.id,
