@@ -89,6 +89,8 @@ class AttemptRunner:
     """A notebook session (`worker.notebook`)."""
     _exited_at: float | None = None
     """When its process exited (monotonic), once it did."""
+    _recorded = False
+    """The attempt's end is in the database already (`_record_now`), before its process is gone."""
 
     def __init__(
         self,
@@ -384,6 +386,8 @@ class AttemptRunner:
         worker read the line, and the trainer gets the stop's grace to exit on its own (its
         last lines are written: `MetricSink.last_words`)."""
         grace = self.ctx.settings.cancel_grace_s
+        if self._recorded:
+            return  # this runner moved the job on (`_record_now`); its process is going
         if not self.outcome.agreed_stop:
             self._stale("the job moved on")
         elif self.rank.grace_over(grace):
@@ -426,6 +430,19 @@ class AttemptRunner:
 
     # -- the end --------------------------------------------------------------------------
 
+    def _record_now(self) -> None:
+        """Record the attempt's end now, before its process is gone: its last word leaves
+        nothing to wait for. The process is SIGKILLed first, so it writes nothing after the
+        job moved on; it may take a while to be gone (the kernel tears a large process down at
+        the pace a busy host schedules it: 14 s seen under the suite's load), and its GPUs stay
+        this runner's until it is (`reaper`: a next attempt there waits for this runner)."""
+        if self.process is not None and self.process.poll() is None:
+            self._signal_group(signal.SIGKILL)
+        self.sink.last_words = True  # its lines still come, as this attempt's
+        self._flush(wait=True)
+        self._verdict_and_record()
+        self._recorded = True
+
     def _end(self) -> None:
         phases = Phases(since=self._exited_at)
         if self._exited_at is not None:
@@ -444,6 +461,9 @@ class AttemptRunner:
             )
         phases.mark("GPUs free")
         if self.outcome.stop == Stop.STALE:
+            return
+        if self._recorded:
+            self._flush(wait=True)  # its last lines
             return
         self._flush(wait=True)
         phases.mark("flush")

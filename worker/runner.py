@@ -81,6 +81,8 @@ class JobRunner(AttemptRunner):
             case events.Error():
                 self.outcome.error = {"kind": event.kind, "message": event.message}
                 self.sink.log("error", event.message or event.kind)  # as the job's error
+                if self.outcome.peer_lost and self.outcome.stop is None:
+                    self._record_now()  # the gang is lost: back in the queue without waiting for the exit
             case events.Stopped():
                 self.outcome.agreed_stop = True
                 self.sink.last_words = True
