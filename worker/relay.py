@@ -27,7 +27,9 @@ from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import current_attempt
-from service.core.models import Job, LogLine, Metric
+from service.core.models import Job, LogLine, Metric, Sweep
+from service.core.publish import sweeps_due
+from service.core.results import metric_split, rung_steps
 from towerq.contract import events
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
@@ -142,6 +144,9 @@ class MetricSink:
         as this attempt's; its numbers are not."""
         self.failure: Exception | None = None
         """What stopped the writer (StaleAttemptError, or a database error): raised by `flush`."""
+        self.rungs: tuple[str, list[int]] | None = None
+        """The job's adaptive sweep's rungs not yet reached, and the split of the sweep's metric
+        (empty: none, or not in such a sweep); read at the first write."""
         self.points = 0
         self.lines = 0
         """Metric points and log lines taken from this attempt, against their limits."""
@@ -331,8 +336,27 @@ class MetricSink:
             if job is not None:  # what it holds of the lab's disk and database, for its cap and the Usage page
                 job.log_bytes = (job.log_bytes or 0) + log_bytes
                 job.metric_points = (job.metric_points or 0) + len(metrics)
+                if metrics and self._reached_a_rung(session, job, metrics):
+                    sweeps_due(session)
         if logs:
             self._append_log_file(logs)
+
+    def _reached_a_rung(self, session: Session, job: Job, metrics: list[dict[str, Any]]) -> bool:
+        """Whether `metrics` take the job past a rung of its adaptive sweep: the scheduler then
+        decides at once, not at its next look, so a setting left behind stops seconds sooner.
+        Each rung counts once: the trainer's lines can ask for at most one look a rung."""
+        if self.rungs is None:
+            sweep = session.get(Sweep, job.sweep_id) if job.sweep_id is not None else None
+            early = (sweep.spec.get("early_stopping") if sweep is not None else None) or {}
+            top = early.get("max_steps") or job.total_steps
+            steps = rung_steps(early["min_steps"], early["reduction_factor"], top) if early else []
+            self.rungs = (metric_split(sweep.spec["metric"]) if sweep is not None else "", steps)
+        split, left = self.rungs
+        reached = max((m["step"] for m in metrics if m["split"] == split), default=None)
+        if not left or reached is None or reached < left[0]:
+            return False
+        self.rungs = (split, [step for step in left if step > reached])
+        return True
 
     def _fenced(self, session: Session) -> Job | None:
         """The locked job while this attempt is its current one; None for the last words of

@@ -52,6 +52,18 @@ def wait_for_kick(ctx: Context, until: float, stop: threading.Event) -> None:
             return
 
 
+def sweeps_asked(ctx: Context) -> bool:
+    """Whether a worker said a setting of an adaptive sweep reached a rung since the last look
+    (`keys.SWEEPS_DUE`, set with the kick that brought this pass)."""
+    try:
+        pipe = ctx.redis.pipeline(transaction=True)
+        pipe.get(keys.SWEEPS_DUE)
+        pipe.delete(keys.SWEEPS_DUE)
+        return bool(pipe.execute()[0])
+    except redis.RedisError:
+        return False  # the look every CHECK_S still comes
+
+
 def sweep_duties(ctx: Context, scheduler: LiveScheduler) -> None:
     """Stop the settings of adaptive sweeps that fell behind at a rung (`service.jobs.asha`),
     and owe each sweep that ended its `sweep.finished` webhook."""
@@ -110,7 +122,7 @@ def serve(ctx: Context, stop: threading.Event) -> None:
                 record_pass(ctx.redis, report.seconds)
             except redis.RedisError:
                 pass  # a lost sample of a histogram, not a failed pass
-        if time.monotonic() >= sweeps_at:  # rungs of adaptive sweeps; webhooks of ended ones
+        if time.monotonic() >= sweeps_at or sweeps_asked(ctx):  # rungs of adaptive sweeps; webhooks of ended ones
             sweeps_at = time.monotonic() + asha.CHECK_S
             sweep_duties(ctx, scheduler)
         if report is not None and (report.placed or report.repairs.requeued or report.repairs.hosts_down):

@@ -12,6 +12,10 @@ SCHEDULER_LOCK = PREFIX + "lock:scheduler"
 SCHEDULER_KICK = PREFIX + "scheduler:kick"
 """A list; pushing to it asks the scheduler for a pass now instead of at its next tick."""
 
+SWEEPS_DUE = PREFIX + "scheduler:sweeps-due"
+"""Set with a kick when a setting of an adaptive sweep reported at a rung: the scheduler
+decides the sweeps' rungs after that pass, not at its next look (`service.jobs.asha`)."""
+
 LAB_OWNER = PREFIX + "lab"
 """The identity of the service whose keys these are, in database 0 of the server whatever
 number the service uses (`service.core.keyspace`)."""

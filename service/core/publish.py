@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 NOTIFICATIONS = "towerq_notifications"
 KICK = "towerq_kick"
+SWEEPS = "towerq_sweeps_due"
 
 
 def job_message(session: Session, message: AnyMessage) -> None:
@@ -36,6 +37,11 @@ def kick_scheduler(session: Session) -> None:
     session.info[KICK] = True
 
 
+def sweeps_due(session: Session) -> None:
+    """Ask for a pass and a look at the adaptive sweeps' rungs once this transaction commits."""
+    session.info[KICK] = session.info[SWEEPS] = True
+
+
 class Publisher:
     """Publishes what committed write sessions queued; register it with `Database.on_commit`."""
 
@@ -46,9 +52,9 @@ class Publisher:
         messages = info.get(NOTIFICATIONS, [])
         kick = info.get(KICK, False)
         if messages or kick:
-            self.publish(messages, kick)
+            self.publish(messages, kick, info.get(SWEEPS, False))
 
-    def publish(self, messages: list[AnyMessage], kick: bool) -> None:
+    def publish(self, messages: list[AnyMessage], kick: bool, sweeps: bool = False) -> None:
         try:
             pipe = self.client.pipeline(transaction=False)
             for message in messages:
@@ -57,6 +63,8 @@ class Publisher:
                 if message.type == "state":  # every member reads this one: no failed job's own words
                     public = message.model_copy(update={"message": error_category(message.message)})
                     pipe.publish(keys.JOBS_CHANNEL, encode(public) if message.state == "failed" else payload)
+            if sweeps:
+                pipe.set(keys.SWEEPS_DUE, 1)
             if kick:
                 pipe.lpush(keys.SCHEDULER_KICK, 1)
                 pipe.ltrim(keys.SCHEDULER_KICK, 0, 0)

@@ -1,5 +1,5 @@
 """A job's result by a sweep's metric, and a sweep's best job: what the sweep's page, its
-webhook and `towerq sweep` say."""
+webhook and `towerq sweep` say; an adaptive sweep's rungs and the split its metric is in."""
 
 from __future__ import annotations
 
@@ -37,3 +37,21 @@ def counts_by_state(jobs: list[Job]) -> dict[str, int]:
     for job in jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
     return counts
+
+
+MAX_RUNGS = 20
+
+
+def rung_steps(min_steps: int, reduction_factor: int, top: int) -> list[int]:
+    """An adaptive sweep's rungs for a setting of `top` steps: m, m·r, m·r², ... below `top`."""
+    found: list[int] = []
+    step = min_steps
+    while step < top and len(found) < MAX_RUNGS:
+        found.append(step)
+        step *= reduction_factor
+    return found
+
+
+def metric_split(metric: str) -> str:
+    """The metric rows a sweep's metric is read from: `eval_` ones from evaluations."""
+    return "eval" if metric.startswith("eval_") else "train"

@@ -11,7 +11,8 @@ the worst there. Every decision is a row (`SweepRung`), written once, in the tra
 stops the job: the rows are the searcher's whole state, so a restarted scheduler decides the
 same, and a decision is never taken twice.
 
-The scheduler runs `decide` between its passes (`service.cli.scheduling`).
+The scheduler runs `decide` after a pass: at once when a worker wrote a setting's report at
+a rung (`keys.SWEEPS_DUE`, `worker.relay`), and every `CHECK_S` (`service.cli.scheduling`).
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ from service.core.db import Database
 from service.core.exceptions import SpecError
 from service.core.lifecycle import locked_job, request_cancel
 from service.core.models import FINAL_STATES, Job, JobState, Metric, Sweep, SweepRung
+from service.core.results import metric_split, rung_steps
 from service.executors import Executor
 from service.jobs.stopping import cancel_then_stop
 from towerq.contract.messages import CancelMessage
 from towerq.contract.spec import JobSpec
 
-MAX_RUNGS = 20
 FINAL = tuple(state.value for state in FINAL_STATES)
 CHECK_S = 2.0
-"""How often the scheduler looks for settings that reached a rung."""
+"""How often the scheduler looks for settings that reached a rung, besides when a worker
+says one did (and for settings that ended before a rung)."""
 
 
 class EarlyStopping(BaseModel):
@@ -65,12 +67,7 @@ class EarlyStopping(BaseModel):
     def rungs(self, steps: int) -> list[int]:
         """The rungs' steps for a setting of `steps` steps: m, m·r, ... below `steps`."""
         top = min(steps, self.max_steps) if self.max_steps is not None else steps
-        found: list[int] = []
-        step = self.min_steps
-        while step < top and len(found) < MAX_RUNGS:
-            found.append(step)
-            step *= self.reduction_factor
-        return found
+        return rung_steps(self.min_steps, self.reduction_factor, top)
 
 
 def check_setting(early: EarlyStopping, spec: JobSpec, metric: str) -> None:
@@ -150,10 +147,9 @@ def metric_value(point: Metric, metric: str) -> float | None:
 
 def first_report(session: Session, job_id: int, metric: str, step: int) -> Metric | None:
     """The job's first row of the metric's split at or past `step` that holds the metric."""
-    split = "eval" if metric.startswith("eval_") else "train"
     rows = session.scalars(
         select(Metric)
-        .where(Metric.job_id == job_id, Metric.split == split, Metric.step >= step)
+        .where(Metric.job_id == job_id, Metric.split == metric_split(metric), Metric.step >= step)
         .order_by(Metric.step)
         .limit(8)
     )
