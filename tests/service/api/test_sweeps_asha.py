@@ -7,25 +7,28 @@ reason. The metric rows are written here, as a trainer's relay would: no trainin
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 
 from service.core.db import Database
 from service.core.models import Job, JobState, Metric, Sweep, SweepRung, utcnow
 from service.jobs.asha import decide_sweep
+from service.scheduler.snapshot import held_by_sweeps
 from tests.service.api.conftest import Api
 
 BASE = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 400, "eval_every": 50}}
 EARLY = {"method": "asha", "min_steps": 50, "reduction_factor": 2}
 
 
-def adaptive_sweep(alice: Api, count: int) -> dict:
+def adaptive_sweep(alice: Api, count: int, **more: Any) -> dict:
     body = {
         "name": "asha",
         "base": BASE,
         "grid": {"hyperparameters.seed": list(range(1, count + 1))},
         "metric": "eval_accuracy",
         "early_stopping": EARLY,
+        **more,
     }
     created = alice.post("/api/sweeps", json=body)
     assert created.status_code == 201, created.text
@@ -101,3 +104,21 @@ def test_the_searcher_decides_each_setting_once_at_each_rung(alice: Api, db: Dat
     assert [(r["job_id"], r["rung"], r["stopped"]) for r in shown["rungs"]] == [
         (a, 1, False), (b, 1, True), (c, 1, False), (d, 1, False), (a, 2, False), (c, 2, True),
     ]  # fmt: skip
+
+
+def test_a_stopped_setting_gives_its_place_under_max_parallel_to_the_next(alice: Api, db: Database) -> None:
+    sweep = adaptive_sweep(alice, 4, max_parallel=2)
+    a, b, c, d = (job["id"] for job in sweep["jobs"])
+    with db.write() as session:
+        session.execute(update(Job).where(Job.id.in_([a, b])).values(state=JobState.RUNNING.value, started_at=utcnow()))
+    with db.read() as session:
+        assert sorted(held_by_sweeps(session, [c, d])) == [c, d]
+    report(db, a, 50, 0.6, 1)
+    report(db, b, 50, 0.4, 2)
+    assert decide(db, sweep["id"]) == [b]  # asked to stop: it still holds its GPU until it has
+    with db.read() as session:
+        assert sorted(held_by_sweeps(session, [c, d])) == [c, d]
+    with db.write() as session:  # its worker ends it, as a stop by the sweep ends
+        session.execute(update(Job).where(Job.id == b).values(state=JobState.SUCCEEDED.value, finished_at=utcnow()))
+    with db.read() as session:
+        assert sorted(held_by_sweeps(session, [c, d])) == [d], "c takes b's place; d still waits"
