@@ -1,6 +1,7 @@
 """bench/asha_lab.py: ASHA's decisions in the order the settings reach the rungs (a
 hand-worked sweep of three), and the replay at lab scale runs end to end on the curves
-checked in beside it."""
+checked in beside it (with the first 1,500 jobs of the Philly sample kept with the tests:
+../shared is not in every checkout)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 from bench.asha_lab import CURVES, Lab, Setting, decide
 from service.jobs.asha import EarlyStopping
+from tests.service.scheduler.test_simulate import PHILLY
 from tests.stack import REPO
 
 
@@ -29,7 +31,11 @@ def test_a_setting_is_judged_against_those_that_reached_the_rung_before_it() -> 
 def test_the_lab_replay_runs_and_asha_spends_fewer_gpu_hours() -> None:
     assert CURVES.is_file()
     run = subprocess.run(
-        [sys.executable, "bench/asha_lab.py", "--seeds", "1"], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "bench/asha_lab.py", "--seeds", "1", "--trace", str(PHILLY)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     row = next(line for line in run.stdout.splitlines() if "sweeps' GPU-hours" in line)
