@@ -23,6 +23,24 @@ from towerq.contract.spec import JobSpec
 from worker.relay import MetricSink
 
 EARLY = {"method": "asha", "min_steps": 50, "reduction_factor": 2, "max_steps": None}
+BODY = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400, "eval_every": 50}}
+
+
+def running_job(ctx: Context, settings: Settings, name: str, early: dict | None) -> int:
+    """A running job of `name`'s (400 steps, an evaluation every 50) in a sweep, adaptive
+    with `early` as its early_stopping where that is given."""
+    with ctx.db.write() as session:
+        user = ensure_user(session, name)
+        caller = Caller(user.id, user.name, False, 0)
+        sweep = Sweep(name="s", user_id=user.id, spec={"metric": "eval_accuracy", "early_stopping": early}, grid={})
+        session.add(sweep)
+        session.flush()
+        sweep_id = sweep.id
+    job_id = submit(ctx.db, caller, JobSpec.model_validate(BODY), settings)[0].id
+    with ctx.db.write() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(sweep_id=sweep_id))
+    LiveScheduler(ctx).run_pass()
+    return job_id
 
 
 def test_a_setting_at_a_rung_asks_for_the_sweeps_decision_once_a_rung(
@@ -31,19 +49,7 @@ def test_a_setting_at_a_rung_asks_for_the_sweeps_decision_once_a_rung(
     add_host("lab-a", 1)
     ctx = Context.open(settings)
     try:
-        with ctx.db.write() as session:
-            user = ensure_user(session, "alice")
-            alice = Caller(user.id, user.name, False, 0)
-            sweep = Sweep(name="s", user_id=user.id, spec={"metric": "eval_accuracy", "early_stopping": EARLY}, grid={})
-            session.add(sweep)
-            session.flush()
-            sweep_id = sweep.id
-        body = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400, "eval_every": 50}}
-        job_id = submit(ctx.db, alice, JobSpec.model_validate(body), settings)[0].id
-        with ctx.db.write() as session:
-            session.execute(update(Job).where(Job.id == job_id).values(sweep_id=sweep_id))
-        LiveScheduler(ctx).run_pass()
-        sink = MetricSink(ctx, job_id, 1)
+        sink = MetricSink(ctx, running_job(ctx, settings, "alice", EARLY), 1)
 
         def asks(*points: tuple[str, int]) -> bool:
             ctx.redis.delete(keys.SWEEPS_DUE, keys.SCHEDULER_KICK)
@@ -74,13 +80,7 @@ def test_a_job_in_no_adaptive_sweep_never_asks(settings: Settings, add_host: Cal
     add_host("lab-a", 1)
     ctx = Context.open(settings)
     try:
-        with ctx.db.write() as session:
-            user = ensure_user(session, "bob")
-            bob = Caller(user.id, user.name, False, 0)
-        body = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400, "eval_every": 50}}
-        job_id = submit(ctx.db, bob, JobSpec.model_validate(body), settings)[0].id
-        LiveScheduler(ctx).run_pass()
-        sink = MetricSink(ctx, job_id, 1)
+        sink = MetricSink(ctx, running_job(ctx, settings, "bob", None), 1)
         ctx.redis.delete(keys.SWEEPS_DUE)
         for step in (50, 100, 200):
             sink.metric(events.Eval.model_validate({"event": "eval", "step": step, "accuracy": 0.5}))
