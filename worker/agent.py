@@ -127,6 +127,11 @@ class HostAgent:
         """Take no new jobs (the host is marked down first, so the scheduler stops sending
         any), stop the trainers (each checkpoints) and put their jobs back in the queue."""
         self.stopping.set()
+        # A heartbeat already past its check of `stopping` would mark the host up again after
+        # this marks it down, and the scheduler would send the jobs requeued below back here
+        # (a clean-clone run beside two CPU burners saw it): it ends first, within a second.
+        for loop in [loop for loop in self.loops if loop.name.endswith("-heartbeat")]:
+            loop.join(LOOP_JOIN_S)
         try:
             with self.ctx.db.write() as session:
                 mark_down(session, self.name)

@@ -75,6 +75,29 @@ def test_a_stopped_worker_has_ended_its_loops_before_its_context_closes(settings
         ctx.close()
 
 
+def test_a_heartbeat_under_way_when_the_worker_shuts_down_does_not_mark_the_host_up_again(
+    settings: Settings, db: Database
+) -> None:
+    """The heartbeat here has passed its check of `stopping` and waits for the agent's lock
+    (as a heartbeat waits for the database on a busy host) while the worker shuts down: the
+    host must end down, or the scheduler sends the jobs the shutdown requeued back to it."""
+    ctx = Context.open(settings.model_copy(update={"trainer_pool": 0, "sandbox": "none", "heartbeat_interval_s": 0.1}))
+    agent = HostAgent(ctx, "lab-a", SimulatedInventory("lab-a", 1))
+    try:
+        agent.start()
+        with agent.lock:
+            time.sleep(0.5)  # the heartbeat loop is at the lock by now
+            stopping = threading.Thread(target=agent.shutdown)
+            stopping.start()
+            time.sleep(0.5)
+        stopping.join(30)
+        assert not stopping.is_alive()
+        with db.read() as session:
+            assert session.scalar(select(Host.state).where(Host.name == "lab-a")) == HostState.DOWN
+    finally:
+        ctx.close()
+
+
 def two_host_job(settings: Settings) -> tuple[int, str, str]:
     """A running 4-GPU job over lab-a and lab-b (2 GPUs each): (its id, rank 0's host, rank 1's)."""
     ctx = Context.open(settings)
