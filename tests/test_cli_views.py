@@ -124,6 +124,13 @@ def test_sweeps_are_listed_and_shown_with_their_best_job(
     )
     wait_for(lambda: client.sweeps(), 30, "the sweep to exist")
     sweep = client.sweeps()[0]
+
+    def its_jobs() -> int:
+        with db.read() as session:
+            return len(session.scalars(select(Job.id).where(Job.sweep_id == sweep["id"])).all())
+
+    # the sweep is stored before its jobs, each submitted in turn (a clean run once read 1 of 2)
+    wait_for(lambda: its_jobs() == 2, 30, "both of the sweep's jobs")
     with db.write() as session:
         jobs = list(session.scalars(select(Job).where(Job.sweep_id == sweep["id"]).order_by(Job.id)))
         for job, accuracy in zip(jobs, (0.91, 0.97), strict=True):
