@@ -462,11 +462,10 @@ class AttemptRunner:
         phases.mark("GPUs free")
         if self.outcome.stop == Stop.STALE:
             return
-        if self._recorded:
-            self._flush(wait=True)  # its last lines
-            return
         self._flush(wait=True)
         phases.mark("flush")
+        if self._recorded:
+            return  # its end is in the database already (`_record_now`): these were its last lines
         try:
             self._verdict_and_record()
         finally:

@@ -93,7 +93,7 @@ class Pace:
 
     def __init__(self, cycle: int | None = None) -> None:
         self.points: list[tuple[int, datetime]] = []
-        self.cycle = cycle if cycle and cycle > 0 else None
+        self.cycle = cycle
         """Steps between the job's repeated pauses (None: unknown, or none)."""
 
     def note(self, step: int, when: datetime) -> None:
@@ -116,6 +116,13 @@ class Pace:
                 start = min(whole, key=lambda i: abs(i - start))
         step, since = self.points[start]
         return (at - since).total_seconds() / (last - step)
+
+
+def pause_cycle(*every: int | None) -> int | None:
+    """Steps after which a trainer's pauses (evaluations every `eval_every` steps,
+    checkpoints every `checkpoint_every`) come round again (`Pace.cycle`); None without any."""
+    periods = [int(n) for n in every if isinstance(n, int) and n > 0]
+    return math.lcm(*periods) if periods else None
 
 
 class MetricSink:

@@ -10,7 +10,6 @@ and log lines any attempt has. The attempt's life is `worker.attempt`.
 
 from __future__ import annotations
 
-import math
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -24,13 +23,7 @@ from worker.launch import Launch, start_trainer, trainer_command, trainer_enviro
 from worker.pool import TrainerPool, WarmTrainer, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants
-
-
-def pause_cycle(*every: int | None) -> int | None:
-    """Steps after which a trainer's pauses (evaluations every `eval_every` steps,
-    checkpoints every `checkpoint_every`) come round again; None without any."""
-    periods = [int(n) for n in every if isinstance(n, int) and n > 0]
-    return math.lcm(*periods) if periods else None
+from worker.relay import pause_cycle
 
 
 class JobRunner(AttemptRunner):
