@@ -238,6 +238,7 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("user_id", "idempotency_key", name="uq_jobs_user_idempotency"),
         Index("ix_jobs_state_created", "state", "created_at"),
+        Index("ix_jobs_finished", "finished_at"),  # jobs that ran lately (a Slurm cluster's, for usage)
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -399,7 +400,10 @@ class Allocation(Base):
     """One GPU (or a fraction of it) held by one attempt of one job."""
 
     __tablename__ = "allocations"
-    __table_args__ = (Index("ix_allocations_gpu_active", "gpu_id", "released_at"),)
+    __table_args__ = (
+        Index("ix_allocations_gpu_active", "gpu_id", "released_at"),
+        Index("ix_allocations_released", "released_at"),  # what was held lately: usage, quotas, fair share
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

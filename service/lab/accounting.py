@@ -1,13 +1,11 @@
 """Usage accounting and the fair-share view: who used the lab's GPUs, and why the scheduler
 ranks each user where it does.
 
-- `usage_report`: per user or per host, over a time window, from the allocation rows: GPU
-  hours (each allocation's fraction × the part of its life inside the window; a running one
-  counts up to now), the jobs that held GPUs in the window, and the wait (submit to first
-  start) of the jobs that first started in it, median and p95. Attempts an executor's
-  cluster placed (Slurm) have no allocation rows: they count from their jobs' events
-  (`running` to the attempt's end, × the job's GPUs, whole GPUs as Slurm gives them), on the
-  node their `running` event names.
+- `usage_report`: per user, host or group, over a time window, from what jobs held
+  (`service.scheduler.holdings`: allocation rows, and the attempts a Slurm cluster placed):
+  GPU hours (the part of each holding inside the window; a running one counts up to now),
+  the jobs that held GPUs in the window, and the wait (submit to first start) of the jobs
+  that first started in it, median and p95.
 - `fair_share_report`: each user's decayed usage, share, and the rank term the policy
   gives them now, computed by the policy's own `FairShareTerms` from the same rows and
   estimates a scheduling pass reads (`service.scheduler.snapshot`, the usage ledger).
@@ -23,13 +21,12 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.core.lifecycle import host_of_running
-from service.core.models import Allocation, Gpu, Group, Host, Job, JobEvent, JobState, User
+from service.core.models import Allocation, Gpu, Group, Host, Job, User
 from service.core.schemas import FairShareGroupOut, FairShareUserOut
 from service.lab.groups import default_groups
+from service.scheduler.holdings import holdings
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.snapshot import live_inputs
-from service.scheduler.usage import gpu_hours_within
 
 BY = ("user", "host", "group")
 NO_GROUP = "(no group)"
@@ -51,25 +48,19 @@ class UsageRow:
 
 def usage_report(session: Session, since: datetime, until: datetime, by: str, now: datetime) -> list[UsageRow]:
     """Usage per user, host or group in [since, until], most GPU hours first."""
-    key = {"user": User.name, "host": Host.name, "group": Job.group}[by]
     rows: dict[str, UsageRow] = {}
 
     def row(name: str | None) -> UsageRow:
         name = NO_GROUP if name is None else name
         return rows.setdefault(name, UsageRow(name))
 
-    held = session.execute(
-        select(key, Allocation.job_id, Allocation.fraction, Allocation.created_at, Allocation.released_at)
-        .join(Job, Allocation.job_id == Job.id)
-        .join(User, Job.user_id == User.id)
-        .join(Host, Allocation.host_id == Host.id)
-        .where(Allocation.created_at < until)
-        .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
-    )
-    for name, job_id, fraction, created_at, released_at in held:
-        entry = row(name)
-        entry.gpu_hours += gpu_hours_within(fraction, created_at, released_at or now, since, until)
-        entry.job_ids.add(job_id)
+    for held in holdings(session, since, until):
+        entry = row({"user": held.user, "host": held.host, "group": held.group}[by])
+        entry.gpu_hours += held.hours_within(since, until, now)
+        entry.job_ids.add(held.job_id)
+        if held.first_start and since <= held.start <= until:
+            entry.waits.append(max(0.0, (held.start - held.submitted).total_seconds()))
+    key = {"user": User.name, "host": Host.name, "group": Job.group}[by]
     first = (
         select(Allocation.job_id, func.min(Allocation.created_at).label("started"))
         .group_by(Allocation.job_id)
@@ -86,12 +77,6 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
     )
     for name, submitted, started in starts:
         row(name).waits.append(max(0.0, (started - submitted).total_seconds()))
-    for attempt in placed_elsewhere(session, since, until, now):
-        entry = row({"user": attempt.user, "host": attempt.host, "group": attempt.group}[by])
-        entry.gpu_hours += gpu_hours_within(attempt.gpus, attempt.start, attempt.end, since, until)
-        entry.job_ids.add(attempt.job_id)
-        if attempt.first and since <= attempt.start <= until:
-            entry.waits.append(max(0.0, (attempt.start - attempt.submitted).total_seconds()))
     for entry in rows.values():
         entry.jobs = len(entry.job_ids)
         entry.started = len(entry.waits)
@@ -99,59 +84,6 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
             entry.median_wait_s = statistics.median(entry.waits)
             entry.p95_wait_s = percentile(entry.waits, 95)
     return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
-
-
-@dataclass
-class ClusterAttempt:
-    """An attempt an executor's cluster placed, from its job's events."""
-
-    job_id: int
-    user: str
-    group: str | None
-    host: str
-    gpus: int
-    submitted: datetime
-    start: datetime
-    end: datetime
-    first: bool
-    """The job's first start (its wait counts)."""
-
-
-def placed_elsewhere(session: Session, since: datetime, until: datetime, now: datetime) -> list[ClusterAttempt]:
-    """The attempts, overlapping [since, until], of jobs that never held an allocation row
-    but ran: each from its `running` event to the job's next event (its end, or its return
-    to the queue), or now."""
-    allocated = select(Allocation.id).where(Allocation.job_id == Job.id).exists()
-    jobs = (
-        select(Job.id)
-        .where(~allocated, Job.started_at.is_not(None), Job.started_at < until)
-        .where((Job.finished_at.is_(None)) | (Job.finished_at > since))
-    )
-    columns = (JobEvent.job_id, JobEvent.state, JobEvent.time, JobEvent.message, User.name, Job.group, Job.gpu_count)
-    events = session.execute(
-        select(*columns, Job.created_at)
-        .join(Job, JobEvent.job_id == Job.id)
-        .join(User, Job.user_id == User.id)
-        .where(JobEvent.job_id.in_(jobs))
-        .order_by(JobEvent.job_id, JobEvent.id)
-    ).all()
-    attempts: list[ClusterAttempt] = []
-    running: ClusterAttempt | None = None
-    started: set[int] = set()
-    for job_id, state, time, message, user, group, gpus, submitted in events:
-        if running is not None:
-            if running.job_id == job_id:
-                running.end = time  # the event after `running` ends that attempt
-            attempts.append(running)  # else its job has no later event: it still runs
-            running = None
-        if state == JobState.RUNNING:
-            first = job_id not in started
-            host = host_of_running(message)
-            running = ClusterAttempt(job_id, user, group, host, gpus, submitted, time, now, first)
-            started.add(job_id)
-    if running is not None:
-        attempts.append(running)
-    return [a for a in attempts if a.start < until and a.end > since]
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -1,7 +1,8 @@
-"""Each user's and each group's decayed GPU-seconds, kept up to date from allocation rows.
+"""Each user's and each group's decayed GPU-seconds, kept up to date from what jobs held
+(`service.scheduler.holdings`: allocation rows, and the attempts a Slurm cluster placed).
 
-The ledger folds in allocations as they are released (read incrementally, pass by pass)
-and adds the running ones' use so far at the time of asking. A fresh ledger reads back
+The ledger folds in holdings as they end (read incrementally, pass by pass) and adds the
+running ones' use so far at the time of asking. A fresh ledger reads back
 ten half-lives of history, beyond which usage has decayed below a thousandth.
 """
 
@@ -10,11 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.core.models import Allocation, Job, JobState, User
 from service.scheduler.history import RunTimes
+from service.scheduler.holdings import Holding, holdings
 from service.scheduler.usage import decayed, interval_usage
 
 HISTORY_HALF_LIVES = 10
@@ -33,26 +33,11 @@ class UsageLedger:
         self.group_value: dict[str | None, float] = defaultdict(float)
         self.as_of: float | None = None
         self.seen_until: datetime | None = None
-        self.seen_ids: set[int] = set()
+        self.seen: dict[tuple[str, int], datetime] = {}
+        """The holdings folded in, with their ends."""
 
     def usage(self, session: Session, now: datetime) -> tuple[dict[str, float], dict[str | None, float]]:
-        """Decayed GPU-seconds per user and per group at `now`, running allocations included."""
-        self._fold_released(session, now)
-        users, groups = dict(self.value), dict(self.group_value)
-        rows = session.execute(
-            select(User.name, Job.group, Allocation.fraction, Allocation.created_at)
-            .join(Job, Allocation.job_id == Job.id)
-            .join(User, Job.user_id == User.id)
-            .where(Allocation.released_at.is_(None))
-        )
-        t = now.timestamp()
-        for user, group, fraction, created_at in rows:
-            used = interval_usage(fraction, created_at.timestamp(), t, t, self.half_life_s)
-            users[user] = users.get(user, 0.0) + used
-            groups[group] = groups.get(group, 0.0) + used
-        return users, groups
-
-    def _fold_released(self, session: Session, now: datetime) -> None:
+        """Decayed GPU-seconds per user and per group at `now`, running holdings included."""
         t = now.timestamp()
         if self.as_of is not None:
             for user in self.value:
@@ -65,44 +50,35 @@ class UsageLedger:
             if self.seen_until is None
             else self.seen_until - LATE_COMMIT_MARGIN
         )
-        rows = session.execute(
-            select(
-                Allocation.id,
-                Allocation.job_id,
-                Allocation.attempt,
-                User.name,
-                Job.group,
-                Allocation.fraction,
-                Allocation.created_at,
-                Allocation.released_at,
-                Job.state,
-            )
-            .join(Job, Allocation.job_id == Job.id)
-            .join(User, Job.user_id == User.id)
-            .where(Allocation.released_at.is_not(None), Allocation.released_at > since)
-            .order_by(Allocation.released_at)
-        )
+        running: list[Holding] = []
         newest = self.seen_until or since
         runs_seen: set[tuple[int, int]] = set()
-        for alloc_id, job_id, attempt, user, group, fraction, created_at, released_at, state in rows:
-            if released_at is None:  # excluded by the query; tells the type checker
+        for held in sorted(holdings(session, since, now + LATE_COMMIT_MARGIN), key=lambda h: h.end or now):
+            if held.end is None:
+                running.append(held)
                 continue
-            newest = max(newest, released_at)
-            if alloc_id in self.seen_ids:
+            newest = max(newest, held.end)
+            if held.key in self.seen:
                 continue
-            self.seen_ids.add(alloc_id)
-            used = interval_usage(fraction, created_at.timestamp(), released_at.timestamp(), t, self.half_life_s)
-            self.value[user] += used
-            self.group_value[group] += used
-            if state == JobState.SUCCEEDED and (job_id, attempt) not in runs_seen:
-                runs_seen.add((job_id, attempt))
-                self.history.add(user, (released_at - created_at).total_seconds())
+            self.seen[held.key] = held.end
+            used = interval_usage(held.gpus, held.start.timestamp(), held.end.timestamp(), t, self.half_life_s)
+            self.value[held.user] += used
+            self.group_value[held.group] += used
+            if held.succeeded and (held.job_id, held.attempt) not in runs_seen:
+                runs_seen.add((held.job_id, held.attempt))
+                self.history.add(held.user, (held.end - held.start).total_seconds())
         self.seen_until = newest
-        self._forget_old_ids(session)
+        self._forget_old_keys()
+        users, groups = dict(self.value), dict(self.group_value)
+        for held in running:
+            used = interval_usage(held.gpus, held.start.timestamp(), t, t, self.half_life_s)
+            users[held.user] = users.get(held.user, 0.0) + used
+            groups[held.group] = groups.get(held.group, 0.0) + used
+        return users, groups
 
-    def _forget_old_ids(self, session: Session) -> None:
-        if len(self.seen_ids) < 10_000 or self.seen_until is None:
+    def _forget_old_keys(self) -> None:
+        """Holdings that ended before the re-read margin are never read again."""
+        if len(self.seen) < 10_000 or self.seen_until is None:
             return
         keep_since = self.seen_until - LATE_COMMIT_MARGIN
-        recent = session.scalars(select(Allocation.id).where(Allocation.released_at > keep_since))
-        self.seen_ids = set(recent)
+        self.seen = {key: end for key, end in self.seen.items() if end > keep_since}

@@ -26,6 +26,7 @@ from service.core.models import (
     utcnow,
 )
 from service.scheduler.history import RunTimes
+from service.scheduler.holdings import holdings
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.types import (
     PRIORITY_RANK,
@@ -36,7 +37,6 @@ from service.scheduler.types import (
     QueuedJob,
     RunningJob,
 )
-from service.scheduler.usage import gpu_hours_within
 from towerq.contract.spec import stoppable
 
 Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | None]
@@ -232,22 +232,13 @@ QUOTA_WINDOW = timedelta(days=7)
 def group_gpu_hours(session: Session, now: datetime, groups: set[str] | None = None) -> dict[str, float]:
     """GPU hours each group's jobs held in the last QUOTA_WINDOW, running ones up to `now`
     (every group asked about has an entry; `None`: every group with any)."""
+    if groups is not None and not groups:
+        return {}
     since = now - QUOTA_WINDOW
-    query = (
-        select(Job.group, Allocation.fraction, Allocation.created_at, Allocation.released_at)
-        .join(Job, Allocation.job_id == Job.id)
-        .where(Job.group.is_not(None))
-        .where((Allocation.released_at.is_(None)) | (Allocation.released_at > since))
-    )
-    if groups is not None:
-        if not groups:
-            return {}
-        query = query.where(Job.group.in_(groups))
     hours: dict[str, float] = dict.fromkeys(groups or (), 0.0)
-    for group, fraction, created_at, released_at in session.execute(query):
-        if group is not None:  # excluded by the query; tells the type checker
-            held = gpu_hours_within(fraction, created_at, released_at or now, since, now)
-            hours[group] = hours.get(group, 0.0) + held
+    for held in holdings(session, since, now, groups):
+        if held.group is not None:
+            hours[held.group] = hours.get(held.group, 0.0) + held.hours_within(since, now, now)
     return hours
 
 

@@ -16,8 +16,9 @@ from service.core.db import Database
 from service.core.models import JobState, User, utcnow
 from service.core.settings import Settings
 from service.scheduler.live import LiveScheduler
+from service.scheduler.usage import interval_usage
 from tests.service.api.conftest import Api
-from tests.service.api.test_usage import add_run
+from tests.service.api.test_usage import add_cluster_run, add_run
 
 SPEC: dict[str, Any] = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
 
@@ -142,6 +143,36 @@ def test_the_fair_share_tree_and_usage_by_group(
     rows = {r["key"]: r for r in alice.get("/api/usage", params={"by": "group", "since": since}).json()["rows"]}
     assert set(rows) == {"vision", "nlp", "(no group)"}
     assert abs(rows["vision"]["gpu_hours"] - 4.0) < 0.01 and abs(rows["(no group)"]["gpu_hours"] - 24.0) < 0.01
+
+
+def test_what_a_slurm_cluster_ran_counts_in_quotas_and_fair_share_as_in_the_usage_report(
+    settings: Settings, alice: Api, as_user: Callable[..., Api], db: Database
+) -> None:
+    """A Slurm cluster's attempts have no allocation rows. The usage report counted them from
+    their events, but a group's GPU hours this week and the fair-share usage read allocation
+    rows only: a group that ran on Slurm used nothing of its weekly quota."""
+    admin = as_user("root", admin=True)
+    admin.post("/api/groups", json={"name": "vision", "max_gpu_hours_week": 10})
+    as_user("dave")
+    admin.put("/api/groups/vision/members/dave", json={})
+    now = utcnow()
+    add_cluster_run(
+        db, "dave", 2,
+        [("queued", now - timedelta(hours=4), 1), ("running", now - timedelta(hours=3), 1, "pid 7 on node7"),
+         ("queued", now - timedelta(hours=2), 2), ("running", now - timedelta(hours=1), 2, "pid 9 on node8")],
+        group="vision",
+    )  # fmt: skip
+    since = (now - timedelta(days=1)).isoformat()
+    rows = {r["key"]: r for r in alice.get("/api/usage", params={"by": "group", "since": since}).json()["rows"]}
+    assert abs(rows["vision"]["gpu_hours"] - 4.0) < 0.02  # 2 GPUs for an hour, and for the last hour
+    tree = alice.get("/api/fair-share").json()
+    vision = {g["group"]: g for g in tree["groups"]}["vision"]
+    assert abs(vision["gpu_hours_week"] - 4.0) < 0.02, vision
+    assert abs(alice.get("/api/groups/vision").json()["gpu_hours_week"] - 4.0) < 0.02
+    dave = {u["user"]: u for u in tree["users"]}["dave"]
+    t, hour, half_life = now.timestamp(), 3600, settings.fair_share_half_life_s
+    decayed = interval_usage(2, t - 3 * hour, t - 2 * hour, t, half_life) + interval_usage(2, t - hour, t, t, half_life)
+    assert abs(dave["usage_gpu_hours"] - decayed / 3600) < 0.01, dave
 
 
 def test_a_pass_holds_a_group_at_its_quotas_and_says_which(

@@ -80,6 +80,31 @@ def add_run(
         return job.id
 
 
+def add_cluster_run(db: Database, user: str, gpus: int, events: list[tuple], group: str | None = None) -> int:
+    """A job of `user` (in `group`) that an executor's cluster ran (no allocation rows), as its
+    events say: (state, time, attempt[, message]); a `running` event's message names the node."""
+    with db.write() as session:
+        last = events[-1][0]
+        job = Job(
+            name=f"{user}-slurm",
+            user_id=user_named(session, user).id,
+            state=last,
+            spec={"model": "mlp", "dataset": "digits"},
+            gpu_count=gpus,
+            total_steps=10,
+            attempts=events[-1][2],
+            created_at=events[0][1],
+            started_at=next(at for state, at, *_ in events if state == "running"),
+            finished_at=events[-1][1] if last in ("succeeded", "failed", "cancelled") else None,
+            group=group,
+        )
+        session.add(job)
+        session.flush()
+        for state, at, attempt, *message in events:
+            session.add(JobEvent(job_id=job.id, state=state, time=at, attempt=attempt, message=(message or [None])[0]))
+        return job.id
+
+
 @pytest.fixture
 def lab(alice: Api, db: Database, add_host: Callable[..., None]) -> Api:
     """alice: 2 GPUs × 4 h (hours 0-4, waited 1 h), 1 GPU × 2 h (hours 10-12, waited 3 h);
@@ -132,36 +157,18 @@ def test_attempts_slurm_placed_count_from_their_events_on_their_nodes(lab: Api, 
     """No allocation rows on Slurm: dave's 2-GPU job ran hours 1-3 on node7, went back to the
     queue (its node failed), ran again hours 5-6 on node8 and succeeded; erin's 1-GPU job
     still runs on node7 since hour 11."""
-    with db.write() as session:
-        for user, gpus, events in (
-            (
-                "dave",
-                2,
-                [("queued", 0.5, 1), ("dispatched", 0.5, 1), ("running", 1, 1, "pid 7 on node7"), ("queued", 3, 2),
-                 ("dispatched", 3, 2), ("running", 5, 2, "pid 9 on node8"), ("succeeded", 6, 2)],
-            ),
-            ("erin", 1, [("queued", 10, 1), ("dispatched", 10, 1), ("running", 11, 1, "pid 3 on node7")]),
-        ):  # fmt: skip
-            job = Job(
-                name=f"{user}-slurm",
-                user_id=user_named(session, user).id,
-                state=events[-1][0],
-                spec={"model": "mlp", "dataset": "digits"},
-                gpu_count=gpus,
-                total_steps=10,
-                attempts=events[-1][2],
-                created_at=hours(events[0][1]),
-                started_at=hours(events[2][1]),
-                finished_at=hours(events[-1][1]) if events[-1][0] == "succeeded" else None,
-            )
-            session.add(job)
-            session.flush()
-            for state, at, attempt, *message in events:
-                session.add(
-                    JobEvent(
-                        job_id=job.id, state=state, time=hours(at), attempt=attempt, message=(message or [None])[0]
-                    )
-                )
+    add_cluster_run(
+        db, "dave", 2,
+        [("queued", hours(0.5), 1), ("dispatched", hours(0.5), 1), ("running", hours(1), 1, "pid 7 on node7"),
+         ("queued", hours(3), 2), ("dispatched", hours(3), 2), ("running", hours(5), 2, "pid 9 on node8"),
+         ("succeeded", hours(6), 2)],
+    )  # fmt: skip
+    add_cluster_run(
+        db,
+        "erin",
+        1,
+        [("queued", hours(10), 1), ("dispatched", hours(10), 1), ("running", hours(11), 1, "pid 3 on node7")],
+    )
     window = {"since": hours(0).isoformat(), "until": hours(12).isoformat()}
     users = by_key(lab.get("/api/usage", params=window).json())
     assert users["dave"]["gpu_hours"] == pytest.approx(2 * 2 + 2 * 1)
