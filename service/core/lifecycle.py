@@ -28,7 +28,7 @@ from service.core.models import (
     utcnow,
 )
 from service.core.publish import job_message, kick_scheduler
-from service.core.schemas import JobEventOut
+from service.core.schemas.jobs import JobEventOut
 from towerq.contract.messages import CancelMessage, PreemptMessage, StateMessage
 
 

@@ -23,7 +23,7 @@ from service.core.db import Database, insert_ignoring_duplicates
 from service.core.lifecycle import record_new_job
 from service.core.models import Job
 from service.core.publish import kick_scheduler
-from service.core.schemas import JobEventOut
+from service.core.schemas.jobs import JobEventOut
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,15 @@ from sqlalchemy.orm import Session, joinedload
 
 from service.core.exceptions import NotFoundError
 from service.core.models import Allocation, Gpu, Host, Job, Notification, User
-from service.core.schemas import AllocationOut, JobDetailOut, JobEventOut, JobOut, JobPage, NotificationOut, RankOut
+from service.core.schemas.jobs import (
+    AllocationOut,
+    JobDetailOut,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    NotificationOut,
+    RankOut,
+)
 from service.core.sharing import LAB, error_category
 from service.lab.auth import Caller
 from towerq.contract.spec import is_notebook

@@ -19,7 +19,7 @@ from service.core.context import connect_redis
 from service.core.db import Database
 from service.core.exceptions import NotFoundError, SpecError, TooManyError
 from service.core.models import Group, Job, JobState, User, utcnow
-from service.core.schemas import JobDetailOut
+from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
 from service.jobs import sources

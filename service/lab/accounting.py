@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.models import Allocation, Gpu, Group, Host, Job, User
-from service.core.schemas import FairShareGroupOut, FairShareUserOut
+from service.core.schemas.usage import FairShareGroupOut, FairShareUserOut
 from service.lab.groups import default_groups
 from service.scheduler.holdings import holdings
 from service.scheduler.ranking import FairShareTerms

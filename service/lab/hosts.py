@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from service.core.db import Database
 from service.core.models import HOLDING_STATES, Allocation, Host, Job, Reservation, User, utcnow
-from service.core.schemas import GpuHolder, GpuOut, GpuReservation, WorkerOut
+from service.core.schemas.lab import GpuHolder, GpuOut, GpuReservation, WorkerOut
 from service.executors import Executor
 
 

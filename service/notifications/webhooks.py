@@ -48,7 +48,7 @@ from service.core.models import (
     utcnow,
 )
 from service.core.results import best_job, counts_by_state, result_of
-from service.core.schemas import LatestMetrics
+from service.core.schemas.jobs import LatestMetrics
 from service.core.sharing import LAB, error_category
 from service.notifications import outbound
 from towerq.contract.paths import job_log

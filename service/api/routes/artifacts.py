@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path as FsPath
 from typing import Annotated
 
 from fastapi import APIRouter, Path
 from fastapi.responses import FileResponse, Response, StreamingResponse
-from pydantic import BaseModel
 from sqlalchemy import select
 from starlette.types import Receive, Scope, Send
 
@@ -19,6 +17,7 @@ from service.api.deps import CallerDep, ContextDep, SessionDep, SettingsDep
 from service.core import joblog
 from service.core.exceptions import NotFoundError
 from service.core.models import LogLine
+from service.core.schemas.jobs import ArtifactList
 from service.jobs import privacy
 from service.jobs.read import get_job
 from service.uploads.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream
@@ -53,19 +52,6 @@ class HandleResponse(FileResponse):
 router = APIRouter(prefix="/api/jobs", tags=["artifacts"])
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="job id")]
-
-
-class ArtifactOut(BaseModel):
-    path: str
-    size: int
-    modified: datetime
-
-
-class ArtifactList(BaseModel):
-    items: list[ArtifactOut]
-    total_bytes: int
-    truncated: bool
-    """More than 10,000 files: the list stops there (the .tar.gz has them all)."""
 
 
 def _archive(root: FsPath, relative: str, top: str, log: FsPath) -> StreamingResponse:

@@ -6,12 +6,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import CallerDep, SessionDep, SettingsDep
 from service.core.exceptions import ForbiddenError
+from service.core.schemas.files import BundleOut
 from service.core.settings import Settings
 from service.jobs import privacy
 from service.jobs.read import get_job
@@ -21,18 +21,6 @@ from service.uploads import code as bundles
 router = APIRouter(prefix="/api/code", tags=["code"])
 
 BundleId = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="a bundle id (SHA-256)")]
-
-
-class BundleFile(BaseModel):
-    path: str
-    size: int
-
-
-class BundleOut(BaseModel):
-    id: str
-    files: list[BundleFile]
-    size: int
-    """Bytes unpacked."""
 
 
 @router.post("", status_code=201, response_model=BundleOut, responses={200: {"model": BundleOut}, 413: {}})

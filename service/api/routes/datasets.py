@@ -3,38 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path as FsPath
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Path, UploadFile
 from fastapi.responses import Response
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import CallerDep, SettingsDep
 from service.api.routes.catalog import shared_data
+from service.core.schemas.files import DatasetList, DatasetOut
 from service.uploads import datasets
 from towerq.contract.api import DATASET_NAME
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
 
 DatasetName = Annotated[str, Path(pattern=DATASET_NAME.pattern)]
-
-
-class DatasetOut(BaseModel):
-    name: str
-    owner: str
-    """The user who uploaded it, or `lab` for shared data an admin placed in TOWERQ_DATA_DIR."""
-    kind: Literal["npz", "tfrecord", "images"]
-    dataset: str
-    """What a job spec's `dataset` says to use it."""
-    size: int | None = None
-    shared: bool = False
-
-
-class DatasetList(BaseModel):
-    items: list[DatasetOut]
-    used_bytes: int
-    quota_bytes: int
 
 
 @router.post("", status_code=201, response_model=DatasetOut, responses={409: {}, 413: {}})

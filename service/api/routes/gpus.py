@@ -10,7 +10,7 @@ from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
 from service.core.db import Database
 from service.core.exceptions import NotFoundError
 from service.core.gpus import set_drained
-from service.core.schemas import GpuOut
+from service.core.schemas.lab import GpuOut
 from service.lab.hosts import list_gpus
 
 router = APIRouter(prefix="/api/gpus", tags=["gpus"])

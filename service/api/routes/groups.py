@@ -3,7 +3,6 @@ them (a member picks one per job with the spec's `group`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path
@@ -11,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
 from service.core.models import Group, utcnow
+from service.core.schemas.lab import GroupOut, MemberOut
 from service.lab import groups as lab_groups
 from service.lab.auth import USER_NAME_PATTERN
 from service.scheduler.snapshot import group_gpu_hours
@@ -23,21 +23,6 @@ UserPath = Annotated[str, Path(pattern=USER_NAME_PATTERN, description="user name
 Share = Annotated[float, Field(gt=0, le=1_000_000, description="its weight against the other groups")]
 MaxGpus = Annotated[float, Field(gt=0, le=100_000, description="at most this many GPUs at once")]
 MaxHours = Annotated[float, Field(gt=0, le=10_000_000, description="at most this many GPU hours in any 7 days")]
-
-
-class MemberOut(BaseModel):
-    user: str
-    default: bool = Field(description="their jobs run in this group when they name none")
-
-
-class GroupOut(BaseModel):
-    name: str
-    share: float
-    max_gpus: float | None
-    max_gpu_hours_week: float | None
-    gpu_hours_week: float = Field(description="GPU hours its jobs held in the last 7 days")
-    members: list[MemberOut]
-    created_at: datetime
 
 
 class GroupCreate(BaseModel):

@@ -15,7 +15,7 @@ from service.core import defaults
 from service.core.exceptions import SpecError
 from service.core.lifecycle import locked_job, request_cancel
 from service.core.models import JobState, LogLine
-from service.core.schemas import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
+from service.core.schemas.jobs import DryRunOut, JobDetailOut, JobPage, LogLineOut, MetricOut
 from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
 from service.jobs.dependencies import resolve_after

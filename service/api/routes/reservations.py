@@ -11,43 +11,13 @@ from pydantic import AwareDatetime, BaseModel, Field
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
 from service.core.models import Reservation, utcnow
+from service.core.schemas.lab import HolderOut, KeptGpu, NewReservation, ReservationOut
 from service.lab import reservations as lab_reservations
 from towerq.contract.spec import GROUP_NAME_PATTERN
 
 router = APIRouter(prefix="/api", tags=["reservations"])
 
 ReservationId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-
-
-class KeptGpu(BaseModel):
-    host: str
-    index: int
-
-
-class HolderOut(BaseModel):
-    job_id: int
-    host: str
-    gpu: int
-    ends_at: datetime | None = Field(description="when its time limit ends it; null: it has none")
-
-
-class ReservationOut(BaseModel):
-    id: int
-    group: str
-    gpus: list[KeptGpu]
-    start_at: datetime
-    end_at: datetime
-    active: bool = Field(description="its window has begun")
-    note: str
-    created_by: str
-    created_at: datetime
-
-
-class NewReservation(ReservationOut):
-    held_past_start: list[HolderOut] = Field(
-        description="jobs on the kept GPUs that may still run when the window starts: they are not stopped "
-        "(unless TOWERQ_PREEMPTION is on and they were lent the GPUs), so the group may wait for them"
-    )
 
 
 class ReservationCreate(BaseModel):

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
 
 from service.api.deps import SESSION_COOKIE, CallerDep, bearer_token
+from service.core.schemas.lab import Me
 
 router = APIRouter(prefix="/api", tags=["session"])
-
-
-class Me(BaseModel):
-    user: str
-    is_admin: bool
 
 
 @router.get("/me", response_model=Me)

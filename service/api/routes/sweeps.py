@@ -2,72 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
 from service.core import results
 from service.core.models import Job, Sweep, SweepRung
+from service.core.schemas.sweeps import RungOut, SweepJob, SweepList, SweepOut
 from service.jobs import sweeps
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
 SweepId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-
-
-class SweepJob(BaseModel):
-    id: int
-    name: str
-    state: str
-    setting: dict[str, Any]
-    result: float | None
-    """The sweep's metric at the job's end (its latest value while it runs)."""
-    step: int | None
-    total_steps: int
-
-
-class RungOut(BaseModel):
-    """A setting of an adaptive sweep at a rung (`service.jobs.asha`)."""
-
-    job_id: int
-    rung: int
-    """Counted from 1."""
-    step: int
-    value: float | None
-    """None: the setting ended before the rung (the worst there)."""
-    stopped: bool
-    cut: float | None
-    """The worst value that went on at the rung when this one was decided."""
-
-
-class SweepOut(BaseModel):
-    id: int
-    name: str
-    user: str
-    created_at: datetime
-    metric: str
-    goal: str
-    max_parallel: int | None
-    fields: list[str]
-    """The swept fields, in order."""
-    counts: dict[str, int]
-    """Jobs by state."""
-    done: int
-    total: int
-    best_job: int | None
-    jobs: list[SweepJob]
-    early_stopping: dict[str, Any] | None = None
-    """The sweep's `early_stopping` (ASHA), where it has one."""
-    rungs: list[RungOut] = []
-    """Where it has one: each setting at each rung it reached, in the order decided."""
-
-
-class SweepList(BaseModel):
-    items: list[SweepOut]
 
 
 def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from service.api.deps import AdminDep, CallerDep, SessionDep, SettingsDep
 from service.core.exceptions import SpecError
 from service.core.models import Gpu, Job, User, utcnow
-from service.core.schemas import FairShareOut, TimelineOut, UsageOut
+from service.core.schemas.usage import FairShareOut, StorageOut, StorageRow, TimelineOut, UsageOut
 from service.lab.accounting import BY, fair_share_report, timeline, usage_report
 from service.lab.whatif import what_if
 from service.scheduler.types import Policy
@@ -47,28 +47,6 @@ def fair_share(session: SessionDep, _: CallerDep, settings: SettingsDep) -> Fair
     now = utcnow()
     users, groups = fair_share_report(session, settings.fair_share_half_life_s, settings.user_gpu_limit, now)
     return FairShareOut(as_of=now, half_life_s=settings.fair_share_half_life_s, users=users, groups=groups)
-
-
-class StorageRow(BaseModel):
-    user: str
-    datasets_bytes: int
-    code_bytes: int
-    job_folders_bytes: int
-    """What the user's jobs' folders held when their workers last measured them."""
-    log_bytes: int = 0
-    """What their jobs' log lines take (the database's rows and `log.txt`), all attempts."""
-    metric_points: int = 0
-    """Metric points stored for their jobs, all attempts."""
-
-
-class StorageOut(BaseModel):
-    datasets_quota_bytes: int
-    code_quota_bytes: int
-    job_folder_max_bytes: int
-    """Each job folder's limit (0: none); a job past it is stopped."""
-    job_log_max_bytes: int = 0
-    """Each job's log limit, all its attempts together (TOWERQ_JOB_LOG_MAX_MB)."""
-    users: list[StorageRow]
 
 
 @router.get("/usage/storage", response_model=StorageOut)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
-from pydantic import AliasPath, BaseModel, Field
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import joinedload, selectinload
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep, SettingsDep
 from service.core.exceptions import ForbiddenError, NotFoundError
 from service.core.models import ApiToken, User
-from service.core.schemas import Out
+from service.core.schemas.lab import NewToken, TokenOut, UserOut
 from service.lab.auth import USER_NAME_PATTERN, TokenChecker, check_token_count, create_token, revoke_token
 from towerq.contract.spec import Priority
 
@@ -22,19 +21,6 @@ router = APIRouter(prefix="/api", tags=["users"])
 
 UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN, description="user name")]
 TokenId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-
-
-class UserOut(Out):
-    name: str
-    is_admin: bool
-    gpu_limit: int | None
-    share: float
-    max_priority: Priority = Field(
-        validation_alias="allowed_priority", description="the highest priority the user may give a job"
-    )
-    may_use_network: bool = Field(description="its jobs may ask for the network (admins: always)")
-    tokens: int = Field(validation_alias="active_tokens", description="tokens not revoked")
-    created_at: datetime
 
 
 class UserChange(BaseModel):
@@ -54,20 +40,6 @@ class TokenRequest(BaseModel):
 
     name: str = Field(default="", max_length=64)
     admin: bool = False
-
-
-class TokenOut(Out):
-    id: int
-    user: str = Field(validation_alias=AliasPath("user", "name"))
-    name: str
-    prefix: str
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
-
-
-class NewToken(TokenOut):
-    token: str = Field(description="the secret; shown only in this answer")
 
 
 @router.get("/users", response_model=list[UserOut])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import CallerDep, SessionDep
-from service.core.schemas import WorkerOut
+from service.core.schemas.lab import WorkerOut
 from service.lab.hosts import list_workers
 
 router = APIRouter(prefix="/api/workers", tags=["workers"])

@@ -1,18 +1,13 @@
-"""Pydantic schemas of what the API returns. The job spec users submit is the contract in
-`towerq.contract.spec` (`JobSpec`), shared with the trainer."""
+"""A job as the API shows it: its row, attempts, events, metrics, log lines, artifacts, a dry run's answer."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasPath, BaseModel, ConfigDict, Field
+from pydantic import AliasPath, BaseModel, Field
 
-
-class Out(BaseModel):
-    """A schema read from ORM rows (`Out.model_validate(row)`), or built by field name."""
-
-    model_config = ConfigDict(from_attributes=True, validate_by_name=True, validate_by_alias=True)
+from service.core.schemas import Out
 
 
 class RankOut(Out):
@@ -162,154 +157,6 @@ class LogLineOut(Out):
     attempt: int
 
 
-class GpuHolder(BaseModel):
-    job_id: int
-    job_name: str
-    user: str
-    fraction: float
-
-
-class GpuReservation(BaseModel):
-    """The reservation that keeps a GPU for a group: the one in its window now, else the next."""
-
-    id: int
-    group: str
-    start_at: datetime
-    end_at: datetime
-    now: bool
-    """In its window now: only the group's jobs take the GPU."""
-
-
-class GpuOut(BaseModel):
-    host: str
-    index: int
-    uuid: str
-    name: str
-    memory_total_mb: int
-    memory_used_mb: int
-    utilization_pct: float | None
-    simulated: bool
-    drained: bool
-    host_state: str
-    free_fraction: float
-    holders: list[GpuHolder]
-    processes: list[dict[str, Any]]
-    sandboxed: bool | None = None
-    """Whether its host runs trainers in the sandbox (None: the worker did not say)."""
-    reserved: GpuReservation | None = None
-    """Kept for a group now or later: a free GPU is not free to everyone."""
-
-
-class WorkerOut(BaseModel):
-    name: str
-    state: str
-    simulated: bool
-    gpus: int
-    last_heartbeat_at: datetime
-    heartbeat_age_s: float
-    registered_at: datetime
-    running_jobs: int
-    info: dict[str, Any]
-    sandboxed: bool | None = None
-    """False: this host runs members' code unsandboxed (TOWERQ_SANDBOX=none)."""
-
-
-class UsageRowOut(BaseModel):
-    key: str
-    """The user or host."""
-    gpu_hours: float
-    jobs: int
-    """Jobs that held GPUs in the window."""
-    started: int
-    """Jobs that first started in the window: the waits are theirs."""
-    median_wait_s: float | None
-    p95_wait_s: float | None
-
-
-class UsageOut(BaseModel):
-    since: datetime
-    until: datetime
-    by: str
-    rows: list[UsageRowOut]
-
-
-class FairShareUserOut(BaseModel):
-    user: str
-    group: str | None = None
-    """The group these figures are within (a user with jobs in several has a row in each)."""
-    share: float
-    usage_gpu_hours: float
-    """Decayed GPU hours (half-life `TOWERQ_FAIR_SHARE_HALF_LIFE_S`)."""
-    running_gpus: float
-    queued_jobs: int
-    owed: float | None
-    """Their share among the users present (queued or running) in their group, 0..1; None
-    when absent."""
-    used: float | None
-    """Their part of the use of those users, running jobs' likely rest included."""
-    term: float | None
-    """What the scheduler adds to their jobs' rank now (0 to 1, lower goes first): their own
-    term within their group; when several groups are present, its mean with their group's."""
-
-
-class FairShareGroupOut(BaseModel):
-    group: str | None
-    """None: the jobs that run in no group, as one group of share 1."""
-    share: float
-    usage_gpu_hours: float
-    running_gpus: float
-    queued_jobs: int
-    owed: float | None
-    """Its share among the groups present, 0..1; None when absent."""
-    used: float | None
-    term: float | None
-    """The group's part of its users' terms (0 to 1; 0 while it is the only group present)."""
-    max_gpus: float | None = None
-    max_gpu_hours_week: float | None = None
-    gpu_hours_week: float | None = None
-    """GPU hours in the last 7 days, for a group with an hour quota."""
-
-
-class FairShareOut(BaseModel):
-    as_of: datetime
-    half_life_s: float
-    users: list[FairShareUserOut]
-    groups: list[FairShareGroupOut] = []
-    """Empty while the lab has no groups."""
-
-
-class HeldOut(BaseModel):
-    job_id: int
-    job_name: str
-    user: str
-    host: str
-    gpu: int
-    fraction: float
-    start: datetime
-    end: datetime | None
-    """None: still held."""
-    group: str | None = None
-    """The group its job ran in."""
-
-
-class QueueSampleOut(BaseModel):
-    time: datetime
-    queued: int
-    started: int
-    """Jobs that first started since the previous sample; `median_wait_s` is theirs."""
-    median_wait_s: float | None
-
-
-class TimelineOut(BaseModel):
-    since: datetime
-    until: datetime
-    now: datetime
-    gpus: int = 0
-    """The lab's GPUs now (present on registered hosts): the full scale of a chart of GPUs held."""
-    allocations: list[HeldOut]
-    queue: list[QueueSampleOut]
-
-
 class DryRunOut(BaseModel):
     """`POST /api/jobs?dry_run=true`: nothing stored; when the job would likely start."""
 
@@ -321,3 +168,16 @@ class DryRunOut(BaseModel):
     queue_position: int | None
     reason: str | None
     """Why it would wait, as the queue would say."""
+
+
+class ArtifactOut(BaseModel):
+    path: str
+    size: int
+    modified: datetime
+
+
+class ArtifactList(BaseModel):
+    items: list[ArtifactOut]
+    total_bytes: int
+    truncated: bool
+    """More than 10,000 files: the list stops there (the .tar.gz has them all)."""
