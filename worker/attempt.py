@@ -33,6 +33,7 @@ from service.core.lifecycle import current_attempt, finish, mark_running, requeu
 from service.core.models import HOLDING_STATES, Job, JobState
 from towerq.contract import events
 from towerq.contract.spec import describe
+from towerq.contract.versions import NewerSpecError
 from worker import reaper, rendezvous, sandbox
 from worker.cgroups import AttemptGroup, Limits
 from worker.folder import FolderWatch
@@ -245,7 +246,7 @@ class AttemptRunner:
         settings = self.ctx.settings
         try:
             starter = self._prepare()
-        except (ValidationError, sandbox.SandboxError) as err:
+        except (ValidationError, NewerSpecError, sandbox.SandboxError) as err:
             self.outcome.stop = Stop.BAD_SPEC
             why = describe(err) if isinstance(err, ValidationError) else str(err)
             self.outcome.stop_message = f"the job's spec does not pass validation: {why}"

@@ -3,7 +3,7 @@
 The trainer runs as `python -m worker.trainer SPEC.json` in its own session (so its whole
 process group can be signalled), with `CUDA_VISIBLE_DEVICES` set to exactly the allocated
 GPUs; it asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG, in the
-trainer). The spec file is built by the spec contract (`towerq.contract.spec.trainer_input`)
+trainer). The spec file is built by the spec contract (`towerq.contract.runtime.trainer_input`)
 from the job's stored spec, never by hand.
 """
 
@@ -28,6 +28,7 @@ from service.core.settings import Settings
 from service.core.sharing import shares_outputs
 from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
+from towerq.contract.versions import SPEC_VERSION
 from worker import sandbox
 from worker.cgroups import AttemptGroup, Limits
 from worker.trainer import tunnel
@@ -59,6 +60,8 @@ class Launch:
     """Every rank's address:port, once they met (`worker.rendezvous`)."""
     user_id: int = 0
     """The member whose job it is (a notebook session mounts their folder, `worker.notebook`)."""
+    spec_version: int = SPEC_VERSION
+    """The version of the spec's rules that admitted it (`towerq.contract.versions`)."""
     gate: Path | None = None
     """A sandboxed rank: the folder of its worker's control socket (`worker.trainer.tunnel`),
     seen at `sandbox.RANKS_PATH` in the sandbox, which then has no network of its host."""
@@ -93,6 +96,7 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
         indices=[r[0] for r in rows],
         fraction=rows[0][3] if rows else 1.0,
         spec=job.spec,
+        spec_version=job.spec_version,
         time_limit_s=job.time_limit_s,
         memory_total_mb=[r[1] for r in rows],
         simulated=all(r[2] for r in rows),
@@ -168,7 +172,7 @@ def write_trainer_spec(launch: Launch, settings: Settings, artifacts: Path, sand
         collective_timeout_s=settings.collective_timeout_s,
         rank_tunnel=f"{sandbox.RANKS_PATH}/{tunnel.CONTROL}" if sandboxed and launch.gate is not None else None,
     )
-    spec = trainer_input(launch.spec, runtime)
+    spec = trainer_input(launch.spec, runtime, launch.spec_version)
     artifacts.mkdir(parents=True, exist_ok=True)
     name = f"spec-attempt-{launch.attempt}" + (f"-rank-{launch.rank}" if launch.rank else "") + ".json"
     replace_beneath(artifacts, name, spec.model_dump_json(indent=2))  # never through a planted link

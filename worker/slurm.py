@@ -71,7 +71,7 @@ def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int]
         job.pending_reason = None
         job.expected_start_at = None
         job.expected_host = None
-        spec, fraction, limit = job.spec, job.gpu_memory_fraction, job.time_limit_s
+        spec, version, fraction, limit = job.spec, job.spec_version, job.gpu_memory_fraction, job.time_limit_s
         inputs, notes = job_inputs(session, job, ctx.settings)
     return Launch(
         job_id=job_id,
@@ -80,6 +80,7 @@ def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int]
         indices=indices,
         fraction=fraction,
         spec=spec,
+        spec_version=version,
         time_limit_s=limit,
         memory_total_mb=[gpus[i].memory_total_mb if i in gpus else 0 for i in indices],
         simulated=inventory.simulated,

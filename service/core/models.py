@@ -26,6 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from towerq.contract.spec import Priority
+from towerq.contract.versions import SPEC_VERSION
 
 
 def utcnow() -> datetime:
@@ -246,6 +247,8 @@ class Job(Base):
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
     spec: Mapped[dict[str, Any]] = mapped_column()
+    spec_version: Mapped[int] = mapped_column(Integer, default=SPEC_VERSION, server_default="1")
+    """The version of the spec's rules it was admitted under (`towerq.contract.versions`)."""
     priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
     gpu_count: Mapped[int] = mapped_column(Integer)
     gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)

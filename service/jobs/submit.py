@@ -35,6 +35,7 @@ from service.uploads import datasets
 from towerq.contract.paths import PathEscapeError, resolve_inside
 from towerq.contract.runtime import MIN_MEMORY_LIMIT_MB, memory_limit_mb
 from towerq.contract.spec import JobSpec, is_notebook
+from towerq.contract.versions import SPEC_VERSION
 
 
 def submit(
@@ -220,6 +221,7 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         user_id=caller.user_id,
         state=JobState.QUEUED.value,
         spec=spec.stored(),
+        spec_version=SPEC_VERSION,
         priority=spec.priority.value,
         gpu_count=spec.gpu_count,
         gpu_memory_fraction=spec.gpu_memory_fraction,

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import ValidationError, ValidationInfo, field_validator
 
 from service.core.models import JobState
 from service.core.settings import Settings
+from towerq.contract import versions
 from towerq.contract.runtime import TrainerInput
 from towerq.contract.spec import JobSpec, describe
+from towerq.contract.versions import NewerSpecError, applies
 from worker.launch import Launch, write_trainer_spec
 from worker.outcome import Outcome, Stop
 
@@ -90,3 +93,38 @@ def test_a_rank_that_ends_without_a_word_sends_its_whole_job_back_and_one_with_a
         JobState.FAILED,
         "loss became nan",
     )
+
+
+class Stricter(JobSpec):
+    """JobSpec with a rule of a version 2 of the rules: at most 100 steps."""
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _at_most_100_steps(cls, hyperparameters: Any, info: ValidationInfo) -> Any:
+        if applies(info, since=2) and hyperparameters.steps > 100:
+            raise ValueError("at most 100 steps")
+        return hyperparameters
+
+
+def test_a_rule_made_stricter_spares_the_specs_admitted_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job queued under version 1 of the rules is read by version 1's rules when it starts
+    under version 2, in its version 2 form; one submitted under version 2 meets its rules."""
+    monkeypatch.setattr(versions, "SPEC_VERSION", 2)
+    monkeypatch.setitem(versions.UPGRADES, 2, lambda old: {**old, "name": old.get("name") or "renamed by 2"})
+    stored = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 500}}).stored()
+    stored.pop("name", None)
+    old = Stricter.model_validate(versions.upgraded(stored, 1), context={versions.ADMITTED_UNDER: 1})
+    assert old.hyperparameters.steps == 500 and old.name == "renamed by 2"
+    for context in ({versions.ADMITTED_UNDER: 2}, None):  # stored under 2; submitted now
+        with pytest.raises(ValidationError, match="at most 100 steps"):
+            Stricter.model_validate(stored, context=context)
+
+
+def test_a_job_admitted_by_a_newer_towerq_is_refused_saying_to_upgrade_the_worker(tmp_path: Path) -> None:
+    stored = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpus": [1, 3]}).stored()
+    launch = launch_of(stored)
+    launch.spec_version = versions.SPEC_VERSION + 1
+    with pytest.raises(NewerSpecError, match="upgrade this worker"):
+        write_trainer_spec(launch, Settings(), tmp_path / "job-7")
+    launch.spec_version = versions.SPEC_VERSION
+    assert write_trainer_spec(launch, Settings(), tmp_path / "job-7").exists()

@@ -12,6 +12,7 @@ from pydantic import (
 )
 
 from towerq.contract.spec import JobSpec, PositiveInt, Strict, TrainSpec
+from towerq.contract.versions import ADMITTED_UNDER, upgraded
 
 MIN_MEMORY_LIMIT_MB = 256
 """A shared GPU's slice must leave at least this much to the job after the per-process cost."""
@@ -83,10 +84,16 @@ class TrainerInput(Strict):
         return self
 
 
-def trainer_input(stored: dict[str, Any], runtime: RuntimeSpec) -> TrainerInput:
-    """The trainer's spec file for one attempt of a job whose spec was stored as `stored`
-    (a `JobSpec` dump). Raises pydantic's ValidationError when the stored spec no longer
-    passes today's rules."""
-    job = JobSpec.model_validate(stored)
+def admitted_spec(stored: dict[str, Any], version: int) -> JobSpec:
+    """A stored spec (a `JobSpec` dump) read by the rules of the version that admitted it
+    (`towerq.contract.versions`): a rule made stricter since does not refuse it. Raises
+    pydantic's ValidationError, or NewerSpecError for a spec of a newer towerq."""
+    return JobSpec.model_validate(upgraded(stored, version), context={ADMITTED_UNDER: version})
+
+
+def trainer_input(stored: dict[str, Any], runtime: RuntimeSpec, version: int) -> TrainerInput:
+    """The trainer's spec file for one attempt of a job whose spec was stored as `stored`,
+    admitted under the spec rules' `version` (`admitted_spec`)."""
+    job = admitted_spec(stored, version)
     runtime = runtime.model_copy(update={"memory_growth": job.memory_growth})
     return TrainerInput(train=job.train_spec(), runtime=runtime)

@@ -15,6 +15,7 @@ from service.core.models import Job, JobEvent
 from service.core.settings import Settings
 from tests.service.api.conftest import Api
 from towerq.contract.catalog import BUILTIN_DATASETS, DATASETS, MODELS
+from towerq.contract.versions import SPEC_VERSION
 from worker.host import register
 from worker.inventory import GpuState, SimulatedInventory
 
@@ -39,6 +40,7 @@ def test_submit_returns_201_and_a_queued_job(alice: Api, db: Database) -> None:
     assert [e["state"] for e in job["events"]] == ["queued"]
     with db.read() as session:
         assert session.scalar(select(func.count(JobEvent.id)).where(JobEvent.job_id == job["id"])) == 1
+        assert session.scalar(select(Job.spec_version).where(Job.id == job["id"])) == SPEC_VERSION  # its rules
 
 
 @pytest.mark.parametrize(
