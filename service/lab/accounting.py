@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.models import Allocation, Gpu, Group, Host, Job, User
-from service.core.schemas.usage import FairShareGroupOut, FairShareUserOut
+from service.core.schemas.usage import FairShareGroupOut, FairShareUserOut, HeldOut, QueueSampleOut
 from service.lab.groups import default_groups
 from service.scheduler.holdings import holdings
 from service.scheduler.ranking import FairShareTerms
@@ -155,39 +155,26 @@ def fair_share_report(
     return users, groups
 
 
-@dataclass
-class Held:
-    job_id: int
-    job_name: str
-    user: str
-    host: str
-    gpu: int
-    fraction: float
-    start: datetime
-    end: datetime | None
-    """None: still held."""
-    group: str | None = None
-
-
-@dataclass
-class QueueSample:
-    time: datetime
-    queued: int
-    """Jobs waiting at this moment."""
-    started: int
-    """Jobs that first started since the previous sample..."""
-    median_wait_s: float | None
-    """...and their median wait."""
-
-
 TIMELINE_SAMPLES = 200
 
 
-def timeline(session: Session, since: datetime, until: datetime, now: datetime) -> tuple[list[Held], list[QueueSample]]:
+def timeline(
+    session: Session, since: datetime, until: datetime, now: datetime
+) -> tuple[list[HeldOut], list[QueueSampleOut]]:
     """Who held which GPU when in [since, until] (each allocation, for a Gantt chart per GPU
     or GPUs per user over time), and the queue's length and wait at 200 moments."""
     held = [
-        Held(r.job_id, r.job_name, r.user, r.host, r.gpu, r.fraction, r.created_at, r.released_at, r.group)
+        HeldOut(
+            job_id=r.job_id,
+            job_name=r.job_name,
+            user=r.user,
+            host=r.host,
+            gpu=r.gpu,
+            fraction=r.fraction,
+            start=r.created_at,
+            end=r.released_at,
+            group=r.group,
+        )  # fmt: skip
         for r in session.execute(
             select(
                 Allocation.job_id,
@@ -237,5 +224,6 @@ def timeline(session: Session, since: datetime, until: datetime, now: datetime) 
                 queued += 1
             if start is not None and moment - step < start <= moment:
                 started.append((start - submitted).total_seconds())
-        samples.append(QueueSample(moment, queued, len(started), statistics.median(started) if started else None))
+        median = statistics.median(started) if started else None
+        samples.append(QueueSampleOut(time=moment, queued=queued, started=len(started), median_wait_s=median))
     return held, samples

@@ -99,8 +99,8 @@ def usage_timeline(
             "until": until,
             "now": now,
             "gpus": session.scalar(select(func.count(Gpu.id)).where(Gpu.present)) or 0,
-            "allocations": [h.__dict__ for h in held],
-            "queue": [q.__dict__ for q in samples],
+            "allocations": held,
+            "queue": samples,
         }
     )
 

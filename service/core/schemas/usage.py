@@ -88,6 +88,7 @@ class HeldOut(BaseModel):
 class QueueSampleOut(BaseModel):
     time: datetime
     queued: int
+    """Jobs waiting at this moment."""
     started: int
     """Jobs that first started since the previous sample; `median_wait_s` is theirs."""
     median_wait_s: float | None
