@@ -78,20 +78,25 @@ class SubmissionWriter:
 def store_submissions(db: Database, batch: list[Submission]) -> list[tuple[int, JobEventOut | None]]:
     """Store the jobs of `batch` in one transaction; for each, (job id, its queued event),
     or (id of the job first stored with its idempotency key, None)."""
-    results: list[tuple[int, JobEventOut | None]] = []
     with db.write() as session:
-        statement = insert_ignoring_duplicates(session, Job).returning(Job.id)
-        for submission in batch:
-            job_id = session.execute(statement, submission.row).scalar()
-            if job_id is None:  # its idempotency key was used before (or earlier in this batch)
-                existing = find_by_idempotency_key(
-                    session, submission.row["user_id"], submission.row["idempotency_key"]
-                )
-                assert existing is not None, "a conflicting insert means a job with this key exists"
-                results.append((existing.id, None))
-                continue
-            results.append((job_id, record_new_job(session, job_id, f"submitted by {submission.user}")))
+        results = insert_submissions(session, batch)
         kick_scheduler(session)
+    return results
+
+
+def insert_submissions(session: Session, batch: list[Submission]) -> list[tuple[int, JobEventOut | None]]:
+    """`store_submissions` inside a transaction of the caller's (a sweep stores its jobs in
+    the one that stores it)."""
+    results: list[tuple[int, JobEventOut | None]] = []
+    statement = insert_ignoring_duplicates(session, Job).returning(Job.id)
+    for submission in batch:
+        job_id = session.execute(statement, submission.row).scalar()
+        if job_id is None:  # its idempotency key was used before (or earlier in this batch)
+            existing = find_by_idempotency_key(session, submission.row["user_id"], submission.row["idempotency_key"])
+            assert existing is not None, "a conflicting insert means a job with this key exists"
+            results.append((existing.id, None))
+            continue
+        results.append((job_id, record_new_job(session, job_id, f"submitted by {submission.user}")))
     return results
 
 

@@ -46,27 +46,11 @@ def submit(
     idempotency_key: str | None = None,
     inventory: HostInventory | None = None,
     writer: SubmissionWriter | None = None,
-    sweep_id: int | None = None,
 ) -> tuple[JobDetailOut, bool]:
     """Store a new queued job; returns (job, created). A repeated idempotency key returns
     the job first submitted with it. The checks read a cached inventory; the job is stored
     by `writer` (group commit) when there is one, else in a transaction of its own."""
-    inventory = inventory or HostInventory(db, executor_for(settings, connect_redis(settings.redis_url)))
-    host = check_submission(caller, spec, settings, inventory)
-    if spec.is_notebook:  # a sweep's specs were refused one by one before it was stored
-        check_notebook(db, caller, spec, settings)
-    if sweep_id is None:  # a sweep's jobs were counted together, before it was stored
-        check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
-    if spec.hyperparameters.seed is None:
-        spec.hyperparameters.seed = secrets.randbelow(2**31)
-    with db.read() as session:
-        after = resolve_after(session, caller, spec)
-        spec.group = resolve_group(session, caller, spec.group)
-        check_startable(session, caller, spec, settings)
-    row = new_job(caller, spec, host, settings, idempotency_key)
-    row["sweep_id"] = sweep_id
-    row["after_jobs"] = after
-    row["after_condition"] = spec.after_condition if after else None
+    row = submission_row(db, caller, spec, settings, idempotency_key, inventory)
     if writer is not None:
         job_id, event = writer.store(row, caller.name)
     else:
@@ -75,6 +59,37 @@ def submit(
         with db.read() as session:
             return job_detail(session, get_job(session, job_id)), False
     return job_detail_of_new(Job(id=job_id, user=User(id=caller.user_id, name=caller.name), **row), event), True
+
+
+def submission_row(
+    db: Database,
+    caller: Caller,
+    spec: JobSpec,
+    settings: Settings,
+    idempotency_key: str | None = None,
+    inventory: HostInventory | None = None,
+    in_sweep: bool = False,
+) -> dict[str, Any]:
+    """The row of a new queued job once every check passed (raises SpecError naming the
+    field, ForbiddenError, ...). A sweep's jobs were counted against the queue's room
+    together, before it was stored."""
+    inventory = inventory or HostInventory(db, executor_for(settings, connect_redis(settings.redis_url)))
+    host = check_submission(caller, spec, settings, inventory)
+    if spec.is_notebook:  # a sweep's specs were refused one by one before it was stored
+        check_notebook(db, caller, spec, settings)
+    if not in_sweep:
+        check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
+    if spec.hyperparameters.seed is None:
+        spec.hyperparameters.seed = secrets.randbelow(2**31)
+    with db.read() as session:
+        after = resolve_after(session, caller, spec)
+        spec.group = resolve_group(session, caller, spec.group)
+        check_startable(session, caller, spec, settings)
+    row = new_job(caller, spec, host, settings, idempotency_key)
+    row["sweep_id"] = None
+    row["after_jobs"] = after
+    row["after_condition"] = spec.after_condition if after else None
+    return row
 
 
 def check_startable(session: Session, caller: Caller, spec: JobSpec, settings: Settings) -> None:

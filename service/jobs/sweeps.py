@@ -32,9 +32,9 @@ from service.core.settings import Settings
 from service.executors import Executor
 from service.jobs.asha import EarlyStopping, check_setting
 from service.jobs.dependencies import resolve_after
-from service.jobs.intake import SubmissionWriter
+from service.jobs.intake import Submission, insert_submissions
 from service.jobs.stopping import cancel_then_stop
-from service.jobs.submit import check_queue_room, check_startable, check_submission, submit
+from service.jobs.submit import check_queue_room, check_startable, check_submission, submission_row
 from service.lab.auth import Caller
 from service.lab.groups import resolve_group
 from service.lab.hosts import HostInventory
@@ -193,11 +193,10 @@ def create_sweep(
     body: SweepIn,
     settings: Settings,
     inventory: HostInventory,
-    writer: SubmissionWriter,
 ) -> int:
     """Every setting becomes a job spec, checked like a submission before anything is
-    stored (a refusal names the setting); then the sweep and its jobs (queued) are stored.
-    The sweep's id."""
+    stored (a refusal names the setting); then the sweep and its jobs (queued) are stored,
+    in one transaction. The sweep's id."""
     if body.notify_url:
         outbound.check_url(body.notify_url, settings.webhook_allow)
     checked: list[tuple[dict[str, Any], JobSpec]] = []
@@ -219,7 +218,8 @@ def create_sweep(
             checked.append((setting, spec))
     check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
     definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
-    with db.write() as session:
+    rows = [submission_row(db, caller, spec, settings, inventory=inventory, in_sweep=True) for _, spec in checked]
+    with db.write() as session:  # the sweep and all its jobs, or nothing: never a sweep short of a job
         sweep = Sweep(
             name=body.name,
             user_id=caller.user_id,
@@ -236,10 +236,11 @@ def create_sweep(
         )
         session.add(sweep)
         session.flush()
-        sweep_id = sweep.id
-    for _, spec in checked:
-        submit(db, caller, spec, settings, inventory=inventory, writer=writer, sweep_id=sweep_id)
-    return sweep_id
+        for row in rows:
+            row["sweep_id"] = sweep.id
+        insert_submissions(session, [Submission(row, caller.name) for row in rows])
+        kick_scheduler(session)
+        return sweep.id
 
 
 def cancel_sweep(db: Database, caller: Caller, sweep_id: int, executor: Executor) -> None:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
-from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep, WriterDep
+from service.api.deps import CallerDep, DatabaseDep, ExecutorDep, InventoryDep, SessionDep, SettingsDep
 from service.core import results
 from service.core.models import Job, Sweep, SweepRung
 from service.core.schemas.sweeps import RungOut, SweepJob, SweepList, SweepOut
@@ -71,11 +71,10 @@ def create(
     db: DatabaseDep,
     settings: SettingsDep,
     inventory: InventoryDep,
-    writer: WriterDep,
 ) -> SweepOut:
     """Every setting becomes a job spec, checked like a submission before anything is
-    stored; then the sweep and its jobs (queued) are stored."""
-    sweep_id = sweeps.create_sweep(db, caller, body, settings, inventory, writer)
+    stored; then the sweep and its jobs (queued) are stored, in one transaction."""
+    sweep_id = sweeps.create_sweep(db, caller, body, settings, inventory)
     with db.read() as session:
         return describe(session, sweeps.get_sweep(session, sweep_id))
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from service.core.db import Database
 from service.core.models import Job, Sweep
+from service.core.schemas.jobs import JobEventOut
+from service.jobs import intake
 from service.scheduler.snapshot import held_by_sweeps
 from tests.service.api.conftest import Api
 
@@ -80,6 +85,31 @@ def test_a_bad_setting_refuses_the_whole_sweep(alice: Api, db: Database) -> None
     with db.read() as session:
         assert session.scalar(select(func.count(Sweep.id))) == 0
         assert session.scalar(select(func.count(Job.id))) == 0
+
+
+def test_a_sweep_is_stored_with_all_its_jobs_or_not_at_all(
+    alice: Api, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep and each of its jobs were stored in transactions of their own: a reader saw
+    the sweep with some of its jobs (a clean-clone run's test read 1 of 2), and a failure
+    half way left a sweep short of settings for good. The database fails at the second job
+    here; before, the sweep and its first job stayed."""
+    stored = intake.record_new_job
+
+    def fails_at_the_second(session: Session, job_id: int, message: str) -> JobEventOut:
+        if session.scalar(select(func.count(Job.id))) >= 2:
+            raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+        return stored(session, job_id, message)
+
+    monkeypatch.setattr(intake, "record_new_job", fails_at_the_second)
+    body = {"name": "half", "base": BASE, "grid": {"hyperparameters.seed": [1, 2, 3]}}
+    with pytest.raises(OperationalError):
+        alice.post("/api/sweeps", json=body)
+    with db.read() as session:
+        assert (session.scalar(select(func.count(Sweep.id))), session.scalar(select(func.count(Job.id)))) == (0, 0)
+    monkeypatch.undo()
+    made = alice.post("/api/sweeps", json=body)
+    assert made.status_code == 201 and made.json()["total"] == 3, made.text
 
 
 def test_cancel_stops_every_unfinished_job_and_only_for_its_owner(alice: Api, as_user) -> None:
