@@ -58,4 +58,5 @@ gathered = [torch.zeros_like(weights) for _ in range(world)]
 dist.all_gather(gathered, weights)
 if rank == 0:
     print("the ranks' weights agree:", all(torch.equal(gathered[0], w) for w in gathered), flush=True)
+dist.barrier()  # no rank closes its connections while another still uses them (gloo can abort then)
 dist.destroy_process_group()
