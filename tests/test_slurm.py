@@ -141,6 +141,42 @@ def test_a_sweep_of_four_runs_through_slurm(on_slurm: Any, cluster: SlurmCluster
     assert {f"{settings.slurm_job_prefix}-{j['id']}-1" for j in sweep["jobs"]} <= names
 
 
+def test_an_adaptive_sweep_stops_a_setting_behind_on_slurm(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings
+) -> None:
+    """ASHA on Slurm: a setting behind at its rung is stopped as on towerq's own hosts (the
+    runner on the node reads the stop from its row, checkpoints and records the end), its
+    Slurm job ends on its own (not scancel'd), and the setting ahead trains to the end. One
+    setting at a time, the good one first: at rung 1 the one that learns nothing (a learning
+    rate of 1e-7) is behind the only other there, and 1 in 3 goes on. (Enough steps that the
+    trainer cannot finish before its runner reads the stop: 60 steps of this model were done
+    before it, and a setting that finished its work is not stopped.)"""
+    client = on_slurm
+    body = {
+        "name": "asha",
+        "base": {**LONG, "gpu_count": 1, "hyperparameters": {"steps": 3000, "batch_size": 16, "eval_every": 300}},
+        "grid": {"hyperparameters.learning_rate": [0.1, 1e-7]},
+        "metric": "eval_accuracy",
+        "max_parallel": 1,
+        "early_stopping": {"min_steps": 300, "reduction_factor": 3},
+    }
+    created = client.post("/api/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep_id = created.json()["id"]
+    good, bad = (job["id"] for job in created.json()["jobs"])
+    sweep = wait_for(
+        lambda: (s := client.get(f"/api/sweeps/{sweep_id}").json())["done"] == 2 and s, 300, "the sweep to end", 1
+    )
+    assert sweep["counts"] == {"succeeded": 2}, sweep["counts"]
+    ended = {job_id: job_of(client, job_id) for job_id in (good, bad)}
+    assert ended[good]["latest"]["step"] == 3000, ended[good]
+    said = ended[bad]["events"][-1]["message"] or ""
+    assert said.startswith(f"stopped early by sweep {sweep_id} at rung 1 (step 300)"), said
+    assert ended[bad]["latest"]["step"] < 3000
+    assert {(r["job_id"], r["rung"]) for r in sweep["rungs"] if r["stopped"]} == {(bad, 1)}, sweep["rungs"]
+    wait_for(lambda: slurm_job(cluster, settings, bad)["state"] == "COMPLETED", 30, "its Slurm job to end itself")
+
+
 def test_what_slurm_refuses_or_decides_is_said_plainly(
     cluster: SlurmCluster, stack: Any, make_token: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
