@@ -31,12 +31,10 @@ from service.core.publish import kick_scheduler
 from service.core.settings import Settings
 from service.executors import Executor
 from service.jobs.asha import EarlyStopping, check_setting
-from service.jobs.dependencies import resolve_after
 from service.jobs.intake import Submission, insert_submissions
 from service.jobs.stopping import cancel_then_stop
-from service.jobs.submit import check_queue_room, check_startable, check_submission, submission_row
+from service.jobs.submit import check_queue_room, submission_row
 from service.lab.auth import Caller
-from service.lab.groups import resolve_group
 from service.lab.hosts import HostInventory
 from service.notifications import outbound
 from towerq.contract.messages import CancelMessage
@@ -199,26 +197,21 @@ def create_sweep(
     in one transaction. The sweep's id."""
     if body.notify_url:
         outbound.check_url(body.notify_url, settings.webhook_allow)
-    checked: list[tuple[dict[str, Any], JobSpec]] = []
-    with db.read() as session:
-        for index, (setting, raw) in enumerate(job_specs(body)):
-            try:
-                spec = JobSpec.model_validate(raw)
-                if spec.is_notebook:
-                    raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
-                check_submission(caller, spec, settings, inventory)
-                # What submit checks against the database, checked before anything is stored.
-                resolve_after(session, caller, spec)
-                spec.group = resolve_group(session, caller, spec.group)
-                check_startable(session, caller, spec, settings)
-            except (ValidationError, SpecError) as err:
-                raise refusal(index, setting, err) from None
-            if body.early_stopping is not None:  # its rungs: the error names early_stopping's field
-                check_setting(body.early_stopping, spec, body.metric)
-            checked.append((setting, spec))
+    checked: list[tuple[dict[str, Any], dict[str, Any]]] = []  # each setting and its job's row
+    for index, (setting, raw) in enumerate(job_specs(body)):
+        try:
+            spec = JobSpec.model_validate(raw)
+            if spec.is_notebook:
+                raise SpecError("kind", "a sweep runs jobs, not notebook sessions")
+            # Everything submit checks, the database's part too, before anything is stored.
+            row = submission_row(db, caller, spec, settings, inventory=inventory, in_sweep=True)
+        except (ValidationError, SpecError) as err:
+            raise refusal(index, setting, err) from None
+        if body.early_stopping is not None:  # its rungs: the error names early_stopping's field
+            check_setting(body.early_stopping, spec, body.metric)
+        checked.append((setting, row))
     check_queue_room(db, caller, len(checked), settings.user_max_queued_jobs)
     definition = {"grid": body.grid} if body.grid is not None else {"random": body.random.model_dump()}  # type: ignore[union-attr]
-    rows = [submission_row(db, caller, spec, settings, inventory=inventory, in_sweep=True) for _, spec in checked]
     with db.write() as session:  # the sweep and all its jobs, or nothing: never a sweep short of a job
         sweep = Sweep(
             name=body.name,
@@ -236,9 +229,9 @@ def create_sweep(
         )
         session.add(sweep)
         session.flush()
-        for row in rows:
+        for _, row in checked:
             row["sweep_id"] = sweep.id
-        insert_submissions(session, [Submission(row, caller.name) for row in rows])
+        insert_submissions(session, [Submission(row, caller.name) for _, row in checked])
         kick_scheduler(session)
         return sweep.id
 

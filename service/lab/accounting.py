@@ -174,7 +174,7 @@ def timeline(
             start=r.created_at,
             end=r.released_at,
             group=r.group,
-        )  # fmt: skip
+        )
         for r in session.execute(
             select(
                 Allocation.job_id,
