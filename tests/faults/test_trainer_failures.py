@@ -91,4 +91,8 @@ def test_a_job_that_keeps_crashing_fails_after_max_attempts(stack: Stack, make_t
     done = wait_state(client, job_id, FINAL, 120)
     assert done["state"] == "failed"
     assert done["crashes"] == 2
-    assert done["error"] == "worker on lab-a restarted; gave up after 2 crashed attempts"
+    # Whoever notices the dead worker first names it: the new worker finding its job, or the
+    # scheduler missing the host's heartbeats (3 s here) while the new worker starts.
+    reason, _, gave_up = done["error"].partition("; ")
+    assert reason in ("worker on lab-a restarted", "host lab-a stopped sending heartbeats"), done["error"]
+    assert gave_up == "gave up after 2 crashed attempts"
