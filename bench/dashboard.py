@@ -38,6 +38,7 @@ from sqlalchemy import insert, update
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.cli.redis_server import EmbeddedRedis  # noqa: E402
+from service.core.attempts import LocalChannel
 from service.core.context import Context  # noqa: E402
 from service.core.db import (
     Database,  # noqa: E402
@@ -159,7 +160,7 @@ def time_metric_to_chart(browser: object, api: str, token: str, ctx: Context, jo
     page.goto(f"{api}/#/jobs/{job_id}")
     page.wait_for_selector("#charts[data-points] canvas")
     page.wait_for_timeout(1000)  # the stream is connected well before this
-    sink = MetricSink(ctx, job_id, attempt=1)
+    sink = MetricSink(LocalChannel(ctx, job_id, 1), ctx.settings)
     shown = int(page.locator("#charts").get_attribute("data-points") or 0)
     step = 100_000
     delays = []

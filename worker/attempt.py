@@ -5,8 +5,9 @@ job (`worker.runner.JobRunner`) or the member's program for a command job
 (`worker.program.ProgramRunner`). What they share is here: waiting for the GPUs' earlier
 attempt to be gone, meeting the other ranks of a job over several hosts
 (`worker.rank_link`), starting the process in the attempt's cgroups, reading its output
-line by line (its protocol lines, `towerq.contract.events`, and text), polling the
-database for a stop, and the end. A stop (cancel, time limit, preemption, worker shutdown)
+line by line (its protocol lines, `towerq.contract.events`, and text), asking towerq for a
+stop, and the end: what it asks and reports goes through the attempt's channel
+(`towerq.contract.attempts`). A stop (cancel, time limit, preemption, worker shutdown)
 is SIGTERM to the process group, then SIGKILL after the grace period; the GPUs are released
 only once every process of the attempt is gone and the driver no longer lists one
 (`worker.reaper`). How an attempt's end becomes a job state is `worker.outcome`.
@@ -24,14 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from service.core import defaults
+from service.core.attempts import LocalChannel
 from service.core.context import Context
-from service.core.exceptions import StaleAttemptError
-from service.core.lifecycle import current_attempt, finish, mark_running, requeue, stopped_early
-from service.core.models import HOLDING_STATES, Job, JobState
+from service.core.models import JobState
 from towerq.contract import events
+from towerq.contract.attempts import AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
 from worker import reaper, rendezvous, sandbox
@@ -55,6 +55,15 @@ SLOW_END_S = 5.0
 phase by phase."""
 RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT)
 """Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
+ENDINGS: dict[JobState, Ending] = {
+    JobState.SUCCEEDED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+    JobState.QUEUED: "queued",
+}
+"""An outcome's verdict (`worker.outcome`) as the attempt protocol says it."""
+STOPS = {"cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT}
+"""The stops towerq asks of an attempt (`AttemptStatus.stop`), as the outcome names them."""
 
 
 class Phases:
@@ -100,15 +109,17 @@ class AttemptRunner:
         launch: Launch,
         on_exit: Callable[[Any], None],
         sandboxed: bool = False,
+        channel: AttemptChannel | None = None,
     ) -> None:
         self.ctx = ctx
+        self.channel = channel or LocalChannel(ctx, launch.job_id, launch.attempt)
         self.sandboxed = sandboxed
         self.trainer_pids: set[int] = set()
         """The attempt's pids: the process started, and (in the sandbox) what runs inside."""
         self.inventory = inventory
         self.launch = launch
         self.on_exit = on_exit
-        self.sink = MetricSink(ctx, launch.job_id, launch.attempt)
+        self.sink = MetricSink(self.channel, ctx.settings)
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
         self.outcome = Outcome(ranks=launch.ranks, program=self.program, session=self.session)
@@ -225,19 +236,7 @@ class AttemptRunner:
         self.after = []
 
     def _still_current(self) -> bool:
-        return self._current(self._job_row())
-
-    def _job_row(self) -> Any:
-        with self.ctx.db.read() as session:
-            return session.execute(
-                select(
-                    Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason
-                ).where(Job.id == self.launch.job_id)
-            ).one_or_none()
-
-    def _current(self, row: Any) -> bool:
-        """Whether `row` still has this attempt holding GPUs."""
-        return row is not None and row.attempts == self.launch.attempt and row.state in HOLDING_STATES
+        return self.channel.status().current
 
     def _start(self) -> bool:
         self._wait_for_earlier()
@@ -261,18 +260,8 @@ class AttemptRunner:
         if not self.chief:  # rank 0 records the job's start; this one watches its own process
             return True
         try:
-            with self.ctx.db.write() as session:
-                mark_running(
-                    session,
-                    self.launch.job_id,
-                    self.launch.attempt,
-                    {
-                        "pid": self.process.pid,
-                        "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"],
-                        "artifacts_dir": str(self.artifacts),
-                    },
-                )
-        except StaleAttemptError as err:
+            self.channel.running(self.process.pid, env["CUDA_VISIBLE_DEVICES"], str(self.artifacts))
+        except StaleAttempt as err:
             log.warning("not running job %s attempt %s: %s", *self.key, err)
             self.outcome.stop = Stop.STALE
             self._kill_group()
@@ -352,7 +341,7 @@ class AttemptRunner:
     def _flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
         try:
             self.sink.flush(job_updates, wait)
-        except StaleAttemptError as err:
+        except StaleAttempt as err:
             self._stale(str(err))
 
     def _stale(self, why: str) -> None:
@@ -362,18 +351,13 @@ class AttemptRunner:
         self._kill_group()
 
     def _check(self, elapsed: float) -> None:
-        """Poll the database: cancel requested? attempt still current? time limit?"""
-        row = self._job_row()
-        if not self._current(row):
+        """Ask towerq: attempt still current? a stop asked? Then the time limit."""
+        status = self.channel.status()
+        if not status.current:
             self._moved_on()
             return
-        if row.cancel_requested_at is not None:
-            self.request_stop(
-                Stop.SWEEP if stopped_early(row.stop_reason) else Stop.CANCEL, row.stop_reason or "cancelled"
-            )
-        elif row.preempt_requested_at is not None:
-            why = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
-            self.request_stop(Stop.PREEMPT, why)
+        if status.stop is not None:
+            self.request_stop(STOPS[status.stop], status.reason or status.stop)
         limit = self.launch.time_limit_s
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
@@ -457,9 +441,8 @@ class AttemptRunner:
         for hit in self.outcome.limits_hit:
             self.sink.log("error", f"the attempt reached its {hit} (towerq's limit; see TOWERQ_TRAINER_*)")
         if self.process is not None:
-            reaper.wait_gpus_free(
-                self.ctx, self.inventory, self.launch.host, self.launch.indices, self.trainer_pids, self.launch.job_id
-            )
+            where = (self.launch.host, self.launch.indices)
+            reaper.wait_gpus_free(self.channel, self.inventory, *where, self.trainer_pids)
         phases.mark("GPUs free")
         if self.outcome.stop == Stop.STALE:
             return
@@ -487,17 +470,16 @@ class AttemptRunner:
         self._record(state, message)
 
     def _record(self, state: JobState, message: str | None) -> None:
+        end = AttemptEnd(
+            ending=ENDINGS[state],
+            message=message,
+            exit_code=self.outcome.returncode,
+            crashed=self.outcome.crashed,
+            out_of_memory=self.outcome.out_of_memory,
+        )
         try:
-            with self.ctx.db.write() as session:
-                if state == JobState.QUEUED:
-                    job = current_attempt(session, *self.key)
-                    if self.outcome.out_of_memory:
-                        job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
-                    requeue(session, job, message or "interrupted", crashed=self.outcome.crashed)
-                else:
-                    finish(session, *self.key, state, error=message, exit_code=self.outcome.returncode)
-                self.sink.trim_logs(session)
-        except StaleAttemptError as err:
+            self.channel.end(end)
+        except StaleAttempt as err:
             log.info("not recording the end of job %s attempt %s: %s", *self.key, err)
 
     def _signal_group(self, signum: int) -> None:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from service.core.context import Context
-from service.core.gpus import set_drained
 from service.core.models import Allocation, Host
+from towerq.contract.attempts import AttemptChannel
 from worker.cgroups import AttemptGroup
 from worker.inventory import Inventory
 from worker.processes import kill_group, kill_pids, signal_trainer
@@ -54,15 +54,14 @@ def kill_attempt(
 
 
 def wait_gpus_free(
-    ctx: Context, inventory: Inventory, host: str, indices: list[int], pids: set[int], job_id: int
+    channel: AttemptChannel, inventory: Inventory, host: str, indices: list[int], pids: set[int]
 ) -> None:
     """Hold the GPUs until the driver no longer lists the attempt's processes on them; drain
     them (no new work there) when it still does after ZOMBIE_WAIT_S."""
     if inventory.wait_released(pids, indices, ZOMBIE_WAIT_S):
         return
-    log.error("pids %s still hold GPUs %s of job %s: draining them", pids, indices, job_id)
-    with ctx.db.write() as session:
-        set_drained(session, host, indices, True)
+    log.error("pids %s still hold GPUs %s of job %s: draining them", pids, indices, channel.job_id)
+    channel.drain(host, indices)
 
 
 def wait_for_earlier(runner: AttemptRunner, after: list[AttemptRunner]) -> None:

@@ -2,9 +2,9 @@
 
 The batches are written by a thread of their own, in order, so the thread that reads the
 trainer's output never waits on the database (a write held up by a lock must not hold up
-reading, or the trainer would block on a full pipe). Every database write checks, in its
-transaction, that this attempt is still the job's current one (fencing): an attempt the
-scheduler gave up on cannot write results.
+reading, or the trainer would block on a full pipe). They go through the attempt's channel
+(`towerq.contract.attempts`), which checks that this attempt is still the job's current one
+(fencing): an attempt the scheduler gave up on cannot write results.
 """
 
 from __future__ import annotations
@@ -15,22 +15,14 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-import redis
-from sqlalchemy import delete, insert, select
-from sqlalchemy.orm import Session
-
-from service.core import defaults, joblog, keys, rollups
-from service.core.context import Context
-from service.core.db import insert_ignoring_duplicates
-from service.core.exceptions import StaleAttemptError
-from service.core.lifecycle import current_attempt
-from service.core.models import Job, LogLine, Metric, Sweep
-from service.core.publish import sweeps_due
-from service.core.results import metric_split, rung_steps
+from service.core import defaults, joblog
+from service.core.settings import Settings
 from towerq.contract import events
+from towerq.contract.attempts import AttemptChannel, LogRow, MetricRow, Report
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
 from worker.trainer.protocol import METRICS_LOG
@@ -60,7 +52,7 @@ def parse_time(value: Any) -> datetime:
     return now
 
 
-def evaluation_line(point: dict[str, Any]) -> str:
+def evaluation_line(point: Mapping[str, Any]) -> str:
     """An evaluation point as the job's log says it: `evaluation at step 400: loss 0.4123,
     accuracy 91.20%, top2 0.97` (the model's own metrics after its loss and accuracy)."""
     figures = [] if point["loss"] is None else [f"loss {point['loss']:.4g}"]
@@ -73,10 +65,6 @@ def evaluation_line(point: dict[str, Any]) -> str:
 LOG_LINE_OVERHEAD = 64
 """What a stored log line takes besides its text: its row's other columns, or `log.txt`'s
 time, attempt and level before it."""
-
-
-Batch = tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int]
-"""What the writer writes at once: metric points, log lines, job fields, the lines' bytes."""
 
 
 class Pace:
@@ -128,21 +116,22 @@ def pause_cycle(*every: int | None) -> int | None:
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
-    def __init__(self, ctx: Context, job_id: int, attempt: int) -> None:
-        self.ctx = ctx
-        self.job_id = job_id
-        self.attempt = attempt
+    def __init__(self, channel: AttemptChannel, settings: Settings) -> None:
+        self.channel = channel
+        self.settings = settings
+        self.job_id = channel.job_id
+        self.attempt = channel.attempt
         self.prefix = ""
         """Put before every log line: `[rank r on host] ` for a job over several hosts."""
-        self.metrics: list[dict[str, Any]] = []
-        self.logs: list[dict[str, Any]] = []
+        self.metrics: list[MetricRow] = []
+        self.logs: list[LogRow] = []
         self.latest: dict[str, Any] = {}
         self.paces = Pace()
         self.first_buffered: float | None = None
         self.first_metric_pending = True
         self.urgent = False
         """Write at the next chance: the attempt's first train point (the figure a user waits for)."""
-        self.batches: queue.Queue[Batch | None] = queue.Queue()
+        self.batches: queue.Queue[Report | None] = queue.Queue()
         self.unsent: list[str] = []
         self.writer: threading.Thread | None = None
         self.last_words = False
@@ -150,7 +139,7 @@ class MetricSink:
         while it ends are written even once rank 0 has recorded the stop (the job moved on),
         as this attempt's; its numbers are not."""
         self.failure: Exception | None = None
-        """What stopped the writer (StaleAttemptError, or a database error): raised by `flush`."""
+        """What stopped the writer (`StaleAttempt`, or the channel's error): raised by `flush`."""
         self.rungs: tuple[str, list[int]] | None = None
         """The job's adaptive sweep's rungs not yet reached, and the split of the sweep's metric
         (empty: none, or not in such a sweep); read at the first write."""
@@ -161,9 +150,8 @@ class MetricSink:
         """What the job's log took so far, all attempts together (read at the first line)."""
         self.unwritten_log_bytes = 0
         """What the buffered lines add to the job's `log_bytes` when they are written."""
-        self.channel = keys.job_channel(job_id)
-        self.folder = job_folder(ctx.settings.artifacts_dir, job_id)
-        self.log_file = job_log(ctx.settings.artifacts_dir, job_id)
+        self.folder = job_folder(settings.artifacts_dir, self.job_id)
+        self.log_file = job_log(settings.artifacts_dir, self.job_id)
 
     # -- buffering ----------------------------------------------------------------------
 
@@ -171,23 +159,30 @@ class MetricSink:
         """A `metric` (train) or `eval` line from the trainer (`publish=False`: an old point
         restored from the trainer's metrics log, stored but not streamed again)."""
         train = isinstance(event, events.Metric)
-        split = "train" if train else "eval"
+        split: Literal["train", "eval"] = "train" if train else "eval"
         self.points += 1
         if self.points > defaults.METRIC_POINTS_PER_ATTEMPT:
             if self.points == defaults.METRIC_POINTS_PER_ATTEMPT + 1:
                 self.log("warning", f"more than {defaults.METRIC_POINTS_PER_ATTEMPT:,} metric points: the rest dropped")
             return
-        point: dict[str, Any] = {"step": event.step, "split": split, "loss": event.loss, "accuracy": event.accuracy}
-        point["learning_rate"] = event.learning_rate if isinstance(event, events.Metric) else None
-        point["examples_per_sec"] = event.examples_per_sec if isinstance(event, events.Metric) else None
-        point["custom"] = event.metrics
-        step_time = event.step_time_s if isinstance(event, events.Metric) else None
-        when = parse_time(event.time)
-        if publish:
-            fields = {"type": event.event, "job_id": self.job_id, "attempt": self.attempt, **point, "time": when}
-            self.unsent.append(encode(MetricMessage.model_validate({**fields, "step_time_s": step_time})))
         attempt = (event.attempt or self.attempt) if not publish else self.attempt
-        self.metrics.append({**point, "job_id": self.job_id, "attempt": attempt, "time": when})
+        point = MetricRow(
+            job_id=self.job_id,
+            attempt=attempt,
+            step=event.step,
+            split=split,
+            loss=event.loss,
+            accuracy=event.accuracy,
+            learning_rate=event.learning_rate if isinstance(event, events.Metric) else None,
+            examples_per_sec=event.examples_per_sec if isinstance(event, events.Metric) else None,
+            custom=event.metrics,
+            time=parse_time(event.time),
+        )
+        step_time = event.step_time_s if isinstance(event, events.Metric) else None
+        if publish:
+            fields = {"type": event.event, **point, "attempt": self.attempt, "step_time_s": step_time}
+            self.unsent.append(encode(MetricMessage.model_validate(fields)))
+        self.metrics.append(point)
         self._note_latest(point, step_time)
         if train and publish:
             self._note_pace(event.step)
@@ -215,24 +210,21 @@ class MetricSink:
         self.unwritten_log_bytes += size
         log_message = LogMessage(job_id=self.job_id, attempt=self.attempt, level=level, message=message, time=when)
         self.unsent.append(encode(log_message))
-        self.logs.append(
-            {"job_id": self.job_id, "attempt": self.attempt, "time": when, "level": level, "message": message}
-        )
+        self.logs.append(LogRow(job_id=self.job_id, attempt=self.attempt, time=when, level=level, message=message))
         self._buffered()
 
     def _past_log_cap(self, size: int) -> str | None:
         """None while a line of `size` bytes fits the job's log (TOWERQ_JOB_LOG_MAX_MB, all
         attempts together); for the first line that does not, the line to say instead; then ""."""
-        cap = self.ctx.settings.job_log_max_mb * 2**20
+        cap = self.settings.job_log_max_mb * 2**20
         if self.log_bytes is None:
-            with self.ctx.db.read() as session:
-                self.log_bytes = session.scalar(select(Job.log_bytes).where(Job.id == self.job_id)) or 0
+            self.log_bytes = self.channel.log_bytes()
         before, self.log_bytes = self.log_bytes, self.log_bytes + size
         if self.log_bytes <= cap:
             return None
         if before > cap:
             return ""
-        return f"the job's log reached {self.ctx.settings.job_log_max_mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
+        return f"the job's log reached {self.settings.job_log_max_mb} MB (TOWERQ_JOB_LOG_MAX_MB): the rest dropped"
 
     def _note_pace(self, step: int) -> None:
         """The attempt's wall-clock pace, as this worker received its train points (the
@@ -244,7 +236,7 @@ class MetricSink:
         # None at an attempt's first point: an earlier attempt's pace no longer holds
         self.latest.update(pace_s=self.paces.pace(), step_at=now)
 
-    def _note_latest(self, point: dict[str, Any], step_time_s: float | None) -> None:
+    def _note_latest(self, point: MetricRow, step_time_s: float | None) -> None:
         if point["split"] == "eval":
             self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
             if point["custom"]:
@@ -270,13 +262,7 @@ class MetricSink:
         if not self.unsent:
             return
         messages, self.unsent = self.unsent, []
-        try:
-            pipe = self.ctx.redis.pipeline(transaction=False)
-            for payload in messages:
-                pipe.publish(self.channel, payload)
-            pipe.execute()
-        except redis.RedisError as err:
-            log.debug("publish to %s failed: %s", self.channel, err)
+        self.channel.publish(messages)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -291,12 +277,13 @@ class MetricSink:
     def flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
         """Hand what is buffered (and `job_updates`) to the writer; with `wait`, return once
         everything handed over so far is written. Raises what stopped the writer: a
-        `StaleAttemptError` when this attempt is no longer current (the buffers are dropped)."""
+        `StaleAttempt` when this attempt is no longer current (the buffers are dropped)."""
         self.send()
-        batch = (self.metrics, self.logs, {**self.latest, **(job_updates or {})}, self.unwritten_log_bytes)
+        fields = {**self.latest, **(job_updates or {})}
+        batch = Report(self.metrics, self.logs, fields, self.unwritten_log_bytes)
         self.metrics, self.logs, self.latest, self.first_buffered, self.urgent = [], [], {}, None, False
         self.unwritten_log_bytes = 0
-        if self.failure is None and any(batch):
+        if self.failure is None and (batch.metrics or batch.logs or batch.fields or batch.log_bytes):
             if self.writer is None:
                 self.writer = threading.Thread(target=self._write_batches, name=f"relay-{self.job_id}", daemon=True)
                 self.writer.start()
@@ -318,7 +305,7 @@ class MetricSink:
             batch = self.batches.get()
             try:
                 if batch is not None and self.failure is None:
-                    self._write(*batch)
+                    self._write(batch)
             except Exception as err:  # noqa: BLE001 - the reading thread raises it (flush)
                 self.failure = err
             finally:
@@ -326,38 +313,21 @@ class MetricSink:
             if batch is None:
                 return
 
-    def _write(
-        self, metrics: list[dict[str, Any]], logs: list[dict[str, Any]], latest: dict[str, Any], log_bytes: int
-    ) -> None:
-        with self.ctx.db.write() as session:
-            job = self._fenced(session)
-            if job is None:
-                metrics, latest = [], {}
-            if metrics:
-                session.execute(insert_ignoring_duplicates(session, Metric), metrics)
-                rollups.fold(session, metrics)
-            if logs:
-                session.execute(insert(LogLine), logs)
-            for field, value in latest.items():
-                setattr(job, field, value)
-            if job is not None:  # what it holds of the lab's disk and database, for its cap and the Usage page
-                job.log_bytes = (job.log_bytes or 0) + log_bytes
-                job.metric_points = (job.metric_points or 0) + len(metrics)
-                if metrics and self._reached_a_rung(session, job, metrics):
-                    sweeps_due(session)
-        if logs:
-            self._append_log_file(logs)
+    def _write(self, batch: Report) -> None:
+        batch.last_words = self.last_words
+        batch.rung = self._reached_a_rung(batch.metrics)
+        self.channel.report(batch)
+        if batch.logs:
+            self._append_log_file(batch.logs)
 
-    def _reached_a_rung(self, session: Session, job: Job, metrics: list[dict[str, Any]]) -> bool:
+    def _reached_a_rung(self, metrics: list[MetricRow]) -> bool:
         """Whether `metrics` take the job past a rung of its adaptive sweep: the scheduler then
         decides at once, not at its next look, so a setting left behind stops seconds sooner.
         Each rung counts once: the trainer's lines can ask for at most one look a rung."""
+        if not metrics:
+            return False
         if self.rungs is None:
-            sweep = session.get(Sweep, job.sweep_id) if job.sweep_id is not None else None
-            early = (sweep.spec.get("early_stopping") if sweep is not None else None) or {}
-            top = early.get("max_steps") or job.total_steps
-            steps = rung_steps(early["min_steps"], early["reduction_factor"], top) if early else []
-            self.rungs = (metric_split(sweep.spec["metric"]) if sweep is not None else "", steps)
+            self.rungs = self.channel.rungs()
         split, left = self.rungs
         reached = max((m["step"] for m in metrics if m["split"] == split), default=None)
         if not left or reached is None or reached < left[0]:
@@ -365,17 +335,7 @@ class MetricSink:
         self.rungs = (split, [step for step in left if step > reached])
         return True
 
-    def _fenced(self, session: Session) -> Job | None:
-        """The locked job while this attempt is its current one; None for the last words of
-        an attempt the job has moved on from (its lines only); else `StaleAttemptError`."""
-        try:
-            return current_attempt(session, self.job_id, self.attempt)
-        except StaleAttemptError:
-            if self.last_words:
-                return None
-            raise
-
-    def _append_log_file(self, logs: list[dict[str, Any]]) -> None:
+    def _append_log_file(self, logs: list[LogRow]) -> None:
         """Every line also goes to the job's `log.txt` artifact: the database keeps only the
         newest lines of a long job, the file keeps them all (`GET .../logs.txt`)."""
         joblog.append(self.log_file, logs)
@@ -383,10 +343,7 @@ class MetricSink:
     def forget_after(self, step: int) -> None:
         """Delete points after `step`: a resumed attempt trains those steps again."""
         self.flush(wait=True)
-        with self.ctx.db.write() as session:
-            current_attempt(session, self.job_id, self.attempt)
-            session.execute(delete(Metric).where(Metric.job_id == self.job_id, Metric.step > step))
-            rollups.forget_after(session, self.job_id, step)
+        self.channel.forget_after(step)
 
     def resume(self, step: int) -> None:
         """An attempt resumed from the checkpoint of `step`: the points after it go (they
@@ -424,14 +381,3 @@ class MetricSink:
                         self.flush(wait=True)
         except (OSError, PathEscapeError) as err:
             self.log("warning", f"{name} not read: {err}")
-
-    def trim_logs(self, session: Session) -> None:
-        cutoff = session.scalar(
-            select(LogLine.id)
-            .where(LogLine.job_id == self.job_id)
-            .order_by(LogLine.id.desc())
-            .offset(defaults.LOG_LINES_KEPT)
-            .limit(1)
-        )
-        if cutoff is not None:
-            session.execute(delete(LogLine).where(LogLine.job_id == self.job_id, LogLine.id <= cutoff))

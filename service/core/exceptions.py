@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from towerq.contract.attempts import StaleAttempt
+
 
 class TowerqError(Exception):
     """Base of every towerq error."""
@@ -31,8 +33,9 @@ class AuthError(TowerqError):
     """No token, or a token that is unknown or revoked."""
 
 
-class StaleAttemptError(TowerqError):
-    """A worker reported for an attempt of a job that has since moved on (fencing)."""
+class StaleAttemptError(TowerqError, StaleAttempt):
+    """A worker reported for an attempt of a job that has since moved on (fencing); the
+    attempt protocol's `StaleAttempt` (`towerq.contract.attempts`)."""
 
 
 class SpecError(TowerqError):

@@ -11,6 +11,7 @@ links, as everything towerq opens on shared storage.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ def format_line(time: datetime, attempt: int, level: str, message: str) -> str:
     return f"{time:%Y-%m-%dT%H:%M:%S.%fZ} attempt {attempt} {level:<7} {message}\n"
 
 
-def append(file: Path, rows: list[dict[str, Any]]) -> None:
+def append(file: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Append rows (`time`, `attempt`, `level`, `message`) to the job log `file`; a failure
     is logged, not raised."""
     text = "".join(format_line(row["time"], row["attempt"], row["level"], row["message"]) for row in rows)

@@ -12,7 +12,7 @@ fallback).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import case, delete, select
@@ -34,7 +34,7 @@ def _merge(a: Extremes | None, b: Extremes) -> Extremes:
     return (low[0], low[1], high[0], high[1])
 
 
-def fold(session: Session, rows: Iterable[dict[str, Any]]) -> None:
+def fold(session: Session, rows: Iterable[Mapping[str, Any]]) -> None:
     """Fold metric rows (dicts with job_id, split, step, loss) into their buckets: one
     upsert that keeps the lower minimum and the higher maximum of what is stored and what
     comes (no read first: the relay calls this for every batch it writes)."""

@@ -23,8 +23,9 @@ def metric_line(step: int, time: float) -> events.TrainerEvent:
 
 
 def test_a_flood_of_points_keeps_a_bounded_few_and_forged_times_are_not_taken(tmp_path: Path) -> None:
-    ctx: Any = SimpleNamespace(settings=SimpleNamespace(artifacts_dir=tmp_path))
-    sink = MetricSink(ctx, 7, 1)
+    channel: Any = SimpleNamespace(job_id=7, attempt=1)
+    settings: Any = SimpleNamespace(artifacts_dir=tmp_path)
+    sink = MetricSink(channel, settings)
     before = datetime.now(UTC)
     for step in range(1, 20_001):  # "finished in 1970": every line says time 0
         sink.metric(metric_line(step, 0.0))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from service.core.attempts import LocalChannel
 from service.core.context import Context
 from service.core.settings import Settings
 from tests.service.api.conftest import Api
@@ -61,7 +62,7 @@ def test_appending_to_a_planted_log_link_leaves_its_target_alone(
     row = {"time": datetime.now(UTC), "attempt": 1, "level": "info", "message": "import os; os.system('id')"}
     ctx = Context.open(settings)
     try:
-        MetricSink(ctx, job_id, 1)._append_log_file([row])
+        MetricSink(LocalChannel(ctx, job_id, 1), settings)._append_log_file([row])
     finally:
         ctx.close()
     assert secret.read_text() == SECRET
@@ -76,7 +77,8 @@ def test_a_fifo_for_a_log_neither_hangs_the_writer_nor_the_reader(
     os.mkfifo(path / JOB_LOG_FILE)
     row = {"time": datetime.now(UTC), "attempt": 1, "level": "info", "message": "hello"}
     ctx = Context.open(settings)
-    writer = threading.Thread(target=MetricSink(ctx, job_id, 1)._append_log_file, args=([row],), daemon=True)
+    sink = MetricSink(LocalChannel(ctx, job_id, 1), settings)
+    writer = threading.Thread(target=sink._append_log_file, args=([row],), daemon=True)
     writer.start()
     writer.join(5)
     hung = writer.is_alive()

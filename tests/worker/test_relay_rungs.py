@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sqlalchemy import update
 
 from service.core import keys
+from service.core.attempts import LocalChannel
 from service.core.context import Context
 from service.core.models import Job, Sweep
 from service.core.settings import Settings
@@ -49,7 +50,7 @@ def test_a_setting_at_a_rung_asks_for_the_sweeps_decision_once_a_rung(
     add_host("lab-a", 1)
     ctx = Context.open(settings)
     try:
-        sink = MetricSink(ctx, running_job(ctx, settings, "alice", EARLY), 1)
+        sink = MetricSink(LocalChannel(ctx, running_job(ctx, settings, "alice", EARLY), 1), settings)
 
         def asks(*points: tuple[str, int]) -> bool:
             ctx.redis.delete(keys.SWEEPS_DUE, keys.SCHEDULER_KICK)
@@ -80,7 +81,7 @@ def test_a_job_in_no_adaptive_sweep_never_asks(settings: Settings, add_host: Cal
     add_host("lab-a", 1)
     ctx = Context.open(settings)
     try:
-        sink = MetricSink(ctx, running_job(ctx, settings, "bob", None), 1)
+        sink = MetricSink(LocalChannel(ctx, running_job(ctx, settings, "bob", None), 1), settings)
         ctx.redis.delete(keys.SWEEPS_DUE)
         for step in (50, 100, 200):
             sink.metric(events.Eval.model_validate({"event": "eval", "step": step, "accuracy": 0.5}))

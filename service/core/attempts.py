@@ -1,0 +1,164 @@
+"""The attempt protocol (`towerq.contract.attempts`) in the supervisor's own process: each
+call is a transaction on the database (and a publish on Redis), fenced by the attempt."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from service.core import defaults, keys, rollups
+from service.core.context import Context
+from service.core.db import insert_ignoring_duplicates
+from service.core.exceptions import StaleAttemptError
+from service.core.gpus import set_drained
+from service.core.lifecycle import current_attempt, finish, mark_running, requeue, stopped_early
+from service.core.models import HOLDING_STATES, Job, JobState, LogLine, Metric, Sweep
+from service.core.publish import sweeps_due
+from service.core.results import metric_split, rung_steps
+from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Report, Stop
+
+log = logging.getLogger(__name__)
+
+
+def attempt_status(session: Session, job_id: int, attempt: int) -> AttemptStatus:
+    row = session.execute(
+        select(Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason).where(
+            Job.id == job_id
+        )
+    ).one_or_none()
+    if row is None or row.attempts != attempt or row.state not in HOLDING_STATES:
+        return AttemptStatus(current=False)
+    if row.cancel_requested_at is not None:
+        stop: Stop = "sweep" if stopped_early(row.stop_reason) else "cancel"
+        return AttemptStatus(current=True, stop=stop, reason=row.stop_reason or "cancelled")
+    if row.preempt_requested_at is not None:
+        why = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
+        return AttemptStatus(current=True, stop="preempt", reason=why)
+    return AttemptStatus(current=True)
+
+
+def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
+    """The split of the job's adaptive sweep's metric and its rungs' steps ("" and none
+    outside such a sweep)."""
+    job = session.get(Job, job_id)
+    sweep = session.get(Sweep, job.sweep_id) if job is not None and job.sweep_id is not None else None
+    if sweep is None:
+        return "", []
+    early = sweep.spec.get("early_stopping") or {}
+    top = early.get("max_steps") or job.total_steps  # type: ignore[union-attr]
+    steps = rung_steps(early["min_steps"], early["reduction_factor"], top) if early else []
+    return metric_split(sweep.spec["metric"]), steps
+
+
+def write_report(session: Session, job_id: int, attempt: int, report: Report) -> None:
+    """Store a batch: fenced by the attempt (its last words keep their lines only)."""
+    unknown = set(report.fields) - REPORTED_FIELDS
+    if unknown:
+        raise ValueError(f"a report may not set {', '.join(sorted(unknown))}")
+    try:
+        job: Job | None = current_attempt(session, job_id, attempt)
+    except StaleAttemptError:
+        if not report.last_words:
+            raise
+        job = None
+    if report.logs:
+        session.execute(insert(LogLine), report.logs)
+    if job is None:
+        return
+    if report.metrics:
+        session.execute(insert_ignoring_duplicates(session, Metric), report.metrics)
+        rollups.fold(session, report.metrics)
+    for field, value in report.fields.items():
+        setattr(job, field, value)
+    # what it holds of the lab's disk and database, for its cap and the Usage page
+    job.log_bytes = (job.log_bytes or 0) + report.log_bytes
+    job.metric_points = (job.metric_points or 0) + len(report.metrics)
+    if report.metrics and report.rung:
+        sweeps_due(session)
+
+
+def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None:
+    current_attempt(session, job_id, attempt)
+    session.execute(delete(Metric).where(Metric.job_id == job_id, Metric.step > step))
+    rollups.forget_after(session, job_id, step)
+
+
+def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd) -> None:
+    """Record the attempt's end: the job's final state, or queued for its next attempt."""
+    if end.ending == "queued":
+        job = current_attempt(session, job_id, attempt)
+        if end.out_of_memory:
+            job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
+        requeue(session, job, end.message or "interrupted", crashed=end.crashed)
+    else:
+        finish(session, job_id, attempt, JobState(end.ending), error=end.message, exit_code=end.exit_code)
+    trim_logs(session, job_id)
+
+
+def trim_logs(session: Session, job_id: int) -> None:
+    """Keep the newest `LOG_LINES_KEPT` lines of the job's log in the database (its
+    `log.txt` artifact keeps them all)."""
+    cutoff = session.scalar(
+        select(LogLine.id)
+        .where(LogLine.job_id == job_id)
+        .order_by(LogLine.id.desc())
+        .offset(defaults.LOG_LINES_KEPT)
+        .limit(1)
+    )
+    if cutoff is not None:
+        session.execute(delete(LogLine).where(LogLine.job_id == job_id, LogLine.id <= cutoff))
+
+
+class LocalChannel:
+    """`towerq.contract.attempts.AttemptChannel` over this process's own database and Redis."""
+
+    def __init__(self, ctx: Context, job_id: int, attempt: int) -> None:
+        self.ctx = ctx
+        self.job_id = job_id
+        self.attempt = attempt
+        self.channel = keys.job_channel(job_id)
+
+    def status(self) -> AttemptStatus:
+        with self.ctx.db.read() as session:
+            return attempt_status(session, self.job_id, self.attempt)
+
+    def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
+        started = {"pid": pid, "cuda_visible_devices": cuda_visible_devices, "artifacts_dir": artifacts_dir}
+        with self.ctx.db.write() as session:
+            mark_running(session, self.job_id, self.attempt, started)
+
+    def log_bytes(self) -> int:
+        with self.ctx.db.read() as session:
+            return session.scalar(select(Job.log_bytes).where(Job.id == self.job_id)) or 0
+
+    def rungs(self) -> tuple[str, list[int]]:
+        with self.ctx.db.read() as session:
+            return sweep_rungs(session, self.job_id)
+
+    def report(self, report: Report) -> None:
+        with self.ctx.db.write() as session:
+            write_report(session, self.job_id, self.attempt, report)
+
+    def publish(self, payloads: list[str]) -> None:
+        try:
+            pipe = self.ctx.redis.pipeline(transaction=False)
+            for payload in payloads:
+                pipe.publish(self.channel, payload)
+            pipe.execute()
+        except redis.RedisError as err:
+            log.debug("publish to %s failed: %s", self.channel, err)
+
+    def forget_after(self, step: int) -> None:
+        with self.ctx.db.write() as session:
+            forget_after(session, self.job_id, self.attempt, step)
+
+    def end(self, end: AttemptEnd) -> None:
+        with self.ctx.db.write() as session:
+            end_attempt(session, self.job_id, self.attempt, end)
+
+    def drain(self, host: str, indices: list[int]) -> None:
+        with self.ctx.db.write() as session:
+            set_drained(session, host, indices, True)

@@ -1,0 +1,128 @@
+"""The attempt protocol in the supervisor's own process (`service.core.attempts.LocalChannel`):
+what an attempt is told of itself, and that everything it writes is fenced by it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import func, select, update
+
+from service.core.attempts import LocalChannel
+from service.core.context import Context
+from service.core.exceptions import StaleAttemptError
+from service.core.lifecycle import STOPPED_EARLY
+from service.core.models import Job, JobState, LogLine, Metric
+from service.core.settings import Settings
+from service.jobs.submit import submit
+from service.lab.auth import Caller, ensure_user
+from service.scheduler.live import LiveScheduler
+from towerq.contract.attempts import AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt
+from towerq.contract.spec import JobSpec
+
+BODY = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400}}
+
+
+@pytest.fixture
+def ctx(settings: Settings, add_host: Callable[..., None]) -> Iterator[Context]:
+    add_host("lab-a", 1)
+    context = Context.open(settings)
+    yield context
+    context.close()
+
+
+def dispatched(ctx: Context, **body: object) -> int:
+    with ctx.db.write() as session:
+        user = ensure_user(session, "alice")
+        caller = Caller(user.id, user.name, False, 0)
+    job_id = submit(ctx.db, caller, JobSpec.model_validate({**BODY, **body}), ctx.settings)[0].id
+    LiveScheduler(ctx).run_pass()
+    return job_id
+
+
+def job(ctx: Context, job_id: int) -> Job:
+    with ctx.db.read() as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        session.expunge(row)
+        return row
+
+
+def point(job_id: int, step: int) -> MetricRow:
+    return MetricRow(
+        job_id=job_id, attempt=1, step=step, split="train", loss=1.0 / step, accuracy=0.5,
+        learning_rate=0.1, examples_per_sec=10.0, custom=None, time=datetime.now(UTC),
+    )  # fmt: skip
+
+
+def line(job_id: int, message: str) -> dict:
+    return {"job_id": job_id, "attempt": 1, "time": datetime.now(UTC), "level": "info", "message": message}
+
+
+def set_job(ctx: Context, job_id: int, **values: object) -> None:
+    with ctx.db.write() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: Context) -> None:
+    job_id = dispatched(ctx)
+    channel = LocalChannel(ctx, job_id, 1)
+    assert channel.status() == AttemptStatus(current=True)
+    channel.running(4321, "0", "/artifacts/1")
+    assert (job(ctx, job_id).state, job(ctx, job_id).pid) == (JobState.RUNNING, 4321)
+    with pytest.raises(StaleAttempt):
+        channel.running(4322, "0", "/artifacts/1")  # an attempt starts once
+
+    now = datetime.now(UTC)
+    set_job(ctx, job_id, cancel_requested_at=now)
+    assert channel.status() == AttemptStatus(current=True, stop="cancel", reason="cancelled")
+    set_job(ctx, job_id, stop_reason=f"{STOPPED_EARLY}: behind at step 100")
+    assert channel.status().stop == "sweep"
+    set_job(ctx, job_id, cancel_requested_at=None, stop_reason=None, preempt_requested_at=now)
+    status = channel.status()
+    assert status.stop == "preempt" and status.reason is not None and "resumes from its checkpoint" in status.reason
+
+    set_job(ctx, job_id, attempts=2)
+    assert channel.status() == AttemptStatus(current=False)
+    assert LocalChannel(ctx, job_id + 1000, 1).status() == AttemptStatus(current=False)
+
+
+def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context) -> None:
+    job_id = dispatched(ctx)
+    channel = LocalChannel(ctx, job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    channel.report(Report([point(job_id, 10)], [line(job_id, "hello")], {"step": 10, "loss": 0.1}, 70))
+    stored = job(ctx, job_id)
+    assert (stored.step, stored.loss, stored.log_bytes, stored.metric_points) == (10, 0.1, 70, 1)
+    assert channel.log_bytes() == 70
+
+    with pytest.raises(ValueError, match="may not set state"):  # nothing of the row but its figures
+        channel.report(Report([point(job_id, 20)], [], {"state": "succeeded", "step": 20}, 0))
+    assert (job(ctx, job_id).state, job(ctx, job_id).step) == (JobState.RUNNING, 10)
+
+    channel.end(AttemptEnd("failed", "it broke", exit_code=1))
+    assert (job(ctx, job_id).state, job(ctx, job_id).error, job(ctx, job_id).exit_code) == ("failed", "it broke", 1)
+    with pytest.raises(StaleAttemptError):  # the service's own, an attempt protocol's StaleAttempt
+        channel.report(Report([point(job_id, 30)], [line(job_id, "late")], {"step": 30}, 70))
+    # its last words (it stopped with the other ranks): the lines are kept, not the numbers
+    channel.report(Report([point(job_id, 40)], [line(job_id, "last")], {"step": 40}, 70, last_words=True))
+    with ctx.db.read() as session:
+        messages = session.scalars(select(LogLine.message).where(LogLine.job_id == job_id)).all()
+        points = session.scalar(select(func.count()).select_from(Metric).where(Metric.job_id == job_id))
+    assert messages == ["hello", "last"] and points == 1
+    assert (job(ctx, job_id).step, job(ctx, job_id).log_bytes) == (10, 70)
+    for late in (lambda: channel.forget_after(0), lambda: channel.end(AttemptEnd("succeeded"))):
+        with pytest.raises(StaleAttempt):
+            late()
+
+
+def test_an_attempt_out_of_memory_on_a_shared_gpu_is_queued_for_whole_gpus(ctx: Context) -> None:
+    job_id = dispatched(ctx, gpu_memory_fraction=0.5)
+    channel = LocalChannel(ctx, job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    channel.end(AttemptEnd("queued", "ran out of GPU memory on a shared GPU", out_of_memory=True))
+    again = job(ctx, job_id)
+    assert (again.state, again.attempts, again.crashes, again.gpu_memory_fraction) == (JobState.QUEUED, 2, 0, 1.0)
+    assert channel.status() == AttemptStatus(current=False)
+    assert LocalChannel(ctx, job_id, 2).status() == AttemptStatus(current=False), "queued holds no GPUs"

@@ -1,0 +1,139 @@
+"""The attempt protocol: everything the process that supervises one attempt of one job (a
+GPU host's worker, a Slurm node's batch script) asks of towerq and tells it, and nothing more.
+
+The supervisor reads whether its attempt is still the job's current one and whether a stop
+was asked (`status`), says the process started (`running`), reports what it printed in
+batches (`report`, each fenced: an attempt the job moved on from cannot write results, and
+live copies for the charts, `publish`), forgets the points a resume trains again
+(`forget_after`), ends the attempt with an outcome (`end`), and takes GPUs out of use that
+a process it could not kill still holds (`drain`).
+
+`AttemptChannel` is the interface; `service.core.attempts.LocalChannel` implements it in
+the supervisor's own process, over the database and Redis. Every call that writes checks in
+its transaction that the attempt is current, else raises `StaleAttempt`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol, TypedDict
+
+Stop = Literal["cancel", "sweep", "preempt"]
+"""A stop towerq asks of an attempt: a cancel, an adaptive sweep's stop of a setting behind
+(the job ends succeeded), a preemption (the job resumes later from its checkpoint)."""
+
+Ending = Literal["succeeded", "failed", "cancelled", "queued"]
+"""How an attempt ends: the job's final state, or queued again for its next attempt."""
+
+REPORTED_FIELDS = frozenset(
+    {
+        # the newest train and evaluation figures, and the pace (`worker.relay.MetricSink`)
+        "step", "loss", "accuracy", "examples_per_sec", "step_time_s", "custom_metrics",
+        "eval_loss", "eval_accuracy", "eval_custom_metrics", "pace_s", "step_at",
+        # what the attempt's folder holds (`worker.folder`)
+        "folder_bytes",
+        # what a trainer's `started` line says (`towerq.contract.events.Started.job_fields`)
+        "towers", "devices", "cuda_visible_devices", "memory_limit_enforced", "batch_norm",
+    }
+)  # fmt: skip
+"""The job's fields a report may set: nothing else of its row is the supervisor's to write."""
+
+
+class StaleAttempt(Exception):  # noqa: N818 - the name says what happened, as the service's StaleAttemptError
+    """The job has moved on from this attempt: what it reports is refused (fencing)."""
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    current: bool
+    """The attempt still holds its GPUs (the job is dispatched or running, at this attempt)."""
+    stop: Stop | None = None
+    reason: str | None = None
+    """Why the stop was asked, in words (None: no stop, or none given)."""
+
+
+class MetricRow(TypedDict):
+    """A train or evaluation point, as stored."""
+
+    job_id: int
+    attempt: int
+    step: int
+    split: Literal["train", "eval"]
+    loss: float | None
+    accuracy: float | None
+    learning_rate: float | None
+    examples_per_sec: float | None
+    custom: dict[str, float | None] | None
+    time: datetime
+
+
+class LogRow(TypedDict):
+    """A line of the job's log, as stored."""
+
+    job_id: int
+    attempt: int
+    time: datetime
+    level: str
+    message: str
+
+
+@dataclass
+class Report:
+    """One batch of what an attempt printed: its points, its log lines, the job fields they
+    change (`REPORTED_FIELDS`) and the bytes the lines add to the job's log."""
+
+    metrics: list[MetricRow]
+    logs: list[LogRow]
+    fields: dict[str, Any]
+    log_bytes: int
+    last_words: bool = False
+    """The trainer said it stopped with the other ranks of its job: its lines are kept even
+    once the job moved on from this attempt (its points and fields are not)."""
+    rung: bool = False
+    """The points take the job past a rung of its adaptive sweep: the scheduler decides now."""
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    ending: Ending
+    message: str | None = None
+    exit_code: int | None = None
+    crashed: bool = False
+    """For `queued`: the attempt crashed (counts against the job's `max_attempts`)."""
+    out_of_memory: bool = False
+    """For `queued`: it ran out of GPU memory on a shared GPU; its next attempt gets whole GPUs."""
+
+
+class AttemptChannel(Protocol):
+    """What one attempt's supervisor may ask of towerq (`job_id`, `attempt`: which one)."""
+
+    job_id: int
+    attempt: int
+
+    def status(self) -> AttemptStatus: ...
+
+    def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
+        """The attempt's process started (raises `StaleAttempt` if it should not have)."""
+
+    def log_bytes(self) -> int:
+        """What the job's log took so far, every attempt together."""
+
+    def rungs(self) -> tuple[str, list[int]]:
+        """The split of the job's adaptive sweep's metric and the steps of its rungs (empty
+        when it is in no such sweep)."""
+
+    def report(self, report: Report) -> None: ...
+
+    def publish(self, payloads: list[str]) -> None:
+        """Live copies of points and lines for the charts (`towerq.contract.messages`), at
+        most once: a lost one is not sent again (the report stores them)."""
+
+    def forget_after(self, step: int) -> None:
+        """Delete the job's points after `step`: a resumed attempt trains those again."""
+
+    def end(self, end: AttemptEnd) -> None: ...
+
+    def drain(self, host: str, indices: list[int]) -> None:
+        """No new work on these GPUs of `host`: a process of the attempt that could not be
+        killed still holds them."""
