@@ -27,6 +27,7 @@ from service.api.deps import get_caller, get_context
 from service.api.hub import StreamHub, StreamSlots
 from service.api.routes import (
     artifacts,
+    attempts,
     catalog,
     code,
     datasets,
@@ -238,7 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (
         jobs, artifacts, code, datasets, sweeps, stream, gpus, workers, users, groups, reservations, health,
-        session, catalog, usage, sessions,
+        session, catalog, usage, sessions, attempts,
     ):  # fmt: skip
         app.include_router(module.router)
     uploads = {

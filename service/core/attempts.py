@@ -3,7 +3,10 @@ call is a transaction on the database (and a publish on Redis), fenced by the at
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 
 import redis
 from sqlalchemy import delete, insert, select
@@ -12,10 +15,10 @@ from sqlalchemy.orm import Session
 from service.core import defaults, keys, rollups
 from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
-from service.core.exceptions import StaleAttemptError
+from service.core.exceptions import AuthError, StaleAttemptError
 from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, mark_running, requeue, stopped_early
-from service.core.models import HOLDING_STATES, Job, JobState, LogLine, Metric, Sweep
+from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, Job, JobState, LogLine, Metric, Sweep
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Report, Stop
@@ -112,6 +115,19 @@ def trim_logs(session: Session, job_id: int) -> None:
         session.execute(delete(LogLine).where(LogLine.job_id == job_id, LogLine.id <= cutoff))
 
 
+def drain_held(session: Session, job_id: int, attempt: int, host: str, indices: list[int]) -> list[int]:
+    """Drain those of `indices` on `host` that the attempt was given (its allocation rows,
+    released or not): the GPUs found drained."""
+    given = session.scalars(
+        select(Gpu.index)
+        .join(Allocation, Allocation.gpu_id == Gpu.id)
+        .join(Host, Host.id == Gpu.host_id)
+        .where(Allocation.job_id == job_id, Allocation.attempt == attempt, Host.name == host)
+    ).all()
+    held = sorted(set(indices) & set(given))
+    return [gpu.index for gpu in set_drained(session, host, held, True)] if held else []
+
+
 class LocalChannel:
     """`towerq.contract.attempts.AttemptChannel` over this process's own database and Redis."""
 
@@ -161,4 +177,34 @@ class LocalChannel:
 
     def drain(self, host: str, indices: list[int]) -> None:
         with self.ctx.db.write() as session:
-            set_drained(session, host, indices, True)
+            drain_held(session, self.job_id, self.attempt, host, indices)
+
+
+# -- the token of an attempt's remote side ---------------------------------------------------
+
+ATTEMPT_TOKEN_PREFIX = "tqa_"
+
+
+def mint_attempt_token(session: Session, job_id: int, attempt: int) -> str:
+    """A new token for the attempt's remote side (a Slurm node's batch script), the only one
+    valid for it from now on (a resubmission gets a new one, the old one dies); raises
+    `StaleAttemptError` if the attempt is no longer current."""
+    job = current_attempt(session, job_id, attempt)
+    token = ATTEMPT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    job.attempt_token_hash = hashlib.sha256(token.encode()).hexdigest()
+    return token
+
+
+def check_attempt_token(session: Session, job_id: int, attempt: int, token: str | None) -> None:
+    """`AuthError` unless `token` is the one of this job's attempt `attempt`, which has not
+    ended (an attempt's end clears it: `lifecycle.release_allocations`)."""
+    stored = session.execute(select(Job.attempts, Job.attempt_token_hash).where(Job.id == job_id)).one_or_none()
+    given = hashlib.sha256((token or "").encode()).hexdigest()
+    if (
+        token is None
+        or stored is None
+        or stored.attempts != attempt
+        or stored.attempt_token_hash is None
+        or not hmac.compare_digest(stored.attempt_token_hash, given)
+    ):
+        raise AuthError(f"not a live token of job {job_id} attempt {attempt}")

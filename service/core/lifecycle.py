@@ -246,7 +246,9 @@ def request_preemption(session: Session, job: Job, reason: str) -> PreemptMessag
 
 
 def release_allocations(session: Session, job: Job) -> None:
-    """Free the GPUs of the job's active allocations (the scheduler counts their use)."""
+    """The current attempt ended: free the GPUs of the job's active allocations (the
+    scheduler counts their use), and its remote side's token ends with it."""
+    job.attempt_token_hash = None
     session.execute(
         update(Allocation)
         .where(Allocation.job_id == job.id, Allocation.released_at.is_(None))

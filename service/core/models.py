@@ -249,6 +249,9 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column()
     spec_version: Mapped[int] = mapped_column(Integer, default=SPEC_VERSION, server_default="1")
     """The version of the spec's rules it was admitted under (`towerq.contract.versions`)."""
+    attempt_token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    """SHA-256 of the token its current attempt's remote side reports with (`/api/attempts`,
+    `service.core.attempts`); None when it has none, and once the attempt ended."""
     priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
     gpu_count: Mapped[int] = mapped_column(Integer)
     gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Annotated, Any, Literal, Protocol, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from towerq.contract.events import Custom, Number, Step
 
 Stop = Literal["cancel", "sweep", "preempt"]
 """A stop towerq asks of an attempt: a cancel, an adaptive sweep's stop of a setting behind
@@ -26,18 +30,35 @@ Stop = Literal["cancel", "sweep", "preempt"]
 Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 """How an attempt ends: the job's final state, or queued again for its next attempt."""
 
-REPORTED_FIELDS = frozenset(
-    {
-        # the newest train and evaluation figures, and the pace (`worker.relay.MetricSink`)
-        "step", "loss", "accuracy", "examples_per_sec", "step_time_s", "custom_metrics",
-        "eval_loss", "eval_accuracy", "eval_custom_metrics", "pace_s", "step_at",
-        # what the attempt's folder holds (`worker.folder`)
-        "folder_bytes",
-        # what a trainer's `started` line says (`towerq.contract.events.Started.job_fields`)
-        "towers", "devices", "cuda_visible_devices", "memory_limit_enforced", "batch_norm",
-    }
-)  # fmt: skip
-"""The job's fields a report may set: nothing else of its row is the supervisor's to write."""
+
+class Figures(BaseModel):
+    """The job's fields a report may set: nothing else of its row is the supervisor's to write."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # the newest train and evaluation figures, and the pace (`worker.relay.MetricSink`)
+    step: Step | None = None
+    loss: Number = None
+    accuracy: Number = None
+    examples_per_sec: Number = None
+    step_time_s: Number = None
+    custom_metrics: Custom = None
+    eval_loss: Number = None
+    eval_accuracy: Number = None
+    eval_custom_metrics: Custom = None
+    pace_s: Number = None
+    step_at: datetime | None = None
+    # what the attempt's folder holds (`worker.folder`)
+    folder_bytes: Annotated[int, Field(ge=0)] | None = None
+    # what a trainer's `started` line says (`towerq.contract.events.Started.job_fields`)
+    towers: Annotated[int, Field(ge=1, le=1024)] | None = None
+    devices: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=1024)
+    cuda_visible_devices: str | None = Field(default=None, max_length=256)
+    memory_limit_enforced: bool | None = None
+    batch_norm: dict[str, list[str]] | None = None
+
+
+REPORTED_FIELDS = frozenset(Figures.model_fields)
 
 
 class StaleAttempt(Exception):  # noqa: N818 - the name says what happened, as the service's StaleAttemptError
@@ -137,3 +158,66 @@ class AttemptChannel(Protocol):
     def drain(self, host: str, indices: list[int]) -> None:
         """No new work on these GPUs of `host`: a process of the attempt that could not be
         killed still holds them."""
+
+
+# -- over HTTP (`/api/attempts/{job}/{attempt}/...`) ---------------------------------------
+
+REPORT_ROWS = 5_000
+"""Points, and lines, one report may carry (a batch is a few hundred)."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PointIn(_Body):
+    attempt: Annotated[int, Field(ge=1, le=10_000)]
+    """The attempt that trained it: this one, or an earlier one whose points a resume restores."""
+    step: Step
+    split: Literal["train", "eval"]
+    loss: Number = None
+    accuracy: Number = None
+    learning_rate: Number = None
+    examples_per_sec: Number = None
+    custom: Custom = None
+    time: datetime
+
+
+class LineIn(_Body):
+    time: datetime
+    level: Literal["debug", "info", "warning", "error"]
+    message: str = Field(max_length=10_000)
+
+
+class ReportIn(_Body):
+    metrics: list[PointIn] = Field(default_factory=list, max_length=REPORT_ROWS)
+    logs: list[LineIn] = Field(default_factory=list, max_length=REPORT_ROWS)
+    fields: Figures = Field(default_factory=Figures)
+    log_bytes: Annotated[int, Field(ge=0, le=2**40)] = 0
+    last_words: bool = False
+    rung: bool = False
+
+
+class RunningIn(_Body):
+    pid: Annotated[int, Field(ge=1, le=2**31)]
+    cuda_visible_devices: str = Field(max_length=256)
+    artifacts_dir: str = Field(max_length=4096)
+
+
+class EndIn(_Body):
+    ending: Ending
+    message: str | None = Field(default=None, max_length=10_000)
+    exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
+    crashed: bool = False
+    out_of_memory: bool = False
+
+
+class StatusOut(BaseModel):
+    current: bool
+    stop: Stop | None = None
+    reason: str | None = None
+
+
+class RungsOut(BaseModel):
+    split: str
+    steps: list[int]

@@ -1,5 +1,7 @@
-"""The attempt protocol in the supervisor's own process (`service.core.attempts.LocalChannel`):
-what an attempt is told of itself, and that everything it writes is fenced by it."""
+"""The attempt protocol (`towerq.contract.attempts`), the same in both its implementations:
+in the supervisor's own process (`service.core.attempts.LocalChannel`) and over HTTP with
+the attempt's token (`towerq.attempts.HttpChannel`, the API's `/api/attempts`). What an
+attempt is told of itself, and that everything it writes is fenced by it."""
 
 from __future__ import annotations
 
@@ -7,18 +9,21 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from service.core.attempts import LocalChannel
+from service.api.app import create_app
+from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
-from service.core.exceptions import StaleAttemptError
+from service.core.exceptions import NotFoundError, StaleAttemptError
 from service.core.lifecycle import STOPPED_EARLY
 from service.core.models import Job, JobState, LogLine, Metric
 from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
-from towerq.contract.attempts import AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt
+from towerq.attempts import HttpChannel
+from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt
 from towerq.contract.spec import JobSpec
 
 BODY = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400}}
@@ -30,6 +35,28 @@ def ctx(settings: Settings, add_host: Callable[..., None]) -> Iterator[Context]:
     context = Context.open(settings)
     yield context
     context.close()
+
+
+Opener = Callable[[int, int], AttemptChannel]
+
+
+@pytest.fixture(params=["local", "http"])
+def channel_to(request: pytest.FixtureRequest, ctx: Context, settings: Settings) -> Iterator[Opener]:
+    """Opens an attempt's channel; over HTTP with a token minted for it as a hand-over does."""
+    if request.param == "local":
+        yield lambda job_id, attempt: LocalChannel(ctx, job_id, attempt)
+        return
+
+    def over_http(job_id: int, attempt: int) -> AttemptChannel:
+        try:
+            with ctx.db.write() as session:
+                token = mint_attempt_token(session, job_id, attempt)
+        except (StaleAttemptError, NotFoundError):
+            token = "tqa_for-no-live-attempt"
+        return HttpChannel("http://testserver", token, job_id, attempt, http=client)
+
+    with TestClient(create_app(settings)) as client:
+        yield over_http
 
 
 def dispatched(ctx: Context, **body: object) -> int:
@@ -65,9 +92,9 @@ def set_job(ctx: Context, job_id: int, **values: object) -> None:
         session.execute(update(Job).where(Job.id == job_id).values(**values))
 
 
-def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: Context) -> None:
+def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: Context, channel_to: Opener) -> None:
     job_id = dispatched(ctx)
-    channel = LocalChannel(ctx, job_id, 1)
+    channel = channel_to(job_id, 1)
     assert channel.status() == AttemptStatus(current=True)
     channel.running(4321, "0", "/artifacts/1")
     assert (job(ctx, job_id).state, job(ctx, job_id).pid) == (JobState.RUNNING, 4321)
@@ -85,44 +112,50 @@ def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: C
 
     set_job(ctx, job_id, attempts=2)
     assert channel.status() == AttemptStatus(current=False)
-    assert LocalChannel(ctx, job_id + 1000, 1).status() == AttemptStatus(current=False)
+    assert channel_to(job_id + 1000, 1).status() == AttemptStatus(current=False)
 
 
-def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context) -> None:
+def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context, channel_to: Opener) -> None:
     job_id = dispatched(ctx)
-    channel = LocalChannel(ctx, job_id, 1)
+    channel = channel_to(job_id, 1)
     channel.running(4321, "0", "/artifacts/1")
     channel.report(Report([point(job_id, 10)], [line(job_id, "hello")], {"step": 10, "loss": 0.1}, 70))
     stored = job(ctx, job_id)
     assert (stored.step, stored.loss, stored.log_bytes, stored.metric_points) == (10, 0.1, 70, 1)
     assert channel.log_bytes() == 70
 
-    with pytest.raises(ValueError, match="may not set state"):  # nothing of the row but its figures
+    with pytest.raises(ValueError, match="state"):  # nothing of the row but its figures
         channel.report(Report([point(job_id, 20)], [], {"state": "succeeded", "step": 20}, 0))
     assert (job(ctx, job_id).state, job(ctx, job_id).step) == (JobState.RUNNING, 10)
 
     channel.end(AttemptEnd("failed", "it broke", exit_code=1))
     assert (job(ctx, job_id).state, job(ctx, job_id).error, job(ctx, job_id).exit_code) == ("failed", "it broke", 1)
-    with pytest.raises(StaleAttemptError):  # the service's own, an attempt protocol's StaleAttempt
+    with pytest.raises(StaleAttempt):
         channel.report(Report([point(job_id, 30)], [line(job_id, "late")], {"step": 30}, 70))
-    # its last words (it stopped with the other ranks): the lines are kept, not the numbers
-    channel.report(Report([point(job_id, 40)], [line(job_id, "last")], {"step": 40}, 70, last_words=True))
+    # its last words (it stopped with the other ranks): the lines are kept, not the numbers;
+    # over HTTP the attempt's token ended with it, and nothing is taken
+    last = Report([point(job_id, 40)], [line(job_id, "last")], {"step": 40}, 70, last_words=True)
+    if isinstance(channel, HttpChannel):
+        with pytest.raises(StaleAttempt):
+            channel.report(last)
+    else:
+        channel.report(last)
     with ctx.db.read() as session:
         messages = session.scalars(select(LogLine.message).where(LogLine.job_id == job_id)).all()
         points = session.scalar(select(func.count()).select_from(Metric).where(Metric.job_id == job_id))
-    assert messages == ["hello", "last"] and points == 1
+    assert messages == (["hello"] if isinstance(channel, HttpChannel) else ["hello", "last"]) and points == 1
     assert (job(ctx, job_id).step, job(ctx, job_id).log_bytes) == (10, 70)
     for late in (lambda: channel.forget_after(0), lambda: channel.end(AttemptEnd("succeeded"))):
         with pytest.raises(StaleAttempt):
             late()
 
 
-def test_an_attempt_out_of_memory_on_a_shared_gpu_is_queued_for_whole_gpus(ctx: Context) -> None:
+def test_an_attempt_out_of_memory_on_a_shared_gpu_is_queued_for_whole_gpus(ctx: Context, channel_to: Opener) -> None:
     job_id = dispatched(ctx, gpu_memory_fraction=0.5)
-    channel = LocalChannel(ctx, job_id, 1)
+    channel = channel_to(job_id, 1)
     channel.running(4321, "0", "/artifacts/1")
     channel.end(AttemptEnd("queued", "ran out of GPU memory on a shared GPU", out_of_memory=True))
     again = job(ctx, job_id)
     assert (again.state, again.attempts, again.crashes, again.gpu_memory_fraction) == (JobState.QUEUED, 2, 0, 1.0)
     assert channel.status() == AttemptStatus(current=False)
-    assert LocalChannel(ctx, job_id, 2).status() == AttemptStatus(current=False), "queued holds no GPUs"
+    assert channel_to(job_id, 2).status() == AttemptStatus(current=False), "queued holds no GPUs"

@@ -1,0 +1,177 @@
+"""The attempt protocol over HTTP (`towerq.contract.attempts`): how an executor's remote side,
+a Slurm node's batch script, supervises its attempt without any database or Redis
+credential. Each request carries the attempt's own token (`Authorization: Bearer tqa_...`,
+minted when the attempt is handed to the executor), valid for that one attempt of that one
+job until the attempt ends; every write is fenced by the attempt, as in a host's worker."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.api.deps import ContextDep
+from service.core.attempts import (
+    LocalChannel,
+    attempt_status,
+    check_attempt_token,
+    drain_held,
+    end_attempt,
+    forget_after,
+    sweep_rungs,
+    write_report,
+)
+from service.core.context import Context
+from service.core.exceptions import SpecError, StaleAttemptError
+from towerq.contract import messages
+from towerq.contract.attempts import (
+    REPORT_ROWS,
+    AttemptEnd,
+    EndIn,
+    LogRow,
+    MetricRow,
+    Report,
+    ReportIn,
+    RungsOut,
+    RunningIn,
+    StatusOut,
+)
+from towerq.contract.events import Step
+
+router = APIRouter(prefix="/api/attempts/{job_id}/{attempt}", tags=["attempts"])
+
+Id = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+class Attempt(BaseModel):
+    job_id: int
+    attempt: int
+
+
+def the_attempt(request: Request, ctx: ContextDep, job_id: Id, attempt: Id) -> Attempt:
+    """The attempt the request's token is for (401 for any other, and once it ended)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    with ctx.db.read() as session:
+        check_attempt_token(session, job_id, attempt, token.strip() if scheme.lower() == "bearer" else None)
+    return Attempt(job_id=job_id, attempt=attempt)
+
+
+AttemptDep = Annotated[Attempt, Depends(the_attempt)]
+
+
+class LogBytesOut(BaseModel):
+    log_bytes: int
+
+
+class PublishIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    messages: list[Annotated[str, Field(max_length=64_000)]] = Field(max_length=REPORT_ROWS)
+
+
+class ForgetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: Step
+
+
+class DrainIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field(max_length=128)
+    indices: list[Annotated[int, Field(ge=0, le=1024)]] = Field(max_length=1024)
+
+
+class DrainedOut(BaseModel):
+    drained: list[int]
+
+
+@router.get("", response_model=StatusOut)
+def status(ctx: ContextDep, it: AttemptDep) -> StatusOut:
+    """Whether the attempt is still the job's current one, and the stop asked of it, if any."""
+    with ctx.db.read() as session:
+        said = attempt_status(session, it.job_id, it.attempt)
+    return StatusOut(current=said.current, stop=said.stop, reason=said.reason)
+
+
+@router.post("/running", status_code=204)
+def running(body: RunningIn, ctx: ContextDep, it: AttemptDep) -> Response:
+    """The attempt's process started (409 if the attempt is not waiting to start)."""
+    LocalChannel(ctx, it.job_id, it.attempt).running(body.pid, body.cuda_visible_devices, body.artifacts_dir)
+    return Response(status_code=204)
+
+
+@router.get("/log-bytes", response_model=LogBytesOut)
+def log_bytes(ctx: ContextDep, it: AttemptDep) -> LogBytesOut:
+    """What the job's log took so far, every attempt together."""
+    return LogBytesOut(log_bytes=LocalChannel(ctx, it.job_id, it.attempt).log_bytes())
+
+
+@router.get("/rungs", response_model=RungsOut)
+def rungs(ctx: ContextDep, it: AttemptDep) -> RungsOut:
+    """The rungs of the job's adaptive sweep (none outside one)."""
+    with ctx.db.read() as session:
+        split, steps = sweep_rungs(session, it.job_id)
+    return RungsOut(split=split, steps=steps)
+
+
+@router.post("/reports", status_code=204)
+def report(body: ReportIn, ctx: ContextDep, it: AttemptDep) -> Response:
+    """A batch of the attempt's points and log lines, and the job's figures they change
+    (409 once the job moved on from the attempt)."""
+    if any(point.attempt > it.attempt for point in body.metrics):
+        raise SpecError("metrics.attempt", f"a point of attempt {it.attempt} comes from it or an earlier attempt")
+    metrics = [MetricRow(job_id=it.job_id, **point.model_dump()) for point in body.metrics]  # type: ignore[typeddict-item]
+    logs = [LogRow(job_id=it.job_id, attempt=it.attempt, **line.model_dump()) for line in body.logs]  # type: ignore[typeddict-item]
+    fields = body.fields.model_dump(exclude_unset=True)
+    batch = Report(metrics, logs, fields, body.log_bytes, last_words=body.last_words, rung=body.rung)
+    with ctx.db.write() as session:
+        write_report(session, it.job_id, it.attempt, batch)
+    return Response(status_code=204)
+
+
+@router.post("/publish", status_code=204)
+def publish(body: PublishIn, ctx: ContextDep, it: AttemptDep) -> Response:
+    """Live copies of the attempt's points and log lines for the charts: each one a
+    `metric`, `eval` or `log` message of this job and attempt, else 422 and none is sent."""
+    for i, payload in enumerate(body.messages):
+        try:
+            message = messages.decode(payload)
+        except messages.MessageError as err:
+            raise SpecError(f"messages.{i}", str(err)) from None
+        if not isinstance(message, messages.MetricMessage | messages.LogMessage):
+            raise SpecError(f"messages.{i}", "only metric, eval and log messages are an attempt's to send")
+        if (message.job_id, message.attempt) != (it.job_id, it.attempt):
+            raise SpecError(f"messages.{i}", f"a message of job {it.job_id} attempt {it.attempt} only")
+    _current_or_stale(ctx, it)
+    LocalChannel(ctx, it.job_id, it.attempt).publish(body.messages)
+    return Response(status_code=204)
+
+
+@router.post("/forget", status_code=204)
+def forget(body: ForgetIn, ctx: ContextDep, it: AttemptDep) -> Response:
+    """Delete the job's points after `step`: the resumed attempt trains them again."""
+    with ctx.db.write() as session:
+        forget_after(session, it.job_id, it.attempt, body.step)
+    return Response(status_code=204)
+
+
+@router.post("/end", status_code=204)
+def end(body: EndIn, ctx: ContextDep, it: AttemptDep) -> Response:
+    """The attempt's end: the job's final state, or queued again. Its token ends with it."""
+    with ctx.db.write() as session:
+        end_attempt(session, it.job_id, it.attempt, AttemptEnd(**body.model_dump()))
+    return Response(status_code=204)
+
+
+@router.post("/drain", response_model=DrainedOut)
+def drain(body: DrainIn, ctx: ContextDep, it: AttemptDep) -> DrainedOut:
+    """No new work on these GPUs of `host`, which a process of the attempt still holds:
+    only GPUs the attempt was given are drained (those it names besides are not)."""
+    with ctx.db.write() as session:
+        drained = drain_held(session, it.job_id, it.attempt, body.host, body.indices)
+    return DrainedOut(drained=drained)
+
+
+def _current_or_stale(ctx: Context, it: Attempt) -> None:
+    with ctx.db.read() as session:
+        if not attempt_status(session, it.job_id, it.attempt).current:
+            raise StaleAttemptError(f"job {it.job_id} attempt {it.attempt} is over")

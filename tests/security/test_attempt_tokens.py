@@ -1,0 +1,163 @@
+"""An attempt's token (`/api/attempts`, what a Slurm node's batch script holds instead of
+the database's and Redis' credentials) reaches that one attempt of that one job while it
+runs, and nothing else: not another job's attempt, not its own job's next attempt, not
+after its end or a newer submission's token, not a member's routes; its reports set only
+the job's figures, its live messages are only its own points and lines, and it drains only
+the GPUs its attempt was given."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from service.core import keys
+from service.core.attempts import mint_attempt_token
+from service.core.context import Context
+from service.core.models import Gpu, Host, Job, JobState
+from service.core.settings import Settings
+from service.jobs.submit import submit
+from service.lab.auth import Caller, ensure_user
+from service.scheduler.live import LiveScheduler
+from towerq.contract.messages import LogMessage, StateMessage, encode
+from towerq.contract.spec import JobSpec
+
+NOW = datetime.now(UTC).isoformat()
+LINE = {"time": NOW, "level": "info", "message": "hello"}
+ROUTES = [
+    ("GET", "", None),
+    ("GET", "/log-bytes", None),
+    ("GET", "/rungs", None),
+    ("POST", "/running", {"pid": 1, "cuda_visible_devices": "0", "artifacts_dir": "/a"}),
+    ("POST", "/reports", {"logs": [LINE]}),
+    ("POST", "/publish", {"messages": []}),
+    ("POST", "/forget", {"step": 0}),
+    ("POST", "/end", {"ending": "succeeded"}),
+    ("POST", "/drain", {"host": "lab-a", "indices": [0]}),
+]
+
+
+@pytest.fixture
+def ctx(settings: Settings, add_host: Callable[..., None]) -> Iterator[Context]:
+    add_host("lab-a", 2)
+    context = Context.open(settings)
+    yield context
+    context.close()
+
+
+def dispatched(ctx: Context, user: str, gpu: int) -> int:
+    with ctx.db.write() as session:
+        owner = ensure_user(session, user)
+        caller = Caller(owner.id, owner.name, False, 0)
+    spec = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpus": [gpu]})
+    job_id = submit(ctx.db, caller, spec, ctx.settings)[0].id
+    LiveScheduler(ctx).run_pass()
+    return job_id
+
+
+def token_of(ctx: Context, job_id: int, attempt: int = 1) -> str:
+    with ctx.db.write() as session:
+        return mint_attempt_token(session, job_id, attempt)
+
+
+def call(client: TestClient, token: str, method: str, path: str, body: dict | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"}
+    return client.request(method, path, json=body, headers=headers).status_code
+
+
+def state_of(ctx: Context, job_id: int) -> str:
+    with ctx.db.read() as session:
+        return str(session.scalar(select(Job.state).where(Job.id == job_id)))
+
+
+def test_a_token_reaches_its_own_attempt_only(ctx: Context, client: TestClient, make_token: Callable[..., str]) -> None:
+    mine, theirs = dispatched(ctx, "alice", 0), dispatched(ctx, "bob", 1)
+    token = token_of(ctx, mine)
+    token_of(ctx, theirs)
+    for method, path, body in ROUTES:
+        for job_id, attempt in ((theirs, 1), (mine, 2), (mine, 0), (mine + 1000, 1)):
+            refused = call(client, token, method, f"/api/attempts/{job_id}/{attempt}{path}", body)
+            assert refused in (401, 422), (method, path, job_id, attempt, refused)
+    assert state_of(ctx, theirs) == JobState.DISPATCHED
+    assert call(client, token, "GET", f"/api/attempts/{mine}/1", None) == 200
+    # a member's own API token (an admin's too) is no attempt's token, and the other way round
+    for member in (make_token("alice"), make_token("root", True)):
+        assert call(client, member, "POST", f"/api/attempts/{mine}/1/end", {"ending": "succeeded"}) == 401
+    assert call(client, token, "GET", "/api/jobs", None) == 401
+    assert state_of(ctx, mine) == JobState.DISPATCHED
+
+
+def test_a_token_is_refused_once_its_attempt_ended_or_was_submitted_again(ctx: Context, client: TestClient) -> None:
+    job_id = dispatched(ctx, "alice", 0)
+    first = token_of(ctx, job_id)
+    second = token_of(ctx, job_id)  # the attempt submitted again (Slurm lost it): a new token
+    assert call(client, first, "GET", f"/api/attempts/{job_id}/1", None) == 401
+    assert call(client, second, "POST", f"/api/attempts/{job_id}/1/end", {"ending": "failed", "message": "x"}) == 204
+    assert state_of(ctx, job_id) == JobState.FAILED
+    for method, path, body in ROUTES:
+        assert call(client, second, method, f"/api/attempts/{job_id}/1{path}", body) == 401, (method, path)
+
+
+def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -> None:
+    job_id = dispatched(ctx, "alice", 0)
+    token = token_of(ctx, job_id)
+    path = f"/api/attempts/{job_id}/1/reports"
+    for fields in ({"state": "succeeded"}, {"user_id": 2}, {"gpu_memory_fraction": 0.1}, {"attempt_token_hash": "0"}):
+        assert call(client, token, "POST", path, {"fields": fields}) == 422, fields
+    later = {"attempt": 2, "step": 1, "split": "train", "time": NOW}
+    assert call(client, token, "POST", path, {"metrics": [later]}) == 422, "a point of a later attempt"
+    assert call(client, token, "POST", path, {"log_bytes": -1}) == 422
+    assert call(client, token, "POST", path, {"fields": {"step": 7, "loss": 0.5}, "log_bytes": 10}) == 204
+    with ctx.db.read() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        assert (job.state, job.step, job.loss, job.user_id) == (JobState.DISPATCHED, 7, 0.5, 1)
+
+
+def test_live_messages_are_only_the_attempts_own_points_and_lines(ctx: Context, client: TestClient) -> None:
+    job_id, other = dispatched(ctx, "alice", 0), dispatched(ctx, "bob", 1)
+    token = token_of(ctx, job_id)
+    path = f"/api/attempts/{job_id}/1/publish"
+    own = encode(LogMessage(job_id=job_id, attempt=1, level="info", message="hi", time=datetime.now(UTC)))
+    forged = [
+        encode(
+            StateMessage(job_id=job_id, attempt=1, state="succeeded", message="done", time=datetime.now(UTC))
+        ),  # the job page believes it
+        encode(LogMessage(job_id=other, attempt=1, level="error", message="bob's job", time=datetime.now(UTC))),
+        encode(LogMessage(job_id=job_id, attempt=2, level="info", message="next", time=datetime.now(UTC))),
+        f'{{"type": "cancel", "job_id": {job_id}, "attempt": 1}}',
+        "not json",
+    ]
+    with ctx.redis.pubsub() as pubsub:
+        pubsub.subscribe(keys.job_channel(job_id), keys.job_channel(other))
+        for payload in forged:
+            assert call(client, token, "POST", path, {"messages": [own, payload]}) == 422, payload
+        assert call(client, token, "POST", path, {"messages": [own]}) == 204
+        got, deadline = [], time.monotonic() + 5
+        while time.monotonic() < deadline and len(got) < 3:
+            message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            if message is not None:
+                got.append(message["data"].decode())
+    assert got == [own], "only the one valid batch, and nothing of a refused one"
+
+
+def test_it_drains_only_the_gpus_its_attempt_was_given(ctx: Context, client: TestClient) -> None:
+    job_id = dispatched(ctx, "alice", 0)
+    token = token_of(ctx, job_id)
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def drain(host: str, indices: list[int]) -> list[int]:
+        return client.post(
+            f"/api/attempts/{job_id}/1/drain", json={"host": host, "indices": indices}, headers=headers
+        ).json()["drained"]
+
+    assert drain("lab-a", [1]) == [], "another job's GPU"
+    assert drain("lab-b", [0]) == [], "another host's"
+    assert drain("lab-a", [0, 1]) == [0]
+    with ctx.db.read() as session:
+        drained = session.execute(select(Gpu.index, Gpu.drained).join(Host).where(Host.name == "lab-a")).all()
+    assert sorted(drained) == [(0, True), (1, False)]

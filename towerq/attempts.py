@@ -1,0 +1,142 @@
+"""The attempt protocol over HTTP (`towerq.contract.attempts`): the channel of an executor's
+remote side (a Slurm node's batch script) to the API's `/api/attempts/{job}/{attempt}/...`,
+with the attempt's own token and no database or Redis credential.
+
+Standard library, httpx and the contract only. A request the API never received (it is
+restarting, the network blinked) is tried again with back-off for up to `RETRY_FOR_S`; one it
+answered is not (a report twice would store its lines twice).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from towerq.contract.attempts import (
+    AttemptEnd,
+    AttemptStatus,
+    EndIn,
+    Figures,
+    LineIn,
+    PointIn,
+    Report,
+    ReportIn,
+    RungsOut,
+    RunningIn,
+    StaleAttempt,
+    StatusOut,
+)
+
+RETRY_FOR_S = 60.0
+"""How long a request the API did not receive is tried again before the error is raised."""
+BACKOFF_MAX_S = 5.0
+
+
+class HttpChannel:
+    """`AttemptChannel` for job `job_id`'s attempt `attempt` through the API at `url`."""
+
+    def __init__(self, url: str, token: str, job_id: int, attempt: int, *, http: httpx.Client | None = None) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.path = f"/api/attempts/{job_id}/{attempt}"
+        self.http = http or httpx.Client(base_url=url, timeout=30.0)
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    def close(self) -> None:
+        self.http.close()
+
+    def status(self) -> AttemptStatus:
+        try:
+            answer = self._send("GET", "")
+        except StaleAttempt:
+            return AttemptStatus(current=False)
+        said = StatusOut.model_validate(answer.json())
+        return AttemptStatus(current=said.current, stop=said.stop, reason=said.reason)
+
+    def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
+        body = RunningIn(pid=pid, cuda_visible_devices=cuda_visible_devices, artifacts_dir=artifacts_dir)
+        self._send("POST", "/running", body.model_dump(mode="json"))
+
+    def log_bytes(self) -> int:
+        return int(self._send("GET", "/log-bytes").json()["log_bytes"])
+
+    def rungs(self) -> tuple[str, list[int]]:
+        said = RungsOut.model_validate(self._send("GET", "/rungs").json())
+        return said.split, said.steps
+
+    def report(self, report: Report) -> None:
+        body = ReportIn(
+            metrics=[PointIn.model_validate({k: v for k, v in m.items() if k != "job_id"}) for m in report.metrics],
+            logs=[LineIn(time=line["time"], level=line["level"], message=line["message"]) for line in report.logs],  # type: ignore[arg-type]
+            fields=Figures.model_validate(report.fields),
+            log_bytes=report.log_bytes,
+            last_words=report.last_words,
+            rung=report.rung,
+        )
+        self._send("POST", "/reports", body.model_dump(mode="json", exclude_unset=True))
+
+    def publish(self, payloads: list[str]) -> None:
+        try:
+            self._send("POST", "/publish", {"messages": payloads}, retry_for=0)
+        except (httpx.HTTPError, StaleAttempt):
+            pass  # live copies only: the report stores what they carry
+
+    def forget_after(self, step: int) -> None:
+        self._send("POST", "/forget", {"step": step})
+
+    def end(self, end: AttemptEnd) -> None:
+        body = EndIn(
+            ending=end.ending,
+            message=end.message,
+            exit_code=end.exit_code,
+            crashed=end.crashed,
+            out_of_memory=end.out_of_memory,
+        )
+        self._send("POST", "/end", body.model_dump(mode="json"))
+
+    def drain(self, host: str, indices: list[int]) -> None:
+        self._send("POST", "/drain", {"host": host, "indices": indices})
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        retry_for: float = RETRY_FOR_S,
+    ) -> httpx.Response:
+        """The API's answer; `StaleAttempt` for 409 (the job moved on from the attempt) and
+        401 (the attempt's token is refused: it ended with the attempt, or a newer
+        submission of the attempt has its own), `httpx.HTTPStatusError` for another error."""
+        content = json.dumps(body).encode() if body is not None else None
+        headers = {**self.headers, "Content-Type": "application/json"} if content else self.headers
+        give_up = time.monotonic() + retry_for
+        wait = 0.25
+        while True:
+            try:
+                answer = self.http.request(method, self.path + path, content=content, headers=headers)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                if time.monotonic() + wait > give_up:
+                    raise
+                time.sleep(wait)
+                wait = min(wait * 2, BACKOFF_MAX_S)
+        if answer.status_code in (401, 409):  # the token ends with the attempt: either way it is over
+            raise StaleAttempt(_detail(answer))
+        if answer.status_code >= 400:
+            raise httpx.HTTPStatusError(
+                f"{method} {self.path}{path}: {answer.status_code} {_detail(answer)}",
+                request=answer.request,
+                response=answer,
+            )
+        return answer
+
+
+def _detail(answer: httpx.Response) -> str:
+    try:
+        detail = answer.json().get("detail")
+    except ValueError:
+        detail = None
+    return str(detail if detail is not None else answer.text[:500])
