@@ -55,7 +55,7 @@ def on_slurm(
 ) -> Iterator[Any]:
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     stack.start_api()
-    stack.start_scheduler()
+    stack.start_scheduler(api_url=stack.api_url)  # where each attempt's batch script reports
     token = make_token("alice")
     with stack.client(token) as client:
         client.token = token  # type: ignore[attr-defined]

@@ -182,7 +182,7 @@ def test_what_slurm_refuses_or_decides_is_said_plainly(
 ) -> None:
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     stack.start_api()
-    stack.start_scheduler(slurm_partition="nosuch")  # an admin's typo
+    stack.start_scheduler(slurm_partition="nosuch", api_url=stack.api_url)  # an admin's typo
     with stack.client(make_token("alice")) as client:
         said_plainly(client)
 

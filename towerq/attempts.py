@@ -18,6 +18,7 @@ import httpx
 from towerq.contract.attempts import (
     AttemptEnd,
     AttemptStatus,
+    Claim,
     EndIn,
     Figures,
     LineIn,
@@ -47,6 +48,9 @@ class HttpChannel:
 
     def close(self) -> None:
         self.http.close()
+
+    def claim(self, node: str) -> Claim:
+        return Claim.model_validate(self._send("POST", "/claim", {"node": node}).json())
 
     def status(self) -> AttemptStatus:
         try:

@@ -30,6 +30,7 @@ from service.core import defaults
 from service.core.attempts import LocalChannel
 from service.core.context import Context
 from service.core.models import JobState
+from service.core.settings import Settings
 from towerq.contract import events
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
@@ -104,22 +105,30 @@ class AttemptRunner:
 
     def __init__(
         self,
-        ctx: Context,
+        ctx: Context | None,
         inventory: Inventory,
         launch: Launch,
         on_exit: Callable[[Any], None],
         sandboxed: bool = False,
+        *,
         channel: AttemptChannel | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        """`ctx`: the lab's database and Redis, on a GPU host's worker; an executor's remote
+        side has none, only its attempt's `channel` (over HTTP) and its `settings`."""
         self.ctx = ctx
-        self.channel = channel or LocalChannel(ctx, launch.job_id, launch.attempt)
+        if channel is None:
+            assert ctx is not None, "an attempt talks to towerq through its channel or the lab's database"
+            channel = LocalChannel(ctx, launch.job_id, launch.attempt)
+        self.channel = channel
+        self.settings = settings or (ctx.settings if ctx is not None else Settings())
         self.sandboxed = sandboxed
         self.trainer_pids: set[int] = set()
         """The attempt's pids: the process started, and (in the sandbox) what runs inside."""
         self.inventory = inventory
         self.launch = launch
         self.on_exit = on_exit
-        self.sink = MetricSink(self.channel, ctx.settings)
+        self.sink = MetricSink(self.channel, self.settings)
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
         self.outcome = Outcome(ranks=launch.ranks, program=self.program, session=self.session)
@@ -129,8 +138,8 @@ class AttemptRunner:
         self._look = threading.Event()
         """A control message came for this job: read the database at the next tick."""
         self._stop_deadline: float | None = None
-        self.artifacts = artifacts_dir(ctx.settings, launch.job_id)
-        self.folder = FolderWatch(self.artifacts, ctx.settings.job_folder_max_bytes, ctx.settings.job_folder_check_s)
+        self.artifacts = artifacts_dir(self.settings, launch.job_id)
+        self.folder = FolderWatch(self.artifacts, self.settings.job_folder_max_bytes, self.settings.job_folder_check_s)
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.after: list[AttemptRunner] = []
@@ -139,6 +148,14 @@ class AttemptRunner:
         hosts releases every host's GPUs when one rank records its end, and the job's other
         ranks take a moment more to stop): this attempt starts once their processes are gone."""
         self.thread = threading.Thread(target=self.run, name=f"job-{launch.job_id}-{launch.attempt}", daemon=True)
+
+    @property
+    def lab(self) -> Context:
+        """The lab's database and Redis: a GPU host's worker has them, an executor's remote
+        side (`worker.slurm`) does not (a job over several hosts, a notebook: hosts only)."""
+        if self.ctx is None:
+            raise RuntimeError(f"job {self.launch.job_id}: this needs a GPU host's worker, not an executor's node")
+        return self.ctx
 
     @property
     def key(self) -> tuple[int, int]:
@@ -242,7 +259,7 @@ class AttemptRunner:
         self._wait_for_earlier()
         if not self._meet():
             return False
-        settings = self.ctx.settings
+        settings = self.settings
         try:
             starter = self._prepare()
         except (ValidationError, NewerSpecError, sandbox.SandboxError) as err:
@@ -370,7 +387,7 @@ class AttemptRunner:
         stopped with the other ranks. Then rank 0 has recorded the stop, maybe before this
         worker read the line, and the trainer gets the stop's grace to exit on its own (its
         last lines are written: `MetricSink.last_words`)."""
-        grace = self.ctx.settings.cancel_grace_s
+        grace = self.settings.cancel_grace_s
         if self._recorded:
             return  # this runner moved the job on (`_record_now`); its process is going
         if not self.outcome.agreed_stop:
@@ -385,7 +402,7 @@ class AttemptRunner:
         only its worker can. Frozen for longer than the collective timeout, it is killed and
         the job goes back to the queue, as a crash."""
         frozen_s = self.rank.frozen_for(self.trainer_pids)
-        if frozen_s < self.ctx.settings.collective_timeout_s or self.outcome.stop is not None:
+        if frozen_s < self.settings.collective_timeout_s or self.outcome.stop is not None:
             return
         where = f"{self.launch.where}: " if self.chief else ""
         self.outcome.stop = Stop.FROZEN
@@ -408,7 +425,7 @@ class AttemptRunner:
         if not self._stop_requested.is_set() or self.process is None or self.process.poll() is not None:
             return
         if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.ctx.settings.cancel_grace_s
+            self._stop_deadline = time.monotonic() + self.settings.cancel_grace_s
             self._signal_group(signal.SIGTERM)
         elif time.monotonic() >= self._stop_deadline:
             self._signal_group(signal.SIGKILL)

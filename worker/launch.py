@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
 
+from service.core.attempts import job_inputs
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
 from service.core.models import Job, JobState
 from service.core.settings import Settings
-from service.core.sharing import shares_outputs
 from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
 from towerq.contract.versions import SPEC_VERSION
@@ -87,7 +86,7 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
         if host not in hosts and job.host_name != host:
             raise StaleAttemptError(f"job {job_id} attempt {attempt} is for host {job.host_name}, not {host}")
         rows = [(a.gpu.index, a.gpu.memory_total_mb, a.gpu.simulated, a.fraction) for a in held if a.host.name == host]
-        inputs, notes = job_inputs(session, job, ctx.settings)
+        inputs, notes = job_inputs(session, job, ctx.settings.artifacts_dir)
     rows.sort()
     return Launch(
         job_id=job_id,
@@ -110,23 +109,6 @@ def read_launch(ctx: Context, job_id: int, attempt: int, host: str) -> Launch:
 
 INPUTS_PATH = Path("/inputs")
 """Where a sandboxed trainer sees the folders of the jobs it waited for: `/inputs/job-<id>`."""
-
-
-def job_inputs(session: Session, job: Job, settings: Settings) -> tuple[list[tuple[int, Path]], list[str]]:
-    """The folders of the jobs `job` waited for, read-only inputs of its trainer: those its
-    owner may read now (a folder made private since the submit is left out, and said)."""
-    inputs: list[tuple[int, Path]] = []
-    notes: list[str] = []
-    for dependency_id in job.after_jobs or []:
-        dependency = session.get(Job, dependency_id)
-        folder = artifacts_dir(settings, dependency_id)
-        if dependency is None or not folder.is_dir():
-            notes.append(f"job {dependency_id} left no folder: no input from it")
-        elif not shares_outputs(dependency, job.user_id, job.user.is_admin):
-            notes.append(f"job {dependency_id}'s folder is private to its owner now: not given as an input")
-        else:
-            inputs.append((dependency_id, folder))
-    return inputs, notes
 
 
 def input_in_sandbox(job_id: int) -> Path:

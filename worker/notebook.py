@@ -260,7 +260,7 @@ class NotebookRunner(ProgramRunner):
     """The uid the session runs as (who may own its socket)."""
 
     def _prepare(self) -> Starter:
-        settings, launch = self.ctx.settings, self.launch
+        settings, launch = self.settings, self.launch
         identity = trainer_user(settings) if self.sandboxed else None
         self.owner = identity[0] if identity is not None else os.geteuid()
         prepare_folders(self.artifacts, identity)
@@ -298,13 +298,13 @@ class NotebookRunner(ProgramRunner):
         return start
 
     def _open_door(self, folder: Path) -> None:
-        settings, launch = self.ctx.settings, self.launch
+        settings, launch = self.settings, self.launch
         here = rendezvous.address(settings)
         first = rendezvous.first_port_tried(settings, launch.job_id, launch.attempt)
         port = rendezvous.free_port(settings, here, first)
         key = secrets.token_hex(32)
         self.door = Door(here, port, key, folder, self.owner)
-        with self.ctx.db.write() as session:
+        with self.lab.db.write() as session:
             session.merge(
                 RankAddress(job_id=launch.job_id, attempt=launch.attempt, rank=0, address=self.door.address, key=key)
             )
@@ -320,7 +320,7 @@ class NotebookRunner(ProgramRunner):
             kernels = ask(
                 self.socket_folder,
                 self.owner,
-                f"{session_base_url(self.ctx.settings, self.launch.job_id)}api/kernels?no_track_activity=1",
+                f"{session_base_url(self.settings, self.launch.job_id)}api/kernels?no_track_activity=1",
             )
         except (OSError, ValueError):
             kernels = None
@@ -333,7 +333,7 @@ class NotebookRunner(ProgramRunner):
         if busy or self._gpus_in_use():
             self._busy_at = now
         idle_s = min(self.door.idle_for(now), now - self._busy_at)
-        timeout = self.launch.spec.get("idle_timeout_s") or self.ctx.settings.notebook_idle_timeout_s
+        timeout = self.launch.spec.get("idle_timeout_s") or self.settings.notebook_idle_timeout_s
         if idle_s >= timeout and self.outcome.stop is None:
             self.request_stop(Stop.IDLE, f"idle for {_duration(idle_s)}: ended, its GPUs freed")
             self.sink.log("info", f"the session was idle for {_duration(idle_s)} (idle_timeout_s {timeout}): it ends")
@@ -342,12 +342,10 @@ class NotebookRunner(ProgramRunner):
         if answered:
             self._ready = True
             self._busy_at = now
-            self.sink.log(
-                "info", f"JupyterLab is ready: open {session_base_url(self.ctx.settings, self.launch.job_id)}lab"
-            )
+            self.sink.log("info", f"JupyterLab is ready: open {session_base_url(self.settings, self.launch.job_id)}lab")
             return
         waited = now - self._started_at
-        if waited > self.ctx.settings.notebook_start_timeout_s and self.outcome.stop is None:
+        if waited > self.settings.notebook_start_timeout_s and self.outcome.stop is None:
             self.request_stop(Stop.NOT_READY, f"JupyterLab did not answer within {waited:.0f} s of its start")
 
     def _watch_home(self, now: float) -> None:
@@ -378,7 +376,7 @@ class NotebookRunner(ProgramRunner):
         super()._after()
         if self.door is not None:
             self.door.close()
-        with contextlib.suppress(Exception), self.ctx.db.write() as session:
+        with contextlib.suppress(Exception), self.lab.db.write() as session:
             session.query(RankAddress).filter_by(job_id=self.launch.job_id, attempt=self.launch.attempt).delete()
         if self.socket_folder is not None:  # its socket, JupyterLab's runtime files (rmtree follows no link)
             shutil.rmtree(self.socket_folder, ignore_errors=True)

@@ -178,7 +178,7 @@ class ProgramRunner(AttemptRunner):
     """A resumed attempt's first point came (`_event`)."""
 
     def _prepare(self) -> Starter:
-        settings, launch = self.ctx.settings, self.launch
+        settings, launch = self.settings, self.launch
         prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None)
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
         env = program_environment(launch, settings, seen, self.sandboxed)
@@ -214,7 +214,7 @@ class ProgramRunner(AttemptRunner):
         its processes' memory must stay inside its share, or it is stopped after the grace."""
         if self.launch.fraction >= 1 or self.inventory.simulated:
             return
-        settings = self.ctx.settings
+        settings = self.settings
         self._note_pids()
         over = over_share(self.inventory.refresh(), self.launch, self.trainer_pids, settings.gpu_memory_reserved_mb)
         now = time.monotonic()

@@ -27,8 +27,8 @@ from worker.trainer import tunnel
 
 
 class RankLink:
-    def __init__(self, ctx: Context, launch: Launch) -> None:
-        self.ctx = ctx
+    def __init__(self, ctx: Context | None, launch: Launch) -> None:
+        self._ctx = ctx
         self.launch = launch
         self.gate: tunnel.Gate | None = None
         """A sandboxed rank's way to the other ranks, without the network."""
@@ -40,9 +40,10 @@ class RankLink:
         with a run of `ports` ports for this one; raises `RendezvousError` when they do not
         come, or no port is free."""
         launch = self.launch
+        ctx = self.ctx
         launch.cluster = rendezvous.meet(
-            self.ctx.db,
-            self.ctx.settings,
+            ctx.db,
+            ctx.settings,
             launch.job_id,
             launch.attempt,
             launch.rank,
@@ -69,6 +70,13 @@ class RankLink:
         sandbox.hand_over(folder, identity)  # the trainer's user reaches the socket: nobody else does
         sandbox.hand_over(Path(self.gate.path), identity)
         launch.gate = folder
+
+    @property
+    def ctx(self) -> Context:
+        """The lab's database, where the ranks meet: a GPU host's worker has it."""
+        if self._ctx is None:
+            raise RuntimeError("a job over several hosts meets its ranks through the lab's database")
+        return self._ctx
 
     def close(self) -> None:
         if self.gate is not None:

@@ -70,7 +70,9 @@ def wait_for_earlier(runner: AttemptRunner, after: list[AttemptRunner]) -> None:
     several hosts releases every host's GPUs when one rank records its end). One still not
     ended after the stop's grace and ZOMBIE_WAIT_S is stuck: its processes are killed here,
     and where its thread was goes to the worker log."""
-    ctx, launch = runner.ctx, runner.launch
+    if not after:
+        return
+    ctx, launch = runner.lab, runner.launch
     for earlier in [r for r in after if r.thread.is_alive() and released(ctx, launch.host, r.key)]:
         job_id, attempt = earlier.key
         what = f"attempt {attempt}" if job_id == launch.job_id else f"job {job_id}"

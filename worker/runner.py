@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from service.core.context import Context
+from service.core.settings import Settings
 from towerq.contract import events
+from towerq.contract.attempts import AttemptChannel
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import Inventory
@@ -29,14 +31,17 @@ from worker.relay import pause_cycle
 class JobRunner(AttemptRunner):
     def __init__(
         self,
-        ctx: Context,
+        ctx: Context | None,
         inventory: Inventory,
         launch: Launch,
         on_exit: Callable[[Any], None],
         sandboxed: bool = False,
         pool: TrainerPool | None = None,
+        *,
+        channel: AttemptChannel | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        super().__init__(ctx, inventory, launch, on_exit, sandboxed)
+        super().__init__(ctx, inventory, launch, on_exit, sandboxed, channel=channel, settings=settings)
         self.pool = pool
         self.owes_refill = False
         """The trainer came warm from the pool (`worker.pool`), which has not yet been told to
@@ -49,7 +54,7 @@ class JobRunner(AttemptRunner):
         self.sink.paces.cycle = pause_cycle(hyper.get("eval_every"), hyper.get("checkpoint_every"))
 
     def _prepare(self) -> Starter:
-        settings = self.ctx.settings
+        settings = self.settings
         env = trainer_environment(self.launch.indices, settings.trainer_env_pass)
         # a rank sets up its cluster before any TensorFlow op: never a warm trainer
         warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None and self.launch.ranks < 2 else None

@@ -8,11 +8,14 @@ metrics, logs, the folder's size, the recorded end), on the GPUs Slurm gave the 
 `CUDA_VISIBLE_DEVICES` Slurm set is passed on unchanged. No warm trainer: each Slurm job
 starts its own.
 
-A stop asked in towerq (a cancel) is read from the job's row, as on a host. A stop from
-Slurm (SIGTERM: `scancel`, a time limit, the node being taken away) asks the trainer to
-checkpoint and ends without recording anything: the scheduler records the end from what
-Slurm says of the job. An attempt that is no longer current (towerq moved on while Slurm
-held it) exits at once.
+It holds no database or Redis credential: everything it asks of towerq and tells it goes
+over HTTP to the API (`TOWERQ_API_URL`) with its attempt's own token
+(`TOWERQ_ATTEMPT_TOKEN`, taken out of its environment at once), the attempt protocol of
+`towerq.contract.attempts`: it claims the attempt (what to run), reports, reads a stop
+asked in towerq (a cancel), and ends the attempt. A stop from Slurm (SIGTERM: `scancel`, a
+time limit, the node being taken away) asks the trainer to checkpoint and ends without
+recording anything: the scheduler records the end from what Slurm says of the job. An
+attempt that is no longer current (towerq moved on while Slurm held it) exits at once.
 """
 
 from __future__ import annotations
@@ -22,16 +25,15 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from types import FrameType
 
-from service.core.context import Context
-from service.core.exceptions import StaleAttemptError
-from service.core.lifecycle import current_attempt, finish
-from service.core.models import JobState
 from service.core.settings import Settings
+from towerq.attempts import HttpChannel
+from towerq.contract.attempts import AttemptChannel, AttemptEnd, StaleAttempt
 from worker import sandbox
 from worker.inventory import Inventory, NvmlInventory, SimulatedInventory, open_nvml
-from worker.launch import Launch, job_inputs, sandboxed_here
+from worker.launch import Launch, sandboxed_here
 from worker.outcome import Stop
 from worker.runner import JobRunner
 
@@ -59,65 +61,65 @@ def node_inventory(node: str, indices: list[int], simulated_gpus: int | None) ->
     return SimulatedInventory(node, max(indices) + 1)
 
 
-def claim(ctx: Context, job_id: int, attempt: int, node: str, indices: list[int], inventory: Inventory) -> Launch:
+TOKEN_VARIABLE = "TOWERQ_ATTEMPT_TOKEN"
+"""Where the executor puts the attempt's token in the batch script's environment."""
+
+
+def claim(channel: AttemptChannel, node: str, indices: list[int], inventory: Inventory) -> Launch:
     """The launch of this attempt, now that Slurm started it on `node`: the job's row names
-    the node; a stale attempt raises StaleAttemptError."""
+    the node; a stale attempt raises StaleAttempt."""
     gpus = {g.index: g for g in inventory.gpus()}
-    with ctx.db.write() as session:
-        job = current_attempt(session, job_id, attempt)
-        if job.state != JobState.DISPATCHED:
-            raise StaleAttemptError(f"job {job_id} attempt {attempt} is already {job.state}")
-        job.host_name = node
-        job.pending_reason = None
-        job.expected_start_at = None
-        job.expected_host = None
-        spec, version, fraction, limit = job.spec, job.spec_version, job.gpu_memory_fraction, job.time_limit_s
-        inputs, notes = job_inputs(session, job, ctx.settings)
+    said = channel.claim(node)
     return Launch(
-        job_id=job_id,
-        attempt=attempt,
+        job_id=channel.job_id,
+        attempt=channel.attempt,
         host=node,
         indices=indices,
-        fraction=fraction,
-        spec=spec,
-        spec_version=version,
-        time_limit_s=limit,
+        fraction=said.fraction,
+        spec=said.spec,
+        spec_version=said.spec_version,
+        time_limit_s=said.time_limit_s,
         memory_total_mb=[gpus[i].memory_total_mb if i in gpus else 0 for i in indices],
         simulated=inventory.simulated,
-        inputs=inputs,
-        notes=notes,
+        inputs=[(job_id, Path(folder)) for job_id, folder in said.inputs],
+        notes=said.notes,
     )
 
 
-def refuse(ctx: Context, job_id: int, attempt: int, why: str) -> None:
+def refuse(channel: AttemptChannel, why: str) -> None:
     """The attempt cannot run on this node: the job fails, saying why (a node set up
     wrongly fails every attempt the same way, so trying again elsewhere is not done)."""
-    log.error("job %s attempt %s: %s", job_id, attempt, why)
+    log.error("job %s attempt %s: %s", channel.job_id, channel.attempt, why)
     try:
-        with ctx.db.write() as session:
-            finish(session, job_id, attempt, JobState.FAILED, error=why)
-    except StaleAttemptError:
+        channel.end(AttemptEnd("failed", why))
+    except StaleAttempt:
         pass
 
 
 def run(job_id: int, attempt: int) -> int:
     settings = Settings()
-    ctx = Context.open(settings)
+    token = os.environ.pop(TOKEN_VARIABLE, "")
+    if not token:
+        log.error(
+            "job %s attempt %s: no %s in the environment (was it submitted by towerq?)", job_id, attempt, TOKEN_VARIABLE
+        )
+        return 2
+    channel = HttpChannel(settings.api_url, token, job_id, attempt)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         try:
             indices = slurm_gpus(dict(os.environ))
             sandboxed = sandboxed_here(settings)
         except (ValueError, sandbox.SandboxError) as err:
-            refuse(ctx, job_id, attempt, f"node {node} cannot run it: {err}")
+            refuse(channel, f"node {node} cannot run it: {err}")
             return 1
         inventory = node_inventory(node, indices, settings.simulated_gpus)
         try:
-            launch = claim(ctx, job_id, attempt, node, indices, inventory)
-        except StaleAttemptError as err:
+            launch = claim(channel, node, indices, inventory)
+        except StaleAttempt as err:
             log.info("nothing to run: %s", err)
             return 0
-        runner = JobRunner(ctx, inventory, launch, lambda _: None, sandboxed)
+        runner = JobRunner(None, inventory, launch, lambda _: None, sandboxed, channel=channel, settings=settings)
         slurm_id = os.environ.get("SLURM_JOB_ID", "?")
         runner.sink.log("info", f"Slurm job {slurm_id} runs it on {node}, GPUs {','.join(map(str, indices))}")
 
@@ -131,7 +133,7 @@ def run(job_id: int, attempt: int) -> int:
             runner.join(0.5)  # short waits: the signal handler runs between them
         return 0
     finally:
-        ctx.close()
+        channel.close()
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from pathlib import Path
 
 import redis
 from sqlalchemy import delete, insert, select
@@ -21,9 +22,50 @@ from service.core.lifecycle import current_attempt, finish, mark_running, requeu
 from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, Job, JobState, LogLine, Metric, Sweep
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
-from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Report, Stop
+from service.core.sharing import shares_outputs
+from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, Report, Stop
+from towerq.contract.paths import job_folder
 
 log = logging.getLogger(__name__)
+
+
+def job_inputs(session: Session, job: Job, artifacts_root: Path) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The folders of the jobs `job` waited for, read-only inputs of its trainer: those its
+    owner may read now (a folder made private since the submit is left out, and said)."""
+    inputs: list[tuple[int, Path]] = []
+    notes: list[str] = []
+    for dependency_id in job.after_jobs or []:
+        dependency = session.get(Job, dependency_id)
+        folder = job_folder(artifacts_root, dependency_id)
+        if dependency is None or not folder.is_dir():
+            notes.append(f"job {dependency_id} left no folder: no input from it")
+        elif not shares_outputs(dependency, job.user_id, job.user.is_admin):
+            notes.append(f"job {dependency_id}'s folder is private to its owner now: not given as an input")
+        else:
+            inputs.append((dependency_id, folder))
+    return inputs, notes
+
+
+def claim_attempt(session: Session, job_id: int, attempt: int, node: str, artifacts_root: Path) -> Claim:
+    """An executor's cluster started the attempt on `node`: the job's row names the node;
+    what it runs. `StaleAttemptError` when it is not waiting to start (towerq moved on, or
+    it was claimed already)."""
+    job = current_attempt(session, job_id, attempt)
+    if job.state != JobState.DISPATCHED:
+        raise StaleAttemptError(f"job {job_id} attempt {attempt} is already {job.state}")
+    job.host_name = node
+    job.pending_reason = None
+    job.expected_start_at = None
+    job.expected_host = None
+    inputs, notes = job_inputs(session, job, artifacts_root)
+    return Claim(
+        spec=job.spec,
+        spec_version=job.spec_version,
+        fraction=job.gpu_memory_fraction,
+        time_limit_s=job.time_limit_s,
+        inputs=[(job_id, str(folder)) for job_id, folder in inputs],
+        notes=notes,
+    )
 
 
 def attempt_status(session: Session, job_id: int, attempt: int) -> AttemptStatus:
@@ -136,6 +178,10 @@ class LocalChannel:
         self.job_id = job_id
         self.attempt = attempt
         self.channel = keys.job_channel(job_id)
+
+    def claim(self, node: str) -> Claim:
+        with self.ctx.db.write() as session:
+            return claim_attempt(session, self.job_id, self.attempt, node, self.ctx.settings.artifacts_dir)
 
     def status(self) -> AttemptStatus:
         with self.ctx.db.read() as session:

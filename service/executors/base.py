@@ -25,7 +25,7 @@ call from several threads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -48,6 +48,9 @@ class Attempt:
     time_limit_s: int | None = None
     rank: int = 0
     """A job over several hosts: which of its hosts this is (one trainer per host)."""
+    token: str | None = field(default=None, repr=False)
+    """The attempt's own token for the attempt protocol over HTTP (`/api/attempts`), minted
+    for this submission: what an executor's remote side holds instead of any credential."""
 
 
 @dataclass(frozen=True)

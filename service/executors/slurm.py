@@ -6,7 +6,9 @@ decides where and when it runs (`TOWERQ_EXECUTOR=slurm`).
   Slurm itself (`--no-requeue`: towerq owns retries, so a crash counts against the job's
   `max_attempts` once, and the next attempt resumes from its checkpoint). Its batch script
   runs `python -m worker.slurm <job> <attempt>` on the node Slurm picks: towerq's trainer
-  on the GPUs in Slurm's `CUDA_VISIBLE_DEVICES`, relaying into the database like a worker.
+  on the GPUs in Slurm's `CUDA_VISIBLE_DEVICES`, reporting to the API (`TOWERQ_API_URL`)
+  with the attempt's own token, never with the database's or Redis' credentials: the batch
+  script's environment is the scheduler's without them (`batch_environment`).
 - observe: one `squeue --me --states=all` shared by every attempt for a moment (the pass
   asks about each holding job): Slurm's state, its reason and expected start
   (`squeue --start`'s figure) for a pending job, and how the cluster ended one.
@@ -32,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -160,7 +163,10 @@ class SlurmExecutor:
 
     def submit(self, attempt: Attempt) -> None:
         """`sbatch` the attempt; raises SlurmError with Slurm's words when it refuses."""
-        slurm_id = self._run(self.sbatch_command(attempt)).strip().split(";")[0]
+        if attempt.token is None:
+            raise SlurmError(f"job {attempt.job_id} attempt {attempt.attempt} has no attempt token", lasting=True)
+        environment = batch_environment(_slurm_environment(), attempt.token, self.settings.api_url)
+        slurm_id = self._run(self.sbatch_command(attempt), environment).strip().split(";")[0]
         log.info("job %s attempt %s is Slurm job %s", attempt.job_id, attempt.attempt, slurm_id)
         with self._lock:
             self._read_at = -math.inf  # the next observe sees it
@@ -253,14 +259,14 @@ class SlurmExecutor:
         out = self._run(["squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"])
         return parse_squeue(out, self.prefix)
 
-    def _run(self, command: list[str]) -> str:
+    def _run(self, command: list[str], environment: dict[str, str] | None = None) -> str:
         try:
             result = subprocess.run(
                 command,
                 capture_output=True,
                 text=True,
                 timeout=COMMAND_TIMEOUT_S,
-                env=_slurm_environment(),
+                env=environment or _slurm_environment(),
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as err:
@@ -316,3 +322,25 @@ def _node(text: str) -> str:
 
 def _slurm_environment() -> dict[str, str]:
     return {**os.environ, "SLURM_TIME_FORMAT": "%s"}
+
+
+NOT_FOR_NODES = (
+    "*DATABASE*", "*REDIS*", "PG*", "*PASSWORD*", "*PASSWD*", "*SECRET*", "*TOKEN*", "*CREDENTIAL*",
+    "*WEBHOOK*", "*_KEY", "*_KEY_*",
+)  # fmt: skip
+"""What of the scheduler's environment a batch script never gets (`--export=ALL` passes the
+rest): the database's and Redis' addresses and passwords, tokens, secrets, webhooks."""
+TOKEN_VARIABLE = "TOWERQ_ATTEMPT_TOKEN"
+"""Where the batch script finds its attempt's token (`worker.slurm` takes it out at once)."""
+
+
+def batch_environment(environ: dict[str, str], token: str, api_url: str) -> dict[str, str]:
+    """The environment `sbatch` runs with and the batch script inherits: the scheduler's
+    (towerq's settings, Slurm's, PATH) without any credential, with the API's address and
+    the attempt's own token."""
+    kept = {
+        name: value
+        for name, value in environ.items()
+        if not any(fnmatchcase(name.upper(), pattern) for pattern in NOT_FOR_NODES)
+    }
+    return {**kept, "TOWERQ_API_URL": api_url, TOKEN_VARIABLE: token}

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Row, func, select, update
 from sqlalchemy.orm import Session
 
+from service.core.attempts import mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import cancel_queued, current_attempt, finish, hand_over, requeue
@@ -100,7 +101,12 @@ class HandOver:
 
     def submit(self, attempt: Attempt) -> None:
         try:
-            self.executor.submit(attempt)
+            with self.ctx.db.write() as session:  # each submission its own: an earlier one's dies
+                token = mint_attempt_token(session, attempt.job_id, attempt.attempt)
+        except StaleAttemptError:
+            return  # towerq moved on from the attempt meanwhile
+        try:
+            self.executor.submit(replace(attempt, token=token))
         except ExecutorError as err:
             if not err.lasting:
                 log.warning("job %s attempt %s: %s (asked again later)", attempt.job_id, attempt.attempt, err)

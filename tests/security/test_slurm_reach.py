@@ -1,8 +1,9 @@
 """On a Slurm cluster the trainer runs in the Slurm job towerq submitted, as the user that
-submitted it, beside towerq's own runner (`worker.slurm`, whose environment holds the
-database URL). A member's model there must not reach Slurm (with `scancel --me` it would
-cancel every towerq job of the lab, with `sbatch` take GPUs outside towerq), the runner's
-environment, or the folder Slurm writes the attempts' own output to. The sandbox is what
+submitted it, beside towerq's own runner (`worker.slurm`, whose environment once held the
+database URL: tests/security/test_slurm_credentials.py). A member's model there must not
+reach Slurm (with `scancel --me` it would cancel every towerq job of the lab, with `sbatch`
+take GPUs outside towerq), the runner's environment, or the folder Slurm writes the
+attempts' own output to. The sandbox is what
 stops it: run on Slurm without it (a runner that forgot it), this model cancels its
 neighbour's job."""
 

@@ -1,7 +1,8 @@
 """The attempt protocol: everything the process that supervises one attempt of one job (a
 GPU host's worker, a Slurm node's batch script) asks of towerq and tells it, and nothing more.
 
-The supervisor reads whether its attempt is still the job's current one and whether a stop
+An executor's remote side first claims its attempt on the node its cluster chose (`claim`:
+what to run). The supervisor reads whether its attempt is still the job's current one and whether a stop
 was asked (`status`), says the process started (`running`), reports what it printed in
 batches (`report`, each fenced: an attempt the job moved on from cannot write results, and
 live copies for the charts, `publish`), forgets the points a resume trains again
@@ -132,6 +133,10 @@ class AttemptChannel(Protocol):
     job_id: int
     attempt: int
 
+    def claim(self, node: str) -> Claim:
+        """An executor's remote side: its attempt starts on `node` (its cluster's choice);
+        what it runs. Raises `StaleAttempt` when the attempt is not waiting to start."""
+
     def status(self) -> AttemptStatus: ...
 
     def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
@@ -210,6 +215,23 @@ class EndIn(_Body):
     exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
     crashed: bool = False
     out_of_memory: bool = False
+
+
+class ClaimIn(_Body):
+    node: str = Field(min_length=1, max_length=128)
+
+
+class Claim(BaseModel):
+    """What an attempt runs, as its claim answers it."""
+
+    spec: dict[str, Any]
+    spec_version: int
+    fraction: float
+    time_limit_s: int | None
+    inputs: list[tuple[int, str]]
+    """The folders of the jobs it waited for that its owner may read: (job id, folder)."""
+    notes: list[str]
+    """What the attempt's log should say of its launch (a dependency's folder left out, and why)."""
 
 
 class StatusOut(BaseModel):

@@ -16,6 +16,7 @@ from service.core.attempts import (
     LocalChannel,
     attempt_status,
     check_attempt_token,
+    claim_attempt,
     drain_held,
     end_attempt,
     forget_after,
@@ -28,6 +29,8 @@ from towerq.contract import messages
 from towerq.contract.attempts import (
     REPORT_ROWS,
     AttemptEnd,
+    Claim,
+    ClaimIn,
     EndIn,
     LogRow,
     MetricRow,
@@ -90,6 +93,14 @@ def status(ctx: ContextDep, it: AttemptDep) -> StatusOut:
     with ctx.db.read() as session:
         said = attempt_status(session, it.job_id, it.attempt)
     return StatusOut(current=said.current, stop=said.stop, reason=said.reason)
+
+
+@router.post("/claim", response_model=Claim)
+def claim(body: ClaimIn, ctx: ContextDep, it: AttemptDep) -> Claim:
+    """The attempt started on `node`, its cluster's choice: what it runs (409 if it is not
+    waiting to start)."""
+    with ctx.db.write() as session:
+        return claim_attempt(session, it.job_id, it.attempt, body.node, ctx.settings.artifacts_dir)
 
 
 @router.post("/running", status_code=204)

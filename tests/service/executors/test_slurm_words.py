@@ -12,7 +12,15 @@ import pytest
 
 from service.core.settings import Settings
 from service.executors import Attempt, executor_for
-from service.executors.slurm import SEP, SlurmExecutor, SlurmJob, parse_gpus, parse_squeue, time_limit_minutes
+from service.executors.slurm import (
+    SEP,
+    SlurmExecutor,
+    SlurmJob,
+    batch_environment,
+    parse_gpus,
+    parse_squeue,
+    time_limit_minutes,
+)
 
 
 @pytest.fixture
@@ -43,6 +51,24 @@ def test_an_attempt_becomes_one_sbatch_asking_its_gpus_as_gres(slurm: SlurmExecu
     assert not any(c.startswith(("--nodelist", "--time=")) for c in slurm.sbatch_command(Attempt(1, 1, "")))
     assert "--nodelist=node7" in slurm.sbatch_command(Attempt(1, 1, "node7", 1))
     assert "--gres=gpu:1" in slurm.sbatch_command(Attempt(1, 1, "", 0))  # a fractional job: one whole GPU
+
+
+def test_a_batch_script_gets_the_api_and_its_attempt_token_and_no_credential() -> None:
+    scheduler = {
+        "PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm/slurm.conf", "TOWERQ_ARTIFACTS_DIR": "/shared/artifacts",
+        "TOWERQ_SANDBOX": "auto", "TOWERQ_EXECUTOR": "slurm",
+        "TOWERQ_DATABASE_URL": "postgresql://towerq:hunter2@db/towerq", "TOWERQ_REDIS_URL": "rediss://:pw@redis:6380/0",
+        "TOWERQ_TOKEN": "tq_admin", "TOWERQ_WEBHOOK_URL": "https://hooks.slack.com/services/T/B/X",
+        "TOWERQ_WEBHOOK_SECRET": "s", "PGPASSWORD": "hunter2", "DATABASE_URL": "postgresql://x",
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "TOWERQ_ATTEMPT_TOKEN": "tqa_an-older-one", "TOWERQ_API_URL": "http://127.0.0.1:8000",
+    }  # fmt: skip
+    env = batch_environment(scheduler, "tqa_this-one", "http://towerq.lab:8000")
+    assert env == {
+        "PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm/slurm.conf", "TOWERQ_ARTIFACTS_DIR": "/shared/artifacts",
+        "TOWERQ_SANDBOX": "auto", "TOWERQ_EXECUTOR": "slurm",
+        "TOWERQ_API_URL": "http://towerq.lab:8000", "TOWERQ_ATTEMPT_TOKEN": "tqa_this-one",
+    }  # fmt: skip
 
 
 def test_time_limits_round_up_to_whole_minutes() -> None:
