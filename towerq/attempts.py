@@ -10,6 +10,8 @@ answered is not (a report twice would store its lines twice).
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from typing import Any
 
@@ -34,6 +36,9 @@ from towerq.contract.attempts import (
 RETRY_FOR_S = 60.0
 """How long a request the API did not receive is tried again before the error is raised."""
 BACKOFF_MAX_S = 5.0
+LIVE_BATCHES = 256
+"""Batches of live copies waiting to be sent; past it the newest are dropped (the reports
+store everything: a chart that missed them catches up from the stored points)."""
 
 
 class HttpChannel:
@@ -45,8 +50,13 @@ class HttpChannel:
         self.path = f"/api/attempts/{job_id}/{attempt}"
         self.http = http or httpx.Client(base_url=url, timeout=30.0)
         self.headers = {"Authorization": f"Bearer {token}"}
+        self._live: queue.Queue[list[str] | None] = queue.Queue(LIVE_BATCHES)
+        self._sender: threading.Thread | None = None
 
     def close(self) -> None:
+        if self._sender is not None:
+            self._live.put(None)
+            self._sender.join(10)
         self.http.close()
 
     def claim(self, node: str) -> Claim:
@@ -83,10 +93,22 @@ class HttpChannel:
         self._send("POST", "/reports", body.model_dump(mode="json", exclude_unset=True))
 
     def publish(self, payloads: list[str]) -> None:
+        """Handed to a thread of its own: the runner's reading thread calls this after each
+        read of the trainer's output and must never wait on the network."""
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_live, name=f"live-{self.job_id}", daemon=True)
+            self._sender.start()
         try:
-            self._send("POST", "/publish", {"messages": payloads}, retry_for=0)
-        except (httpx.HTTPError, StaleAttempt):
-            pass  # live copies only: the report stores what they carry
+            self._live.put_nowait(payloads)
+        except queue.Full:
+            pass  # live copies only: the reports store what they carry
+
+    def _send_live(self) -> None:
+        while (payloads := self._live.get()) is not None:
+            try:
+                self._send("POST", "/publish", {"messages": payloads}, retry_for=0)
+            except (httpx.HTTPError, StaleAttempt):
+                pass
 
     def forget_after(self, step: int) -> None:
         self._send("POST", "/forget", {"step": step})

@@ -5,6 +5,7 @@ attempt is told of itself, and that everything it writes is fenced by it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
 from service.api.app import create_app
+from service.core import keys
 from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import NotFoundError, StaleAttemptError
@@ -24,6 +26,7 @@ from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
 from towerq.attempts import HttpChannel
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt
+from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
 
 BODY = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400}}
@@ -159,3 +162,21 @@ def test_an_attempt_out_of_memory_on_a_shared_gpu_is_queued_for_whole_gpus(ctx: 
     assert (again.state, again.attempts, again.crashes, again.gpu_memory_fraction) == (JobState.QUEUED, 2, 0, 1.0)
     assert channel.status() == AttemptStatus(current=False)
     assert channel_to(job_id, 2).status() == AttemptStatus(current=False), "queued holds no GPUs"
+
+
+def test_live_copies_reach_the_jobs_channel(ctx: Context, channel_to: Opener) -> None:
+    job_id = dispatched(ctx)
+    channel = channel_to(job_id, 1)
+    said = encode(LogMessage(job_id=job_id, attempt=1, level="info", message="live", time=datetime.now(UTC)))
+    with ctx.redis.pubsub() as pubsub:
+        pubsub.subscribe(keys.job_channel(job_id))
+        pubsub.get_message(timeout=1)  # the subscription's own
+        channel.publish([said, said])
+        got, deadline = [], time.monotonic() + 10
+        while time.monotonic() < deadline and len(got) < 2:
+            message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            if message is not None:
+                got.append(message["data"].decode())
+    assert got == [said, said]
+    if isinstance(channel, HttpChannel):
+        channel.close()  # its sender thread ends
