@@ -36,6 +36,7 @@ from towerq.contract.attempts import (
 RETRY_FOR_S = 60.0
 """How long a request the API did not receive is tried again before the error is raised."""
 BACKOFF_MAX_S = 5.0
+STATUS_TIMEOUT_S = 5.0
 LIVE_BATCHES = 256
 """Batches of live copies waiting to be sent; past it the newest are dropped (the reports
 store everything: a chart that missed them catches up from the stored points)."""
@@ -63,10 +64,15 @@ class HttpChannel:
         return Claim.model_validate(self._send("POST", "/claim", {"node": node}).json())
 
     def status(self) -> AttemptStatus:
+        """Asked every second by the runner's reading thread, which must not stall on an API
+        that restarts: one try, a short timeout, and an unanswered question changes nothing
+        (the attempt goes on; a stop asked meanwhile is read at the next answer)."""
         try:
-            answer = self._send("GET", "")
+            answer = self._send("GET", "", retry_for=0, timeout=STATUS_TIMEOUT_S)
         except StaleAttempt:
             return AttemptStatus(current=False)
+        except httpx.HTTPError:
+            return AttemptStatus(current=True)
         said = StatusOut.model_validate(answer.json())
         return AttemptStatus(current=said.current, stop=said.stop, reason=said.reason)
 
@@ -132,6 +138,7 @@ class HttpChannel:
         path: str,
         body: dict[str, Any] | None = None,
         retry_for: float = RETRY_FOR_S,
+        timeout: float | None = None,
     ) -> httpx.Response:
         """The API's answer; `StaleAttempt` for 409 (the job moved on from the attempt) and
         401 (the attempt's token is refused: it ended with the attempt, or a newer
@@ -142,7 +149,13 @@ class HttpChannel:
         wait = 0.25
         while True:
             try:
-                answer = self.http.request(method, self.path + path, content=content, headers=headers)
+                answer = self.http.request(
+                    method,
+                    self.path + path,
+                    content=content,
+                    headers=headers,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout):
                 if time.monotonic() + wait > give_up:

@@ -29,6 +29,9 @@ from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, 
 from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
 
+# The HTTP channel asks its status with a timeout of its own; Starlette's test client warns
+# that it does not apply one (the real API does).
+pytestmark = pytest.mark.filterwarnings("ignore:You should not use the 'timeout' argument with the TestClient")
 BODY = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 400}}
 
 
