@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from service.core.settings import Settings
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
-from tests.stack import REPO, wait_for
+from tests.stack import REPO, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, needs_slurm]
 FIXTURES = (cluster, on_slurm, settings)  # pytest finds them by name in this module
@@ -175,6 +176,33 @@ def test_an_adaptive_sweep_stops_a_setting_behind_on_slurm(
     assert ended[bad]["latest"]["step"] < 3000
     assert {(r["job_id"], r["rung"]) for r in sweep["rungs"] if r["stopped"]} == {(bad, 1)}, sweep["rungs"]
     wait_for(lambda: slurm_job(cluster, settings, bad)["state"] == "COMPLETED", 30, "its Slurm job to end itself")
+
+
+def test_an_attempt_on_slurm_reports_through_an_api_restart(
+    cluster: SlurmCluster, stack: Any, make_token: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node speaks to towerq only through the API (the attempt protocol over HTTP): while
+    the API restarts, the attempt trains on, its reports wait for it, and every step is
+    stored once; its end is recorded when the API is back."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stack.spawn("api", "api", "--port", str(port))
+    stack.api_url = url
+    wait_for(stack._healthy, 30, "the API")
+    stack.start_scheduler(api_url=url)
+    spec = {**LONG, "gpu_count": 1, "hyperparameters": {"steps": 3000, "batch_size": 16, "log_every": 10}}
+    with stack.client(make_token("alice")) as client:
+        job_id = client.post("/api/jobs", json=spec).json()["id"]
+        trained(client, job_id, 50)
+        stack.stop("api")
+        time.sleep(5)  # the node's reports and questions find no API
+        stack.spawn("api", "api", "--port", str(port))
+        wait_for(stack._healthy, 30, "the API back")
+        done = wait_state(client, job_id, FINAL, 300)
+        assert done["state"] == "succeeded", done["reason"]
+        steps = [m["step"] for m in client.get(f"/api/jobs/{job_id}/metrics").json() if m["split"] == "train"]
+    assert steps == list(range(10, 3001, 10)), "every step once, across the restart"
 
 
 def test_what_slurm_refuses_or_decides_is_said_plainly(

@@ -2,9 +2,10 @@
 remote side (a Slurm node's batch script) to the API's `/api/attempts/{job}/{attempt}/...`,
 with the attempt's own token and no database or Redis credential.
 
-Standard library, httpx and the contract only. A request the API never received (it is
-restarting, the network blinked) is tried again with back-off for up to `RETRY_FOR_S`; one it
-answered is not (a report twice would store its lines twice).
+Standard library, httpx and the contract only. A request that got no answer (the API is
+restarting, the network blinked) is sent again with back-off for up to `RETRY_FOR_S`: each
+call is safe to repeat (a report is numbered and stored once, `running` twice is taken, an
+end twice finds the attempt over), except the live copies, which are not sent again.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class HttpChannel:
         self.http = http or httpx.Client(base_url=url, timeout=30.0)
         self.headers = {"Authorization": f"Bearer {token}"}
         self._live: queue.Queue[list[str] | None] = queue.Queue(LIVE_BATCHES)
+        self._reports = 0
+        """Reports sent so far (each numbered: a resend is stored once)."""
         self._sender: threading.Thread | None = None
 
     def close(self) -> None:
@@ -88,7 +91,9 @@ class HttpChannel:
         return said.split, said.steps
 
     def report(self, report: Report) -> None:
+        self._reports += 1
         body = ReportIn(
+            number=self._reports,
             metrics=[PointIn.model_validate({k: v for k, v in m.items() if k != "job_id"}) for m in report.metrics],
             logs=[LineIn(time=line["time"], level=line["level"], message=line["message"]) for line in report.logs],  # type: ignore[arg-type]
             fields=Figures.model_validate(report.fields),
@@ -157,7 +162,7 @@ class HttpChannel:
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
                 break
-            except (httpx.ConnectError, httpx.ConnectTimeout):
+            except httpx.TransportError:  # no answer: it may or may not have arrived
                 if time.monotonic() + wait > give_up:
                     raise
                 time.sleep(wait)

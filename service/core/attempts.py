@@ -98,8 +98,10 @@ def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
     return metric_split(sweep.spec["metric"]), steps
 
 
-def write_report(session: Session, job_id: int, attempt: int, report: Report) -> None:
-    """Store a batch: fenced by the attempt (its last words keep their lines only)."""
+def write_report(session: Session, job_id: int, attempt: int, report: Report, number: int | None = None) -> None:
+    """Store a batch: fenced by the attempt (its last words keep their lines only). A report
+    over HTTP is numbered (1, 2, ... an attempt's token): one whose number was stored already
+    is a resend after a lost answer, and is not stored again."""
     unknown = set(report.fields) - REPORTED_FIELDS
     if unknown:
         raise ValueError(f"a report may not set {', '.join(sorted(unknown))}")
@@ -109,6 +111,10 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report) ->
         if not report.last_words:
             raise
         job = None
+    if job is not None and number is not None:
+        if number <= (job.attempt_reports or 0):
+            return
+        job.attempt_reports = number
     if report.logs:
         session.execute(insert(LogLine), report.logs)
     if job is None:
@@ -238,6 +244,7 @@ def mint_attempt_token(session: Session, job_id: int, attempt: int) -> str:
     job = current_attempt(session, job_id, attempt)
     token = ATTEMPT_TOKEN_PREFIX + secrets.token_urlsafe(32)
     job.attempt_token_hash = hashlib.sha256(token.encode()).hexdigest()
+    job.attempt_reports = None
     return token
 
 

@@ -252,6 +252,9 @@ class Job(Base):
     attempt_token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     """SHA-256 of the token its current attempt's remote side reports with (`/api/attempts`,
     `service.core.attempts`); None when it has none, and once the attempt ended."""
+    attempt_reports: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The number of the last report over HTTP stored for the token's attempt: one sent again
+    (its answer was lost) is stored once."""
     priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
     gpu_count: Mapped[int] = mapped_column(Integer)
     gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)

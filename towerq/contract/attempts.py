@@ -195,6 +195,8 @@ class LineIn(_Body):
 
 
 class ReportIn(_Body):
+    number: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    """1, 2, ... for each report of the attempt's token: a resend (its answer was lost) is stored once."""
     metrics: list[PointIn] = Field(default_factory=list, max_length=REPORT_ROWS)
     logs: list[LineIn] = Field(default_factory=list, max_length=REPORT_ROWS)
     fields: Figures = Field(default_factory=Figures)

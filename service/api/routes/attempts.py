@@ -25,6 +25,7 @@ from service.core.attempts import (
 )
 from service.core.context import Context
 from service.core.exceptions import SpecError, StaleAttemptError
+from service.core.models import Job, JobState
 from towerq.contract import messages
 from towerq.contract.attempts import (
     REPORT_ROWS,
@@ -105,7 +106,12 @@ def claim(body: ClaimIn, ctx: ContextDep, it: AttemptDep) -> Claim:
 
 @router.post("/running", status_code=204)
 def running(body: RunningIn, ctx: ContextDep, it: AttemptDep) -> Response:
-    """The attempt's process started (409 if the attempt is not waiting to start)."""
+    """The attempt's process started (409 if the attempt is not waiting to start; the same
+    word again, a resend after a lost answer, is taken)."""
+    with ctx.db.write() as session:
+        job = session.get(Job, it.job_id)
+        if job is not None and job.state == JobState.RUNNING and job.pid == body.pid:
+            return Response(status_code=204)
     LocalChannel(ctx, it.job_id, it.attempt).running(body.pid, body.cuda_visible_devices, body.artifacts_dir)
     return Response(status_code=204)
 
@@ -135,7 +141,7 @@ def report(body: ReportIn, ctx: ContextDep, it: AttemptDep) -> Response:
     fields = body.fields.model_dump(exclude_unset=True)
     batch = Report(metrics, logs, fields, body.log_bytes, last_words=body.last_words, rung=body.rung)
     with ctx.db.write() as session:
-        write_report(session, it.job_id, it.attempt, batch)
+        write_report(session, it.job_id, it.attempt, batch, body.number)
     return Response(status_code=204)
 
 

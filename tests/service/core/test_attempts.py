@@ -183,3 +183,26 @@ def test_live_copies_reach_the_jobs_channel(ctx: Context, channel_to: Opener) ->
     assert got == [said, said]
     if isinstance(channel, HttpChannel):
         channel.close()  # its sender thread ends
+
+
+def test_a_report_sent_again_after_a_lost_answer_is_stored_once(ctx: Context, settings: Settings) -> None:
+    """Over HTTP a report whose answer was lost (the API restarted under it) is sent again:
+    its number says it was stored, and its lines are not stored twice. `running` twice is
+    taken too."""
+    job_id = dispatched(ctx)
+    with ctx.db.write() as session:
+        token = mint_attempt_token(session, job_id, 1)
+    headers = {"Authorization": f"Bearer {token}"}
+    base = f"/api/attempts/{job_id}/1"
+    started = {"pid": 4321, "cuda_visible_devices": "0", "artifacts_dir": "/a"}
+    report = {"number": 1, "logs": [{"time": datetime.now(UTC).isoformat(), "level": "info", "message": "once"}]}
+    with TestClient(create_app(settings)) as client:
+        for _ in range(2):
+            assert client.post(f"{base}/running", json=started, headers=headers).status_code == 204
+            assert client.post(f"{base}/reports", json={**report, "log_bytes": 68}, headers=headers).status_code == 204
+        assert client.post(f"{base}/running", json={**started, "pid": 99}, headers=headers).status_code == 409
+        assert client.post(f"{base}/reports", json={**report, "number": 2}, headers=headers).status_code == 204
+    with ctx.db.read() as session:
+        messages = session.scalars(select(LogLine.message).where(LogLine.job_id == job_id)).all()
+    assert messages == ["once", "once"], "the resend of 1 once, and 2"
+    assert job(ctx, job_id).log_bytes == 68
