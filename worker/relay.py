@@ -165,7 +165,8 @@ class MetricSink:
             if self.points == defaults.METRIC_POINTS_PER_ATTEMPT + 1:
                 self.log("warning", f"more than {defaults.METRIC_POINTS_PER_ATTEMPT:,} metric points: the rest dropped")
             return
-        attempt = (event.attempt or self.attempt) if not publish else self.attempt
+        # a restored point names the attempt that trained it: its trainer's word, so at most this one
+        attempt = min(event.attempt or self.attempt, self.attempt) if not publish else self.attempt
         point = MetricRow(
             job_id=self.job_id,
             attempt=attempt,
