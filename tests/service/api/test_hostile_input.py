@@ -15,14 +15,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
+from service.core.attempts import mint_attempt_token
+from service.core.context import Context
 from service.core.settings import Settings
+from service.jobs.submit import submit
+from service.lab.auth import Caller, ensure_user
+from service.scheduler.live import LiveScheduler
 from tests.service.api.conftest import Api
 from tests.stack import Stack
+from towerq.contract.spec import JobSpec
 
 VALID = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 10}}
 FIELDS = [
@@ -121,16 +128,13 @@ def settings(settings_for_live: Settings) -> Settings:
     return settings_for_live
 
 
-@pytest.mark.slow
-def test_schemathesis_finds_no_request_that_gets_a_5xx(live_api: tuple[str, str], tmp_path: Path) -> None:
-    """Every operation of /openapi.json, with generated (valid and invalid) parameters and
-    bodies; the run fails on any 5xx. Its own checks of 4xx bodies come after."""
-    url, token = live_api
+def fuzz(location: str, token: str, tmp_path: Path, *options: str) -> str:
+    """A schemathesis run over `location` with `token`: it fails on any 5xx; its summary."""
     result = subprocess.run(
         [
             str(Path(sys.executable).parent / "schemathesis"),
             "run",
-            f"{url}/openapi.json",
+            location,
             "--header",
             f"Authorization: Bearer {token}",
             "--checks",
@@ -143,10 +147,7 @@ def test_schemathesis_finds_no_request_that_gets_a_5xx(live_api: tuple[str, str]
             "1",
             "--suppress-health-check",
             "all",
-            # Revoking tokens by id would soon revoke its own and leave only 401s to see;
-            # revocation has tests of its own.
-            "--exclude-operation-id",
-            "revoke_api_tokens__token_id__delete",
+            *options,
         ],
         cwd=tmp_path,  # its run cache (.schemathesis/) goes there, not into the checkout
         capture_output=True,
@@ -156,5 +157,63 @@ def test_schemathesis_finds_no_request_that_gets_a_5xx(live_api: tuple[str, str]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     summary = result.stdout[result.stdout.rfind("SUMMARY") :]
     assert "Authentication failed" not in summary, summary
+    return summary
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_request_that_gets_a_5xx(live_api: tuple[str, str], tmp_path: Path) -> None:
+    """Every operation of /openapi.json, with generated (valid and invalid) parameters and
+    bodies; the run fails on any 5xx. Its own checks of 4xx bodies come after. (The attempt
+    protocol's routes answer only an attempt's token: the next test.)"""
+    url, token = live_api
+    summary = fuzz(
+        f"{url}/openapi.json",
+        token,
+        tmp_path,
+        # Revoking tokens by id would soon revoke its own and leave only 401s to see;
+        # revocation has tests of its own.
+        "--exclude-operation-id",
+        "revoke_api_tokens__token_id__delete",
+        "--exclude-path-regex",
+        "^/api/attempts/",
+    )
     tested = re.search(r"Tested: (\d+)", summary)
     assert tested and int(tested.group(1)) >= 20, summary
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_request_to_an_attempts_routes_that_gets_a_5xx(
+    live_api: tuple[str, str], tmp_path: Path, settings_for_live: Settings
+) -> None:
+    """The attempt protocol's routes, with a live attempt's own token, generated bodies and
+    parameters: no 5xx. The document is the API's own with the attempt's job and number
+    written into the paths (an attempt's token reaches no other), and without `end`, which
+    would end the attempt and its token with it (its refusals have tests of their own)."""
+    url, _ = live_api
+    ctx = Context.open(settings_for_live)
+    try:
+        with ctx.db.write() as session:
+            owner = ensure_user(session, "alice")
+            caller = Caller(owner.id, owner.name, False, 0)
+        spec = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpus": [0]})
+        job_id = submit(ctx.db, caller, spec, settings_for_live)[0].id
+        LiveScheduler(ctx).run_pass()
+        with ctx.db.write() as session:
+            token = mint_attempt_token(session, job_id, 1)
+    finally:
+        ctx.close()
+    document = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    paths = {}
+    for path, operations in document["paths"].items():
+        if not path.startswith("/api/attempts/") or path.endswith("/end"):
+            continue
+        for operation in operations.values():
+            operation["parameters"] = [p for p in operation.get("parameters", []) if p["in"] != "path"]
+        paths[path.replace("{job_id}", str(job_id)).replace("{attempt}", "1")] = operations
+    assert len(paths) == 9, sorted(paths)
+    (tmp_path / "attempts.json").write_text(json.dumps({**document, "paths": paths}))
+    summary = fuzz("attempts.json", token, tmp_path, "--url", url)
+    tested = re.search(r"Tested: (\d+)", summary)
+    assert tested and int(tested.group(1)) == 9, summary
+    status = httpx.get(f"{url}/api/attempts/{job_id}/1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert status.status_code == 200, "the token lived through the run"
