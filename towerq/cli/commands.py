@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,24 @@ from towerq.client import Client
 from towerq.config import write_config
 from towerq.contract.api import DEFAULT_URL
 
+CommandMaker = Callable[..., argparse.ArgumentParser]
+
 
 def add_commands(commands: Any) -> None:
+    """Every member's command, a job's first, then other kinds of work, the lab's views, files."""
+    command = _command_maker(commands)
+    _add_login(commands)
+    _add_submit(command)
+    _add_job_commands(command)
+    add_run_command(commands, command)
+    add_notebook_command(command)
+    _add_lab_commands(command)
+    _add_file_commands(commands, command)
+    add_group_commands(commands)
+    add_reservation_commands(commands)
+
+
+def _command_maker(commands: Any) -> CommandMaker:
     def command(name: str, help_text: str, read: bool = False) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
         connection_options(sub)
@@ -58,11 +75,17 @@ def add_commands(commands: Any) -> None:
             output_option(sub)
         return sub
 
+    return command
+
+
+def _add_login(commands: Any) -> None:
     login = commands.add_parser("login", help="save the API's URL and your token for the client commands")
     login.add_argument("url", help="the API, e.g. https://towerq.lab.example (a bare token: the default URL)")
     login.add_argument("--token", default=None, help="your token (default TOWERQ_TOKEN, else asked for)")
     login.set_defaults(run=run_login)
 
+
+def _add_submit(command: CommandMaker) -> None:
     submit = command("submit", "submit a job spec (a YAML or JSON file, or - for stdin)")
     submit.add_argument("spec", help="path of a job spec (YAML or JSON), or - for stdin")
     submit.add_argument(
@@ -97,6 +120,8 @@ def add_commands(commands: Any) -> None:
     output_option(submit)
     submit.set_defaults(run=run_submit)
 
+
+def _add_job_commands(command: CommandMaker) -> None:
     jobs = command("jobs", "list jobs, newest first", read=True)
     jobs.add_argument("--state", action="append", default=None)
     jobs.add_argument("--user", default=None)
@@ -107,6 +132,15 @@ def add_commands(commands: Any) -> None:
     show.add_argument("id", type=int)
     show.set_defaults(run=run_show)
 
+    follow = command("follow", "follow a job live until it ends (exit code: 0 succeeded, 1 failed, 3 cancelled)")
+    follow.add_argument("id", type=int)
+    follow.set_defaults(run=run_follow)
+
+    logs = command("logs", "a job's trainer log", read=True)
+    logs.add_argument("id", type=int)
+    logs.add_argument("--follow", "-f", action="store_true")
+    logs.set_defaults(run=run_logs)
+
     cancel = command("cancel", "cancel a job")
     cancel.add_argument("id", type=int)
     cancel.set_defaults(run=run_cancel)
@@ -116,14 +150,14 @@ def add_commands(commands: Any) -> None:
     share.add_argument("--private", action="store_true", help="only you and the admins (a new job's default)")
     share.set_defaults(run=run_share)
 
-    logs = command("logs", "a job's trainer log", read=True)
-    logs.add_argument("id", type=int)
-    logs.add_argument("--follow", "-f", action="store_true")
-    logs.set_defaults(run=run_logs)
+    download = command("download", "download a job's artifacts: all of them, a folder, or one file")
+    download.add_argument("id", type=int)
+    download.add_argument("path", nargs="?", default=None, help="a file or folder in the job's artifacts (default all)")
+    download.add_argument("-o", "--output", type=Path, default=Path("."), help="folder to put it in (default .)")
+    download.set_defaults(run=run_download)
 
-    gpus = command("gpus", "every GPU and who holds it", read=True)
-    gpus.set_defaults(run=run_gpus)
 
+def _add_lab_commands(command: CommandMaker) -> None:
     sweep = command(
         "sweep",
         "launch a sweep (YAML or JSON: name, base, grid or random, metric, goal, max_parallel); "
@@ -138,9 +172,8 @@ def add_commands(commands: Any) -> None:
     sweeps = command("sweeps", "list sweeps, newest first: progress and the best job", read=True)
     sweeps.set_defaults(run=run_sweeps)
 
-    follow = command("follow", "follow a job live until it ends (exit code: 0 succeeded, 1 failed, 3 cancelled)")
-    follow.add_argument("id", type=int)
-    follow.set_defaults(run=run_follow)
+    gpus = command("gpus", "every GPU and who holds it", read=True)
+    gpus.set_defaults(run=run_gpus)
 
     queue = command("queue", "jobs waiting, in the order they will start, and why they wait", read=True)
     queue.add_argument("--user", default=None)
@@ -159,6 +192,8 @@ def add_commands(commands: Any) -> None:
     )
     fair.set_defaults(run=run_fair_share)
 
+
+def _add_file_commands(commands: Any, command: CommandMaker) -> None:
     tensorboard = command("tensorboard", "download jobs' TensorBoard events and start TensorBoard on them")
     tensorboard.add_argument("ids", type=int, nargs="+", metavar="ID")
     tensorboard.add_argument("--port", type=int, default=6006)
@@ -181,17 +216,6 @@ def add_commands(commands: Any) -> None:
         if action == "upload":
             sub.add_argument("path", type=Path, help="the file, or a folder of images")
         sub.set_defaults(run={"upload": run_data_upload, "list": run_data_list, "rm": run_data_rm}[action])
-
-    add_run_command(commands, command)
-    add_notebook_command(command)
-    add_group_commands(commands)
-    add_reservation_commands(commands)
-
-    download = command("download", "download a job's artifacts: all of them, a folder, or one file")
-    download.add_argument("id", type=int)
-    download.add_argument("path", nargs="?", default=None, help="a file or folder in the job's artifacts (default all)")
-    download.add_argument("-o", "--output", type=Path, default=Path("."), help="folder to put it in (default .)")
-    download.set_defaults(run=run_download)
 
 
 def run_login(args: argparse.Namespace) -> int:
