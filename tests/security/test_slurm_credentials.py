@@ -5,8 +5,9 @@ sandbox (an admin's `TOWERQ_SANDBOX=none`, or a runner that forgot it) it reads 
 `/proc/PID/environ`. Now the batch script gets the API's address and its attempt's own
 token (`batch_environment`, the attempt protocol over HTTP), and nothing to find.
 
-The model below searches its own environment and every ancestor's (`environ`, `cmdline`)
-for the URLs and for the settings' names. Before the change it found TOWERQ_DATABASE_URL
+The model below searches its own environment and every ancestor's (`environ`, `cmdline`),
+the files their command lines name (Slurm's batch script among them) and the files in their
+working folders, for the URLs and for the settings' names. Before the change it found TOWERQ_DATABASE_URL
 and TOWERQ_REDIS_URL in the runner's environment. (The scheduler and the API run on this
 same machine in the test, as the nodes and towerq's host do not in a lab: only the
 attempt's own process tree is searched.)"""
@@ -44,22 +45,47 @@ def ancestors():
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def read(path):
+    with open(path, "rb") as f:
+        return f.read(1 << 20).decode(errors="replace")
+
+
+def files_of(pid, cmdline):
+    # the files a process names on its command line (Slurm's batch script among them) and
+    # those in its working folder
+    named = [arg for arg in cmdline.split("\\0") if arg.startswith("/")]
+    try:
+        cwd = os.readlink("/proc/%d/cwd" % pid)
+        named += [os.path.join(cwd, name) for name in os.listdir(cwd)]
+    except OSError:
+        pass
+    return [path for path in named if os.path.isfile(path)]
+
+
 def search():
-    found = []
+    found, files = [], set()
     for pid in ancestors():
         for part in ("environ", "cmdline"):
             try:
-                with open("/proc/%d/%s" % (pid, part), "rb") as f:
-                    text = f.read().decode(errors="replace")
+                text = read("/proc/%d/%s" % (pid, part))
             except OSError as err:
                 found.append("%d/%s unreadable: %s" % (pid, part, type(err).__name__))
                 continue
             found += ["%d/%s: %s" % (pid, part, needle) for needle in NEEDLES if needle in text]
-    return found
+            if part == "cmdline":
+                files.update(files_of(pid, text))
+    for path in sorted(files):
+        try:
+            text = read(path)
+        except OSError:
+            continue
+        found += ["%s: %s" % (path, needle) for needle in NEEDLES if needle in text]
+    return found, sorted(files)
 
 
 def build(params):
-    print("FOUND " + json.dumps([len(list(ancestors())), search()]), flush=True)
+    found, files = search()
+    print("FOUND " + json.dumps([len(list(ancestors())), found, files]), flush=True)
     return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(),
                              keras.layers.Dense(params["num_classes"])])
 """
@@ -83,7 +109,8 @@ def test_a_model_on_a_slurm_node_finds_no_database_or_redis_credential(on_slurm:
     log = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
     said = [json.loads(m.removeprefix("FOUND ")) for m in log if m.startswith("FOUND ")]
     assert said, log[-20:]
-    for searched, found in said:
+    for searched, found, files in said:
         assert searched >= 3, "itself, the runner and Slurm's step daemon at least"
+        assert any("slurm_script" in path for path in files), files  # the batch script was read
         assert found == [], found
     assert done["state"] == "succeeded", done["reason"]
