@@ -355,6 +355,13 @@ class AttemptRunner:
         if self.process is not None:
             self.trainer_pids |= descendants(self.process.pid) | self.group.pids()
 
+    def _live_pids(self) -> set[int]:
+        """The attempt's processes now (its cgroups', else the process and its descendants):
+        not `trainer_pids`, whose numbers of ended processes may be another's by now."""
+        if self.process is None:
+            return set()
+        return {self.process.pid} | descendants(self.process.pid) | self.group.pids()
+
     def _flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
         try:
             self.sink.flush(job_updates, wait)
@@ -414,7 +421,7 @@ class AttemptRunner:
         self._kill_group()
 
     def _measure_folder(self, now: float, running: bool = True) -> None:
-        over = self.folder.measure(now)
+        over = self.folder.measure(now, self._live_pids() if running else ())
         self._flush({"folder_bytes": self.folder.bytes})
         if running and over is not None and self.outcome.stop is None:
             self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"stopped: {over}"

@@ -352,7 +352,7 @@ class NotebookRunner(ProgramRunner):
         watch = self._home_watch
         if watch is None or not watch.due(now):
             return
-        watch.measure(now)
+        watch.measure(now, self._live_pids())
         warning, stop = self._home_quota.judge(watch.bytes or 0)
         if warning is not None:
             self.sink.log("warning", warning)

@@ -210,29 +210,3 @@ def lines_beneath(root: Path, name: str, limit: int, max_line: int) -> Iterator[
 
 
 LINE_BLOCK = 2**16
-
-
-def folder_usage(root: Path, max_entries: int) -> tuple[int, int]:
-    """(bytes on disk, entries) under `root`, walked without following links, counting what
-    each file really takes (its blocks: a sparse file of a terabyte holds little); stops
-    counting at `max_entries` entries. (0, 0) when there is no folder."""
-    total, entries = 0, 0
-    pending = [str(root)]
-    while pending and entries < max_entries:
-        try:
-            scan = os.scandir(pending.pop())
-        except OSError:
-            continue
-        with scan:
-            for entry in scan:
-                entries += 1
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                total += info.st_blocks * 512
-                if stat.S_ISDIR(info.st_mode):
-                    pending.append(entry.path)
-                if entries >= max_entries:
-                    break
-    return total, entries
