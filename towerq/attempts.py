@@ -32,6 +32,7 @@ from towerq.contract.attempts import (
     RunningIn,
     StaleAttempt,
     StatusOut,
+    Stored,
 )
 
 RETRY_FOR_S = 60.0
@@ -83,8 +84,9 @@ class HttpChannel:
         body = RunningIn(pid=pid, cuda_visible_devices=cuda_visible_devices, artifacts_dir=artifacts_dir)
         self._send("POST", "/running", body.model_dump(mode="json"))
 
-    def log_bytes(self) -> int:
-        return int(self._send("GET", "/log-bytes").json()["log_bytes"])
+    def stored(self) -> Stored:
+        said = self._send("GET", "/stored").json()
+        return Stored(log_bytes=int(said["log_bytes"]), metric_points=int(said["metric_points"]))
 
     def rungs(self) -> tuple[str, list[int]]:
         said = RungsOut.model_validate(self._send("GET", "/rungs").json())

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from service.core import defaults, joblog
 from service.core.settings import Settings
 from towerq.contract import events
-from towerq.contract.attempts import AttemptChannel, LogRow, MetricRow, Report
+from towerq.contract.attempts import AttemptChannel, LogRow, MetricRow, Report, Stored
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
 from worker.trainer.protocol import METRICS_LOG
@@ -148,6 +148,9 @@ class MetricSink:
         """Metric points and log lines taken from this attempt, against their limits."""
         self.log_bytes: int | None = None
         """What the job's log took so far, all attempts together (read at the first line)."""
+        self.stored_before: Stored | None = None
+        """What the job's log and points took before this attempt (read at the first of either)."""
+        self.points_capped = False
         self.unwritten_log_bytes = 0
         """What the buffered lines add to the job's `log_bytes` when they are written."""
         self.folder = job_folder(settings.artifacts_dir, self.job_id)
@@ -161,9 +164,7 @@ class MetricSink:
         train = isinstance(event, events.Metric)
         split: Literal["train", "eval"] = "train" if train else "eval"
         self.points += 1
-        if self.points > defaults.METRIC_POINTS_PER_ATTEMPT:
-            if self.points == defaults.METRIC_POINTS_PER_ATTEMPT + 1:
-                self.log("warning", f"more than {defaults.METRIC_POINTS_PER_ATTEMPT:,} metric points: the rest dropped")
+        if self._past_points_cap():
             return
         # a restored point names the attempt that trained it: its trainer's word, so at most this one
         attempt = min(event.attempt or self.attempt, self.attempt) if not publish else self.attempt
@@ -214,12 +215,34 @@ class MetricSink:
         self.logs.append(LogRow(job_id=self.job_id, attempt=self.attempt, time=when, level=level, message=message))
         self._buffered()
 
+    def _past_points_cap(self) -> bool:
+        """Whether this point is past the attempt's or the job's limit (said once, at the first)."""
+        job_cap = self.settings.job_metric_points_max
+        per_attempt = defaults.METRIC_POINTS_PER_ATTEMPT
+        if self.points <= per_attempt and self._stored().metric_points + self.points <= job_cap:
+            return False
+        if not self.points_capped:
+            self.points_capped = True
+            said = (
+                f"more than {per_attempt:,} metric points in an attempt"
+                if self.points > per_attempt
+                else f"the job stored {job_cap:,} metric points (TOWERQ_JOB_METRIC_POINTS_MAX)"
+            )
+            self.log("warning", f"{said}: the rest dropped")
+        return True
+
+    def _stored(self) -> Stored:
+        """What the job stored before this attempt's writes (read once)."""
+        if self.stored_before is None:
+            self.stored_before = self.channel.stored()
+        return self.stored_before
+
     def _past_log_cap(self, size: int) -> str | None:
         """None while a line of `size` bytes fits the job's log (TOWERQ_JOB_LOG_MAX_MB, all
         attempts together); for the first line that does not, the line to say instead; then ""."""
         cap = self.settings.job_log_max_mb * 2**20
         if self.log_bytes is None:
-            self.log_bytes = self.channel.log_bytes()
+            self.log_bytes = self._stored().log_bytes
         before, self.log_bytes = self.log_bytes, self.log_bytes + size
         if self.log_bytes <= cap:
             return None

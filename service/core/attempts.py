@@ -23,7 +23,7 @@ from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, Job, JobS
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
-from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, Report, Stop
+from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, Report, Stop, Stored
 from towerq.contract.paths import job_folder
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,11 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
 
 
 def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None:
-    current_attempt(session, job_id, attempt)
-    session.execute(delete(Metric).where(Metric.job_id == job_id, Metric.step > step))
+    """Forget the job's points past `step` (a resumed attempt trains them again); they no
+    longer count in its `metric_points`."""
+    job = current_attempt(session, job_id, attempt)
+    gone = session.execute(delete(Metric).where(Metric.job_id == job_id, Metric.step > step))
+    job.metric_points = max(0, (job.metric_points or 0) - max(0, gone.rowcount or 0))  # type: ignore[attr-defined]
     rollups.forget_after(session, job_id, step)
 
 
@@ -198,9 +201,10 @@ class LocalChannel:
         with self.ctx.db.write() as session:
             mark_running(session, self.job_id, self.attempt, started)
 
-    def log_bytes(self) -> int:
+    def stored(self) -> Stored:
         with self.ctx.db.read() as session:
-            return session.scalar(select(Job.log_bytes).where(Job.id == self.job_id)) or 0
+            row = session.execute(select(Job.log_bytes, Job.metric_points).where(Job.id == self.job_id)).first()
+        return Stored(log_bytes=row[0] or 0, metric_points=row[1] or 0) if row is not None else Stored(0, 0)
 
     def rungs(self) -> tuple[str, list[int]]:
         with self.ctx.db.read() as session:

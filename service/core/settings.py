@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     """What the code bundles one user uploaded may take in all (unpacked)."""
     job_folder_max_bytes: int = Field(default=50_000_000_000, ge=0)
     job_log_max_mb: int = Field(default=256, ge=1)
+    job_metric_points_max: int = Field(default=2_000_000, ge=1)
+    """Metric points a job may store, every attempt together (each attempt at most
+    METRIC_POINTS_PER_ATTEMPT): past it more are dropped and the job's log says so once. A
+    trainer that crashes on purpose would otherwise store that many per attempt."""
     """The log one job may write, all its attempts together (each line counted once though
     it is kept twice, in the database and in `log.txt`); past it its lines are dropped and
     its log says so once. Shown per member on the Usage page."""

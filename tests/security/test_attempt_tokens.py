@@ -30,7 +30,7 @@ NOW = datetime.now(UTC).isoformat()
 LINE = {"time": NOW, "level": "info", "message": "hello"}
 ROUTES = [
     ("GET", "", None),
-    ("GET", "/log-bytes", None),
+    ("GET", "/stored", None),
     ("GET", "/rungs", None),
     ("POST", "/running", {"pid": 1, "cuda_visible_devices": "0", "artifacts_dir": "/a"}),
     ("POST", "/reports", {"logs": [LINE]}),

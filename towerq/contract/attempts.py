@@ -117,6 +117,16 @@ class Report:
 
 
 @dataclass(frozen=True)
+class Stored:
+    """What a job stored so far, every attempt together, against its limits."""
+
+    log_bytes: int
+    """Its log's bytes (TOWERQ_JOB_LOG_MAX_MB)."""
+    metric_points: int
+    """Its metric points (TOWERQ_JOB_METRIC_POINTS_MAX)."""
+
+
+@dataclass(frozen=True)
 class AttemptEnd:
     ending: Ending
     message: str | None = None
@@ -142,8 +152,8 @@ class AttemptChannel(Protocol):
     def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
         """The attempt's process started (raises `StaleAttempt` if it should not have)."""
 
-    def log_bytes(self) -> int:
-        """What the job's log took so far, every attempt together."""
+    def stored(self) -> Stored:
+        """What the job's log and metric points took so far, every attempt together."""
 
     def rungs(self) -> tuple[str, list[int]]:
         """The split of the job's adaptive sweep's metric and the steps of its rungs (empty

@@ -64,8 +64,9 @@ def the_attempt(request: Request, ctx: ContextDep, job_id: Id, attempt: Id) -> A
 AttemptDep = Annotated[Attempt, Depends(the_attempt)]
 
 
-class LogBytesOut(BaseModel):
+class StoredOut(BaseModel):
     log_bytes: int
+    metric_points: int
 
 
 class PublishIn(BaseModel):
@@ -116,10 +117,11 @@ def running(body: RunningIn, ctx: ContextDep, it: AttemptDep) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/log-bytes", response_model=LogBytesOut)
-def log_bytes(ctx: ContextDep, it: AttemptDep) -> LogBytesOut:
-    """What the job's log took so far, every attempt together."""
-    return LogBytesOut(log_bytes=LocalChannel(ctx, it.job_id, it.attempt).log_bytes())
+@router.get("/stored", response_model=StoredOut)
+def stored(ctx: ContextDep, it: AttemptDep) -> StoredOut:
+    """What the job's log and metric points took so far, every attempt together."""
+    said = LocalChannel(ctx, it.job_id, it.attempt).stored()
+    return StoredOut(log_bytes=said.log_bytes, metric_points=said.metric_points)
 
 
 @router.get("/rungs", response_model=RungsOut)

@@ -25,7 +25,7 @@ from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
 from towerq.attempts import HttpChannel
-from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt
+from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt, Stored
 from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
 
@@ -128,11 +128,14 @@ def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context, chan
     channel.report(Report([point(job_id, 10)], [line(job_id, "hello")], {"step": 10, "loss": 0.1}, 70))
     stored = job(ctx, job_id)
     assert (stored.step, stored.loss, stored.log_bytes, stored.metric_points) == (10, 0.1, 70, 1)
-    assert channel.log_bytes() == 70
+    assert channel.stored() == Stored(log_bytes=70, metric_points=1)
 
     with pytest.raises(ValueError, match="state"):  # nothing of the row but its figures
         channel.report(Report([point(job_id, 20)], [], {"state": "succeeded", "step": 20}, 0))
     assert (job(ctx, job_id).state, job(ctx, job_id).step) == (JobState.RUNNING, 10)
+    channel.report(Report([point(job_id, 11), point(job_id, 12)], [], {}, 0))
+    channel.forget_after(10)  # trained again by a resumed attempt: they count no more
+    assert channel.stored().metric_points == 1
 
     channel.end(AttemptEnd("failed", "it broke", exit_code=1))
     assert (job(ctx, job_id).state, job(ctx, job_id).error, job(ctx, job_id).exit_code) == ("failed", "it broke", 1)
