@@ -16,8 +16,10 @@ What a walk of the folder alone would miss counts too:
   a folder it still cannot read stops the job, as one over the limit, since it cannot be
   measured (nor served).
 
-This is a measure, not a filesystem with a hard size: a job may write past its limit for up
-to TOWERQ_JOB_FOLDER_CHECK_S before it is stopped."""
+This is a measure, not a filesystem with a hard size. The next measure comes sooner while a
+folder grows towards its limit: at half the time its growth since the last measure would
+take to reach the limit, at least MIN_CHECK_S apart, so a job writing fast overshoots by
+about MIN_CHECK_S of its writing, not TOWERQ_JOB_FOLDER_CHECK_S of it."""
 
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+MIN_CHECK_S = 1.0
+"""The shortest time between two measures of a folder growing fast near its limit."""
+SECOND_CHECK_S = 5.0
+"""The second measure comes this soon after the first (at the start): it gives the growth."""
 
 JOB_FOLDER_MAX_ENTRIES = 1_000_000
 """Files and folders one job folder may hold: past that, walking it (for this limit, the
@@ -127,6 +134,7 @@ class FolderWatch:
         self.every_s = every_s
         self.bytes: int | None = None
         self.next_at = 0.0
+        self.measured_at: float | None = None
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
@@ -134,10 +142,12 @@ class FolderWatch:
     def measure(self, now: float, pids: Iterable[int] = ()) -> str | None:
         """Measure the folder and what the processes `pids` hold of its disk with no name
         left; the reason to stop the job when it is over a limit, else None."""
-        self.next_at = now + self.every_s
         usage = folder_usage(self.root, JOB_FOLDER_MAX_ENTRIES)
         unlinked = _held_on_folders_disk(self.root, pids)
-        self.bytes = usage.bytes + unlinked
+        grew = usage.bytes + unlinked - (self.bytes or 0)
+        took = now - self.measured_at if self.measured_at is not None else None
+        self.bytes, self.measured_at = usage.bytes + unlinked, now
+        self.next_at = now + self._next_in(grew, took)
         if usage.entries >= JOB_FOLDER_MAX_ENTRIES:
             return f"its folder holds {JOB_FOLDER_MAX_ENTRIES:,} files and folders or more (towerq's limit)"
         if usage.unreadable is not None:
@@ -149,6 +159,19 @@ class FolderWatch:
                 "a job folder may take (TOWERQ_JOB_FOLDER_MAX_BYTES)"
             )
         return None
+
+    def _next_in(self, grew: int, took: float | None) -> float:
+        """Seconds to the next measure: sooner while the folder grows towards its limit (it
+        grew `grew` bytes in the `took` seconds since the last measure)."""
+        headroom = self.max_bytes - (self.bytes or 0)
+        if not self.max_bytes or headroom <= 0:
+            return self.every_s
+        if took is None:
+            return min(self.every_s, SECOND_CHECK_S)
+        if grew <= 0 or took <= 0:
+            return self.every_s
+        reaches_in = headroom * took / grew
+        return min(self.every_s, max(MIN_CHECK_S, reaches_in / 2))
 
 
 def _held_on_folders_disk(root: Path, pids: Iterable[int]) -> int:

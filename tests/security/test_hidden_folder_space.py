@@ -191,3 +191,25 @@ def test_a_trainer_that_hides_its_writes_in_a_deleted_file_is_stopped(
     assert "in deleted files its processes hold open" in job["error"], job["error"]
     assert "TOWERQ_JOB_FOLDER_MAX_BYTES" in job["error"]
     client.close()
+
+
+def test_a_folder_growing_fast_towards_its_limit_is_measured_sooner(tmp_path: Path) -> None:
+    """A job could write for TOWERQ_JOB_FOLDER_CHECK_S (30 s) past its limit between two
+    measures; while it grows towards it the next measure comes at half the time its growth
+    would take to reach it, at least MIN_CHECK_S apart."""
+    job = tmp_path / "job"
+    job.mkdir()
+    watch = FolderWatch(job, 10_000_000, 30.0)
+    assert watch.measure(0.0) is None and watch.next_at == folder.SECOND_CHECK_S
+    (job / "a.bin").write_bytes(os.urandom(2_000_000))  # 2 MB in 5 s: 8 MB left, at 0.4 MB/s 20 s
+    assert watch.measure(5.0) is None
+    assert watch.next_at == pytest.approx(5.0 + 10.0, abs=0.5), watch.next_at
+    (job / "b.bin").write_bytes(os.urandom(6_000_000))  # 6 MB in 10 s: 2 MB left, at 0.6 MB/s 3.3 s
+    assert watch.measure(15.0) is None
+    assert watch.next_at == pytest.approx(15.0 + 1.7, abs=0.3), watch.next_at
+    (job / "c.bin").write_bytes(os.urandom(3_000_000))
+    assert watch.measure(17.0) is not None, "past the limit: stopped"
+    quiet = FolderWatch(job, 100_000_000, 30.0)  # far below its limit, or not growing: every 30 s
+    quiet.measure(0.0)
+    quiet.measure(5.0)
+    assert quiet.next_at == 35.0
