@@ -201,13 +201,15 @@ def timeline(
         .group_by(Allocation.job_id)
         .subquery()
     )
+    # a job's first start: its first allocation, or where a cluster ran it (Slurm: no
+    # allocation rows) its first `running`
+    started_at = func.coalesce(first.c.started, Job.started_at)
     waits = session.execute(
-        select(Job.created_at, Job.finished_at, first.c.started)
+        select(Job.created_at, Job.finished_at, started_at)
         .outerjoin(first, first.c.job_id == Job.id)
         .where(Job.created_at < until)
         .where(
-            ((first.c.started.is_(None)) & ((Job.finished_at.is_(None)) | (Job.finished_at > since)))
-            | (first.c.started > since)
+            ((started_at.is_(None)) & ((Job.finished_at.is_(None)) | (Job.finished_at > since))) | (started_at > since)
         )
     ).all()
     step = (until - since) / TIMELINE_SAMPLES

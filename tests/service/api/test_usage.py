@@ -231,6 +231,19 @@ def lab_user_queued(db: Database, user: str) -> None:
         )
 
 
+def test_the_timelines_queue_counts_a_job_a_cluster_ran_as_waiting_only_until_it_started(
+    lab: Api, db: Database
+) -> None:
+    """A Slurm job has no allocation rows: it waited until its first `running` event, not
+    until it ended (the queue chart showed it waiting while it ran)."""
+    add_cluster_run(db, "carol", 1, [("queued", hours(13), 1), ("running", hours(14), 1, "on node-1"),
+                                     ("succeeded", hours(16), 1)])  # fmt: skip
+    body = lab.get("/api/usage/timeline", params={"since": hours(-2).isoformat(), "until": hours(18).isoformat()})
+    queue = {datetime.fromisoformat(q["time"]): q for q in body.json()["queue"]}
+    assert queue[hours(13.5)]["queued"] == 1 and queue[hours(15)]["queued"] == 0
+    assert [(q["started"], q["median_wait_s"]) for q in body.json()["queue"] if q["started"]][-1] == (1, 3600)
+
+
 def test_the_timeline_lists_every_allocation_and_the_queue_over_time(lab: Api) -> None:
     answer = lab.get("/api/usage/timeline", params={"since": hours(-2).isoformat(), "until": hours(18).isoformat()})
     assert answer.status_code == 200, answer.text
