@@ -1,0 +1,223 @@
+"""Jobs, their sweeps and rungs, their history of states, and a running job's ETA."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from service.core.models.base import HOLDING_STATES, Base, JobState, utcnow
+
+if TYPE_CHECKING:  # mapped by name at run time; these for the type checker
+    from service.core.models.hosts import Allocation
+    from service.core.models.people import User
+from towerq.contract.spec import Priority
+from towerq.contract.versions import SPEC_VERSION
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("user_id", "idempotency_key", name="uq_jobs_user_idempotency"),
+        Index("ix_jobs_state_created", "state", "created_at"),
+        Index("ix_jobs_finished", "finished_at"),  # jobs that ran lately (a Slurm cluster's, for usage)
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    spec_version: Mapped[int] = mapped_column(Integer, default=SPEC_VERSION, server_default="1")
+    """The version of the spec's rules it was admitted under (`towerq.contract.versions`)."""
+    attempt_token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    """SHA-256 of the token its current attempt's remote side reports with (`/api/attempts`,
+    `service.core.attempts`); None when it has none, and once the attempt ended."""
+    attempt_reports: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The number of the last report over HTTP stored for the token's attempt: one sent again
+    (its answer was lost) is stored once."""
+    priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)
+    requested_host: Mapped[str | None] = mapped_column(String(128), default=None)
+    requested_gpus: Mapped[list[Any] | None] = mapped_column(default=None)
+    time_limit_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    total_steps: Mapped[int] = mapped_column(Integer)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), default=None, index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
+    after_jobs: Mapped[list[Any] | None] = mapped_column(default=None)
+    """The jobs it waits for (its spec's `after`, sweeps resolved to their jobs at submit)."""
+    after_condition: Mapped[str | None] = mapped_column(String(16), default=None)
+    """`afterok` (each must succeed) or `afterany` (each must end); None: it waits for none."""
+    group: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
+    """The group it runs in (its spec's `group`, or its owner's default group at submit);
+    a name, not a key, so usage by group outlives a deleted group."""
+
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """The current attempt's number: 1 at submit, raised each time the job is requeued."""
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Attempts lost to a crash (dead host or worker); planned stops do not count."""
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    """The job fails once this many attempts have crashed."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    preempt_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    """The scheduler asked this attempt to make room for another job (preemption, time slicing)."""
+    stop_reason: Mapped[str | None] = mapped_column(String(512), default=None)
+    """Why the stop of the current attempt was asked for (cancel, preemption, time slice): the
+    worker reads it here; a control message only tells it to look."""
+    folder_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """What its log lines took (their text and a line's overhead), all attempts together:
+    the database's rows and `log.txt` both hold them. Capped by TOWERQ_JOB_LOG_MAX_MB."""
+    metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Metric points stored for it, all attempts together."""
+    """What the job's folder held on disk when its worker last measured it."""
+
+    # What the scheduler says about a queued job.
+    queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
+    pending_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    reserved_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    expected_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    """When the scheduler's forward replay expects it to start (`service.scheduler.forecast`)."""
+    expected_host: Mapped[str | None] = mapped_column(String(128), default=None)
+
+    # What the current (or last) attempt saw and did.
+    host_name: Mapped[str | None] = mapped_column(String(128), default=None)
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    cuda_visible_devices: Mapped[str | None] = mapped_column(String(256), default=None)
+    towers: Mapped[int | None] = mapped_column(Integer, default=None)
+    devices: Mapped[list[Any] | None] = mapped_column(default=None)
+    memory_limit_enforced: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    batch_norm: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """{"synchronized": [...], "per_tower": [...]}: batch-norm layers, as the trainer ran them."""
+    artifacts_dir: Mapped[str | None] = mapped_column(Text, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+
+    # The latest numbers, kept on the row so that a list of jobs needs no metric query.
+    step: Mapped[int | None] = mapped_column(Integer, default=None)
+    loss: Mapped[float | None] = mapped_column(Float, default=None)
+    accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    eval_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    eval_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    examples_per_sec: Mapped[float | None] = mapped_column(Float, default=None)
+    step_time_s: Mapped[float | None] = mapped_column(Float, default=None)
+    custom_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """The model's own metrics (`metrics()` of a code bundle) at the latest train point."""
+    eval_custom_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """The same at the latest evaluation."""
+    pace_s: Mapped[float | None] = mapped_column(Float, default=None)
+    """Wall-clock seconds per step of the current attempt over the later half of the steps it
+    trained (`worker.relay.Pace`), with its evaluations, checkpoints and pauses: what its
+    expected end is told from (the trainer's `step_time_s` counts training alone, and an ETA
+    from it was 3-4x too soon)."""
+    step_at: Mapped[datetime | None] = mapped_column(default=None)
+    """When its worker received the latest train point."""
+
+    user: Mapped[User] = relationship()
+    allocations: Mapped[list[Allocation]] = relationship(back_populates="job", order_by="Allocation.id")
+    events: Mapped[list[JobEvent]] = relationship(order_by="JobEvent.id")
+
+    @property
+    def latest_metrics(self) -> Job:
+        """The latest figures are columns of the job itself (`LatestMetrics` reads them)."""
+        return self
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
+
+    @property
+    def expected_end_at(self) -> datetime | None:
+        """A running job: when its last step will be trained at its pace so far."""
+        return expected_end_at(self.state, self.step, self.step_at, self.pace_s, self.total_steps)
+
+    @property
+    def reason(self) -> str | None:
+        """Why the job is where it is: what failed it, who or what cancelled it, why it
+        waits, why it is being stopped; None for a job that runs or succeeded as asked."""
+        if self.state == JobState.FAILED:
+            return self.error or "failed"
+        if self.state == JobState.CANCELLED:
+            return self.error or self.stop_reason or "cancelled"
+        if self.state == JobState.QUEUED:
+            return self.pending_reason
+        if self.stop_reason and self.state in HOLDING_STATES:
+            return f"stopping: {self.stop_reason}"
+        if self.state == JobState.DISPATCHED:
+            return self.pending_reason  # what an executor's cluster says of it (Slurm's reason), if any
+        return None
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    grid: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    user: Mapped[User] = relationship()
+
+
+class SweepRung(Base):
+    """One setting of an adaptive sweep at one rung (`service.jobs.asha`): the sweep's metric
+    when it got there, and whether it went on. Written once; the searcher's whole state, so a
+    restarted scheduler decides the same."""
+
+    __tablename__ = "sweep_rungs"
+
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    rung: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer)
+    """The step of the report compared (the first at or past the rung's)."""
+    value: Mapped[float | None] = mapped_column(Float)
+    """None: the setting failed or was cancelled before the rung (the worst there)."""
+    stopped: Mapped[bool] = mapped_column()
+    cut: Mapped[float | None] = mapped_column(Float)
+    """The worst value that went on at this rung when it was decided."""
+    reached_at: Mapped[datetime] = mapped_column()
+
+
+class JobEvent(Base):
+    """One state transition of a job, with its time and why."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+def expected_end_at(
+    state: str, step: int | None, step_at: datetime | None, pace_s: float | None, total_steps: int
+) -> datetime | None:
+    """A running job's ETA: when its last step will be trained at its pace so far (the
+    worker's measure, `worker.relay.Pace`); None for a job not running or not yet measured.
+    The scheduler's expected starts take running jobs to end then (`scheduler.capacity`)."""
+    if state != JobState.RUNNING or pace_s is None or step is None or step_at is None:
+        return None
+    return step_at + timedelta(seconds=max(0, total_steps - step) * pace_s)
