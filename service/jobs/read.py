@@ -50,7 +50,7 @@ def list_jobs(
     if text:
         pattern = f"%{text}%"
         clauses: list[ColumnElement[bool]] = [Job.name.ilike(pattern)]
-        if text.isdigit():
+        if text.isascii() and text.isdigit() and int(text) < 2**63:  # an id ("²" is a digit too)
             clauses.append(Job.id == int(text))
         query = query.where(or_(*clauses))
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0

@@ -163,6 +163,10 @@ def test_list_is_newest_first_filtered_and_paginated(alice: Api, as_user: Callab
         "a0",
     ]
     assert alice.get("/api/jobs", params={"q": "b0"}).json()["total"] == 1
+    assert alice.get("/api/jobs", params={"q": str(ids[0])}).json()["total"] >= 1  # an id
+    for text in ("9" * 30, "²"):  # digits, but no id (schemathesis found the first a 500)
+        found = alice.get("/api/jobs", params={"q": text})
+        assert found.status_code == 200 and found.json()["total"] == 0, found.text
     assert alice.get("/api/jobs", params={"state": "running"}).json()["total"] == 0
     unknown = alice.get("/api/jobs", params={"state": "sleeping"})
     assert unknown.status_code == 422
