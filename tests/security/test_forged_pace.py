@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from towerq.contract import events
+from towerq.contract.attempts import Stored
 from worker.relay import MetricSink, Pace
 
 
@@ -23,8 +24,8 @@ def metric_line(step: int, time: float) -> events.TrainerEvent:
 
 
 def test_a_flood_of_points_keeps_a_bounded_few_and_forged_times_are_not_taken(tmp_path: Path) -> None:
-    channel: Any = SimpleNamespace(job_id=7, attempt=1)
-    settings: Any = SimpleNamespace(artifacts_dir=tmp_path)
+    channel: Any = SimpleNamespace(job_id=7, attempt=1, stored=lambda: Stored(log_bytes=0, metric_points=0))
+    settings: Any = SimpleNamespace(artifacts_dir=tmp_path, job_metric_points_max=2_000_000)
     sink = MetricSink(channel, settings)
     before = datetime.now(UTC)
     for step in range(1, 20_001):  # "finished in 1970": every line says time 0

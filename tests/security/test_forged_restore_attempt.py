@@ -11,12 +11,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from towerq.contract import events
+from towerq.contract.attempts import Stored
 from worker.relay import MetricSink
 
 
 def test_a_restored_point_cannot_claim_a_later_attempt(tmp_path: Path) -> None:
-    channel: Any = SimpleNamespace(job_id=7, attempt=3)
-    settings: Any = SimpleNamespace(artifacts_dir=tmp_path)
+    channel: Any = SimpleNamespace(job_id=7, attempt=3, stored=lambda: Stored(log_bytes=0, metric_points=0))
+    settings: Any = SimpleNamespace(artifacts_dir=tmp_path, job_metric_points_max=2_000_000)
     sink = MetricSink(channel, settings)
     for claimed in (9999, 2, None):
         line = {"event": "metric", "step": 10, "loss": 1.0, "attempt": claimed}

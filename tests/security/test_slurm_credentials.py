@@ -6,8 +6,8 @@ sandbox (an admin's `TOWERQ_SANDBOX=none`, or a runner that forgot it) it reads 
 token (`batch_environment`, the attempt protocol over HTTP), and nothing to find.
 
 The model below searches its own environment and every ancestor's (`environ`, `cmdline`),
-the files their command lines name (Slurm's batch script among them) and the files in their
-working folders, for the URLs and for the settings' names. Before the change it found TOWERQ_DATABASE_URL
+the files their command lines name, the files in their working folders and Slurm's batch
+script, for the URLs and for the settings' names. Before the change it found TOWERQ_DATABASE_URL
 and TOWERQ_REDIS_URL in the runner's environment. (The scheduler and the API run on this
 same machine in the test, as the nodes and towerq's host do not in a lab: only the
 attempt's own process tree is searched.)"""
@@ -29,12 +29,14 @@ pytestmark = [pytest.mark.slow, needs_slurm]
 FIXTURES = (cluster, on_slurm)
 
 SEARCHER = """
+import glob
 import json
 import os
 
 import keras
 
 NEEDLES = {needles!r}
+SCRIPTS = {scripts!r}  # where slurmd keeps the batch scripts of the jobs it runs
 
 
 def ancestors():
@@ -74,12 +76,14 @@ def search():
             found += ["%d/%s: %s" % (pid, part, needle) for needle in NEEDLES if needle in text]
             if part == "cmdline":
                 files.update(files_of(pid, text))
+    files.update(glob.glob(SCRIPTS))
     for path in sorted(files):
         try:
             text = read(path)
         except OSError:
             continue
-        found += ["%s: %s" % (path, needle) for needle in NEEDLES if needle in text]
+        # in files the URLs themselves (a file may name the settings: towerq's own docs do)
+        found += ["%s: %s" % (path, needle) for needle in NEEDLES if "://" in needle and needle in text]
     return found, sorted(files)
 
 
@@ -92,12 +96,15 @@ def build(params):
 
 
 @pytest.fixture
-def settings(make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Path) -> Settings:
+def settings(
+    make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Path, cluster: SlurmCluster
+) -> Settings:
     made = slurm_settings(make_settings, sqlite_url, tmp_path)
     made.sandbox = "none"  # the trainer sees every process of its user, as a runner that forgot the sandbox
     made.models_path.mkdir(parents=True, exist_ok=True)
     needles = [made.database_url, made.redis_url, "TOWERQ_DATABASE_URL", "TOWERQ_REDIS_URL"]
-    (made.models_path / "searcher.py").write_text(SEARCHER.format(needles=needles))
+    scripts = str(cluster.root / "spool" / "job*" / "slurm_script")
+    (made.models_path / "searcher.py").write_text(SEARCHER.format(needles=needles, scripts=scripts))
     return made
 
 
