@@ -14,6 +14,15 @@ its start to its end, times its GPUs: start-up and evaluations included, as a la
 and the time from submit until the best setting's job ended. Goal (issue 48): ASHA's best
 within 0.5 points of the full search's, spending at most a third of its GPU-seconds.
 
+Each best is one evaluation on `--test` images, so it carries the binomial standard error
+sqrt(p(1 - p) / test): 0.70 points at 89 % on 2,000 images (the scatter of the 2,000-image
+curves in `bench/data/asha-curves.json` about their late means is the same, 0.705 points),
+0.31 points on all 10,000. A difference of two such evaluations has sqrt(2) times that, so on
+2,000 images a 0.5-point goal is inside the noise of the measure itself: the bench prints the
+standard error of the difference beside it, and says "within noise" when the goal is missed
+by less than that (the default `--test` is the whole test set for this reason). The full
+search's best is also the highest of 27 noisy values, which reads high.
+
 With `--curves FILE`, the full search's learning curves (each setting's eval accuracy at
 each evaluation, and its seconds on its GPU) are written to FILE as JSON: `bench/asha_lab.py`
 replays them at lab scale through the scheduler's simulator.
@@ -25,13 +34,14 @@ to hours) do not notice but a search of 10-second settings does (900 steps, rung
 and 300: ASHA spent 0.71 of the full search's GPU-seconds, most of it starting and stopping).
 
 Usage: `python bench/asha.py [--settings 27] [--steps 8100] [--min-steps 300] [--factor 3]
-[--gpus 2] [--train 20000] [--test 2000] [--curves FILE]`.
+[--gpus 2] [--train 20000] [--test 10000] [--curves FILE]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -55,6 +65,12 @@ GOAL_SHARE = 1 / 3
 
 def seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def standard_error(percent: float, examples: int) -> float:
+    """The binomial standard error, in points, of an accuracy measured on `examples` images."""
+    p = percent / 100
+    return 100 * math.sqrt(p * (1 - p) / examples)
 
 
 def search(args: argparse.Namespace, early: bool) -> dict[str, Any]:
@@ -134,7 +150,7 @@ def main() -> int:
     parser.add_argument("--factor", type=int, default=3)
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--train", type=int, default=20000)
-    parser.add_argument("--test", type=int, default=2000)
+    parser.add_argument("--test", type=int, default=10000)
     parser.add_argument("--curves", type=Path, help="write the full search's learning curves here (JSON)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="towerq-asha-"))
@@ -175,9 +191,15 @@ def main() -> int:
         about = {"source": "bench/asha.py", "steps": args.steps, "eval_every": args.min_steps}
         args.curves.write_text(json.dumps({**about, "curves": full["curves"]}, indent=1) + "\n")
     behind, share = full["best"] - asha["best"], asha["gpu_s"] / full["gpu_s"]
-    print(f"  ASHA's best - the full search's: {-behind:+.2f} points; GPU-seconds ASHA / full: {share:.3f}")
+    noise = math.hypot(standard_error(full["best"], args.test), standard_error(asha["best"], args.test))
+    print(
+        f"  ASHA's best - the full search's: {-behind:+.2f} points (standard error of the difference "
+        f"{noise:.2f} on {args.test} test images); GPU-seconds ASHA / full: {share:.3f}"
+    )
     met = behind <= GOAL_POINTS and share <= GOAL_SHARE
-    print(f"  {'met' if met else 'NOT met'}: within {GOAL_POINTS} points, at most {GOAL_SHARE:.3f} of the GPU-seconds")
+    close = share <= GOAL_SHARE and behind - GOAL_POINTS < noise
+    verdict = "met" if met else "NOT met, within noise" if close else "NOT met"
+    print(f"  {verdict}: within {GOAL_POINTS} points, at most {GOAL_SHARE:.3f} of the GPU-seconds")
     return 0 if met else 1
 
 
