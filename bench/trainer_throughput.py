@@ -43,7 +43,7 @@ Measure = Callable[[int], tuple[float, float]]
 
 
 def load_data():  # type: ignore[no-untyped-def]
-    from towerq.contract.spec import DatasetOptions
+    from towerq.contract.training import DatasetOptions
     from worker.trainer import datasets
 
     return datasets.synthetic(DatasetOptions(shape=list(SHAPE), classes=10, train_examples=8192, test_examples=64))

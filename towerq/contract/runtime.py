@@ -11,7 +11,8 @@ from pydantic import (
     model_validator,
 )
 
-from towerq.contract.spec import JobSpec, PositiveInt, Strict, TrainSpec
+from towerq.contract.spec import JobSpec
+from towerq.contract.training import PositiveInt, Strict, TrainSpec
 from towerq.contract.versions import ADMITTED_UNDER, upgraded
 
 MIN_MEMORY_LIMIT_MB = 256

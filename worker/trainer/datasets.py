@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from towerq.contract.catalog import Task
 from towerq.contract.paths import PathEscapeError, resolve_inside
-from towerq.contract.spec import DatasetOptions, TrainSpec
+from towerq.contract.training import DatasetOptions, TrainSpec
 from worker.trainer.errors import DatasetError
 
 FASHION_MNIST_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from towerq.contract.paths import MODEL_FILE
 from towerq.contract.runtime import TrainerInput
-from towerq.contract.spec import Hyperparameters
+from towerq.contract.training import Hyperparameters
 from worker.trainer import datasets, devices, feeding, ranks
 from worker.trainer.errors import NanLossError, OutOfMemoryError
 from worker.trainer.lockstep import batch_norm_report

@@ -28,7 +28,8 @@ from towerq.contract.catalog import (
     PRECISION_NOTES,
     VARIABLE_DEVICES,
 )
-from towerq.contract.spec import DatasetOptions, Hyperparameters, Priority
+from towerq.contract.spec import Priority
+from towerq.contract.training import DatasetOptions, Hyperparameters
 
 router = APIRouter(prefix="/api", tags=["catalog"])
 SCAN_LIMIT_MODELS = 200

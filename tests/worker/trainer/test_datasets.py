@@ -11,7 +11,7 @@ import tensorflow as tf
 from pydantic import ValidationError
 
 from towerq.contract.catalog import BUILTIN_DATASETS, MODELS
-from towerq.contract.spec import TrainSpec
+from towerq.contract.training import TrainSpec
 from worker.trainer import datasets, feeding
 from worker.trainer.errors import DatasetError
 from worker.trainer.models import BUILTIN

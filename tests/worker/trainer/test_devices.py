@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from towerq.contract.runtime import RuntimeSpec, TrainerInput
-from towerq.contract.spec import TrainSpec
+from towerq.contract.training import TrainSpec
 from worker.trainer.devices import configure, memory_limits_mb
 from worker.trainer.errors import DeviceError
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tests.worker.trainer.conftest import DEVICES
-from towerq.contract.spec import Hyperparameters
+from towerq.contract.training import Hyperparameters
 from worker.trainer.loop import MAX_STEPS_PER_CALL, make_optimizer, next_pause
 from worker.trainer.models import mlp
 from worker.trainer.towers import Objective, TowerStep

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests.worker.trainer.conftest import DEVICES
-from towerq.contract.spec import Hyperparameters
+from towerq.contract.training import Hyperparameters
 from worker.trainer.lockstep import LockstepRunner, PerTowerRunner, batch_norm_report
 from worker.trainer.loop import make_optimizer
 from worker.trainer.models import ensure_built, lenet5, mlp, resnet20
