@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import func, select
@@ -55,6 +56,8 @@ MARK = "TOWERQ_CHAOS_RUN"
 WORKERS = {"chaos-a": 2, "chaos-b": 2}
 USERS = ["ada", "bo", "cy"]
 STEPS, LOG_EVERY = 60, 10
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+UNSETTLED_EVENTS = 4
 JOB = {
     "model": "mlp",
     "dataset": "digits",
@@ -173,9 +176,7 @@ def settle(db: Database, expected: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with db.read() as session:
-            final = session.scalar(
-                select(func.count(Job.id)).where(Job.state.in_(["succeeded", "failed", "cancelled"]))
-            )
+            final = session.scalar(select(func.count(Job.id)).where(Job.state.in_(FINAL_STATES)))
         if final == expected:
             return True
         time.sleep(2)
@@ -195,6 +196,7 @@ def check(db: Database, clients: Clients, left: list[str], settled: bool) -> boo
         ):
             steps[job_id].append(step)
         held = session.scalar(select(func.count(Allocation.id)).where(Allocation.released_at.is_(None))) or 0
+        unsettled = [unsettled_story(session, job) for job in jobs if job.state not in FINAL_STATES]
     states = collections.Counter(j.state for j in jobs)
     once = [j.id for j in jobs if j.state == "succeeded" and succeeded_events[j.id] == 1]
     duplicated = [j.id for j in jobs if len(steps[j.id]) != len(set(steps[j.id]))]
@@ -223,9 +225,24 @@ def check(db: Database, clients: Clients, left: list[str], settled: bool) -> boo
         f"5xx seen by the clients: {len(clients.errors_5xx)} {clients.errors_5xx[:3]}; "
         f"requests that found the API down: {clients.unreachable}"
     )
+    for story in unsettled:
+        print(story)
     for name, ok in checks.items():
         print(f"  {'met' if ok else 'NOT met'}: {name}")
     return all(checks.values())
+
+
+def unsettled_story(session: Any, job: Job) -> str:
+    """What a job that had not ended at the check was doing: slow (it moves) or stuck (what it
+    waits for), so that a run that did not settle in time says which."""
+    events = session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id.desc()).limit(UNSETTLED_EVENTS)
+    ).all()
+    told = "; ".join(f"{e.time:%H:%M:%S} {e.state} (attempt {e.attempt}) {e.message or ''}".strip() for e in events)
+    return (
+        f"  not ended: job {job.id}, {job.state}, {job.gpu_count} GPUs, attempt {job.attempts}, "
+        f"reason {job.reason!r}; its last events, newest first: {told}"
+    )
 
 
 def run(jobs: int, minutes: float, seed: int, multihost_every: int = 0) -> bool:
