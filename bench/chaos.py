@@ -35,17 +35,17 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import settings_in  # noqa: E402
 from service.cli.redis_server import EmbeddedRedis  # noqa: E402
 from service.core.db import Database, upgrade_database  # noqa: E402
-from service.core.models import Allocation, Job, JobEvent, Metric  # noqa: E402
+from service.core.models import FINAL_STATES, Allocation, Job, JobEvent, JobState, Metric  # noqa: E402
 from service.core.settings import Settings  # noqa: E402
 from service.lab.auth import create_token  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -56,7 +56,7 @@ MARK = "TOWERQ_CHAOS_RUN"
 WORKERS = {"chaos-a": 2, "chaos-b": 2}
 USERS = ["ada", "bo", "cy"]
 STEPS, LOG_EVERY = 60, 10
-FINAL_STATES = ("succeeded", "failed", "cancelled")
+FINAL = tuple(state.value for state in FINAL_STATES)
 UNSETTLED_EVENTS = 4
 JOB = {
     "model": "mlp",
@@ -176,7 +176,7 @@ def settle(db: Database, expected: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with db.read() as session:
-            final = session.scalar(select(func.count(Job.id)).where(Job.state.in_(FINAL_STATES)))
+            final = session.scalar(select(func.count(Job.id)).where(Job.state.in_(FINAL)))
         if final == expected:
             return True
         time.sleep(2)
@@ -196,7 +196,7 @@ def check(db: Database, clients: Clients, left: list[str], settled: bool) -> boo
         ):
             steps[job_id].append(step)
         held = session.scalar(select(func.count(Allocation.id)).where(Allocation.released_at.is_(None))) or 0
-        unsettled = [unsettled_story(session, job) for job in jobs if job.state not in FINAL_STATES]
+        unsettled = [unsettled_story(session, job) for job in jobs if not JobState(job.state).is_final]
     states = collections.Counter(j.state for j in jobs)
     once = [j.id for j in jobs if j.state == "succeeded" and succeeded_events[j.id] == 1]
     duplicated = [j.id for j in jobs if len(steps[j.id]) != len(set(steps[j.id]))]
@@ -232,7 +232,7 @@ def check(db: Database, clients: Clients, left: list[str], settled: bool) -> boo
     return all(checks.values())
 
 
-def unsettled_story(session: Any, job: Job) -> str:
+def unsettled_story(session: Session, job: Job) -> str:
     """What a job that had not ended at the check was doing: slow (it moves) or stuck (what it
     waits for), so that a run that did not settle in time says which."""
     events = session.scalars(

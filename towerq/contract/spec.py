@@ -4,9 +4,9 @@
 stores its validated dump. The worker turns a stored spec into the trainer's input with
 `trainer_input` (the training half, `TrainSpec` in `towerq.contract.training`, plus this
 attempt's `RuntimeSpec`, both in `towerq.contract.runtime`), and the trainer validates that
-file again before it builds anything. Everything the trainer
-would refuse for a reason known at submit time is refused here, so the API answers 422
-naming the field instead of accepting a job that fails later.
+file again before it builds anything. Everything the trainer would refuse for a reason known
+at submit time is refused here, so the API answers 422 naming the field instead of accepting
+a job that fails later.
 
 Pure pydantic (no TensorFlow, no database), in the contract every side imports (the
 service, the worker, the trainer, the client). Every error names the field it is about.
