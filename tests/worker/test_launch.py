@@ -46,10 +46,13 @@ def test_the_spec_file_is_the_stored_spec_through_the_contract(tmp_path: Path) -
     assert (written.runtime.job_id, written.runtime.attempt, written.runtime.num_devices) == (7, 2, 2)
     assert written.runtime.memory_growth is True
     assert written.runtime.gpu_memory_fraction == 1.0
+    assert written.runtime.batch_gpus == 2, "a step's batch is the job's size's (gpu_count), whatever it runs on"
 
 
 def test_the_trainer_input_rules_apply_to_the_stored_spec_and_its_placement(tmp_path: Path) -> None:
-    stored = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "memory_growth": True}).model_dump()
+    stored = JobSpec.model_validate(
+        {"model": "mlp", "dataset": "digits", "gpu_count": 2, "memory_growth": True}
+    ).model_dump()
     with pytest.raises(ValidationError, match="memory_growth cannot be combined with gpu_memory_fraction < 1"):
         write_trainer_spec(launch_of(stored, fraction=0.5), Settings(), tmp_path / "job-7")
 

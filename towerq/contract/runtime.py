@@ -40,6 +40,13 @@ class RuntimeSpec(Strict):
     code_path: str | None = Field(default=None, description="the job's code bundle, first on the import path")
     simulated: bool = True
     num_devices: PositiveInt = 1
+    batch_gpus: PositiveInt | None = Field(
+        default=None,
+        description=(
+            "the job's full size: a step's global batch is batch_size × this on any number of devices "
+            "(a job resumed on fewer gives each a larger slice); None: num_devices"
+        ),
+    )
     gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1)
     gpu_memory_total_mb: list[int] = Field(default_factory=list)
     gpu_memory_reserved_mb: int = Field(default=0, ge=0, description="used on a card with no process on it")
@@ -75,6 +82,14 @@ class TrainerInput(Strict):
             raise ValueError(
                 f"tower_weights has {len(weights)} entries but the job has {self.runtime.num_devices} towers"
             )
+        size, devices = self.runtime.batch_gpus, self.runtime.num_devices
+        if size is not None and size != devices:
+            if size < devices:
+                raise ValueError(f"{devices} devices for a job of {size} GPUs (batch_gpus)")
+            if weights is not None:
+                raise ValueError("tower_weights fit one size of job: a job on fewer GPUs than batch_gpus has none")
+            if self.runtime.cluster:
+                raise ValueError("a job over several hosts runs at its full size: batch_gpus is its devices")
         if self.runtime.cluster and not self.runtime.rank < len(self.runtime.cluster):
             raise ValueError(f"rank {self.runtime.rank} of a cluster of {len(self.runtime.cluster)}")
         if self.runtime.memory_growth and self.runtime.gpu_memory_fraction < 1:
@@ -96,5 +111,8 @@ def trainer_input(stored: dict[str, Any], runtime: RuntimeSpec, version: int) ->
     """The trainer's spec file for one attempt of a job whose spec was stored as `stored`,
     admitted under the spec rules' `version` (`admitted_spec`)."""
     job = admitted_spec(stored, version)
-    runtime = runtime.model_copy(update={"memory_growth": job.memory_growth})
+    update: dict[str, Any] = {"memory_growth": job.memory_growth}
+    if not runtime.cluster:  # a step's batch is the job's full size's, whatever it runs on
+        update["batch_gpus"] = job.gpu_count
+    runtime = runtime.model_copy(update=update)
     return TrainerInput(train=job.train_spec(), runtime=runtime)

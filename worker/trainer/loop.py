@@ -139,8 +139,7 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
     keras.utils.set_random_seed(hp.seed or 0)
     keras.config.set_dtype_policy(spec.train.precision)  # before any layer is made
     data = datasets.load(spec.train, Path(spec.runtime.data_dir))
-    k = len(setup.devices)
-    global_batch = hp.batch_size * k
+    global_batch = hp.batch_size * (spec.runtime.batch_gpus or len(setup.devices))
     artifacts = Path(spec.runtime.artifacts_dir)
     with tf.device(setup.variable_device):
         code = Path(spec.runtime.code_path) if spec.runtime.code_path else None

@@ -71,3 +71,21 @@ def test_tower_weights_must_match_the_towers() -> None:
     runtime = RuntimeSpec(artifacts_dir="a", data_dir="d", models_path="m", num_devices=2)
     with pytest.raises(ValidationError, match="tower_weights has 3 entries but the job has 2 towers"):
         TrainerInput(train=TrainSpec(model="mlp", dataset="digits", tower_weights=[1, 1, 1]), runtime=runtime)
+
+
+@pytest.mark.parametrize(
+    ("train", "runtime", "words"),
+    [
+        ({}, {"num_devices": 4, "batch_gpus": 2}, r"4 devices for a job of 2 GPUs \(batch_gpus\)"),
+        ({"tower_weights": [1]}, {"num_devices": 1, "batch_gpus": 2}, "a job on fewer GPUs than batch_gpus has none"),
+        ({}, {"num_devices": 1, "batch_gpus": 2, "cluster": ["a:1", "b:1"]}, "runs at its full size"),
+    ],
+)
+def test_a_job_on_fewer_gpus_than_its_size_is_refused_where_its_batch_cannot_follow(
+    train: dict[str, object], runtime: dict[str, object], words: str
+) -> None:
+    folders = {"artifacts_dir": "a", "data_dir": "d", "models_path": "m"}
+    with pytest.raises(ValidationError, match=words):
+        TrainerInput(train=TrainSpec(model="mlp", dataset="digits", **train), runtime=RuntimeSpec(**folders, **runtime))
+    fewer = RuntimeSpec(**folders, num_devices=1, batch_gpus=2)
+    assert TrainerInput(train=TrainSpec(model="mlp", dataset="digits"), runtime=fewer).runtime.batch_gpus == 2

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
 
 
-def write_spec(tmp_path: Path, name: str, towers: int = 2, **train: Any) -> Path:
+def write_spec(tmp_path: Path, name: str, towers: int = 2, runtime: dict[str, Any] | None = None, **train: Any) -> Path:
     hyper = {"steps": 40, "batch_size": 8, "seed": 11, "optimizer": "sgd", "learning_rate": 0.05, "log_every": 1}
     hyper.update(train.pop("hyperparameters", {}))
     body = {
@@ -38,6 +38,7 @@ def write_spec(tmp_path: Path, name: str, towers: int = 2, **train: Any) -> Path
             "models_path": str(tmp_path / "models"),
             "simulated": True,
             "num_devices": towers,
+            **(runtime or {}),
         },
     }
     path = tmp_path / f"{name}.json"
