@@ -65,6 +65,26 @@ def run(spec: Path, **extra_env: str) -> tuple[int, list[dict[str, Any]]]:
     return process.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def stopped_at(spec: Path, step: int) -> tuple[int, list[dict[str, Any]]]:
+    """Runs the trainer and stops it as towerq does (SIGTERM) once it reports step `step` or
+    later; its exit code and every line it wrote."""
+    process = start(spec)
+    assert process.stdout is not None
+    lines = []
+    try:
+        for raw in process.stdout:
+            if raw.startswith("{"):
+                lines.append(json.loads(raw))
+                if lines[-1].get("step", 0) >= step:
+                    process.send_signal(signal.SIGTERM)
+                    break
+        out, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.communicate()
+    return process.returncode, lines + [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
 def events(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [line for line in lines if line["event"] == kind]
 
@@ -199,20 +219,9 @@ def test_user_code_that_ignores_sigterm_still_checkpoints_when_stopped(tmp_path:
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "nets.py").write_text(IGNORING_MODEL)
     spec = write_spec(tmp_path, "deaf", model="nets:deaf", hyperparameters={"steps": 100000, "checkpoint_every": 0})
-    process = start(spec)
-    assert process.stdout is not None
-    try:
-        for raw in process.stdout:
-            if raw.startswith("{") and json.loads(raw).get("step") == 5:
-                process.send_signal(signal.SIGTERM)
-                break
-        out, _ = process.communicate(timeout=60)
-    finally:
-        process.kill()
-        process.communicate()
-    assert process.returncode == EXIT_STOPPED
-    rest = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert events(rest, "checkpoint")[-1]["step"] == events(rest, "stopped")[0]["step"]
+    code, lines = stopped_at(spec, 5)
+    assert code == EXIT_STOPPED
+    assert events(lines, "checkpoint")[-1]["step"] == events(lines, "stopped")[0]["step"]
 
 
 @pytest.mark.parametrize(

@@ -5,15 +5,13 @@ and that global batch, so only the float rounding of the towers' sums differs.""
 
 from __future__ import annotations
 
-import json
-import signal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.worker.trainer.test_process import checkpoint_values, events, run, start, write_spec
+from tests.worker.trainer.test_process import checkpoint_values, events, run, stopped_at, write_spec
 from worker.trainer.protocol import EXIT_OK, EXIT_STOPPED
 
 pytestmark = pytest.mark.slow
@@ -39,23 +37,8 @@ def net(params):
 def segment(spec: Path, until: int) -> list[dict[str, Any]]:
     """The trainer's lines from its start until it is stopped as a resize stops it (SIGTERM
     once it reports step `until`: it checkpoints where it is and exits 143), or until it ends."""
-    process = start(spec)
-    assert process.stdout is not None
-    lines = []
-    try:
-        for raw in process.stdout:
-            if not raw.startswith("{"):
-                continue
-            lines.append(json.loads(raw))
-            if lines[-1].get("step", 0) >= until:
-                process.send_signal(signal.SIGTERM)
-                break
-        out, _ = process.communicate(timeout=120)
-    finally:
-        process.kill()
-        process.communicate()
-    lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert process.returncode in (EXIT_OK, EXIT_STOPPED), lines[-3:]
+    code, lines = stopped_at(spec, until)
+    assert code in (EXIT_OK, EXIT_STOPPED), lines[-3:]
     return lines
 
 
