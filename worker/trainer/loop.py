@@ -175,24 +175,33 @@ def prepare(spec: TrainerInput, reporter: Reporter) -> Run:
     )
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, ema=step.ema, steps_done=step.steps_done)
     manager = tf.train.CheckpointManager(checkpoint, str(artifacts / "checkpoints"), max_to_keep=3)
-    start_step = 0
-    chief = gang is None or gang.chief
-    if chief and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        # steps_done counts the steps loss scaling skipped too; a checkpoint from before it
-        # existed has only the optimizer's count
-        start_step = int(step.steps_done.numpy()) or int(optimizer.iterations.numpy())
-        step.steps_done.assign(start_step)
-    if gang is not None:  # every rank starts from rank 0's weights, optimizer state and step
-        gang.broadcast([*model.variables, *optimizer.variables, *step.ema, step.steps_done])
-        start_step = int(step.steps_done.numpy())
-    if chief:
+    start_step = resume(step, checkpoint, manager, gang)
+    if gang is None or gang.chief:
         writer = tf.summary.create_file_writer(str(artifacts / "tensorboard"))
         atexit.register(writer.flush)  # the trainer exits without tearing its objects down
         reporter.keep_metrics(artifacts / METRICS_LOG, start_step, spec.runtime.attempt)
     else:
         writer = tf.summary.create_noop_writer()
     return Run(spec, reporter, setup, data, step, manager, checkpoint, start_step, global_batch, writer, gang)
+
+
+def resume(
+    step: TowerStep, checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager, gang: ranks.Ranks | None
+) -> int:
+    """The step training starts after: the latest checkpoint's (restored into the model,
+    optimizer and moving averages), or 0. Over several hosts, rank 0 restores and every
+    rank starts from its weights, optimizer state and step."""
+    start_step = 0
+    if (gang is None or gang.chief) and manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        # steps_done counts the steps loss scaling skipped too; a checkpoint from before it
+        # existed has only the optimizer's count
+        start_step = int(step.steps_done.numpy()) or int(step.optimizer.iterations.numpy())
+        step.steps_done.assign(start_step)
+    if gang is not None:
+        gang.broadcast([*step.model.variables, *step.optimizer.variables, *step.ema, step.steps_done])
+        start_step = int(step.steps_done.numpy())
+    return start_step
 
 
 def announce(run: Run, cuda_visible_devices: str | None) -> None:
