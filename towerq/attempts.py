@@ -101,6 +101,7 @@ class HttpChannel:
             fields=Figures.model_validate(report.fields),
             log_bytes=report.log_bytes,
             last_words=report.last_words,
+            held=report.held,
             rung=report.rung,
         )
         self._send("POST", "/reports", body.model_dump(mode="json", exclude_unset=True))

@@ -129,6 +129,7 @@ class AttemptRunner:
         self.launch = launch
         self.on_exit = on_exit
         self.sink = MetricSink(self.channel, self.settings)
+        self.sink.speaks = launch.rank == 0
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
         self.outcome = Outcome(ranks=launch.ranks, program=self.program, session=self.session)
@@ -372,6 +373,7 @@ class AttemptRunner:
         if self.outcome.stop != Stop.STALE:
             log.warning("job %s attempt %s is stale (%s): killing its trainer", *self.key, why)
         self.outcome.stop = Stop.STALE
+        self.sink.job_moved_on()
         self._kill_group()
 
     def _check(self, elapsed: float) -> None:
@@ -469,6 +471,8 @@ class AttemptRunner:
             reaper.wait_gpus_free(self.channel, self.inventory, *where, self.trainer_pids)
         phases.mark("GPUs free")
         if self.outcome.stop == Stop.STALE:
+            if self.sink.moved_on:
+                self._flush(wait=True)  # what rank 0 read before the move: the points the attempt trained
             return
         self._flush(wait=True)
         phases.mark("flush")

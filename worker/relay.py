@@ -22,7 +22,7 @@ from typing import Any, Literal
 from service.core import defaults, joblog
 from service.core.settings import Settings
 from towerq.contract import events
-from towerq.contract.attempts import AttemptChannel, LogRow, MetricRow, Report, Stored
+from towerq.contract.attempts import AttemptChannel, LogRow, MetricRow, Report, StaleAttempt, Stored
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
 from worker.trainer.protocol import METRICS_LOG
@@ -138,6 +138,12 @@ class MetricSink:
         """The trainer said it stopped with the other ranks of its job: the lines it prints
         while it ends are written even once rank 0 has recorded the stop (the job moved on),
         as this attempt's; its numbers are not."""
+        self.speaks = True
+        """Its points are the job's: rank 0's sink, or a job's on one host."""
+        self.moved_on = False
+        """This worker learned that the job had moved on from the attempt (another rank's end,
+        a host found down): what it held by then is what the attempt trained, and is still
+        sent (`Report.held`); points read from then on are not the job's, and are dropped."""
         self.failure: Exception | None = None
         """What stopped the writer (`StaleAttempt`, or the channel's error): raised by `flush`."""
         self.rungs: tuple[str, list[int]] | None = None
@@ -161,6 +167,8 @@ class MetricSink:
     def metric(self, event: events.Metric | events.Eval, publish: bool = True) -> None:
         """A `metric` (train) or `eval` line from the trainer (`publish=False`: an old point
         restored from the trainer's metrics log, stored but not streamed again)."""
+        if self.moved_on:
+            return
         train = isinstance(event, events.Metric)
         split: Literal["train", "eval"] = "train" if train else "eval"
         self.points += 1
@@ -301,13 +309,14 @@ class MetricSink:
     def flush(self, job_updates: dict[str, Any] | None = None, wait: bool = False) -> None:
         """Hand what is buffered (and `job_updates`) to the writer; with `wait`, return once
         everything handed over so far is written. Raises what stopped the writer: a
-        `StaleAttempt` when this attempt is no longer current (the buffers are dropped)."""
+        `StaleAttempt` when this attempt is no longer current (the buffers are dropped, but
+        for what rank 0's sink holds: `moved_on`)."""
         self.send()
         fields = {**self.latest, **(job_updates or {})}
         batch = Report(self.metrics, self.logs, fields, self.unwritten_log_bytes)
         self.metrics, self.logs, self.latest, self.first_buffered, self.urgent = [], [], {}, None, False
         self.unwritten_log_bytes = 0
-        if self.failure is None and (batch.metrics or batch.logs or batch.fields or batch.log_bytes):
+        if (self.failure is None or self.moved_on) and (batch.metrics or batch.logs or batch.fields or batch.log_bytes):
             if self.writer is None:
                 self.writer = threading.Thread(target=self._write_batches, name=f"relay-{self.job_id}", daemon=True)
                 self.writer.start()
@@ -328,7 +337,7 @@ class MetricSink:
         while True:
             batch = self.batches.get()
             try:
-                if batch is not None and self.failure is None:
+                if batch is not None and (self.failure is None or self.moved_on):
                     self._write(batch)
             except Exception as err:  # noqa: BLE001 - the reading thread raises it (flush)
                 self.failure = err
@@ -338,11 +347,25 @@ class MetricSink:
                 return
 
     def _write(self, batch: Report) -> None:
-        batch.last_words = self.last_words
+        batch.last_words, batch.held = self.last_words, self.moved_on
         batch.rung = self._reached_a_rung(batch.metrics)
-        self.channel.report(batch)
+        refused: StaleAttempt | None = None
+        try:
+            self.channel.report(batch)
+        except StaleAttempt as err:
+            if batch.held or not self.speaks:
+                raise
+            refused, self.moved_on, batch.held = err, True, True
+            self.channel.report(batch)  # read before the move was known: what the attempt trained
         if batch.logs:
             self._append_log_file(batch.logs)
+        if refused is not None:
+            raise refused  # the runner learns of the move (`flush`)
+
+    def job_moved_on(self) -> None:
+        """The runner learned that the job moved on from this attempt (`moved_on`)."""
+        if self.speaks:
+            self.moved_on = True
 
     def _reached_a_rung(self, metrics: list[MetricRow]) -> bool:
         """Whether `metrics` take the job past a rung of its adaptive sweep: the scheduler then

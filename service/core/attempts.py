@@ -18,7 +18,7 @@ from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import AuthError, StaleAttemptError
 from service.core.gpus import set_drained
-from service.core.lifecycle import current_attempt, finish, mark_running, requeue, stopped_early
+from service.core.lifecycle import current_attempt, finish, last_run_attempt, mark_running, requeue, stopped_early
 from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, Job, JobState, LogLine, Metric, Sweep
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
@@ -99,18 +99,20 @@ def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
 
 
 def write_report(session: Session, job_id: int, attempt: int, report: Report, number: int | None = None) -> None:
-    """Store a batch: fenced by the attempt (its last words keep their lines only). A report
-    over HTTP is numbered (1, 2, ... an attempt's token): one whose number was stored already
-    is a resend after a lost answer, and is not stored again."""
+    """Store a batch: fenced by the attempt. Once the job has moved on, what rank 0's worker
+    had read before it knew (`held`) is still stored while no later attempt has started;
+    last words keep their lines only. A report over HTTP is numbered (1, 2, ... an attempt's
+    token): one whose number was stored already is a resend after a lost answer, and is not
+    stored again."""
     unknown = set(report.fields) - REPORTED_FIELDS
     if unknown:
         raise ValueError(f"a report may not set {', '.join(sorted(unknown))}")
     try:
         job: Job | None = current_attempt(session, job_id, attempt)
     except StaleAttemptError:
-        if not report.last_words:
+        job = last_run_attempt(session, job_id, attempt) if report.held else None
+        if job is None and not report.last_words:
             raise
-        job = None
     if job is not None and number is not None:
         if number <= (job.attempt_reports or 0):
             return

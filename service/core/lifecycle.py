@@ -82,6 +82,15 @@ def current_attempt(session: Session, job_id: int, attempt: int) -> Job:
     return job
 
 
+def last_run_attempt(session: Session, job_id: int, attempt: int) -> Job | None:
+    """The locked job if `attempt` has ended and is still the last attempt it ran: the job
+    ended with it, or waits in the queue for its next (which has not started). Else None."""
+    job = locked_job(session, job_id)
+    ended = job.attempts == attempt and JobState(job.state).is_final
+    waits = job.attempts == attempt + 1 and job.state == JobState.QUEUED
+    return job if ended or waits else None
+
+
 def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fraction: float) -> None:
     """Give `gpus` to the job's current attempt and mark it dispatched."""
     for gpu in gpus:

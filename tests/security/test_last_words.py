@@ -5,6 +5,7 @@ be given more than that grace, nor write numbers into a job that has moved on.""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from sqlalchemy import select
 
 from service.core.models import Job, Metric
 from service.core.settings import Settings
-from tests.worker.test_rank_end import lines_of, rank_1_of_a_job_rank_0_has_stopped
+from tests.worker.test_rank_end import lines_of, rank_0_moved_on, rank_1_of_a_job_rank_0_has_stopped, steps_of
 
 RUNS_ON = """
 import json, time
@@ -44,3 +45,22 @@ def test_a_trainer_that_says_it_stopped_but_runs_on_is_killed_after_the_grace_an
             assert session.scalars(select(Metric.id).where(Metric.job_id == job.id)).first() is None
         said = [message for _, message in lines_of(ctx, runner.launch.job_id)]
         assert said.count("[rank 1 on lab-a] still here") < 200, "its lines stop with it"
+
+
+def test_rank_0s_points_after_its_worker_learned_the_job_moved_on_are_not_the_jobs(
+    settings: Settings, add_host: Callable[..., None]
+) -> None:
+    """What rank 0's worker held when another rank's crash moved the job on is still the
+    job's (`Report.held`). The trainer's lines from the moment its worker knows are not: a
+    trainer that prints on (a step far past what it trained, a better loss) writes nothing
+    into the job waiting for its next attempt."""
+    with rank_0_moved_on(settings, add_host) as (ctx, runner):
+        runner._check(0.0)  # the worker learns that the job moved on: its trainer is killed
+        assert runner.sink.moved_on
+        for step in (21, 22, 10_000):
+            runner._line("out", json.dumps({"event": "metric", "step": step, "loss": 0.0}).encode())
+        runner._end()
+        assert steps_of(ctx, runner.launch.job_id) == [(1, step) for step in range(1, 21)]
+        with ctx.db.read() as session:
+            job = session.get(Job, runner.launch.job_id)
+            assert job is not None and (job.state, job.step, job.loss) == ("queued", 20, 1.0 / 20)

@@ -112,6 +112,11 @@ class Report:
     last_words: bool = False
     """The trainer said it stopped with the other ranks of its job: its lines are kept even
     once the job moved on from this attempt (its points and fields are not)."""
+    held: bool = False
+    """Rank 0's worker read these before it learned that the job had moved on from the
+    attempt (another rank's end, a host found down): what the attempt trained. Kept whole
+    while the job has started no later attempt (a resumed one forgets the points past its
+    checkpoint at its start); refused once one has."""
     rung: bool = False
     """The points take the job past a rung of its adaptive sweep: the scheduler decides now."""
 
@@ -212,6 +217,7 @@ class ReportIn(_Body):
     fields: Figures = Field(default_factory=Figures)
     log_bytes: Annotated[int, Field(ge=0, le=2**40)] = 0
     last_words: bool = False
+    held: bool = False
     rung: bool = False
 
 

@@ -141,7 +141,7 @@ def report(body: ReportIn, ctx: ContextDep, it: AttemptDep) -> Response:
     metrics = [MetricRow(job_id=it.job_id, **point.model_dump()) for point in body.metrics]  # type: ignore[typeddict-item]
     logs = [LogRow(job_id=it.job_id, attempt=it.attempt, **line.model_dump()) for line in body.logs]  # type: ignore[typeddict-item]
     fields = body.fields.model_dump(exclude_unset=True)
-    batch = Report(metrics, logs, fields, body.log_bytes, last_words=body.last_words, rung=body.rung)
+    batch = Report(metrics, logs, fields, body.log_bytes, last_words=body.last_words, held=body.held, rung=body.rung)
     with ctx.db.write() as session:
         write_report(session, it.job_id, it.attempt, batch, body.number)
     return Response(status_code=204)

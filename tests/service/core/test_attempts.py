@@ -18,7 +18,7 @@ from service.core import keys
 from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import NotFoundError, StaleAttemptError
-from service.core.lifecycle import STOPPED_EARLY
+from service.core.lifecycle import STOPPED_EARLY, locked_job, requeue
 from service.core.models import Job, JobState, LogLine, Metric
 from service.core.settings import Settings
 from service.jobs.submit import submit
@@ -157,6 +157,55 @@ def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context, chan
     for late in (lambda: channel.forget_after(0), lambda: channel.end(AttemptEnd("succeeded"))):
         with pytest.raises(StaleAttempt):
             late()
+
+
+def test_what_rank_0_held_when_the_job_moved_on_is_stored_until_a_later_attempt_starts(
+    ctx: Context, channel_to: Opener
+) -> None:
+    """Another rank's crash moves the job on while rank 0's worker still holds points its
+    program trained (its next flush was due a moment later): sent as `held`, they are the
+    job's while it waits for its next attempt, which forgets those past its checkpoint when
+    it starts. Once that attempt holds GPUs, they are refused: it trains and reports its own.
+    Over HTTP the attempt's token ended with it, and nothing is taken."""
+    job_id = dispatched(ctx)
+    channel = channel_to(job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    channel.report(Report([point(job_id, 1)], [], {"step": 1}, 0))
+    with ctx.db.write() as session:
+        requeue(session, locked_job(session, job_id), "rank 2 on lab-b crashed", crashed=True)
+    held = Report([point(job_id, step) for step in (2, 3)], [line(job_id, "held")], {"step": 3}, 70, held=True)
+    with pytest.raises(StaleAttempt):  # not held: refused as before
+        channel.report(Report([point(job_id, 4)], [], {"step": 4}, 0))
+    if isinstance(channel, HttpChannel):
+        with pytest.raises(StaleAttempt):
+            channel.report(held)
+        return
+    channel.report(held)
+    assert steps_of(ctx, job_id) == [1, 2, 3]
+    assert (job(ctx, job_id).state, job(ctx, job_id).step, job(ctx, job_id).metric_points) == ("queued", 3, 3)
+
+    LiveScheduler(ctx).run_pass()  # attempt 2 is given the GPU
+    assert (job(ctx, job_id).state, job(ctx, job_id).attempts) == ("dispatched", 2)
+    with pytest.raises(StaleAttempt):
+        channel.report(Report([point(job_id, 5)], [], {"step": 5}, 0, held=True))
+    assert steps_of(ctx, job_id) == [1, 2, 3] and job(ctx, job_id).step == 3
+
+
+def test_what_rank_0_held_when_its_job_ended_is_stored(ctx: Context) -> None:
+    """The job ended with the attempt (another rank's failure): what rank 0 held is its last
+    attempt's, and kept; the attempt's end is not undone by it."""
+    job_id = dispatched(ctx)
+    channel = LocalChannel(ctx, job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    LocalChannel(ctx, job_id, 1).end(AttemptEnd("failed", "rank 1 on lab-b: it broke", exit_code=1))
+    channel.report(Report([point(job_id, 7)], [], {"step": 7}, 0, held=True))
+    assert steps_of(ctx, job_id) == [7]
+    assert (job(ctx, job_id).state, job(ctx, job_id).step) == ("failed", 7)
+
+
+def steps_of(ctx: Context, job_id: int) -> list[int]:
+    with ctx.db.read() as session:
+        return list(session.scalars(select(Metric.step).where(Metric.job_id == job_id).order_by(Metric.step)))
 
 
 def test_an_attempt_out_of_memory_on_a_shared_gpu_is_queued_for_whole_gpus(ctx: Context, channel_to: Opener) -> None:
