@@ -232,6 +232,13 @@ def add_simulate(commands: Any) -> None:
         help="time slicing after this many GPU-seconds, 0 for none (default TOWERQ_TIME_SLICE_GPU_S, 3600)",
     )
     simulate.add_argument(
+        "--elastic",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="replay this share (0-1) of the jobs on 2 to one host's GPUs as elastic down to 1 GPU (default 0)",
+    )
+    simulate.add_argument(
         "--group-shares",
         default="",
         metavar="GROUP=SHARE,...",
@@ -269,6 +276,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.time_slice is not None and not args.time_slice >= 0:
         print("towerq: --time-slice must be 0 (off) or a number of GPU-seconds", file=sys.stderr)
         return 2
+    if args.elastic is not None and not 0 <= args.elastic <= 1:
+        print("towerq: --elastic must be a share from 0 to 1", file=sys.stderr)
+        return 2
     if args.from_db:
         return _simulate_from_db(args)
     if args.hosts is None or args.gpus_per_host is None:
@@ -288,7 +298,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     config = PolicyConfig(demote_after_gpu_s=time_slice)
     oracle = args.estimates == "oracle"
     policy = Policy(args.policy or "towerq")
-    result = simulate(jobs, args.hosts, args.gpus_per_host, policy, oracle=oracle, config=config, group_shares=shares)
+    elastic = args.elastic or 0.0
+    result = simulate(
+        jobs, args.hosts, args.gpus_per_host, policy, oracle=oracle, config=config, group_shares=shares, elastic=elastic
+    )
     print(json.dumps(result))
     return 0
 
@@ -347,6 +360,7 @@ def _simulate_from_db(args: argparse.Namespace) -> int:
                 "gpus_per_host": args.gpus_per_host,
                 "policy": Policy(args.policy) if args.policy else None,
                 "time_slice_gpu_s": args.time_slice,
+                "elastic": args.elastic,
             }
             result = what_if(session, settings, since, until, {k: v for k, v in changes.items() if v is not None})
     finally:

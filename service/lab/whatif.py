@@ -39,6 +39,8 @@ class Setup:
     gpus_per_host: int
     policy: Policy = Policy.TOWERQ
     time_slice_gpu_s: float = 3600.0
+    elastic: float = 0.0
+    """The share of the jobs on 2 to one host's GPUs replayed as elastic (`simulate`)."""
 
 
 @dataclass
@@ -127,6 +129,7 @@ def replay(
         half_life_s=settings.fair_share_half_life_s,
         config=config,
         group_shares=shares,
+        elastic=setup.elastic,
     )
     for user, row in result["per_user"].items():
         row["gpu_hours"] = round(hours[user], 2)

@@ -9,7 +9,7 @@ reservation: `LabReservation`).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.scheduler.types import (
     EPSILON,
@@ -158,6 +158,16 @@ class FreeGpus:
                     return kept
         return None
 
+    def open_to(self, host: str, index: int, job: QueuedJob | None) -> bool:
+        """Whether this GPU, once free, is `job`'s to take: not held for another job, not
+        kept from it by a reservation (`job` None: not held or kept at all)."""
+        hold = self.holds[host].get(index) if self.holds else None
+        if hold is not None and (job is None or hold.job_id != job.id):
+            return False
+        if (host, index) not in self.kept:
+            return True
+        return job is not None and index not in self._kept_from_job(host, job)
+
     def fit_on_host(self, host: str, job: QueuedJob, end: Ends) -> tuple[int, ...] | None:
         """The GPUs `job` would get on `host` now (the fullest usable ones), or None."""
         free = self.free[host]
@@ -214,6 +224,34 @@ class FreeGpus:
             if not any(f > EPSILON for f in free):
                 self.with_room.discard(host)
         self.max_full = max(self._full.values(), default=0)
+
+    def give(self, host: str, indices: tuple[int, ...], fraction: float) -> None:
+        """`fraction` of these GPUs of `host` is free again in this pass (an elastic job
+        shrinks); a GPU that takes no new work stays at 0."""
+        self._earliest.clear()
+        self._ready.clear()
+        self.version += 1
+        free, unusable = self.free[host], self.hosts[host].unusable
+        for i in indices:
+            if i >= len(free) or i in unusable:
+                continue
+            was_full = free[i] >= 1 - EPSILON
+            free[i] = min(1.0, free[i] + fraction)
+            if not was_full and free[i] >= 1 - EPSILON:
+                self._full[host] += 1
+        if any(f > EPSILON for f in free):
+            self.with_room.add(host)
+        self.max_full = max(self._full.values(), default=0)
+
+    def runs_on(self, running: RunningJob, indices: tuple[int, ...], host: str | None = None) -> None:
+        """From now in this pass `running` holds `indices` of its host, or of `host` (an
+        elastic job's resize): its entry is replaced, the cluster's own is left as it is."""
+        jobs = self.running_on[running.host]
+        jobs.pop(next(k for k, job in enumerate(jobs) if job is running))
+        moved = host or running.host
+        self.running_on[moved].append(replace(running, host=moved, indices=indices))
+        self._ready.clear()
+        self._earliest.clear()
 
     # -- when it could fit ----------------------------------------------------------------
 

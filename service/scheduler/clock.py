@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from service.scheduler.capacity import likely_end
-from service.scheduler.mechanics import CHECKPOINT_S, sliceable_from
+from service.scheduler.costs import CHECKPOINT_S, sliceable_from
 from service.scheduler.types import Cluster, HostCapacity, LabReservation, QueuedJob, RunningJob
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from service.scheduler.capacity import likely_end
 from service.scheduler.clock import Happens, SimCluster, SliceWakeups
-from service.scheduler.mechanics import CHECKPOINT_S
+from service.scheduler.costs import CHECKPOINT_S
 from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.types import (

@@ -25,7 +25,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 
+from service.scheduler import elastic
 from service.scheduler.capacity import FreeGpus, Slots, ends_if_started, expected_end
+from service.scheduler.costs import STOP_COST_S, sliceable_from
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.types import (
     EPSILON,
@@ -104,6 +106,11 @@ class Pass:
         """Time slicing: the running jobs fresh work may still stop, and what each has served."""
         self.eldest_gang: int | None = None
         """The eldest queued job when it needs a whole host: it may slice (towerq's rule)."""
+        self.has_elastic = any(r.elastic for r in cluster.running)
+        """Some running job is elastic: a waiting job may shrink it, and it may grow."""
+        self.no_shrink: set[tuple[object, ...]] = set()
+        """Shapes of jobs that found no elastic job to shrink for them (later in the pass
+        there are fewer, each holding no more)."""
 
     def reclaim_reserved(self) -> None:
         """A window has begun on GPUs that another group's job still holds: with preemption
@@ -115,7 +122,7 @@ class Pass:
                 continue
             gpus = set(kept.gpus)
             for running in self.cluster.running:
-                if running.group == kept.group or self._stopping(running):
+                if running.group == kept.group or self.stopping(running):
                     continue
                 if any((running.host, i) in gpus for i in running.indices):
                     self.decision.reclaim[running.id] = kept.id
@@ -133,7 +140,9 @@ class Pass:
             return Outcome.HELD
         slots = self.free.fit(job, ends_if_started(job, self.now)) if self.free.any_free else None
         if slots is not None:
-            self._place(job, slots)
+            self.place(job, slots)
+            return Outcome.PLACED
+        if elastic.start_small(self, job) or (self.has_elastic and elastic.shrink_for(self, job)):
             return Outcome.PLACED
         reason = self._make_room(job)
         starving = self.may_reserve(job) and reason.kind not in (Wait.PREEMPTING, Wait.SLICING)
@@ -168,13 +177,20 @@ class Pass:
                 return Reason(Wait.GROUP_LIMIT, (job.group, used, cap))
         return None
 
-    def _place(self, job: QueuedJob, slots: Slots) -> None:
+    def place(self, job: QueuedJob, slots: Slots) -> None:
         self.free.take(slots, job.fraction)
         self.load[job.user] += job.gpu_count * job.fraction
         if job.group is not None:
             self.group_load[job.group] += job.gpu_count * job.fraction
         self.decision.placements.append(Placement(job.id, slots))
         self.position -= 1
+
+    def unload(self, running: RunningJob, gpus: int) -> None:
+        """`running` holds `gpus` fewer GPUs from now in this pass (an elastic job's resize;
+        negative: more)."""
+        self.load[running.user] -= gpus * running.fraction
+        if running.group is not None:
+            self.group_load[running.group] -= gpus * running.fraction
 
     def _wait(self, job: QueuedJob, reason: Reason, reserved: float | None = None) -> None:
         if self.config.explain:
@@ -230,7 +246,7 @@ class Pass:
             return self._why_no_fit(job)
         slots, victims = choice
         for victim in victims:
-            if not self._stopping(victim):
+            if not self.stopping(victim):
                 self.decision.preempt[victim.id] = job.id
                 if kind == Wait.SLICING:
                     self.decision.sliced.add(victim.id)
@@ -296,8 +312,8 @@ class Pass:
             if host not in self.free.hosts:
                 continue
             running = self.free.running_on[host]
-            freed = [r for r in running if self._stopping(r)]
-            candidates = sorted((r for r in running if may_stop(r) and not self._stopping(r)), key=order)
+            freed = [r for r in running if self.stopping(r)]
+            candidates = sorted((r for r in running if may_stop(r) and not self.stopping(r)), key=order)
             indices = self.free.would_fit_if_freed(job, host, freed)
             for victim in candidates:
                 if indices is not None:
@@ -306,7 +322,7 @@ class Pass:
                 indices = self.free.would_fit_if_freed(job, host, freed)
             if indices is None:
                 continue
-            fresh = sum(1 for r in freed if not self._stopping(r))
+            fresh = sum(1 for r in freed if not self.stopping(r))
             if best is None or fresh < best[0]:
                 best = (fresh, host, indices, freed)
         return ([(best[1], best[2])], best[3]) if best else None
@@ -325,7 +341,7 @@ class Pass:
             if len(self.free.free[host]) != size:
                 continue
             running = self.free.running_on[host]
-            fresh = {r.id for r in running if not self._stopping(r)}
+            fresh = {r.id for r in running if not self.stopping(r)}
             if any(not may_stop(r) for r in running if r.id in fresh):
                 continue
             indices = self.free.would_fit_if_freed(part, host, running)
@@ -337,7 +353,7 @@ class Pass:
         chosen = sorted(candidates)[:needed]
         return [(host, indices) for _, _, host, indices, _ in chosen], [r for *_, freed in chosen for r in freed]
 
-    def _stopping(self, running: RunningJob) -> bool:
+    def stopping(self, running: RunningJob) -> bool:
         return running.stopping or running.id in self.decision.preempt or running.id in self.decision.reclaim
 
     # -- why it waits -----------------------------------------------------------------------
@@ -412,24 +428,3 @@ over); fresh work that needs more stops them in the next passes, seconds later, 
 first ones are still writing their checkpoints (`CHECKPOINT_S`). So a pass stays fast
 however many jobs are past their slice at once (a whole busy cluster after a quiet spell):
 each stop is a search of every host for the fewest victims."""
-CHECKPOINT_S = 30.0
-"""A stopped job holds its GPUs this long (it writes a checkpoint first), in the simulator
-and the forecast; the worker gives it `cancel_grace_s` (30 s by default)."""
-RESTART_S = 60.0
-"""Run time a stopped job loses when it starts again (process, graph, checkpoint restore)."""
-STOP_COST_S = CHECKPOINT_S + RESTART_S
-"""What stopping a job costs it: the checkpoint it writes, and the restart it pays again."""
-MIN_RUN_S = 600.0
-"""Time slicing stops no attempt younger than this: starting a job again costs about a
-minute (`RESTART_S`), so each slice pays for it at least ten times over."""
-
-
-def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
-    """When time slicing (after `slice_gpu_s`) may first stop this attempt: once the job has
-    served its slice, and the attempt has run `MIN_RUN_S` and as long as the earlier ones.
-    A job over several hosts serves on all of them at once (`whole_load`)."""
-    load = running.whole_load
-    if load <= 0:
-        return INFINITY
-    to_serve = (slice_gpu_s - running.served_gpu_s) / load
-    return running.started + max(to_serve, MIN_RUN_S, running.served_gpu_s / load)

@@ -66,6 +66,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from service.scheduler import elastic
 from service.scheduler.mechanics import Outcome, Pass
 from service.scheduler.ranking import FairShareTerms, base_rank, rank_order
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, PolicyConfig, QueuedJob
@@ -85,6 +86,8 @@ def schedule(
     if config.preemption:
         scheduling.reclaim_reserved()
     policy.run(scheduling)
+    if scheduling.has_elastic:
+        elastic.grow(scheduling)
     return scheduling.decision
 
 

@@ -45,8 +45,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from service.core.defaults import DEFAULT_HALF_LIFE_S, FORECAST_SLICE_S
 from service.scheduler.clock import Event, Happens, SimCluster
+from service.scheduler.costs import MIN_RUN_S, RESTART_S, STOP_COST_S
+from service.scheduler.elastic import rate
 from service.scheduler.forecast import Replay, in_queue_order
-from service.scheduler.mechanics import RESTART_S
 from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.sim_metrics import SimState, advance, estimate_errors, metrics, percentile
@@ -93,16 +94,23 @@ def simulate(
     config: PolicyConfig | None = None,
     estimates_every: int = 0,
     group_shares: dict[str, float] | None = None,
+    elastic: float = 0.0,
 ) -> dict[str, Any]:
     """Replay `jobs`; returns the metrics as a JSON-able dict. With `estimates_every` N,
     every Nth arrival also gets its start estimated as the service would at submit time
     (`forecast` after the pass), beside the naive "queue position × mean run time / jobs
-    running", and the errors against its real start are reported (`start_estimates`)."""
+    running", and the errors against its real start are reported (`start_estimates`). With
+    `elastic` above 0, that share of the jobs on 2 to one host's GPUs is elastic down to 1
+    GPU (chosen by id, the same ones in every replay: `is_elastic`), and the resizes are
+    counted (`resizes`, `resizes_per_elastic_job`)."""
     config = config or PolicyConfig(policy=policy)
     config.policy = policy
     config.explain = False
     capacity = hosts * gpus_per_host
     runnable = [j for j in jobs if j.gpu_count <= capacity]
+    for job in runnable:
+        if is_elastic(job, elastic, gpus_per_host):
+            job.min_gpu_count = 1
     host_list = [HostCapacity(f"h{i:03d}", [1.0] * gpus_per_host) for i in range(hosts)]
     state = SimState(sim=SimCluster(host_list), capacity=float(capacity), group_shares=dict(group_shares or {}))
     state.has_groups = any(j.group is not None for j in runnable)
@@ -126,6 +134,12 @@ def simulate(
     result = metrics(
         runnable, run.finished, len(jobs) - len(runnable), state, capacity, (timings.pass_ms, timings.pass_cpu_ms)
     )
+    if elastic > 0:
+        resized = [j.resizes for j in runnable if j.min_gpu_count is not None]
+        result["elastic_jobs"] = len(resized)
+        result["resizes"] = sum(resized)
+        result["resizes_per_elastic_job"] = round(sum(resized) / len(resized), 3) if resized else 0.0
+        result["shrinks"], result["grows"] = run.shrinks, run.grows
     if estimates_every:
         result["start_estimates"] = estimate_errors(run.estimates, run.by_id)
         result.update(timings.with_starts())
@@ -169,9 +183,14 @@ class _Run:
     estimates: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Sampled job -> (forecast start, naive start), made at its arrival."""
     timings: _Timings = field(default_factory=_Timings)
+    shrinks: int = 0
+    grows: int = 0
+    """Elastic jobs' resizes (a move to another host counts as a growth)."""
 
     def ended(self, event: Event, now: float) -> None:
         state = self.state
+        if event.happens is Happens.WAKE:
+            return  # the pass that follows may decide anew (an elastic job may grow now)
         if event.happens is Happens.STOPPED:
             _requeue(state, self.by_id[event.job_id], now, self.half_life_s, self.oracle)
             return
@@ -201,8 +220,32 @@ class _Run:
             timings.slice_cpu_ms.extend(slices)
         for victim in [*decision.preempt, *decision.reclaim]:
             state.sim.stop(victim, now)
+        for job_id, kept in decision.shrink.items():
+            self.shrinks += 1
+            self.resize(self.by_id[job_id], None, kept, now)
         for placement in decision.placements:
             _start(state, self.by_id[placement.job_id], placement.slots, now, self.oracle)
+        for job_id, (host, indices) in decision.grow.items():
+            self.grows += 1
+            self.resize(self.by_id[job_id], host, indices, now)
+
+    def resize(self, job: TraceJob, host: str | None, indices: tuple[int, ...], now: float) -> None:
+        """An elastic job stops at a checkpoint and starts again from it on `indices` of its
+        host (or of `host`): what it trained so far is counted at its old size's rate, and
+        the new attempt pays `STOP_COST_S` (the checkpoint and the restart) on the new GPUs."""
+        state = self.state
+        part = state.sim.parts[job.id][0]
+        ran = now - part.started
+        _finish(state, job.id, now, self.half_life_s)
+        job.served += part.gpu_load * ran
+        job.left = max(0.0, (job.left or 0.0) - ran * rate(len(part.indices), job.gpu_count))
+        job.resizes += 1
+        wall = job.left / rate(len(indices), job.gpu_count) + STOP_COST_S
+        again = replace(
+            part, host=host or part.host, indices=indices, started=now, served_gpu_s=job.served, stopping=False
+        )
+        again.limit_s = wall if self.oracle else again.limit_s
+        _run(state, job, [again], wall)
 
 
 def _estimate(
@@ -256,6 +299,9 @@ def _start(state: SimState, job: TraceJob, slots: list[tuple[str, tuple[int, ...
     left = job.run_s if job.left is None else job.left
     job.left = left
     job.waited += now - (job.queued_at if job.queued_at is not None else job.submit)
+    size = sum(len(indices) for _, indices in slots)
+    elastic = job.min_gpu_count is not None and len(slots) == 1
+    wall = left / rate(size, job.gpu_count) if elastic else left
     parts = [
         RunningJob(
             id=job.id,
@@ -265,27 +311,42 @@ def _start(state: SimState, job: TraceJob, slots: list[tuple[str, tuple[int, ...
             indices=indices,
             fraction=queued.fraction,
             started=now,
-            limit_s=job.left if oracle else job.limit,
+            limit_s=wall if oracle else job.limit,
             estimate_s=queued.estimate_s,
             typical_s=queued.typical_s,
             served_gpu_s=job.served,
             group=job.group,
             job_gpu_load=job.gpu_count * queued.fraction if len(slots) > 1 else None,
+            min_gpu_count=job.min_gpu_count if elastic else None,
+            full_gpu_count=job.gpu_count if elastic else None,
         )
         for host, indices in slots
     ]
-    state.sim.start(parts, left)
-    state.held[job.user] += job.gpu_count * queued.fraction
-    state.group_held[job.group] += job.gpu_count * queued.fraction
+    _run(state, job, parts, wall)
+
+
+def _run(state: SimState, job: TraceJob, parts: list[RunningJob], wall: float) -> None:
+    """`job`'s attempt runs on `parts` for `wall` seconds. An elastic job below its full
+    size is looked at again once it may grow (`MIN_RUN_S`), even if nothing else happens."""
+    state.sim.start(parts, wall)
+    load = _load(job, parts)
+    state.held[job.user] += load
+    state.group_held[job.group] += load
+    size = sum(len(part.indices) for part in parts)
+    if parts[0].elastic and size < job.gpu_count:
+        state.sim.wake_at(parts[0].started + MIN_RUN_S)
 
 
 def _requeue(state: SimState, job: TraceJob, now: float, half_life_s: float, oracle: bool) -> None:
     """A preempted job has checkpointed: its GPUs free up and it queues again, its run
     time left grown by RESTART_S (starting again and restoring the checkpoint)."""
-    ran = now - state.sim.parts[job.id][0].started
+    parts = state.sim.parts[job.id]
+    ran = now - parts[0].started
+    size = sum(len(part.indices) for part in parts)
     _finish(state, job.id, now, half_life_s)
-    job.served += job.gpu_count * job.fraction * ran
-    job.left = max(0.0, (job.left or 0.0) - ran) + RESTART_S
+    job.served += _load(job, parts) * ran
+    progress = ran * rate(size, job.gpu_count) if parts[0].elastic else ran
+    job.left = max(0.0, (job.left or 0.0) - progress) + RESTART_S
     job.queued_at = now
     _enqueue(state, job, oracle)
 
@@ -304,11 +365,30 @@ def _enqueue(state: SimState, job: TraceJob, oracle: bool) -> None:
         typical_s=state.history.typical(job.user),
         served_gpu_s=job.served,
         group=job.group,
+        min_gpu_count=job.min_gpu_count,
     )
     state.waiting[job.user] += 1
     state.queued_load[job.user] += job.gpu_count * job.fraction
     state.group_waiting[job.group] += 1
     state.group_queued_load[job.group] += job.gpu_count * job.fraction
+
+
+def _load(job: TraceJob, parts: list[RunningJob]) -> float:
+    """The GPUs `job` holds on `parts`, by fraction: an elastic job's its own size, any
+    other's its GPU count (a job larger than a host takes whole hosts, and holds no more)."""
+    if parts[0].elastic:
+        return sum(part.gpu_load for part in parts)
+    return job.gpu_count * job.fraction
+
+
+def is_elastic(job: TraceJob, share: float, gpus_per_host: int) -> bool:
+    """Whether `job` is elastic in a replay with `share` of its multi-GPU jobs elastic: one
+    on 2 to `gpus_per_host` GPUs whose id falls in the share (a fixed scramble of the id, so
+    a half is every other job of any size, not the early ones). Its time limit, if any,
+    counts as work at its full size (a live one is a wall clock's: an approximation)."""
+    if share <= 0 or not 1 < job.gpu_count <= gpus_per_host:
+        return False
+    return (job.id * 2654435761) % 1000 < share * 1000
 
 
 def _finish(state: SimState, job_id: int, now: float, half_life_s: float) -> None:

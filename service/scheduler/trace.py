@@ -47,6 +47,11 @@ class TraceJob:
     """When it last went back to the queue after a stop (None: never stopped)."""
     group: str | None = None
     """Trace column `group`: the group it runs in (none when empty or absent)."""
+    min_gpu_count: int | None = None
+    """Elastic (`simulate(elastic=...)`): it may run on as few GPUs as this; its run time
+    left (`left`) is then counted at its full size (`service.scheduler.elastic.rate`)."""
+    resizes: int = 0
+    """How many times it was shrunk or grown."""
 
     @property
     def run_s(self) -> float:

@@ -51,6 +51,13 @@ class QueuedJob:
     """GPU-seconds its earlier attempts ran (0 for a job that never ran)."""
     group: str | None = None
     """The group it runs in (its share and quotas); None: none."""
+    min_gpu_count: int | None = None
+    """An elastic job (`service.scheduler.elastic`): it may start on as few GPUs as this, grow
+    to `gpu_count` and shrink back; None: it runs on `gpu_count` GPUs or not at all."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpu_count is not None and self.min_gpu_count < self.gpu_count
 
     @property
     def likely_run_s(self) -> float | None:
@@ -97,6 +104,13 @@ class RunningJob:
     stoppable: bool = True
     """Preemption and time slicing may stop it: False for a command job that does not say it
     resumes (`"resumable": false`); only an admin or its owner stops that one."""
+    min_gpu_count: int | None = None
+    full_gpu_count: int | None = None
+    """An elastic job's least and full size (`QueuedJob.min_gpu_count`); None: not elastic."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpu_count is not None and self.full_gpu_count is not None
 
     def served(self, now: float) -> float:
         """GPU-seconds the whole job has run so far (all its hosts), earlier attempts included."""
@@ -268,6 +282,14 @@ class Decision:
     reclaim: dict[int, int] = field(default_factory=dict)
     """Running job to stop -> the reservation (id) whose window began on its GPUs (with
     preemption on: the job took them expecting to end in time, and has not)."""
+    shrink: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Elastic running job -> the GPUs of its host it keeps: it gives up the others to a
+    waiting job of this pass (`service.scheduler.elastic`), restarting on these from its
+    checkpoint. Applied before the placements."""
+    grow: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """Elastic running job -> the host and GPUs it runs on from now (its own and idle ones,
+    or more idle ones of another host), restarting on them from its checkpoint. Applied
+    after the placements."""
     sliced: set[int] = field(default_factory=set)
     """Those of `preempt` stopped because they had their time slice (the others: for a
     higher-priority job)."""

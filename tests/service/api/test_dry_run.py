@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from service.core.db import Database
 from service.core.models import Job
-from service.scheduler.mechanics import CHECKPOINT_S
+from service.scheduler.costs import CHECKPOINT_S
 from tests.service.api.conftest import Api
 from tests.service.api.test_usage import add_run
 

@@ -1,7 +1,7 @@
 """The simulated cluster the forecast and the trace simulator share."""
 
 from service.scheduler.clock import Happens, SimCluster, SliceWakeups
-from service.scheduler.mechanics import CHECKPOINT_S, MIN_RUN_S
+from service.scheduler.costs import CHECKPOINT_S, MIN_RUN_S
 from service.scheduler.types import HostCapacity, QueuedJob, RunningJob
 
 

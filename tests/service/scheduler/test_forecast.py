@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
+from service.scheduler.costs import CHECKPOINT_S
 from service.scheduler.forecast import DEFAULT_RUN_S, Forecast, Replay, forecast
-from service.scheduler.mechanics import CHECKPOINT_S
 from service.scheduler.policy import schedule
 from service.scheduler.types import Cluster, FairShare, PolicyConfig
 from tests.service.scheduler.test_policy import NOW, cluster, job, running

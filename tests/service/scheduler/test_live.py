@@ -22,8 +22,8 @@ from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState,
 from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
+from service.scheduler.costs import CHECKPOINT_S
 from service.scheduler.live import LiveScheduler, PassReport
-from service.scheduler.mechanics import CHECKPOINT_S
 from service.scheduler.snapshot import read_cluster, read_queued
 from tests.stack import wait_for
 from towerq.contract.spec import JobSpec, Priority

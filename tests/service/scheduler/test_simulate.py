@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from service.scheduler.costs import CHECKPOINT_S, RESTART_S, STOP_COST_S
+from service.scheduler.elastic import rate
 from service.scheduler.history import RunTimes
-from service.scheduler.mechanics import CHECKPOINT_S, RESTART_S
 from service.scheduler.simulate import simulate
 from service.scheduler.trace import TraceError, TraceJob, read_trace
 from service.scheduler.types import Policy, PolicyConfig
@@ -364,3 +365,30 @@ def test_a_replay_that_writes_expected_starts_times_those_passes_too() -> None:
     assert timed["passes_with_starts"] == 30
     assert 0 < timed["p99_pass_with_starts_cpu_ms"] <= timed["max_pass_with_starts_cpu_ms"]
     assert timed["avg_jct_s"] == plain["avg_jct_s"], "timing the expected starts changes no decision"
+
+
+def test_an_elastic_job_starts_on_what_is_free_and_grows_when_the_rest_frees(tmp_path: Path) -> None:
+    """One host of 2 GPUs: a 1-GPU job of an hour, then a 2-GPU job of two hours. Rigid, the
+    second waits for the first. Elastic, it starts at once on the free GPU at 1/1.8 of its
+    full rate (`elastic.rate`), and when the first ends it grows onto both: a stop and a
+    restart (`STOP_COST_S`) with the work it has left."""
+    rows = ["0,3600,1,a", "1,7200,2,b"]
+    rigid = simulate(read_trace(trace(tmp_path, rows)), 1, 2, Policy.TOWERQ)
+    assert rigid["makespan_s"] == 3600 + 7200 and "resizes" not in rigid
+    jobs = read_trace(trace(tmp_path, rows))
+    result = simulate(jobs, 1, 2, Policy.TOWERQ, elastic=1.0)
+    left = 7200 - (3600 - 1) * rate(1, 2)
+    end = 3600 + left + STOP_COST_S
+    assert [j.start for j in jobs] == [0, 1] and jobs[1].waited == 0
+    assert result["makespan_s"] == pytest.approx(end, abs=0.1)
+    assert result["avg_jct_s"] == pytest.approx((3600 + end - 1) / 2, abs=0.1)
+    assert (result["elastic_jobs"], result["resizes"], result["grows"], result["shrinks"]) == (1, 1, 1, 0)
+
+
+def test_towerq_simulate_replays_a_share_of_jobs_as_elastic(tmp_path: Path) -> None:
+    path = trace(tmp_path, ["0,3600,1,a", "1,7200,2,b"])
+    out = run_simulate_cli(path, "--gpus-per-host", "2", "--time-slice", "0", "--elastic", "1")
+    elastic = json.loads(out.stdout)
+    assert (elastic["elastic_jobs"], elastic["grows"]) == (1, 1)
+    bad = run_simulate_cli(path, "--elastic", "1.5")
+    assert bad.returncode == 2 and "--elastic must be a share from 0 to 1" in bad.stderr

@@ -1,0 +1,138 @@
+"""Elastic jobs on the Philly window: towerq with a share of its multi-GPU jobs elastic
+against towerq with none, side by side on the same traces.
+
+Replays the Philly trace sample (32 hosts × 8 GPUs, the service's defaults: time slicing after
+an hour of GPU time) and `--seeds` bootstraps of it (`bench/scheduler_trace.py`'s), each three
+times: no job elastic; every job on 2-8 GPUs elastic down to 1 GPU; half of them (by id). An
+elastic job trains at `speed(n) / speed(full)` of its full rate on n GPUs, speed(n) =
+n × 0.9^log2(n) (Horovod's ~90 % per doubling at 25 GbE), and each resize costs it
+`STOP_COST_S` (a checkpoint and a restart: `service.scheduler.elastic`). Printed per trace:
+avg JCT and max wait as ratios to the replay without elastic jobs (the issue's goal: at most
+0.8× and at most 1.0×), GPU utilisation, resizes per elastic job, and the policy's CPU time
+per pass (p99 / max over the replay). Then one pass over 5,000 queued jobs with every GPU
+held by elastic jobs that may be shrunk (the most a pass looks at), against the same pass
+with rigid jobs: the goal is 20 ms p99 / 50 ms max.
+
+Usage: `python bench/elastic.py [--seeds N] [--workers N]` (the file and 10 seeds: about
+15 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.scheduler_trace import GPUS_PER_HOST, HOSTS, SLICE_GPU_S, TRACE, bootstrap  # noqa: E402
+from service.scheduler.costs import MIN_RUN_S  # noqa: E402
+from service.scheduler.policy import schedule  # noqa: E402
+from service.scheduler.simulate import simulate  # noqa: E402
+from service.scheduler.trace import TraceJob, read_trace  # noqa: E402
+from service.scheduler.types import (  # noqa: E402
+    Cluster,
+    FairShare,
+    HostCapacity,
+    Policy,
+    PolicyConfig,
+    QueuedJob,
+    RunningJob,
+)
+
+SHARES = (0.0, 1.0, 0.5)
+JCT_GOAL, WAIT_GOAL = 0.8, 1.0
+
+
+def replay(work: tuple[int, float]) -> tuple[int, float, dict]:
+    seed, share = work
+    jobs = read_trace(TRACE)
+    sample = bootstrap(jobs, seed) if seed else jobs
+    config = PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
+    return (
+        seed,
+        share,
+        simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, config=config, elastic=share),
+    )
+
+
+def pass_ms(jobs: list[TraceJob], elastic: bool, repeats: int = 7) -> float:
+    """Median ms of one pass: every job of the file queued (elastic where it may be), every
+    GPU held by an 8-GPU job past `MIN_RUN_S` (elastic, and so shrinkable, or not)."""
+    now = max(j.submit for j in jobs) + 1
+    hosts = [HostCapacity(f"h{i:03d}", [0.0] * GPUS_PER_HOST) for i in range(HOSTS)]
+    extra = {"min_gpu_count": 1, "full_gpu_count": GPUS_PER_HOST} if elastic else {}
+    running = [
+        RunningJob(
+            10**7 + i, jobs[i].user, 1, f"h{i:03d}", tuple(range(GPUS_PER_HOST)), 1.0, now - MIN_RUN_S - 60 * i, **extra
+        )
+        for i in range(HOSTS)
+    ]
+    queued = [
+        QueuedJob(
+            j.id, j.user, 1, j.gpu_count, 1.0, j.submit, min_gpu_count=1 if elastic and 1 < j.gpu_count <= 8 else None
+        )
+        for j in jobs
+    ]
+    usage = {user: 1000.0 * k for k, user in enumerate(sorted({j.user for j in jobs}))}
+    times = []
+    for _ in range(repeats):
+        started = time.thread_time()
+        schedule(
+            queued, Cluster(hosts, running), FairShare(usage=usage), now, PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
+        )
+        times.append((time.thread_time() - started) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=10, help="bootstraps beside the file (default 10)")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    work = [(seed, share) for seed in range(args.seeds + 1) for share in SHARES]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        results = {(seed, share): result for seed, share, result in pool.map(replay, work)}
+    print(
+        f"Philly window ({HOSTS} hosts x {GPUS_PER_HOST} GPUs, slicing after {SLICE_GPU_S:g} GPU-s) and {args.seeds} "
+        "bootstraps; ratios to the same trace with no job elastic"
+    )
+    print(
+        f"{'trace':<8}{'share':>6}{'avg JCT':>9}{'max wait':>10}{'util':>12}{'resizes/job':>13}{'pass p99/max ms':>17}"
+    )
+    met = {share: 0 for share in SHARES[1:]}
+    ratios: dict[float, list[float]] = {share: [] for share in SHARES[1:]}
+    for seed in range(args.seeds + 1):
+        base = results[(seed, 0.0)]
+        for share in SHARES[1:]:
+            got = results[(seed, share)]
+            jct = got["avg_jct_s"] / base["avg_jct_s"]
+            wait = got["max_wait_s"] / base["max_wait_s"] if base["max_wait_s"] else 1.0
+            ratios[share].append(jct)
+            met[share] += jct <= JCT_GOAL and wait <= WAIT_GOAL
+            name = "file" if seed == 0 else f"seed {seed}"
+            util = f"{base['utilization']:.3f}>{got['utilization']:.3f}"
+            cpu = f"{got['p99_pass_cpu_ms']:.1f} / {got['max_pass_cpu_ms']:.1f}"
+            print(
+                f"{name:<8}{share:>6.1f}{jct:>9.3f}{wait:>10.3f}{util:>12}{got['resizes_per_elastic_job']:>13.2f}{cpu:>17}"
+            )
+    for share in SHARES[1:]:
+        print(
+            f"share {share:.1f}: avg JCT ratio mean {statistics.mean(ratios[share]):.3f}, "
+            f"worst {max(ratios[share]):.3f}; "
+            f"goal (avg JCT <= {JCT_GOAL}, max wait <= {WAIT_GOAL}) met on {met[share]} of {args.seeds + 1}"
+        )
+    jobs = read_trace(TRACE)
+    rigid, elastic = pass_ms(jobs, elastic=False), pass_ms(jobs, elastic=True)
+    print(
+        f"one pass, {len(jobs)} queued, every GPU held by 8-GPU jobs: {elastic:.1f} ms CPU with elastic jobs "
+        f"(shrinkable), {rigid:.1f} ms with rigid ones (goal 20 ms p99 / 50 ms max)"
+    )
+
+
+if __name__ == "__main__":
+    main()

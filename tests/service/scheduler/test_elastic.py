@@ -1,0 +1,81 @@
+"""Elastic jobs in the policy (`service.scheduler.elastic`): a job with a `min_gpu_count`
+starts on what is free, a waiting job shrinks one instead of waiting, and one below its
+full size grows onto idle GPUs (of its host, or of another by moving), each resize no
+sooner than `MIN_RUN_S` after the last."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.scheduler.costs import MIN_RUN_S
+from service.scheduler.elastic import rate, speed
+from tests.service.scheduler.test_policy import HIGH, NOW, cluster, job, placed, run, running
+
+
+def elastic_running(job_id: int, host: str, indices: tuple[int, ...], full: int, **kw: object):
+    values: dict[str, object] = {"min_gpu_count": 1, "full_gpu_count": full, "started": NOW - MIN_RUN_S - 1}
+    values.update(kw)
+    return running(job_id, host, indices, **values)
+
+
+def test_the_throughput_model_keeps_90_percent_per_doubling() -> None:
+    assert (speed(1), speed(2), speed(4)) == pytest.approx((1.0, 1.8, 3.24))
+    assert rate(2, 4) == pytest.approx(1.8 / 3.24) and rate(4, 4) == 1.0
+
+
+def test_an_elastic_job_starts_on_what_is_free_and_a_rigid_one_waits() -> None:
+    busy = cluster(4, running=[running(9, "lab-a", (0, 1))])
+    assert placed(run([job(1, gpus=4, min_gpu_count=1)], busy)) == {1: ("lab-a", (2, 3))}
+    assert placed(run([job(1, gpus=4, min_gpu_count=3)], busy)) == {}, "not below its minimum"
+    assert placed(run([job(1, gpus=4)], busy)) == {}
+
+
+def test_a_waiting_job_shrinks_an_elastic_job_instead_of_waiting() -> None:
+    wide = elastic_running(5, "lab-a", (0, 1, 2, 3), full=4)
+    decision = run([job(1, gpus=2)], cluster(4, running=[wide]))
+    assert decision.shrink == {5: (0, 1)} and placed(decision) == {1: ("lab-a", (2, 3))}
+    assert decision.preempt == {} and decision.grow == {}
+
+
+@pytest.mark.parametrize(
+    ("wide", "why"),
+    [
+        (elastic_running(5, "lab-a", (0, 1, 2, 3), full=4, started=NOW - 60), "resized less than MIN_RUN_S ago"),
+        (elastic_running(5, "lab-a", (0, 1, 2, 3), full=4, priority=HIGH), "of a higher priority"),
+        (elastic_running(5, "lab-a", (0, 1, 2, 3), full=4, min_gpu_count=3), "it would go below its minimum"),
+        (running(5, "lab-a", (0, 1, 2, 3)), "not elastic"),
+    ],
+)
+def test_a_job_is_not_shrunk(wide, why: str) -> None:
+    decision = run([job(1, gpus=2)], cluster(4, running=[wide]))
+    assert decision.shrink == {} and placed(decision) == {}, why
+
+
+def test_a_shrink_leaves_a_job_half_of_what_it_holds() -> None:
+    """A 4-GPU job cannot take all four of an elastic job's: it would keep two."""
+    wide = elastic_running(5, "lab-a", (0, 1, 2, 3), full=4)
+    decision = run([job(1, gpus=4)], cluster(4, running=[wide]))
+    assert decision.shrink == {} and placed(decision) == {}
+    decision = run([job(1, gpus=4, min_gpu_count=1)], cluster(4, running=[wide]))
+    assert decision.shrink == {5: (0, 1)} and placed(decision) == {1: ("lab-a", (2, 3))}, "an elastic one takes two"
+
+
+def test_an_elastic_job_grows_onto_the_idle_gpus_of_its_host() -> None:
+    small = elastic_running(5, "lab-a", (0, 1), full=4)
+    assert run([], cluster(4, running=[small])).grow == {5: ("lab-a", (0, 1, 2, 3))}
+    young = elastic_running(5, "lab-a", (0, 1), full=4, started=NOW - 60)
+    assert run([], cluster(4, running=[young])).grow == {}, "resized less than MIN_RUN_S ago"
+    ending = elastic_running(5, "lab-a", (0, 1), full=4, estimate_s=MIN_RUN_S + 120, typical_s=MIN_RUN_S + 120)
+    assert run([], cluster(4, running=[ending])).grow == {}, "two minutes left: the restart would not pay"
+
+
+def test_a_waiting_job_takes_idle_gpus_before_an_elastic_job_grows_onto_them() -> None:
+    small = elastic_running(5, "lab-a", (0, 1), full=4, started=NOW - 3600)  # likely an hour more
+    decision = run([job(1, gpus=1)], cluster(4, running=[small]))
+    assert placed(decision) == {1: ("lab-a", (2,))} and decision.grow == {5: ("lab-a", (0, 1, 3))}
+
+
+def test_an_elastic_job_grows_by_moving_to_a_host_with_more_idle_gpus() -> None:
+    small = elastic_running(5, "lab-a", (0,), full=4)
+    busy = cluster(4, 4, running=[small, running(9, "lab-a", (1, 2, 3))])
+    assert run([], busy).grow == {5: ("lab-b", (0, 1, 2, 3))}
