@@ -14,8 +14,9 @@ RESTART_S = 60.0
 STOP_COST_S = CHECKPOINT_S + RESTART_S
 """What stopping a job costs it: the checkpoint it writes, and the restart it pays again."""
 MIN_RUN_S = 600.0
-"""Time slicing stops no attempt younger than this: starting a job again costs about a
-minute (`RESTART_S`), so each slice pays for it at least ten times over."""
+"""Time slicing stops no attempt younger than this, and an elastic job is resized no sooner
+after its last start: starting a job again costs about a minute (`RESTART_S`), so each
+slice or size pays for it at least ten times over."""
 
 
 def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:

@@ -16,6 +16,9 @@ policy that stops jobs, choosing the victims of preemption and time slicing.
   pays (`_slice_victims`). An attempt is never stopped before it has run `MIN_RUN_S` and as
   long as all the job's earlier attempts together (`sliceable_from`), so slices double and
   a job is stopped at most about log2(its run time / the threshold) times.
+- Elastic jobs (`service.scheduler.elastic`): before anything is stopped for a job that does
+  not fit, an elastic one may start on fewer GPUs, and any may shrink elastic jobs for room;
+  after the pass, elastic jobs below their size may grow onto idle GPUs.
 """
 
 from __future__ import annotations
