@@ -316,7 +316,7 @@ class MetricSink:
         batch = Report(self.metrics, self.logs, fields, self.unwritten_log_bytes)
         self.metrics, self.logs, self.latest, self.first_buffered, self.urgent = [], [], {}, None, False
         self.unwritten_log_bytes = 0
-        if (self.failure is None or self.moved_on) and (batch.metrics or batch.logs or batch.fields or batch.log_bytes):
+        if self._writes and (batch.metrics or batch.logs or batch.fields or batch.log_bytes):
             if self.writer is None:
                 self.writer = threading.Thread(target=self._write_batches, name=f"relay-{self.job_id}", daemon=True)
                 self.writer.start()
@@ -337,7 +337,7 @@ class MetricSink:
         while True:
             batch = self.batches.get()
             try:
-                if batch is not None and (self.failure is None or self.moved_on):
+                if batch is not None and self._writes:
                     self._write(batch)
             except Exception as err:  # noqa: BLE001 - the reading thread raises it (flush)
                 self.failure = err
@@ -355,12 +355,19 @@ class MetricSink:
         except StaleAttempt as err:
             if batch.held or not self.speaks:
                 raise
-            refused, self.moved_on, batch.held = err, True, True
+            refused, batch.held = err, True
+            self.job_moved_on()  # the points read from now on are not the job's
             self.channel.report(batch)  # read before the move was known: what the attempt trained
         if batch.logs:
             self._append_log_file(batch.logs)
         if refused is not None:
             raise refused  # the runner learns of the move (`flush`)
+
+    @property
+    def _writes(self) -> bool:
+        """Whether batches still go out: until the writer failed, and after it for what rank
+        0's sink held when the job moved on (the database decides whether to keep it)."""
+        return self.failure is None or self.moved_on
 
     def job_moved_on(self) -> None:
         """The runner learned that the job moved on from this attempt (`moved_on`)."""

@@ -96,8 +96,8 @@ def shrink_for(scheduling: Pass, job: QueuedJob) -> bool:
     if best is None:
         scheduling.no_shrink.add(shape)
         return False
-    (size, _, _), host, open_now, given = best[0], best[1], best[2], best[3]
-    size = -size
+    key, host, open_now, given = best
+    size = -key[0]
     taken = list(open_now)
     for running in list(free.running_on[host]):
         if running.id not in given:
@@ -160,8 +160,8 @@ def _room_on(
     scheduling: Pass, job: QueuedJob, host: str, end: Ends
 ) -> tuple[int, list[int], dict[int, tuple[int, ...]]] | None:
     """On `host`: the size `job` would start at, the GPUs it would take that are open now,
-    and the GPUs each shrunk job would give up (the fewest jobs, those with the most to
-    spare first); None when shrinking cannot make room for it there."""
+    and the GPUs each shrunk job would give up (the most served first, each only what it
+    spares above what it keeps); None when shrinking cannot make room for it there."""
     free = scheduling.free
     if host not in free.hosts:
         return None
