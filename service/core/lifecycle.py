@@ -103,11 +103,13 @@ def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fr
     job.reserved_start_at = None
     job.expected_start_at = None
     job.expected_host = None
+    job.resize_to = None
     hosts: dict[int, list[str]] = {}
     for gpu in gpus:
         hosts.setdefault(gpu.host_id, []).append(str(gpu.index))
     if len(hosts) == 1:
-        record_state(session, job, JobState.DISPATCHED, f"{gpu_list(hosts[gpus[0].host_id])} on {host_name}")
+        size = f" ({len(gpus)} of {job.gpu_count} GPUs, elastic)" if len(gpus) != job.gpu_count else ""
+        record_state(session, job, JobState.DISPATCHED, f"{gpu_list(hosts[gpus[0].host_id])} on {host_name}{size}")
         return
     names = {gpu.host_id: gpu.host.name for gpu in gpus}
     where = "; ".join(f"rank {r}: {gpu_list(ids)} on {names[h]}" for r, (h, ids) in enumerate(hosts.items()))

@@ -239,6 +239,7 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         spec_version=SPEC_VERSION,
         priority=spec.priority.value,
         gpu_count=spec.gpu_count,
+        min_gpu_count=spec.min_gpu_count if spec.min_gpu_count != spec.gpu_count else None,
         gpu_memory_fraction=spec.gpu_memory_fraction,
         requested_host=host,
         requested_gpus=spec.gpus,
@@ -316,6 +317,12 @@ def check_over_hosts(sizes: list[int], spec: JobSpec) -> None:
         raise SpecError("gpu_memory_fraction", "a job over several hosts takes whole GPUs: leave it at 1")
     if spec.tower_weights is not None:
         raise SpecError("tower_weights", "a job over several hosts has equal towers: leave tower_weights out")
+    if spec.min_gpu_count is not None and spec.min_gpu_count < count:
+        raise SpecError(
+            "min_gpu_count",
+            f"a job over several hosts ({count} GPUs; the largest host has {largest}) runs at its full size, "
+            "never resized: leave min_gpu_count out, or ask for at most one host's GPUs",
+        )
     if spec.is_command and not spec.network:
         raise SpecError(
             "network",

@@ -99,6 +99,10 @@ def _describe_one(reason: Reason, now: float) -> str:
             if reason.kind == Wait.PREEMPTING:
                 return f"stopping lower-priority {jobs} on {host} to make room"
             return f"stopping {jobs} on {host} (had their time slice) to make room"
+        case Wait.SHRINKING:
+            host, job_ids = a
+            jobs = ", ".join(f"job {j}" for j in job_ids)
+            return f"shrinking elastic {jobs} on {host} to make room (each restarts from its checkpoint on fewer GPUs)"
     return str(reason.kind)
 
 

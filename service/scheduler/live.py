@@ -33,6 +33,7 @@ from service.scheduler.handover import HandOver, cancel_never
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
+from service.scheduler.resize import place_resized, read_targets, request_resizes
 from service.scheduler.snapshot import Stored, free_room, held_back, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from towerq.contract.messages import PreemptMessage
@@ -48,6 +49,8 @@ class PassReport:
     """(job id, attempt, host, GPU indices) started in this pass."""
     waiting: int = 0
     preempted: list[int] = field(default_factory=list)
+    resized: list[int] = field(default_factory=list)
+    """Elastic jobs asked to stop to restart on more or fewer GPUs."""
     repairs: Repairs = field(default_factory=Repairs)
     seconds: float = 0.0
 
@@ -112,15 +115,24 @@ class LiveScheduler:
             cluster, _ = read_cluster(session, now)
             usage = self.ledger.usage(session, now)
             fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit, now)
+            targets = read_targets(session)
         cancel_never(self.ctx, never)
         self.ledger.history.annotate(queued, cluster.running)
+        by_id = {q.id: q for q in queued}
+        resized = place_resized(queued, cluster, targets, now.timestamp())  # before anyone takes their GPUs
+        if resized:
+            placed = {p.job_id for p in resized}
+            queued = [q for q in queued if q.id not in placed]
         decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
         stopping: list[PreemptMessage] = []
-        if decision.placements or decision.preempt or decision.reclaim:
+        if resized or decision.placements or decision.preempt or decision.reclaim or decision.shrink or decision.grow:
             with self.ctx.db.write() as session:
                 self._serialize(session)
                 stops = stop_reasons(decision, cluster, now.timestamp())
-                stopping = self._commit(session, decision, {q.id: q for q in queued}, stops, report)
+                commit = Decision(resized + decision.placements, preempt=decision.preempt, reclaim=decision.reclaim)
+                stopping = self._commit(session, commit, by_id, stops, report)
+                report.resized, resizing = request_resizes(session, decision, cluster)
+                stopping += resizing
         for job_id, attempt, host, rank in report.repairs.resend:
             log.warning(
                 "launch of job %s attempt %s was lost (Redis flushed?): sent again to %s", job_id, attempt, host

@@ -111,6 +111,11 @@ class Pass:
         """The eldest queued job when it needs a whole host: it may slice (towerq's rule)."""
         self.has_elastic = any(r.elastic for r in cluster.running)
         """Some running job is elastic: a waiting job may shrink it, and it may grow."""
+        self.shrinking: dict[int, list[RunningJob]] = {}
+        """Live: queued job -> the elastic jobs stopping to shrink for it (it waits for them)."""
+        for running in cluster.running:
+            if running.shrinking_for is not None and running.stopping:
+                self.shrinking.setdefault(running.shrinking_for, []).append(running)
         self.no_shrink: set[tuple[object, ...]] = set()
         """Shapes of jobs that found no elastic job to shrink for them (later in the pass
         there are fewer, each holding no more)."""
@@ -145,6 +150,10 @@ class Pass:
         if slots is not None:
             self.place(job, slots)
             return Outcome.PLACED
+        if job.id in self.shrinking:  # the GPUs are on their way: nothing else is stopped for it
+            victims = self.shrinking[job.id]
+            self._wait(job, Reason(Wait.SHRINKING, (victims[0].host, tuple(r.id for r in victims))))
+            return Outcome.NO_ROOM
         if elastic.start_small(self, job) or (self.has_elastic and elastic.shrink_for(self, job)):
             return Outcome.PLACED
         reason = self._make_room(job)

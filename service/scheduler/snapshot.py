@@ -67,6 +67,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
             User.name,
             Job.priority,
             Job.gpu_count,
+            Job.min_gpu_count,
             Job.gpu_memory_fraction,
             Job.created_at,
             Job.requested_host,
@@ -98,6 +99,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
                 served_gpu_s=served.get(r.id, 0.0),
                 group=r.group,
+                min_gpu_count=r.min_gpu_count,
             )
         )
         current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at, r.expected_start_at, r.expected_host)
@@ -150,6 +152,9 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.preempt_requested_at,
             Job.group,
             Job.spec,
+            Job.gpu_count,
+            Job.min_gpu_count,
+            Job.resize_to,
             Job.state,
             Job.step,
             Job.step_at,
@@ -186,6 +191,9 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
                 stoppable=stoppable(r.spec),
+                min_gpu_count=r.min_gpu_count,
+                full_gpu_count=r.gpu_count if r.min_gpu_count is not None else None,
+                shrinking_for=(r.resize_to or {}).get("for"),
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
     whole: dict[int, float] = defaultdict(float)

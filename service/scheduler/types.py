@@ -107,6 +107,9 @@ class RunningJob:
     min_gpu_count: int | None = None
     full_gpu_count: int | None = None
     """An elastic job's least and full size (`QueuedJob.min_gpu_count`); None: not elastic."""
+    shrinking_for: int | None = None
+    """Live: an elastic job stopping to restart on fewer GPUs (`Decision.shrink`) for this
+    queued job, which waits for the GPUs it gives up; None: not shrinking."""
 
     @property
     def elastic(self) -> bool:
@@ -238,6 +241,7 @@ class Wait(enum.StrEnum):
     RESERVED = "reserved"  # (host, indices, for job id, start)
     PREEMPTING = "preempting"  # (host, job ids)
     SLICING = "slicing"  # (host, job ids): time slicing stops long-served jobs for it
+    SHRINKING = "shrinking"  # (host, job ids): elastic jobs stop to restart on fewer GPUs for it
 
 
 @dataclass(slots=True, frozen=True)

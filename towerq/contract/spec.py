@@ -168,6 +168,15 @@ class JobSpec(TrainSpec):
             "largest size, one trainer (rank) on each (docs/multihost.md; a command job also needs network)"
         ),
     )
+    min_gpu_count: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_JOB,
+        description=(
+            "elastic: it may start on as few GPUs of one host as this, grow to gpu_count and shrink back, "
+            "restarting from its checkpoint; a step's batch stays gpu_count's (docs/scheduling.md)"
+        ),
+    )
     host: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(default=None, description="run only there")
     gpu_memory_fraction: float = Field(default=1.0, gt=0, le=1, description="below 1: share GPUs with other jobs")
     memory_growth: bool = Field(default=False, description="let TensorFlow take GPU memory as it needs it")
@@ -231,6 +240,8 @@ class JobSpec(TrainSpec):
             raise ValueError(f"tower_weights has {len(self.tower_weights)} entries for {self.gpu_count} GPUs")
         if self.memory_growth and self.gpu_memory_fraction < 1:
             raise ValueError("memory_growth cannot be combined with gpu_memory_fraction < 1")
+        if self.min_gpu_count is not None:
+            self._check_elastic()
         if self.kind == "notebook":
             self._check_notebook()
         elif self.idle_timeout_s is not None:
@@ -261,6 +272,24 @@ class JobSpec(TrainSpec):
             shown = " ".join(self.command) if self.command is not None else f"{self.model}-{self.dataset}"
             self.name = "".join(c if c.isprintable() else " " for c in shown)[:128]
         return self
+
+    def _check_elastic(self) -> None:
+        """An elastic job (`min_gpu_count`) is resized by a stop at a checkpoint and a start
+        from it on other GPUs: it must resume, and may run on any GPUs of a host."""
+        assert self.min_gpu_count is not None and self.gpu_count is not None
+        if self.min_gpu_count > self.gpu_count:
+            raise ValueError(f"min_gpu_count: {self.min_gpu_count} is above gpu_count ({self.gpu_count})")
+        if self.gpus is not None:
+            raise ValueError("min_gpu_count: a job on the GPUs it names (gpus) runs on exactly those, never fewer")
+        if self.tower_weights is not None:
+            raise ValueError("min_gpu_count: tower_weights fit one size of job; an elastic job's size changes")
+        if self.kind == "notebook":
+            raise ValueError("min_gpu_count: a notebook session is never stopped to be resized (docs/notebooks.md)")
+        if self.command is not None and not self.resumable:
+            raise ValueError(
+                "min_gpu_count: a command job is resized by a stop and a restart from its checkpoint: "
+                "it must resume (resumable: true, reading TOWERQ_CHECKPOINT_DIR and the GPUs it is given)"
+            )
 
     def _check_command(self) -> None:
         if self.model is not None:

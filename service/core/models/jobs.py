@@ -50,6 +50,12 @@ class Job(Base):
     (its answer was lost) is stored once."""
     priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
     gpu_count: Mapped[int] = mapped_column(Integer)
+    min_gpu_count: Mapped[int | None] = mapped_column(Integer, default=None)
+    """An elastic job's least size (its spec's `min_gpu_count`, below `gpu_count`); None: not elastic."""
+    resize_to: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """An elastic job the scheduler stopped to resize: `{"host", "gpus", "for"}`, the GPUs its
+    next attempt starts on (as many of them as are free then, at least its minimum) and the
+    job a shrink made room for (None: it grows). Cleared when it is dispatched again."""
     gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)
     requested_host: Mapped[str | None] = mapped_column(String(128), default=None)
     requested_gpus: Mapped[list[Any] | None] = mapped_column(default=None)

@@ -109,6 +109,52 @@ def test_what_the_trainer_would_refuse_is_refused_at_submit_time(
     assert stored_jobs(db) == 0
 
 
+ELASTIC = {**SPEC, "gpus": None, "gpu_count": 4, "min_gpu_count": 1}
+COMMAND = {"command": ["python", "train.py"], "code": "0" * 64, "gpu_count": 4, "min_gpu_count": 2}
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({**ELASTIC, "min_gpu_count": 5}, "min_gpu_count: 5 is above gpu_count (4)"),
+        ({**ELASTIC, "gpus": [0, 1, 2, 3]}, "min_gpu_count: a job on the GPUs it names (gpus) runs on exactly those"),
+        ({**ELASTIC, "tower_weights": [1, 1, 1, 1]}, "min_gpu_count: tower_weights fit one size of job"),
+        ({"kind": "notebook", "gpu_count": 2, "min_gpu_count": 1}, "min_gpu_count: a notebook session is never"),
+        (COMMAND, "min_gpu_count: a command job is resized by a stop and a restart from its checkpoint"),
+        ({**ELASTIC, "gpu_count": 8, "min_gpu_count": 4}, "8 GPUs asked for but the largest host has 4"),
+        ({**ELASTIC, "min_gpu_count": 0}, "min_gpu_count: Input should be greater than or equal to 1"),
+    ],
+)
+def test_an_elastic_job_that_cannot_be_resized_gets_422_naming_min_gpu_count(
+    alice: Api, db: Database, spec: dict[str, object], words: str
+) -> None:
+    response = alice.post("/api/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    messages = " | ".join(d["msg"] for d in response.json()["detail"])
+    assert words in messages
+    assert stored_jobs(db) == 0
+
+
+def test_a_job_over_several_hosts_is_not_elastic(alice: Api, db: Database, add_host: Callable[..., None]) -> None:
+    add_host("lab-b", 4)
+    response = alice.post("/api/jobs", json={**ELASTIC, "gpu_count": 8, "min_gpu_count": 4})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["msg"].startswith(
+        "min_gpu_count: a job over several hosts (8 GPUs; the largest host has 4) runs at its full size"
+    )
+    assert stored_jobs(db) == 0
+
+
+def test_an_elastic_job_is_stored_with_its_least_size(alice: Api, db: Database) -> None:
+    response = alice.post("/api/jobs", json=ELASTIC)
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["min_gpu_count"] == 1
+    rigid = alice.post("/api/jobs", json={**ELASTIC, "min_gpu_count": 4})  # its least size is its size: not elastic
+    with db.read() as session:
+        stored = {job_id: least for job_id, least in session.execute(select(Job.id, Job.min_gpu_count))}
+    assert stored == {response.json()["id"]: 1, rigid.json()["id"]: None}
+
+
 def test_options_that_apply_are_accepted(alice: Api) -> None:
     spec = {
         **SPEC,

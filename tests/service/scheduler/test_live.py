@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -21,29 +21,12 @@ from service.core.lifecycle import finish, locked_job, mark_running, requeue
 from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
 from service.core.settings import Settings
 from service.jobs.submit import submit
-from service.lab.auth import Caller, ensure_user
+from service.lab.auth import Caller
 from service.scheduler.costs import CHECKPOINT_S
 from service.scheduler.live import LiveScheduler, PassReport
 from service.scheduler.snapshot import read_cluster, read_queued
 from tests.stack import wait_for
-from towerq.contract.spec import JobSpec, Priority
-
-
-@pytest.fixture
-def ctx(settings: Settings) -> Iterator[Context]:
-    context = Context.open(settings)
-    yield context
-    context.close()
-
-
-@pytest.fixture
-def caller(ctx: Context) -> Callable[[str], Caller]:
-    def make(name: str) -> Caller:
-        with ctx.db.write() as session:
-            user = ensure_user(session, name)
-            return Caller(user.id, user.name, False, 0, max_priority=Priority.HIGH)  # as if an admin allowed it
-
-    return make
+from towerq.contract.spec import JobSpec
 
 
 def submit_job(ctx: Context, who: Caller, **spec: object) -> int:

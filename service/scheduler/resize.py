@@ -1,0 +1,134 @@
+"""Live resizes of elastic jobs: what the policy decides (`Decision.shrink`, `Decision.grow`,
+`service.scheduler.elastic`) done to running attempts.
+
+A resize is a stop at a checkpoint and a start from it on other GPUs (a model job's step
+keeps its global batch on any number of towers: docs/trainer.md). The pass that decides it
+asks the job's worker to stop, as preemption does, and records where its next attempt
+starts (`Job.resize_to`): a shrink its own GPUs less those it gives up, a grow its own and
+the idle ones it was given (or those of another host). While it stops it holds all its
+GPUs, and the job a shrink makes room for waits for them (`Wait.SHRINKING`) without
+stopping anything else. When the attempt has ended and the job is queued again, the next
+pass gives it those GPUs first, before the policy places anyone (`place_resized`), so the
+queue cannot take the GPUs a job kept; only the GPUs it gave up go to the queue, where the
+job it shrank for, the first that waits, takes them. Where some of its GPUs were taken
+meanwhile (a grow's idle GPUs, by a job that came since), it starts on those still free if
+they are at least its minimum, and otherwise waits in the queue like any elastic job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.core.lifecycle import gpu_list, request_preemption
+from service.core.models import Job, JobState
+from service.scheduler.types import EPSILON, Cluster, Decision, Placement, QueuedJob, RunningJob
+from towerq.contract.messages import PreemptMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a resized job's next attempt starts."""
+
+    host: str
+    gpus: tuple[int, ...]
+
+
+def read_targets(session: Session) -> dict[int, Target]:
+    """The queued jobs a resize stopped, and where each starts next."""
+    rows = session.execute(select(Job.id, Job.resize_to).where(Job.state == JobState.QUEUED, Job.resize_to.isnot(None)))
+    targets = {}
+    for job_id, resize_to in rows:
+        if isinstance(resize_to, dict) and isinstance(resize_to.get("host"), str):
+            targets[job_id] = Target(resize_to["host"], tuple(int(i) for i in resize_to.get("gpus") or ()))
+    return targets
+
+
+def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, Target], now: float) -> list[Placement]:
+    """Placements for the queued jobs a resize stopped, on the GPUs of their target still
+    free (at least their minimum), taken from `cluster` (each joins its running jobs, so
+    that the policy then sees them held)."""
+    hosts = {h.name: h for h in cluster.hosts}
+    placements = []
+    for job in sorted((q for q in queued if q.id in targets), key=lambda q: q.id):
+        target = targets[job.id]
+        host = hosts.get(target.host)
+        if host is None:
+            continue
+        free = [
+            i
+            for i in target.gpus
+            if i < len(host.free) and i not in host.unusable and host.free[i] >= job.fraction - EPSILON
+        ]
+        size = min(job.gpu_count, len(free))
+        if size < (job.min_gpu_count or job.gpu_count):
+            continue
+        indices = tuple(free[:size])
+        host.take(indices, job.fraction)
+        cluster.running.append(
+            RunningJob(
+                id=job.id,
+                user=job.user,
+                priority=job.priority,
+                host=host.name,
+                indices=indices,
+                fraction=job.fraction,
+                started=now,
+                limit_s=job.limit_s,
+                served_gpu_s=job.served_gpu_s,
+                group=job.group,
+                min_gpu_count=job.min_gpu_count,
+                full_gpu_count=job.gpu_count,
+            )
+        )
+        placements.append(Placement(job.id, [(host.name, indices)]))
+    return placements
+
+
+def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> tuple[list[int], list[PreemptMessage]]:
+    """Ask the workers of the jobs the pass shrinks or grows to stop at a checkpoint, and
+    record where each starts next; (the jobs asked, the messages for the executor once
+    this commits)."""
+    running = {r.id: r for r in cluster.running}
+    asked, stopping = [], []
+    for job_id, kept in decision.shrink.items():
+        was = running[job_id]
+        given = {i for i in was.indices if i not in kept}
+        for_job = next(
+            (p.job_id for p in decision.placements for host, ids in p.slots if host == was.host and given & set(ids)),
+            None,
+        )
+        job = session.get(Job, job_id)
+        if job is None:
+            continue
+        whom = f"for job {for_job}" if for_job is not None else "to make room"
+        reason = (
+            f"shrinking to {len(kept)} of {job.gpu_count} GPUs {whom}: it restarts on "
+            f"{gpu_list([str(i) for i in kept])} of {was.host} from its checkpoint"
+        )
+        if message := _stop(session, job, reason, Target(was.host, kept), for_job):
+            asked.append(job_id)
+            stopping.append(message)
+    for job_id, (host, indices) in decision.grow.items():
+        job = session.get(Job, job_id)
+        if job is None:
+            continue
+        where = f"{gpu_list([str(i) for i in indices])} of {host}"
+        reason = (
+            f"growing to {len(indices)} of {job.gpu_count} GPUs (idle ones): it restarts on {where} from its checkpoint"
+        )
+        if message := _stop(session, job, reason, Target(host, indices), None):
+            asked.append(job_id)
+            stopping.append(message)
+    return asked, stopping
+
+
+def _stop(session: Session, job: Job, reason: str, target: Target, for_job: int | None) -> PreemptMessage | None:
+    if job.state not in (JobState.DISPATCHED, JobState.RUNNING) or job.min_gpu_count is None:
+        return None
+    message = request_preemption(session, job, reason)
+    if message is not None:
+        job.resize_to = {"host": target.host, "gpus": list(target.gpus), "for": for_job}
+    return message

@@ -1,0 +1,161 @@
+"""Elastic jobs in the live pass (issue 47), against a real database and Redis: an elastic
+job starts on what is free, shrinks for a waiting job and grows onto idle GPUs by a stop
+at a checkpoint and a start on its new GPUs, which the pass gives it before anyone else."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from sqlalchemy import select
+
+from service.core import keys
+from service.core.context import Context
+from service.core.lifecycle import finish, mark_running, requeue
+from service.core.models import Allocation, Gpu, Job, JobEvent, JobState
+from service.lab.auth import Caller
+from service.scheduler.costs import MIN_RUN_S
+from service.scheduler.live import LiveScheduler
+from tests.service.scheduler.test_live import backdate_allocations, job_row, over_committed, submit_job
+
+
+def held(ctx: Context, job_id: int) -> list[int]:
+    """The GPU indices the job's current attempt holds."""
+    with ctx.db.read() as session:
+        rows = session.scalars(
+            select(Gpu.index)
+            .join(Allocation, Allocation.gpu_id == Gpu.id)
+            .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+        )
+        return sorted(rows)
+
+
+def running(ctx: Context, job_id: int, attempt: int = 1) -> None:
+    with ctx.db.write() as session:
+        mark_running(session, job_id, attempt, {"pid": 1})
+
+
+def stopped_at_its_checkpoint(ctx: Context, job_id: int) -> None:
+    """What its worker records once the attempt asked to stop has checkpointed and exited."""
+    with ctx.db.write() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.stop_reason is not None
+        requeue(session, job, job.stop_reason, crashed=False)
+
+
+def messages(ctx: Context, job_id: int) -> list[str]:
+    with ctx.db.read() as session:
+        return list(session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def test_an_elastic_job_starts_on_the_gpus_that_are_free(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    rigid = submit_job(ctx, caller("alice"), gpu_count=3)
+    LiveScheduler(ctx).run_pass()
+    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=2)
+    one = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, rigid) == [0, 1, 2]
+    assert job_row(ctx, elastic).state == JobState.QUEUED, "1 GPU is free: below its minimum of 2"
+    assert held(ctx, one) == [3]
+    assert messages(ctx, one)[-1] == "GPU 3 on lab-a (1 of 4 GPUs, elastic)"
+
+
+def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_kept(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    running(ctx, elastic)
+    waiting = submit_job(ctx, caller("alice"), gpu_count=2)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [], "not before it ran MIN_RUN_S: a restart must pay"
+    assert job_row(ctx, waiting).pending_reason == f"waiting for 2 free GPUs on lab-a (job {elastic})"
+
+    backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
+    pubsub = ctx.redis.pubsub()
+    pubsub.subscribe(keys.host_control_channel("lab-a"))
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [elastic] and report.placed == []
+    job = job_row(ctx, elastic)
+    assert job.stop_reason == (
+        f"shrinking to 2 of 4 GPUs for job {waiting}: it restarts on GPUs 0,1 of lab-a from its checkpoint"
+    )
+    assert job.resize_to == {"host": "lab-a", "gpus": [0, 1], "for": waiting}
+    control = [
+        json.loads(m["data"]) for m in (pubsub.get_message(timeout=1) for _ in range(3)) if m and m["type"] == "message"
+    ]
+    assert [(c["type"], c["job_id"]) for c in control] == [("preempt", elastic)]
+    assert held(ctx, elastic) == [0, 1, 2, 3], "it holds its GPUs until its checkpoint is written"
+
+    report = LiveScheduler(ctx).run_pass()  # while it stops: the waiting job is told, and nothing else moves
+    assert report is not None and (report.resized, report.placed, report.preempted) == ([], [], [])
+    assert job_row(ctx, waiting).pending_reason == (
+        f"shrinking elastic job {elastic} on lab-a to make room (each restarts from its checkpoint on fewer GPUs)"
+    )
+
+    stopped_at_its_checkpoint(ctx, elastic)
+    late = submit_job(ctx, caller("carol"), gpu_count=2)  # came after: it does not take the kept GPUs
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and sorted(p[0] for p in report.placed) == sorted([elastic, waiting])
+    assert (held(ctx, elastic), held(ctx, waiting)) == ([0, 1], [2, 3])
+    assert job_row(ctx, late).state == JobState.QUEUED
+    job = job_row(ctx, elastic)
+    assert (job.attempts, job.crashes, job.resize_to) == (2, 0, None)
+    assert messages(ctx, elastic)[-2:] == [
+        f"shrinking to 2 of 4 GPUs for job {waiting}: it restarts on GPUs 0,1 of lab-a from its checkpoint",
+        "GPUs 0,1 on lab-a (2 of 4 GPUs, elastic)",
+    ]
+    assert over_committed(ctx) == {}
+
+
+def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
+    LiveScheduler(ctx).run_pass()
+    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, elastic) == [2, 3]
+    running(ctx, rigid)
+    running(ctx, elastic)
+    with ctx.db.write() as session:
+        finish(session, rigid, 1, JobState.SUCCEEDED)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [], "not before it ran MIN_RUN_S"
+
+    backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [elastic]
+    job = job_row(ctx, elastic)
+    assert job.stop_reason == (
+        "growing to 4 of 4 GPUs (idle ones): it restarts on GPUs 0,1,2,3 of lab-a from its checkpoint"
+    )
+    assert LiveScheduler(ctx).run_pass().resized == []  # type: ignore[union-attr]  # asked once
+
+    one = submit_job(ctx, caller("carol"), gpu_count=1)  # takes an idle GPU while the job stops
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, one) == [0]
+    stopped_at_its_checkpoint(ctx, elastic)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, elastic) == [1, 2, 3]
+    assert messages(ctx, elastic)[-1] == "GPUs 1,2,3 on lab-a (3 of 4 GPUs, elastic)"
+    assert over_committed(ctx) == {}
+
+
+def test_a_rigid_job_is_never_resized(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    rigid = submit_job(ctx, caller("bob"), gpu_count=4)
+    LiveScheduler(ctx).run_pass()
+    running(ctx, rigid)
+    backdate_allocations(ctx, rigid, MIN_RUN_S + 60)  # as long as the elastic job above had run
+    waiting = submit_job(ctx, caller("alice"), gpu_count=2)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and (report.resized, report.preempted) == ([], [])
+    assert job_row(ctx, waiting).pending_reason == f"waiting for 2 free GPUs on lab-a (job {rigid})"
