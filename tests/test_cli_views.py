@@ -237,3 +237,22 @@ def test_an_adaptive_sweeps_page_says_its_rungs_and_whom_it_stopped() -> None:
         "    rung 2 (step 20): 1 reached, cut 0.48; none stopped",
     ]
     assert views.rung_lines({**sweep, "early_stopping": None}) == []
+
+
+def test_an_elastic_job_says_how_many_of_its_gpus_it_holds() -> None:
+    from towerq.cli.views import job_page, jobs_table
+
+    job = {
+        "id": 7, "name": "mlp", "state": "running", "reason": None, "user": "alice", "priority": "normal",
+        "gpu_memory_fraction": 1.0, "gpu_count": 4, "min_gpu_count": 1, "total_steps": 100, "step": 40,
+        "allocation": {"host": "lab-a", "gpus": [2, 3], "simulated": False},
+        "latest": {}, "attempts": 2, "crashes": 0, "max_attempts": 3, "events": [],
+    }  # fmt: skip
+    gpus = [line for line in job_page(job) if line.lstrip().startswith("gpus")]
+    assert gpus[0].split("gpus", 1)[1].strip() == "lab-a:2,3: 2 of 4 GPUs (elastic)", gpus
+    assert jobs_table({"items": [job], "total": 1})[1].endswith("mlp  — 2 of 4 GPUs (elastic)")
+    waiting = {**job, "state": "queued", "allocation": None, "reason": "waiting for 1 free GPU on lab-a (job 3)"}
+    gpus = [line for line in job_page(waiting) if line.lstrip().startswith("gpus")]
+    assert gpus[0].split("gpus", 1)[1].strip() == "1 to 4 GPUs (elastic)", gpus
+    rigid = {**job, "min_gpu_count": None}
+    assert [line for line in job_page(rigid) if line.lstrip().startswith("gpus")][0].endswith("lab-a:2,3")

@@ -35,7 +35,8 @@ if (checkpoints / "w.npy").exists():
     w = np.load(checkpoints / "w.npy")
     start = int((checkpoints / "step").read_text())
 seen = {name: os.environ.get(name) for name in
-        ("TOWERQ_JOB_ID", "TOWERQ_ATTEMPT", "CUDA_VISIBLE_DEVICES", "GREETING", "TF_FORCE_GPU_ALLOW_GROWTH")}
+        ("TOWERQ_JOB_ID", "TOWERQ_ATTEMPT", "CUDA_VISIBLE_DEVICES", "GREETING", "TF_FORCE_GPU_ALLOW_GROWTH",
+         "TOWERQ_GPU_COUNT", "TOWERQ_BATCH_GPUS")}
 print("ENV " + json.dumps(seen), flush=True)
 print("a line to stderr", file=sys.stderr, flush=True)
 for step in range(start + 1, steps + 1):
@@ -85,6 +86,7 @@ def test_a_numpy_program_runs_reports_and_leaves_its_output(
     assert env["TOWERQ_JOB_ID"] == str(job_id) and env["TOWERQ_ATTEMPT"] == "1"
     assert env["GREETING"] == "hello" and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    assert (env["TOWERQ_GPU_COUNT"], env["TOWERQ_BATCH_GPUS"]) == ("1", "1")
     assert "a line to stderr" in messages
     assert any('"event": "done"' in m for m in messages), "a program's `done` line is text"
 

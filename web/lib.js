@@ -106,7 +106,13 @@ export function gpusOf(job) {
   const a = job.allocation;
   // A job over several hosts: every host's GPUs, by rank.
   if (a?.ranks?.length > 1) return a.ranks.map((r) => `${r.host}:${r.gpus.join(",")}`).join(" + ");
-  if (a) return `${a.host}:${a.gpus.join(",")}${a.fraction < 1 ? ` ×${a.fraction}` : ""}`;
+  // An elastic job: how many of its GPUs it holds now, or the sizes it may start at.
+  const elastic = job.min_gpu_count != null;
+  if (a) {
+    const size = elastic ? ` (${a.gpus.length} of ${job.gpu_count}, elastic)` : "";
+    return `${a.host}:${a.gpus.join(",")}${a.fraction < 1 ? ` ×${a.fraction}` : ""}${size}`;
+  }
+  if (elastic) return `${job.min_gpu_count} to ${job.gpu_count} GPUs (elastic)`;
   const asked = job.spec.gpus ? `GPUs ${job.spec.gpus.join(",")}` : `${job.gpu_count} GPU${job.gpu_count > 1 ? "s" : ""}`;
   return job.spec.host ? `${job.spec.host}: ${asked}` : asked;
 }

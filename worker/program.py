@@ -77,6 +77,8 @@ def program_environment(launch: Launch, settings: Settings, seen_folder: Path, s
     env["TOWERQ_ATTEMPT"] = str(launch.attempt)
     env["TOWERQ_CHECKPOINT_DIR"] = str(seen_folder / CHECKPOINTS)
     env["TOWERQ_OUTPUT_DIR"] = str(seen_folder / OUTPUT)
+    env["TOWERQ_GPU_COUNT"] = str(len(launch.indices))
+    env["TOWERQ_BATCH_GPUS"] = str(launch.spec.get("gpu_count") or len(launch.indices))
     if launch.rank == 0:  # towerq.report(): the other ranks' points are not the job's
         env["TOWERQ_METRICS_LOG"] = str(seen_folder / program_metrics_log(launch.attempt))
     if launch.inputs:

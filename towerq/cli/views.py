@@ -96,6 +96,18 @@ def where(job: dict[str, Any]) -> str:
     return f"{job['gpu_count']}×"
 
 
+def elastic_size(job: dict[str, Any]) -> str | None:
+    """An elastic job's size in words: "2 of 4 GPUs (elastic)" while it holds GPUs, "1 to 4
+    GPUs (elastic)" while it waits; None for any other job."""
+    least = job.get("min_gpu_count")
+    if least is None:
+        return None
+    allocation = job.get("allocation")
+    if allocation:
+        return f"{len(allocation['gpus'])} of {job['gpu_count']} GPUs (elastic)"
+    return f"{least} to {job['gpu_count']} GPUs (elastic)"
+
+
 def jobs_table(page: dict[str, Any]) -> list[str]:
     """The rows of `towerq jobs`: why a job waits, failed or was cancelled, in one line."""
     lines = [f"{'ID':>5}  {'STATE':<10} {'USER':<12} {'GPUS':<14} {'STEP':>{STEP_WIDTH}}  NAME — WHY"]
@@ -105,6 +117,8 @@ def jobs_table(page: dict[str, Any]) -> list[str]:
             starts = f"starts {expected_start_text(job)}"
             why = f"{why}; {starts}" if why else starts
         tail = f"  — {why}" if why else ""
+        size = elastic_size(job)
+        tail = f"  — {size}{'; ' + why if why else ''}" if size and job.get("allocation") else tail
         lines.append(
             f"{job['id']:>5}  {job['state']:<10} {job['user'][:12]:<12} {where(job)[:14]:<14} "
             f"{steps(job):>{STEP_WIDTH}}  {job['name']}{tail}"
@@ -140,7 +154,10 @@ def job_page(job: dict[str, Any]) -> list[str]:
     share = "" if job["gpu_memory_fraction"] >= 1 else f", {job['gpu_memory_fraction']:g} of each GPU's memory"
     allocation = job.get("allocation")
     simulated = " (simulated)" if allocation and allocation.get("simulated") else ""
-    rows.append(("gpus", f"{where(job)}{simulated}{share}" if allocation else f"{job['gpu_count']} wanted{share}"))
+    wanted = f"{job['gpu_count']} wanted"
+    if (size := elastic_size(job)) is not None:
+        wanted = size if not allocation else f"{where(job)}{simulated}: {size}"
+    rows.append(("gpus", f"{where(job)}{simulated}{share}" if allocation and size is None else f"{wanted}{share}"))
     total = job["total_steps"]
     step = job.get("step") or 0
     rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))

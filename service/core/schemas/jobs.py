@@ -64,6 +64,9 @@ class JobOut(Out):
     priority: str
     spec: dict[str, Any]
     gpu_count: int
+    min_gpu_count: int | None = Field(
+        default=None, description="an elastic job's least size: it runs on this many to gpu_count GPUs (None: rigid)"
+    )
     gpu_memory_fraction: float
     allocation: AllocationOut | None = None
     cuda_visible_devices: str | None
