@@ -1,0 +1,57 @@
+"""An elastic job in a real browser: its page and the jobs list say how many of its GPUs it
+holds, and a waiting one the sizes it may start at."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from service.core.context import Context
+from service.core.settings import Settings
+from service.jobs.submit import submit
+from service.lab.auth import Caller, ensure_user
+from service.scheduler.live import LiveScheduler
+from tests.stack import Stack
+from towerq.contract.spec import JobSpec
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
+    stack: Stack,
+    settings: Settings,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    open_page: Callable[..., object],
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 4)
+    token = make_token("alice")
+    ctx = Context.open(settings)
+    try:
+        with ctx.db.write() as session:
+            user = ensure_user(session, "alice")
+            alice = Caller(user.id, user.name, False, 0)
+
+        def job(**sizes: int) -> int:
+            spec = JobSpec.model_validate({"model": "mlp", "dataset": "digits", **sizes})
+            return submit(ctx.db, alice, spec, settings)[0].id
+
+        job(gpu_count=2)
+        LiveScheduler(ctx).run_pass()
+        elastic, waiting = job(gpu_count=4, min_gpu_count=1), job(gpu_count=4, min_gpu_count=3)
+        LiveScheduler(ctx).run_pass()
+    finally:
+        ctx.close()
+
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/jobs/{elastic}")
+    gpus = page.locator("dt:text-is('GPUs') + dd")
+    gpus.wait_for()
+    assert "lab-a:2,3 (2 of 4, elastic)" in gpus.inner_text(), gpus.inner_text()
+
+    page.goto(f"{url}/?token={token}#/jobs")
+    page.wait_for_selector(f'tr[data-job="{waiting}"]')
+    assert "lab-a:2,3 (2 of 4, elastic)" in page.locator(f'tr[data-job="{elastic}"]').inner_text()
+    assert "3 to 4 GPUs (elastic)" in page.locator(f'tr[data-job="{waiting}"]').inner_text()
