@@ -7,10 +7,12 @@ by a cancel once it has trained on after its last resize.)"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
 
+from tests.browser import shot
 from tests.faults.helpers import FINAL, assert_metrics_continuous, backdate_allocations, wait_state, wait_step
 from tests.stack import Stack, wait_for
 
@@ -29,12 +31,13 @@ RAN_HOURS = 0.2
 
 
 def test_an_elastic_job_starts_small_grows_and_shrinks_and_trains_every_step_once(
-    stack: Stack, make_token: Callable[..., str]
+    stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object]
 ) -> None:
-    stack.start_api()
+    url = stack.start_api()
     stack.start_scheduler()
     stack.start_worker("lab-a", 4)
-    client = stack.client(make_token("alice"))
+    token = make_token("alice")
+    client = stack.client(token)
     wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register")
 
     holder = client.post("/api/jobs", json={**HOLDER, "gpus": [0, 1]}).json()["id"]
@@ -83,3 +86,19 @@ def test_an_elastic_job_starts_small_grows_and_shrinks_and_trains_every_step_onc
     last = done["step"] - done["step"] % 10
     assert last > grown["step"]
     assert_metrics_continuous(client, elastic, 10, last)  # every step once, none twice or missing
+
+    # Its page: the GPUs each attempt held, and its charts marking where it grew and shrank.
+    starts = [(h["gpus"], h["from_step"]) for h in done["held"]]
+    assert [gpus for gpus, _ in starts] == [2, 4, 2] and starts[0][1] == 0 < starts[1][1] < starts[2][1], starts
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/jobs/{elastic}")
+    page.wait_for_selector("#held li")
+    assert page.locator("#held li").count() == 3
+    assert page.locator("#held li").nth(1).inner_text().startswith("attempt 2: 4 GPUs on lab-a")
+    page.wait_for_selector("#charts[data-marks]")
+    marks = json.loads(page.locator("#charts").get_attribute("data-marks") or "[]")
+    assert marks == [
+        {"step": starts[1][1], "label": "2→4 GPUs"},
+        {"step": starts[2][1], "label": "4→2 GPUs"},
+    ], marks
+    shot(page, "elastic-job")

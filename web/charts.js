@@ -42,9 +42,30 @@ export function tickText(v) {
     .replace("e+", "e");
 }
 
+// Dashed vertical lines at steps, each labelled (`marks()` = [{ step, label }]), drawn over a chart.
+function drawMarks(u, marks) {
+  const { ctx, bbox } = u;
+  ctx.save();
+  ctx.strokeStyle = "#6b7280";
+  ctx.fillStyle = "#374151";
+  ctx.setLineDash([4, 4]);
+  ctx.font = `${Math.round(11 * devicePixelRatio)}px sans-serif`;
+  for (const mark of marks) {
+    const x = Math.round(u.valToPos(mark.step, "x", true));
+    if (x < bbox.left || x > bbox.left + bbox.width) continue;
+    ctx.beginPath();
+    ctx.moveTo(x, bbox.top);
+    ctx.lineTo(x, bbox.top + bbox.height);
+    ctx.stroke();
+    ctx.fillText(mark.label, x + 4, bbox.top + 12 * devicePixelRatio);
+  }
+  ctx.restore();
+}
+
 // A line chart over steps: `lines` = [{ label, color, points? }]; `data` = [steps, ...columns].
-// `onZoom({ min, max })` hears of a drag across the chart, `onReset()` of the double-click undoing it.
-export function lineChart(holder, { width, height, yLabel, lines, log = false, precise = false, onZoom, onReset }, data) {
+// `onZoom({ min, max })` hears of a drag across the chart, `onReset()` of the double-click undoing it;
+// `marks()` gives the steps to mark (an attempt's start: a resize, a preemption).
+export function lineChart(holder, { width, height, yLabel, lines, log = false, precise = false, onZoom, onReset, marks }, data) {
   const options = {
     width,
     height,
@@ -65,6 +86,7 @@ export function lineChart(holder, { width, height, yLabel, lines, log = false, p
         },
       ],
       ready: [(u) => onReset && u.over.addEventListener("dblclick", () => onReset())],
+      draw: [(u) => marks && drawMarks(u, marks())],
     },
   };
   return new uPlot(options, data, holder);

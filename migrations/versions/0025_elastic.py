@@ -1,6 +1,7 @@
 """min_gpu_count: an elastic job's least size (None: not elastic). resize_to: where an
 elastic job the scheduler stopped to resize starts its next attempt, and for which job
-(`service.scheduler.resize`)
+(`service.scheduler.resize`). resumed_steps: the step each resumed attempt started from, by
+attempt (the job page marks it on its charts)
 
 Revision ID: 0025
 Revises: 0024
@@ -22,9 +23,11 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("min_gpu_count", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("resize_to", sa.JSON(), nullable=True))
+        batch.add_column(sa.Column("resumed_steps", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("resumed_steps")
         batch.drop_column("resize_to")
         batch.drop_column("min_gpu_count")

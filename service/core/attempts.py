@@ -137,6 +137,8 @@ def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None
     """Forget the job's points past `step` (a resumed attempt trains them again); they no
     longer count in its `metric_points`."""
     job = current_attempt(session, job_id, attempt)
+    if attempt > 1:  # where the attempt starts on its job page's charts
+        job.resumed_steps = {**(job.resumed_steps or {}), str(attempt): max(0, step)}
     gone = session.execute(delete(Metric).where(Metric.job_id == job_id, Metric.step > step))
     job.metric_points = max(0, (job.metric_points or 0) - max(0, gone.rowcount or 0))  # type: ignore[attr-defined]
     rollups.forget_after(session, job_id, step)

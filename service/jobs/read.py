@@ -14,6 +14,7 @@ from service.core.exceptions import NotFoundError
 from service.core.models import Allocation, Gpu, Host, Job, Notification, User
 from service.core.schemas.jobs import (
     AllocationOut,
+    HeldOut,
     JobDetailOut,
     JobEventOut,
     JobOut,
@@ -150,9 +151,31 @@ def job_detail(session: Session, job: Job) -> JobDetailOut:
     allocation = allocations_of(session, [job]).get(job.id)
     owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
     notifications = [NotificationOut.model_validate(n) for n in owed]
-    return JobDetailOut.model_validate(job).model_copy(
-        update={"allocation": allocation, "notifications": notifications, "url": session_url(job)}
+    update = {"allocation": allocation, "notifications": notifications, "url": session_url(job)}
+    return JobDetailOut.model_validate(job).model_copy(update={**update, "held": held_by(session, job)})
+
+
+def held_by(session: Session, job: Job) -> list[HeldOut]:
+    """The GPUs each of the job's attempts held (its allocation rows), and when."""
+    rows = session.execute(
+        select(Allocation.attempt, Host.name, Allocation.created_at, Allocation.released_at)
+        .join(Host, Allocation.host_id == Host.id)
+        .where(Allocation.job_id == job.id)
+        .order_by(Allocation.attempt, Allocation.id)
     )
+    held: dict[int, HeldOut] = {}
+    resumed = job.resumed_steps or {}
+    for attempt, host, since, until in rows:
+        was = held.get(attempt)
+        if was is None:
+            step = resumed.get(str(attempt), 0)
+            start = step if isinstance(step, int) else 0
+            held[attempt] = HeldOut(attempt=attempt, host=host, gpus=1, since=since, until=until, from_step=start)
+        else:
+            was.gpus += 1
+            was.since = min(was.since, since)
+            was.until = None if was.until is None or until is None else max(was.until, until)
+    return list(held.values())
 
 
 def session_url(job: Job) -> str | None:

@@ -139,13 +139,27 @@ export class Charts {
             this.onZoom(range).catch(reportError("Loading the zoomed range"));
           },
           onReset: () => this.zoomed.delete(chart.id),
+          marks: () => this.marks(),
         };
         this.plots[chart.id] = lineChart(holder, look, data);
       } else {
         this.plots[chart.id].setData(data, !this.zoomed.has(chart.id));
       }
     }
+    this.box.dataset.marks = JSON.stringify(this.marks());
     window.__towerqChartDrawnAt = Date.now();
+  }
+
+  // Where each attempt after the first started (a resize, a preemption, a crash), and on how many GPUs.
+  marks() {
+    const held = this.job().held || [];
+    const marks = [];
+    for (let i = 1; i < held.length; i++) {
+      const [was, now] = [held[i - 1], held[i]];
+      if (now.from_step <= 0) continue;
+      marks.push({ step: now.from_step, label: was.gpus !== now.gpus ? `${was.gpus}→${now.gpus} GPUs` : `attempt ${now.attempt}` });
+    }
+    return marks;
   }
 
   destroy() {

@@ -327,6 +327,27 @@ function detailsOf(job) {
             ),
           ]
         : []),
+      ...(job.held?.length > 1 || job.min_gpu_count != null
+        ? [
+            el("dt", {}, "GPUs held"),
+            el(
+              "dd",
+              { id: "held" },
+              el(
+                "ul",
+                { class: "ranks" },
+                (job.held || []).map((h) =>
+                  el(
+                    "li",
+                    { dataset: { attempt: h.attempt, gpus: h.gpus } },
+                    `attempt ${h.attempt}: ${h.gpus} GPU${h.gpus === 1 ? "" : "s"} on ${h.host}, ${when(h.since)} – ${h.until ? when(h.until) : "now"}`,
+                    h.from_step ? el("span", { class: "muted" }, ` (from step ${h.from_step.toLocaleString()})`) : "",
+                  ),
+                ),
+              ),
+            ),
+          ]
+        : []),
       el("dt", {}, "GPU UUIDs"),
       el("dd", { class: "mono" }, a ? (a.ranks?.length > 1 ? a.ranks.flatMap((r) => r.gpu_uuids) : a.gpu_uuids).join(", ") : "–"),
       el("dt", {}, "Memory fraction"),

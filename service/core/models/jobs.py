@@ -56,6 +56,9 @@ class Job(Base):
     """An elastic job the scheduler stopped to resize: `{"host", "gpus", "for"}`, the GPUs its
     next attempt starts on (as many of them as are free then, at least its minimum) and the
     job a shrink made room for (None: it grows). Cleared when it is dispatched again."""
+    resumed_steps: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """The step each resumed attempt started from, by attempt number (`{"2": 1200}`): where
+    its job page's charts mark the attempt (a resize, a preemption, a crash)."""
     gpu_memory_fraction: Mapped[float] = mapped_column(Float, default=1.0)
     requested_host: Mapped[str | None] = mapped_column(String(128), default=None)
     requested_gpus: Mapped[list[Any] | None] = mapped_column(default=None)

@@ -31,6 +31,21 @@ class AllocationOut(Out):
     """Every host it holds GPUs on, by rank (one entry for a one-host job)."""
 
 
+class HeldOut(Out):
+    """What one attempt held: its GPUs, from when until when, and the step it started from."""
+
+    attempt: int
+    host: str
+    """Its host (rank 0's, for a job over several hosts)."""
+    gpus: int
+    """How many GPUs it held, on every host."""
+    since: datetime
+    until: datetime | None
+    """None: it holds them still."""
+    from_step: int
+    """The step it started after (0: from the start; a resumed attempt: its checkpoint's)."""
+
+
 class JobEventOut(Out):
     time: datetime
     state: str
@@ -124,6 +139,8 @@ class NotificationOut(Out):
 
 class JobDetailOut(JobOut):
     events: list[JobEventOut]
+    held: list[HeldOut] = []
+    """The GPUs each attempt held, the first attempt first (the job page's "GPUs held")."""
     notifications: list[NotificationOut] = []
     """The webhooks sent (or being retried) since the job ended."""
     outputs_readable: bool = True

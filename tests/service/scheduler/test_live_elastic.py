@@ -10,9 +10,11 @@ from collections.abc import Callable
 from sqlalchemy import select
 
 from service.core import keys
+from service.core.attempts import forget_after
 from service.core.context import Context
-from service.core.lifecycle import finish, mark_running, requeue
+from service.core.lifecycle import finish, locked_job, mark_running, requeue
 from service.core.models import Allocation, Gpu, Job, JobEvent, JobState
+from service.jobs.read import held_by
 from service.lab.auth import Caller
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.live import LiveScheduler
@@ -110,6 +112,15 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
         "GPUs 0,1 on lab-a (2 of 4 GPUs, elastic)",
     ]
     assert over_committed(ctx) == {}
+
+    running(ctx, elastic, attempt=2)
+    with ctx.db.write() as session:
+        forget_after(session, elastic, 2, 1200)  # its trainer resumed from the checkpoint of step 1200
+        over_time = held_by(session, locked_job(session, elastic))
+    assert [(h.attempt, h.host, h.gpus, h.from_step, h.until is None) for h in over_time] == [
+        (1, "lab-a", 4, 0, False),
+        (2, "lab-a", 2, 1200, True),
+    ], "the job page's GPUs held over time, and where its charts mark the resize"
 
 
 def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
