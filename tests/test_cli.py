@@ -262,7 +262,7 @@ def test_usage_and_fair_share_print_what_the_api_counts(
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"model": "mlp", "dataset": "digits", "gpu_count": 2}))
     dry = towerq(home, "submit", str(spec), "--dry-run")
-    assert dry.returncode == 0 and "nothing submitted: it would start now on lab-a" in dry.stdout, dry.stdout
+    assert dry.returncode == 0 and "nothing submitted: it would start now on 2 GPUs of lab-a" in dry.stdout, dry.stdout
     waits = towerq(home, "submit", str(spec), "--dry-run", "--set", "gpu_count=4", "-o", "json")
     answer = json.loads(waits.stdout)
     assert answer["starts_now"] is False and answer["queue_position"] == 1  # bob holds GPU 2

@@ -33,6 +33,8 @@ class Estimate:
     """Where it would stand in the queue now (None: it would start at once)."""
     reason: str | None
     """Why it would wait, in the words the queue shows."""
+    starts_on: int | None = None
+    """How many GPUs it would start on now (an elastic job: maybe fewer than it asks for)."""
 
 
 def policy_config(settings: Settings) -> PolicyConfig:
@@ -70,6 +72,7 @@ def estimate(
         indices=tuple(spec.gpus) if spec.gpus else None,
         limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
         group=spec.group,
+        min_gpu_count=spec.min_gpu_count,
     )
     history.annotate([candidate], [])
     config = policy_config(settings)
@@ -78,11 +81,13 @@ def estimate(
     order = in_queue_order(everyone, decision.placements, decision.pending)
     found = forecast(order, cluster, fair_share, t, config).get(CANDIDATE)
     pending = next((p for p in decision.pending if p.job_id == CANDIDATE), None)
-    starts_now = any(p.job_id == CANDIDATE for p in decision.placements)
+    placed = next((p for p in decision.placements if p.job_id == CANDIDATE), None)
+    starts_now = placed is not None
     return Estimate(
         starts_now=starts_now,
         expected_start_at=datetime.fromtimestamp(round(found.start), UTC) if found is not None else None,
         expected_host=found.host if found is not None else None,
         queue_position=pending.position if pending is not None else None,
         reason=describe(pending.reason, t) if pending is not None and pending.reason is not None else None,
+        starts_on=sum(len(ids) for _, ids in placed.slots) if placed is not None else None,
     )

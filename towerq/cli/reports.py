@@ -167,7 +167,9 @@ def run_fair_share(args: argparse.Namespace) -> int:
 
 def dry_run_line(answer: dict[str, Any]) -> str:
     if answer["starts_now"]:
-        return f"it would start now on {answer['expected_host']}"
+        size = answer.get("starts_on")
+        on = f"{size} GPU{'s' if size != 1 else ''} of {answer['expected_host']}" if size else answer["expected_host"]
+        return f"it would start now on {on}"
     where = f"#{answer['queue_position']} in the queue" if answer["queue_position"] else "queued"
     why = f" ({answer['reason']})" if answer["reason"] else ""
     if answer["expected_start_at"] is None:

@@ -188,6 +188,8 @@ class DryRunOut(BaseModel):
     queue_position: int | None
     reason: str | None
     """Why it would wait, as the queue would say."""
+    starts_on: int | None = None
+    """How many GPUs it would start on now (an elastic job: maybe fewer than gpu_count)."""
 
 
 class ArtifactOut(BaseModel):

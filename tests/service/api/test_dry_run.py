@@ -25,7 +25,7 @@ def test_on_free_gpus_it_would_start_now_and_nothing_is_stored(alice: Api) -> No
     answer = alice.post("/api/jobs", params={"dry_run": "true"}, json=SPEC)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert body["dry_run"] and body["starts_now"] and body["expected_host"] == "lab-a"
+    assert body["dry_run"] and body["starts_now"] and body["expected_host"] == "lab-a" and body["starts_on"] == 2
     assert abs((datetime.fromisoformat(body["expected_start_at"]) - datetime.now(UTC)).total_seconds()) < 5
     assert body["queue_position"] is None and stored(alice) == before
 
@@ -44,6 +44,16 @@ def test_on_busy_gpus_it_says_where_it_would_wait_and_when_it_would_start(alice:
     # had its GPU-hour, 15 minutes in on 4 GPUs, and it takes CHECKPOINT_S to stop.
     assert abs((expected - (now + timedelta(minutes=5, seconds=CHECKPOINT_S))).total_seconds()) < 5
     assert body["expected_host"] == "lab-a" and stored(alice) == before
+
+
+def test_an_elastic_job_would_start_now_on_the_gpus_that_are_free(alice: Api, db: Database) -> None:
+    now = datetime.now(UTC)
+    add_run(db, "bob", "lab-a", [0, 1, 2], now - timedelta(minutes=20), now - timedelta(minutes=10), None)
+    elastic = {**SPEC, "gpu_count": 4, "min_gpu_count": 1}
+    body = alice.post("/api/jobs", params={"dry_run": "true"}, json=elastic).json()
+    assert (body["starts_now"], body["starts_on"], body["expected_host"]) == (True, 1, "lab-a")
+    rigid = alice.post("/api/jobs", params={"dry_run": "true"}, json={**elastic, "min_gpu_count": 2}).json()
+    assert (rigid["starts_now"], rigid["starts_on"], rigid["queue_position"]) == (False, None, 1)
 
 
 def test_a_bad_spec_in_a_dry_run_gets_the_same_error_naming_the_field(alice: Api) -> None:
