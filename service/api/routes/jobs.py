@@ -102,7 +102,7 @@ def _states(values: list[str] | None) -> list[str]:
 
 @router.get("/{job_id}", response_model=JobDetailOut)
 def job(job_id: JobId, session: SessionDep, caller: CallerDep) -> JobDetailOut:
-    """One job: spec, state, allocation, attempts, history, latest metrics."""
+    """One job: spec, state, allocation, what each attempt held (`held`), history, latest metrics."""
     found = get_job(session, job_id)
     shown = as_seen_by(job_detail(session, found), caller)
     return shown.model_copy(update={"outputs_readable": privacy.may_read_outputs(found, caller)})
