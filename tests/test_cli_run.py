@@ -66,7 +66,7 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
     args = argparse.Namespace(
         program=["--", "python", "train.py", "--lr", "0.1"], env=["SEED=3"], gpus=2, gpu_ids=None, host=None,
         fraction=None, name=None, priority=None, time_limit=60, dataset=None, resumable=True, group=None, per_gpu=True,
-        network=True,
+        network=True, min_gpus=1,
     )  # fmt: skip
     spec = run.run_spec(args, "c" * 64)
     assert spec == {
@@ -76,6 +76,7 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
         "gpu_count": 2,
         "time_limit_s": 60,
         "resumable": True,
+        "min_gpu_count": 1,
         "network": True,
         "processes": "per_gpu",
     }

@@ -164,6 +164,13 @@ def add_run_command(commands: Any, command: Any) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
     run.add_argument("--resumable", action="store_true", help="it resumes from TOWERQ_CHECKPOINT_DIR")
     run.add_argument(
+        "--min-gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="elastic (with --resumable): it may run on as few as N of its --gpus, resized from its checkpoint",
+    )
+    run.add_argument(
         "--per-gpu", action="store_true", help="one process per GPU, with RANK, WORLD_SIZE, MASTER_ADDR, TF_CONFIG"
     )
     run.add_argument(
@@ -219,6 +226,7 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         **placement_fields(args),
         "priority": args.priority,
         "resumable": args.resumable or None,
+        "min_gpu_count": getattr(args, "min_gpus", None),
         "network": args.network or None,
         "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
     }
