@@ -13,8 +13,11 @@ per pass (p99 / max over the replay). Then one pass over 5,000 queued jobs with 
 held by elastic jobs that may be shrunk (the most a pass looks at), against the same pass
 with rigid jobs: the goal is 20 ms p99 / 50 ms max.
 
-Usage: `python bench/elastic.py [--seeds N] [--workers N]` (the file and 10 seeds: about
-15 min on 2 cores).
+`--families N` replays instead the trace families of `bench/trace_families.py` (N seeds
+each; 64 GPUs, 8 hosts x 8), the same three ways; `--pass-only` times only the pass.
+
+Usage: `python bench/elastic.py [--seeds N] [--workers N] [--families N] [--pass-only]` (the
+file and 10 seeds: about 15 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scheduler_trace import GPUS_PER_HOST, HOSTS, SLICE_GPU_S, TRACE, bootstrap  # noqa: E402
+from bench.trace_families import FAMILIES  # noqa: E402
+from bench.trace_families import GPUS_PER_HOST as FAMILY_GPUS_PER_HOST  # noqa: E402
+from bench.trace_families import HOSTS as FAMILY_HOSTS  # noqa: E402
 from service.scheduler.costs import MIN_RUN_S  # noqa: E402
 from service.scheduler.policy import schedule  # noqa: E402
 from service.scheduler.simulate import simulate  # noqa: E402
@@ -48,16 +54,20 @@ SHARES = (0.0, 1.0, 0.5)
 JCT_GOAL, WAIT_GOAL = 0.8, 1.0
 
 
-def replay(work: tuple[int, float]) -> tuple[int, float, dict]:
-    seed, share = work
-    jobs = read_trace(TRACE)
-    sample = bootstrap(jobs, seed) if seed else jobs
+def replay(work: tuple[str, int, float]) -> tuple[str, int, float, dict]:
+    """One trace (the Philly file or a bootstrap of it: family "philly"; else a generated
+    family's seed) replayed with `share` of its jobs on 2 to one host's GPUs elastic."""
+    family, seed, share = work
+    if family == "philly":
+        jobs = read_trace(TRACE)
+        sample, hosts, per_host = (bootstrap(jobs, seed) if seed else jobs), HOSTS, GPUS_PER_HOST
+    else:
+        sample, hosts, per_host = FAMILIES[family](seed), FAMILY_HOSTS, FAMILY_GPUS_PER_HOST
+        for i, job in enumerate(sample):
+            job.id = i
     config = PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
-    return (
-        seed,
-        share,
-        simulate(copy.deepcopy(sample), HOSTS, GPUS_PER_HOST, Policy.TOWERQ, config=config, elastic=share),
-    )
+    result = simulate(copy.deepcopy(sample), hosts, per_host, Policy.TOWERQ, config=config, elastic=share)
+    return family, seed, share, result
 
 
 def pass_ms(jobs: list[TraceJob], elastic: bool, repeats: int = 7) -> float:
@@ -93,45 +103,67 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="bootstraps beside the file (default 10)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--families", type=int, default=0, help="replay the trace families instead, N seeds each")
+    parser.add_argument("--pass-only", action="store_true", help="time only the pass over 5,000 queued jobs")
     args = parser.parse_args()
-    work = [(seed, share) for seed in range(args.seeds + 1) for share in SHARES]
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        results = {(seed, share): result for seed, share, result in pool.map(replay, work)}
-    print(
-        f"Philly window ({HOSTS} hosts x {GPUS_PER_HOST} GPUs, slicing after {SLICE_GPU_S:g} GPU-s) and {args.seeds} "
-        "bootstraps; ratios to the same trace with no job elastic"
-    )
-    print(
-        f"{'trace':<8}{'share':>6}{'avg JCT':>9}{'max wait':>10}{'util':>12}{'resizes/job':>13}{'pass p99/max ms':>17}"
-    )
-    met = {share: 0 for share in SHARES[1:]}
-    ratios: dict[float, list[float]] = {share: [] for share in SHARES[1:]}
-    for seed in range(args.seeds + 1):
-        base = results[(seed, 0.0)]
-        for share in SHARES[1:]:
-            got = results[(seed, share)]
-            jct = got["avg_jct_s"] / base["avg_jct_s"]
-            wait = got["max_wait_s"] / base["max_wait_s"] if base["max_wait_s"] else 1.0
-            ratios[share].append(jct)
-            met[share] += jct <= JCT_GOAL and wait <= WAIT_GOAL
-            name = "file" if seed == 0 else f"seed {seed}"
-            util = f"{base['utilization']:.3f}>{got['utilization']:.3f}"
-            cpu = f"{got['p99_pass_cpu_ms']:.1f} / {got['max_pass_cpu_ms']:.1f}"
+    if not args.pass_only:
+        if args.families:
+            traces = [(family, seed) for family in FAMILIES for seed in range(1, args.families + 1)]
+            size = f"{FAMILY_HOSTS} hosts x {FAMILY_GPUS_PER_HOST} GPUs"
+            print(f"trace families ({size}, slicing after {SLICE_GPU_S:g} GPU-s)")
+        else:
+            traces = [("philly", seed) for seed in range(args.seeds + 1)]
             print(
-                f"{name:<8}{share:>6.1f}{jct:>9.3f}{wait:>10.3f}{util:>12}{got['resizes_per_elastic_job']:>13.2f}{cpu:>17}"
+                f"Philly window ({HOSTS} hosts x {GPUS_PER_HOST} GPUs, slicing after {SLICE_GPU_S:g} GPU-s) and "
+                f"{args.seeds} bootstraps"
             )
-    for share in SHARES[1:]:
-        print(
-            f"share {share:.1f}: avg JCT ratio mean {statistics.mean(ratios[share]):.3f}, "
-            f"worst {max(ratios[share]):.3f}; "
-            f"goal (avg JCT <= {JCT_GOAL}, max wait <= {WAIT_GOAL}) met on {met[share]} of {args.seeds + 1}"
-        )
+        report(traces, args.workers)
     jobs = read_trace(TRACE)
     rigid, elastic = pass_ms(jobs, elastic=False), pass_ms(jobs, elastic=True)
     print(
         f"one pass, {len(jobs)} queued, every GPU held by 8-GPU jobs: {elastic:.1f} ms CPU with elastic jobs "
         f"(shrinkable), {rigid:.1f} ms with rigid ones (goal 20 ms p99 / 50 ms max)"
     )
+
+
+def report(traces: list[tuple[str, int]], workers: int) -> None:
+    """Each trace replayed with no job elastic, all and half of them; ratios to the first."""
+    work = [(family, seed, share) for family, seed in traces for share in SHARES]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = {(family, seed, share): result for family, seed, share, result in pool.map(replay, work)}
+    print("ratios to the same trace with no job elastic")
+    print(
+        f"{'trace':<20}{'share':>6}{'avg JCT':>9}{'max wait':>10}{'util':>12}{'resizes/job':>13}"
+        f"{'pass p99/max ms (none elastic)':>32}"
+    )
+    met = {share: 0 for share in SHARES[1:]}
+    worse = {share: 0 for share in SHARES[1:]}
+    waits = {share: 0 for share in SHARES[1:]}
+    ratios: dict[float, list[float]] = {share: [] for share in SHARES[1:]}
+    for family, seed in traces:
+        base = results[(family, seed, 0.0)]
+        for share in SHARES[1:]:
+            got = results[(family, seed, share)]
+            jct = got["avg_jct_s"] / base["avg_jct_s"]
+            wait = got["max_wait_s"] / base["max_wait_s"] if base["max_wait_s"] else 1.0
+            ratios[share].append(jct)
+            met[share] += jct <= JCT_GOAL and wait <= WAIT_GOAL
+            worse[share] += jct > 1.0
+            waits[share] += wait > 1.0
+            name = ("file" if seed == 0 else f"seed {seed}") if family == "philly" else f"{family} {seed}"
+            util = f"{base['utilization']:.3f}>{got['utilization']:.3f}"
+            cpu = f"{got['p99_pass_cpu_ms']:.1f}/{got['max_pass_cpu_ms']:.1f}"
+            cpu += f" ({base['p99_pass_cpu_ms']:.1f}/{base['max_pass_cpu_ms']:.1f})"
+            print(
+                f"{name:<20}{share:>6.1f}{jct:>9.3f}{wait:>10.3f}{util:>12}{got['resizes_per_elastic_job']:>13.2f}{cpu:>32}"
+            )
+    for share in SHARES[1:]:
+        print(
+            f"share {share:.1f}: avg JCT ratio mean {statistics.mean(ratios[share]):.3f}, "
+            f"worst {max(ratios[share]):.3f}, worse than none on {worse[share]} of {len(traces)} "
+            f"(max wait on {waits[share]}); "
+            f"goal (avg JCT <= {JCT_GOAL}, max wait <= {WAIT_GOAL}) met on {met[share]} of {len(traces)}"
+        )
 
 
 if __name__ == "__main__":
