@@ -126,7 +126,9 @@ def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> t
 
 
 def _stop(session: Session, job: Job, reason: str, target: Target, for_job: int | None) -> PreemptMessage | None:
-    if job.state not in (JobState.DISPATCHED, JobState.RUNNING) or job.min_gpu_count is None:
+    """Ask an elastic job to stop as preemption does (`request_preemption`: None when it
+    holds no GPUs or is already stopping), recording where it restarts."""
+    if job.min_gpu_count is None:
         return None
     message = request_preemption(session, job, reason)
     if message is not None:

@@ -116,9 +116,9 @@ def jobs_table(page: dict[str, Any]) -> list[str]:
         if job["state"] in ("queued", "dispatched") and job.get("expected_start_at"):
             starts = f"starts {expected_start_text(job)}"
             why = f"{why}; {starts}" if why else starts
-        tail = f"  — {why}" if why else ""
-        size = elastic_size(job)
-        tail = f"  — {size}{'; ' + why if why else ''}" if size and job.get("allocation") else tail
+        held = elastic_size(job) if job.get("allocation") else None  # a waiting one's sizes: its page says them
+        said = "; ".join(part for part in (held, why) if part)
+        tail = f"  — {said}" if said else ""
         lines.append(
             f"{job['id']:>5}  {job['state']:<10} {job['user'][:12]:<12} {where(job)[:14]:<14} "
             f"{steps(job):>{STEP_WIDTH}}  {job['name']}{tail}"
@@ -154,10 +154,12 @@ def job_page(job: dict[str, Any]) -> list[str]:
     share = "" if job["gpu_memory_fraction"] >= 1 else f", {job['gpu_memory_fraction']:g} of each GPU's memory"
     allocation = job.get("allocation")
     simulated = " (simulated)" if allocation and allocation.get("simulated") else ""
-    wanted = f"{job['gpu_count']} wanted"
-    if (size := elastic_size(job)) is not None:
-        wanted = size if not allocation else f"{where(job)}{simulated}: {size}"
-    rows.append(("gpus", f"{where(job)}{simulated}{share}" if allocation and size is None else f"{wanted}{share}"))
+    size = elastic_size(job)
+    if allocation:
+        gpus = f"{where(job)}{simulated}" + (f": {size}" if size else "")
+    else:
+        gpus = size or f"{job['gpu_count']} wanted"
+    rows.append(("gpus", gpus + share))
     total = job["total_steps"]
     step = job.get("step") or 0
     rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))
