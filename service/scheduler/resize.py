@@ -77,6 +77,8 @@ def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, 
                 fraction=job.fraction,
                 started=now,
                 limit_s=job.limit_s,
+                estimate_s=job.estimate_s,  # what the history gave it as queued (annotate ran first)
+                typical_s=job.typical_s,
                 served_gpu_s=job.served_gpu_s,
                 group=job.group,
                 min_gpu_count=job.min_gpu_count,
