@@ -76,8 +76,9 @@ class LiveScheduler:
         `defaults.FORECAST_SLICE_S`; `serve` goes on with it between passes."""
         self.replay_spent = 0.0
         self.replay_again = False
-        """A job came while the replay was under way: it gets the next one without waiting
-        for `PENDING_REFRESH_S`."""
+        """A job came while a replay was under way or before the next was due: it gets the
+        next one as soon as `defaults.FORECAST_COST_RATIO` allows, without waiting for
+        `PENDING_REFRESH_S` or the next timed pass."""
         self.unwritten = False
         """A replay is over and the next pass writes what it found."""
 
@@ -218,10 +219,13 @@ class LiveScheduler:
         refresh = time.monotonic() - self.pending_written_at >= defaults.PENDING_REFRESH_S
         fresh = any(stored.get(p.job_id, (None,))[0] is None for p in decision.pending)
         due = time.monotonic() - self.forecast_at >= self.forecast_cost * defaults.FORECAST_COST_RATIO
-        if self.replay is not None and fresh:
-            self.replay_again = True  # a job it does not know: the next replay is owed at once
-        elif self.replay is None and (refresh or fresh or self.replay_again) and due:
+        if self.replay is None and (refresh or fresh or self.replay_again) and due:
             self.replay, self.replay_spent, self.replay_again = self._forecast(decision, inputs, now), 0.0, False
+        elif fresh:
+            # A job the replay under way or the last one does not know: the next replay is
+            # owed as soon as the last one's cost allows (`serve` wakes for it), not at the
+            # next timed pass.
+            self.replay_again = True
         if self.replay is not None:
             self.advance_forecast(defaults.FORECAST_SLICE_S)
         replayed, self.unwritten = self.unwritten, False
@@ -266,8 +270,8 @@ class LiveScheduler:
 
     @property
     def replay_owed_at(self) -> float | None:
-        """When (monotonic) the replay owed to a job that came during the last one may start
-        (`defaults.FORECAST_COST_RATIO`); None when none is owed."""
+        """When (monotonic) the replay owed to a job that came during the last one, or before
+        the next was due, may start (`defaults.FORECAST_COST_RATIO`); None when none is owed."""
         if self.replay is not None or not self.replay_again:
             return None
         return self.forecast_at + self.forecast_cost * defaults.FORECAST_COST_RATIO

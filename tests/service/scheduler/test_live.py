@@ -521,6 +521,42 @@ def test_a_job_that_comes_during_a_replay_is_owed_the_next_one_as_soon_as_the_co
     assert job_row(ctx, third).expected_start_at is not None
 
 
+def test_a_job_that_comes_before_the_next_replay_is_due_is_owed_it_as_soon_as_the_cost_ratio_allows(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only during a replay: a job that comes while the last replay's cost still holds
+    the next one back gets it when the ratio allows (`serve` wakes then), not at the next
+    timed pass."""
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    submit_job(ctx, alice, gpus=[0, 1], time_limit_s=3600)
+    scheduler = LiveScheduler(ctx)
+    scheduler.run_pass()
+    second = submit_job(ctx, alice, gpu_count=2, time_limit_s=600)
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)
+    scheduler.run_pass()
+    stop = threading.Event()
+    ctx.redis.delete(keys.SCHEDULER_KICK)
+    forecast_between_passes(ctx, scheduler, stop)
+    scheduler.run_pass()
+    assert job_row(ctx, second).expected_start_at is not None and not scheduler.forecasting
+    assert scheduler.replay_owed_at is None
+
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 1e6)  # the last replay's cost holds the next back
+    third = submit_job(ctx, alice, gpu_count=1)
+    scheduler.run_pass()
+    assert job_row(ctx, third).queue_position == 2 and job_row(ctx, third).expected_start_at is None
+    owed = scheduler.replay_owed_at
+    assert owed is not None and owed > time.monotonic() + 60 and not scheduler.forecasting
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)
+    assert scheduler.replay_owed_at is not None and scheduler.replay_owed_at <= time.monotonic()
+    scheduler.run_pass()
+    ctx.redis.delete(keys.SCHEDULER_KICK)
+    forecast_between_passes(ctx, scheduler, stop)
+    scheduler.run_pass()
+    assert job_row(ctx, third).expected_start_at is not None and scheduler.replay_owed_at is None
+
+
 def test_the_scheduler_finishes_a_long_replay_between_passes_and_asks_for_the_pass_that_writes_it(
     settings: Settings,
     caller: Callable[[str], Caller],
@@ -562,11 +598,14 @@ def test_the_scheduler_finishes_a_long_replay_between_passes_and_asks_for_the_pa
 
 
 def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
-    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One scheduler, passes in quick succession: a high-priority job submitted after the
     first pass moves the waiting job's expected start in the very next pass (never an
     expected start replayed from an older pass's queue)."""
+    # Every replay due at once, however long the last took on a slow machine (the cost
+    # ratio's own tests are the next two).
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)
     add_host("lab-a", 2)
     scheduler = LiveScheduler(ctx)
     first = submit_job(ctx, caller("alice"), gpus=[0, 1], time_limit_s=3600)
