@@ -256,3 +256,18 @@ def test_an_elastic_job_says_how_many_of_its_gpus_it_holds() -> None:
     assert gpus[0].split("gpus", 1)[1].strip() == "1 to 4 GPUs (elastic)", gpus
     rigid = {**job, "min_gpu_count": None}
     assert [line for line in job_page(rigid) if line.lstrip().startswith("gpus")][0].endswith("lab-a:2,3")
+
+
+def test_a_command_job_s_steps_are_its_program_s_with_no_total() -> None:
+    """A command job was shown as `424/1,000` and `step 424/1,000 (42%)`: the trainer's
+    default total, which its program never had."""
+    from towerq.cli.views import job_page, steps
+
+    job = {
+        "id": 7, "name": "python train.py", "state": "running", "reason": None, "user": "alice",
+        "priority": "normal", "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 1, "total_steps": None,
+        "step": 424, "latest": {"loss": 0.1}, "attempts": 1, "crashes": 0, "max_attempts": 3, "events": [],
+    }  # fmt: skip
+    assert steps(job) == "424" and steps({**job, "total_steps": 1000}) == "424/1,000"
+    progress = [line for line in job_page(job) if line.lstrip().startswith("progress")]
+    assert progress and progress[0].split("progress", 1)[1].strip() == "step 424", progress

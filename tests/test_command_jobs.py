@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from service.core.settings import Settings
+from tests.faults.helpers import assert_metrics_continuous, backdate_allocations, job_of, wait_state, wait_step
 from tests.stack import REPO, Stack, finished, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
@@ -87,6 +88,7 @@ def test_a_numpy_program_runs_reports_and_leaves_its_output(
     assert env["GREETING"] == "hello" and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
     assert (env["TOWERQ_GPU_COUNT"], env["TOWERQ_BATCH_GPUS"]) == ("1", "1")
+    assert job["total_steps"] is None and job["step"] == 20, "its steps are its program's, not the trainer's 1,000"
     assert "a line to stderr" in messages
     assert any('"event": "done"' in m for m in messages), "a program's `done` line is text"
 
@@ -244,3 +246,89 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
     files = {f["path"] for f in client.get(f"/api/code/{ran['spec']['code']}").json()["files"]}
     assert files == {".gitignore", ".towerqignore", "train.py"}, files
     assert ran["spec"]["command"] == ["python", "train.py", "--steps", "6"]
+
+
+ELASTIC = """
+import json, os, time
+from pathlib import Path
+
+import numpy as np
+import towerq
+
+STEPS = int(os.environ["STEPS"])
+held, full = int(os.environ["TOWERQ_GPU_COUNT"]), int(os.environ["TOWERQ_BATCH_GPUS"])
+print("SIZE " + json.dumps([held, full, os.environ["CUDA_VISIBLE_DEVICES"]]), flush=True)
+checkpoint = Path(os.environ["TOWERQ_CHECKPOINT_DIR"]) / "state.npz"
+step, w = 0, np.zeros(2)
+if checkpoint.exists():
+    saved = np.load(checkpoint)
+    step, w = int(saved["step"]), saved["w"]
+    print("resumed at step", step, flush=True)
+per_gpu = 8
+while step < STEPS:
+    step += 1
+    # The global batch is the full size's on any number of GPUs: each takes a larger slice.
+    batch = per_gpu * full
+    w = w + np.array([batch / 32.0, held / full]) * 0.01
+    towerq.report(step=step, loss=1.0 / step, w0=float(w[0]), held=float(held))
+    if step % 10 == 0:
+        np.savez(str(checkpoint) + ".tmp.npz", step=step, w=w)
+        os.replace(str(checkpoint) + ".tmp.npz", checkpoint)
+    time.sleep(0.05)
+"""
+
+
+def test_an_elastic_command_job_grows_onto_idle_gpus_and_resumes_with_its_new_size(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A resumable program with `min_gpu_count` (issue 47): it starts on the 2 GPUs free of 4
+    and is told so (`TOWERQ_GPU_COUNT` 2, `TOWERQ_BATCH_GPUS` 4); when the other job ends it
+    is stopped and restarted on all 4 from its own checkpoint, told its new size, and its
+    chart has every step once."""
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 4, trainer_pool=0)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload_code(client, {"elastic.py": ELASTIC})
+    holder = client.post("/api/jobs", json={"command": ["sleep", "600"], "code": code, "gpus": [0, 1]})
+    assert holder.status_code == 201, holder.text
+    wait_state(client, holder.json()["id"], ("running",), 60)
+    steps = 600
+    spec = {"command": ["python", "elastic.py"], "code": code, "resumable": True, "gpu_count": 4,
+            "min_gpu_count": 1, "env": {"STEPS": str(steps)}}  # fmt: skip
+    created = client.post("/api/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    job = wait_step(client, job_id, 30, 120)
+    assert job["allocation"]["gpus"] == [2, 3], job["allocation"]
+
+    backdate_allocations(settings.database_url, job_id, 0.2)  # past the 10 minutes between resizes
+    client.post(f"/api/jobs/{holder.json()['id']}/cancel")
+    job = wait_for(
+        lambda: (j := job_of(client, job_id))["attempts"] == 2 and j["state"] == "running" and j,
+        120,
+        "the job to grow to 4 GPUs",
+        0.3,
+    )
+    assert job["allocation"]["gpus"] == [0, 1, 2, 3], job["allocation"]
+    done = finished(client, job_id, 240)
+    assert (done["state"], done["attempts"], done["crashes"]) == ("succeeded", 2, 0), done["error"]
+
+    events = [e["message"] for e in done["events"] if e["state"] in ("queued", "dispatched")]
+    assert events[1:] == [
+        "GPUs 2,3 on lab-a (2 of 4 GPUs, elastic)",
+        "growing to 4 of 4 GPUs (idle ones): it restarts on GPUs 0,1,2,3 of lab-a from its checkpoint",
+        "GPUs 0,1,2,3 on lab-a",
+    ], events
+    logs = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 5000}).json()]
+    sizes = [json.loads(m[5:]) for m in logs if m.startswith("SIZE ")]
+    assert sizes == [[2, 4, "2,3"], [4, 4, "0,1,2,3"]], sizes
+    resumed = [int(m.rsplit(" ", 1)[1]) for m in logs if m.startswith("resumed at step")]
+    assert len(resumed) == 1 and resumed[0] >= 30 and resumed[0] % 10 == 0, resumed
+    points = assert_metrics_continuous(client, job_id, 1, steps)
+    assert {p["custom"]["held"] for p in points if p["step"] <= resumed[0]} == {2.0}
+    assert {p["custom"]["held"] for p in points if p["step"] > resumed[0]} == {4.0}
+    # The same global batch at both sizes: every step added the same to w0.
+    assert points[-1]["custom"]["w0"] == pytest.approx(0.01 * steps * 8 * 4 / 32)
+    assert [h["gpus"] for h in done["held"]] == [2, 4] and done["held"][1]["from_step"] == resumed[0]

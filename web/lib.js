@@ -141,6 +141,14 @@ export function speed(job) {
 
 export function progress(job) {
   const done = job.step || 0;
+  if (!job.total_steps) {
+    // A command job's or a notebook's total is its program's: the steps so far, no bar.
+    return el(
+      "div",
+      { class: "progress", title: `${done} steps (its program decides how many)` },
+      el("span", { class: "steps" }, `${integers.format(done)} steps`),
+    );
+  }
   const fraction = Math.min(1, done / job.total_steps);
   const left = eta(job);
   return el(

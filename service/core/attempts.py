@@ -94,7 +94,7 @@ def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
         return "", []
     early = sweep.spec.get("early_stopping") or {}
     top = early.get("max_steps") or job.total_steps  # type: ignore[union-attr]
-    steps = rung_steps(early["min_steps"], early["reduction_factor"], top) if early else []
+    steps = rung_steps(early["min_steps"], early["reduction_factor"], top) if early and top else []
     return metric_split(sweep.spec["metric"]), steps
 
 

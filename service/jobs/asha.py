@@ -166,7 +166,8 @@ def arrivals(
         mine = recorded.get(job.id, {})
         if any(row.stopped or row.value is None for row in mine.values()):
             continue  # stopped, or counted as the worst where it ended: nothing more to decide
-        for rung, step in enumerate(early.rungs(early.max_steps or job.total_steps)):
+        top = early.max_steps or job.total_steps  # a command job's sweep has max_steps (submit)
+        for rung, step in enumerate(early.rungs(top) if top else []):
             if rung in mine:
                 continue
             point = first_report(session, job.id, metric, step)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from service.core.context import Context
+from service.core.models import Job, JobState
 from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
@@ -42,6 +43,13 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
         LiveScheduler(ctx).run_pass()
         elastic, waiting = job(gpu_count=4, min_gpu_count=1), job(gpu_count=4, min_gpu_count=3)
         LiveScheduler(ctx).run_pass()
+        with ctx.db.write() as session:  # a command job that ended: its steps are its program's
+            spec = {"command": ["python", "train.py"], "code": "ab" * 32}
+            program = Job(name="python train.py", user_id=user.id, state=JobState.SUCCEEDED, step=424, spec=spec,
+                          gpu_count=1, attempts=1)  # fmt: skip
+            session.add(program)
+            session.flush()
+            program_id = program.id
     finally:
         ctx.close()
 
@@ -55,3 +63,7 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
     page.wait_for_selector(f'tr[data-job="{waiting}"]')
     assert "lab-a:2,3 (2 of 4, elastic)" in page.locator(f'tr[data-job="{elastic}"]').inner_text()
     assert "3 to 4 GPUs (elastic)" in page.locator(f'tr[data-job="{waiting}"]').inner_text()
+    # A command job has no total of towerq's: its steps, no bar (it showed 424/1,000).
+    row = page.locator(f'tr[data-job="{program_id}"]')
+    assert "424 steps" in row.inner_text() and "/1,000" not in row.inner_text(), row.inner_text()
+    assert row.locator("[role=progressbar]").count() == 0

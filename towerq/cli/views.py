@@ -20,8 +20,10 @@ def count(n: float) -> str:
 
 
 def steps(job: dict[str, Any]) -> str:
-    """`step/total` that fits the STEP column: `400/1,000`, `13.4k/100M`."""
-    return f"{count(job['step'] or 0)}/{count(job['total_steps'])}"
+    """`step/total` that fits the STEP column: `400/1,000`, `13.4k/100M`; `400` where the
+    total is the program's own (a command job)."""
+    total = job.get("total_steps")
+    return f"{count(job['step'] or 0)}/{count(total)}" if total else count(job["step"] or 0)
 
 
 def expected_start_text(job: dict[str, Any]) -> str:
@@ -160,7 +162,7 @@ def job_page(job: dict[str, Any]) -> list[str]:
     else:
         gpus = size or f"{job['gpu_count']} wanted"
     rows.append(("gpus", gpus + share))
-    total = job["total_steps"]
+    total = job.get("total_steps")
     step = job.get("step") or 0
     rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))
     if job.get("expected_end_at"):

@@ -54,7 +54,7 @@ export async function render(main, params) {
         cell: (j) => [number(j.result), j.id === sweep.best_job ? el("span", { class: "badge best" }, " best") : ""],
         class: "num",
       },
-      { key: "step", title: "Step", cell: (j) => `${j.step ?? 0}/${j.total_steps}`, class: "num" },
+      { key: "step", title: "Step", cell: (j) => (j.total_steps ? `${j.step ?? 0}/${j.total_steps}` : String(j.step ?? 0)), class: "num" },
       ...(early ? [{ key: "rung", title: "Rung", cell: (j) => rungOf(sweep, j.id), class: "num" }] : []),
     ];
     const table = dataTable(columns, rows, {

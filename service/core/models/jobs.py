@@ -63,7 +63,9 @@ class Job(Base):
     requested_host: Mapped[str | None] = mapped_column(String(128), default=None)
     requested_gpus: Mapped[list[Any] | None] = mapped_column(default=None)
     time_limit_s: Mapped[int | None] = mapped_column(Integer, default=None)
-    total_steps: Mapped[int] = mapped_column(Integer)
+    total_steps: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The steps a job of towerq's trainer runs (`hyperparameters.steps`); None for a command
+    job or a notebook session, whose program alone knows how long it runs."""
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), default=None, index=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
     after_jobs: Mapped[list[Any] | None] = mapped_column(default=None)
@@ -222,11 +224,12 @@ class JobEvent(Base):
 
 
 def expected_end_at(
-    state: str, step: int | None, step_at: datetime | None, pace_s: float | None, total_steps: int
+    state: str, step: int | None, step_at: datetime | None, pace_s: float | None, total_steps: int | None
 ) -> datetime | None:
     """A running job's ETA: when its last step will be trained at its pace so far (the
-    worker's measure, `worker.relay.Pace`); None for a job not running or not yet measured.
+    worker's measure, `worker.relay.Pace`); None for a job not running or not yet measured,
+    and for one whose total is its program's (a command job).
     The scheduler's expected starts take running jobs to end then (`scheduler.capacity`)."""
-    if state != JobState.RUNNING or pace_s is None or step is None or step_at is None:
+    if state != JobState.RUNNING or pace_s is None or step is None or step_at is None or total_steps is None:
         return None
     return step_at + timedelta(seconds=max(0, total_steps - step) * pace_s)

@@ -109,7 +109,9 @@ class JobOut(Out):
     why a queued one waits, why a running one is being stopped."""
     exit_code: int | None
     step: int | None
-    total_steps: int
+    total_steps: int | None = Field(
+        description="the steps a model job runs; null for a command job or notebook (its program decides)"
+    )
     latest: LatestMetrics = Field(validation_alias="latest_metrics")
     pace_s: float | None = Field(
         default=None,

@@ -16,7 +16,7 @@ class SweepJob(BaseModel):
     result: float | None
     """The sweep's metric at the job's end (its latest value while it runs)."""
     step: int | None
-    total_steps: int
+    total_steps: int | None
 
 
 class RungOut(BaseModel):
