@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, func, or_, select
@@ -148,21 +149,39 @@ def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
 
 
 def job_detail(session: Session, job: Job) -> JobDetailOut:
-    allocation = allocations_of(session, [job]).get(job.id)
-    owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
-    notifications = [NotificationOut.model_validate(n) for n in owed]
-    update = {"allocation": allocation, "notifications": notifications, "url": session_url(job)}
-    return JobDetailOut.model_validate(job).model_copy(update={**update, "held": held_by(session, job)})
-
-
-def held_by(session: Session, job: Job) -> list[HeldOut]:
-    """The GPUs each of the job's attempts held (its allocation rows), and when."""
     rows = session.execute(
-        select(Allocation.attempt, Host.name, Allocation.created_at, Allocation.released_at)
+        select(
+            Allocation.attempt,
+            Allocation.fraction,
+            Host.name,
+            Gpu.index,
+            Gpu.uuid,
+            Gpu.simulated,
+            Allocation.created_at,
+            Allocation.released_at,
+        )
+        .join(Gpu, Allocation.gpu_id == Gpu.id)
         .join(Host, Allocation.host_id == Host.id)
         .where(Allocation.job_id == job.id)
-        .order_by(Allocation.attempt, Allocation.id)
-    )
+        .order_by(Allocation.attempt, Allocation.id)  # by rank within an attempt: the order given
+    ).all()
+    # The latest attempt's rows are its allocation (`allocations_of`, for one job); all of
+    # them are what it held over time: one read for both.
+    latest = [(a, f, host, i, uuid, sim) for a, f, host, i, uuid, sim, _, _ in rows if a == rows[-1][0]]
+    owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
+    notifications = [NotificationOut.model_validate(n) for n in owed]
+    update = {
+        "allocation": _allocation(latest) if latest else None,
+        "notifications": notifications,
+        "url": session_url(job),
+        "held": held_by(job, [(a, host, since, until) for a, _, host, _, _, _, since, until in rows]),
+    }
+    return JobDetailOut.model_validate(job).model_copy(update=update)
+
+
+def held_by(job: Job, rows: Sequence[tuple[int, str, datetime, datetime | None]]) -> list[HeldOut]:
+    """The GPUs each of the job's attempts held, and when, from its allocation rows
+    (attempt, host, since, until; by attempt)."""
     held: dict[int, HeldOut] = {}
     resumed = job.resumed_steps or {}
     for attempt, host, since, until in rows:

@@ -14,7 +14,7 @@ from service.core.attempts import forget_after
 from service.core.context import Context
 from service.core.lifecycle import finish, locked_job, mark_running, requeue
 from service.core.models import Allocation, Gpu, Job, JobEvent, JobState
-from service.jobs.read import held_by
+from service.jobs.read import job_detail
 from service.lab.auth import Caller
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.live import LiveScheduler
@@ -116,7 +116,9 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
     running(ctx, elastic, attempt=2)
     with ctx.db.write() as session:
         forget_after(session, elastic, 2, 1200)  # its trainer resumed from the checkpoint of step 1200
-        over_time = held_by(session, locked_job(session, elastic))
+        detail = job_detail(session, locked_job(session, elastic))
+    over_time = detail.held
+    assert detail.allocation is not None and (detail.allocation.host, detail.allocation.gpus) == ("lab-a", [0, 1])
     assert [(h.attempt, h.host, h.gpus, h.from_step, h.until is None) for h in over_time] == [
         (1, "lab-a", 4, 0, False),
         (2, "lab-a", 2, 1200, True),
