@@ -401,6 +401,17 @@ def behind_an_hour_long_job(ctx: Context, caller: Callable[[str], Caller], add_h
     return [first, submit_job(ctx, alice, gpu_count=2, time_limit_s=600), submit_job(ctx, alice, gpu_count=1)]
 
 
+@pytest.fixture
+def whole_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every replay of expected starts due at once and done within its pass, however slow the
+    machine: a 10 ms slice (`FORECAST_SLICE_S`) or the last replay's cost
+    (`FORECAST_COST_RATIO`) would otherwise leave a pass's expected starts to a later one.
+    The throttle and the slicing have tests of their own."""
+    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)
+    monkeypatch.setattr(defaults, "FORECAST_SLICE_S", 60.0)
+
+
+@pytest.mark.usefixtures("whole_replays")
 def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_they_start(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
@@ -429,6 +440,7 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     assert job_row(ctx, third).expected_start_at is not None
 
 
+@pytest.mark.usefixtures("whole_replays")
 def test_a_waiting_jobs_expected_start_is_the_running_jobs_eta(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
@@ -597,15 +609,13 @@ def test_the_scheduler_finishes_a_long_replay_between_passes_and_asks_for_the_pa
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@pytest.mark.usefixtures("whole_replays")
 def test_a_pass_that_writes_the_queue_writes_expected_starts_from_its_own_state(
-    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
     """One scheduler, passes in quick succession: a high-priority job submitted after the
     first pass moves the waiting job's expected start in the very next pass (never an
     expected start replayed from an older pass's queue)."""
-    # Every replay due at once, however long the last took on a slow machine (the cost
-    # ratio's own tests are the next two).
-    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)
     add_host("lab-a", 2)
     scheduler = LiveScheduler(ctx)
     first = submit_job(ctx, caller("alice"), gpus=[0, 1], time_limit_s=3600)
