@@ -68,30 +68,48 @@ def list_jobs(
     )
 
 
+AllocationRow = tuple[int, float, str, int, str, bool, datetime, datetime | None]
+"""One GPU an attempt held: attempt, fraction, host, GPU index, GPU UUID, simulated, since,
+until."""
+
+
+def _allocation_rows(session: Session, job_ids: Sequence[int]) -> dict[int, list[AllocationRow]]:
+    """Every allocation row of these jobs, by job: by attempt, and within one by rank (the
+    order they were given)."""
+    rows = session.execute(
+        select(
+            Allocation.job_id,
+            Allocation.attempt,
+            Allocation.fraction,
+            Host.name,
+            Gpu.index,
+            Gpu.uuid,
+            Gpu.simulated,
+            Allocation.created_at,
+            Allocation.released_at,
+        )
+        .join(Gpu, Allocation.gpu_id == Gpu.id)
+        .join(Host, Allocation.host_id == Host.id)
+        .where(Allocation.job_id.in_(job_ids))
+        .order_by(Allocation.job_id, Allocation.attempt, Allocation.id)
+    )
+    by_job: dict[int, list[AllocationRow]] = defaultdict(list)
+    for job_id, attempt, fraction, host, index, uuid, simulated, since, until in rows:
+        by_job[job_id].append((attempt, fraction, host, index, uuid, simulated, since, until))
+    return by_job
+
+
 def allocations_of(session: Session, jobs: Sequence[Job]) -> dict[int, AllocationOut]:
     """The allocation of each job's latest attempt (kept after it ends, to show where it ran)."""
     if not jobs:
         return {}
-    attempts = {job.id: job.attempts for job in jobs}
-    rows = session.execute(
-        select(
-            Allocation.job_id, Allocation.attempt, Allocation.fraction, Host.name, Gpu.index, Gpu.uuid, Gpu.simulated
-        )
-        .join(Gpu, Allocation.gpu_id == Gpu.id)
-        .join(Host, Allocation.host_id == Host.id)
-        .where(Allocation.job_id.in_(attempts))
-        .order_by(Allocation.job_id, Allocation.attempt.desc(), Allocation.id)  # by rank: the order given
-    )
-    grouped: dict[int, list[tuple[int, float, str, int, str, bool]]] = defaultdict(list)
-    for job_id, attempt, fraction, host, index, uuid, simulated in rows:
-        group = grouped[job_id]
-        if group and group[0][0] != attempt:
-            continue
-        group.append((attempt, fraction, host, index, uuid, simulated))
-    return {job_id: _allocation(group) for job_id, group in grouped.items()}
+    rows = _allocation_rows(session, [job.id for job in jobs])
+    return {job_id: _allocation(held) for job_id, held in rows.items()}
 
 
-def _allocation(group: list[tuple[int, float, str, int, str, bool]]) -> AllocationOut:
+def _allocation(rows: list[AllocationRow]) -> AllocationOut:
+    """The allocation of the latest attempt in `rows` (one job's, by attempt)."""
+    group = [row for row in rows if row[0] == rows[-1][0]]
     hosts = list(dict.fromkeys(g[2] for g in group))
     first = sorted((g for g in group if g[2] == hosts[0]), key=lambda g: g[3])
     return AllocationOut(
@@ -104,7 +122,7 @@ def _allocation(group: list[tuple[int, float, str, int, str, bool]]) -> Allocati
     )
 
 
-def _rank(rank: int, host: str, group: list[tuple[int, float, str, int, str, bool]]) -> RankOut:
+def _rank(rank: int, host: str, group: list[AllocationRow]) -> RankOut:
     held = sorted((g for g in group if g[2] == host), key=lambda g: g[3])
     return RankOut(rank=rank, host=host, gpus=[g[3] for g in held], gpu_uuids=[g[4] for g in held])
 
@@ -149,42 +167,23 @@ def job_out(job: Job, allocation: AllocationOut | None) -> JobOut:
 
 
 def job_detail(session: Session, job: Job) -> JobDetailOut:
-    rows = session.execute(
-        select(
-            Allocation.attempt,
-            Allocation.fraction,
-            Host.name,
-            Gpu.index,
-            Gpu.uuid,
-            Gpu.simulated,
-            Allocation.created_at,
-            Allocation.released_at,
-        )
-        .join(Gpu, Allocation.gpu_id == Gpu.id)
-        .join(Host, Allocation.host_id == Host.id)
-        .where(Allocation.job_id == job.id)
-        .order_by(Allocation.attempt, Allocation.id)  # by rank within an attempt: the order given
-    ).all()
-    # The latest attempt's rows are its allocation (`allocations_of`, for one job); all of
-    # them are what it held over time: one read for both.
-    latest = [(a, f, host, i, uuid, sim) for a, f, host, i, uuid, sim, _, _ in rows if a == rows[-1][0]]
+    rows = _allocation_rows(session, [job.id]).get(job.id, [])  # its allocation, and what it held over time
     owed = session.scalars(select(Notification).where(Notification.job_id == job.id).order_by(Notification.id))
     notifications = [NotificationOut.model_validate(n) for n in owed]
     update = {
-        "allocation": _allocation(latest) if latest else None,
+        "allocation": _allocation(rows) if rows else None,
         "notifications": notifications,
         "url": session_url(job),
-        "held": held_by(job, [(a, host, since, until) for a, _, host, _, _, _, since, until in rows]),
+        "held": held_by(job, rows),
     }
     return JobDetailOut.model_validate(job).model_copy(update=update)
 
 
-def held_by(job: Job, rows: Sequence[tuple[int, str, datetime, datetime | None]]) -> list[HeldOut]:
-    """The GPUs each of the job's attempts held, and when, from its allocation rows
-    (attempt, host, since, until; by attempt)."""
+def held_by(job: Job, rows: Sequence[AllocationRow]) -> list[HeldOut]:
+    """The GPUs each of the job's attempts held, and when, from its allocation rows."""
     held: dict[int, HeldOut] = {}
     resumed = job.resumed_steps or {}
-    for attempt, host, since, until in rows:
+    for attempt, _, host, _, _, _, since, until in rows:
         was = held.get(attempt)
         if was is None:
             step = resumed.get(str(attempt), 0)
