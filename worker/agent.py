@@ -30,7 +30,7 @@ from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_notebook
-from worker import cgroups, program
+from worker import cgroups, disk, program
 from worker.attempt import AttemptRunner
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -86,7 +86,8 @@ class HostAgent:
         self.name = name
         self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
         self.sandboxed = sandboxed_here(ctx.settings)
-        self.pool = TrainerPool(ctx.settings, name, ctx.settings.trainer_pool, self.sandboxed, self.inventory.simulated)
+        pool = 0 if ctx.settings.job_disk == "image" else ctx.settings.trainer_pool  # worker.disk: cold starts
+        self.pool = TrainerPool(ctx.settings, name, pool, self.sandboxed, self.inventory.simulated)
         self.runners: dict[tuple[int, int], AttemptRunner] = {}
         self.lock = threading.Lock()
         self.loops: list[threading.Thread] = []
@@ -186,6 +187,8 @@ class HostAgent:
                     kill_group(job.pid, timeout=LEFTOVER_KILL_TIMEOUT_S)
                 requeue(session, job, f"worker on {self.name} restarted", crashed=True)
                 log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)
+        for failed in disk.bring_back_all(self.ctx.settings.var_dir.resolve() / disk.DISKS):
+            log.error("a job folder left on its disk image could not come back (worker.disk): %s", failed)
 
     # -- launching ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -35,9 +36,9 @@ from towerq.contract import events
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
-from worker import reaper, rendezvous, sandbox
+from worker import disk, reaper, rendezvous, sandbox
 from worker.cgroups import AttemptGroup, Limits
-from worker.folder import FolderWatch
+from worker.folder import JOB_FOLDER_MAX_ENTRIES, FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
 from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
@@ -100,6 +101,8 @@ class AttemptRunner:
     """A notebook session (`worker.notebook`)."""
     _exited_at: float | None = None
     """When its process exited (monotonic), once it did."""
+    job_disk: disk.JobDisk | None = None
+    """The job folder's disk for this attempt (`TOWERQ_JOB_DISK=image`), while it holds it."""
     _recorded = False
     """The attempt's end is in the database already (`_record_now`), before its process is gone."""
 
@@ -231,6 +234,7 @@ class AttemptRunner:
             self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
         finally:
             self.rank.close()
+            self._close_disk()
             self._after()
             self.group.remove()
             self.sink.close()
@@ -263,6 +267,11 @@ class AttemptRunner:
         settings = self.settings
         try:
             starter = self._prepare()
+            self._open_disk()
+        except disk.DiskError as err:
+            self.outcome.stop = Stop.FOLDER_FULL
+            self.outcome.stop_message = f"its folder could not be put on a disk of its own: {err}"
+            return False
         except (ValidationError, NewerSpecError, sandbox.SandboxError) as err:
             self.outcome.stop = Stop.BAD_SPEC
             why = describe(err) if isinstance(err, ValidationError) else str(err)
@@ -285,6 +294,20 @@ class AttemptRunner:
             self._kill_group()
             return False
         return True
+
+    def _open_disk(self) -> None:
+        """`TOWERQ_JOB_DISK=image`: the job's folder goes on a disk of its own for the attempt
+        (`worker.disk`); a job over several hosts keeps the measure (its ranks share the folder)."""
+        if self.settings.job_disk != "image" or self.launch.ranks > 1:
+            return
+        size = self.settings.job_folder_max_bytes or shutil.disk_usage(self.artifacts).free
+        disks = self.settings.var_dir.resolve() / disk.DISKS
+        self.job_disk = disk.JobDisk.open(self.artifacts, disks, size, JOB_FOLDER_MAX_ENTRIES)
+
+    def _close_disk(self) -> None:
+        """The attempt's processes are gone: its folder comes back onto the host's disk."""
+        if self.job_disk is not None:
+            self.job_disk.close()
 
     def _say_started(self, how: str, limits: Limits) -> None:
         assert self.process is not None
@@ -460,6 +483,8 @@ class AttemptRunner:
             phases.mark("its output after its exit")
         self._kill_group()
         phases.mark("kill")
+        self._close_disk()
+        phases.mark("disk")
         if self.outcome.stop != Stop.STALE:
             self._measure_folder(time.monotonic(), running=False)  # its size, for the Usage page
         phases.mark("folder")

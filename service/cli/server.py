@@ -177,6 +177,7 @@ def run_health_worker(args: argparse.Namespace) -> int:
 def run_up(args: argparse.Namespace) -> int:
     from service.cli.up import Supervisor
     from service.executors import known_executor
+    from worker.disk import check
     from worker.sandbox import SandboxError, resolve
 
     settings = Settings()
@@ -184,6 +185,7 @@ def run_up(args: argparse.Namespace) -> int:
     if not args.no_worker:
         try:  # said once, before anything starts, not by a worker restarted five times
             resolve(settings.sandbox)
+            check(settings.job_disk, settings.var_dir)
         except SandboxError as err:
             print(f"towerq: {err}", file=sys.stderr)
             return 1

@@ -1,0 +1,200 @@
+"""A job's writable space with a hard size (issue 44, `TOWERQ_JOB_DISK=image`,
+`worker.disk`): the measure of `worker.folder` stops a job about a second of its writing
+late, and a file it unlinks while it holds it open keeps growing until then. On an image of
+the folder's size a write past it fails whatever it is, and `/proc/self/mountinfo` in the
+sandbox no longer names the host path of the job's folder. What comes back from the image
+is a member's, so the copy trusts none of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.core.settings import Settings
+from tests.stack import Stack, finished, upload_code, wait_for
+from towerq.contract.paths import job_folder
+from worker import disk
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a job's disk image needs a root worker (loop mounts)")
+LIMIT = 20_000_000
+NOBODY = (65534, 65534)
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "artifacts" / "job-7"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.bin").write_bytes(b"from the last attempt")
+    os.chown(folder, *NOBODY)
+    return folder, tmp_path / "var" / disk.DISKS
+
+
+def test_a_write_past_the_size_fails_even_into_a_file_with_no_name(folders: tuple[Path, Path]) -> None:
+    folder, disks = folders
+    held = None
+    job_disk = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
+    try:
+        assert os.path.ismount(folder) and (folder / "checkpoint.bin").read_bytes() == b"from the last attempt"
+        assert folder.stat().st_uid == NOBODY[0], "the folder stays the trainer's"
+        assert sorted(os.listdir(folder)) == ["checkpoint.bin"], "no lost+found"
+        held = open(folder / "hidden.bin", "wb")  # noqa: SIM115 - held open, unlinked, while it grows
+        os.unlink(folder / "hidden.bin")
+        block, wrote = os.urandom(2**20), 0
+        with pytest.raises(OSError, match="No space left on device"):
+            for _ in range(3 * LIMIT // 2**20):
+                held.write(block)
+                held.flush()
+                wrote += len(block)
+        assert wrote <= LIMIT, wrote
+    finally:
+        if held is not None:
+            held.close()
+        job_disk.close()
+    assert not os.path.ismount(folder)
+    assert sorted(os.listdir(folder)) == ["checkpoint.bin"] and list(disks.glob("*.img")) == []
+
+
+def test_what_comes_back_from_the_image_is_copied_without_trusting_it(folders: tuple[Path, Path]) -> None:
+    folder, disks = folders
+    job_disk = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
+    try:
+        (folder / "one.bin").write_bytes(os.urandom(3_000_000))
+        for name in ("two.bin", "three.bin"):  # 3 MB under three names: 9 MB if copied as three files
+            os.link(folder / "one.bin", folder / name)
+        with open(folder / "sparse.bin", "wb") as sparse:  # a terabyte of holes in a 20 MB disk
+            sparse.seek(10**12)
+            sparse.write(b"end")
+        os.symlink("/etc/shadow", folder / "shadow")
+        os.mkfifo(folder / "fifo")
+        (folder / "setuid.sh").write_text("#!/bin/sh\n")
+        os.chmod(folder / "setuid.sh", 0o4755)
+        hidden = folder / "hidden"
+        hidden.mkdir()
+        (hidden / "inside.txt").write_text("kept")
+        hidden.chmod(0)
+    finally:
+        job_disk.close()
+    assert not os.path.ismount(folder)
+    assert sorted(os.listdir(folder)) == [
+        "checkpoint.bin", "hidden", "one.bin", "setuid.sh", "shadow", "sparse.bin", "three.bin", "two.bin",
+    ]  # fmt: skip
+    one = (folder / "one.bin").stat()
+    assert one.st_nlink == 3 and (folder / "three.bin").stat().st_ino == one.st_ino, "one file, three names"
+    sparse = (folder / "sparse.bin").stat()
+    assert sparse.st_size == 10**12 + 3 and sparse.st_blocks * 512 < 1_000_000, "its holes stay holes"
+    assert os.readlink(folder / "shadow") == "/etc/shadow", "a link, not /etc/shadow"
+    assert stat.S_IMODE((folder / "setuid.sh").stat().st_mode) == 0o755, "no setuid bit comes back"
+    assert stat.S_IMODE((folder / "hidden").stat().st_mode) == 0 and (folder / "hidden" / "inside.txt").exists()
+    assert list(folder.parent.iterdir()) == [folder], "nothing left beside it"
+
+
+def test_a_folder_left_on_its_image_by_a_worker_that_died_comes_back_at_the_next_start(
+    folders: tuple[Path, Path],
+) -> None:
+    folder, disks = folders
+    job_disk = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
+    (folder / "written.txt").write_text("by the attempt the worker lost")
+    assert job_disk.lock is not None
+    os.close(job_disk.lock)  # the worker dies: its lock goes, its mount stays
+    assert os.path.ismount(folder)
+    assert disk.bring_back_all(disks) == []
+    assert not os.path.ismount(folder) and (folder / "written.txt").read_text() == "by the attempt the worker lost"
+    assert list(disks.glob("*.img")) == []
+
+
+def test_a_folder_that_does_not_fit_its_disk_is_refused_by_name(folders: tuple[Path, Path]) -> None:
+    folder, disks = folders
+    (folder / "big.bin").write_bytes(os.urandom(6_000_000))
+    with pytest.raises(disk.DiskError, match="does not fit a disk of 5,000,000 bytes"):
+        disk.JobDisk.open(folder, disks, 5_000_000, 10_000)
+    assert not os.path.ismount(folder) and (folder / "big.bin").stat().st_size == 6_000_000
+    assert list(disks.glob("*.img")) == []
+
+
+WRITER = r"""
+import errno, json, os
+held = open("/job/hidden.bin", "wb")
+os.unlink("/job/hidden.bin")  # its blocks have no name: a walk of the folder never sees them
+block, wrote, why = os.urandom(2**20), 0, None
+try:
+    for _ in range(100):  # 100 MB, in well under a second
+        held.write(block)
+        held.flush()
+        wrote += len(block)
+except OSError as err:
+    why = errno.errorcode.get(err.errno)
+held.close()
+with open(os.path.join(os.environ["TOWERQ_OUTPUT_DIR"], "report.json"), "w") as out:
+    json.dump({"wrote": wrote, "why": why, "mountinfo": open("/proc/self/mountinfo").read()}, out)
+"""
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+@pytest.mark.slow
+def test_a_command_job_cannot_write_past_its_folder_nor_learn_where_it_lives(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1, sandbox="bwrap", job_disk="image", job_folder_max_bytes=LIMIT)
+    client = stack.client(make_token("mallory"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload_code(client, {"writer.py": WRITER})
+    created = client.post("/api/jobs", json={"command": ["python", "writer.py"], "code": code})
+    assert created.status_code == 201, created.text
+    job = finished(client, created.json()["id"])
+    assert job["state"] == "succeeded", (job["error"], stack.dump_logs())
+    folder = job_folder(settings.artifacts_dir, job["id"])
+    report = json.loads((folder / "output" / "report.json").read_text())
+    assert report["why"] == "ENOSPC" and report["wrote"] <= LIMIT, {k: report[k] for k in ("why", "wrote")}
+    job_line = next(line for line in report["mountinfo"].splitlines() if line.split()[4] == "/job")
+    assert job_line.split()[3] == "/", job_line  # the filesystem's root, not a host path
+    assert str(settings.artifacts_dir.resolve()) not in report["mountinfo"]
+    assert not os.path.ismount(folder) and list((settings.var_dir / disk.DISKS).glob("*.img")) == []
+    listed = client.get(f"/api/jobs/{job['id']}/artifacts").json()
+    assert "output/report.json" in json.dumps(listed), listed
+    client.close()
+
+
+@pytest.mark.slow
+def test_a_trainer_on_its_disk_resumes_from_the_checkpoint_a_killed_worker_left_on_the_image(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    stack.start_api()
+    stack.start_scheduler()
+    worker = {"sandbox": "bwrap", "job_disk": "image", "job_folder_max_bytes": 200_000_000}
+    stack.start_worker("lab-a", 1, **worker)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    hyperparameters = {"steps": 200_000, "batch_size": 16, "checkpoint_every": 100, "log_every": 10}
+    job_id = client.post(
+        "/api/jobs", json={"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": hyperparameters}
+    ).json()["id"]
+
+    def said(words: str) -> list[str]:
+        return [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json() if words in line["message"]]
+
+    wait_for(lambda: said("checkpoint at step "), 180, "a checkpoint", 0.5)
+    folder = job_folder(settings.artifacts_dir, job_id)
+    assert os.path.ismount(folder)
+    stack.stop("worker-lab-a", signal.SIGKILL)  # its trainer dies with it; the folder stays on its image
+    assert os.path.ismount(folder)
+    stack.start_worker("lab-a", 1, **worker)
+    resumed = wait_for(lambda: said("resumed from the checkpoint of step "), 180, "the next attempt to resume", 0.5)
+    assert int(resumed[0].split()[-1]) >= 100, resumed
+    client.post(f"/api/jobs/{job_id}/cancel")
+    assert finished(client, job_id)["state"] == "cancelled"
+    wait_for(lambda: not os.path.ismount(folder), 30, "the folder back on the host's disk")
+    assert list((folder / "checkpoints").iterdir()), "its checkpoints came back"
+    assert list((settings.var_dir / disk.DISKS).glob("*.img")) == []
+    client.close()

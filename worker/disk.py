@@ -1,0 +1,313 @@
+"""A job's writable space with a hard size (`TOWERQ_JOB_DISK=image`).
+
+The measure of `worker.folder` stops a job past `TOWERQ_JOB_FOLDER_MAX_BYTES`, about a
+second of its writing late. With `image` the job's folder is, while an attempt runs, an
+ext4 filesystem of exactly that size of its own: a sparse file under
+`TOWERQ_VAR_DIR/disks/`, made with the folder's contents (`mkfs.ext4 -d`) and mounted
+(a loop device; `nosuid`, `nodev`) over the job's folder, so the API, the job's
+TensorBoard and the relay read it where they always did. What the job writes past the size
+fails there (ENOSPC), whatever it is: files it unlinked and holds open, folders whose mode
+hides them, files under any name. In the sandbox `/proc/self/mountinfo` then names the
+filesystem's root (`/`), not the host path of the job's folder.
+
+When the attempt's processes are gone the worker brings the folder back onto the host's
+disk (`bring_back`): the image mounted read only elsewhere, its folders, files and links
+copied into a new folder beside the job's, which takes its place; then the image goes. The
+copy is of what a member wrote, so it trusts nothing: links are copied as links, never
+followed; FIFOs, sockets and devices are left out; a file's holes stay holes (a sparse file
+of a terabyte in a gigabyte image takes a gigabyte at most); hard links stay one file; no
+setuid, setgid or sticky bit comes back. The image is removed only once the folder is back,
+so a worker that dies on the way (or a host that reboots) brings it back at its next start
+(`bring_back_all`) or at the job's next attempt.
+
+One attempt of a job holds its image at a time (an flock beside it, across processes): the
+next attempt of the same job on this machine waits until the last one's folder is back.
+
+Needs a root worker (loop devices, mounts) and `mkfs.ext4`; a worker set to `image` where
+that cannot work refuses to start and says why (`images_work`). A job over several hosts
+keeps the measure: its ranks share one folder on the lab's storage. A warm trainer
+(`TOWERQ_TRAINER_POOL`) is started before its job and its folder are known, so a host with
+images starts every trainer cold."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+from worker.sandbox import SandboxError
+
+log = logging.getLogger(__name__)
+
+DISK_KINDS = ("measure", "image")
+DISKS = "disks"
+"""The images' folder, in `TOWERQ_VAR_DIR`."""
+MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
+"""`noinit_itable`: the image is a fresh sparse file, its inode tables already zeros; the
+kernel's lazy initialisation would only write them out."""
+BYTES_PER_INODE = 16_384
+MIN_INODES = 1_024
+MIN_IMAGE_BYTES = 4 * 2**20
+"""mkfs.ext4's smallest useful filesystem, with room for its own metadata."""
+COPY_CHUNK = 2**20
+
+
+class DiskError(SandboxError):
+    """A job's folder could not be put on (or brought back from) a disk of its own."""
+
+
+def _run(command: list[str], what: str) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise DiskError(f"{what}: {err}") from err
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise DiskError(f"{what}: {said[-1] if said else f'exit {done.returncode}'}")
+
+
+def _mount(image: Path, where: Path, options: str) -> None:
+    _run(["mount", "-t", "ext4", "-o", options, str(image), str(where)], f"mounting {image.name}")
+
+
+def _unmount(where: Path) -> None:
+    """Unmount `where` (lazily when something, such as the API serving a download, still
+    reads it: the loop device goes with its last reader)."""
+    try:
+        _run(["umount", str(where)], f"unmounting {where}")
+    except DiskError:
+        _run(["umount", "--lazy", str(where)], f"unmounting {where}")
+
+
+def inodes_for(size: int, max_entries: int) -> int:
+    return max(MIN_INODES, min(max_entries, size // BYTES_PER_INODE))
+
+
+def make_image(image: Path, size: int, contents: Path, max_entries: int) -> None:
+    """A sparse ext4 image of `size` bytes holding what `contents` holds (its owners and
+    modes too). DiskError when that does not fit."""
+    with open(image, "wb") as made:
+        made.truncate(max(size, MIN_IMAGE_BYTES))
+    command = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-N", str(inodes_for(size, max_entries))]
+    command += ["-E", "lazy_itable_init=1,nodiscard", "-d", str(contents), str(image)]
+    try:
+        _run(command, f"its folder does not fit a disk of {size:,} bytes (TOWERQ_JOB_FOLDER_MAX_BYTES)")
+    except DiskError:
+        image.unlink(missing_ok=True)
+        raise
+
+
+@functools.cache
+def images_work(var_dir: Path) -> str | None:
+    """None when this worker can put a job's folder on an image of its own, else why not."""
+    if os.geteuid() != 0:
+        return "it needs a worker that is root (loop devices and mounts)"
+    if shutil.which("mkfs.ext4") is None:
+        return "mkfs.ext4 is not installed (apt install e2fsprogs)"
+    var_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=var_dir, prefix=".disk-probe-") as name:
+        probe = Path(name)
+        (probe / "contents").mkdir()
+        (probe / "mounted").mkdir()
+        try:
+            make_image(probe / "probe.img", MIN_IMAGE_BYTES, probe / "contents", MIN_INODES)
+            _mount(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS)
+            _unmount(probe / "mounted")
+        except DiskError as err:
+            return f"a loop-mounted image does not work here ({err})"
+    return None
+
+
+def check(kind: str, var_dir: Path) -> None:
+    """DiskError when `TOWERQ_JOB_DISK` is `kind` and this worker cannot do it (it refuses
+    to start, as for a missing sandbox)."""
+    if kind not in DISK_KINDS:
+        raise DiskError(f"TOWERQ_JOB_DISK is {kind!r}: use {', '.join(DISK_KINDS)}")
+    if kind == "image" and (why := images_work(var_dir.resolve())) is not None:
+        raise DiskError(f"TOWERQ_JOB_DISK=image: {why}; or set TOWERQ_JOB_DISK=measure")
+
+
+class JobDisk:
+    """One attempt's hold on its job's image (`open`, then `close` once its processes are gone)."""
+
+    def __init__(self, folder: Path, disks: Path, lock: int) -> None:
+        self.folder = folder
+        self.disks = disks
+        self.lock: int | None = lock
+
+    @classmethod
+    def open(cls, folder: Path, disks: Path, size: int, max_entries: int) -> JobDisk:
+        """Put `folder` (which exists, its owner the trainer's) on an image of `size` bytes.
+        Waits while another attempt of the job holds it. DiskError when it cannot."""
+        disks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = os.open(disks / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            bring_back(folder, disks)  # an earlier attempt's, left by a worker that died
+            image = image_of(folder, disks)
+            (disks / f"{folder.name}.folder").write_text(str(folder))
+            make_image(image, size, folder, max_entries)
+            before = os.stat(folder, follow_symlinks=False)
+            try:
+                _mount(image, folder, MOUNT_OPTIONS)
+            except DiskError:
+                image.unlink(missing_ok=True)
+                raise
+            os.chown(folder, before.st_uid, before.st_gid)  # the image's root is the folder it covers
+            os.chmod(folder, stat.S_IMODE(before.st_mode))
+            with contextlib.suppress(OSError):
+                (folder / "lost+found").rmdir()  # ext4's own: not the job's
+        except BaseException:
+            os.close(lock)
+            raise
+        return cls(folder, disks, lock)
+
+    def close(self) -> None:
+        """The attempt's processes are gone: its folder comes back onto the host's disk.
+        Once; a folder that cannot come back now stays on its image, and comes back at the
+        job's next attempt here or at the worker's next start (said in the worker's log)."""
+        if self.lock is None:
+            return
+        try:
+            if os.path.ismount(self.folder):
+                _unmount(self.folder)
+            bring_back(self.folder, self.disks)
+        except (DiskError, OSError):
+            log.exception("job folder %s stays on its image for now", self.folder)
+        finally:
+            os.close(self.lock)
+            self.lock = None
+
+
+def image_of(folder: Path, disks: Path) -> Path:
+    return disks / f"{folder.name}.img"
+
+
+def bring_back(folder: Path, disks: Path) -> None:
+    """Copy what the image of `folder` holds back into `folder`, replacing what was there,
+    and remove the image; nothing when there is none. The caller holds the job's lock."""
+    image = image_of(folder, disks)
+    if not image.exists():
+        return
+    if os.path.ismount(folder):  # a worker that died while the attempt ran
+        _unmount(folder)
+    seen = disks / f"{folder.name}.mnt"
+    seen.mkdir(mode=0o700, exist_ok=True)
+    if os.path.ismount(seen):
+        _unmount(seen)
+    _mount(image, seen, "ro,loop,nosuid,nodev,noexec")
+    back = folder.parent / f".{folder.name}.back"
+    old = folder.parent / f".{folder.name}.old"
+    try:
+        shutil.rmtree(back, ignore_errors=True)
+        copy_tree(seen, back)
+    finally:
+        _unmount(seen)
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    back.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+    image.unlink()
+    seen.rmdir()
+    (disks / f"{folder.name}.folder").unlink(missing_ok=True)
+
+
+def bring_back_all(disks: Path) -> list[str]:
+    """At a worker's start: the folders left on their images (a worker that died, a host
+    that rebooted) come back, but for those another worker's attempt holds. What went
+    wrong, one line per folder."""
+    failed = []
+    for image in sorted(disks.glob("*.img")) if disks.is_dir() else []:
+        name = image.name.removesuffix(".img")
+        lock = os.open(disks / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            continue
+        try:
+            bring_back(Path((disks / f"{name}.folder").read_text()), disks)
+        except (DiskError, OSError) as err:
+            failed.append(f"{name}: {err}")
+        finally:
+            os.close(lock)
+    return failed
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy `source` (a member's files, on a read-only mount no process writes to) into a
+    new folder `target`: folders, regular files (their holes kept, hard links kept as one
+    file) and links (as links); owners, permission bits (no setuid, setgid or sticky bit)
+    and times. Anything else is left out."""
+    copied: dict[int, Path] = {}
+    folders: list[tuple[Path, os.stat_result]] = [(target, os.stat(source, follow_symlinks=False))]
+    target.mkdir(mode=0o700)
+    pending = [(source, target)]
+    while pending:
+        here, there = pending.pop()
+        with os.scandir(here) as entries:
+            for entry in entries:
+                info = entry.stat(follow_symlinks=False)
+                to = there / entry.name
+                if stat.S_ISDIR(info.st_mode):
+                    to.mkdir(mode=0o700)
+                    folders.append((to, info))
+                    pending.append((Path(entry.path), to))
+                    continue
+                if stat.S_ISLNK(info.st_mode):
+                    os.symlink(os.readlink(entry.path), to)
+                elif stat.S_ISREG(info.st_mode):
+                    first = copied.get(info.st_ino) if info.st_nlink > 1 else None
+                    if first is not None:
+                        os.link(first, to)
+                        continue
+                    copy_sparse(entry.path, to)
+                    copied[info.st_ino] = to
+                    os.chmod(to, stat.S_IMODE(info.st_mode) & 0o777)
+                else:
+                    continue  # FIFOs, sockets, devices
+                os.chown(to, info.st_uid, info.st_gid, follow_symlinks=False)
+                os.utime(to, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+    for folder, info in reversed(folders):  # innermost first: a folder's mode may forbid writing in it
+        os.chown(folder, info.st_uid, info.st_gid)
+        os.chmod(folder, stat.S_IMODE(info.st_mode) & 0o777)
+        os.utime(folder, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def copy_sparse(source: str, target: Path) -> None:
+    """Copy a regular file's data, leaving its holes holes."""
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            size = os.fstat(src).st_size
+            at = 0
+            while at < size:
+                try:
+                    data = os.lseek(src, at, os.SEEK_DATA)
+                except OSError as err:
+                    if err.errno == errno.ENXIO:
+                        break  # only a hole is left
+                    raise
+                hole = os.lseek(src, data, os.SEEK_HOLE)
+                while data < hole:
+                    chunk = os.pread(src, min(COPY_CHUNK, hole - data), data)
+                    if not chunk:
+                        break
+                    os.pwrite(dst, chunk, data)
+                    data += len(chunk)
+                at = hole
+            os.ftruncate(dst, size)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
