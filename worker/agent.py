@@ -86,8 +86,7 @@ class HostAgent:
         self.name = name
         self.inventory = inventory or detect(name, ctx.settings.simulated_gpus, ctx.settings.require_gpus)
         self.sandboxed = sandboxed_here(ctx.settings)
-        pool = 0 if ctx.settings.job_disk == "image" else ctx.settings.trainer_pool  # worker.disk: cold starts
-        self.pool = TrainerPool(ctx.settings, name, pool, self.sandboxed, self.inventory.simulated)
+        self.pool = TrainerPool(ctx.settings, name, ctx.settings.trainer_pool, self.sandboxed, self.inventory.simulated)
         self.runners: dict[tuple[int, int], AttemptRunner] = {}
         self.lock = threading.Lock()
         self.loops: list[threading.Thread] = []

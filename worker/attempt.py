@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -38,7 +37,7 @@ from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
 from worker import disk, reaper, rendezvous, sandbox
 from worker.cgroups import AttemptGroup, Limits
-from worker.folder import JOB_FOLDER_MAX_ENTRIES, FolderWatch
+from worker.folder import FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
 from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
@@ -298,11 +297,9 @@ class AttemptRunner:
     def _open_disk(self) -> None:
         """`TOWERQ_JOB_DISK=image`: the job's folder goes on a disk of its own for the attempt
         (`worker.disk`); a job over several hosts keeps the measure (its ranks share the folder)."""
-        if self.settings.job_disk != "image" or self.launch.ranks > 1:
-            return
-        size = self.settings.job_folder_max_bytes or shutil.disk_usage(self.artifacts).free
-        disks = self.settings.var_dir.resolve() / disk.DISKS
-        self.job_disk = disk.JobDisk.open(self.artifacts, disks, size, JOB_FOLDER_MAX_ENTRIES)
+        if self.settings.job_disk != "image" or self.launch.ranks > 1 or self.job_disk is not None:
+            return  # (a warm trainer came with its disk)
+        self.job_disk = disk.open_for(self.artifacts, self.settings)
 
     def _close_disk(self) -> None:
         """The attempt's processes are gone: its folder comes back onto the host's disk."""

@@ -26,8 +26,8 @@ next attempt of the same job on this machine waits until the last one's folder i
 Needs a root worker (loop devices, mounts) and `mkfs.ext4`; a worker set to `image` where
 that cannot work refuses to start and says why (`images_work`). A job over several hosts
 keeps the measure: its ranks share one folder on the lab's storage. A warm trainer
-(`TOWERQ_TRAINER_POOL`) is started before its job and its folder are known, so a host with
-images starts every trainer cold."""
+(`worker.pool`) is started before its job is known, on a disk of its own (its folder,
+shown at `/job`); the job that takes it takes the disk (`JobDisk.move_to`)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from service.core.settings import Settings
+from worker.folder import JOB_FOLDER_MAX_ENTRIES
 from worker.sandbox import SandboxError
 
 log = logging.getLogger(__name__)
@@ -170,6 +172,43 @@ class JobDisk:
             raise
         return cls(folder, disks, lock)
 
+    def move_to(self, folder: Path) -> None:
+        """A warm trainer's disk (`worker.pool`: opened on its own folder, which its bwrap
+        shows at `/job`) becomes its job's: mounted on the job's new `folder` too, then off
+        the trainer's, the image renamed to the job's. DiskError when it cannot."""
+        assert self.lock is not None
+        lock = os.open(self.disks / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the job's folder is new: no attempt holds it
+            folder.mkdir(mode=0o700)
+            _run(["mount", "--bind", str(self.folder), str(folder)], f"showing a warm trainer's disk as {folder}")
+            image_of(self.folder, self.disks).rename(image_of(folder, self.disks))
+            (self.disks / f"{folder.name}.folder").write_text(str(folder))
+            _unmount(self.folder)
+            (self.disks / f"{self.folder.name}.folder").unlink(missing_ok=True)
+            (self.disks / f"{self.folder.name}.lock").unlink(missing_ok=True)  # a slot's name is used once
+        except (OSError, DiskError) as err:
+            os.close(lock)
+            raise DiskError(f"a warm trainer's disk could not become job folder {folder.name}'s: {err}") from err
+        os.close(self.lock)
+        self.lock, self.folder = lock, folder
+
+    def drop(self) -> None:
+        """A warm trainer's disk that no job took: unmounted and removed, nothing brought back."""
+        if self.lock is None:
+            return
+        try:
+            if os.path.ismount(self.folder):
+                _unmount(self.folder)
+            image_of(self.folder, self.disks).unlink(missing_ok=True)
+            for suffix in (".folder", ".lock"):  # a slot's name is used once
+                (self.disks / f"{self.folder.name}{suffix}").unlink(missing_ok=True)
+        except (DiskError, OSError):
+            log.exception("could not remove the disk of %s", self.folder)
+        finally:
+            os.close(self.lock)
+            self.lock = None
+
     def close(self) -> None:
         """The attempt's processes are gone: its folder comes back onto the host's disk.
         Once; a folder that cannot come back now stays on its image, and comes back at the
@@ -185,6 +224,13 @@ class JobDisk:
         finally:
             os.close(self.lock)
             self.lock = None
+
+
+def open_for(folder: Path, settings: Settings) -> JobDisk:
+    """`JobDisk.open` with the lab's settings: a disk of `TOWERQ_JOB_FOLDER_MAX_BYTES` (0, no
+    limit: the free space of the folder's filesystem) in `TOWERQ_VAR_DIR/disks`."""
+    size = settings.job_folder_max_bytes or shutil.disk_usage(folder).free
+    return JobDisk.open(folder, settings.var_dir.resolve() / DISKS, size, JOB_FOLDER_MAX_ENTRIES)
 
 
 def image_of(folder: Path, disks: Path) -> Path:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from service.core.settings import Settings
 from worker import sandbox
+from worker.disk import DiskError, JobDisk, open_for
 from worker.launch import (
     REPO_ROOT,
     Launch,
@@ -72,6 +73,8 @@ class WarmTrainer:
     bundle when it is taken; removed when its attempt ends (`TrainerPool.release`)."""
     ready: bool = False
     """It has loaded TensorFlow and waits for its job."""
+    disk: JobDisk | None = None
+    """`TOWERQ_JOB_DISK=image`: its folder's disk (`worker.disk`), the job's once taken."""
 
 
 class TrainerPool:
@@ -115,7 +118,7 @@ class TrainerPool:
         with self.lock:
             left, self.warm = self.warm, []
         for trainer in left:
-            end(trainer.process)
+            self._discard(trainer)
         self._clear_slots()
 
     def ready(self) -> int:
@@ -153,7 +156,16 @@ class TrainerPool:
                 return None
         if trainer.slot is not None:
             folder.parent.mkdir(parents=True, exist_ok=True)
-            trainer.slot.rename(folder)
+            if trainer.disk is None:
+                trainer.slot.rename(folder)
+                return trainer
+            try:
+                trainer.disk.move_to(folder)
+            except DiskError as err:
+                log.warning("job %s starts cold: %s", launch.job_id, err)
+                self._discard(trainer)
+                return None
+            self._remove_slot(trainer.slot)  # empty: its disk is the job's folder now
         return trainer
 
     def release(self, trainer: WarmTrainer) -> None:
@@ -161,8 +173,10 @@ class TrainerPool:
         self._remove_slot(trainer.code)
 
     def _discard(self, trainer: WarmTrainer) -> None:
-        """A trainer that serves no job: ended, and both its folders removed."""
+        """A trainer that serves no job: ended, and both its folders (and its disk) removed."""
         end(trainer.process)
+        if trainer.disk is not None:
+            trainer.disk.drop()
         self._remove_slot(trainer.slot)
         self._remove_slot(trainer.code)
 
@@ -196,7 +210,9 @@ class TrainerPool:
         if taken_at is not None and time.monotonic() - taken_at < REFILL_AFTER_S:
             return  # the job that took the last one is still starting: leave it the cores
         with self.lock:
-            self.warm = [t for t in self.warm if t.process.poll() is None or end(t.process)]
+            for dead in [t for t in self.warm if t.process.poll() is not None]:
+                self._discard(dead)
+                self.warm.remove(dead)
             missing = self.size - len(self.warm)
         for _ in range(missing):
             trainer = self._spawn()
@@ -226,7 +242,7 @@ class TrainerPool:
 
     def _spawn(self) -> WarmTrainer:
         command = [sys.executable, "-m", "worker.trainer", "--warm", str(self.settings.trainer_nice)]
-        slot = code = None
+        slot = code = disk = None
         if self.sandboxed:
             slot = self.slots / f"{self.prefix}{uuid.uuid4().hex[:12]}"
             slot.mkdir(parents=True)
@@ -234,6 +250,8 @@ class TrainerPool:
             code.mkdir(mode=0o755)  # the worker's: the trainer only reads it
             identity = trainer_user(self.settings)
             sandbox.hand_over(slot, identity)
+            if self.settings.job_disk == "image":
+                disk = open_for(slot, self.settings)  # before bwrap shows the folder
             command = sandbox.bwrap_command(
                 command,
                 job_folder=slot,
@@ -256,7 +274,7 @@ class TrainerPool:
             cwd=slot or self.settings.artifacts_dir.resolve().parent,
             start_new_session=True,
         )
-        return WarmTrainer(process, slot, code)
+        return WarmTrainer(process, slot, code, disk=disk)
 
     def _clear_slots(self) -> None:
         if self.slots.is_dir():

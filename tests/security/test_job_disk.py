@@ -160,7 +160,7 @@ def test_a_command_job_cannot_write_past_its_folder_nor_learn_where_it_lives(
     job_line = next(line for line in report["mountinfo"].splitlines() if line.split()[4] == "/job")
     assert job_line.split()[3] == "/", job_line  # the filesystem's root, not a host path
     assert str(settings.artifacts_dir.resolve()) not in report["mountinfo"]
-    assert not os.path.ismount(folder) and list((settings.var_dir / disk.DISKS).glob("*.img")) == []
+    assert not os.path.ismount(folder) and not (settings.var_dir / disk.DISKS / f"{folder.name}.img").exists()
     listed = client.get(f"/api/jobs/{job['id']}/artifacts").json()
     assert "output/report.json" in json.dumps(listed), listed
     client.close()
@@ -196,5 +196,41 @@ def test_a_trainer_on_its_disk_resumes_from_the_checkpoint_a_killed_worker_left_
     assert finished(client, job_id)["state"] == "cancelled"
     wait_for(lambda: not os.path.ismount(folder), 30, "the folder back on the host's disk")
     assert list((folder / "checkpoints").iterdir()), "its checkpoints came back"
-    assert list((settings.var_dir / disk.DISKS).glob("*.img")) == []
+    assert not (settings.var_dir / disk.DISKS / f"{folder.name}.img").exists()
+    client.close()
+
+
+@pytest.mark.slow
+def test_a_warm_trainer_waits_on_a_disk_of_its_own_which_its_job_takes(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    stack.start_api()
+    stack.start_scheduler()
+    stack.start_worker("lab-a", 1, sandbox="bwrap", job_disk="image", job_folder_max_bytes=50_000_000, trainer_pool=1)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    disks = settings.var_dir / disk.DISKS
+    slots = settings.artifacts_dir.resolve() / ".warm"
+
+    def warm_disks() -> list[Path]:
+        return [slot for slot in slots.iterdir() if os.path.ismount(slot)] if slots.is_dir() else []
+
+    assert wait_for(warm_disks, 60, "a warm trainer on its disk")
+
+    def ready() -> int:
+        workers = client.get("/api/workers").json()
+        return workers[0]["info"].get("warm_trainers", 0) if workers else 0
+
+    wait_for(lambda: ready() == 1, 120, "the warm trainer to be ready", 0.3)
+    spec = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 20, "log_every": 5}}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    job = finished(client, job_id)
+    log = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
+    assert job["state"] == "succeeded", (job["error"], log[-20:])
+    assert any("in a warm trainer from the pool" in m for m in log), log[:5]
+    folder = job_folder(settings.artifacts_dir, job_id)
+    assert not os.path.ismount(folder) and not (disks / f"{folder.name}.img").exists()
+    assert (folder / "model.keras").is_file() or list(folder.rglob("*.keras")), sorted(os.listdir(folder))
+    stack.stop("worker-lab-a")
+    assert warm_disks() == [] and list(disks.glob("*.img")) == [], "the next warm trainer's disk went with it"
     client.close()
