@@ -6,6 +6,7 @@ sandbox, through the real API, scheduler and worker. The programs are docs/frame
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def run_example(
 
 
 def test_pytorch_ddp_over_gloo_trains_across_two_processes(stack: Stack, make_token: Callable[..., str]) -> None:
+    assert importlib.util.find_spec("torch") is not None, "no PyTorch in .venv: run `make frameworks`"
     job, lines, points = run_example(stack, make_token, "torch_ddp.py", 240)
     assert job["state"] == "succeeded", (job["error"], lines[-30:])
     assert "rank 0 of 2 on GPU 0" in lines and "[rank 1] rank 1 of 2 on GPU 1" in lines, lines[-30:]
