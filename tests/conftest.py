@@ -273,11 +273,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def stack(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
-    from tests.stack import Stack
+    from tests.stack import Stack, unmount_beneath
 
     running = Stack(settings, tmp_path)
     yield running
     running.stop_all()
+    unmount_beneath(tmp_path)
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         print(running.dump_logs())

@@ -36,6 +36,19 @@ def settings_env(settings: Settings, **overrides: object) -> dict[str, str]:
     return env
 
 
+def unmount_beneath(root: Path) -> list[str]:
+    """Unmount (lazily) what is mounted beneath `root`, deepest first: the job folders' disk
+    images (`worker.disk`) a test's SIGKILLed worker left mounted (its next start would
+    bring them back). What it unmounted."""
+    prefix = str(root.resolve()) + "/"
+    with open("/proc/self/mountinfo") as table:
+        points = [line.split()[4] for line in table]
+    beneath = sorted({p for p in points if p.startswith(prefix)}, key=len, reverse=True)
+    for point in beneath:
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
+    return beneath
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -115,6 +115,7 @@ class HostAgent:
             len(self.inventory.gpus()),
             "simulated" if self.inventory.simulated else "NVIDIA",
         )
+        log.info("worker %s: %s", self.name, disk.described(self.ctx.settings))
         self._recover_leftovers()
         self.pool.start()
         for target, label in ((self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")):

@@ -37,7 +37,7 @@ from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
 from worker import disk, reaper, rendezvous, sandbox
 from worker.cgroups import AttemptGroup, Limits
-from worker.folder import FolderWatch
+from worker.folder import FolderWatch, size_words
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
 from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
@@ -295,16 +295,27 @@ class AttemptRunner:
         return True
 
     def _open_disk(self) -> None:
-        """`TOWERQ_JOB_DISK=image`: the job's folder goes on a disk of its own for the attempt
+        """`TOWERQ_JOB_DISK`: the job's folder goes on a disk of its own for the attempt
         (`worker.disk`); a job over several hosts keeps the measure (its ranks share the folder)."""
-        if self.settings.job_disk != "image" or self.launch.ranks > 1 or self.job_disk is not None:
+        if self.launch.ranks > 1 or self.job_disk is not None or not disk.in_use(self.settings):
             return  # (a warm trainer came with its disk)
         self.job_disk = disk.open_for(self.artifacts, self.settings)
 
     def _close_disk(self) -> None:
-        """The attempt's processes are gone: its folder comes back onto the host's disk."""
-        if self.job_disk is not None:
-            self.job_disk.close()
+        """The attempt's processes are gone: its folder comes back onto the host's disk. A
+        process that failed on a full disk fails the job, naming the limit (a retry would
+        only fill it again)."""
+        if self.job_disk is None:
+            return
+        if self.job_disk.full() and self.outcome.returncode not in (0, None):
+            said = (
+                f"its folder's disk is full ({size_words(self.job_disk.size)}, TOWERQ_JOB_FOLDER_MAX_BYTES): "
+                "what it wrote past that failed"
+            )
+            self.sink.log("error", said)
+            if self.outcome.stop is None:
+                self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"failed: {said}"
+        self.job_disk.close()
 
     def _say_started(self, how: str, limits: Limits) -> None:
         assert self.process is not None

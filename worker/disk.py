@@ -1,7 +1,7 @@
-"""A job's writable space with a hard size (`TOWERQ_JOB_DISK=image`).
+"""A job's writable space with a hard size (`TOWERQ_JOB_DISK`: `auto`, `image`, `measure`).
 
 The measure of `worker.folder` stops a job past `TOWERQ_JOB_FOLDER_MAX_BYTES`, about a
-second of its writing late. With `image` the job's folder is, while an attempt runs, an
+second of its writing late. With an image the job's folder is, while an attempt runs, an
 ext4 filesystem of exactly that size of its own: a sparse file under
 `TOWERQ_VAR_DIR/disks/`, given a copy of the folder's contents (`fill_image`) and mounted
 (a loop device; `nosuid`, `nodev`) over the job's folder, so the API, the job's
@@ -23,8 +23,10 @@ so a worker that dies on the way (or a host that reboots) brings it back at its 
 One attempt of a job holds its image at a time (an flock beside it, across processes): the
 next attempt of the same job on this machine waits until the last one's folder is back.
 
-Needs a root worker (loop devices, mounts) and `mkfs.ext4`; a worker set to `image` where
-that cannot work refuses to start and says why (`images_work`). A job over several hosts
+Needs a root worker (loop devices, mounts) and `mkfs.ext4`. `auto` (the default) uses
+images where that works and the measure elsewhere (a worker that is not root, a container
+without loop devices), and says which in the worker's log; a worker set to `image` where
+it cannot work refuses to start and says why (`images_work`). A job over several hosts
 keeps the measure: its ranks share one folder on the lab's storage. A warm trainer
 (`worker.pool`) is started before its job is known, on a disk of its own (its folder,
 shown at `/job`); the job that takes it takes the disk (`JobDisk.move_to`)."""
@@ -49,7 +51,7 @@ from worker.sandbox import SandboxError
 
 log = logging.getLogger(__name__)
 
-DISK_KINDS = ("measure", "image")
+DISK_KINDS = ("auto", "image", "measure")
 DISKS = "disks"
 """The images' folder, in `TOWERQ_VAR_DIR`."""
 MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
@@ -60,6 +62,9 @@ MIN_INODES = 1_024
 MIN_IMAGE_BYTES = 4 * 2**20
 """mkfs.ext4's smallest useful filesystem, with room for its own metadata."""
 COPY_CHUNK = 2**20
+FULL_BELOW = 2**20
+"""A disk with less room than this (or 1 % of its size) is full: ext4 keeps its last blocks
+for its own metadata, so a disk a job filled rarely shows 0."""
 
 
 class DiskError(SandboxError):
@@ -154,13 +159,30 @@ def check(kind: str, var_dir: Path) -> None:
         raise DiskError(f"TOWERQ_JOB_DISK=image: {why}; or set TOWERQ_JOB_DISK=measure")
 
 
+def in_use(settings: Settings) -> bool:
+    """Whether this worker puts job folders on images: `image` (checked at its start),
+    `auto` where it can (a root worker that mounts a loop image), never with `measure`."""
+    if settings.job_disk == "measure":
+        return False
+    return settings.job_disk == "image" or images_work(settings.var_dir.resolve()) is None
+
+
+def described(settings: Settings) -> str:
+    """What holds a job folder's limit on this worker, in words for its log."""
+    if in_use(settings):
+        return "job folders are disk images of TOWERQ_JOB_FOLDER_MAX_BYTES while attempts run (TOWERQ_JOB_DISK)"
+    why = "" if settings.job_disk == "measure" else f": {images_work(settings.var_dir.resolve())}"
+    return f"job folders are measured, not disk images (TOWERQ_JOB_DISK={settings.job_disk}{why})"
+
+
 class JobDisk:
     """One attempt's hold on its job's image (`open`, then `close` once its processes are gone)."""
 
-    def __init__(self, folder: Path, disks: Path, lock: int) -> None:
+    def __init__(self, folder: Path, disks: Path, lock: int, size: int) -> None:
         self.folder = folder
         self.disks = disks
         self.lock: int | None = lock
+        self.size = size
 
     @classmethod
     def open(cls, folder: Path, disks: Path, size: int, max_entries: int) -> JobDisk:
@@ -183,7 +205,7 @@ class JobDisk:
         except BaseException:
             os.close(lock)
             raise
-        return cls(folder, disks, lock)
+        return cls(folder, disks, lock, size)
 
     def move_to(self, folder: Path) -> None:
         """A warm trainer's disk (`worker.pool`: opened on its own folder, which its bwrap
@@ -205,6 +227,13 @@ class JobDisk:
             raise DiskError(f"a warm trainer's disk could not become job folder {folder.name}'s: {err}") from err
         os.close(self.lock)
         self.lock, self.folder = lock, folder
+
+    def full(self) -> bool:
+        """Whether its disk has (about) no room left: a write past it failed, or would."""
+        if self.lock is None or not os.path.ismount(self.folder):
+            return False
+        room = os.statvfs(self.folder)
+        return room.f_bavail * room.f_frsize < max(FULL_BELOW, self.size // 100)
 
     def drop(self) -> None:
         """A warm trainer's disk that no job took: unmounted and removed, nothing brought back."""

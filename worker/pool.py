@@ -40,7 +40,7 @@ from pathlib import Path
 
 from service.core.settings import Settings
 from worker import sandbox
-from worker.disk import DiskError, JobDisk, open_for
+from worker.disk import DiskError, JobDisk, in_use, open_for
 from worker.launch import (
     REPO_ROOT,
     Launch,
@@ -250,7 +250,7 @@ class TrainerPool:
             code.mkdir(mode=0o755)  # the worker's: the trainer only reads it
             identity = trainer_user(self.settings)
             sandbox.hand_over(slot, identity)
-            if self.settings.job_disk == "image":
+            if in_use(self.settings):
                 disk = open_for(slot, self.settings)  # before bwrap shows the folder
             command = sandbox.bwrap_command(
                 command,

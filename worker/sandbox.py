@@ -47,8 +47,8 @@ in namespaces of its own that show only what the job needs:
   job's cgroup, name or host pid shows; `/dev` is read only but for its own `/dev/shm` of
   `TOWERQ_TRAINER_TMP_MB`, so nothing unbounded is writable there (a job wrote 1.5 GB into
   `/dev`). Still visible: `/proc/self/mountinfo` names the host path of each folder shown
-  (the job folder's too, but with `TOWERQ_JOB_DISK=image`: there it is a filesystem of its
-  own, `worker.disk`), which says where towerq keeps its files but gives no way to them.
+  (the job folder's too where it is not a disk image of its own, `worker.disk`), which says
+  where towerq keeps its files but gives no way to them.
 
 Not visible: the database file and the rest of `TOWERQ_VAR_DIR`, other jobs' artifacts,
 other users' datasets and code bundles, the checkout the worker runs from, home folders,

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,14 @@ from tests.stack import Stack, finished, upload_code, wait_for
 from towerq.contract.paths import job_folder
 from worker import disk
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a job's disk image needs a root worker (loop mounts)")
+
+def why_no_images() -> str | None:
+    with tempfile.TemporaryDirectory() as name:
+        return disk.images_work(Path(name))
+
+
+NO_IMAGES = why_no_images()
+pytestmark = pytest.mark.skipif(NO_IMAGES is not None, reason=f"no job disk images here: {NO_IMAGES}")
 LIMIT = 20_000_000
 NOBODY = (65534, 65534)
 
@@ -117,6 +125,16 @@ def test_a_folder_that_does_not_fit_its_disk_is_refused_by_name(folders: tuple[P
     assert list(disks.glob("*.img")) == []
 
 
+def test_auto_uses_images_where_the_worker_can_make_one_and_image_insists(tmp_path: Path) -> None:
+    made = Settings(var_dir=tmp_path / "var")
+    assert made.job_disk == "auto" and disk.in_use(made), "a root worker that mounts a loop image uses one"
+    assert "are disk images" in disk.described(made)
+    measured = Settings(var_dir=tmp_path / "var", job_disk="measure")
+    assert not disk.in_use(measured) and disk.described(measured).endswith("(TOWERQ_JOB_DISK=measure)")
+    with pytest.raises(disk.DiskError, match="TOWERQ_JOB_DISK is 'loop': use auto, image, measure"):
+        disk.check("loop", tmp_path)
+
+
 WRITER = r"""
 import errno, json, os
 held = open("/job/hidden.bin", "wb")
@@ -135,6 +153,14 @@ with open(os.path.join(os.environ["TOWERQ_OUTPUT_DIR"], "report.json"), "w") as 
 """
 
 
+FILLER = r"""
+with open("/job/output/filler.bin", "wb") as out:  # until the disk is full: OSError, not caught
+    while True:
+        out.write(b"x" * 2**20)
+        out.flush()
+"""
+
+
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
     return make_settings(sqlite_url)
@@ -149,7 +175,7 @@ def test_a_command_job_cannot_write_past_its_folder_nor_learn_where_it_lives(
     stack.start_worker("lab-a", 1, sandbox="bwrap", job_disk="image", job_folder_max_bytes=LIMIT)
     client = stack.client(make_token("mallory"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
-    code = upload_code(client, {"writer.py": WRITER})
+    code = upload_code(client, {"writer.py": WRITER, "filler.py": FILLER})
     created = client.post("/api/jobs", json={"command": ["python", "writer.py"], "code": code})
     assert created.status_code == 201, created.text
     job = finished(client, created.json()["id"])
@@ -163,6 +189,13 @@ def test_a_command_job_cannot_write_past_its_folder_nor_learn_where_it_lives(
     assert not os.path.ismount(folder) and not (settings.var_dir / disk.DISKS / f"{folder.name}.img").exists()
     listed = client.get(f"/api/jobs/{job['id']}/artifacts").json()
     assert "output/report.json" in json.dumps(listed), listed
+
+    filler = client.post("/api/jobs", json={"command": ["python", "filler.py"], "code": code}).json()["id"]
+    job = finished(client, filler)
+    assert job["state"] == "failed" and job["attempts"] == 1, job  # not retried: it would only fill it again
+    assert job["error"] == (
+        "failed: its folder's disk is full (20.0 MB, TOWERQ_JOB_FOLDER_MAX_BYTES): what it wrote past that failed"
+    ), job["error"]
     client.close()
 
 
