@@ -194,6 +194,7 @@ class JobDisk:
             fcntl.flock(lock, fcntl.LOCK_EX)
             bring_back(folder, disks)  # an earlier attempt's, left by a worker that died
             image = image_of(folder, disks)
+            (disks / f"{folder.name}.folder").write_text(str(folder))  # before it can be left mounted
             make_image(image, size, max_entries)
             try:
                 fill_image(image, folder, disks / f"{folder.name}.mnt", size)
@@ -201,7 +202,6 @@ class JobDisk:
             except DiskError:
                 image.unlink(missing_ok=True)
                 raise
-            (disks / f"{folder.name}.folder").write_text(str(folder))
         except BaseException:
             os.close(lock)
             raise
@@ -216,9 +216,9 @@ class JobDisk:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the job's folder is new: no attempt holds it
             folder.mkdir(mode=0o700)
+            (self.disks / f"{folder.name}.folder").write_text(str(folder))
             _run(["mount", "--bind", str(self.folder), str(folder)], f"showing a warm trainer's disk as {folder}")
             image_of(self.folder, self.disks).rename(image_of(folder, self.disks))
-            (self.disks / f"{folder.name}.folder").write_text(str(folder))
             _unmount(self.folder)
             (self.disks / f"{self.folder.name}.folder").unlink(missing_ok=True)
             (self.disks / f"{self.folder.name}.lock").unlink(missing_ok=True)  # a slot's name is used once
