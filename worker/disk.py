@@ -258,8 +258,6 @@ class JobDisk:
         if self.lock is None:
             return
         try:
-            if os.path.ismount(self.folder):
-                _unmount(self.folder)
             bring_back(self.folder, self.disks)
         except (DiskError, OSError):
             log.exception("job folder %s stays on its image for now", self.folder)
@@ -281,32 +279,38 @@ def image_of(folder: Path, disks: Path) -> Path:
 
 def bring_back(folder: Path, disks: Path) -> None:
     """Copy what the image of `folder` holds back into `folder`, replacing what was there,
-    and remove the image; nothing when there is none. The caller holds the job's lock."""
+    and remove the image; nothing when there is none. The caller holds the job's lock and
+    no process of the job is left. Read where it is mounted over the folder (the attempt's
+    own mount, or one a worker that died left), then unmounted: a reader that holds a file
+    there (the API serving a download) makes the unmount lazy, and the image cannot be
+    mounted again meanwhile. An image alone (a host that rebooted) is mounted read only."""
     image = image_of(folder, disks)
     if not image.exists():
         return
-    if os.path.ismount(folder):  # a worker that died while the attempt ran
-        _unmount(folder)
-    seen = disks / f"{folder.name}.mnt"
-    seen.mkdir(mode=0o700, exist_ok=True)
-    if os.path.ismount(seen):
-        _unmount(seen)
-    _mount(image, seen, "ro,loop,nosuid,nodev,noexec")
     back = folder.parent / f".{folder.name}.back"
     old = folder.parent / f".{folder.name}.old"
-    try:
-        shutil.rmtree(back, ignore_errors=True)
-        back.mkdir(mode=0o700)
-        copy_tree(seen, back)
-    finally:
-        _unmount(seen)
+    shutil.rmtree(back, ignore_errors=True)
+    back.mkdir(mode=0o700)
+    if os.path.ismount(folder):
+        copy_tree(folder, back)
+        _unmount(folder)
+    else:
+        seen = disks / f"{folder.name}.mnt"
+        seen.mkdir(mode=0o700, exist_ok=True)
+        if os.path.ismount(seen):
+            _unmount(seen)
+        _mount(image, seen, "ro,loop,nosuid,nodev,noexec")
+        try:
+            copy_tree(seen, back)
+        finally:
+            _unmount(seen)
+        seen.rmdir()
     shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
         folder.rename(old)
     back.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
     image.unlink()
-    seen.rmdir()
     (disks / f"{folder.name}.folder").unlink(missing_ok=True)
 
 
@@ -333,52 +337,67 @@ def bring_back_all(disks: Path) -> list[str]:
 
 
 def copy_tree(source: Path, target: Path) -> None:
-    """Copy what `source` holds (a member's files, which no process of theirs writes to
-    now) into the empty folder `target`, which takes `source`'s owner and mode: folders,
-    regular files (their holes kept, hard links kept as one file) and links (as links);
-    owners, permission bits (no setuid, setgid or sticky bit) and times. Anything else is
-    left out."""
-    copied: dict[int, Path] = {}
-    folders: list[tuple[Path, os.stat_result]] = [(target, os.stat(source, follow_symlinks=False))]
-    pending = [(source, target)]
-    while pending:
-        here, there = pending.pop()
-        with os.scandir(here) as entries:
-            for entry in entries:
-                info = entry.stat(follow_symlinks=False)
-                to = there / entry.name
-                if stat.S_ISDIR(info.st_mode):
-                    to.mkdir(mode=0o700)
-                    folders.append((to, info))
-                    pending.append((Path(entry.path), to))
+    """Copy what `source` holds (a member's files) into the empty folder `target`, which
+    takes `source`'s owner and mode: folders, regular files (their holes kept, hard links
+    kept as one file) and links (as links); owners, permission bits (no setuid, setgid or
+    sticky bit) and times. Anything else is left out. Every name is opened relative to its
+    folder's handle without following links, so a name swapped for a link on the way is
+    never followed."""
+    copied: dict[tuple[int, int], Path] = {}
+    top = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    folders: list[tuple[Path, os.stat_result]] = [(target, os.fstat(top))]
+    walking = [(top, os.scandir(top), target)]  # a folder's handle per level: as deep as the tree, not as wide
+    try:
+        while walking:
+            here, entries, there = walking[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                os.close(here)
+                walking.pop()
+                continue
+            info = entry.stat(follow_symlinks=False)
+            to = there / entry.name
+            if stat.S_ISDIR(info.st_mode):
+                inner = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
+                to.mkdir(mode=0o700)
+                folders.append((to, os.fstat(inner)))
+                walking.append((inner, os.scandir(inner), to))
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(entry.name, dir_fd=here), to)
+            elif stat.S_ISREG(info.st_mode):
+                first = copied.get((info.st_dev, info.st_ino)) if info.st_nlink > 1 else None
+                if first is not None:
+                    os.link(first, to)
                     continue
-                if stat.S_ISLNK(info.st_mode):
-                    os.symlink(os.readlink(entry.path), to)
-                elif stat.S_ISREG(info.st_mode):
-                    first = copied.get(info.st_ino) if info.st_nlink > 1 else None
-                    if first is not None:
-                        os.link(first, to)
-                        continue
-                    copy_sparse(entry.path, to)
-                    copied[info.st_ino] = to
-                    os.chmod(to, stat.S_IMODE(info.st_mode) & 0o777)
-                else:
-                    continue  # FIFOs, sockets, devices
-                os.chown(to, info.st_uid, info.st_gid, follow_symlinks=False)
-                os.utime(to, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+                copy_file(here, entry.name, to)
+                copied[(info.st_dev, info.st_ino)] = to
+                os.chmod(to, stat.S_IMODE(info.st_mode) & 0o777)
+            else:
+                continue  # FIFOs, sockets, devices
+            os.chown(to, info.st_uid, info.st_gid, follow_symlinks=False)
+            os.utime(to, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+    finally:
+        for here, entries, _ in walking:
+            entries.close()
+            os.close(here)
     for folder, info in reversed(folders):  # innermost first: a folder's mode may forbid writing in it
         os.chown(folder, info.st_uid, info.st_gid)
         os.chmod(folder, stat.S_IMODE(info.st_mode) & 0o777)
         os.utime(folder, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
-def copy_sparse(source: str, target: Path) -> None:
-    """Copy a regular file's data, leaving its holes holes."""
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+def copy_file(folder: int, name: str, target: Path) -> None:
+    """Copy the regular file `name` of the folder handle `folder` to a new file `target`,
+    leaving its holes holes."""
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
     try:
+        size = os.fstat(src).st_size
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise OSError(errno.EINVAL, f"{name} is no longer a regular file")
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            size = os.fstat(src).st_size
             at = 0
             while at < size:
                 try:

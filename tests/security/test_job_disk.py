@@ -102,6 +102,22 @@ def test_what_comes_back_from_the_image_is_copied_without_trusting_it(folders: t
     assert list(folder.parent.iterdir()) == [folder], "nothing left beside it"
 
 
+def test_what_a_reader_holds_open_at_the_end_does_not_keep_the_attempts_writes_from_coming_back(
+    folders: tuple[Path, Path],
+) -> None:
+    folder, disks = folders
+    job_disk = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
+    written = os.urandom(5_000_000)
+    (folder / "last.ckpt").write_bytes(written)  # in the page cache: not on the image yet
+    reader = os.open(folder / "checkpoint.bin", os.O_RDONLY)  # the API serving a download
+    try:
+        job_disk.close()  # the unmount can only be lazy
+    finally:
+        os.close(reader)
+    assert not os.path.ismount(folder)
+    assert (folder / "last.ckpt").read_bytes() == written
+
+
 def test_a_folder_left_on_its_image_by_a_worker_that_died_comes_back_at_the_next_start(
     folders: tuple[Path, Path],
 ) -> None:
