@@ -102,7 +102,8 @@ def make_image(image: Path, size: int, max_entries: int) -> None:
     """An empty sparse ext4 image of `size` bytes."""
     with open(image, "wb") as made:
         made.truncate(max(size, MIN_IMAGE_BYTES))
-    command = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-N", str(inodes_for(size, max_entries))]
+    command = ["mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "^has_journal", "-m", "0"]
+    command += ["-N", str(inodes_for(size, max_entries))]  # 4 KiB blocks: a small one's 1 KiB caps a file at 16 GiB
     command += ["-E", "lazy_itable_init=1,nodiscard", str(image)]
     try:
         _run(command, f"making {image.name}")

@@ -78,6 +78,8 @@ def test_what_comes_back_from_the_image_is_copied_without_trusting_it(folders: t
         with open(folder / "sparse.bin", "wb") as sparse:  # a terabyte of holes in a 20 MB disk
             sparse.seek(10**12)
             sparse.write(b"end")
+        with open(folder / "huge.bin", "wb") as huge:  # as large as a file may be on a 4 TB disk
+            huge.truncate(2**42)
         os.symlink("/etc/shadow", folder / "shadow")
         os.mkfifo(folder / "fifo")
         (folder / "setuid.sh").write_text("#!/bin/sh\n")
@@ -90,12 +92,13 @@ def test_what_comes_back_from_the_image_is_copied_without_trusting_it(folders: t
         job_disk.close()
     assert not os.path.ismount(folder)
     assert sorted(os.listdir(folder)) == [
-        "checkpoint.bin", "hidden", "one.bin", "setuid.sh", "shadow", "sparse.bin", "three.bin", "two.bin",
+        "checkpoint.bin", "hidden", "huge.bin", "one.bin", "setuid.sh", "shadow", "sparse.bin", "three.bin", "two.bin",
     ]  # fmt: skip
     one = (folder / "one.bin").stat()
     assert one.st_nlink == 3 and (folder / "three.bin").stat().st_ino == one.st_ino, "one file, three names"
     sparse = (folder / "sparse.bin").stat()
     assert sparse.st_size == 10**12 + 3 and sparse.st_blocks * 512 < 1_000_000, "its holes stay holes"
+    assert (folder / "huge.bin").stat().st_size == 2**42, "a small disk's files may be as large as a big one's"
     assert os.readlink(folder / "shadow") == "/etc/shadow", "a link, not /etc/shadow"
     assert stat.S_IMODE((folder / "setuid.sh").stat().st_mode) == 0o755, "no setuid bit comes back"
     assert stat.S_IMODE((folder / "hidden").stat().st_mode) == 0 and (folder / "hidden" / "inside.txt").exists()
