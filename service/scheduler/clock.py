@@ -51,6 +51,8 @@ class SimCluster:
         self.by_name = {h.name: h for h in hosts}
         self.parts: dict[int, list[RunningJob]] = {}
         self._attempt: dict[int, int] = {}
+        self._end: dict[int, float] = {}
+        """When each running job's current attempt is planned to end."""
         self._events: list[Event] = []
         self._seq = 0
         self.reservations: list[LabReservation] = []
@@ -79,7 +81,12 @@ class SimCluster:
 
     def ends_at(self, job_id: int, time: float) -> None:
         """The running job will end at `time` (its current attempt)."""
+        self._end[job_id] = time
         self._plan(time, Happens.END, job_id)
+
+    def end_of(self, job_id: int) -> float | None:
+        """When the running job's current attempt is planned to end; None when it is not running."""
+        return self._end.get(job_id) if job_id in self.parts else None
 
     def stop(self, job_id: int, now: float) -> bool:
         """Stop a running job: it checkpoints, holding its GPUs `CHECKPOINT_S` more. False

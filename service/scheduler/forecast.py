@@ -5,7 +5,10 @@ each arrival all call `forecast`: the same `schedule` function the passes call, 
 copy of the queue and the cluster on a virtual clock. Running jobs end when they most
 likely will (`capacity.likely_end`: the owner's median run time, or as long again as they
 have run so far once past it, never past the time limit); a job the replay starts runs
-for its owner's median run time (at most its limit), else its limit, else `DEFAULT_RUN_S`.
+for its owner's median run time (at most its limit), else its limit, else `DEFAULT_RUN_S`;
+an elastic job below its full size runs as much longer as its rate there says
+(`elastic.rate`), and one the policy shrinks or grows restarts with what it has left
+(`resize`), as in the trace simulator.
 Nothing new arrives, nobody cancels, usage is held where it is now: an estimate, refreshed
 by every pass, never a promise. The replay runs on the simulated cluster of `clock`, the
 trace simulator's too. A job the replay stops (time slicing, preemption) frees its
@@ -31,7 +34,8 @@ from dataclasses import dataclass, replace
 
 from service.scheduler.capacity import likely_end
 from service.scheduler.clock import Happens, SimCluster, SliceWakeups
-from service.scheduler.costs import CHECKPOINT_S
+from service.scheduler.costs import CHECKPOINT_S, STOP_COST_S
+from service.scheduler.elastic import rate
 from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.types import (
@@ -121,6 +125,27 @@ class Replay:
                 break
         return self.done
 
+    def _start(self, job: QueuedJob, slots: list[tuple[str, tuple[int, ...]]], clock: float) -> None:
+        """`job` starts in the replay on `slots`; an elastic one below its full size runs for
+        as much longer as its rate there says (`elastic.rate`), and may be resized later."""
+        run_s = run_time(job)
+        elastic = job.elastic and len(slots) == 1
+        size = sum(len(indices) for _, indices in slots)
+        if elastic:
+            run_s /= rate(size, job.gpu_count)
+        parts = [
+            RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s, group=job.group)
+            for host, indices in slots
+        ]
+        for part in parts:
+            part.estimate_s = part.typical_s = run_s
+            part.served_gpu_s = job.served_gpu_s
+            if len(parts) > 1:
+                part.job_gpu_load = job.gpu_count * job.fraction
+            if elastic:
+                part.min_gpu_count, part.full_gpu_count = job.min_gpu_count, job.gpu_count
+        self.sim.start(parts, run_s)
+
     def _step(self) -> None:
         """One policy call at the replay's clock, then on to the next event."""
         if not self.queue or self.events > MAX_EVENTS or self.clock > self.now + HORIZON_S:
@@ -130,22 +155,14 @@ class Replay:
         decision = schedule(self.queue.values(), sim.view(), self.fair_share, clock, self.config)
         for victim in [*decision.preempt, *decision.reclaim]:
             sim.stop(victim, clock)
+        for job_id, kept in decision.shrink.items():  # before the placements that take what it gives up
+            resize(sim, job_id, None, kept, clock)
         for placement in decision.placements:
             job = self.queue.pop(placement.job_id)
             self.found[job.id] = Forecast(clock, placement.host)
-            parts = [
-                RunningJob(
-                    job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s, group=job.group
-                )
-                for host, indices in placement.slots
-            ]
-            run_s = run_time(job)
-            for part in parts:
-                part.estimate_s = part.typical_s = run_s
-                part.served_gpu_s = job.served_gpu_s
-                if len(parts) > 1:
-                    part.job_gpu_load = job.gpu_count * job.fraction
-            sim.start(parts, run_s)
+            self._start(job, placement.slots, clock)
+        for job_id, (host, indices) in decision.grow.items():
+            resize(sim, job_id, host, indices, clock)
         self.slices.plan(sim, clock, self.queue.values())
         upcoming = sim.next_time()
         if upcoming is None:
@@ -156,6 +173,25 @@ class Replay:
             if event.happens is not Happens.WAKE:  # ended, or stopped: it leaves the replay
                 sim.release(event.job_id)
             self.events += 1  # a slice that is up is an event too: the next call may stop that job
+
+
+def resize(sim: SimCluster, job_id: int, host: str | None, indices: tuple[int, ...], now: float) -> None:
+    """An elastic job of the replay restarts from its checkpoint on `indices` of its host (or
+    of `host`): what it had left to run at its old size (until its planned end) takes as
+    long as it does at the new size's rate (`elastic.rate`), and the restart `STOP_COST_S`
+    more. Nothing when it is not running (stopped meanwhile) or not elastic."""
+    end, parts = sim.end_of(job_id), sim.parts.get(job_id)
+    full = parts[0].full_gpu_count if parts and len(parts) == 1 else None
+    if end is None or not parts or full is None:
+        return
+    part = parts[0]
+    work_s = max(0.0, end - now) * rate(len(part.indices), full)
+    sim.release(job_id)
+    wall = work_s / rate(len(indices), full) + STOP_COST_S
+    again = replace(part, host=host or part.host, indices=indices, started=now, stopping=False)
+    again.estimate_s = again.typical_s = wall  # what the policy's later calls take its end to be
+    again.measured_end = None
+    sim.start([again], wall)
 
 
 def forecast(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from service.scheduler.costs import CHECKPOINT_S
+import pytest
+
+from service.scheduler.costs import CHECKPOINT_S, STOP_COST_S
+from service.scheduler.elastic import rate
 from service.scheduler.forecast import DEFAULT_RUN_S, Forecast, Replay, forecast
 from service.scheduler.policy import schedule
 from service.scheduler.types import Cluster, FairShare, PolicyConfig
@@ -146,3 +149,31 @@ def test_a_replay_done_one_policy_call_at_a_time_finds_what_one_done_at_once_fin
         slices += 1
     assert slices > 10 and len(whole) > 10
     assert sliced.found == whole
+
+
+def test_an_elastic_job_the_replay_starts_small_runs_longer_there_and_grows_when_it_may() -> None:
+    """Job 1 (4 GPUs, elastic) starts on the 2 free ones and trains there at rate(2, 4) of
+    its full size's pace; when job 100 frees the other two it grows onto them (the rigid
+    4-GPU job behind it cannot start on two), restarting with what it has left, and the
+    rigid job is expected when it ends. The replay used to run it its full-size time on two
+    GPUs and never grow it: job 2 was expected 534 s early."""
+    busy = [running(100, "lab-a", (0, 1), limit_s=1050.0)]  # frees GPUs 0, 1 at NOW + 1000
+    queued = [job(1, gpus=4, min_gpu_count=1, typical_s=3600.0), job(2, gpus=4)]
+    found = forecast(queued, cluster(4, running=busy), FairShare(), NOW, PolicyConfig())
+    assert found[1] == Forecast(NOW, "lab-a")
+    at_two = 3600.0 / rate(2, 4)
+    grown_at = NOW + 1000
+    left_at_four = (NOW + at_two - grown_at) * rate(2, 4)
+    assert found[2].start == pytest.approx(grown_at + left_at_four + STOP_COST_S)
+
+
+def test_a_shrink_in_the_replay_gives_up_gpus_and_slows_the_job_that_keeps_the_rest() -> None:
+    """Job 1 takes two of the elastic job 5's four GPUs: in the replay job 5 goes on with
+    (0, 1), ending as much later as its rate there says; nothing is held twice."""
+    wide = running(5, "lab-a", (0, 1, 2, 3), min_gpu_count=1, full_gpu_count=4, started=NOW - 3600, typical_s=7200.0)
+    replay = Replay([job(1, gpus=2, typical_s=600.0)], cluster(4, running=[wide]), FairShare(), NOW, PolicyConfig())
+    replay._step()  # one policy call (the shrink and job 1's start), then on to job 1's end
+    assert replay.found[1] == Forecast(NOW, "lab-a") and replay.clock == NOW + 600
+    assert [part.indices for part in replay.sim.parts[5]] == [(0, 1)]
+    assert replay.sim.end_of(5) == pytest.approx(NOW + 3600.0 / rate(2, 4) + STOP_COST_S)
+    assert replay.sim.by_name["lab-a"].free == [0.0, 0.0, 1.0, 1.0], "job 1's GPUs are free again, not job 5's"
