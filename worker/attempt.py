@@ -315,7 +315,12 @@ class AttemptRunner:
             self.sink.log("error", said)
             if self.outcome.stop is None:
                 self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"failed: {said}"
-        self.job_disk.close()
+        if (failed := self.job_disk.close()) is not None:
+            self.sink.log(
+                "error",
+                f"its folder stays on its disk image for now ({failed}); it is served from there and comes back "
+                "onto the host's disk at its next attempt on this host or when its worker starts again",
+            )
 
     def _say_started(self, how: str, limits: Limits) -> None:
         assert self.process is not None

@@ -252,16 +252,19 @@ class JobDisk:
             os.close(self.lock)
             self.lock = None
 
-    def close(self) -> None:
+    def close(self) -> str | None:
         """The attempt's processes are gone: its folder comes back onto the host's disk.
-        Once; a folder that cannot come back now stays on its image, and comes back at the
-        job's next attempt here or at the worker's next start (said in the worker's log)."""
+        Once; a folder that cannot come back now stays on its image, mounted over the
+        folder (the API still serves it), and comes back at the job's next attempt here or
+        at the worker's next start: what went wrong, else None."""
         if self.lock is None:
-            return
+            return None
         try:
             bring_back(self.folder, self.disks)
-        except (DiskError, OSError):
+            return None
+        except (DiskError, OSError) as err:
             log.exception("job folder %s stays on its image for now", self.folder)
+            return str(err)
         finally:
             os.close(self.lock)
             self.lock = None

@@ -121,6 +121,22 @@ def test_what_a_reader_holds_open_at_the_end_does_not_keep_the_attempts_writes_f
     assert (folder / "last.ckpt").read_bytes() == written
 
 
+def test_a_folder_that_cannot_come_back_stays_served_from_its_image_and_comes_back_later(
+    folders: tuple[Path, Path],
+) -> None:
+    folder, disks = folders
+    job_disk = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
+    (folder / "result.txt").write_text("the attempt's")
+    blocker = folder.parent / f".{folder.name}.back"
+    blocker.write_text("in the way")  # where the copy goes: it cannot be made
+    failed = job_disk.close()
+    assert failed is not None and "File exists" in failed, failed
+    assert os.path.ismount(folder) and (folder / "result.txt").read_text() == "the attempt's", "still served"
+    blocker.unlink()
+    assert disk.bring_back_all(disks) == []  # the worker's next start
+    assert not os.path.ismount(folder) and (folder / "result.txt").read_text() == "the attempt's"
+
+
 def test_a_folder_left_on_its_image_by_a_worker_that_died_comes_back_at_the_next_start(
     folders: tuple[Path, Path],
 ) -> None:
