@@ -101,7 +101,7 @@ class AttemptRunner:
     _exited_at: float | None = None
     """When its process exited (monotonic), once it did."""
     job_disk: disk.JobDisk | None = None
-    """The job folder's disk for this attempt (`TOWERQ_JOB_DISK=image`), while it holds it."""
+    """The job folder's disk for this attempt (`worker.disk`, `TOWERQ_JOB_DISK`), while it holds it."""
     _recorded = False
     """The attempt's end is in the database already (`_record_now`), before its process is gone."""
 

@@ -11,14 +11,14 @@ hides them, files under any name. In the sandbox `/proc/self/mountinfo` then nam
 filesystem's root (`/`), not the host path of the job's folder.
 
 When the attempt's processes are gone the worker brings the folder back onto the host's
-disk (`bring_back`): the image mounted read only elsewhere, its folders, files and links
-copied into a new folder beside the job's, which takes its place; then the image goes. The
-copy is of what a member wrote, so it trusts nothing: links are copied as links, never
-followed; FIFOs, sockets and devices are left out; a file's holes stay holes (a sparse file
-of a terabyte in a gigabyte image takes a gigabyte at most); hard links stay one file; no
-setuid, setgid or sticky bit comes back. The image is removed only once the folder is back,
-so a worker that dies on the way (or a host that reboots) brings it back at its next start
-(`bring_back_all`) or at the job's next attempt.
+disk (`bring_back`): what the image holds is copied, where it is mounted, into a new folder
+beside the job's, which takes its place once the image is unmounted; then the image goes.
+The copy (`worker.tree_copy`) is of what a member wrote, so it trusts nothing: links are
+copied as links, never followed; FIFOs, sockets and devices are left out; a file's holes
+stay holes (a sparse file of a terabyte in a gigabyte image takes a gigabyte at most); hard
+links stay one file; no setuid, setgid or sticky bit comes back. The image is removed only
+once the folder is back, so a worker that dies on the way (or a host that reboots) brings
+it back at its next start (`bring_back_all`) or at the job's next attempt.
 
 One attempt of a job holds its image at a time (an flock beside it, across processes): the
 next attempt of the same job on this machine waits until the last one's folder is back.
@@ -40,14 +40,15 @@ import functools
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from service.core.settings import Settings
 from worker.folder import JOB_FOLDER_MAX_ENTRIES
 from worker.sandbox import SandboxError
+from worker.tree_copy import copy_tree
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,6 @@ BYTES_PER_INODE = 16_384
 MIN_INODES = 1_024
 MIN_IMAGE_BYTES = 4 * 2**20
 """mkfs.ext4's smallest useful filesystem, with room for its own metadata."""
-COPY_CHUNK = 2**20
 FULL_BELOW = 2**20
 """A disk with less room than this (or 1 % of its size) is full: ext4 keeps its last blocks
 for its own metadata, so a disk a job filled rarely shows 0."""
@@ -94,6 +94,21 @@ def _unmount(where: Path) -> None:
         _run(["umount", "--lazy", str(where)], f"unmounting {where}")
 
 
+@contextlib.contextmanager
+def _mounted(image: Path, where: Path, options: str) -> Iterator[Path]:
+    """`image` mounted at the folder `where` (made for it, and removed after) for the block's
+    time; a mount left there by a worker that died goes first."""
+    where.mkdir(mode=0o700, exist_ok=True)
+    if os.path.ismount(where):
+        _unmount(where)
+    _mount(image, where, options)
+    try:
+        yield where
+    finally:
+        _unmount(where)
+        where.rmdir()
+
+
 def inodes_for(size: int, max_entries: int) -> int:
     return max(MIN_INODES, min(max_entries, size // BYTES_PER_INODE))
 
@@ -116,19 +131,17 @@ def fill_image(image: Path, contents: Path, seen: Path, size: int) -> None:
     """Copy what `contents` holds into `image`, mounted at `seen` meanwhile (`copy_tree`:
     `mkfs.ext4 -d` took 1.6 times as long for a 1 GB folder; `bench/job_disk.py`).
     DiskError when it does not fit."""
-    seen.mkdir(mode=0o700, exist_ok=True)
-    _mount(image, seen, MOUNT_OPTIONS)
-    try:
-        with contextlib.suppress(OSError):
-            (seen / "lost+found").rmdir()  # ext4's own: not the job's
-        copy_tree(contents, seen)
-    except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskError(f"its folder does not fit a disk of {size:,} bytes (TOWERQ_JOB_FOLDER_MAX_BYTES)") from err
-        raise DiskError(f"copying its folder onto its disk: {err}") from err
-    finally:
-        _unmount(seen)
-        seen.rmdir()
+    with _mounted(image, seen, MOUNT_OPTIONS):
+        try:
+            with contextlib.suppress(OSError):
+                (seen / "lost+found").rmdir()  # ext4's own: not the job's
+            copy_tree(contents, seen)
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskError(
+                    f"its folder does not fit a disk of {size:,} bytes (TOWERQ_JOB_FOLDER_MAX_BYTES)"
+                ) from err
+            raise DiskError(f"copying its folder onto its disk: {err}") from err
 
 
 @functools.cache
@@ -141,11 +154,10 @@ def images_work(var_dir: Path) -> str | None:
     var_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=var_dir, prefix=".disk-probe-") as name:
         probe = Path(name)
-        (probe / "mounted").mkdir()
         try:
             make_image(probe / "probe.img", MIN_IMAGE_BYTES, MIN_INODES)
-            _mount(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS)
-            _unmount(probe / "mounted")
+            with _mounted(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS):
+                pass
         except DiskError as err:
             return f"a loop-mounted image does not work here ({err})"
     return None
@@ -190,15 +202,14 @@ class JobDisk:
         """Put `folder` (which exists, its owner the trainer's) on an image of `size` bytes.
         Waits while another attempt of the job holds it. DiskError when it cannot."""
         disks.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = os.open(disks / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        lock = _lock(disks, folder.name)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
             bring_back(folder, disks)  # an earlier attempt's, left by a worker that died
             image = image_of(folder, disks)
-            (disks / f"{folder.name}.folder").write_text(str(folder))  # before it can be left mounted
+            _beside(disks, folder.name, ".folder").write_text(str(folder))  # before it can be left mounted
             make_image(image, size, max_entries)
             try:
-                fill_image(image, folder, disks / f"{folder.name}.mnt", size)
+                fill_image(image, folder, _beside(disks, folder.name, ".mnt"), size)
                 _mount(image, folder, MOUNT_OPTIONS)
             except DiskError:
                 image.unlink(missing_ok=True)
@@ -213,19 +224,22 @@ class JobDisk:
         shows at `/job`) becomes its job's: mounted on the job's new `folder` too, then off
         the trainer's, the image renamed to the job's. DiskError when it cannot."""
         assert self.lock is not None
-        lock = os.open(self.disks / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        why = f"a warm trainer's disk could not become job folder {folder.name}'s"
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the job's folder is new: no attempt holds it
+            lock = _lock(self.disks, folder.name, wait=False)  # the job's folder is new: no attempt holds it
+        except OSError as err:
+            raise DiskError(f"{why}: {err}") from err
+        try:
             folder.mkdir(mode=0o700)
-            (self.disks / f"{folder.name}.folder").write_text(str(folder))
+            _beside(self.disks, folder.name, ".folder").write_text(str(folder))
             _run(["mount", "--bind", str(self.folder), str(folder)], f"showing a warm trainer's disk as {folder}")
             image_of(self.folder, self.disks).rename(image_of(folder, self.disks))
             _unmount(self.folder)
-            (self.disks / f"{self.folder.name}.folder").unlink(missing_ok=True)
-            (self.disks / f"{self.folder.name}.lock").unlink(missing_ok=True)  # a slot's name is used once
+            for suffix in (".folder", ".lock"):  # a slot's name is used once
+                _beside(self.disks, self.folder.name, suffix).unlink(missing_ok=True)
         except (OSError, DiskError) as err:
             os.close(lock)
-            raise DiskError(f"a warm trainer's disk could not become job folder {folder.name}'s: {err}") from err
+            raise DiskError(f"{why}: {err}") from err
         os.close(self.lock)
         self.lock, self.folder = lock, folder
 
@@ -245,7 +259,7 @@ class JobDisk:
                 _unmount(self.folder)
             image_of(self.folder, self.disks).unlink(missing_ok=True)
             for suffix in (".folder", ".lock"):  # a slot's name is used once
-                (self.disks / f"{self.folder.name}{suffix}").unlink(missing_ok=True)
+                _beside(self.disks, self.folder.name, suffix).unlink(missing_ok=True)
         except (DiskError, OSError):
             log.exception("could not remove the disk of %s", self.folder)
         finally:
@@ -277,8 +291,26 @@ def open_for(folder: Path, settings: Settings) -> JobDisk:
     return JobDisk.open(folder, settings.var_dir.resolve() / DISKS, size, JOB_FOLDER_MAX_ENTRIES)
 
 
+def _beside(disks: Path, name: str, suffix: str) -> Path:
+    """A job folder's own file in `disks`: its image (`.img`), its lock (`.lock`), where the
+    folder belongs (`.folder`), where its image is mounted aside (`.mnt`)."""
+    return disks / f"{name}{suffix}"
+
+
 def image_of(folder: Path, disks: Path) -> Path:
-    return disks / f"{folder.name}.img"
+    return _beside(disks, folder.name, ".img")
+
+
+def _lock(disks: Path, name: str, wait: bool = True) -> int:
+    """The lock of job folder `name`'s image, held (an flock, across processes); with `wait`
+    False, BlockingIOError when another holds it."""
+    lock = os.open(_beside(disks, name, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
 
 
 def bring_back(folder: Path, disks: Path) -> None:
@@ -299,23 +331,15 @@ def bring_back(folder: Path, disks: Path) -> None:
         copy_tree(folder, back)
         _unmount(folder)
     else:
-        seen = disks / f"{folder.name}.mnt"
-        seen.mkdir(mode=0o700, exist_ok=True)
-        if os.path.ismount(seen):
-            _unmount(seen)
-        _mount(image, seen, "ro,loop,nosuid,nodev,noexec")
-        try:
+        with _mounted(image, _beside(disks, folder.name, ".mnt"), "ro,loop,nosuid,nodev,noexec") as seen:
             copy_tree(seen, back)
-        finally:
-            _unmount(seen)
-        seen.rmdir()
     shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
         folder.rename(old)
     back.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
     image.unlink()
-    (disks / f"{folder.name}.folder").unlink(missing_ok=True)
+    _beside(disks, folder.name, ".folder").unlink(missing_ok=True)
 
 
 def bring_back_all(disks: Path) -> list[str]:
@@ -325,101 +349,14 @@ def bring_back_all(disks: Path) -> list[str]:
     failed = []
     for image in sorted(disks.glob("*.img")) if disks.is_dir() else []:
         name = image.name.removesuffix(".img")
-        lock = os.open(disks / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock = _lock(disks, name, wait=False)
         except BlockingIOError:
-            os.close(lock)
             continue
         try:
-            bring_back(Path((disks / f"{name}.folder").read_text()), disks)
+            bring_back(Path(_beside(disks, name, ".folder").read_text()), disks)
         except (DiskError, OSError) as err:
             failed.append(f"{name}: {err}")
         finally:
             os.close(lock)
     return failed
-
-
-def copy_tree(source: Path, target: Path) -> None:
-    """Copy what `source` holds (a member's files) into the empty folder `target`, which
-    takes `source`'s owner and mode: folders, regular files (their holes kept, hard links
-    kept as one file) and links (as links); owners, permission bits (no setuid, setgid or
-    sticky bit) and times. Anything else is left out. Every name is opened relative to its
-    folder's handle without following links, so a name swapped for a link on the way is
-    never followed."""
-    copied: dict[tuple[int, int], Path] = {}
-    top = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    folders: list[tuple[Path, os.stat_result]] = [(target, os.fstat(top))]
-    walking = [(top, os.scandir(top), target)]  # a folder's handle per level: as deep as the tree, not as wide
-    try:
-        while walking:
-            here, entries, there = walking[-1]
-            entry = next(entries, None)
-            if entry is None:
-                entries.close()
-                os.close(here)
-                walking.pop()
-                continue
-            info = entry.stat(follow_symlinks=False)
-            to = there / entry.name
-            if stat.S_ISDIR(info.st_mode):
-                inner = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
-                to.mkdir(mode=0o700)
-                folders.append((to, os.fstat(inner)))
-                walking.append((inner, os.scandir(inner), to))
-                continue
-            if stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(entry.name, dir_fd=here), to)
-            elif stat.S_ISREG(info.st_mode):
-                first = copied.get((info.st_dev, info.st_ino)) if info.st_nlink > 1 else None
-                if first is not None:
-                    os.link(first, to)
-                    continue
-                copy_file(here, entry.name, to)
-                copied[(info.st_dev, info.st_ino)] = to
-                os.chmod(to, stat.S_IMODE(info.st_mode) & 0o777)
-            else:
-                continue  # FIFOs, sockets, devices
-            os.chown(to, info.st_uid, info.st_gid, follow_symlinks=False)
-            os.utime(to, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
-    finally:
-        for here, entries, _ in walking:
-            entries.close()
-            os.close(here)
-    for folder, info in reversed(folders):  # innermost first: a folder's mode may forbid writing in it
-        os.chown(folder, info.st_uid, info.st_gid)
-        os.chmod(folder, stat.S_IMODE(info.st_mode) & 0o777)
-        os.utime(folder, ns=(info.st_atime_ns, info.st_mtime_ns))
-
-
-def copy_file(folder: int, name: str, target: Path) -> None:
-    """Copy the regular file `name` of the folder handle `folder` to a new file `target`,
-    leaving its holes holes."""
-    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
-    try:
-        size = os.fstat(src).st_size
-        if not stat.S_ISREG(os.fstat(src).st_mode):
-            raise OSError(errno.EINVAL, f"{name} is no longer a regular file")
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            at = 0
-            while at < size:
-                try:
-                    data = os.lseek(src, at, os.SEEK_DATA)
-                except OSError as err:
-                    if err.errno == errno.ENXIO:
-                        break  # only a hole is left
-                    raise
-                hole = os.lseek(src, data, os.SEEK_HOLE)
-                while data < hole:
-                    chunk = os.pread(src, min(COPY_CHUNK, hole - data), data)
-                    if not chunk:
-                        break
-                    os.pwrite(dst, chunk, data)
-                    data += len(chunk)
-                at = hole
-            os.ftruncate(dst, size)
-        finally:
-            os.close(dst)
-    finally:
-        os.close(src)

@@ -74,7 +74,7 @@ class WarmTrainer:
     ready: bool = False
     """It has loaded TensorFlow and waits for its job."""
     disk: JobDisk | None = None
-    """`TOWERQ_JOB_DISK=image`: its folder's disk (`worker.disk`), the job's once taken."""
+    """Its folder's disk where job folders are disk images (`worker.disk`), the job's once taken."""
 
 
 class TrainerPool:
