@@ -23,8 +23,15 @@ it back at its next start (`bring_back_all`) or at the job's next attempt.
 One attempt of a job holds its image at a time (an flock beside it, across processes): the
 next attempt of the same job on this machine waits until the last one's folder is back.
 
-Needs a root worker (loop devices, mounts) and `mkfs.ext4`. `auto` (the default) uses
-images where that works and the measure elsewhere (a worker that is not root, a container
+Not the default (`measure` is) while two things are unsafe: the worker writes into a job's
+folder (its spec) before it takes the job's lock, so a second worker sharing `var/` that
+brings a dead worker's image back at that moment loses the write (a chaos run lost a spec
+file so); and where the artifacts folder is storage shared by several hosts, an image a
+dead host brings back later would replace what a newer attempt elsewhere wrote, and an API
+on another host does not see a running job's folder.
+
+Needs a root worker (loop devices, mounts) and `mkfs.ext4`. `auto` uses images where that
+works and the measure elsewhere (a worker that is not root, a container
 without loop devices), and says which in the worker's log; a worker set to `image` where
 it cannot work refuses to start and says why (`images_work`). A job over several hosts
 keeps the measure: its ranks share one folder on the lab's storage. A warm trainer
