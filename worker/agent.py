@@ -31,7 +31,7 @@ from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_notebook
 from worker import cgroups, disk, program
-from worker.attempt import AttemptRunner
+from worker.attempt import AttemptRunner, superseded
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
@@ -187,7 +187,7 @@ class HostAgent:
                     kill_group(job.pid, timeout=LEFTOVER_KILL_TIMEOUT_S)
                 requeue(session, job, f"worker on {self.name} restarted", crashed=True)
                 log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)
-        for failed in disk.bring_back_all(self.ctx.settings.var_dir.resolve() / disk.DISKS):
+        for failed in disk.bring_back_all(disk.disks_of(self.ctx.settings), superseded(self.ctx)):
             log.error("a job folder left on its disk image could not come back (worker.disk): %s", failed)
 
     # -- launching ------------------------------------------------------------------------

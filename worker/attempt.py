@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from service.core import defaults
 from service.core.attempts import LocalChannel
 from service.core.context import Context
+from service.core.lifecycle import ran_after
 from service.core.models import JobState
 from service.core.settings import Settings
 from towerq.contract import events
@@ -89,6 +90,17 @@ class Phases:
 Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str], str]]
 """Starts the attempt's process in its cgroups: the process, its environment, and how it
 runs, in words for the job's log."""
+
+
+def superseded(ctx: Context) -> disk.Superseded:
+    """Whether a later attempt of a job has run since one (`worker.disk.settle`), as the
+    lab's database says."""
+
+    def ran_since(job_id: int, attempt: int) -> bool:
+        with ctx.db.read() as session:
+            return ran_after(session, job_id, attempt)
+
+    return ran_since
 
 
 class AttemptRunner:
@@ -265,8 +277,9 @@ class AttemptRunner:
             return False
         settings = self.settings
         try:
+            self._hold_disk()
             starter = self._prepare()
-            self._open_disk()
+            self._fill_disk()
         except disk.DiskError as err:
             self.outcome.stop = Stop.FOLDER_FULL
             self.outcome.stop_message = f"its folder could not be put on a disk of its own: {err}"
@@ -294,12 +307,22 @@ class AttemptRunner:
             return False
         return True
 
-    def _open_disk(self) -> None:
-        """`TOWERQ_JOB_DISK`: the job's folder goes on a disk of its own for the attempt
-        (`worker.disk`); a job over several hosts keeps the measure (its ranks share the folder)."""
-        if self.launch.ranks > 1 or self.job_disk is not None or not disk.in_use(self.settings):
-            return  # (a warm trainer came with its disk)
-        self.job_disk = disk.open_for(self.artifacts, self.settings)
+    def _hold_disk(self) -> None:
+        """`TOWERQ_JOB_DISK`: before the worker first writes into the job's folder, the attempt
+        holds its disk (`worker.disk.JobDisk.hold`: what an earlier attempt left on an image
+        comes back first). A job over several hosts keeps the measure (its ranks share the
+        folder), as does a Slurm node's runner (no database to ask what ran since)."""
+        if self.launch.ranks > 1 or self.ctx is None or not disk.in_use(self.settings):
+            return
+        self.job_disk = disk.JobDisk.hold(self.artifacts, disk.disks_of(self.settings), self.key, superseded(self.ctx))
+        if self.job_disk.dropped is not None:
+            self.sink.log("warning", self.job_disk.dropped)
+
+    def _fill_disk(self) -> None:
+        """Its folder (made by `_prepare`) goes on a disk of its own, unless it came on a
+        warm trainer's (`worker.pool`)."""
+        if self.job_disk is not None and not self.job_disk.mounted:
+            disk.fill_for(self.job_disk, self.settings)
 
     def _close_disk(self) -> None:
         """The attempt's processes are gone: its folder comes back onto the host's disk. A

@@ -20,21 +20,22 @@ links stay one file; no setuid, setgid or sticky bit comes back. The image is re
 once the folder is back, so a worker that dies on the way (or a host that reboots) brings
 it back at its next start (`bring_back_all`) or at the job's next attempt.
 
-One attempt of a job holds its image at a time (an flock beside it, across processes): the
-next attempt of the same job on this machine waits until the last one's folder is back.
-
-Not the default (`measure` is) while two things are unsafe: the worker writes into a job's
-folder (its spec) before it takes the job's lock, so a second worker sharing `var/` that
-brings a dead worker's image back at that moment loses the write (a chaos run lost a spec
-file so); and where the artifacts folder is storage shared by several hosts, an image a
-dead host brings back later would replace what a newer attempt elsewhere wrote, and an API
-on another host does not see a running job's folder.
+One attempt of a job holds its image at a time (an flock beside it, across processes), from
+before the worker first writes into the folder (its spec) to the folder's return: the next
+attempt of the same job on this machine, or a worker sharing `var/` that brings back what a
+dead one left, waits until the last one's folder is back. Beside the image its record names
+the job and attempt: an image whose job has run a later attempt since (on another host, on
+storage several hosts share) is dropped, not brought back over what that attempt wrote.
+`auto` keeps the measure where the artifacts folder is network storage (`network_storage`):
+there an API on another host reads a running job's folder, which an image would hide, and a
+dead host's image would hold back the checkpoints the job's next attempt elsewhere resumes from.
 
 Needs a root worker (loop devices, mounts) and `mkfs.ext4`. `auto` uses images where that
-works and the measure elsewhere (a worker that is not root, a container
-without loop devices), and says which in the worker's log; a worker set to `image` where
-it cannot work refuses to start and says why (`images_work`). A job over several hosts
-keeps the measure: its ranks share one folder on the lab's storage. A warm trainer
+works and the measure elsewhere (a worker that is not root, a container without loop
+devices, network storage), and says which in the worker's log; a worker set to `image`
+where it cannot work refuses to start and says why (`images_work`). A job over several
+hosts keeps the measure: its ranks share one folder on the lab's storage; so does a Slurm
+node's runner, which has no database to ask whether an image was superseded. A warm trainer
 (`worker.pool`) is started before its job is known, on a disk of its own (its folder,
 shown at `/job`); the job that takes it takes the disk (`JobDisk.move_to`)."""
 
@@ -44,12 +45,13 @@ import contextlib
 import errno
 import fcntl
 import functools
+import json
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from service.core.settings import Settings
@@ -60,6 +62,8 @@ from worker.tree_copy import copy_tree
 log = logging.getLogger(__name__)
 
 DISK_KINDS = ("auto", "image", "measure")
+Superseded = Callable[[int, int], bool]
+"""Whether a later attempt of job (first) than attempt (second) has run (the database says)."""
 DISKS = "disks"
 """The images' folder, in `TOWERQ_VAR_DIR`."""
 MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
@@ -179,80 +183,152 @@ def check(kind: str, var_dir: Path) -> None:
         raise DiskError(f"TOWERQ_JOB_DISK=image: {why}; or set TOWERQ_JOB_DISK=measure")
 
 
+NETWORK_FILESYSTEMS = frozenset(
+    ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "afs", "9p")
+)
+"""Filesystems other hosts may write (and any FUSE one: sshfs, s3fs, JuiceFS...)."""
+
+
+def network_storage(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """The type of `path`'s filesystem where it is network storage (`NETWORK_FILESYSTEMS`),
+    read from the mount that holds it in `mountinfo`; else None."""
+    path = path.resolve()
+    best, kind = -1, ""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        where = Path(fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\"))
+        if (where == path or where in path.parents) and len(where.parts) > best:
+            best, kind = len(where.parts), fields[fields.index("-", 6) + 1]
+    return kind if kind in NETWORK_FILESYSTEMS or kind.startswith("fuse") else None
+
+
 def in_use(settings: Settings) -> bool:
     """Whether this worker puts job folders on images: `image` (checked at its start),
-    `auto` where it can (a root worker that mounts a loop image), never with `measure`."""
+    `auto` where it can (a root worker that mounts a loop image, artifacts not on network
+    storage), never with `measure`."""
     if settings.job_disk == "measure":
         return False
-    return settings.job_disk == "image" or images_work(settings.var_dir.resolve()) is None
+    return settings.job_disk == "image" or _auto_refused(settings) is None
+
+
+def _auto_refused(settings: Settings) -> str | None:
+    if (why := images_work(settings.var_dir.resolve())) is not None:
+        return why
+    if (kind := network_storage(settings.artifacts_dir)) is not None:
+        return f"the artifacts folder is network storage ({kind}), which an image would hide from other hosts"
+    return None
 
 
 def described(settings: Settings) -> str:
     """What holds a job folder's limit on this worker, in words for its log."""
     if in_use(settings):
-        return "job folders are disk images of TOWERQ_JOB_FOLDER_MAX_BYTES while attempts run (TOWERQ_JOB_DISK)"
-    why = "" if settings.job_disk == "measure" else f": {images_work(settings.var_dir.resolve())}"
+        said = "job folders are disk images of TOWERQ_JOB_FOLDER_MAX_BYTES while attempts run (TOWERQ_JOB_DISK)"
+        if (kind := network_storage(settings.artifacts_dir)) is not None:
+            said += f"; the artifacts folder is network storage ({kind}): other hosts do not see a running job's folder"
+        return said
+    why = "" if settings.job_disk == "measure" else f": {_auto_refused(settings)}"
     return f"job folders are measured, not disk images (TOWERQ_JOB_DISK={settings.job_disk}{why})"
 
 
 class JobDisk:
-    """One attempt's hold on its job's image (`open`, then `close` once its processes are gone)."""
+    """One attempt's hold on its job folder's disk: `hold` (the job's lock, taken before the
+    worker writes into the folder), then `fill` (or a warm trainer's disk `move_to` it), then
+    `close` once the attempt's processes are gone."""
 
-    def __init__(self, folder: Path, disks: Path, lock: int, size: int) -> None:
+    def __init__(self, folder: Path, disks: Path, lock: int, job: tuple[int, int] | None) -> None:
         self.folder = folder
         self.disks = disks
         self.lock: int | None = lock
-        self.size = size
+        self.job = job
+        """The job and attempt, for the record beside the image (None: a warm trainer's slot)."""
+        self.size = 0
+        self.mounted = False
+        """Its folder is on its image now (`fill`, `move_to`)."""
+        self.dropped: str | None = None
+        """What `hold` found and dropped: an earlier attempt's image that a later one superseded."""
+
+    @classmethod
+    def hold(
+        cls, folder: Path, disks: Path, job: tuple[int, int] | None = None, superseded: Superseded | None = None
+    ) -> JobDisk:
+        """Take the lock of `folder`'s disk (waiting while another attempt of the job holds
+        it) and settle what an earlier attempt left on an image (`settle`). DiskError when
+        that cannot come back."""
+        disks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = _lock(disks, folder.name)
+        held = cls(folder, disks, lock, job)
+        try:
+            held.dropped = settle(folder, disks, superseded)
+        except BaseException:
+            held.release()
+            raise
+        return held
 
     @classmethod
     def open(cls, folder: Path, disks: Path, size: int, max_entries: int) -> JobDisk:
-        """Put `folder` (which exists, its owner the trainer's) on an image of `size` bytes.
-        Waits while another attempt of the job holds it. DiskError when it cannot."""
-        disks.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = _lock(disks, folder.name)
+        """`hold` and `fill` (a warm trainer's own folder, which no job has yet)."""
+        held = cls.hold(folder, disks)
         try:
-            bring_back(folder, disks)  # an earlier attempt's, left by a worker that died
-            image = image_of(folder, disks)
-            _beside(disks, folder.name, ".folder").write_text(str(folder))  # before it can be left mounted
-            make_image(image, size, max_entries)
-            try:
-                fill_image(image, folder, _beside(disks, folder.name, ".mnt"), size)
-                _mount(image, folder, MOUNT_OPTIONS)
-            except DiskError:
-                image.unlink(missing_ok=True)
-                raise
+            held.fill(size, max_entries)
         except BaseException:
-            os.close(lock)
+            held.release()
             raise
-        return cls(folder, disks, lock, size)
+        return held
 
-    def move_to(self, folder: Path) -> None:
+    def fill(self, size: int, max_entries: int) -> None:
+        """Put the folder (which exists, its owner the trainer's) on an image of `size`
+        bytes. DiskError when it cannot."""
+        assert self.lock is not None and not self.mounted
+        image = image_of(self.folder, self.disks)
+        self._record()  # before it can be left mounted
+        make_image(image, size, max_entries)
+        try:
+            fill_image(image, self.folder, _beside(self.disks, self.folder.name, ".mnt"), size)
+            _mount(image, self.folder, MOUNT_OPTIONS)
+        except DiskError:
+            image.unlink(missing_ok=True)
+            raise
+        self.size, self.mounted = size, True
+
+    def move_to(self, job: JobDisk) -> None:
         """A warm trainer's disk (`worker.pool`: opened on its own folder, which its bwrap
-        shows at `/job`) becomes its job's: mounted on the job's new `folder` too, then off
-        the trainer's, the image renamed to the job's. DiskError when it cannot."""
-        assert self.lock is not None
-        why = f"a warm trainer's disk could not become job folder {folder.name}'s"
+        shows at `/job`) becomes the disk `job` holds (its folder new): mounted on the job's
+        folder too, then off the trainer's, the image renamed to the job's. DiskError when it
+        cannot."""
+        assert self.lock is not None and job.lock is not None and not job.mounted
         try:
-            lock = _lock(self.disks, folder.name, wait=False)  # the job's folder is new: no attempt holds it
-        except OSError as err:
-            raise DiskError(f"{why}: {err}") from err
-        try:
-            folder.mkdir(mode=0o700)
-            _beside(self.disks, folder.name, ".folder").write_text(str(folder))
-            _run(["mount", "--bind", str(self.folder), str(folder)], f"showing a warm trainer's disk as {folder}")
-            image_of(self.folder, self.disks).rename(image_of(folder, self.disks))
+            job.folder.mkdir(mode=0o700)
+            job._record()
+            showing = f"showing a warm trainer's disk as {job.folder}"
+            _run(["mount", "--bind", str(self.folder), str(job.folder)], showing)
+            image_of(self.folder, self.disks).rename(image_of(job.folder, self.disks))
             _unmount(self.folder)
-            for suffix in (".folder", ".lock"):  # a slot's name is used once
-                _beside(self.disks, self.folder.name, suffix).unlink(missing_ok=True)
         except (OSError, DiskError) as err:
-            os.close(lock)
-            raise DiskError(f"{why}: {err}") from err
-        os.close(self.lock)
-        self.lock, self.folder = lock, folder
+            with contextlib.suppress(DiskError):
+                if os.path.ismount(job.folder):
+                    _unmount(job.folder)
+            raise DiskError(f"a warm trainer's disk could not become job folder {job.folder.name}'s: {err}") from err
+        for suffix in (".folder", ".lock"):  # a slot's name is used once
+            _beside(self.disks, self.folder.name, suffix).unlink(missing_ok=True)
+        job.size, job.mounted = self.size, True
+        self.release()
+
+    def _record(self) -> None:
+        """Where the folder belongs and whose attempt it holds, beside the image
+        (`bring_back_all` reads it after a worker died)."""
+        job, attempt = self.job or (None, None)
+        record = {"folder": str(self.folder), "job": job, "attempt": attempt}
+        _beside(self.disks, self.folder.name, ".folder").write_text(json.dumps(record))
 
     def full(self) -> bool:
         """Whether its disk has (about) no room left: a write past it failed, or would."""
-        if self.lock is None or not os.path.ismount(self.folder):
+        if self.lock is None or not self.mounted or not os.path.ismount(self.folder):
             return False
         room = os.statvfs(self.folder)
         return room.f_bavail * room.f_frsize < max(FULL_BELOW, self.size // 100)
@@ -270,8 +346,7 @@ class JobDisk:
         except (DiskError, OSError):
             log.exception("could not remove the disk of %s", self.folder)
         finally:
-            os.close(self.lock)
-            self.lock = None
+            self.release()
 
     def close(self) -> str | None:
         """The attempt's processes are gone: its folder comes back onto the host's disk.
@@ -281,21 +356,40 @@ class JobDisk:
         if self.lock is None:
             return None
         try:
-            bring_back(self.folder, self.disks)
+            if self.mounted:
+                bring_back(self.folder, self.disks)
             return None
         except (DiskError, OSError) as err:
             log.exception("job folder %s stays on its image for now", self.folder)
             return str(err)
         finally:
+            self.release()
+
+    def release(self) -> None:
+        if self.lock is not None:
             os.close(self.lock)
             self.lock = None
 
 
+def disks_of(settings: Settings) -> Path:
+    return settings.var_dir.resolve() / DISKS
+
+
+def fill_for(held: JobDisk, settings: Settings) -> None:
+    """`JobDisk.fill` with the lab's settings: a disk of `TOWERQ_JOB_FOLDER_MAX_BYTES` (0, no
+    limit: the free space of the folder's filesystem)."""
+    held.fill(settings.job_folder_max_bytes or shutil.disk_usage(held.folder).free, JOB_FOLDER_MAX_ENTRIES)
+
+
 def open_for(folder: Path, settings: Settings) -> JobDisk:
-    """`JobDisk.open` with the lab's settings: a disk of `TOWERQ_JOB_FOLDER_MAX_BYTES` (0, no
-    limit: the free space of the folder's filesystem) in `TOWERQ_VAR_DIR/disks`."""
-    size = settings.job_folder_max_bytes or shutil.disk_usage(folder).free
-    return JobDisk.open(folder, settings.var_dir.resolve() / DISKS, size, JOB_FOLDER_MAX_ENTRIES)
+    """`JobDisk.open` with the lab's settings (`fill_for`), in `TOWERQ_VAR_DIR/disks`."""
+    held = JobDisk.hold(folder, disks_of(settings))
+    try:
+        fill_for(held, settings)
+    except BaseException:
+        held.release()
+        raise
+    return held
 
 
 def _beside(disks: Path, name: str, suffix: str) -> Path:
@@ -349,10 +443,43 @@ def bring_back(folder: Path, disks: Path) -> None:
     _beside(disks, folder.name, ".folder").unlink(missing_ok=True)
 
 
-def bring_back_all(disks: Path) -> list[str]:
+def _read_record(disks: Path, name: str) -> tuple[Path, tuple[int, int] | None]:
+    """Where job folder `name`'s image belongs, and whose attempt it holds (None: a warm
+    trainer's slot, or a record an older worker wrote: its folder's path alone)."""
+    text = _beside(disks, name, ".folder").read_text()
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return Path(text), None
+    job, attempt = record.get("job"), record.get("attempt")
+    return Path(record["folder"]), (job, attempt) if isinstance(job, int) and isinstance(attempt, int) else None
+
+
+def settle(folder: Path, disks: Path, superseded: Superseded | None) -> str | None:
+    """What an earlier attempt left on an image (a worker that died, a host that rebooted):
+    brought back (`bring_back`), or, where a later attempt of the job has run since
+    (`superseded`: elsewhere, on storage several hosts share), dropped, not copied over that
+    attempt's files: what was dropped, in words, else None. The caller holds the lock."""
+    image = image_of(folder, disks)
+    if not image.exists():
+        return None
+    job = _read_record(disks, folder.name)[1] if _beside(disks, folder.name, ".folder").exists() else None
+    if job is None or superseded is None or not superseded(*job):
+        bring_back(folder, disks)
+        return None
+    if os.path.ismount(folder):
+        _unmount(folder)
+    image.unlink()
+    _beside(disks, folder.name, ".folder").unlink(missing_ok=True)
+    said = f"what attempt {job[1]} left on its disk image here was dropped: a later attempt has run since"
+    log.warning("job %s: %s", job[0], said)
+    return said
+
+
+def bring_back_all(disks: Path, superseded: Superseded | None = None) -> list[str]:
     """At a worker's start: the folders left on their images (a worker that died, a host
-    that rebooted) come back, but for those another worker's attempt holds. What went
-    wrong, one line per folder."""
+    that rebooted) are settled (`settle`), but for those another worker's attempt holds.
+    What went wrong, one line per folder."""
     failed = []
     for image in sorted(disks.glob("*.img")) if disks.is_dir() else []:
         name = image.name.removesuffix(".img")
@@ -361,7 +488,8 @@ def bring_back_all(disks: Path) -> list[str]:
         except BlockingIOError:
             continue
         try:
-            bring_back(Path(_beside(disks, name, ".folder").read_text()), disks)
+            folder, _ = _read_record(disks, name)
+            settle(folder, disks, superseded)
         except (DiskError, OSError) as err:
             failed.append(f"{name}: {err}")
         finally:

@@ -125,9 +125,10 @@ class TrainerPool:
         with self.lock:
             return sum(1 for t in self.warm if t.ready and t.process.poll() is None)
 
-    def take(self, launch: Launch, folder: Path) -> WarmTrainer | None:
+    def take(self, launch: Launch, folder: Path, disk: JobDisk | None = None) -> WarmTrainer | None:
         """A warm trainer for this attempt, with `folder` its job folder (in the sandbox, the
-        trainer's own folder renamed to it), or None when the job must start cold."""
+        trainer's own folder renamed to it, or its disk moved to `disk`, which the attempt
+        holds), or None when the job must start cold."""
         if self.size <= 0 or self.closed.is_set() or not self.fits(launch, folder):
             return None
         with self.lock:
@@ -156,11 +157,13 @@ class TrainerPool:
                 return None
         if trainer.slot is not None:
             folder.parent.mkdir(parents=True, exist_ok=True)
-            if trainer.disk is None:
+            if trainer.disk is None and disk is None:
                 trainer.slot.rename(folder)
                 return trainer
             try:
-                trainer.disk.move_to(folder)
+                if trainer.disk is None or disk is None:  # the trainer sees its folder, not what is mounted on it later
+                    raise DiskError("the warm trainer's folder and the job's are not both disks")
+                trainer.disk.move_to(disk)
             except DiskError as err:
                 log.warning("job %s starts cold: %s", launch.job_id, err)
                 self._discard(trainer)

@@ -57,10 +57,10 @@ class JobRunner(AttemptRunner):
         settings = self.settings
         env = trainer_environment(self.launch.indices, settings.trainer_env_pass)
         # a rank sets up its cluster before any TensorFlow op: never a warm trainer
-        warm = self.pool.take(self.launch, self.artifacts) if self.pool is not None and self.launch.ranks < 2 else None
+        warm = None
+        if self.pool is not None and self.launch.ranks < 2:  # its disk, if any, takes the warm trainer's
+            warm = self.pool.take(self.launch, self.artifacts, self.job_disk)
         self.warm = warm
-        if warm is not None and warm.disk is not None:
-            self.job_disk = warm.disk  # its folder is on the warm trainer's disk (`worker.disk`)
         try:
             spec_path = write_trainer_spec(self.launch, settings, self.artifacts, self.sandboxed)
         except Exception:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, insert, select, update
+from sqlalchemy import ColumnElement, exists, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core.exceptions import NotFoundError, StaleAttemptError, StateConflictError
@@ -89,6 +89,12 @@ def last_run_attempt(session: Session, job_id: int, attempt: int) -> Job | None:
     ended = job.attempts == attempt and JobState(job.state).is_final
     waits = job.attempts == attempt + 1 and job.state == JobState.QUEUED
     return job if ended or waits else None
+
+
+def ran_after(session: Session, job_id: int, attempt: int) -> bool:
+    """Whether an attempt of the job later than `attempt` has started running, on any host."""
+    later = exists().where(JobEvent.job_id == job_id, JobEvent.state == JobState.RUNNING, JobEvent.attempt > attempt)
+    return bool(session.scalar(select(later)))
 
 
 def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fraction: float) -> None:

@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -149,6 +151,78 @@ def test_a_folder_left_on_its_image_by_a_worker_that_died_comes_back_at_the_next
     assert disk.bring_back_all(disks) == []
     assert not os.path.ismount(folder) and (folder / "written.txt").read_text() == "by the attempt the worker lost"
     assert list(disks.glob("*.img")) == []
+
+
+def test_a_worker_sharing_var_does_not_bring_back_a_folder_an_attempt_holds(folders: tuple[Path, Path]) -> None:
+    """The attempt holds its job's disk before the worker writes its spec into the folder:
+    a second worker's start (sharing `var/`) leaves the folder alone meanwhile. (Before, the
+    spec went into the dead worker's image while the other worker brought it back: lost.)"""
+    folder, disks = folders
+    left = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
+    (folder / "written.txt").write_text("by attempt 1, whose worker died")
+    assert left.lock is not None
+    os.close(left.lock)  # the worker dies: its lock goes, its mount stays
+    held = disk.JobDisk.hold(folder, disks, (7, 2), lambda job, attempt: False)
+    try:
+        assert not os.path.ismount(folder) and (folder / "written.txt").exists(), "attempt 1's folder is back first"
+        (folder / "spec-attempt-2.json").write_text("{}")
+        other = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from pathlib import Path; from worker import disk; disk.bring_back_all(Path({str(disks)!r}))",
+            ],
+            check=True,
+        )
+        assert other.returncode == 0 and (folder / "spec-attempt-2.json").exists()
+        disk.fill_for(held, Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT))
+        assert os.path.ismount(folder) and (folder / "spec-attempt-2.json").exists()
+        assert json.loads((disks / "job-7.folder").read_text()) == {"folder": str(folder), "job": 7, "attempt": 2}
+    finally:
+        assert held.close() is None
+    assert sorted(os.listdir(folder)) == ["checkpoint.bin", "spec-attempt-2.json", "written.txt"]
+
+
+@pytest.mark.parametrize("ran_since", [True, False])
+def test_an_image_a_later_attempt_superseded_is_dropped_not_brought_back_over_it(
+    folders: tuple[Path, Path], ran_since: bool
+) -> None:
+    """A host died with attempt 1 on its image; on storage several hosts share, attempt 2 ran
+    on another host and wrote the folder. The dead host's next start must not copy attempt
+    1 back over it; where no later attempt ran, attempt 1's checkpoint comes back."""
+    folder, disks = folders
+    left = disk.JobDisk.hold(folder, disks, (7, 1))
+    disk.fill_for(left, Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT))
+    (folder / "checkpoint.bin").write_bytes(b"attempt 1's")
+    left.release()  # the worker dies: its lock goes, its mount stays
+    asked: list[tuple[int, int]] = []
+
+    def superseded(job: int, attempt: int) -> bool:
+        asked.append((job, attempt))
+        return ran_since
+
+    assert disk.bring_back_all(disks, superseded) == []
+    assert asked == [(7, 1)] and not os.path.ismount(folder) and list(disks.glob("job-7.*")) == [disks / "job-7.lock"]
+    kept = b"from the last attempt" if ran_since else b"attempt 1's"
+    assert (folder / "checkpoint.bin").read_bytes() == kept
+
+
+def test_auto_keeps_the_measure_on_network_storage(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "40 22 0:50 / /mnt/lab rw,relatime shared:20 - nfs4 server:/lab rw,vers=4.2\n"
+        "41 40 8:2 / /mnt/lab/local\\040disk rw,relatime - xfs /dev/sdb1 rw\n"
+        "42 22 0:51 / /mnt/bucket rw - fuse.s3fs s3fs rw\n"
+    )
+    assert disk.network_storage(Path("/mnt/lab/artifacts"), mountinfo) == "nfs4"
+    assert disk.network_storage(Path("/mnt/lab/local disk/artifacts"), mountinfo) is None, "the deepest mount decides"
+    assert (
+        disk.network_storage(Path("/mnt/labs"), mountinfo) is None
+        and disk.network_storage(Path("/var"), mountinfo) is None
+    )
+    assert disk.network_storage(Path("/mnt/bucket/a"), mountinfo) == "fuse.s3fs"
+    assert disk.network_storage(tmp_path) is None, "this machine's own disk"
 
 
 def test_a_folder_that_does_not_fit_its_disk_is_refused_by_name(folders: tuple[Path, Path]) -> None:

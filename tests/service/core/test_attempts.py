@@ -28,6 +28,7 @@ from towerq.attempts import HttpChannel
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt, Stored
 from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
+from worker.attempt import superseded
 
 # The HTTP channel asks its status with a timeout of its own; Starlette's test client warns
 # that it does not apply one (the real API does).
@@ -258,3 +259,19 @@ def test_a_report_sent_again_after_a_lost_answer_is_stored_once(ctx: Context, se
         messages = session.scalars(select(LogLine.message).where(LogLine.job_id == job_id)).all()
     assert messages == ["once", "once"], "the resend of 1 once, and 2"
     assert job(ctx, job_id).log_bytes == 68
+
+
+def test_an_image_an_attempt_left_is_superseded_once_a_later_attempt_runs(ctx: Context) -> None:
+    """`worker.disk.settle` drops a dead host's image only where a later attempt has run
+    since: a job that waits in the queue for its next attempt gets the image's checkpoints."""
+    job_id = dispatched(ctx)
+    LocalChannel(ctx, job_id, 1).running(4321, "0", "/artifacts/1")
+    ran_since = superseded(ctx)
+    assert not ran_since(job_id, 1), "its own attempt is running"
+    with ctx.db.write() as session:
+        requeue(session, locked_job(session, job_id), "the worker on lab-a restarted", crashed=True)
+    assert not ran_since(job_id, 1), "attempt 2 waits in the queue: it will resume from attempt 1's folder"
+    LiveScheduler(ctx).run_pass()
+    assert not ran_since(job_id, 1), "dispatched, not yet running"
+    LocalChannel(ctx, job_id, 2).running(4322, "0", "/artifacts/1")
+    assert ran_since(job_id, 1) and not ran_since(job_id, 2) and not ran_since(job_id + 1, 1)
