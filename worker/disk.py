@@ -1,4 +1,5 @@
-"""A job's writable space with a hard size (`TOWERQ_JOB_DISK`: `auto`, `image`, `measure`).
+"""A job's writable space with a hard size (`TOWERQ_JOB_DISK`: `auto`, the default, `image`,
+`measure`).
 
 The measure of `worker.folder` stops a job past `TOWERQ_JOB_FOLDER_MAX_BYTES`, about a
 second of its writing late. With an image the job's folder is, while an attempt runs, an

@@ -53,13 +53,13 @@ class Settings(BaseSettings):
     its log says so once. Shown per member on the Usage page."""
     """What one job's folder (checkpoints, exports, its own files) may hold; a job past it
     is stopped and fails, naming this limit (0: no limit)."""
-    job_disk: str = Field(default="measure", pattern=r"^(auto|image|measure)$")
-    """How a job folder's limit holds: `measure` (the default: a walk of it while the job
-    runs: it is stopped past the limit, about a second of its writing late), `image` (while
-    an attempt runs the folder is a filesystem of exactly that size of its own: writes past
-    it fail; needs a root worker, and a host whose workers alone write its artifacts folder),
-    `auto` (an image where the worker can make one, else the measure). worker/disk.py says
-    how, and what is not safe yet."""
+    job_disk: str = Field(default="auto", pattern=r"^(auto|image|measure)$")
+    """How a job folder's limit holds: `auto` (the default: an image where the worker can make
+    one, a root worker with loop devices and artifacts not on network storage, else the
+    measure), `image` (while an attempt runs the folder is a filesystem of exactly that size
+    of its own: writes past it fail; needs a root worker), `measure` (a walk of it while the
+    job runs: it is stopped past the limit, about a second of its writing late).
+    worker/disk.py says how."""
     job_folder_check_s: float = Field(default=30.0, gt=0)
     """How often a worker measures a running job's folder (a walk of it: I/O on the worker)."""
     user_data_quota_bytes: int = Field(default=20_000_000_000, ge=0)
