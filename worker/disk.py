@@ -451,6 +451,8 @@ def _read_record(disks: Path, name: str) -> tuple[Path, tuple[int, int] | None]:
     try:
         record = json.loads(text)
     except ValueError:
+        record = None
+    if not isinstance(record, dict):
         return Path(text), None
     job, attempt = record.get("job"), record.get("attempt")
     return Path(record["folder"]), (job, attempt) if isinstance(job, int) and isinstance(attempt, int) else None
@@ -491,7 +493,7 @@ def bring_back_all(disks: Path, superseded: Superseded | None = None) -> list[st
         try:
             folder, _ = _read_record(disks, name)
             settle(folder, disks, superseded)
-        except (DiskError, OSError) as err:
+        except Exception as err:  # the database may not answer `superseded`: the image stays for later
             failed.append(f"{name}: {err}")
         finally:
             os.close(lock)

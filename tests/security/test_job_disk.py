@@ -207,6 +207,22 @@ def test_an_image_a_later_attempt_superseded_is_dropped_not_brought_back_over_it
     assert (folder / "checkpoint.bin").read_bytes() == kept
 
 
+def test_an_image_stays_while_the_database_cannot_say_whether_it_was_superseded(folders: tuple[Path, Path]) -> None:
+    folder, disks = folders
+    left = disk.JobDisk.hold(folder, disks, (7, 1))
+    disk.fill_for(left, Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT))
+    (folder / "checkpoint.bin").write_bytes(b"attempt 1's")
+    left.release()  # the worker dies
+
+    def no_database(job: int, attempt: int) -> bool:
+        raise ConnectionError("the database is down")
+
+    assert disk.bring_back_all(disks, no_database) == ["job-7: the database is down"]
+    assert os.path.ismount(folder) and (disks / "job-7.img").exists(), "kept for the next start"
+    assert disk.bring_back_all(disks, lambda job, attempt: False) == []
+    assert not os.path.ismount(folder) and (folder / "checkpoint.bin").read_bytes() == b"attempt 1's"
+
+
 def test_auto_keeps_the_measure_on_network_storage(tmp_path: Path) -> None:
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text(
