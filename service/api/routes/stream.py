@@ -119,6 +119,7 @@ async def job_stream(job_id: JobId, request: Request, db: DatabaseDep, caller: C
     async def check() -> bool | None:
         return await run_in_threadpool(_hides_logs, db, job_id, caller.token_id)
 
+    await run_in_threadpool(_exists, db, job_id)  # 404 naming it, not the "token revoked" of a job gone later
     events = await relay(request, keys.job_channel(job_id), caller, check)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -134,6 +135,11 @@ def _hides_logs(db: Database, job_id: int, token_id: int) -> bool | None:
             return not privacy.may_read_outputs(get_job(session, job_id), now)
         except NotFoundError:
             return None
+
+
+def _exists(db: Database, job_id: int) -> None:
+    with db.read() as session:
+        get_job(session, job_id)
 
 
 def _token_live(db: Database, token_id: int) -> bool | None:

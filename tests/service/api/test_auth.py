@@ -152,3 +152,10 @@ def test_high_priority_is_for_admins_and_users_an_admin_allows(alice: Api, as_us
         {"detail": "you cannot take away your own admin rights: another admin must"},
     )
     assert root.get("/api/users").status_code == 200
+
+
+def test_the_stream_of_a_job_that_does_not_exist_is_404_naming_it_not_a_revoked_token(alice: Api) -> None:
+    """It said "token revoked" (401): `towerq logs -f` on a mistyped id told a member their
+    token was gone, and the API fuzzer saw an operation that only ever refused its token."""
+    response = alice.get("/api/jobs/987654/stream")
+    assert response.status_code == 404 and "987654" in response.json()["detail"], response.text
