@@ -6,11 +6,14 @@ each size (random bytes in one file, as a checkpoint; 0: a new job's empty folde
 run, interleaved `--repeats` times so that drift hits both alike:
 
 - `open` and `close` of a `JobDisk` on that folder (the attempt's start and end);
+- a restart (a preempted or resized job): the attempt's close keeping the image, and the
+  next attempt's hold taking it as it is (no copy either way), against what a restart
+  would cost with copies (close + open);
 - the control: one plain copy of the same folder (`shutil.copytree`, onto the same disk),
   the least any copy in or out could cost.
 
-Printed: the medians, and the attempt's whole overhead (open + close) as a ratio to the
-plain copy. Needs root (loop mounts).
+Printed: the medians, the attempt's whole overhead (open + close) as a ratio to the plain
+copy, and a restart's on the kept image as a ratio to open + close. Needs root (loop mounts).
 
 Usage: `sudo python bench/job_disk.py [--sizes-mb 0,100,1000] [--repeats 3] [--dir /var/tmp]`.
 """
@@ -32,8 +35,8 @@ from worker import disk  # noqa: E402
 from worker.folder import JOB_FOLDER_MAX_ENTRIES  # noqa: E402
 
 
-def one_round(root: Path, size_mb: int) -> tuple[float, float, float]:
-    """(open s, close s, plain copy s) for a folder of `size_mb`."""
+def one_round(root: Path, size_mb: int) -> tuple[float, float, float, float]:
+    """(open s, close s, plain copy s, restart on the kept image s) for a folder of `size_mb`."""
     folder = root / "artifacts" / "job-1"
     folder.mkdir(parents=True)
     if size_mb:
@@ -48,13 +51,19 @@ def one_round(root: Path, size_mb: int) -> tuple[float, float, float]:
     disks = root / "var" / disk.DISKS
     capacity = max(2 * size_mb * 2**20, 64 * 2**20)
     started = time.perf_counter()
-    held = disk.JobDisk.open(folder, disks, capacity, JOB_FOLDER_MAX_ENTRIES)
+    held = disk.JobDisk.hold(folder, disks, (1, 1))
+    held.fill(capacity, JOB_FOLDER_MAX_ENTRIES)
     opened = time.perf_counter() - started
+    started = time.perf_counter()
+    held.close(keep=True)
+    held = disk.JobDisk.hold(folder, disks, (1, 2), lambda job, attempt: disk.WAITS, size=capacity)
+    restarted = time.perf_counter() - started
+    assert held.settled == disk.KEPT, held.settled
     started = time.perf_counter()
     held.close()
     os.sync()
     closed = time.perf_counter() - started
-    return opened, closed, plain
+    return opened, closed, plain, restarted
 
 
 def main() -> int:
@@ -68,17 +77,23 @@ def main() -> int:
         print(f"no disk images here: {why}", file=sys.stderr)
         return 1
     sizes = [int(size) for size in args.sizes_mb.split(",")]
-    times: dict[int, list[tuple[float, float, float]]] = {size: [] for size in sizes}
+    times: dict[int, list[tuple[float, float, float, float]]] = {size: [] for size in sizes}
     for _ in range(args.repeats):
         for size in sizes:
             with tempfile.TemporaryDirectory(dir=args.dir, prefix="towerq-disk-bench-") as name:
                 times[size].append(one_round(Path(name), size))
-    print(f"{'folder':>8} {'open':>9} {'close':>9} {'plain copy':>11} {'(open+close) / copy':>20}")
+    print(
+        f"{'folder':>8} {'open':>9} {'close':>9} {'plain copy':>11} {'(open+close) / copy':>20}"
+        f" {'restart kept':>13} {'kept / (open+close)':>20}"
+    )
     for size, rounds in times.items():
-        opened, closed, plain = (statistics.median(column) for column in zip(*rounds, strict=True))
+        opened, closed, plain, restarted = (statistics.median(column) for column in zip(*rounds, strict=True))
         ratio = f"{(opened + closed) / plain:19.2f}x" if size else f"{'-':>20}"  # nothing to copy: no ratio
         label = f"{size} MB" if size else "empty"
-        print(f"{label:>8} {opened * 1000:7.0f}ms {closed * 1000:7.0f}ms {plain * 1000:9.0f}ms {ratio}")
+        print(
+            f"{label:>8} {opened * 1000:7.0f}ms {closed * 1000:7.0f}ms {plain * 1000:9.0f}ms {ratio}"
+            f" {restarted * 1000:11.1f}ms {restarted / (opened + closed):19.3f}x"
+        )
     return 0
 
 

@@ -31,7 +31,7 @@ from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_notebook
 from worker import cgroups, disk, program
-from worker.attempt import AttemptRunner, superseded
+from worker.attempt import AttemptRunner, fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
@@ -118,7 +118,10 @@ class HostAgent:
         log.info("worker %s: %s", self.name, disk.described(self.ctx.settings))
         self._recover_leftovers()
         self.pool.start()
-        for target, label in ((self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")):
+        loops = [(self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")]
+        if disk.in_use(self.ctx.settings):
+            loops.append((self._disk_loop, "disks"))
+        for target, label in loops:
             loop = threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True)
             loop.start()
             self.loops.append(loop)
@@ -151,6 +154,7 @@ class HostAgent:
         # the client's close at exit then waited for it forever (the worker outlived SIGTERM).
         for loop in self.loops:
             loop.join(LOOP_JOIN_S)
+        self._sweep_disks(None)  # the folders kept for jobs that run again: back on the host's disk
         self.inventory.close()
         log.info("worker %s stopped", self.name)
 
@@ -187,8 +191,7 @@ class HostAgent:
                     kill_group(job.pid, timeout=LEFTOVER_KILL_TIMEOUT_S)
                 requeue(session, job, f"worker on {self.name} restarted", crashed=True)
                 log.warning("requeued job %s: it was running when the worker on %s stopped", job.id, self.name)
-        for failed in disk.bring_back_all(disk.disks_of(self.ctx.settings), superseded(self.ctx)):
-            log.error("a job folder left on its disk image could not come back (worker.disk): %s", failed)
+        self._sweep_disks(fate_of_attempts(self.ctx))
 
     # -- launching ------------------------------------------------------------------------
 
@@ -240,6 +243,18 @@ class HostAgent:
                         register(session, self.name, self.inventory, host_info(self.sandboxed))
             except Exception:
                 log.exception("heartbeat of %s failed", self.name)
+
+    def _disk_loop(self) -> None:
+        """Every `worker.disk.SWEEP_S`: the job folders kept on their images for a next
+        attempt come back once their jobs end without one (cancelled while queued)."""
+        fate = fate_of_attempts(self.ctx)
+        while not self.stopping.wait(disk.SWEEP_S):
+            self._sweep_disks(fate)
+
+    def _sweep_disks(self, fate: disk.Fate | None) -> None:
+        """`worker.disk.bring_back_all`: with no `fate`, every folder no attempt holds comes back."""
+        for failed in disk.bring_back_all(disk.disks_of(self.ctx.settings), fate):
+            log.error("a job folder on its disk image could not come back (worker.disk): %s", failed)
 
     def _control_loop(self) -> None:
         """Stop requests (cancel, preemption) published for this host."""

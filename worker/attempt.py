@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from service.core import defaults
 from service.core.attempts import LocalChannel
 from service.core.context import Context
-from service.core.lifecycle import ran_after
+from service.core.lifecycle import attempt_fate
 from service.core.models import JobState
 from service.core.settings import Settings
 from towerq.contract import events
@@ -92,15 +92,15 @@ Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str]
 runs, in words for the job's log."""
 
 
-def superseded(ctx: Context) -> disk.Superseded:
-    """Whether a later attempt of a job has run since one (`worker.disk.settle`), as the
-    lab's database says."""
+def fate_of_attempts(ctx: Context) -> disk.Fate:
+    """What became of a job since one of its attempts (`worker.disk.settle`), as the lab's
+    database says."""
 
-    def ran_since(job_id: int, attempt: int) -> bool:
+    def fate(job_id: int, attempt: int) -> str:
         with ctx.db.read() as session:
-            return ran_after(session, job_id, attempt)
+            return attempt_fate(session, job_id, attempt)
 
-    return ran_since
+    return fate
 
 
 class AttemptRunner:
@@ -309,12 +309,13 @@ class AttemptRunner:
 
     def _hold_disk(self) -> None:
         """`TOWERQ_JOB_DISK`: before the worker first writes into the job's folder, the attempt
-        holds its disk (`worker.disk.JobDisk.hold`: what an earlier attempt left on an image
-        comes back first). A job over several hosts keeps the measure (its ranks share the
-        folder), as does a Slurm node's runner (no database to ask what ran since)."""
+        holds its disk (`worker.disk.JobDisk.hold`: an image the last attempt kept is taken
+        as it is; one a dead worker left comes back first). A job over several hosts keeps
+        the measure (its ranks share the folder), as does a Slurm node's runner (no database
+        to ask what ran since)."""
         if self.launch.ranks > 1 or self.ctx is None or not disk.in_use(self.settings):
             return
-        self.job_disk = disk.JobDisk.hold(self.artifacts, disk.disks_of(self.settings), self.key, superseded(self.ctx))
+        self.job_disk = disk.hold_for(self.artifacts, self.settings, self.key, fate_of_attempts(self.ctx))
         if self.job_disk.dropped is not None:
             self.sink.log("warning", self.job_disk.dropped)
 
@@ -325,9 +326,10 @@ class AttemptRunner:
             disk.fill_for(self.job_disk, self.settings)
 
     def _close_disk(self) -> None:
-        """The attempt's processes are gone: its folder comes back onto the host's disk. A
-        process that failed on a full disk fails the job, naming the limit (a retry would
-        only fill it again)."""
+        """The attempt's processes are gone: its folder comes back onto the host's disk, or,
+        for a job stopped to run again (preempted, resized), stays on its image for its next
+        attempt. A process that failed on a full disk fails the job, naming the limit (a
+        retry would only fill it again)."""
         if self.job_disk is None:
             return
         if self.job_disk.full() and self.outcome.returncode not in (0, None):
@@ -338,11 +340,12 @@ class AttemptRunner:
             self.sink.log("error", said)
             if self.outcome.stop is None:
                 self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"failed: {said}"
-        if (failed := self.job_disk.close()) is not None:
+        keep = self.outcome.stop == Stop.PREEMPT and disk.keeps_between_attempts(self.settings)
+        if (failed := self.job_disk.close(keep)) is not None:
             self.sink.log(
                 "error",
                 f"its folder stays on its disk image for now ({failed}); it is served from there and comes back "
-                "onto the host's disk at its next attempt on this host or when its worker starts again",
+                "onto the host's disk at its next attempt on this host or at its worker's next sweep",
             )
 
     def _say_started(self, how: str, limits: Limits) -> None:

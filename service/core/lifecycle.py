@@ -91,10 +91,15 @@ def last_run_attempt(session: Session, job_id: int, attempt: int) -> Job | None:
     return job if ended or waits else None
 
 
-def ran_after(session: Session, job_id: int, attempt: int) -> bool:
-    """Whether an attempt of the job later than `attempt` has started running, on any host."""
+def attempt_fate(session: Session, job_id: int, attempt: int) -> str:
+    """What became of a job since its attempt `attempt` (for a disk image that attempt left,
+    `worker.disk.settle`): "superseded" (a later attempt has started running, on any host),
+    "ended" (a final state, or no such job), else "waits" (it runs again)."""
     later = exists().where(JobEvent.job_id == job_id, JobEvent.state == JobState.RUNNING, JobEvent.attempt > attempt)
-    return bool(session.scalar(select(later)))
+    if session.scalar(select(later)):
+        return "superseded"
+    state = session.scalar(select(Job.state).where(Job.id == job_id))
+    return "ended" if state is None or JobState(state).is_final else "waits"
 
 
 def dispatch(session: Session, job: Job, host_name: str, gpus: Sequence[Gpu], fraction: float) -> None:

@@ -155,27 +155,21 @@ def test_a_folder_left_on_its_image_by_a_worker_that_died_comes_back_at_the_next
 
 def test_a_worker_sharing_var_does_not_bring_back_a_folder_an_attempt_holds(folders: tuple[Path, Path]) -> None:
     """The attempt holds its job's disk before the worker writes its spec into the folder:
-    a second worker's start (sharing `var/`) leaves the folder alone meanwhile. (Before, the
+    a second worker's sweep (sharing `var/`) leaves the folder alone meanwhile. (Before, the
     spec went into the dead worker's image while the other worker brought it back: lost.)"""
     folder, disks = folders
     left = disk.JobDisk.open(folder, disks, LIMIT, 10_000)
     (folder / "written.txt").write_text("by attempt 1, whose worker died")
-    assert left.lock is not None
-    os.close(left.lock)  # the worker dies: its lock goes, its mount stays
-    held = disk.JobDisk.hold(folder, disks, (7, 2), lambda job, attempt: False)
+    left.release()  # the worker dies: its lock goes, its mount stays
+    held = disk.JobDisk.hold(folder, disks, (7, 2), lambda job, attempt: disk.WAITS, size=2 * LIMIT)
     try:
-        assert not os.path.ismount(folder) and (folder / "written.txt").exists(), "attempt 1's folder is back first"
+        assert held.settled == disk.BACK, "an image of another size than this attempt's comes back first"
+        assert not os.path.ismount(folder) and (folder / "written.txt").exists()
         (folder / "spec-attempt-2.json").write_text("{}")
-        other = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                f"from pathlib import Path; from worker import disk; disk.bring_back_all(Path({str(disks)!r}))",
-            ],
-            check=True,
-        )
-        assert other.returncode == 0 and (folder / "spec-attempt-2.json").exists()
-        disk.fill_for(held, Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT))
+        sweep = f"from pathlib import Path; from worker import disk; disk.bring_back_all(Path({str(disks)!r}))"
+        subprocess.run([sys.executable, "-c", sweep], check=True)
+        assert (folder / "spec-attempt-2.json").exists()
+        disk.fill_for(held, Settings(var_dir=disks.parent, job_folder_max_bytes=2 * LIMIT))
         assert os.path.ismount(folder) and (folder / "spec-attempt-2.json").exists()
         assert json.loads((disks / "job-7.folder").read_text()) == {"folder": str(folder), "job": 7, "attempt": 2}
     finally:
@@ -183,13 +177,55 @@ def test_a_worker_sharing_var_does_not_bring_back_a_folder_an_attempt_holds(fold
     assert sorted(os.listdir(folder)) == ["checkpoint.bin", "spec-attempt-2.json", "written.txt"]
 
 
-@pytest.mark.parametrize("ran_since", [True, False])
+def test_a_job_that_runs_again_keeps_its_image_for_its_next_attempt_and_it_comes_back_once_the_job_ends(
+    folders: tuple[Path, Path],
+) -> None:
+    """A preempted (or resized) job's folder stays on its image between attempts: no copy
+    back at the stop and none in at the restart. The worker's sweep leaves it while the job
+    waits, and brings it back once the job ends without another attempt."""
+    folder, disks = folders
+    settings = Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT)
+    fates = {(7, 1): disk.WAITS}
+    first = disk.hold_for(folder, settings, (7, 1), lambda job, attempt: fates[(job, attempt)])
+    disk.fill_for(first, settings)
+    (folder / "checkpoint.bin").write_bytes(b"attempt 1's")
+    assert first.close(keep=True) is None and first.lock is None
+    assert os.path.ismount(folder) and (disks / "job-7.img").exists(), "kept, mounted over the folder"
+    assert disk.bring_back_all(disks, lambda job, attempt: fates[(job, attempt)]) == []
+    assert os.path.ismount(folder), "the sweep leaves a waiting job's image"
+
+    second = disk.hold_for(folder, settings, (7, 2), lambda job, attempt: fates[(job, attempt)])
+    assert second.settled == disk.KEPT and second.mounted and second.size == LIMIT, "taken as it is"
+    assert (folder / "checkpoint.bin").read_bytes() == b"attempt 1's"
+    assert json.loads((disks / "job-7.folder").read_text())["attempt"] == 2
+    (folder / "checkpoint.bin").write_bytes(b"attempt 2's")
+    assert second.close(keep=True) is None
+    fates[(7, 2)] = disk.ENDED  # cancelled while it waited
+    assert disk.bring_back_all(disks, lambda job, attempt: fates[(job, attempt)]) == []
+    assert not os.path.ismount(folder) and list(disks.glob("*.img")) == []
+    assert (folder / "checkpoint.bin").read_bytes() == b"attempt 2's"
+
+
+def test_a_folder_another_var_dirs_image_is_mounted_on_is_refused(folders: tuple[Path, Path]) -> None:
+    """Two workers of one machine with var/ folders of their own: the second would put its
+    image over the first's, and the first's sweep would then unmount the second's."""
+    folder, disks = folders
+    other = disk.JobDisk.open(folder, disks.parent.parent / "other-var" / disk.DISKS, LIMIT, 10_000)
+    try:
+        with pytest.raises(disk.DiskError, match="must share TOWERQ_VAR_DIR"):
+            disk.JobDisk.hold(folder, disks, (7, 2), lambda job, attempt: disk.WAITS)
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("fate", [disk.SUPERSEDED, disk.ENDED, disk.WAITS])
 def test_an_image_a_later_attempt_superseded_is_dropped_not_brought_back_over_it(
-    folders: tuple[Path, Path], ran_since: bool
+    folders: tuple[Path, Path], fate: str
 ) -> None:
     """A host died with attempt 1 on its image; on storage several hosts share, attempt 2 ran
     on another host and wrote the folder. The dead host's next start must not copy attempt
-    1 back over it; where no later attempt ran, attempt 1's checkpoint comes back."""
+    1 back over it; where the job ended, attempt 1's checkpoint comes back; where it waits
+    for its next attempt, the image stays for it."""
     folder, disks = folders
     left = disk.JobDisk.hold(folder, disks, (7, 1))
     disk.fill_for(left, Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT))
@@ -197,29 +233,34 @@ def test_an_image_a_later_attempt_superseded_is_dropped_not_brought_back_over_it
     left.release()  # the worker dies: its lock goes, its mount stays
     asked: list[tuple[int, int]] = []
 
-    def superseded(job: int, attempt: int) -> bool:
+    def fate_of(job: int, attempt: int) -> str:
         asked.append((job, attempt))
-        return ran_since
+        return fate
 
-    assert disk.bring_back_all(disks, superseded) == []
-    assert asked == [(7, 1)] and not os.path.ismount(folder) and list(disks.glob("job-7.*")) == [disks / "job-7.lock"]
-    kept = b"from the last attempt" if ran_since else b"attempt 1's"
+    assert disk.bring_back_all(disks, fate_of) == []
+    assert asked == [(7, 1)] and os.path.ismount(folder) == (fate == disk.WAITS)
+    if fate != disk.WAITS:
+        assert list(disks.glob("job-7.*")) == [disks / "job-7.lock"]
+    kept = b"from the last attempt" if fate == disk.SUPERSEDED else b"attempt 1's"
     assert (folder / "checkpoint.bin").read_bytes() == kept
+    if fate == disk.WAITS:
+        assert disk.bring_back_all(disks) == []  # the worker's stop: every folder comes back
+        assert not os.path.ismount(folder) and (folder / "checkpoint.bin").read_bytes() == kept
 
 
-def test_an_image_stays_while_the_database_cannot_say_whether_it_was_superseded(folders: tuple[Path, Path]) -> None:
+def test_an_image_stays_while_the_database_cannot_say_what_became_of_its_job(folders: tuple[Path, Path]) -> None:
     folder, disks = folders
     left = disk.JobDisk.hold(folder, disks, (7, 1))
     disk.fill_for(left, Settings(var_dir=disks.parent, job_folder_max_bytes=LIMIT))
     (folder / "checkpoint.bin").write_bytes(b"attempt 1's")
     left.release()  # the worker dies
 
-    def no_database(job: int, attempt: int) -> bool:
+    def no_database(job: int, attempt: int) -> str:
         raise ConnectionError("the database is down")
 
     assert disk.bring_back_all(disks, no_database) == ["job-7: the database is down"]
-    assert os.path.ismount(folder) and (disks / "job-7.img").exists(), "kept for the next start"
-    assert disk.bring_back_all(disks, lambda job, attempt: False) == []
+    assert os.path.ismount(folder) and (disks / "job-7.img").exists(), "kept for the next sweep"
+    assert disk.bring_back_all(disks, lambda job, attempt: disk.ENDED) == []
     assert not os.path.ismount(folder) and (folder / "checkpoint.bin").read_bytes() == b"attempt 1's"
 
 
@@ -353,10 +394,59 @@ def test_a_trainer_on_its_disk_resumes_from_the_checkpoint_a_killed_worker_left_
     assert int(resumed[0].split()[-1]) >= 100, resumed
     client.post(f"/api/jobs/{job_id}/cancel")
     assert finished(client, job_id)["state"] == "cancelled"
-    wait_for(lambda: not os.path.ismount(folder), 30, "the folder back on the host's disk")
-    assert list((folder / "checkpoints").iterdir()), "its checkpoints came back"
-    assert not (settings.var_dir / disk.DISKS / f"{folder.name}.img").exists()
+    image = settings.var_dir / disk.DISKS / f"{folder.name}.img"
+    wait_for(lambda: not image.exists(), 30, "the folder back on the host's disk")  # the image goes last
+    assert not os.path.ismount(folder) and list((folder / "checkpoints").iterdir()), "its checkpoints came back"
     client.close()
+
+
+@pytest.mark.slow
+def test_a_preempted_job_keeps_its_folder_on_its_image_until_it_runs_again_or_ends(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """No copy of a preempted job's folder back onto the host's disk and in again at its
+    restart: it stays on its image, mounted (the API serves it there), while the job waits;
+    its next attempt resumes from what is on it; cancelled while it waits, the worker's
+    sweep brings it back."""
+    stack.start_api()
+    stack.start_scheduler(preemption=True)
+    stack.start_worker("lab-a", 1, sandbox="bwrap", job_disk="image", job_folder_max_bytes=200_000_000)
+    bob, alice = stack.client(make_token("bob")), stack.client(make_token("alice", admin=True))  # high: an admin's
+    wait_for(lambda: bob.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    long = {"steps": 200_000, "batch_size": 16, "checkpoint_every": 50, "log_every": 10}
+    spec = {"model": "mlp", "dataset": "digits", "gpu_count": 1}
+    low = bob.post("/api/jobs", json={**spec, "priority": "low", "hyperparameters": long}).json()["id"]
+    folder, image = job_folder(settings.artifacts_dir, low), settings.var_dir / disk.DISKS / f"job-{low}.img"
+
+    def said(words: str) -> list[str]:
+        return [line["message"] for line in bob.get(f"/api/jobs/{low}/logs").json() if words in line["message"]]
+
+    def state() -> str:
+        return bob.get(f"/api/jobs/{low}").json()["state"]
+
+    def preempt() -> dict:
+        """A high-priority job stops the low one: its folder stays on its image meanwhile."""
+        high = alice.post("/api/jobs", json={**spec, "priority": "high", "hyperparameters": {"steps": 30}})
+        assert high.status_code == 201, high.text
+        wait_for(lambda: state() == "queued", 120, "the low job preempted", 0.3)
+        assert os.path.ismount(folder) and image.exists(), "kept on its image while it waits"
+        assert bob.get(f"/api/jobs/{low}/artifacts").status_code == 200, "served from there"
+        return high.json()
+
+    wait_for(lambda: said("checkpoint at step "), 180, "attempt 1's checkpoint", 0.5)
+    assert finished(alice, preempt()["id"])["state"] == "succeeded"
+    resumed = wait_for(lambda: said("resumed from the checkpoint of step "), 180, "attempt 2 to resume", 0.5)
+    assert int(resumed[0].split()[-1]) >= 50, resumed
+    assert f"job-{low}: on the disk its last attempt kept (no copy)" in stack.dump_logs()
+    checkpoints = len(said("checkpoint at step "))
+    wait_for(lambda: len(said("checkpoint at step ")) > checkpoints, 180, "attempt 2's checkpoint", 0.5)
+    preempt()
+    assert bob.post(f"/api/jobs/{low}/cancel").status_code in (200, 202)
+    assert finished(bob, low)["state"] == "cancelled"
+    wait_for(lambda: not image.exists(), disk.SWEEP_S + 30, "the worker's sweep to bring the folder back")
+    assert not os.path.ismount(folder) and list((folder / "checkpoints").iterdir()), "its checkpoints came back"
+    bob.close()
+    alice.close()
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from towerq.attempts import HttpChannel
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt, Stored
 from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
-from worker.attempt import superseded
+from worker.attempt import fate_of_attempts
 
 # The HTTP channel asks its status with a timeout of its own; Starlette's test client warns
 # that it does not apply one (the real API does).
@@ -261,17 +261,19 @@ def test_a_report_sent_again_after_a_lost_answer_is_stored_once(ctx: Context, se
     assert job(ctx, job_id).log_bytes == 68
 
 
-def test_an_image_an_attempt_left_is_superseded_once_a_later_attempt_runs(ctx: Context) -> None:
-    """`worker.disk.settle` drops a dead host's image only where a later attempt has run
-    since: a job that waits in the queue for its next attempt gets the image's checkpoints."""
+def test_what_became_of_a_job_since_an_attempt_decides_the_image_it_left(ctx: Context) -> None:
+    """`worker.disk.settle`: an image an attempt left stays for the job's next attempt while
+    it waits, comes back once it ends, and is dropped once a later attempt has run."""
     job_id = dispatched(ctx)
     LocalChannel(ctx, job_id, 1).running(4321, "0", "/artifacts/1")
-    ran_since = superseded(ctx)
-    assert not ran_since(job_id, 1), "its own attempt is running"
+    fate = fate_of_attempts(ctx)
+    assert fate(job_id, 1) == "waits", "its own attempt is running (its worker died: it is requeued soon)"
     with ctx.db.write() as session:
         requeue(session, locked_job(session, job_id), "the worker on lab-a restarted", crashed=True)
-    assert not ran_since(job_id, 1), "attempt 2 waits in the queue: it will resume from attempt 1's folder"
+    assert fate(job_id, 1) == "waits", "attempt 2 waits in the queue: it will resume from attempt 1's folder"
     LiveScheduler(ctx).run_pass()
-    assert not ran_since(job_id, 1), "dispatched, not yet running"
+    assert fate(job_id, 1) == "waits", "dispatched, not yet running"
     LocalChannel(ctx, job_id, 2).running(4322, "0", "/artifacts/1")
-    assert ran_since(job_id, 1) and not ran_since(job_id, 2) and not ran_since(job_id + 1, 1)
+    assert fate(job_id, 1) == "superseded" and fate(job_id, 2) == "waits" and fate(job_id + 1, 1) == "ended"
+    LocalChannel(ctx, job_id, 2).end(AttemptEnd(ending="succeeded", message=None, exit_code=0))
+    assert fate(job_id, 2) == "ended"
