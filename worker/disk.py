@@ -23,8 +23,8 @@ it for its sweep or the job's next attempt.
 
 A job stopped to run again (preempted, time-sliced, resized) keeps its folder on its image,
 mounted over the folder, while it waits: its next attempt on this host takes the image as
-it is (`JobDisk.hold`: no copy out at the stop nor in at the restart, 0.4 ms against half a
-second for 100 MB, `bench/job_disk.py`). Every `SWEEP_S` (and at its start) the worker
+it is (`JobDisk.hold`: no copy out at the stop nor in at the restart, 0.5 ms against a
+quarter of a second for 100 MB and 3.8 s for 1 GB, `bench/job_disk.py`). Every `SWEEP_S` (and at its start) the worker
 settles the images no attempt holds (`bring_back_all`, asking the database what became of
 each job, `Fate`): a job that ended without another attempt (cancelled while it waited)
 gets its folder back; one that waits keeps it; at the worker's stop every folder comes back.
