@@ -350,8 +350,7 @@ class JobDisk:
                 if os.path.ismount(job.folder):
                     _unmount(job.folder)
             raise DiskError(f"a warm trainer's disk could not become job folder {job.folder.name}'s: {err}") from err
-        for suffix in (".folder", ".lock"):  # a slot's name is used once
-            _beside(self.disks, self.folder.name, suffix).unlink(missing_ok=True)
+        _beside(self.disks, self.folder.name, ".folder").unlink(missing_ok=True)
         job.size, job.mounted = self.size, True
         self.release()
 
@@ -377,8 +376,7 @@ class JobDisk:
             if os.path.ismount(self.folder):
                 _unmount(self.folder)
             image_of(self.folder, self.disks).unlink(missing_ok=True)
-            for suffix in (".folder", ".lock"):  # a slot's name is used once
-                _beside(self.disks, self.folder.name, suffix).unlink(missing_ok=True)
+            _beside(self.disks, self.folder.name, ".folder").unlink(missing_ok=True)
         except (DiskError, OSError):
             log.exception("could not remove the disk of %s", self.folder)
         finally:
@@ -406,8 +404,8 @@ class JobDisk:
 
     def release(self) -> None:
         if self.lock is not None:
-            os.close(self.lock)
-            self.lock = None
+            lock, self.lock = self.lock, None
+            _unlock(self.disks, self.folder.name, lock)
 
 
 def disks_of(settings: Settings) -> Path:
@@ -456,14 +454,35 @@ def image_of(folder: Path, disks: Path) -> Path:
 
 def _lock(disks: Path, name: str, wait: bool = True) -> int:
     """The lock of job folder `name`'s image, held (an flock, across processes); with `wait`
-    False, BlockingIOError when another holds it."""
-    lock = os.open(_beside(disks, name, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
+    False, BlockingIOError when another holds it. The file goes with the image (`_unlock`):
+    one that was removed while this waited for it is not the lock any more, so the one at
+    its name now is taken instead."""
+    path = _beside(disks, name, ".lock")
+    while True:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.fstat(lock)
+            try:
+                there = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                there = None
+        except BaseException:
+            os.close(lock)
+            raise
+        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
+            return lock
         os.close(lock)
-        raise
-    return lock
+
+
+def _unlock(disks: Path, name: str, lock: int) -> None:
+    """Let go of a lock `_lock` took; its file goes too once no image of the folder is left
+    (a lab's thousands of jobs would otherwise leave as many files in `disks/`)."""
+    try:
+        if not _beside(disks, name, ".img").exists():
+            _beside(disks, name, ".lock").unlink(missing_ok=True)
+    finally:
+        os.close(lock)
 
 
 def bring_back(folder: Path, disks: Path) -> None:
@@ -562,5 +581,5 @@ def bring_back_all(disks: Path, fate: Fate | None = None) -> list[str]:
         except Exception as err:  # the database may not answer `fate`: the image stays for later
             failed.append(f"{name}: {err}")
         finally:
-            os.close(lock)
+            _unlock(disks, name, lock)
     return failed

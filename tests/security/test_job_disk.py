@@ -14,6 +14,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,6 +208,39 @@ def test_a_job_that_runs_again_keeps_its_image_for_its_next_attempt_and_it_comes
     assert (folder / "checkpoint.bin").read_bytes() == b"attempt 2's"
 
 
+def test_the_lock_file_goes_with_the_image_and_attempts_still_hold_it_one_at_a_time(
+    folders: tuple[Path, Path],
+) -> None:
+    """An attempt that leaves no image removes its lock file (else one per job for ever).
+    Those that waited on the removed file must not hold it beside one that came after and
+    made the file anew: each checks, once it holds the lock, that the file is still there."""
+    folder, disks = folders
+    first = disk.JobDisk.hold(folder, disks, (7, 1))
+    inside, most, guard = [0], [0], threading.Lock()
+
+    def attempt(number: int) -> None:
+        held = disk.JobDisk.hold(folder, disks, (7, number))
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.2)
+        with guard:
+            inside[0] -= 1
+        held.release()
+
+    waiting = [threading.Thread(target=attempt, args=(number,)) for number in (2, 3, 4)]
+    for thread in waiting:
+        thread.start()
+    time.sleep(0.3)  # all three wait on the first's lock file
+    first.release()  # no image: the file goes
+    later = threading.Thread(target=attempt, args=(5,))  # makes the file anew
+    later.start()
+    for thread in [*waiting, later]:
+        thread.join(10)
+    assert most[0] == 1, "two attempts held the job's disk at once"
+    assert list(disks.iterdir()) == [], "no lock file left behind"
+
+
 def test_a_folder_another_var_dirs_image_is_mounted_on_is_refused(folders: tuple[Path, Path]) -> None:
     """Two workers of one machine with var/ folders of their own: the second would put its
     image over the first's, and the first's sweep would then unmount the second's."""
@@ -240,7 +275,7 @@ def test_an_image_a_later_attempt_superseded_is_dropped_not_brought_back_over_it
     assert disk.bring_back_all(disks, fate_of) == []
     assert asked == [(7, 1)] and os.path.ismount(folder) == (fate == disk.WAITS)
     if fate != disk.WAITS:
-        assert list(disks.glob("job-7.*")) == [disks / "job-7.lock"]
+        assert list(disks.glob("job-7.*")) == [], "its image, its record and its lock file gone"
     kept = b"from the last attempt" if fate == disk.SUPERSEDED else b"attempt 1's"
     assert (folder / "checkpoint.bin").read_bytes() == kept
     if fate == disk.WAITS:
