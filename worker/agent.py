@@ -108,7 +108,7 @@ class HostAgent:
 
     def start(self) -> None:
         with self.ctx.db.write() as session:
-            register(session, self.name, self.inventory, host_info(self.sandboxed))
+            register(session, self.name, self.inventory, self._info())
         log.info(
             "worker %s registered %d %s GPUs",
             self.name,
@@ -126,6 +126,9 @@ class HostAgent:
             loop.start()
             self.loops.append(loop)
         self._kick()
+
+    def _info(self) -> dict[str, Any]:
+        return host_info(self.sandboxed, disk.in_use(self.ctx.settings))
 
     def shutdown(self) -> None:
         """Take no new jobs (the host is marked down first, so the scheduler stops sending
@@ -240,7 +243,7 @@ class HostAgent:
                     attempts = list(self.runners)
                 with self.ctx.db.write() as session:
                     if not heartbeat(session, self.name, states, attempts, self.pool.ready()):
-                        register(session, self.name, self.inventory, host_info(self.sandboxed))
+                        register(session, self.name, self.inventory, self._info())
             except Exception:
                 log.exception("heartbeat of %s failed", self.name)
 

@@ -139,6 +139,7 @@ def list_workers(session: Session) -> list[WorkerOut]:
             running_jobs=running.get(host.name, 0),
             info=host.info,
             sandboxed=sandboxed(host),
+            job_disk=(host.info or {}).get("job_disk"),
         )
         for host in session.scalars(select(Host).options(selectinload(Host.gpus)).order_by(Host.name))
     ]

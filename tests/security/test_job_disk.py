@@ -377,6 +377,7 @@ def test_a_command_job_cannot_write_past_its_folder_nor_learn_where_it_lives(
     stack.start_worker("lab-a", 1, sandbox="bwrap", job_disk="image", job_folder_max_bytes=LIMIT)
     client = stack.client(make_token("mallory"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    assert client.get("/api/workers").json()[0]["job_disk"] == "image", "the GPUs page says nothing of measures"
     code = upload_code(client, {"writer.py": WRITER, "filler.py": FILLER})
     created = client.post("/api/jobs", json={"command": ["python", "writer.py"], "code": code})
     assert created.status_code == 201, created.text

@@ -15,6 +15,8 @@ from service.core.models import Job, Metric
 from tests.stack import Stack, wait_for
 from tests.web.conftest import shot
 from towerq.contract.paths import job_folder
+from worker.host import host_info, register
+from worker.inventory import SimulatedInventory
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -316,6 +318,23 @@ def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(
     stack.stop("api")  # the service stops (Ctrl+C) under the open page: said as such, not "Failed to fetch"
     page.wait_for_selector(".problem:has-text('towerq does not answer')", timeout=15_000)
     assert "Failed to fetch" not in page.locator(".problem").inner_text()
+
+
+def test_a_host_whose_job_folders_are_measured_says_so_on_its_card(
+    stack: Stack, make_token: Callable[..., str], db: Database, open_page: Callable[..., object]
+) -> None:
+    """A worker that cannot give job folders a hard size (not root, no loop devices, network
+    storage) measures them: its card says so, one that uses disk images says nothing."""
+    url = stack.start_api()
+    with db.write() as session:
+        register(session, "lab-a", SimulatedInventory("lab-a", 1), host_info(True, job_disks=True))
+        register(session, "lab-b", SimulatedInventory("lab-b", 1), host_info(True, job_disks=False))
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('alice')}#/gpus")
+    badge = page.locator('[data-host="lab-b"] h2 .badge.measured')
+    badge.wait_for()
+    assert badge.inner_text() == "folders measured" and "TOWERQ_JOB_DISK" in (badge.get_attribute("title") or "")
+    assert page.locator('[data-host="lab-a"] .badge.measured').count() == 0
 
 
 def test_an_admin_drains_a_gpu_from_its_card_and_others_get_no_button(

@@ -64,6 +64,17 @@ function card(worker, gpus, actions) {
             "no sandbox",
           )
         : null,
+      worker.job_disk === "measure"
+        ? el(
+            "span",
+            {
+              class: "badge measured",
+              title:
+                "TOWERQ_JOB_DISK: job folders are measured while jobs run, not disk images of their limit: a job may write about a second past it, and its sandbox sees the folder's host path",
+            },
+            "folders measured",
+          )
+        : null,
     ),
     el("p", { class: "muted" }, `${worker.gpus} GPUs · ${jobs} · heartbeat ${duration(worker.heartbeat_age_s)} ago`),
     el(

@@ -61,6 +61,9 @@ class WorkerOut(BaseModel):
     info: dict[str, Any]
     sandboxed: bool | None = None
     """False: this host runs members' code unsandboxed (TOWERQ_SANDBOX=none)."""
+    job_disk: str | None = None
+    """`image`: its job folders are disk images of their limit while attempts run (a hard
+    size); `measure`: measured (TOWERQ_JOB_DISK); None: the worker did not say."""
 
 
 class MemberOut(BaseModel):
