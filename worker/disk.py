@@ -425,21 +425,20 @@ def keeps_between_attempts(settings: Settings) -> bool:
     return network_storage(settings.artifacts_dir) is None
 
 
+def _size_for(folder: Path, settings: Settings) -> int:
+    """A disk of `TOWERQ_JOB_FOLDER_MAX_BYTES` (0, no limit: the free space of the folder's
+    filesystem)."""
+    return settings.job_folder_max_bytes or shutil.disk_usage(folder).free
+
+
 def fill_for(held: JobDisk, settings: Settings) -> None:
-    """`JobDisk.fill` with the lab's settings: a disk of `TOWERQ_JOB_FOLDER_MAX_BYTES` (0, no
-    limit: the free space of the folder's filesystem)."""
-    held.fill(settings.job_folder_max_bytes or shutil.disk_usage(held.folder).free, JOB_FOLDER_MAX_ENTRIES)
+    """`JobDisk.fill` with the lab's settings (`_size_for`)."""
+    held.fill(_size_for(held.folder, settings), JOB_FOLDER_MAX_ENTRIES)
 
 
 def open_for(folder: Path, settings: Settings) -> JobDisk:
-    """`JobDisk.open` with the lab's settings (`fill_for`), in `TOWERQ_VAR_DIR/disks`."""
-    held = JobDisk.hold(folder, disks_of(settings))
-    try:
-        fill_for(held, settings)
-    except BaseException:
-        held.release()
-        raise
-    return held
+    """`JobDisk.open` with the lab's settings (`_size_for`), in `TOWERQ_VAR_DIR/disks`."""
+    return JobDisk.open(folder, disks_of(settings), _size_for(folder, settings), JOB_FOLDER_MAX_ENTRIES)
 
 
 def _beside(disks: Path, name: str, suffix: str) -> Path:
