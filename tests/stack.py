@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from service.core.settings import Settings
+from worker.mountinfo import mounts
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL = ("succeeded", "failed", "cancelled")
@@ -41,8 +42,7 @@ def unmount_beneath(root: Path) -> list[str]:
     images (`worker.disk`) a test's SIGKILLed worker left mounted (its next start would
     bring them back). What it unmounted."""
     prefix = str(root.resolve()) + "/"
-    with open("/proc/self/mountinfo") as table:
-        points = [line.split()[4] for line in table]
+    points = {str(mount.point) for mount in mounts()}
     beneath = sorted({p for p in points if p.startswith(prefix)}, key=len, reverse=True)
     for point in beneath:
         subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.mountinfo import mounts
+
 log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "pids")
@@ -45,21 +47,6 @@ class Hierarchy:
     own: Path
 
 
-def _mounts() -> list[tuple[str, Path, str, set[str]]]:
-    """(fs type, mount point, root inside the hierarchy, mount options) of cgroup mounts."""
-    found = []
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        before, _, after = line.partition(" - ")
-        fields, tail = before.split(), after.split()
-        if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
-            found.append((tail[0], Path(fields[4]), fields[3], set(tail[2].split(","))))
-    return found
-
-
 def _own_paths() -> dict[str, str]:
     """This process's cgroup path per hierarchy: "" for v2, else each v1 controller."""
     paths: dict[str, str] = {}
@@ -79,13 +66,15 @@ def hierarchies() -> list[Hierarchy]:
     uses, each at the worker's own cgroup, when that folder is writable."""
     own = _own_paths()
     found: list[Hierarchy] = []
-    for kind, mount, root, options in _mounts():
-        controllers = [""] if kind == "cgroup2" else [c for c in V1_CONTROLLERS if c in options]
+    for mount in mounts():
+        if mount.kind not in ("cgroup", "cgroup2"):
+            continue
+        controllers = [""] if mount.kind == "cgroup2" else [c for c in V1_CONTROLLERS if c in mount.options]
         for controller in controllers:
             path = own.get(controller)
-            if path is None or not path.startswith(root):
+            if path is None or not path.startswith(mount.root):
                 continue
-            folder = mount / path[len(root) :].lstrip("/")
+            folder = mount.point / path[len(mount.root) :].lstrip("/")
             if folder.is_dir() and os.access(folder, os.W_OK) and all(h.controller != controller for h in found):
                 found.append(Hierarchy(controller, folder))
     return found
