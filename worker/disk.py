@@ -3,7 +3,7 @@
 
 The measure of `worker.folder` stops a job past `TOWERQ_JOB_FOLDER_MAX_BYTES`, about a
 second of its writing late. With an image the job's folder is, while an attempt runs, an
-ext4 filesystem of exactly that size of its own: a sparse file under
+ext4 filesystem of exactly that size of its own (`worker.disk_image`): a sparse file under
 `TOWERQ_VAR_DIR/disks/`, given a copy of the folder's contents (`fill_image`) and mounted
 (a loop device; `nosuid`, `nodev`) over the job's folder, so the API, the job's
 TensorBoard and the relay read it where they always did. What the job writes past the size
@@ -24,10 +24,11 @@ it for its sweep or the job's next attempt.
 A job stopped to run again (preempted, time-sliced, resized) keeps its folder on its image,
 mounted over the folder, while it waits: its next attempt on this host takes the image as
 it is (`JobDisk.hold`: no copy out at the stop nor in at the restart, 0.5 ms against a
-quarter of a second for 100 MB and 3.8 s for 1 GB, `bench/job_disk.py`). Every `SWEEP_S` (and at its start) the worker
-settles the images no attempt holds (`bring_back_all`, asking the database what became of
-each job, `Fate`): a job that ended without another attempt (cancelled while it waited)
-gets its folder back; one that waits keeps it; at the worker's stop every folder comes back.
+quarter of a second for 100 MB and 3.8 s for 1 GB, `bench/job_disk.py`). Every `SWEEP_S`
+(and at its start) the worker settles the images no attempt holds (`bring_back_all`,
+asking the database what became of each job, `Fate`): a job that ended without another
+attempt (cancelled while it waited) gets its folder back; one that waits keeps it; at the
+worker's stop every folder comes back.
 
 One attempt of a job holds its image at a time (an flock beside it, across processes), from
 before the worker first writes into the folder (its spec) to the folder's return: the next
@@ -54,22 +55,32 @@ shown at `/job`); the job that takes it takes the disk (`JobDisk.move_to`)."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import functools
 import json
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from service.core.settings import Settings
+from worker.disk_image import (
+    MIN_IMAGE_BYTES,
+    MIN_INODES,
+    MOUNT_OPTIONS,
+    DiskError,
+    copy_back,
+    fill_image,
+    make_image,
+    mount,
+    mounted_at,
+    run,
+    unmount,
+)
 from worker.folder import JOB_FOLDER_MAX_ENTRIES
-from worker.sandbox import SandboxError
-from worker.tree_copy import copy_tree
+from worker.mountinfo import MOUNTINFO, holding
 
 log = logging.getLogger(__name__)
 
@@ -85,93 +96,9 @@ KEPT, BACK, DROPPED, NONE = "kept", "back", "dropped", "none"
 """What `settle` did with an image an earlier attempt left."""
 DISKS = "disks"
 """The images' folder, in `TOWERQ_VAR_DIR`."""
-MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
-"""`noinit_itable`: the image is a fresh sparse file, its inode tables already zeros; the
-kernel's lazy initialisation would only write them out."""
-BYTES_PER_INODE = 16_384
-MIN_INODES = 1_024
-MIN_IMAGE_BYTES = 4 * 2**20
-"""mkfs.ext4's smallest useful filesystem, with room for its own metadata."""
 FULL_BELOW = 2**20
 """A disk with less room than this (or 1 % of its size) is full: ext4 keeps its last blocks
 for its own metadata, so a disk a job filled rarely shows 0."""
-
-
-class DiskError(SandboxError):
-    """A job's folder could not be put on (or brought back from) a disk of its own."""
-
-
-def _run(command: list[str], what: str) -> None:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise DiskError(f"{what}: {err}") from err
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
-        raise DiskError(f"{what}: {said[-1] if said else f'exit {done.returncode}'}")
-
-
-def _mount(image: Path, where: Path, options: str) -> None:
-    _run(["mount", "-t", "ext4", "-o", options, str(image), str(where)], f"mounting {image.name}")
-
-
-def _unmount(where: Path) -> None:
-    """Unmount `where` (lazily when something, such as the API serving a download, still
-    reads it: the loop device goes with its last reader)."""
-    try:
-        _run(["umount", str(where)], f"unmounting {where}")
-    except DiskError:
-        _run(["umount", "--lazy", str(where)], f"unmounting {where}")
-
-
-@contextlib.contextmanager
-def _mounted(image: Path, where: Path, options: str) -> Iterator[Path]:
-    """`image` mounted at the folder `where` (made for it, and removed after) for the block's
-    time; a mount left there by a worker that died goes first."""
-    where.mkdir(mode=0o700, exist_ok=True)
-    if os.path.ismount(where):
-        _unmount(where)
-    _mount(image, where, options)
-    try:
-        yield where
-    finally:
-        _unmount(where)
-        where.rmdir()
-
-
-def inodes_for(size: int, max_entries: int) -> int:
-    return max(MIN_INODES, min(max_entries, size // BYTES_PER_INODE))
-
-
-def make_image(image: Path, size: int, max_entries: int) -> None:
-    """An empty sparse ext4 image of `size` bytes."""
-    with open(image, "wb") as made:
-        made.truncate(max(size, MIN_IMAGE_BYTES))
-    command = ["mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "^has_journal", "-m", "0"]
-    command += ["-N", str(inodes_for(size, max_entries))]  # 4 KiB blocks: a small one's 1 KiB caps a file at 16 GiB
-    command += ["-E", "lazy_itable_init=1,nodiscard", str(image)]
-    try:
-        _run(command, f"making {image.name}")
-    except DiskError:
-        image.unlink(missing_ok=True)
-        raise
-
-
-def fill_image(image: Path, contents: Path, seen: Path, size: int) -> None:
-    """Copy what `contents` holds into `image`, mounted at `seen` meanwhile (`copy_tree`:
-    `mkfs.ext4 -d` took 1.6 times as long for a 1 GB folder; `bench/job_disk.py`).
-    DiskError when it does not fit."""
-    with _mounted(image, seen, MOUNT_OPTIONS):
-        try:
-            with contextlib.suppress(OSError):
-                (seen / "lost+found").rmdir()  # ext4's own: not the job's
-            copy_tree(contents, seen)
-        except OSError as err:
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskError(
-                    f"its folder does not fit a disk of {size:,} bytes (TOWERQ_JOB_FOLDER_MAX_BYTES)"
-                ) from err
-            raise DiskError(f"copying its folder onto its disk: {err}") from err
 
 
 @functools.cache
@@ -186,7 +113,7 @@ def images_work(var_dir: Path) -> str | None:
         probe = Path(name)
         try:
             make_image(probe / "probe.img", MIN_IMAGE_BYTES, MIN_INODES)
-            with _mounted(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS):
+            with mounted_at(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS):
                 pass
         except DiskError as err:
             return f"a loop-mounted image does not work here ({err})"
@@ -208,22 +135,11 @@ NETWORK_FILESYSTEMS = frozenset(
 """Filesystems other hosts may write (and any FUSE one: sshfs, s3fs, JuiceFS...)."""
 
 
-def network_storage(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+def network_storage(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
     """The type of `path`'s filesystem where it is network storage (`NETWORK_FILESYSTEMS`),
     read from the mount that holds it in `mountinfo`; else None."""
-    path = path.resolve()
-    best, kind = -1, ""
-    try:
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if "-" not in fields[6:]:
-            continue
-        where = Path(fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\"))
-        if (where == path or where in path.parents) and len(where.parts) > best:
-            best, kind = len(where.parts), fields[fields.index("-", 6) + 1]
+    holder = holding(path, mountinfo)
+    kind = holder.kind if holder is not None else ""
     return kind if kind in NETWORK_FILESYSTEMS or kind.startswith("fuse") else None
 
 
@@ -326,7 +242,7 @@ class JobDisk:
         make_image(image, size, max_entries)
         try:
             fill_image(image, self.folder, _beside(self.disks, self.folder.name, ".mnt"), size)
-            _mount(image, self.folder, MOUNT_OPTIONS)
+            mount(image, self.folder, MOUNT_OPTIONS)
         except DiskError:
             image.unlink(missing_ok=True)
             raise
@@ -342,13 +258,13 @@ class JobDisk:
             job.folder.mkdir(mode=0o700)
             job._record()
             showing = f"showing a warm trainer's disk as {job.folder}"
-            _run(["mount", "--bind", str(self.folder), str(job.folder)], showing)
+            run(["mount", "--bind", str(self.folder), str(job.folder)], showing)
             image_of(self.folder, self.disks).rename(image_of(job.folder, self.disks))
-            _unmount(self.folder)
+            unmount(self.folder)
         except (OSError, DiskError) as err:
             with contextlib.suppress(DiskError):
                 if os.path.ismount(job.folder):
-                    _unmount(job.folder)
+                    unmount(job.folder)
             raise DiskError(f"a warm trainer's disk could not become job folder {job.folder.name}'s: {err}") from err
         _beside(self.disks, self.folder.name, ".folder").unlink(missing_ok=True)
         job.size, job.mounted = self.size, True
@@ -374,7 +290,7 @@ class JobDisk:
             return
         try:
             if os.path.ismount(self.folder):
-                _unmount(self.folder)
+                unmount(self.folder)
             image_of(self.folder, self.disks).unlink(missing_ok=True)
             _beside(self.disks, self.folder.name, ".folder").unlink(missing_ok=True)
         except (DiskError, OSError):
@@ -486,30 +402,12 @@ def _unlock(disks: Path, name: str, lock: int) -> None:
 
 def bring_back(folder: Path, disks: Path) -> None:
     """Copy what the image of `folder` holds back into `folder`, replacing what was there,
-    and remove the image; nothing when there is none. The caller holds the job's lock and
-    no process of the job is left. Read where it is mounted over the folder (the attempt's
-    own mount, or one a worker that died left), then unmounted: a reader that holds a file
-    there (the API serving a download) makes the unmount lazy, and the image cannot be
-    mounted again meanwhile. An image alone (a host that rebooted) is mounted read only."""
+    and remove the image and its record (`disk_image.copy_back`); nothing when there is
+    none. The caller holds the job's lock and no process of the job is left."""
     image = image_of(folder, disks)
     if not image.exists():
         return
-    back = folder.parent / f".{folder.name}.back"
-    old = folder.parent / f".{folder.name}.old"
-    shutil.rmtree(back, ignore_errors=True)
-    back.mkdir(mode=0o700)
-    if os.path.ismount(folder):
-        copy_tree(folder, back)
-        _unmount(folder)
-    else:
-        with _mounted(image, _beside(disks, folder.name, ".mnt"), "ro,loop,nosuid,nodev,noexec") as seen:
-            copy_tree(seen, back)
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    back.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
-    image.unlink()
+    copy_back(image, folder, _beside(disks, folder.name, ".mnt"))
     _beside(disks, folder.name, ".folder").unlink(missing_ok=True)
 
 
@@ -549,7 +447,7 @@ def settle(
     said = fate(*job) if job is not None and fate is not None else ENDED
     if said == SUPERSEDED:
         if os.path.ismount(folder):
-            _unmount(folder)
+            unmount(folder)
         image.unlink()
         _beside(disks, folder.name, ".folder").unlink(missing_ok=True)
         assert job is not None
