@@ -168,3 +168,21 @@ def test_a_member_holds_a_capped_number_of_streams_over_all_their_tokens(
         refused.response.read()
         assert "TOWERQ_MAX_STREAMS_PER_MEMBER" in refused.response.json()["detail"]
         assert open_stream(held, url, make_token("bob"), "/api/stream").status_code == 200
+
+
+def test_a_stream_ends_after_its_life_though_its_keepalives_would_hold_a_reader_forever(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None]
+) -> None:
+    """A client that reads a stream to its end (no read timeout can fire: keepalives come
+    every 15 s) is let go after TOWERQ_STREAM_MAX_LIFE_S, its token asked again when it
+    reconnects; the fuzz test's streams of existing jobs hung for an hour before."""
+    url = stack.start_api(api_workers=1, stream_max_life_s=2)
+    add_host("lab-a", 4)
+    alice = make_token("alice")
+    job_id = stack.client(alice).post("/api/jobs", json=SPEC).json()["id"]
+    for path in (f"/api/jobs/{job_id}/stream", "/api/stream"):
+        started = time.monotonic()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {alice}"}, timeout=30) as client:
+            response = client.get(path)  # the whole body: returns once the server ends it
+        assert response.status_code == 200 and response.text.startswith(": connected"), path
+        assert 2 <= time.monotonic() - started < 10, f"{path}: ended after {time.monotonic() - started:.1f} s"

@@ -29,9 +29,6 @@ KEEPALIVE_S = 15.0
 RECHECK_S = 3.0
 """How often an open stream asks again whether its reader may read it (a revoked token, a
 job made private): a revoked reader reads at most this much longer."""
-MAX_LIFE_S = 3600.0
-"""A stream ends after this long; EventSource and the client reconnect, with their token
-checked afresh."""
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -43,7 +40,7 @@ gone), else whether its log lines are to be hidden now."""
 
 async def relay(request: Request, channel: str, caller: Caller, check: Check) -> AsyncIterator[str]:
     """Forward a Redis channel as SSE until the client goes away (or holds too many), the
-    stream's `check` says it may no longer be read, or it has lived `MAX_LIFE_S`."""
+    stream's `check` says it may no longer be read, or it has lived `TOWERQ_STREAM_MAX_LIFE_S`."""
     hub: StreamHub = request.app.state.hub
     slots: StreamSlots = request.app.state.stream_slots
     hide_logs = await check()
@@ -64,12 +61,13 @@ async def _forward(
     hide_logs: bool,
 ) -> AsyncIterator[str]:
     opened = last_check = last_sent = time.monotonic()
+    life_s = request.app.state.context.settings.stream_max_life_s
     try:
         async with hub.subscribe(channel) as queue:
             yield ": connected\n\n"
             while not hub.ending and not await request.is_disconnected():
                 now = time.monotonic()
-                if now - opened >= MAX_LIFE_S:
+                if now - opened >= life_s:
                     return  # the client reconnects, and is asked for its token again
                 if now - last_check >= RECHECK_S:
                     last_check = now
@@ -78,7 +76,7 @@ async def _forward(
                         return
                     hide_logs = still
                 try:
-                    kind, data = await asyncio.wait_for(queue.get(), RECHECK_S)
+                    kind, data = await asyncio.wait_for(queue.get(), min(RECHECK_S, opened + life_s - now))
                 except TimeoutError:
                     if time.monotonic() - last_sent >= KEEPALIVE_S:
                         await slots.refresh(caller.token_id, caller.user_id, slot)
