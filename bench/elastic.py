@@ -9,7 +9,9 @@ n × 0.9^log2(n) (Horovod's ~90 % per doubling at 25 GbE), and each resize costs
 `STOP_COST_S` (a checkpoint and a restart: `service.scheduler.elastic`). Printed per trace:
 avg JCT and max wait as ratios to the replay without elastic jobs (the issue's goal: at most
 0.8× and at most 1.0×), GPU utilisation, resizes per elastic job, and the policy's CPU time
-per pass (p99 / max over the replay). Then one pass over 5,000 queued jobs with every GPU
+per pass (p99 / max over the replay), and beside them, as the same ratio, a clairvoyant
+reference (`bench/ideal.py`: every run time known, no hosts to fit in, stops for free) for
+what any scheduler could hope for on the trace. Then one pass over 5,000 queued jobs with every GPU
 held by elastic jobs that may be shrunk (the most a pass looks at), against the same pass
 with rigid jobs: the goal is 20 ms p99 / 50 ms max.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.ideal import ideal_avg_jct  # noqa: E402
 from bench.scheduler_trace import GPUS_PER_HOST, HOSTS, SLICE_GPU_S, TRACE, bootstrap  # noqa: E402
 from bench.trace_families import FAMILIES  # noqa: E402
 from bench.trace_families import GPUS_PER_HOST as FAMILY_GPUS_PER_HOST  # noqa: E402
@@ -67,6 +70,8 @@ def replay(work: tuple[str, int, float]) -> tuple[str, int, float, dict]:
             job.id = i
     config = PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
     result = simulate(copy.deepcopy(sample), hosts, per_host, Policy.TOWERQ, config=config, elastic=share)
+    if share == 0.0:
+        result["ideal_avg_jct_s"] = ideal_avg_jct(sample, hosts * per_host)
     return family, seed, share, result
 
 
@@ -134,14 +139,17 @@ def report(traces: list[tuple[str, int]], workers: int) -> None:
     print("ratios to the same trace with no job elastic")
     print(
         f"{'trace':<20}{'share':>6}{'avg JCT':>9}{'max wait':>10}{'util':>12}{'resizes/job':>13}"
-        f"{'pass p99/max ms (none elastic)':>32}"
+        f"{'pass p99/max ms (none elastic)':>32}{'ideal':>7}"
     )
     met = {share: 0 for share in SHARES[1:]}
     worse = {share: 0 for share in SHARES[1:]}
     waits = {share: 0 for share in SHARES[1:]}
     ratios: dict[float, list[float]] = {share: [] for share in SHARES[1:]}
+    ideals = []
     for family, seed in traces:
         base = results[(family, seed, 0.0)]
+        ideal = base["ideal_avg_jct_s"] / base["avg_jct_s"]
+        ideals.append(ideal)
         for share in SHARES[1:]:
             got = results[(family, seed, share)]
             jct = got["avg_jct_s"] / base["avg_jct_s"]
@@ -156,6 +164,7 @@ def report(traces: list[tuple[str, int]], workers: int) -> None:
             cpu += f" ({base['p99_pass_cpu_ms']:.1f}/{base['max_pass_cpu_ms']:.1f})"
             print(
                 f"{name:<20}{share:>6.1f}{jct:>9.3f}{wait:>10.3f}{util:>12}{got['resizes_per_elastic_job']:>13.2f}{cpu:>32}"
+                f"{ideal:>7.3f}"
             )
     for share in SHARES[1:]:
         print(
@@ -164,6 +173,10 @@ def report(traces: list[tuple[str, int]], workers: int) -> None:
             f"(max wait on {waits[share]}); "
             f"goal (avg JCT <= {JCT_GOAL}, max wait <= {WAIT_GOAL}) met on {met[share]} of {len(traces)}"
         )
+    print(
+        f"clairvoyant reference (bench/ideal.py): avg JCT ratio mean {statistics.mean(ideals):.3f}, "
+        f"{min(ideals):.3f}-{max(ideals):.3f}"
+    )
 
 
 if __name__ == "__main__":
