@@ -25,7 +25,10 @@ LONG = {
     "model": "mlp",
     "dataset": "digits",
     "gpus": [0],
-    "hyperparameters": {"steps": 100000, "batch_size": 16, "log_every": 10, "checkpoint_every": 500},
+    # Never ends on its own within a test: 100,000 steps of the digits MLP ended within two
+    # minutes, while the second job's trainer was still starting on a loaded machine
+    # (test_worker_shutdown_... found the first job succeeded).
+    "hyperparameters": {"steps": 10_000_000, "batch_size": 16, "log_every": 10, "checkpoint_every": 500},
 }
 
 
