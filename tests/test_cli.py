@@ -113,7 +113,7 @@ def test_login_follow_exit_codes_and_json(
     assert "failed" in failing.stdout and "broken on purpose" in failing.stdout
 
     # A job cancelled while followed: exit 3.
-    long_spec = json.dumps({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 100000}})
+    long_spec = json.dumps({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 10_000_000}})
     follower = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "submit", "-", "--follow"],
         stdin=subprocess.PIPE,

@@ -133,7 +133,7 @@ def test_a_killed_rank_sends_the_whole_job_back_and_it_resumes_then_a_cancel_sto
     with no train step twice or missing. Then a cancel stops both ranks after one
     checkpoint and frees every GPU."""
     client = two_hosts(stack, make_token("alice"))
-    hyper = {"steps": 100_000, "batch_size": 4, "log_every": 10, "checkpoint_every": 50}
+    hyper = {"steps": 10_000_000, "batch_size": 4, "log_every": 10, "checkpoint_every": 50}
     job_id = client.post("/api/jobs", json={**QUICK, "gpu_count": 4, "hyperparameters": hyper}).json()["id"]
     wait_for(lambda: max(train_steps(client, job_id), default=0) >= 120, 300, "attempt 1 past its first checkpoints")
     victim = wait_for(lambda: rank_trainer(stack, 1, 1), 10, "rank 1's trainer")

@@ -134,7 +134,7 @@ def test_a_sandboxed_trainer_still_checkpoints_when_stopped(stack: Stack, make_t
     stack.start_worker("lab-a", 1)
     client = stack.client(make_token("alice"))
     wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
-    spec = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 100000, "log_every": 10}}
+    spec = {"model": "mlp", "dataset": "digits", "gpus": [0], "hyperparameters": {"steps": 10_000_000, "log_every": 10}}
     job_id = client.post("/api/jobs", json=spec).json()["id"]
     wait_for(lambda: (client.get(f"/api/jobs/{job_id}").json()["step"] or 0) >= 20, 120, "the job to train")
     client.post(f"/api/jobs/{job_id}/cancel")

@@ -74,7 +74,7 @@ def test_a_job_that_keeps_crashing_fails_after_max_attempts(stack: Stack, make_t
         "dataset": "digits",
         "gpu_count": 1,
         "max_attempts": 2,
-        "hyperparameters": {"steps": 100000, "log_every": 10, "checkpoint_every": 100},
+        "hyperparameters": {"steps": 10_000_000, "log_every": 10, "checkpoint_every": 100},
     }
     job_id = client.post("/api/jobs", json=spec).json()["id"]
     for attempt in (1, 2):

@@ -21,7 +21,7 @@ LONG = {
     "model": "mlp",
     "dataset": "digits",
     "gpus": [0],
-    "hyperparameters": {"steps": 100000, "batch_size": 16, "log_every": 10, "checkpoint_every": 200},
+    "hyperparameters": {"steps": 10_000_000, "batch_size": 16, "log_every": 10, "checkpoint_every": 200},
 }
 
 
