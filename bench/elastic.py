@@ -11,9 +11,9 @@ avg JCT and max wait as ratios to the replay without elastic jobs (the issue's g
 0.8× and at most 1.0×), GPU utilisation, resizes per elastic job, and the policy's CPU time
 per pass (p99 / max over the replay), and beside them, as the same ratio, a clairvoyant
 reference (`bench/ideal.py`: every run time known, no hosts to fit in, stops for free) for
-what any scheduler could hope for on the trace. Then one pass over 5,000 queued jobs with every GPU
-held by elastic jobs that may be shrunk (the most a pass looks at), against the same pass
-with rigid jobs: the goal is 20 ms p99 / 50 ms max.
+what a scheduler could hope for on the trace. Then one pass over 5,000 queued jobs with
+every GPU held by elastic jobs that may be shrunk (the most a pass looks at), against the
+same pass with rigid jobs: the goal is 20 ms p99 / 50 ms max.
 
 `--families N` replays instead the trace families of `bench/trace_families.py` (N seeds
 each; 64 GPUs, 8 hosts x 8), the same three ways; `--pass-only` times only the pass.

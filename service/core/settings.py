@@ -224,8 +224,8 @@ class Settings(BaseSettings):
     stream_max_life_s: float = Field(default=3600.0, gt=0)
     """A live stream ends after this long and its client reconnects, its token checked afresh
     (EventSource and `towerq logs -f` do so on their own). Shorter behind a proxy that cuts
-    long responses; the API's fuzz test sets a few seconds, as a client that reads a stream
-    to its end (its keepalives reset any read timeout) would otherwise wait an hour."""
+    long responses. The API's fuzz test sets one second: a client that reads a stream to its
+    end (its keepalives reset any read timeout) would otherwise wait an hour."""
     max_tokens_per_member: int = Field(default=20, ge=1)
     """Live (not revoked) API tokens one member may hold; past it a new one is refused (429)
     until they revoke one (`towerq tokens revoke ID`)."""
