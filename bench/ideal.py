@@ -21,7 +21,6 @@ Usage: `python bench/ideal.py` (the Philly window and 3 bootstraps; seconds).
 
 from __future__ import annotations
 
-import heapq
 import math
 import sys
 from pathlib import Path
@@ -48,7 +47,7 @@ def ideal_avg_jct(jobs: list[TraceJob], gpus: int) -> float:
             job = arrivals.pop()
             left[job.id] = job.run_s
         room, running = gpus, []
-        for job_id in heapq.nsmallest(len(left), left, key=lambda k: (left[k] * size[k], k)):
+        for job_id in sorted(left, key=lambda k: (left[k] * size[k], k)):
             if size[job_id] <= room:
                 running.append(job_id)
                 room -= size[job_id]

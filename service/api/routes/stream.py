@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import CallerDep, DatabaseDep
+from service.api.deps import CallerDep, DatabaseDep, SettingsDep
 from service.api.hub import END, StreamHub, StreamSlots
 from service.core import keys
 from service.core.db import Database
@@ -38,16 +38,17 @@ Check = Callable[[], Awaitable[bool | None]]
 gone), else whether its log lines are to be hidden now."""
 
 
-async def relay(request: Request, channel: str, caller: Caller, check: Check) -> AsyncIterator[str]:
+async def relay(request: Request, channel: str, caller: Caller, check: Check, life_s: float) -> AsyncIterator[str]:
     """Forward a Redis channel as SSE until the client goes away (or holds too many), the
-    stream's `check` says it may no longer be read, or it has lived `TOWERQ_STREAM_MAX_LIFE_S`."""
+    stream's `check` says it may no longer be read, or it has lived `life_s`
+    (`TOWERQ_STREAM_MAX_LIFE_S`)."""
     hub: StreamHub = request.app.state.hub
     slots: StreamSlots = request.app.state.stream_slots
     hide_logs = await check()
     if hide_logs is None:
         raise AuthError("token revoked")
     slot = await slots.take(caller.token_id, caller.user_id)
-    return _forward(request, hub, slots, channel, caller, slot, check, hide_logs)
+    return _forward(request, hub, slots, channel, caller, slot, check, hide_logs, life_s)
 
 
 async def _forward(
@@ -59,9 +60,9 @@ async def _forward(
     slot: str,
     check: Check,
     hide_logs: bool,
+    life_s: float,
 ) -> AsyncIterator[str]:
     opened = last_check = last_sent = time.monotonic()
-    life_s = request.app.state.context.settings.stream_max_life_s
     try:
         async with hub.subscribe(channel) as queue:
             yield ": connected\n\n"
@@ -109,7 +110,9 @@ def _without_error_text(data: str) -> str:
 
 
 @router.get("/api/jobs/{job_id}/stream")
-async def job_stream(job_id: JobId, request: Request, db: DatabaseDep, caller: CallerDep) -> StreamingResponse:
+async def job_stream(
+    job_id: JobId, request: Request, db: DatabaseDep, caller: CallerDep, settings: SettingsDep
+) -> StreamingResponse:
     """SSE: `metric`, `eval`, `state`, `log` events of one job as they happen."""
     # A session of its own per check, closed at once: a session from a dependency would be
     # held (a pooled connection, an open read snapshot) for as long as the page stays open.
@@ -118,7 +121,7 @@ async def job_stream(job_id: JobId, request: Request, db: DatabaseDep, caller: C
         return await run_in_threadpool(_hides_logs, db, job_id, caller.token_id)
 
     await run_in_threadpool(_exists, db, job_id)  # 404 naming it, not the "token revoked" of a job gone later
-    events = await relay(request, keys.job_channel(job_id), caller, check)
+    events = await relay(request, keys.job_channel(job_id), caller, check, settings.stream_max_life_s)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -146,11 +149,11 @@ def _token_live(db: Database, token_id: int) -> bool | None:
 
 
 @router.get("/api/stream")
-async def jobs_stream(request: Request, db: DatabaseDep, caller: CallerDep) -> StreamingResponse:
+async def jobs_stream(request: Request, db: DatabaseDep, caller: CallerDep, settings: SettingsDep) -> StreamingResponse:
     """SSE: `state` events of every job, for live lists."""
 
     async def check() -> bool | None:
         return await run_in_threadpool(_token_live, db, caller.token_id)
 
-    events = await relay(request, keys.JOBS_CHANNEL, caller, check)
+    events = await relay(request, keys.JOBS_CHANNEL, caller, check, settings.stream_max_life_s)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)

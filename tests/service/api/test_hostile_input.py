@@ -115,8 +115,8 @@ def live_api(
     settings_for_live: Settings, tmp_path, make_token: Callable[..., str], add_host
 ) -> Iterator[tuple[str, str]]:
     stack = Stack(settings_for_live, tmp_path)
-    # A generated request for the stream of a job that exists reads it to its end: a few
-    # seconds here, not the hour a stream lives by default (its keepalives reset the
+    # A generated request for the stream of a job that exists reads it to its end: a
+    # second here, not the hour a stream lives by default (its keepalives reset the
     # fuzzer's read timeout); tests/security/test_streams.py has the life's own test.
     url = stack.start_api(stream_max_life_s=1)
     add_host("lab-a", 4)
