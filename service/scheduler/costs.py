@@ -21,10 +21,18 @@ slice or size pays for it at least ten times over."""
 
 def sliceable_from(running: RunningJob, slice_gpu_s: float) -> float:
     """When time slicing (after `slice_gpu_s`) may first stop this attempt: once the job has
-    served its slice, and the attempt has run `MIN_RUN_S` and as long as the earlier ones.
-    A job over several hosts serves on all of them at once (`whole_load`)."""
+    served its slice, the attempt has run `MIN_RUN_S`, and the job's run (since it last left
+    the queue) has served as much as it had before the run. For a job whose attempt is its
+    run, that is: the attempt has run as long as the earlier ones. An elastic job's resize
+    starts a new attempt but goes on with the run (`RunningJob.run_served_gpu_s`): counted
+    from the resize, a job shrunk from 8 GPUs to 1 would have to run eight times its earlier
+    time again, and one resized every `MIN_RUN_S` would never be sliced. A job over several
+    hosts serves on all of them at once (`whole_load`)."""
     load = running.whole_load
     if load <= 0:
         return INFINITY
-    to_serve = (slice_gpu_s - running.served_gpu_s) / load
-    return running.started + max(to_serve, MIN_RUN_S, running.served_gpu_s / load)
+    served = running.served_gpu_s
+    before = served if running.run_served_gpu_s is None else running.run_served_gpu_s
+    to_serve = (slice_gpu_s - served) / load
+    doubled = (2 * before - served) / load
+    return running.started + max(to_serve, MIN_RUN_S, doubled)

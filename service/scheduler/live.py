@@ -131,7 +131,8 @@ class LiveScheduler:
                 self._serialize(session)
                 stops = stop_reasons(decision, cluster, now.timestamp())
                 commit = Decision(resized + decision.placements, preempt=decision.preempt, reclaim=decision.reclaim)
-                stopping = self._commit(session, commit, by_id, stops, report)
+                continued = {p.job_id for p in resized}
+                stopping = self._commit(session, commit, by_id, stops, continued, report)
                 report.resized, resizing = request_resizes(session, decision, cluster)
                 stopping += resizing
         for job_id, attempt, host, rank in report.repairs.resend:
@@ -171,12 +172,15 @@ class LiveScheduler:
         decision: Decision,
         queued: dict[int, QueuedJob],
         stops: dict[int, str],
+        continued: set[int],
         report: PassReport,
     ) -> list[PreemptMessage]:
         """Write the decision, re-checking in this transaction what the snapshot (read
         outside it) said: each job still queued, each GPU still up, undrained and with
         room. A placement that no longer holds is left to the next pass, so whatever
-        happened meanwhile, no GPU is ever given more than it has."""
+        happened meanwhile, no GPU is ever given more than it has. A placement in `continued`
+        goes on with its job's run (a resized elastic job's); every other one begins a run,
+        from what its job has served so far (time slicing counts from there)."""
         room = free_room(session, {(host, i) for p in decision.placements for host, ids in p.slots for i in ids})
         for placement in decision.placements:
             job = session.scalars(select(Job).where(Job.id == placement.job_id).with_for_update()).one_or_none()
@@ -189,6 +193,8 @@ class LiveScheduler:
             ):
                 continue
             dispatch(session, job, placement.host, [room[g][0] for g in wanted], fraction)
+            if placement.job_id not in continued:
+                job.run_served_gpu_s = queued[placement.job_id].served_gpu_s
             for gpu in wanted:
                 room[gpu] = (room[gpu][0], room[gpu][1] - fraction)
             for host, ids in placement.slots:  # a job over several hosts: a launch on each, rank by rank

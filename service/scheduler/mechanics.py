@@ -14,8 +14,9 @@ policy that stops jobs, choosing the victims of preemption and time slicing.
 - Time slicing (`demote_after_gpu_s` > 0): a fresh job that cannot start may stop jobs of
   its priority or lower that have had their slice, the most served first, when the stop
   pays (`_slice_victims`). An attempt is never stopped before it has run `MIN_RUN_S` and as
-  long as all the job's earlier attempts together (`sliceable_from`), so slices double and
-  a job is stopped at most about log2(its run time / the threshold) times.
+  long as all the job's earlier attempts together (`sliceable_from`; an elastic job's
+  resizes go on with its run), so slices double and a job is stopped at most about
+  log2(its run time / the threshold) times.
 - Elastic jobs (`service.scheduler.elastic`): before anything is stopped for a job that does
   not fit, an elastic one may start on fewer GPUs, and any may shrink elastic jobs for room;
   after the pass, elastic jobs below their size may grow onto idle GPUs.
@@ -239,7 +240,7 @@ class Pass:
     def _may_slice(self, running: RunningJob) -> bool:
         """(Time slicing on.) The job is not stopping, it has had its first
         `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
-        all its earlier attempts together."""
+        all its earlier attempts together (`sliceable_from`)."""
         if not running.stoppable or running.stopping:
             return False
         return self.now >= sliceable_from(running, self.config.demote_after_gpu_s)

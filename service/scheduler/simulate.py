@@ -232,7 +232,9 @@ class _Run:
     def resize(self, job: TraceJob, host: str | None, indices: tuple[int, ...], now: float) -> None:
         """An elastic job stops at a checkpoint and starts again from it on `indices` of its
         host (or of `host`): what it trained so far is counted at its old size's rate, and
-        the new attempt pays `STOP_COST_S` (the checkpoint and the restart) on the new GPUs."""
+        the new attempt pays `STOP_COST_S` (the checkpoint and the restart) on the new GPUs.
+        The new attempt goes on with the job's run (`run_served_gpu_s` is kept), as time
+        slicing counts it."""
         state = self.state
         part = state.sim.parts[job.id][0]
         ran = now - part.started
@@ -315,6 +317,7 @@ def _start(state: SimState, job: TraceJob, slots: list[tuple[str, tuple[int, ...
             estimate_s=queued.estimate_s,
             typical_s=queued.typical_s,
             served_gpu_s=job.served,
+            run_served_gpu_s=job.served,
             group=job.group,
             job_gpu_load=job.gpu_count * queued.fraction if len(slots) > 1 else None,
             min_gpu_count=job.min_gpu_count if elastic else None,

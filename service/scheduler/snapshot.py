@@ -155,6 +155,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.gpu_count,
             Job.min_gpu_count,
             Job.resize_to,
+            Job.run_served_gpu_s,
             Job.state,
             Job.step,
             Job.step_at,
@@ -193,6 +194,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 stoppable=stoppable(r.spec),
                 min_gpu_count=r.min_gpu_count,
                 full_gpu_count=r.gpu_count if r.min_gpu_count is not None else None,
+                run_served_gpu_s=r.run_served_gpu_s,
                 shrinking_for=(r.resize_to or {}).get("for"),
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )

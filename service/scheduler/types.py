@@ -107,6 +107,9 @@ class RunningJob:
     min_gpu_count: int | None = None
     full_gpu_count: int | None = None
     """An elastic job's least and full size (`QueuedJob.min_gpu_count`); None: not elastic."""
+    run_served_gpu_s: float | None = None
+    """GPU-seconds the job had served when this run began: when it last left the queue (an
+    elastic job's resize starts a new attempt but not a new run); None: `served_gpu_s`."""
     shrinking_for: int | None = None
     """Live: an elastic job stopping to restart on fewer GPUs (`Decision.shrink`) for this
     queued job, which waits for the GPUs it gives up; None: not shrinking."""

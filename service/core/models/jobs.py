@@ -56,6 +56,11 @@ class Job(Base):
     """An elastic job the scheduler stopped to resize: `{"host", "gpus", "for"}`, the GPUs its
     next attempt starts on (as many of them as are free then, at least its minimum) and the
     job a shrink made room for (None: it grows). Cleared when it is dispatched again."""
+    run_served_gpu_s: Mapped[float | None] = mapped_column(Float, default=None)
+    """GPU-seconds the job had served when its current run began, the last time it left the
+    queue: an elastic job's resize starts a new attempt but goes on with the run, and time
+    slicing counts the run (`service.scheduler.costs.sliceable_from`). None: never set
+    (a row from before it was kept)."""
     resumed_steps: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     """The step each resumed attempt started from, by attempt number (`{"2": 1200}`): where
     its job page's charts mark the attempt (a resize, a preemption, a crash)."""

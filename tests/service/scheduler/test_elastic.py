@@ -9,7 +9,7 @@ import pytest
 
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.elastic import rate, speed
-from tests.service.scheduler.test_policy import HIGH, NOW, cluster, job, placed, run, running
+from tests.service.scheduler.test_policy import HIGH, HOUR, NOW, cluster, job, placed, run, running
 
 
 def elastic_running(job_id: int, host: str, indices: tuple[int, ...], full: int, **kw: object):
@@ -79,3 +79,22 @@ def test_an_elastic_job_grows_by_moving_to_a_host_with_more_idle_gpus() -> None:
     small = elastic_running(5, "lab-a", (0,), full=4)
     busy = cluster(4, 4, running=[small, running(9, "lab-a", (1, 2, 3))])
     assert run([], busy).grow == {5: ("lab-b", (0, 1, 2, 3))}
+
+
+def test_resizes_do_not_keep_an_elastic_job_from_time_slicing() -> None:
+    """Each resize starts a new attempt, and time slicing stopped an attempt only once it had
+    run as long as the earlier ones at its present size: a job shrunk from 4 GPUs to 1 after
+    3 hours had 12 more hours to run before it could be sliced, and one resized every
+    `MIN_RUN_S` never could (in the simulator, half of the elastic jobs on the Philly window
+    made its whole-host gangs wait longer than with none elastic). Slicing counts the run,
+    since the job last left the queue (`run_served_gpu_s`), across its resizes."""
+    rigid = [running(100 + i, "lab-a", (i,), started=NOW - 60) for i in (1, 2, 3)]
+
+    def sliced(**kw: object) -> bool:
+        shrunk = elastic_running(5, "lab-a", (0,), full=4, started=NOW - MIN_RUN_S - 1, served_gpu_s=4 * 3 * HOUR, **kw)
+        decision = run([job(1)], cluster(4, running=[shrunk, *rigid]), demote_after_gpu_s=HOUR)
+        return decision.preempt == {5: 1}
+
+    assert sliced(run_served_gpu_s=0.0), "its run has served 12 GPU-hours: it has had its slice"
+    assert not sliced(run_served_gpu_s=8 * HOUR), "its run has served 4 of the 8 GPU-hours before it: not yet"
+    assert not sliced(), "as before for a job whose attempt is its run: 12 hours more on 1 GPU"

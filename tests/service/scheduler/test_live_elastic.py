@@ -18,6 +18,7 @@ from service.jobs.read import job_detail
 from service.lab.auth import Caller
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.live import LiveScheduler
+from service.scheduler.snapshot import read_cluster
 from tests.service.scheduler.test_live import backdate_allocations, job_row, over_committed, submit_job
 
 
@@ -71,6 +72,7 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
     add_host("lab-a", 4)
     elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
     LiveScheduler(ctx).run_pass()
+    assert job_row(ctx, elastic).run_served_gpu_s == 0.0, "its run begins"
     running(ctx, elastic)
     waiting = submit_job(ctx, caller("alice"), gpu_count=2)
     report = LiveScheduler(ctx).run_pass()
@@ -106,7 +108,12 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
     assert (held(ctx, elastic), held(ctx, waiting)) == ([0, 1], [2, 3])
     assert job_row(ctx, late).state == JobState.QUEUED
     job = job_row(ctx, elastic)
-    assert (job.attempts, job.crashes, job.resize_to) == (2, 0, None)
+    assert (job.attempts, job.crashes, job.resize_to, job.run_served_gpu_s) == (2, 0, None, 0.0)
+    with ctx.db.read() as session:
+        (part,) = [r for r in read_cluster(session)[0].running if r.id == elastic]
+    assert part.served_gpu_s >= 4 * (MIN_RUN_S + 60) and part.run_served_gpu_s == 0.0, (
+        "the resize goes on with its run: time slicing counts the run from its first start (sliceable_from)"
+    )
     assert messages(ctx, elastic)[-2:] == [
         f"shrinking to 2 of 4 GPUs for job {waiting}: it restarts on GPUs 0,1 of lab-a from its checkpoint",
         "GPUs 0,1 on lab-a (2 of 4 GPUs, elastic)",
