@@ -34,15 +34,23 @@ class Target:
 
     host: str
     gpus: tuple[int, ...]
+    run_served_gpu_s: float | None = None
+    """What the job had served when its run began (`Job.run_served_gpu_s`): the resize goes on
+    with the run."""
 
 
 def read_targets(session: Session) -> dict[int, Target]:
     """The queued jobs a resize stopped, and where each starts next."""
-    rows = session.execute(select(Job.id, Job.resize_to).where(Job.state == JobState.QUEUED, Job.resize_to.isnot(None)))
+    rows = session.execute(
+        select(Job.id, Job.resize_to, Job.run_served_gpu_s).where(
+            Job.state == JobState.QUEUED, Job.resize_to.isnot(None)
+        )
+    )
     targets = {}
-    for job_id, resize_to in rows:
+    for job_id, resize_to, run_served in rows:
         if isinstance(resize_to, dict) and isinstance(resize_to.get("host"), str):
-            targets[job_id] = Target(resize_to["host"], tuple(int(i) for i in resize_to.get("gpus") or ()))
+            gpus = tuple(int(i) for i in resize_to.get("gpus") or ())
+            targets[job_id] = Target(resize_to["host"], gpus, run_served)
     return targets
 
 
@@ -83,6 +91,7 @@ def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, 
                 group=job.group,
                 min_gpu_count=job.min_gpu_count,
                 full_gpu_count=job.gpu_count,
+                run_served_gpu_s=target.run_served_gpu_s,
             )
         )
         placements.append(Placement(job.id, [(host.name, indices)]))

@@ -5,6 +5,7 @@ at a checkpoint and a start on its new GPUs, which the pass gives it before anyo
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from sqlalchemy import select
@@ -18,7 +19,8 @@ from service.jobs.read import job_detail
 from service.lab.auth import Caller
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.live import LiveScheduler
-from service.scheduler.snapshot import read_cluster
+from service.scheduler.resize import place_resized, read_targets
+from service.scheduler.snapshot import read_cluster, read_queued
 from tests.service.scheduler.test_live import backdate_allocations, job_row, over_committed, submit_job
 
 
@@ -102,6 +104,15 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
     )
 
     stopped_at_its_checkpoint(ctx, elastic)
+    with ctx.db.read() as session:
+        queued, _ = read_queued(session)
+        cluster, _ = read_cluster(session)
+        targets = read_targets(session)
+    place_resized(queued, cluster, targets, time.time())
+    (again,) = [r for r in cluster.running if r.id == elastic]
+    assert (again.indices, again.run_served_gpu_s) == ((0, 1), 0.0) and again.served_gpu_s > 0, (
+        "the pass sees the resized job go on with its run"
+    )
     late = submit_job(ctx, caller("carol"), gpu_count=2)  # came after: it does not take the kept GPUs
     report = LiveScheduler(ctx).run_pass()
     assert report is not None and sorted(p[0] for p in report.placed) == sorted([elastic, waiting])
