@@ -8,16 +8,18 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
+import service.scheduler.simulate as simulator
 from service.scheduler.costs import CHECKPOINT_S, RESTART_S, STOP_COST_S
 from service.scheduler.elastic import rate
 from service.scheduler.history import RunTimes
 from service.scheduler.simulate import simulate
 from service.scheduler.trace import TraceError, TraceJob, read_trace
-from service.scheduler.types import Policy, PolicyConfig
+from service.scheduler.types import Cluster, Decision, FairShare, Policy, PolicyConfig, QueuedJob
 
 METRICS = {
     "jobs",
@@ -392,3 +394,35 @@ def test_towerq_simulate_replays_a_share_of_jobs_as_elastic(tmp_path: Path) -> N
     assert (elastic["elastic_jobs"], elastic["grows"]) == (1, 1)
     bad = run_simulate_cli(path, "--elastic", "1.5")
     assert bad.returncode == 2 and "--elastic must be a share from 0 to 1" in bad.stderr
+
+
+def test_an_elastic_replay_never_gives_a_gpu_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator applies a pass's decision in its own order (stops, shrinks, starts,
+    grows), which holds only while the policy decides them in an order that fits it (a
+    grow that moved a job away from GPUs a later placement of the same pass took would put
+    two jobs on one GPU, and nothing would say so: the replay's figures would simply be
+    wrong). Every pass of an elastic replay with slicing (the first 1,500 Philly jobs on 2
+    hosts × 8 GPUs, every multi-GPU job elastic) sees each GPU's free part and its jobs'
+    parts add up to the whole GPU."""
+    schedule, seen, wrong = simulator.schedule, [0], []
+
+    def checked(
+        queued: Iterable[QueuedJob], cluster: Cluster, fair_share: FairShare, now: float, config: PolicyConfig
+    ) -> Decision:
+        held: dict[tuple[str, int], float] = {}
+        for running in cluster.running:
+            for i in running.indices:
+                held[(running.host, i)] = held.get((running.host, i), 0.0) + running.fraction
+        for host in cluster.hosts:
+            for i, free in enumerate(host.free):
+                if abs(free + held.get((host.name, i), 0.0) - 1.0) > 1e-6:
+                    wrong.append((now, host.name, i, free, held.get((host.name, i), 0.0)))
+        seen[0] += 1
+        return schedule(queued, cluster, fair_share, now, config)
+
+    monkeypatch.setattr(simulator, "schedule", checked)
+    result = simulate(
+        read_trace(PHILLY, limit=1500), 2, 8, Policy.TOWERQ, config=PolicyConfig(demote_after_gpu_s=3600.0), elastic=1.0
+    )
+    assert result["shrinks"] > 20 and result["grows"] > 20 and seen[0] > 1000
+    assert wrong == []
