@@ -353,12 +353,17 @@ class FreeGpus:
     def would_fit_if_freed(self, job: QueuedJob, host: str, freed: list[RunningJob]) -> tuple[int, ...] | None:
         """The GPUs `job` would get on `host` if the `freed` jobs' GPUs were free (not those
         held for another job: a GPU freed for one high-priority job is not freed twice)."""
-        after = HostCapacity(host, list(self.free[host]), self.hosts[host].unusable)
-        for running in freed:
-            after.give(running.indices, running.fraction)
-        free = after.free
-        held = {i for i, hold in self.holds.get(host, {}).items() if hold.job_id != job.id}
-        unusable = after.unusable | held | self._kept_from_job(host, job)
+        free = list(self.free[host])
+        unusable = self.hosts[host].unusable
+        for running in freed:  # as HostCapacity.give, on a copy
+            for i in running.indices:
+                if i < len(free) and i not in unusable:
+                    free[i] = min(1.0, free[i] + running.fraction)
+        holds = self.holds.get(host)
+        if holds:
+            unusable = unusable | {i for i, hold in holds.items() if hold.job_id != job.id}
+        if self.kept:
+            unusable = unusable | self._kept_from_job(host, job)
         wanted = job.indices if job.indices is not None else range(len(free))
         fitting = [i for i in wanted if i not in unusable and free[i] >= job.fraction - EPSILON]
         if job.indices is not None:

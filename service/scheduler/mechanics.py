@@ -100,6 +100,9 @@ class Pass:
         one, that needs victims with more left, finds none either)."""
         self.terms: FairShareTerms | None = None
         """The fair-share terms, where the policy ranks by them (who is above their share)."""
+        self.base_ranks: dict[int, float] = {}
+        """Each queued job's rank before fair share, by id, where the policy ranks by it
+        (`ranking.base_rank`: fixed for the pass)."""
         self._stops_jobs = stops_jobs and (config.preemption or config.demote_after_gpu_s > 0)
         """Preemption or time slicing may stop running jobs in this pass."""
         self._sliceable = (
@@ -282,7 +285,7 @@ class Pass:
         victims only get fewer and free GPUs scarcer, so a shape that found none finds none
         later in the pass either."""
         terms = self.terms
-        above_share = terms is not None and terms.used_part(job.user, job.group) > terms.owed(job.user, job.group)
+        above_share = terms is not None and terms.above_share(job.user, job.group)
         own_only = above_share and not eldest
         fresh_run = self._fresh_run_s(job)
         shape = (job.gpu_count, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
@@ -338,6 +341,8 @@ class Pass:
             fresh = sum(1 for r in freed if not self.stopping(r))
             if best is None or fresh < best[0]:
                 best = (fresh, host, indices, freed)
+                if not fresh:
+                    break  # room with no job stopped: no host does better
         return ([(best[1], best[2])], best[3]) if best else None
 
     def _victims_whole_hosts(

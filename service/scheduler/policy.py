@@ -165,7 +165,7 @@ class Towerq:
             if scheduling.consider(eldest) is Outcome.PLACED:
                 terms.started(eldest)
         config, now = scheduling.config, scheduling.now
-        for job in rank_order(scheduling.queued, terms, now, config, scheduling.whole_host):
+        for job in rank_order(scheduling.queued, terms, now, config, scheduling.whole_host, scheduling.base_ranks):
             if job.id in seen:
                 continue
             seen.add(job.id)
@@ -213,7 +213,9 @@ class Towerq:
 
     @staticmethod
     def rank_key(scheduling: Pass, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
-        rank = base_rank(job, scheduling.now, scheduling.config, scheduling.whole_host)
+        rank = scheduling.base_ranks.get(job.id)
+        if rank is None:
+            rank = base_rank(job, scheduling.now, scheduling.config, scheduling.whole_host)
         return (rank + terms.term(job.user, job.group), job.submitted, job.id)
 
     def reserve_for_rest(self, scheduling: Pass, rest: list[QueuedJob], terms: FairShareTerms) -> None:

@@ -116,14 +116,23 @@ def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, flo
 
 
 def rank_order(
-    jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig, whole_host: int
+    jobs: list[QueuedJob],
+    terms: FairShareTerms,
+    now: float,
+    config: PolicyConfig,
+    whole_host: int,
+    base_ranks: dict[int, float] | None = None,
 ) -> Iterator[QueuedJob]:
     """Jobs by rank. Within an account (a user in a group) the order never changes (waiting
     lifts all alike), so each account's jobs are sorted once and merged by a heap keyed on
-    the account's current term, which `terms.started` raises as the pass starts its jobs."""
+    the account's current term, which `terms.started` raises as the pass starts its jobs.
+    Each job's `base_rank` goes into `base_ranks` (by id) where given, for later sorts in
+    the same pass."""
     per_account: dict[Account, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
+    ranks = {} if base_ranks is None else base_ranks
     for job in jobs:
-        per_account[(job.user, job.group)].append((base_rank(job, now, config, whole_host), job.submitted, job.id, job))
+        ranks[job.id] = rank = base_rank(job, now, config, whole_host)
+        per_account[(job.user, job.group)].append((rank, job.submitted, job.id, job))
     heap = []
     for account, account_jobs in per_account.items():
         account_jobs.sort(key=_first_three)
@@ -183,12 +192,14 @@ class FairShareTerms:
         self.member_share = {g: sum(fair_share.share(u) for u in us) or 1.0 for g, us in self.members.items()}
         self.member_used = {g: max(sum(self.used[u] for u in us), DEFAULT_RUN_S) for g, us in self.members.items()}
         self._terms: dict[Account, float] = {}
+        self._above: dict[Account, bool] = {}
 
     def started(self, job: QueuedJob) -> None:
         run_s = job.typical_s if job.typical_s is not None else DEFAULT_RUN_S
         self.used[job.user] += job.gpu_count * job.fraction * run_s
         self.group_used[job.group] += job.gpu_count * job.fraction * run_s
         self._terms.clear()
+        self._above.clear()
 
     def group_owed(self, group: str | None) -> float:
         """The group's share among the groups present."""
@@ -212,6 +223,15 @@ class FairShareTerms:
         """The user's part of the use of the users present in their group (decayed, plus
         their running jobs' likely rest)."""
         return self.used[user] / self.member_used.get(group, DEFAULT_RUN_S)
+
+    def above_share(self, user: str, group: str | None = None) -> bool:
+        """The user's part of their group's use is over their share of it (kept until a
+        job starts)."""
+        key = (user, group)
+        found = self._above.get(key)
+        if found is None:
+            found = self._above[key] = self.used_part(user, group) > self.owed(user, group)
+        return found
 
     def user_term(self, user: str, group: str | None = None) -> float:
         return 1.0 - 2.0 ** (-self.used_part(user, group) / self.owed(user, group))
