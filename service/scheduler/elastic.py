@@ -113,6 +113,79 @@ def shrink_for(scheduling: Pass, job: QueuedJob) -> bool:
     return True
 
 
+def move_for(scheduling: Pass, job: QueuedJob) -> bool:
+    """Make room for `job`, which needs whole hosts and does not fit, by moving the elastic
+    jobs on the hosts that hold the fewest GPUs, each at its present size, onto idle GPUs
+    of other hosts, and place it on the hosts that frees; False when moves cannot free
+    enough hosts. A host is cleared only if every job on it may move (elastic, of `job`'s
+    priority or lower, on whole GPUs, not resized for `MIN_RUN_S`) and each of its GPUs is
+    then open to `job`; no job moves onto a host a move clears. Without it a whole-host job
+    waits for whole hosts to empty, or slices jobs that had their time slice, while idle
+    GPUs elsewhere could take the elastic jobs in its way (the moved jobs lose a restart,
+    `STOP_COST_S`, and train at the same size)."""
+    free = scheduling.free
+    size = free.largest
+    if job.gpu_count < size or job.host is not None or job.indices is not None or job.fraction < 1 - EPSILON:
+        return False
+    shape = ("move", job.gpu_count, job.priority)
+    if shape in scheduling.no_shrink:
+        return False
+    part = replace(job, gpu_count=size)
+    hosts = []
+    for position, host in enumerate(free.order):
+        on_host = free.running_on[host]
+        if len(free.free[host]) != size or not all(_may_move(scheduling, r, job) for r in on_host):
+            continue
+        indices = free.would_fit_if_freed(part, host, on_host)
+        if indices is not None:
+            hosts.append((sum(len(r.indices) for r in on_host), position, host, indices))
+    needed = -(-job.gpu_count // max(size, 1))
+    idle = {host: _idle(scheduling, host) for host in free.order if host in free.with_room}
+    cleared: list[tuple[str, tuple[int, ...]]] = []
+    moves: dict[int, tuple[RunningJob, str, tuple[int, ...]]] = {}
+    for _, _, host, indices in sorted(hosts):
+        if len(cleared) == needed:
+            break
+        if any(target == host for _, target, _ in moves.values()):
+            continue  # a job moves onto it
+        plan = _plan_moves(free.running_on[host], idle, {host, *(h for h, _ in cleared)})
+        if plan is None:
+            continue
+        cleared.append((host, indices))
+        for running, target, gpus in plan:
+            idle[target] = [i for i in idle[target] if i not in gpus]
+            moves[running.id] = (running, target, gpus)
+    if len(cleared) < needed:
+        scheduling.no_shrink.add(shape)  # later in the pass: fewer idle GPUs, fewer jobs that may move
+        return False
+    for running, target, gpus in moves.values():
+        free.give(running.host, running.indices, running.fraction)
+        free.take([(target, gpus)], running.fraction)
+        free.runs_on(running, gpus, target)
+        scheduling.decision.grow[running.id] = (target, gpus)
+        scheduling.decision.moved_for[running.id] = job.id
+    scheduling.place(job, cleared)
+    return True
+
+
+def _plan_moves(
+    running: list[RunningJob], idle: dict[str, list[int]], cleared: set[str]
+) -> list[tuple[RunningJob, str, tuple[int, ...]]] | None:
+    """Where each of `running` goes, at its size: onto the idle GPUs of the host with the
+    fewest that hold it (best fit), the largest job first; None when one cannot go."""
+    left = {host: list(gpus) for host, gpus in idle.items() if host not in cleared}
+    plan = []
+    for job in sorted(running, key=lambda r: (-len(r.indices), r.id)):
+        fits = [(len(gpus), host) for host, gpus in left.items() if len(gpus) >= len(job.indices)]
+        if not fits:
+            return None
+        _, host = min(fits)
+        gpus = tuple(left[host][: len(job.indices)])
+        left[host] = left[host][len(job.indices) :]
+        plan.append((job, host, gpus))
+    return plan
+
+
 def grow(scheduling: Pass) -> None:
     """Grow elastic jobs below their full size onto idle GPUs, the furthest below it first,
     where it pays (`_growth_pays`): on their own host, or by moving to another host where
@@ -202,6 +275,12 @@ def _may_resize(scheduling: Pass, running: RunningJob) -> bool:
         and running.id not in scheduling.decision.grow
         and scheduling.now - running.started >= MIN_RUN_S
     )
+
+
+def _may_move(scheduling: Pass, running: RunningJob, job: QueuedJob) -> bool:
+    """An elastic job that may move to another host to make room for `job`: of its priority
+    or lower, on whole GPUs."""
+    return _may_resize(scheduling, running) and running.priority >= job.priority and running.fraction >= 1 - EPSILON
 
 
 def _may_shrink(scheduling: Pass, running: RunningJob, job: QueuedJob) -> bool:

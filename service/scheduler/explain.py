@@ -103,6 +103,10 @@ def _describe_one(reason: Reason, now: float) -> str:
             host, job_ids = a
             jobs = ", ".join(f"job {j}" for j in job_ids)
             return f"shrinking elastic {jobs} on {host} to make room (each restarts from its checkpoint on fewer GPUs)"
+        case Wait.MOVING:
+            hosts, job_ids = a
+            jobs = ", ".join(f"job {j}" for j in job_ids)
+            return f"moving elastic {jobs} off {hosts} to make room (each restarts from its checkpoint on another host)"
     return str(reason.kind)
 
 

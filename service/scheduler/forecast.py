@@ -157,12 +157,12 @@ class Replay:
             sim.stop(victim, clock)
         for job_id, kept in decision.shrink.items():  # before the placements that take what it gives up
             resize(sim, job_id, None, kept, clock)
+        for job_id, (host, indices) in decision.grow.items():  # a move frees GPUs for a placement
+            resize(sim, job_id, host, indices, clock)
         for placement in decision.placements:
             job = self.queue.pop(placement.job_id)
             self.found[job.id] = Forecast(clock, placement.host)
             self._start(job, placement.slots, clock)
-        for job_id, (host, indices) in decision.grow.items():
-            resize(sim, job_id, host, indices, clock)
         self.slices.plan(sim, clock, self.queue.values())
         upcoming = sim.next_time()
         if upcoming is None:

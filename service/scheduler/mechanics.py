@@ -156,9 +156,16 @@ class Pass:
             return Outcome.PLACED
         if job.id in self.shrinking:  # the GPUs are on their way: nothing else is stopped for it
             victims = self.shrinking[job.id]
-            self._wait(job, Reason(Wait.SHRINKING, (victims[0].host, tuple(r.id for r in victims))))
+            ids = tuple(r.id for r in victims)
+            if any(r.moving for r in victims):
+                hosts = " + ".join(dict.fromkeys(r.host for r in victims))
+                self._wait(job, Reason(Wait.MOVING, (hosts, ids)))
+            else:
+                self._wait(job, Reason(Wait.SHRINKING, (victims[0].host, ids)))
             return Outcome.NO_ROOM
-        if elastic.start_small(self, job) or (self.has_elastic and elastic.shrink_for(self, job)):
+        if elastic.start_small(self, job) or (
+            self.has_elastic and (elastic.shrink_for(self, job) or elastic.move_for(self, job))
+        ):
             return Outcome.PLACED
         reason = self._make_room(job)
         starving = self.may_reserve(job) and reason.kind not in (Wait.PREEMPTING, Wait.SLICING)
@@ -329,7 +336,9 @@ class Pass:
                 continue
             running = self.free.running_on[host]
             freed = [r for r in running if self.stopping(r)]
-            candidates = sorted((r for r in running if may_stop(r) and not self.stopping(r)), key=order)
+            candidates = sorted(
+                (r for r in running if may_stop(r) and not self.stopping(r) and not self.resized(r)), key=order
+            )
             indices = self.free.would_fit_if_freed(job, host, freed)
             for victim in candidates:
                 if indices is not None:
@@ -360,7 +369,7 @@ class Pass:
                 continue
             running = self.free.running_on[host]
             fresh = {r.id for r in running if not self.stopping(r)}
-            if any(not may_stop(r) for r in running if r.id in fresh):
+            if any(not may_stop(r) or self.resized(r) for r in running if r.id in fresh):
                 continue
             indices = self.free.would_fit_if_freed(part, host, running)
             if indices is not None:
@@ -373,6 +382,12 @@ class Pass:
 
     def stopping(self, running: RunningJob) -> bool:
         return running.stopping or running.id in self.decision.preempt or running.id in self.decision.reclaim
+
+    def resized(self, running: RunningJob) -> bool:
+        """An elastic job this pass shrinks, grows or moves: it is not also stopped in it
+        (live, the stop would win and the resize be lost; the job it shrank for or was moved
+        for would wait for GPUs that the stop gives to the queue)."""
+        return running.id in self.decision.shrink or running.id in self.decision.grow
 
     # -- why it waits -----------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ asks the job's worker to stop, as preemption does, and records where its next at
 starts (`Job.resize_to`): a shrink its own GPUs less those it gives up, a grow its own and
 the idle ones it was given (or those of another host). While it stops it holds all its
 GPUs, and the job a shrink makes room for waits for them (`Wait.SHRINKING`) without
-stopping anything else. When the attempt has ended and the job is queued again, the next
+stopping anything else; so does the job that needs whole hosts a move frees
+(`Decision.moved_for`, `Wait.MOVING`). When the attempt has ended and the job is queued again, the next
 pass gives it those GPUs first, before the policy places anyone (`place_resized`), so the
 queue cannot take the GPUs a job kept; only the GPUs it gave up go to the queue, where the
 job it shrank for, the first that waits, takes them. Where some of its GPUs were taken
@@ -127,10 +128,18 @@ def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> t
         if job is None:
             continue
         where = f"{gpu_list([str(i) for i in indices])} of {host}"
-        reason = (
-            f"growing to {len(indices)} of {job.gpu_count} GPUs (idle ones): it restarts on {where} from its checkpoint"
-        )
-        if message := _stop(session, job, reason, Target(host, indices), None):
+        for_job = decision.moved_for.get(job_id)
+        if for_job is not None:
+            reason = (
+                f"moving to {where} to free {running[job_id].host} for job {for_job}: it restarts there from "
+                "its checkpoint on as many GPUs"
+            )
+        else:
+            reason = (
+                f"growing to {len(indices)} of {job.gpu_count} GPUs (idle ones): it restarts on {where} from "
+                "its checkpoint"
+            )
+        if message := _stop(session, job, reason, Target(host, indices), for_job):
             asked.append(job_id)
             stopping.append(message)
     return asked, stopping

@@ -139,7 +139,7 @@ def simulate(
         result["elastic_jobs"] = len(resized)
         result["resizes"] = sum(resized)
         result["resizes_per_elastic_job"] = round(sum(resized) / len(resized), 3) if resized else 0.0
-        result["shrinks"], result["grows"] = run.shrinks, run.grows
+        result["shrinks"], result["grows"], result["moves"] = run.shrinks, run.grows, run.moves
     if estimates_every:
         result["start_estimates"] = estimate_errors(run.estimates, run.by_id)
         result.update(timings.with_starts())
@@ -186,6 +186,8 @@ class _Run:
     shrinks: int = 0
     grows: int = 0
     """Elastic jobs' resizes (a move to another host counts as a growth)."""
+    moves: int = 0
+    """Of `grows`, those that moved a job at its size to free its host for another."""
 
     def ended(self, event: Event, now: float) -> None:
         state = self.state
@@ -223,11 +225,12 @@ class _Run:
         for job_id, kept in decision.shrink.items():
             self.shrinks += 1
             self.resize(self.by_id[job_id], None, kept, now)
+        for job_id, (host, indices) in decision.grow.items():  # a move frees GPUs for a placement
+            self.grows += 1
+            self.moves += job_id in decision.moved_for
+            self.resize(self.by_id[job_id], host, indices, now)
         for placement in decision.placements:
             _start(state, self.by_id[placement.job_id], placement.slots, now, self.oracle)
-        for job_id, (host, indices) in decision.grow.items():
-            self.grows += 1
-            self.resize(self.by_id[job_id], host, indices, now)
 
     def resize(self, job: TraceJob, host: str | None, indices: tuple[int, ...], now: float) -> None:
         """An elastic job stops at a checkpoint and starts again from it on `indices` of its

@@ -196,6 +196,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 full_gpu_count=r.gpu_count if r.min_gpu_count is not None else None,
                 run_served_gpu_s=r.run_served_gpu_s,
                 shrinking_for=(r.resize_to or {}).get("for"),
+                moving=(r.resize_to or {}).get("host", r.name) != r.name,
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
     whole: dict[int, float] = defaultdict(float)

@@ -111,8 +111,11 @@ class RunningJob:
     """GPU-seconds the job had served when this run began: when it last left the queue (an
     elastic job's resize starts a new attempt but not a new run); None: `served_gpu_s`."""
     shrinking_for: int | None = None
-    """Live: an elastic job stopping to restart on fewer GPUs (`Decision.shrink`) for this
-    queued job, which waits for the GPUs it gives up; None: not shrinking."""
+    """Live: an elastic job stopping to restart on fewer GPUs (`Decision.shrink`), or on
+    another host (`Decision.moved_for`), for this queued job, which waits for the GPUs it
+    gives up; None: neither."""
+    moving: bool = False
+    """Live, with `shrinking_for`: it restarts on another host (a move), not on fewer GPUs."""
 
     @property
     def elastic(self) -> bool:
@@ -245,6 +248,7 @@ class Wait(enum.StrEnum):
     PREEMPTING = "preempting"  # (host, job ids)
     SLICING = "slicing"  # (host, job ids): time slicing stops long-served jobs for it
     SHRINKING = "shrinking"  # (host, job ids): elastic jobs stop to restart on fewer GPUs for it
+    MOVING = "moving"  # (hosts, job ids): elastic jobs stop to restart on other hosts, freeing theirs for it
 
 
 @dataclass(slots=True, frozen=True)
@@ -295,8 +299,12 @@ class Decision:
     checkpoint. Applied before the placements."""
     grow: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """Elastic running job -> the host and GPUs it runs on from now (its own and idle ones,
-    or more idle ones of another host), restarting on them from its checkpoint. Applied
-    after the placements."""
+    or idle ones of another host), restarting on them from its checkpoint. Applied before the
+    placements: a move (`moved_for`) frees its GPUs for one; a growth takes only GPUs that no
+    placement of the pass takes."""
+    moved_for: dict[int, int] = field(default_factory=dict)
+    """Those of `grow` that move at their size to another host to free theirs for a queued
+    job that needs whole hosts -> that job (`elastic.move_for`)."""
     sliced: set[int] = field(default_factory=set)
     """Those of `preempt` stopped because they had their time slice (the others: for a
     higher-priority job)."""

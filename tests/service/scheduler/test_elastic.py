@@ -81,6 +81,45 @@ def test_an_elastic_job_grows_by_moving_to_a_host_with_more_idle_gpus() -> None:
     assert run([], busy).grow == {5: ("lab-b", (0, 1, 2, 3))}
 
 
+def test_elastic_jobs_move_off_a_host_to_free_it_for_a_whole_host_job() -> None:
+    """A job that needs a whole host, which no host has free, gets one when the elastic jobs
+    on it fit, at their size, onto idle GPUs of other hosts: they move there and it starts."""
+    mover = elastic_running(5, "lab-a", (0, 1), full=2)
+    rigid = running(9, "lab-b", (0, 1))
+    decision = run([job(1, gpus=4)], cluster(4, 4, running=[mover, rigid]))
+    assert decision.grow == {5: ("lab-b", (2, 3))} and decision.moved_for == {5: 1}
+    assert placed(decision) == {1: ("lab-a", (0, 1, 2, 3))} and decision.preempt == {} and decision.shrink == {}
+    assert placed(run([job(1, gpus=2)], cluster(4, 4, running=[mover, rigid]))) == {1: ("lab-a", (2, 3))}, (
+        "one that fits moves nobody"
+    )
+
+
+@pytest.mark.parametrize(
+    ("mover", "rigid", "why"),
+    [
+        (elastic_running(5, "lab-a", (0, 1), full=2, started=NOW - 60), (0, 1), "resized less than MIN_RUN_S ago"),
+        (elastic_running(5, "lab-a", (0, 1), full=2, priority=HIGH), (0, 1), "of a higher priority"),
+        (elastic_running(5, "lab-a", (0, 1), full=2), (0, 1, 2), "one idle GPU elsewhere: it would not fit"),
+        (elastic_running(5, "lab-a", (0, 1), full=2, fraction=0.5), (0, 1), "on parts of GPUs"),
+        (running(5, "lab-a", (0, 1)), (0, 1), "not elastic"),
+    ],
+)
+def test_a_job_is_not_moved(mover, rigid: tuple[int, ...], why: str) -> None:
+    decision = run([job(1, gpus=4)], cluster(4, 4, running=[mover, running(9, "lab-b", rigid)]))
+    assert decision.grow == {} and decision.moved_for == {} and placed(decision) == {}, why
+
+
+def test_a_job_resized_in_a_pass_is_not_also_stopped_in_it() -> None:
+    """A shrunk job past its time slice is not then sliced for the next waiting job of the
+    same pass: live the stop would win, the resize would be lost, and the job it shrank for
+    would wait for GPUs the stop hands to the queue (the simulator restarted it on the GPUs
+    it kept and then requeued it; 32 times on the Philly file with every job elastic)."""
+    wide = elastic_running(5, "lab-a", (0, 1, 2, 3), full=4, served_gpu_s=4 * 3 * HOUR, run_served_gpu_s=0.0)
+    decision = run([job(1, gpus=2), job(2, "bob", gpus=2)], cluster(4, running=[wide]), demote_after_gpu_s=HOUR)
+    assert decision.shrink == {5: (0, 1)} and placed(decision) == {1: ("lab-a", (2, 3))}
+    assert decision.preempt == {}, "job 2 waits for the next pass"
+
+
 def test_resizes_do_not_keep_an_elastic_job_from_time_slicing() -> None:
     """Each resize starts a new attempt, and time slicing stopped an attempt only once it had
     run as long as the earlier ones at its present size: a job shrunk from 4 GPUs to 1 after

@@ -178,6 +178,41 @@ def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
     assert over_committed(ctx) == {}
 
 
+def test_an_elastic_job_moves_to_another_host_to_free_its_own_for_a_whole_host_job(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    add_host("lab-b", 4)
+    elastic = submit_job(ctx, caller("bob"), gpu_count=2, min_gpu_count=1)
+    rigid = submit_job(ctx, caller("carol"), gpu_count=2, host="lab-b")
+    LiveScheduler(ctx).run_pass()
+    assert (held(ctx, elastic), held(ctx, rigid)) == ([0, 1], [0, 1])
+    running(ctx, elastic)
+    running(ctx, rigid)
+    backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
+    whole = submit_job(ctx, caller("alice"), gpu_count=4)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [elastic] and report.placed == [] and report.preempted == []
+    job = job_row(ctx, elastic)
+    assert job.stop_reason == (
+        f"moving to GPUs 2,3 of lab-b to free lab-a for job {whole}: it restarts there from its checkpoint on "
+        "as many GPUs"
+    )
+    assert job.resize_to == {"host": "lab-b", "gpus": [2, 3], "for": whole}
+
+    report = LiveScheduler(ctx).run_pass()  # while it stops: the whole-host job is told, and nothing else moves
+    assert report is not None and (report.resized, report.placed, report.preempted) == ([], [], [])
+    assert job_row(ctx, whole).pending_reason == (
+        f"moving elastic job {elastic} off lab-a to make room (each restarts from its checkpoint on another host)"
+    )
+    stopped_at_its_checkpoint(ctx, elastic)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and sorted(p[0] for p in report.placed) == sorted([elastic, whole])
+    assert (held(ctx, elastic), held(ctx, whole)) == ([2, 3], [0, 1, 2, 3])
+    assert messages(ctx, elastic)[-1] == "GPUs 2,3 on lab-b", "at its full size"
+    assert over_committed(ctx) == {}
+
+
 def test_a_rigid_job_is_never_resized(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:

@@ -397,14 +397,15 @@ def test_towerq_simulate_replays_a_share_of_jobs_as_elastic(tmp_path: Path) -> N
 
 
 def test_an_elastic_replay_never_gives_a_gpu_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The simulator applies a pass's decision in its own order (stops, shrinks, starts,
-    grows), which holds only while the policy decides them in an order that fits it (a
-    grow that moved a job away from GPUs a later placement of the same pass took would put
-    two jobs on one GPU, and nothing would say so: the replay's figures would simply be
-    wrong). Every pass of an elastic replay with slicing (the first 1,500 Philly jobs on 2
-    hosts × 8 GPUs, every multi-GPU job elastic) sees each GPU's free part and its jobs'
-    parts add up to the whole GPU."""
-    schedule, seen, wrong = simulator.schedule, [0], []
+    """The simulator applies a pass's decision in its own order (stops, shrinks, grows and
+    moves, starts), which holds only while the policy decides them in an order that fits it
+    (a growth onto GPUs a placement of the same pass took would put two jobs on one GPU, and
+    nothing would say so: the replay's figures would simply be wrong; a start on the GPUs a
+    move frees needs the move first). Every pass of an elastic replay with slicing (the
+    first 1,500 Philly jobs on 4 hosts × 8 GPUs, every multi-GPU job elastic) sees each
+    GPU's free part and its jobs' parts add up to the whole GPU, and no decision both stops
+    and resizes a job."""
+    schedule, seen, wrong, twice = simulator.schedule, [0], [], []
 
     def checked(
         queued: Iterable[QueuedJob], cluster: Cluster, fair_share: FairShare, now: float, config: PolicyConfig
@@ -418,11 +419,13 @@ def test_an_elastic_replay_never_gives_a_gpu_twice(monkeypatch: pytest.MonkeyPat
                 if abs(free + held.get((host.name, i), 0.0) - 1.0) > 1e-6:
                     wrong.append((now, host.name, i, free, held.get((host.name, i), 0.0)))
         seen[0] += 1
-        return schedule(queued, cluster, fair_share, now, config)
+        decision = schedule(queued, cluster, fair_share, now, config)
+        twice.extend((set(decision.preempt) | set(decision.reclaim)) & (set(decision.shrink) | set(decision.grow)))
+        return decision
 
     monkeypatch.setattr(simulator, "schedule", checked)
     result = simulate(
-        read_trace(PHILLY, limit=1500), 2, 8, Policy.TOWERQ, config=PolicyConfig(demote_after_gpu_s=3600.0), elastic=1.0
+        read_trace(PHILLY, limit=1500), 4, 8, Policy.TOWERQ, config=PolicyConfig(demote_after_gpu_s=3600.0), elastic=1.0
     )
-    assert result["shrinks"] > 20 and result["grows"] > 20 and seen[0] > 1000
-    assert wrong == []
+    assert result["shrinks"] > 20 and result["grows"] > 10 and result["moves"] > 0 and seen[0] > 1000
+    assert wrong == [] and twice == []
