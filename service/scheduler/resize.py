@@ -8,12 +8,13 @@ starts (`Job.resize_to`): a shrink its own GPUs less those it gives up, a grow i
 the idle ones it was given (or those of another host). While it stops it holds all its
 GPUs, and the job a shrink makes room for waits for them (`Wait.SHRINKING`) without
 stopping anything else; so does the job that needs whole hosts a move frees
-(`Decision.moved_for`, `Wait.MOVING`). When the attempt has ended and the job is queued again, the next
-pass gives it those GPUs first, before the policy places anyone (`place_resized`), so the
-queue cannot take the GPUs a job kept; only the GPUs it gave up go to the queue, where the
-job it shrank for, the first that waits, takes them. Where some of its GPUs were taken
-meanwhile (a grow's idle GPUs, by a job that came since), it starts on those still free if
-they are at least its minimum, and otherwise waits in the queue like any elastic job.
+(`Decision.moved_for`, `Wait.MOVING`). When the attempt has ended and the job is queued
+again, the next pass gives it those GPUs first, before the policy places anyone
+(`place_resized`), so the queue cannot take the GPUs a job kept; only the GPUs it gave up
+go to the queue, where the job it shrank for, the first that waits, takes them. Where some
+of its GPUs were taken meanwhile (a grow's or a move's idle GPUs, by a job that came
+since), it starts on those still free if they are at least its minimum, and otherwise
+waits in the queue like any elastic job.
 """
 
 from __future__ import annotations
