@@ -355,10 +355,10 @@ class FreeGpus:
         held for another job: a GPU freed for one high-priority job is not freed twice)."""
         free = list(self.free[host])
         unusable = self.hosts[host].unusable
-        for running in freed:  # as HostCapacity.give, on a copy
-            for i in running.indices:
-                if i < len(free) and i not in unusable:
-                    free[i] = min(1.0, free[i] + running.fraction)
+        if freed:
+            after = HostCapacity(host, free, unusable)  # gives onto the copy `free`
+            for running in freed:
+                after.give(running.indices, running.fraction)
         holds = self.holds.get(host)
         if holds:
             unusable = unusable | {i for i, hold in holds.items() if hold.job_id != job.id}

@@ -121,8 +121,9 @@ class Pass:
             if running.shrinking_for is not None and running.stopping:
                 self.shrinking.setdefault(running.shrinking_for, []).append(running)
         self.no_shrink: set[tuple[object, ...]] = set()
-        """Shapes of jobs that found no elastic job to shrink for them (later in the pass
-        there are fewer, each holding no more)."""
+        """Shapes of jobs that found no elastic job to shrink for them, or (tagged "move")
+        no host that moves could free (later in the pass there are fewer such jobs, each
+        holding no more, and fewer idle GPUs)."""
 
     def reclaim_reserved(self) -> None:
         """A window has begun on GPUs that another group's job still holds: with preemption

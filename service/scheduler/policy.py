@@ -68,7 +68,7 @@ from typing import Protocol
 
 from service.scheduler import elastic
 from service.scheduler.mechanics import Outcome, Pass
-from service.scheduler.ranking import FairShareTerms, base_rank, rank_order
+from service.scheduler.ranking import FairShareTerms, rank_order
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, PolicyConfig, QueuedJob
 
 
@@ -213,10 +213,8 @@ class Towerq:
 
     @staticmethod
     def rank_key(scheduling: Pass, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
-        rank = scheduling.base_ranks.get(job.id)
-        if rank is None:
-            rank = base_rank(job, scheduling.now, scheduling.config, scheduling.whole_host)
-        return (rank + terms.term(job.user, job.group), job.submitted, job.id)
+        # Used once the rank order has begun, which has put every queued job's base rank there.
+        return (scheduling.base_ranks[job.id] + terms.term(job.user, job.group), job.submitted, job.id)
 
     def reserve_for_rest(self, scheduling: Pass, rest: list[QueuedJob], terms: FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
