@@ -174,7 +174,9 @@ class FairShareTerms:
         self.members: dict[str | None, set[str]] = defaultdict(set)
         """Each group present (queued or running jobs in it), with its users present."""
         for run in running:
-            likely = run.gpu_load * (expected_end(run, now) - now)
+            # A job past its time limit (stopping, or on a host that stopped reporting) has
+            # nothing left: its rest is never negative use.
+            likely = run.gpu_load * max(0.0, expected_end(run, now) - now)
             self.used[run.user] += likely
             self.group_used[run.group] += likely
             self.members[run.group].add(run.user)

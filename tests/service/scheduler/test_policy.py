@@ -527,3 +527,15 @@ def test_a_command_job_that_does_not_resume_is_neither_preempted_nor_sliced() ->
     }
     sliced = run([job(2)], cluster(2, running=[keeps, resumes]), demote_after_gpu_s=HOUR)
     assert sliced.preempt == {101: 2}, "the most served is passed over: it does not resume"
+
+
+def test_a_job_long_past_its_time_limit_counts_no_negative_use() -> None:
+    """A running job past its time limit (being stopped, or on a host that stopped
+    reporting) has nothing left to run. Its rest counted as negative use once: its owner
+    ranked as if owed the lab, and far enough past the limit the fair-share term's power of
+    two overflowed (OverflowError: the pass, and so the scheduler, failed for everyone;
+    found by test_pass_memo's random clusters)."""
+    late = running(100, "lab-a", tuple(range(8)), user="bob", limit_s=1_000.0, started=NOW - 200_000)
+    queue = [job(1, "bob"), job(2, "carol")]
+    d = run(queue, cluster(8, 1, running=[late]), usage={"bob": 50_000.0, "carol": 1_000.0})
+    assert placed(d) == {2: ("lab-b", (0,))}, "bob used far more: carol's job goes first"
