@@ -353,13 +353,18 @@ class FreeGpus:
     def would_fit_if_freed(self, job: QueuedJob, host: str, freed: list[RunningJob]) -> tuple[int, ...] | None:
         """The GPUs `job` would get on `host` if the `freed` jobs' GPUs were free (not those
         held for another job: a GPU freed for one high-priority job is not freed twice)."""
+        if not freed and host not in self.with_room and job.fraction > 2 * EPSILON:
+            return None  # no GPU with room, none freed
+        holds = self.holds.get(host)
+        if holds and len(self.free[host]) - len(holds) < job.gpu_count:  # too few GPUs not held
+            if all(hold.job_id != job.id for hold in holds.values()):
+                return None
         free = list(self.free[host])
         unusable = self.hosts[host].unusable
         if freed:
             after = HostCapacity(host, free, unusable)  # gives onto the copy `free`
             for running in freed:
                 after.give(running.indices, running.fraction)
-        holds = self.holds.get(host)
         if holds:
             unusable = unusable | {i for i, hold in holds.items() if hold.job_id != job.id}
         if self.kept:

@@ -63,7 +63,7 @@ Policies:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from service.scheduler import elastic
@@ -178,7 +178,7 @@ class Towerq:
                 if not config.explain and not scheduling.may_preempt:
                     self.reserve_for_rest(scheduling, rest, terms)
                     return
-                ordered = sorted(rest, key=lambda j: self.rank_key(scheduling, j, terms))
+                ordered = sorted(rest, key=self.rank_key(scheduling, terms))
                 for k, waiting in enumerate(ordered):
                     if not config.explain and not scheduling.may_preempt:
                         self.reserve_for_rest(scheduling, ordered[k:], terms)  # no victim left
@@ -212,9 +212,11 @@ class Towerq:
         return eldest
 
     @staticmethod
-    def rank_key(scheduling: Pass, job: QueuedJob, terms: FairShareTerms) -> tuple[float, float, int]:
-        # Used once the rank order has begun, which has put every queued job's base rank there.
-        return (scheduling.base_ranks[job.id] + terms.term(job.user, job.group), job.submitted, job.id)
+    def rank_key(scheduling: Pass, terms: FairShareTerms) -> Callable[[QueuedJob], tuple[float, float, int]]:
+        """The rank order's sort key while no job starts (terms fixed). Used once the rank
+        order has begun, which has put every queued job's base rank there."""
+        ranks, term = scheduling.base_ranks, terms.term
+        return lambda job: (ranks[job.id] + term(job.user, job.group), job.submitted, job.id)
 
     def reserve_for_rest(self, scheduling: Pass, rest: list[QueuedJob], terms: FairShareTerms) -> None:
         """Nothing else can start in this pass, so the rank order no longer changes and the
@@ -222,7 +224,7 @@ class Towerq:
         shortcut for the simulator, which wants no reasons: the outcome is the same. Not with
         preemption on: a later high-priority job may still stop others to make room.)"""
         candidates = [j for j in rest if scheduling.may_reserve(j) and scheduling.cannot_run(j) is None]
-        candidates.sort(key=lambda j: self.rank_key(scheduling, j, terms))
+        candidates.sort(key=self.rank_key(scheduling, terms))
         for candidate in candidates:
             if scheduling.reservations >= scheduling.config.max_reservations:
                 return

@@ -96,19 +96,48 @@ def _length_rank(job: QueuedJob) -> float:
     return LIMIT_CLASS * limit + LENGTH_CLASS * _length_doublings(job.likely_run_s)
 
 
-def base_rank(job: QueuedJob, now: float, config: PolicyConfig, whole_host: int) -> float:
+def base_rank(
+    job: QueuedJob,
+    now: float,
+    config: PolicyConfig,
+    whole_host: int,
+    fixed: dict[tuple[int, float, float | None, float | None], _Fixed] | None = None,
+) -> float:
     """The job's rank before fair share (lower goes first); `whole_host`: the GPUs of the
-    largest host (a job of that many or more needs whole hosts)."""
+    largest host (a job of that many or more needs whole hosts). `fixed`: the terms that do
+    not depend on the wait, by what they depend on, kept across the jobs of one pass (a
+    long queue holds few sizes, limits and owners' medians)."""
     waited = max(0.0, now - job.submitted)  # a submit clock ahead of the scheduler's counts as no wait
     rank = job.priority - waited / config.aging_s
     fresh = max(0.0, 1.0 - waited / config.reserve_after_s) if config.reserve_after_s > 0 else 0.0
+    key = (job.gpu_count, job.served_gpu_s, job.limit_s, job.typical_s)
+    terms = fixed.get(key) if fixed is not None else None
+    if terms is None:
+        terms = _fixed_terms(job, config, whole_host)
+        if fixed is not None:
+            fixed[key] = terms
+    size, demoted, served, length = terms
     if job.gpu_count > 1:
-        rank += SIZE_CLASS * math.log2(job.gpu_count) * fresh
-    if 0 < config.demote_after_gpu_s <= job.served_gpu_s:
+        rank += size * fresh
+    if demoted:
         rank += DEMOTED_CLASS
-        if job.gpu_count < whole_host:
-            rank += SERVED_CLASS * min(MAX_SERVED_DOUBLINGS, math.log2(job.served_gpu_s / config.demote_after_gpu_s))
-    return rank + _length_rank(job)
+        if served is not None:
+            rank += served
+    return rank + length
+
+
+_Fixed = tuple[float, bool, float | None, float]
+"""`base_rank`'s terms that do not depend on the wait: the size term before it fades, whether
+the job is demoted, its served term (None: none), its length term."""
+
+
+def _fixed_terms(job: QueuedJob, config: PolicyConfig, whole_host: int) -> _Fixed:
+    size = SIZE_CLASS * math.log2(job.gpu_count) if job.gpu_count > 1 else 0.0
+    demoted = 0 < config.demote_after_gpu_s <= job.served_gpu_s
+    served = None
+    if demoted and job.gpu_count < whole_host:
+        served = SERVED_CLASS * min(MAX_SERVED_DOUBLINGS, math.log2(job.served_gpu_s / config.demote_after_gpu_s))
+    return size, demoted, served, _length_rank(job)
 
 
 def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, float, int]:
@@ -130,8 +159,9 @@ def rank_order(
     the same pass."""
     per_account: dict[Account, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
     ranks = {} if base_ranks is None else base_ranks
+    fixed: dict[tuple[int, float, float | None, float | None], _Fixed] = {}
     for job in jobs:
-        ranks[job.id] = rank = base_rank(job, now, config, whole_host)
+        ranks[job.id] = rank = base_rank(job, now, config, whole_host, fixed)
         per_account[(job.user, job.group)].append((rank, job.submitted, job.id, job))
     heap = []
     for account, account_jobs in per_account.items():
