@@ -8,15 +8,10 @@ policy that stops jobs, choosing the victims of preemption and time slicing.
   host(s) that will free up soonest; a held GPU then goes only to a job that ends before the
   reservation starts: known from its time limit, or very likely from its owner's recent run
   times.
-- Preemption (optional): a `high` job that cannot start stops `low` jobs (the youngest
-  first, so the least work is redone) on the host where that frees room soonest; their
-  GPUs are held for it until they have checkpointed and gone back to the queue.
-- Time slicing (`demote_after_gpu_s` > 0): a fresh job that cannot start may stop jobs of
-  its priority or lower that have had their slice, the most served first, when the stop
-  pays (`_slice_victims`). An attempt is never stopped before it has run `MIN_RUN_S` and as
-  long as all the job's earlier attempts together (`sliceable_from`; an elastic job's
-  resizes go on with its run), so slices double and a job is stopped at most about
-  log2(its run time / the threshold) times.
+- Preemption and time slicing (`service.scheduler.victims`): a job that cannot start may
+  stop others (a `high` job `low` ones, where preemption is on; fresh work jobs that had
+  their slice, where time slicing is on); their GPUs are held for it until they have
+  checkpointed and gone back to the queue.
 - Elastic jobs (`service.scheduler.elastic`): before anything is stopped for a job that does
   not fit, an elastic one may start on fewer GPUs, and any may shrink elastic jobs for room;
   after the pass, elastic jobs below their size may grow onto idle GPUs.
@@ -27,17 +22,14 @@ from __future__ import annotations
 import enum
 import operator
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import replace
 
-from service.scheduler import elastic
-from service.scheduler.capacity import FreeGpus, Slots, ends_if_started, expected_end
-from service.scheduler.costs import STOP_COST_S, sliceable_from
+from service.scheduler import elastic, victims
+from service.scheduler.capacity import FreeGpus, Slots, ends_if_started
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.types import (
     EPSILON,
     INFINITY,
-    PRIORITY_RANK,
     Cluster,
     Decision,
     FairShare,
@@ -68,9 +60,6 @@ SHAPE = operator.attrgetter(
 """Everything `Pass.consider` reads of a queued job but its id (a job the pass singles out by
 id is considered in full) and its submit time (which only ranks it): two jobs of one shape
 meet the same outcome in the same state of the pass."""
-
-HIGH = PRIORITY_RANK["high"]
-LOW = PRIORITY_RANK["low"]
 
 
 class Outcome(enum.Enum):
@@ -114,7 +103,7 @@ class Pass:
         self.reservable: set[int] = set()
         """Jobs the policy lets take a reservation in this pass (`may_reserve`)."""
         self._reasons: dict[tuple[object, ...], Reason] = {}
-        self._no_victims: dict[tuple[object, ...], float] = {}
+        self.no_victims: dict[tuple[object, ...], float] = {}
         """A shape that found no victims, with the shortest fresh run it looked for (a longer
         one, that needs victims with more left, finds none either)."""
         self.terms: FairShareTerms | None = None
@@ -122,10 +111,10 @@ class Pass:
         self.base_ranks: dict[int, float] = {}
         """Each queued job's rank before fair share, by id, where the policy ranks by it
         (`ranking.base_rank`: fixed for the pass)."""
-        self._stops_jobs = stops_jobs and (config.preemption or config.demote_after_gpu_s > 0)
+        self.stops_jobs = stops_jobs and (config.preemption or config.demote_after_gpu_s > 0)
         """Preemption or time slicing may stop running jobs in this pass."""
-        self._sliceable = (
-            {r.id: r.served(now) for r in cluster.running if self._may_slice(r)}
+        self.sliceable = (
+            {r.id: r.served(now) for r in cluster.running if victims.may_slice(r, now, config.demote_after_gpu_s)}
             if config.demote_after_gpu_s > 0
             else {}
         )
@@ -203,19 +192,19 @@ class Pass:
             self.place(job, slots)
             return Outcome.PLACED
         if job.id in self.shrinking:  # the GPUs are on their way: nothing else is stopped for it
-            victims = self.shrinking[job.id]
-            ids = tuple(r.id for r in victims)
-            if any(r.moving for r in victims):
-                hosts = " + ".join(dict.fromkeys(r.host for r in victims))
+            shrinking = self.shrinking[job.id]
+            ids = tuple(r.id for r in shrinking)
+            if any(r.moving for r in shrinking):
+                hosts = " + ".join(dict.fromkeys(r.host for r in shrinking))
                 self._wait(job, Reason(Wait.MOVING, (hosts, ids)))
             else:
-                self._wait(job, Reason(Wait.SHRINKING, (victims[0].host, ids)))
+                self._wait(job, Reason(Wait.SHRINKING, (shrinking[0].host, ids)))
             return Outcome.NO_ROOM
         if elastic.start_small(self, job) or (
             self.has_elastic and (elastic.shrink_for(self, job) or elastic.move_for(self, job))
         ):
             return Outcome.PLACED
-        reason = self._make_room(job)
+        reason = victims.make_room(self, job)
         starving = self.may_reserve(job) and reason.kind not in (Wait.PREEMPTING, Wait.SLICING)
         reserved = self.reserve(job) if starving else None
         self._wait(job, reason, reserved)
@@ -294,142 +283,7 @@ class Pass:
     @property
     def may_preempt(self) -> bool:
         """Whether a job considered from here on might still stop a running one."""
-        return self.config.preemption or bool(self._sliceable)
-
-    def _may_slice(self, running: RunningJob) -> bool:
-        """(Time slicing on.) The job is not stopping, it has had its first
-        `demote_after_gpu_s`, and this attempt has run at least MIN_RUN_S and as long as
-        all its earlier attempts together (`sliceable_from`)."""
-        if not running.stoppable or running.stopping:
-            return False
-        return self.now >= sliceable_from(running, self.config.demote_after_gpu_s)
-
-    def _make_room(self, job: QueuedJob) -> Reason:
-        if not self._stops_jobs:
-            return self._why_no_fit(job)
-        choice, kind = None, Wait.PREEMPTING
-        if self.config.preemption and job.priority == HIGH:
-            choice = self._victims(job, lambda r: r.priority == LOW and r.stoppable, lambda r: -r.started)
-        eldest = job.id == self.eldest_gang
-        fresh = job.served_gpu_s < self.config.demote_after_gpu_s
-        if choice is None and 0 < self.config.demote_after_gpu_s and (fresh or eldest):
-            choice, kind = self._slice_victims(job, eldest), Wait.SLICING
-        if choice is None:
-            return self._why_no_fit(job)
-        slots, victims = choice
-        for victim in victims:
-            if not self.stopping(victim):
-                self.decision.preempt[victim.id] = job.id
-                if kind == Wait.SLICING:
-                    self.decision.sliced.add(victim.id)
-                self._sliceable.pop(victim.id, None)
-        if kind == Wait.SLICING and len(self.decision.sliced) >= MAX_SLICES_PER_PASS:
-            self._sliceable.clear()  # the rest next pass
-        self.free.hold(job.id, slots, self.now, self.now)
-        hosts = " + ".join(host for host, _ in slots)
-        return Reason(kind, (hosts, tuple(dict.fromkeys(v.id for v in victims))))
-
-    def _slice_victims(self, job: QueuedJob, eldest: bool = False) -> tuple[Slots, list[RunningJob]] | None:
-        """Time slicing: running jobs of the same or a lower priority that `_may_slice`,
-        the most served first; a user above their share (their part of the present users'
-        use is over their part of the shares) stops only their own jobs, except for the
-        eldest whole-host job (`eldest`, `policy.Towerq.eldest_whole_host_gang`). A stop must pay:
-        when the fresh work's run time is known (`_fresh_run_s`), the job stopped must be
-        expected to run on (`expected_end`, cautious) for longer than that plus what the stop
-        costs it (`STOP_COST_S`), else the fresh job waits as it would without slicing
-        (shortest remaining work first: stopping a job for one as long gains nobody). Within a pass,
-        victims only get fewer and free GPUs scarcer, so a shape that found none finds none
-        later in the pass either."""
-        terms = self.terms
-        above_share = terms is not None and terms.above_share(job.user, job.group)
-        own_only = above_share and not eldest
-        fresh_run = self._fresh_run_s(job)
-        shape = (job.gpu_count, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
-        if not self._sliceable or fresh_run >= self._no_victims.get(shape, INFINITY):
-            return None
-        served = self._sliceable
-
-        def may_stop(running: RunningJob) -> bool:
-            mine = running.user == job.user or not own_only
-            if not (running.id in served and running.priority >= job.priority and mine):
-                return False
-            return not fresh_run or expected_end(running, self.now) - self.now >= fresh_run + STOP_COST_S
-
-        choice = self._victims(job, may_stop, lambda r: -served[r.id])
-        if choice is None:
-            self._no_victims[shape] = min(fresh_run, self._no_victims.get(shape, INFINITY))
-        return choice
-
-    def _fresh_run_s(self, job: QueuedJob) -> float:
-        """How long fresh work stopping a served job is known to hold its GPUs: its owner's
-        median run time (at most its limit), else its limit; 0 when nothing is known (as
-        Tiresias does, time slicing then finds out by running it: it can be stopped in turn
-        once it has had its slice)."""
-        for known in (job.likely_run_s, job.limit_s):
-            if known is not None:
-                return known
-        return 0.0
-
-    def _victims(
-        self, job: QueuedJob, may_stop: Callable[[RunningJob], bool], order: Callable[[RunningJob], float]
-    ) -> tuple[Slots, list[RunningJob]] | None:
-        """The host where stopping the fewest running jobs that `may_stop` (in `order`)
-        makes room; jobs already stopping count as gone. A job larger than any host takes
-        whole hosts (`_victims_whole_hosts`)."""
-        if job.gpu_count > self.free.largest:
-            return self._victims_whole_hosts(job, may_stop)
-        named = [job.host] if job.host is not None else self.free.order
-        hosts = [host for host in named if host in self.free.hosts]
-        for host in hosts:  # room that stops no one more (GPUs free, or freeing): no host does better
-            freed = [r for r in self.free.running_on[host] if self.stopping(r)]
-            indices = self.free.would_fit_if_freed(job, host, freed)
-            if indices is not None:
-                return [(host, indices)], freed
-        best: tuple[int, str, tuple[int, ...], list[RunningJob]] | None = None
-        for host in hosts:
-            running = self.free.running_on[host]
-            freed = [r for r in running if self.stopping(r)]
-            candidates = sorted(
-                (r for r in running if may_stop(r) and not self.stopping(r) and not self.resized(r)), key=order
-            )
-            indices = None
-            for victim in candidates:
-                freed.append(victim)
-                indices = self.free.would_fit_if_freed(job, host, freed)
-                if indices is not None:
-                    break
-            if indices is None:
-                continue
-            fresh = sum(1 for r in freed if not self.stopping(r))
-            if best is None or fresh < best[0]:
-                best = (fresh, host, indices, freed)
-        return ([(best[1], best[2])], best[3]) if best else None
-
-    def _victims_whole_hosts(
-        self, job: QueuedJob, may_stop: Callable[[RunningJob], bool]
-    ) -> tuple[Slots, list[RunningJob]] | None:
-        """For a job larger than any host: the whole hosts (as `FreeGpus.fit` places it)
-        where stopping the fewest running jobs makes room. A host is a candidate only if
-        every job on it that is not already stopping `may_stop`; one part of a job over
-        several hosts frees its other hosts too (a job stops on all of them)."""
-        size = self.free.largest
-        part = replace(job, gpu_count=size, host=None, indices=None)
-        candidates: list[tuple[int, int, str, tuple[int, ...], list[RunningJob]]] = []
-        for position, host in enumerate(self.free.order):
-            if len(self.free.free[host]) != size:
-                continue
-            running = self.free.running_on[host]
-            fresh = {r.id for r in running if not self.stopping(r)}
-            if any(not may_stop(r) or self.resized(r) for r in running if r.id in fresh):
-                continue
-            indices = self.free.would_fit_if_freed(part, host, running)
-            if indices is not None:
-                candidates.append((len(fresh), position, host, indices, running))
-        needed = -(-job.gpu_count // max(size, 1))
-        if len(candidates) < needed:
-            return None
-        chosen = sorted(candidates)[:needed]
-        return [(host, indices) for _, _, host, indices, _ in chosen], [r for *_, freed in chosen for r in freed]
+        return self.config.preemption or bool(self.sliceable)
 
     def stopping(self, running: RunningJob) -> bool:
         return running.stopping or running.id in self.decision.preempt or running.id in self.decision.reclaim
@@ -442,7 +296,7 @@ class Pass:
 
     # -- why it waits -----------------------------------------------------------------------
 
-    def _why_no_fit(self, job: QueuedJob) -> Reason:
+    def why_no_fit(self, job: QueuedJob) -> Reason:
         if not self.config.explain:
             return Reason(Wait.NO_FIT)
         shape = (job.gpu_count, job.fraction, job.host, job.indices, self.free.version)
@@ -504,11 +358,3 @@ def _lab_reserved(host: str, indices: tuple[int, ...], kept: LabReservation) -> 
         Wait.LAB_RESERVED,
         (host, tuple(i for i in indices if (host, i) in gpus), kept.group, kept.start, kept.end, kept.id),
     )
-
-
-MAX_SLICES_PER_PASS = 32
-"""Time slicing stops at most this many jobs in one pass (a gang may take it a little
-over); fresh work that needs more stops them in the next passes, seconds later, while the
-first ones are still writing their checkpoints (`CHECKPOINT_S`). So a pass stays fast
-however many jobs are past their slice at once (a whole busy cluster after a quiet spell):
-each stop is a search of every host for the fewest victims."""

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from service.core.defaults import DAY
 from service.scheduler.explain import describe
-from service.scheduler.mechanics import MAX_SLICES_PER_PASS
 from service.scheduler.policy import schedule
 from service.scheduler.types import (
     Cluster,
@@ -20,6 +19,7 @@ from service.scheduler.types import (
     QueuedJob,
     RunningJob,
 )
+from service.scheduler.victims import MAX_SLICES_PER_PASS
 
 NOW = 1_000_000.0
 HIGH, NORMAL, LOW = 0, 1, 2
