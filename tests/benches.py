@@ -1,7 +1,10 @@
 """Running a bench script from a test: it starts a whole stack of its own (API, scheduler,
 workers, Redis), so when the test gives up on it (its timeout, pytest's, or a failure) the
 whole process group goes, not only the script: a script killed alone left its stack running
-with no parent (found in a clean run where chaos outran pytest's 600 s under load)."""
+with no parent (found in a clean run where chaos outran pytest's 600 s under load). A pytest
+worker killed outright (SIGTERM, SIGKILL: no `finally` runs) sends the script SIGTERM, by
+the kernel's parent-death signal, and the script stops its stack (found when a clean run was
+stopped: chaos ran on with its stack)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from service.core.lifetime import dies_with_this_process
 from tests.stack import REPO
 
 GRACE_S = 10.0
@@ -33,6 +37,7 @@ def run_bench(*args: str, timeout: float) -> BenchRun:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=dies_with_this_process(signal.SIGTERM),  # a killed pytest worker ends it too
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)

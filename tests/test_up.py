@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.core.lifetime import dies_with_this_process
 from tests.conftest import free_port
 from tests.stack import REPO, wait_for
 from worker.processes import live_members
@@ -62,6 +63,7 @@ class Up:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=dies_with_this_process(signal.SIGTERM),  # a killed pytest worker ends it too
         )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
