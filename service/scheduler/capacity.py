@@ -95,6 +95,8 @@ class FreeGpus:
         self.order = [h.name for h in cluster.hosts]
         self.largest = max((h.size for h in cluster.hosts), default=0)
         self.holds: dict[str, dict[int, Hold]] = defaultdict(dict)
+        self._holding: set[tuple[int, str]] = set()
+        """(job, host) for each host where GPUs are held for the job."""
         self.running_on: dict[str, list[RunningJob]] = defaultdict(list)
         for job in cluster.running:
             self.running_on[job.host].append(job)
@@ -349,6 +351,7 @@ class FreeGpus:
         for host, indices in slots:
             for i in indices:
                 self.holds[host][i] = Hold(job_id, start, expected)
+            self._holding.add((job_id, host))
 
     def would_fit_if_freed(self, job: QueuedJob, host: str, freed: list[RunningJob]) -> tuple[int, ...] | None:
         """The GPUs `job` would get on `host` if the `freed` jobs' GPUs were free (not those
@@ -356,9 +359,8 @@ class FreeGpus:
         if not freed and host not in self.with_room and job.fraction > 2 * EPSILON:
             return None  # no GPU with room, none freed
         holds = self.holds.get(host)
-        if holds and len(self.free[host]) - len(holds) < job.gpu_count:  # too few GPUs not held
-            if all(hold.job_id != job.id for hold in holds.values()):
-                return None
+        if holds and len(self.free[host]) - len(holds) < job.gpu_count and (job.id, host) not in self._holding:
+            return None  # too few GPUs not held for others
         free = list(self.free[host])
         unusable = self.hosts[host].unusable
         if freed:
