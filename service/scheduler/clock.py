@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from service.scheduler.capacity import likely_end
 from service.scheduler.costs import CHECKPOINT_S, sliceable_from
-from service.scheduler.types import Cluster, HostCapacity, LabReservation, QueuedJob, RunningJob
+from service.scheduler.types import (
+    Cluster,
+    Decision,
+    HostCapacity,
+    LabReservation,
+    Placement,
+    QueuedJob,
+    RunningJob,
+)
 
 
 class Happens(enum.StrEnum):
@@ -98,6 +106,27 @@ class SimCluster:
             part.stopping = True
         self._plan(now + CHECKPOINT_S, Happens.STOPPED, job_id)
         return True
+
+    def apply(
+        self,
+        decision: Decision,
+        now: float,
+        resize: Callable[[int, str | None, tuple[int, ...]], None],
+        start: Callable[[Placement], None],
+    ) -> None:
+        """A pass's decision, in the one order that gives no GPU twice: stops (they hold their
+        GPUs while they checkpoint), shrinks (before the placements that take what they give
+        up), grows and moves (a move frees GPUs for a placement; a growth takes only GPUs no
+        placement takes, as the pass grows jobs last), then the placements. `resize(job, host,
+        indices)`: an elastic job restarts on `indices` of its host, or of `host`."""
+        for victim in [*decision.preempt, *decision.reclaim]:
+            self.stop(victim, now)
+        for job_id, kept in decision.shrink.items():
+            resize(job_id, None, kept)
+        for job_id, (host, indices) in decision.grow.items():
+            resize(job_id, host, indices)
+        for placement in decision.placements:
+            start(placement)
 
     def wake_at(self, time: float) -> None:
         self._plan(time, Happens.WAKE)

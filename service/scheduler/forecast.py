@@ -146,6 +146,11 @@ class Replay:
                 part.min_gpu_count, part.full_gpu_count = job.min_gpu_count, job.gpu_count
         self.sim.start(parts, run_s)
 
+    def _place(self, placement: Placement, clock: float) -> None:
+        job = self.queue.pop(placement.job_id)
+        self.found[job.id] = Forecast(clock, placement.host)
+        self._start(job, placement.slots, clock)
+
     def _step(self) -> None:
         """One policy call at the replay's clock, then on to the next event."""
         if not self.queue or self.events > MAX_EVENTS or self.clock > self.now + HORIZON_S:
@@ -153,16 +158,12 @@ class Replay:
             return
         sim, clock = self.sim, self.clock
         decision = schedule(self.queue.values(), sim.view(), self.fair_share, clock, self.config)
-        for victim in [*decision.preempt, *decision.reclaim]:
-            sim.stop(victim, clock)
-        for job_id, kept in decision.shrink.items():  # before the placements that take what it gives up
-            resize(sim, job_id, None, kept, clock)
-        for job_id, (host, indices) in decision.grow.items():  # a move frees GPUs for a placement
-            resize(sim, job_id, host, indices, clock)
-        for placement in decision.placements:
-            job = self.queue.pop(placement.job_id)
-            self.found[job.id] = Forecast(clock, placement.host)
-            self._start(job, placement.slots, clock)
+        sim.apply(
+            decision,
+            clock,
+            lambda job_id, host, indices: resize(sim, job_id, host, indices, clock),
+            lambda placement: self._place(placement, clock),
+        )
         self.slices.plan(sim, clock, self.queue.values())
         upcoming = sim.next_time()
         if upcoming is None:

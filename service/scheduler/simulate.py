@@ -220,17 +220,15 @@ class _Run:
             )
             timings.with_starts_cpu_ms.append(in_pass)
             timings.slice_cpu_ms.extend(slices)
-        for victim in [*decision.preempt, *decision.reclaim]:
-            state.sim.stop(victim, now)
-        for job_id, kept in decision.shrink.items():
-            self.shrinks += 1
-            self.resize(self.by_id[job_id], None, kept, now)
-        for job_id, (host, indices) in decision.grow.items():  # a move frees GPUs for a placement
-            self.grows += 1
-            self.moves += job_id in decision.moved_for
-            self.resize(self.by_id[job_id], host, indices, now)
-        for placement in decision.placements:
-            _start(state, self.by_id[placement.job_id], placement.slots, now, self.oracle)
+        self.shrinks += len(decision.shrink)
+        self.grows += len(decision.grow)
+        self.moves += len(decision.moved_for)
+        state.sim.apply(
+            decision,
+            now,
+            lambda job_id, host, indices: self.resize(self.by_id[job_id], host, indices, now),
+            lambda placement: _start(state, self.by_id[placement.job_id], placement.slots, now, self.oracle),
+        )
 
     def resize(self, job: TraceJob, host: str | None, indices: tuple[int, ...], now: float) -> None:
         """An elastic job stops at a checkpoint and starts again from it on `indices` of its
