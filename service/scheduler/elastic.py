@@ -81,7 +81,7 @@ def shrink_for(scheduling: Pass, job: QueuedJob) -> bool:
     free = scheduling.free
     if job.gpu_count > free.largest or job.indices is not None:
         return False
-    shape = (job.gpu_count, job.min_gpu_count, job.fraction, job.host, job.priority)
+    shape = _shape(scheduling, job, job.gpu_count, job.min_gpu_count, job.fraction, job.host, job.priority)
     if shape in scheduling.no_shrink:
         return False
     end = ends_if_started(job, scheduling.now)
@@ -127,7 +127,7 @@ def move_for(scheduling: Pass, job: QueuedJob) -> bool:
     size = free.largest
     if job.gpu_count < size or job.host is not None or job.indices is not None or job.fraction < 1 - EPSILON:
         return False
-    shape = ("move", job.gpu_count, job.priority)
+    shape = _shape(scheduling, job, "move", job.gpu_count, job.priority)
     if shape in scheduling.no_shrink:
         return False
     part = replace(job, gpu_count=size)
@@ -221,6 +221,15 @@ def grow(scheduling: Pass) -> None:
         free.take([(host, tuple(added))], running.fraction)
         scheduling.unload(running, held - size)
         free.runs_on(running, indices, host)
+
+
+def _shape(scheduling: Pass, job: QueuedJob, *shape: object) -> tuple[object, ...]:
+    """`Pass.no_shrink`'s key for `job`: what shrinking or moving for it depends on. Where lab
+    reservations keep GPUs, also its group and time limit and estimate: which kept GPUs it may
+    take depends on them (`FreeGpus.may_borrow`)."""
+    if scheduling.free.kept:
+        return (*shape, job.group, job.limit_s, job.estimate_s)
+    return shape
 
 
 def _idle(scheduling: Pass, host: str) -> list[int]:

@@ -134,9 +134,9 @@ class Pass:
         self._last_reason = Reason(Wait.NO_FIT)
         """The reason `_wait` last recorded."""
         self.no_shrink: set[tuple[object, ...]] = set()
-        """Shapes of jobs that found no elastic job to shrink for them, or (tagged "move")
-        no host that moves could free (later in the pass there are fewer such jobs, each
-        holding no more, and fewer idle GPUs)."""
+        """Shapes of jobs (`elastic._shape`) that found no elastic job to shrink for them, or
+        (tagged "move") no host that moves could free (later in the pass there are fewer such
+        jobs, each holding no more, and fewer idle GPUs)."""
 
     def reclaim_reserved(self) -> None:
         """A window has begun on GPUs that another group's job still holds: with preemption

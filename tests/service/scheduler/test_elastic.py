@@ -9,6 +9,7 @@ import pytest
 
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.elastic import rate, speed
+from service.scheduler.types import Cluster, FairShare, LabReservation
 from tests.service.scheduler.test_policy import HIGH, HOUR, NOW, cluster, job, placed, run, running
 
 
@@ -137,3 +138,16 @@ def test_resizes_do_not_keep_an_elastic_job_from_time_slicing() -> None:
     assert sliced(run_served_gpu_s=0.0), "its run has served 12 GPU-hours: it has had its slice"
     assert not sliced(run_served_gpu_s=8 * HOUR), "its run has served 4 of the 8 GPU-hours before it: not yet"
     assert not sliced(), "as before for a job whose attempt is its run: 12 hours more on 1 GPU"
+
+
+def test_a_job_of_the_group_gpus_are_kept_for_shrinks_after_one_of_another_group_could_not() -> None:
+    """GPUs kept for a group (a lab reservation whose window is near) open to its jobs only:
+    another group's job finds nothing to shrink there, and one of the group, of the same size,
+    coming after it in the pass, still does (the pass once remembered the shape as "nothing
+    to shrink" whatever its group or end)."""
+    wide = elastic_running(5, "lab-a", (0, 1, 2, 3), full=4)
+    kept = LabReservation(1, "vision", NOW + HOUR, NOW + 5 * HOUR, tuple(("lab-a", i) for i in range(4)))
+    busy = Cluster(cluster(4, running=[wide]).hosts, [wide], [kept])
+    queue = [job(1, gpus=2), job(2, gpus=2, group="vision")]
+    decision = run(queue, busy, fair_share=FairShare(group_usage={"vision": 10 * HOUR}))  # job 1 first
+    assert decision.shrink == {5: (0, 1)} and placed(decision) == {2: ("lab-a", (2, 3))}
