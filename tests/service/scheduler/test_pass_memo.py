@@ -113,6 +113,14 @@ def test_the_memo_changes_no_decision_and_no_reason(
     assert with_memo == in_full
 
 
+ONE = {"priority": 1, "fraction": 1.0, "group": None, "limit_s": None, "estimate_s": None, "typical_s": None}
+SHAPE_OF = [
+    {**ONE, "user": "a", "gpus": 1, "served_gpu_s": 0.0, "min_gpu_count": None, "host": None, "old": False},
+    {**ONE, "user": "b", "gpus": 4, "served_gpu_s": 0.0, "min_gpu_count": 1, "host": None, "old": False},
+    {**ONE, "user": "b", "gpus": 1, "served_gpu_s": 50_000.0, "min_gpu_count": None, "host": "lab-b", "old": False},
+]
+
+
 def test_a_long_queue_of_few_shapes_is_considered_in_full_only_a_few_times(monkeypatch: pytest.MonkeyPatch) -> None:
     layout = [(8, "zed", 1, False, True, None), (8, "zed", 1, False, True, None)]
     queue = [queued_job(i, SHAPE_OF[i % 3]) for i in range(600)]
@@ -123,14 +131,6 @@ def test_a_long_queue_of_few_shapes_is_considered_in_full_only_a_few_times(monke
     decision = schedule(queue, a_cluster(layout, 0), FairShare(), NOW, config)
     assert len(decision.pending) == 600 and not decision.placements
     assert len(in_full) < 20, f"{len(in_full)} of 600 jobs considered in full"
-
-
-ONE = {"priority": 1, "fraction": 1.0, "group": None, "limit_s": None, "estimate_s": None, "typical_s": None}
-SHAPE_OF = [
-    {**ONE, "user": "a", "gpus": 1, "served_gpu_s": 0.0, "min_gpu_count": None, "host": None, "old": False},
-    {**ONE, "user": "b", "gpus": 4, "served_gpu_s": 0.0, "min_gpu_count": 1, "host": None, "old": False},
-    {**ONE, "user": "b", "gpus": 1, "served_gpu_s": 50_000.0, "min_gpu_count": None, "host": "lab-b", "old": False},
-]
 
 
 def test_the_shape_is_every_field_of_a_queued_job_but_its_id_and_submit_time() -> None:
