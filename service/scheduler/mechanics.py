@@ -2,7 +2,7 @@
 each considers jobs in): one pass's state (free GPUs, each user's and group's load, the
 decision so far), placing a job on the tightest host where it fits and may run, saying why
 one waits, backfill reservations for the jobs a policy makes `reservable`, and, for a
-policy that stops jobs, choosing the victims of preemption and time slicing.
+policy that stops jobs, asking `service.scheduler.victims` whom to stop.
 
 - Reservations (EASY backfill): a reservable job that cannot start gets its GPUs held on the
   host(s) that will free up soonest; a held GPU then goes only to a job that ends before the
