@@ -104,7 +104,12 @@ class FreeGpus:
         self._full = {name: sum(1 for f in free if f >= 1 - EPSILON) for name, free in self.free.items()}
         self.max_full = max(self._full.values(), default=0)
         self._earliest: dict[tuple[object, ...], tuple[float, float, Slots] | None] = {}
-        self._ready: dict[tuple[str, float, bool], list[tuple[float, float]]] = {}
+        self._ready: dict[str, dict[tuple[float, bool], list[tuple[float, float]]]] = defaultdict(dict)
+        """`ready_times` by host, until that host's GPUs, holds or jobs change (`_forget`)."""
+        self._soonest: dict[str, dict[tuple[object, ...], tuple[tuple[float, float, str], Slots] | None]] = defaultdict(
+            dict
+        )
+        """`_soonest_on` by host, as `_ready`."""
         self.version = 0
         """Raised whenever capacity or holds change, so answers cached on it go stale."""
 
@@ -215,9 +220,9 @@ class FreeGpus:
 
     def take(self, slots: Slots, fraction: float) -> None:
         self._earliest.clear()
-        self._ready.clear()
         self.version += 1
         for host, indices in slots:
+            self._forget(host)
             free = self.free[host]
             for i in indices:
                 if free[i] >= 1 - EPSILON and free[i] - fraction < 1 - EPSILON:
@@ -231,7 +236,7 @@ class FreeGpus:
         """`fraction` of these GPUs of `host` is free again in this pass (an elastic job
         shrinks); a GPU that takes no new work stays at 0."""
         self._earliest.clear()
-        self._ready.clear()
+        self._forget(host)
         self.version += 1
         free, unusable = self.free[host], self.hosts[host].unusable
         for i in indices:
@@ -252,19 +257,26 @@ class FreeGpus:
         jobs.pop(next(k for k, job in enumerate(jobs) if job is running))
         moved = host or running.host
         self.running_on[moved].append(replace(running, host=moved, indices=indices))
-        self._ready.clear()
+        self._forget(running.host)
+        self._forget(moved)
         self._earliest.clear()
 
     # -- when it could fit ----------------------------------------------------------------
 
+    def _forget(self, host: str) -> None:
+        """`host`'s GPUs, holds or jobs change: what was cached of it goes."""
+        self._ready.pop(host, None)
+        self._soonest.pop(host, None)
+
     def ready_times(self, host: str, fraction: float, now: float, skip_held: bool = False) -> list[tuple[float, float]]:
         """For each GPU of `host`: when `fraction` of it is free, as (known, expected);
-        never, for a GPU held for another job when `skip_held`. Cached until GPUs are
-        taken or held."""
-        key = (host, fraction, skip_held)
-        if key not in self._ready:
-            self._ready[key] = self._ready_times(host, fraction, now, skip_held)
-        return self._ready[key]
+        never, for a GPU held for another job when `skip_held`. Cached until the host's
+        GPUs are taken, given or held, or its jobs change."""
+        ready = self._ready[host]
+        key = (fraction, skip_held)
+        if key not in ready:
+            ready[key] = self._ready_times(host, fraction, now, skip_held)
+        return ready[key]
 
     def _ready_times(self, host: str, fraction: float, now: float, skip_held: bool) -> list[tuple[float, float]]:
         free = self.free[host]
@@ -305,18 +317,30 @@ class FreeGpus:
             return self._earliest_whole_hosts(job, now, skip_held)
         hosts = [job.host] if job.host is not None else self.order
         best: tuple[tuple[float, float, str], Slots] | None = None
+        shape = (job.gpu_count, job.fraction, job.indices, skip_held, job.group if self.kept else None)
         for host in hosts:
             if host not in self.free or self.hosts[host].size < job.gpu_count:
                 continue
-            times = self._after_kept(host, self.ready_times(host, job.fraction, now, skip_held), job.group)
-            wanted = job.indices if job.indices is not None else range(len(times))
-            ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpu_count]
-            if len(ranked) < job.gpu_count:
-                continue
-            key = (max(times[i][0] for i in ranked), max(times[i][1] for i in ranked), host)
-            if best is None or key < best[0]:
-                best = (key, [(host, tuple(sorted(ranked)))])
+            cached = self._soonest[host]
+            if shape not in cached:
+                cached[shape] = self._soonest_on(host, job, now, skip_held)
+            found = cached[shape]
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
         return (best[0][0], best[0][1], best[1]) if best else None
+
+    def _soonest_on(
+        self, host: str, job: QueuedJob, now: float, skip_held: bool
+    ) -> tuple[tuple[float, float, str], Slots] | None:
+        """When `job` could start on `host` soonest, as (known, expected, host), and on which
+        of its GPUs; None when never."""
+        times = self._after_kept(host, self.ready_times(host, job.fraction, now, skip_held), job.group)
+        wanted = job.indices if job.indices is not None else range(len(times))
+        ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpu_count]
+        if len(ranked) < job.gpu_count:
+            return None
+        key = (max(times[i][0] for i in ranked), max(times[i][1] for i in ranked), host)
+        return key, [(host, tuple(sorted(ranked)))]
 
     def _earliest_whole_hosts(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
         needed = -(-job.gpu_count // max(self.largest, 1))
@@ -346,9 +370,9 @@ class FreeGpus:
 
     def hold(self, job_id: int, slots: Slots, start: float, expected: float) -> None:
         self._earliest.clear()
-        self._ready.clear()
         self.version += 1
         for host, indices in slots:
+            self._forget(host)
             for i in indices:
                 self.holds[host][i] = Hold(job_id, start, expected)
             self._holding.add((job_id, host))
