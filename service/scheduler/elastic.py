@@ -93,6 +93,8 @@ def shrink_for(scheduling: Pass, job: QueuedJob) -> bool:
             key = (-size, len(given), position)
             if best is None or key < best[0]:
                 best = (key, host, open_now, given)
+                if size == job.gpu_count and len(given) == 1:  # a shrink gives some GPUs: none does better
+                    break
     if best is None:
         scheduling.no_shrink.add(shape)
         return False

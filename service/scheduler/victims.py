@@ -150,6 +150,8 @@ def fewest_stops(
         fresh = sum(1 for r in freed if not scheduling.stopping(r))
         if best is None or fresh < best[0]:
             best = (fresh, host, indices, freed)
+            if fresh == 1:  # no host makes room with none (the loop above): none does better
+                break
     return ([(best[1], best[2])], best[3]) if best else None
 
 

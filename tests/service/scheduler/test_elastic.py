@@ -38,6 +38,19 @@ def test_a_waiting_job_shrinks_an_elastic_job_instead_of_waiting() -> None:
     assert decision.preempt == {} and decision.grow == {}
 
 
+def test_a_waiting_job_shrinks_on_the_host_where_it_starts_largest_shrinking_the_fewest() -> None:
+    """lab-a comes first: a rigid 2-GPU job takes one GPU from each of its two jobs there, but
+    one from lab-b's wide job; an elastic 4-GPU job starts on 2 GPUs there, on 4 on lab-b."""
+    pair = [elastic_running(5, "lab-a", (0, 1), full=2), elastic_running(6, "lab-a", (2, 3), full=2)]
+    wide = elastic_running(7, "lab-b", (0, 1, 2, 3), full=4)
+    decision = run([job(1, gpus=2)], cluster(4, 4, running=[*pair, wide]))
+    assert decision.shrink == {7: (0, 1)} and placed(decision) == {1: ("lab-b", (2, 3))}
+    widest = elastic_running(7, "lab-b", tuple(range(8)), full=8)
+    solo = elastic_running(5, "lab-a", (0, 1, 2, 3), full=4)
+    decision = run([job(1, gpus=4, min_gpu_count=1)], cluster(4, 8, running=[solo, widest]))
+    assert decision.shrink == {7: (0, 1, 2, 3)} and placed(decision) == {1: ("lab-b", (4, 5, 6, 7))}
+
+
 @pytest.mark.parametrize(
     ("wide", "why"),
     [

@@ -289,6 +289,17 @@ def test_a_stop_must_pay_a_job_is_not_stopped_for_fresh_work_as_long_as_what_it_
         assert (decision.preempt == {100: 1}) is stops, fresh
 
 
+def test_time_slicing_stops_jobs_on_the_host_where_the_fewest_stops_make_room() -> None:
+    """lab-a comes first but needs both its jobs stopped; lab-b's one job is enough."""
+    served = [
+        running(100, "lab-a", (0,), started=NOW - 5 * HOUR),
+        running(101, "lab-a", (1,), started=NOW - 5 * HOUR),
+        running(102, "lab-b", (0, 1), started=NOW - 2 * HOUR),
+    ]
+    decision = run([job(1, gpus=2)], cluster(2, 2, running=served), demote_after_gpu_s=HOUR)
+    assert decision.preempt == {102: 1}
+
+
 def test_a_user_above_their_share_stops_no_one_elses_job_by_slicing() -> None:
     """A heavy user feeding fresh short jobs must not keep stopping other members' long
     jobs: slicing only lets a user at or under their share stop another's job."""
