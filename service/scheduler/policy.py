@@ -68,7 +68,7 @@ from typing import Protocol
 
 from service.scheduler import elastic
 from service.scheduler.mechanics import Outcome, Pass
-from service.scheduler.ranking import FairShareTerms, rank_order
+from service.scheduler.ranking import FairShareTerms, RankOrder
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, PolicyConfig, QueuedJob
 
 
@@ -165,7 +165,9 @@ class Towerq:
             if scheduling.consider(eldest) is Outcome.PLACED:
                 terms.started(eldest)
         config, now = scheduling.config, scheduling.now
-        for job in rank_order(scheduling.queued, terms, now, config, scheduling.whole_host, scheduling.base_ranks):
+        order = RankOrder(scheduling.queued, terms, now, config, scheduling.whole_host)
+        scheduling.base_ranks = order.ranks
+        for job in order:
             if job.id in seen:
                 continue
             seen.add(job.id)
@@ -174,13 +176,15 @@ class Towerq:
             elif not scheduling.free.any_free:
                 # Nothing more starts in this pass, so no user's term changes: the rest
                 # of the rank order is one plain sort.
-                rest = [j for j in scheduling.queued if j.id not in seen]
                 if not config.explain and not scheduling.may_preempt:
-                    self.reserve_for_rest(scheduling, rest, terms)
+                    self.reserve_for_rest(scheduling, [j for j in scheduling.queued if j.id not in seen], terms)
                     return
-                ordered = sorted(rest, key=self.rank_key(scheduling, terms))
+                ordered = order.rest(seen)
+                if config.explain:
+                    scheduling.consider_each(ordered)
+                    return
                 for k, waiting in enumerate(ordered):
-                    if not config.explain and not scheduling.may_preempt:
+                    if not scheduling.may_preempt:
                         self.reserve_for_rest(scheduling, ordered[k:], terms)  # no victim left
                         return
                     scheduling.consider(waiting)
@@ -205,7 +209,7 @@ class Towerq:
         (`Whole-host gangs` above)."""
         if scheduling.config.demote_after_gpu_s <= 0 or not scheduling.queued:
             return None
-        eldest = min(scheduling.queued, key=lambda j: (j.priority, j.waiting_since, j.id))
+        eldest = min((j.priority, j.waiting_since, j.id, j) for j in scheduling.queued)[3]  # ids are unique
         if eldest.gpu_count < scheduling.whole_host or scheduling.cannot_run(eldest) is not None:
             return None
         scheduling.eldest_gang = eldest.id

@@ -107,9 +107,10 @@ def base_rank(
     largest host (a job of that many or more needs whole hosts). `fixed`: the terms that do
     not depend on the wait, by what they depend on, kept across the jobs of one pass (a
     long queue holds few sizes, limits and owners' medians)."""
-    waited = max(0.0, now - job.submitted)  # a submit clock ahead of the scheduler's counts as no wait
+    waited = now - job.submitted
+    if not waited > 0.0:  # a submit clock ahead of the scheduler's counts as no wait
+        waited = 0.0
     rank = job.priority - waited / config.aging_s
-    fresh = max(0.0, 1.0 - waited / config.reserve_after_s) if config.reserve_after_s > 0 else 0.0
     key = (job.gpu_count, job.served_gpu_s, job.limit_s, job.typical_s)
     terms = fixed.get(key) if fixed is not None else None
     if terms is None:
@@ -117,8 +118,10 @@ def base_rank(
         if fixed is not None:
             fixed[key] = terms
     size, demoted, served, length = terms
-    if job.gpu_count > 1:
-        rank += size * fresh
+    if job.gpu_count > 1 and config.reserve_after_s > 0:
+        fresh = 1.0 - waited / config.reserve_after_s  # the size term fades to 0
+        if fresh > 0.0:
+            rank += size * fresh
     if demoted:
         rank += DEMOTED_CLASS
         if served is not None:
@@ -140,42 +143,57 @@ def _fixed_terms(job: QueuedJob, config: PolicyConfig, whole_host: int) -> _Fixe
     return size, demoted, served, _length_rank(job)
 
 
-def _first_three(entry: tuple[float, float, int, QueuedJob]) -> tuple[float, float, int]:
-    return entry[0], entry[1], entry[2]
+class RankOrder:
+    """Jobs by rank (iterate it once). Within an account (a user in a group) the order never
+    changes (waiting lifts all alike), so each account's jobs are sorted once and merged by a
+    heap keyed on the account's current term, which `terms.started` raises as the pass starts
+    its jobs. Once no job can start, `rest` gives the rest of the order at once. `ranks`:
+    each job's `base_rank` by id, for later sorts in the same pass."""
 
+    def __init__(
+        self, jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig, whole_host: int
+    ) -> None:
+        self.terms = terms
+        self.ranks: dict[int, float] = {}
+        self._accounts: dict[Account, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
+        fixed: dict[tuple[int, float, float | None, float | None], _Fixed] = {}
+        for job in jobs:
+            self.ranks[job.id] = rank = base_rank(job, now, config, whole_host, fixed)
+            self._accounts[(job.user, job.group)].append((rank, job.submitted, job.id, job))
+        for account_jobs in self._accounts.values():
+            account_jobs.sort()  # job ids are unique: two entries never compare their jobs
+        self._next = dict.fromkeys(self._accounts, 0)
+        """Each account's first job not yet given."""
 
-def rank_order(
-    jobs: list[QueuedJob],
-    terms: FairShareTerms,
-    now: float,
-    config: PolicyConfig,
-    whole_host: int,
-    base_ranks: dict[int, float] | None = None,
-) -> Iterator[QueuedJob]:
-    """Jobs by rank. Within an account (a user in a group) the order never changes (waiting
-    lifts all alike), so each account's jobs are sorted once and merged by a heap keyed on
-    the account's current term, which `terms.started` raises as the pass starts its jobs.
-    Each job's `base_rank` goes into `base_ranks` (by id) where given, for later sorts in
-    the same pass."""
-    per_account: dict[Account, list[tuple[float, float, int, QueuedJob]]] = defaultdict(list)
-    ranks = {} if base_ranks is None else base_ranks
-    fixed: dict[tuple[int, float, float | None, float | None], _Fixed] = {}
-    for job in jobs:
-        ranks[job.id] = rank = base_rank(job, now, config, whole_host, fixed)
-        per_account[(job.user, job.group)].append((rank, job.submitted, job.id, job))
-    heap = []
-    for account, account_jobs in per_account.items():
-        account_jobs.sort(key=_first_three)
-        base, submitted, job_id, _ = account_jobs[0]
-        heap.append((base + terms.term(*account), submitted, job_id, account, 0))
-    heapq.heapify(heap)
-    while heap:  # job ids are unique: the heap never compares accounts
-        _, _, _, account, k = heapq.heappop(heap)
-        account_jobs = per_account[account]
-        yield account_jobs[k][3]
-        if k + 1 < len(account_jobs):
-            base, submitted, job_id, _ = account_jobs[k + 1]
-            heapq.heappush(heap, (base + terms.term(*account), submitted, job_id, account, k + 1))
+    def __iter__(self) -> Iterator[QueuedJob]:
+        term = self.terms.term
+        heap = [
+            (jobs[0][0] + term(*account), jobs[0][1], jobs[0][2], account) for account, jobs in self._accounts.items()
+        ]
+        heapq.heapify(heap)
+        while heap:  # job ids are unique: the heap never compares accounts
+            account = heapq.heappop(heap)[3]
+            account_jobs, k = self._accounts[account], self._next[account]
+            self._next[account] = k + 1
+            yield account_jobs[k][3]
+            if k + 1 < len(account_jobs):
+                base, submitted, job_id, _ = account_jobs[k + 1]
+                heapq.heappush(heap, (base + term(*account), submitted, job_id, account))
+
+    def rest(self, skip: set[int]) -> list[QueuedJob]:
+        """The jobs not given yet nor in `skip`, in rank order with the terms as they are now
+        (while no job starts, the rest of the order): one sort of tuples, no key function
+        (the live pass with 5,000 queued takes most of them from here)."""
+        keyed: list[tuple[float, float, int, QueuedJob]] = []
+        for account, k in self._next.items():
+            term = self.terms.term(*account)
+            keyed += [
+                (rank + term, sub, job_id, job)
+                for rank, sub, job_id, job in self._accounts[account][k:]
+                if job_id not in skip
+            ]
+        keyed.sort()
+        return [entry[3] for entry in keyed]
 
 
 Account = tuple[str, str | None]

@@ -4,7 +4,7 @@ without groups ranked exactly as before."""
 
 from __future__ import annotations
 
-from service.scheduler.ranking import FairShareTerms, rank_order
+from service.scheduler.ranking import FairShareTerms, RankOrder
 from service.scheduler.types import FairShare, PolicyConfig
 from tests.service.scheduler.test_policy import NOW, cluster, job, placed, reasons, run, running
 
@@ -13,7 +13,7 @@ HOUR = 3600.0
 
 def order(queued, fair: FairShare) -> list[int]:
     terms = FairShareTerms(fair, [], queued, NOW)
-    return [j.id for j in rank_order(queued, terms, NOW, PolicyConfig(), whole_host=8)]  # no slicing: unused
+    return [j.id for j in RankOrder(queued, terms, NOW, PolicyConfig(), whole_host=8)]  # no slicing: unused
 
 
 def test_groups_come_first_by_their_shares_then_users_within_a_group() -> None:
@@ -72,3 +72,21 @@ def test_a_group_over_its_weekly_hours_never_holds_gpus_against_one_within() -> 
     d = run(queued, cluster(1), fair_share=fair, explain=True)
     assert placed(d) == {2: ("lab-a", (0,))}
     assert reasons(d)[1] == "group quota: nlp used 40.5 of its 40 GPU hours in the last 7 days"
+
+
+def test_the_rest_of_the_order_once_no_job_starts_is_the_order_the_merge_gives() -> None:
+    """`RankOrder.rest`, the tail of a long queue in one sort, gives the jobs not yet given
+    nor skipped in the order the account-by-account merge goes on in (the terms unchanged)."""
+    users, groups = ["alice", "bob", "carol"], [None, "vision"]
+    queued = [
+        job(i, users[i % 3], gpus=(1, 2, 4)[i % 5 % 3], group=groups[i % 2], submitted=NOW - 7_000 * (i % 11) - i)
+        for i in range(40)
+    ]
+    fair = FairShare(usage={"alice": 9 * HOUR, "carol": 2 * HOUR}, group_usage={"vision": 3 * HOUR})
+    config = PolicyConfig(demote_after_gpu_s=HOUR)
+    whole = list(RankOrder(queued, FairShareTerms(fair, [], queued, NOW), NOW, config, whole_host=8))
+    partial = RankOrder(queued, FairShareTerms(fair, [], queued, NOW), NOW, config, whole_host=8)
+    given = [j for _, j in zip(range(12), partial, strict=False)]
+    skip = {given[3].id, whole[20].id, whole[30].id}
+    assert given == whole[:12]
+    assert [j.id for j in partial.rest(skip)] == [j.id for j in whole[12:] if j.id not in skip]
