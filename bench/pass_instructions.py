@@ -40,7 +40,7 @@ if scenario == "trace":
 else:
     config = be.PolicyConfig
     be.PolicyConfig = lambda **kw: config(explain=explain, **kw)
-    be.pass_ms(jobs, scenario == "elastic", repeats=passes)
+    be.pass_times(jobs, scenario == "elastic", repeats=passes)
 """
 
 
