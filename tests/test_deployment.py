@@ -5,6 +5,7 @@ password, and a non-editable wheel installed into a fresh virtual environment.""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -24,6 +25,7 @@ import pytest
 
 from service.cli.command import parser as towerq_parser
 from service.cli.redis_server import RedisUnavailableError, answers, redis_binary
+from service.core.lifetime import dies_with_this_process
 from service.core.settings import Settings
 from tests.compose import (
     COMPOSE,
@@ -227,6 +229,8 @@ class ScramPostgres:
 
     port: int
     password: str
+    process: subprocess.Popen[bytes]
+    root: Path
 
 
 def _postgres_bin() -> Path:
@@ -241,14 +245,19 @@ def _as(owner: list[str], *command: str) -> None:
     assert done.returncode == 0, f"{command[0]} failed: {done.stdout}{done.stderr}"
 
 
-@pytest.fixture(scope="module")
-def scram_postgres() -> Iterator[ScramPostgres]:
+@contextlib.contextmanager
+def running_scram_postgres() -> Iterator[ScramPostgres]:
+    """The server runs as this process's child, not as `pg_ctl`'s daemon: it gets SIGINT (a
+    fast shutdown) when this process dies, so a pytest worker killed outright, which runs
+    no teardown, leaves no server behind."""
     # Not under pytest's folder: PostgreSQL runs as its own user, who cannot enter root's.
     root = Path(tempfile.mkdtemp(prefix="towerq-scram-postgres-"))
     as_owner: list[str] = []
+    owner: dict[str, object] = {}
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root
         shutil.chown(root, "postgres")
         as_owner = ["runuser", "-u", "postgres", "--"]
+        owner = {"user": "postgres", "group": "postgres", "extra_groups": []}
     password = "pg-Secret-42"
     pwfile = root / "pw"
     pwfile.write_text(password + "\n")
@@ -256,33 +265,85 @@ def scram_postgres() -> Iterator[ScramPostgres]:
     bin_dir = _postgres_bin()
     data = root / "data"
     port = free_port()
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    _as(
-        as_owner,
-        str(bin_dir / "initdb"),
-        "-D",
-        str(data),
-        "-U",
-        "towerq",
-        "--auth=scram-sha-256",
-        f"--pwfile={pwfile}",
-        "-E",
-        "UTF8",
-        "--no-sync",
-    )
+    initdb = [str(bin_dir / "initdb"), "-D", str(data), "-U", "towerq", "--auth=scram-sha-256", f"--pwfile={pwfile}"]
+    _as(as_owner, *initdb, "-E", "UTF8", "--no-sync")
+    server = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root)]
+    server += ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
+    with open(root / "log", "ab") as log:
+        process = subprocess.Popen(
+            server, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_this_process(signal.SIGINT), **owner
+        )
+    url = f"postgresql://towerq:{password}@127.0.0.1:{port}/postgres"
     try:
-        _as(as_owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start")
-        url = f"postgresql://towerq:{password}@127.0.0.1:{port}/postgres"
-        with psycopg.connect(url, autocommit=True) as admin:
+        admin = wait_for(lambda: _connect(url, process, root / "log"), 30, "the scram PostgreSQL server")
+        with admin:
             admin.execute("CREATE DATABASE towerq")
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(url.replace(password, "wrong"))
-        yield ScramPostgres(port, password)
+        yield ScramPostgres(port, password, process, root)
     finally:
-        subprocess.run(
-            [*as_owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True
-        )
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _connect(url: str, process: subprocess.Popen[bytes], log: Path) -> psycopg.Connection | None:
+    """A connection once the server answers; None while it starts."""
+    assert process.poll() is None, f"PostgreSQL exited: {log.read_text()}"
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=2)
+    except psycopg.OperationalError:
+        return None
+
+
+def test_a_killed_test_process_leaves_no_scram_postgres_behind() -> None:
+    """The server was `pg_ctl`'s daemon: a pytest worker killed outright, which runs no
+    teardown, left it running for good."""
+    script = (
+        "import time\nfrom tests.test_deployment import running_scram_postgres\n"
+        "with running_scram_postgres() as server:\n"
+        "    print(server.process.pid, server.root, flush=True)\n    time.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=dies_with_this_process(),
+    )
+    assert holder.stdout is not None
+    started = holder.stdout.readline().split()
+    try:
+        assert len(started) == 2, f"the server did not start: {started}"
+        server = int(started[0])
+        assert _running(server)
+        holder.kill()  # as a pytest worker killed outright
+        holder.wait()
+        wait_for(lambda: not _running(server), 30, "the server to stop with the process that started it")
+    finally:
+        holder.kill()
+        holder.wait()
+        if len(started) == 2:
+            shutil.rmtree(started[1], ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture(scope="module")
+def scram_postgres() -> Iterator[ScramPostgres]:
+    with running_scram_postgres() as server:
+        yield server
 
 
 @dataclass
@@ -312,6 +373,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
         + ["--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", str(root)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
+        preexec_fn=dies_with_this_process(signal.SIGTERM),  # a killed pytest worker runs no teardown
     )
     url = f"rediss://:{password}@127.0.0.1:{port}/0?ssl_ca_certs={root / 'cert.pem'}"
     try:
