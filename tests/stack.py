@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from service.core.lifetime import dies_with_this_process
 from service.core.settings import Settings
 from worker.mountinfo import mounts
 
@@ -122,6 +123,7 @@ class Stack:
             env=settings_env(self.settings, **env_overrides),
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
+            preexec_fn=dies_with_this_process(signal.SIGTERM),  # a killed pytest worker runs no teardown
         )
         self.processes[name] = process
         return process

@@ -38,6 +38,7 @@ from tests.compose import (
 from tests.conftest import free_port
 from tests.stack import REPO, wait_for
 from tests.test_up import FINAL, Up, processes_in_session
+from worker.processes import pid_alive
 
 TOWERQ_SERVICES = ("migrate", "bootstrap", "api", "scheduler", "worker")
 ONE_SHOTS = ("migrate", "bootstrap")
@@ -320,24 +321,15 @@ def test_a_killed_test_process_leaves_no_scram_postgres_behind() -> None:
     try:
         assert len(started) == 2, f"the server did not start: {started}"
         server = int(started[0])
-        assert _running(server)
+        assert pid_alive(server)
         holder.kill()  # as a pytest worker killed outright
         holder.wait()
-        wait_for(lambda: not _running(server), 30, "the server to stop with the process that started it")
+        wait_for(lambda: not pid_alive(server), 30, "the server to stop with the process that started it")
     finally:
         holder.kill()
         holder.wait()
         if len(started) == 2:
             shutil.rmtree(started[1], ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    """The process exists and has not exited (a zombie has)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from service.core.lifetime import dies_with_this_process
+from service.core.settings import Settings
 from tests.conftest import RUN_MARK
-from tests.stack import REPO
+from tests.stack import REPO, settings_env, wait_for
 from worker.processes import pid_alive
 
 pytestmark = pytest.mark.slow
@@ -46,3 +49,41 @@ def test_a_run_that_leaves_a_process_behind_fails_naming_it(tmp_path: Path) -> N
     assert mark.strip().startswith("pid ")
     leftover = int(mark.split()[1])
     assert not pid_alive(leftover)  # killed, so the next run starts clean
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from service.core.settings import Settings
+from tests.stack import Stack
+
+stack = Stack(Settings(), Path(sys.argv[1]))
+stack.start_api()
+print(stack.processes["api"].pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_test_process_leaves_none_of_its_stack_behind(
+    make_settings: Callable[..., Settings], sqlite_url: str, tmp_path: Path
+) -> None:
+    """A pytest worker killed outright runs no teardown: the services its tests started (an
+    API here) get the parent-death signal instead of running on for good."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        cwd=REPO,
+        env=settings_env(make_settings(sqlite_url)),
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=dies_with_this_process(),
+    )
+    assert holder.stdout is not None
+    try:
+        api = int(holder.stdout.readline())
+        assert pid_alive(api)
+        holder.kill()  # as a pytest worker killed outright
+        holder.wait()
+        wait_for(lambda: not pid_alive(api), 60, "the API to end with the process that started it")
+    finally:
+        holder.kill()
+        holder.wait()
