@@ -3,7 +3,8 @@
 Timings on a shared machine drift by 2x from minute to minute (CPU time included), which hides
 a 30 % change in the pass; instructions counted by valgrind (`cachegrind`, no cache model) do
 not drift. Each scenario runs in its own process under valgrind once with one pass and once
-with three; half the difference is one pass, without start-up and the trace's reading.
+with three; half the difference is one pass, without start-up and the trace's reading (the
+garbage collector off: a full collection walks the bench's own objects, not the pass's work).
 
 Scenarios (every job of the Philly sample queued, 32 hosts x 8 GPUs all held):
 `trace`: `bench/scheduler_trace.py`'s pass (1-GPU jobs, time slicing on); `rigid`, `elastic`:
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("trace", "rigid", "elastic")
 
 ONE_RUN = """
+import gc
 import sys
 sys.path.insert(0, sys.argv[1])
 import bench.elastic as be
@@ -34,13 +36,15 @@ from service.scheduler.trace import read_trace
 from service.scheduler.types import PolicyConfig
 
 scenario, explain, passes = sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+gc.disable()  # the pass's own work: no collection, which both sides would time differently
 jobs = read_trace(st.TRACE)
 if scenario == "trace":
     st.pass_time(jobs, explain, repeats=passes, config=PolicyConfig(demote_after_gpu_s=st.SLICE_GPU_S))
 else:
     config = be.PolicyConfig
     be.PolicyConfig = lambda **kw: config(explain=explain, **kw)
-    be.pass_times(jobs, scenario == "elastic", repeats=passes)
+    timed = getattr(be, "pass_times", None) or be.pass_ms  # (pass_ms before 2026-12-02)
+    timed(jobs, scenario == "elastic", repeats=passes)
 """
 
 
