@@ -20,6 +20,7 @@ import httpx
 from service.core.lifetime import dies_with_this_process
 from service.core.settings import Settings
 from worker.mountinfo import mounts
+from worker.processes import pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL = ("succeeded", "failed", "cancelled")
@@ -101,6 +102,33 @@ def upload_code(client: httpx.Client, files: dict[str, str]) -> str:
     response = client.post("/api/code", files={"file": ("code.tar.gz", packed.getvalue())})
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
+
+
+def ends_with_its_killed_starter(script: str, *args: str, what: str, env: dict[str, str] | None = None) -> list[str]:
+    """Run `script` (`python -c`) as a holder that starts something and prints its pid first on
+    its first line; SIGKILL the holder, as a pytest worker killed outright (which runs no
+    teardown), and wait for that pid to end. The line's fields."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=dies_with_this_process(),
+    )
+    assert holder.stdout is not None
+    try:
+        fields = holder.stdout.readline().split()
+        assert fields and fields[0].isdigit(), f"{what} did not start: {fields}"
+        started = int(fields[0])
+        assert pid_alive(started)
+        holder.kill()
+        holder.wait()
+        wait_for(lambda: not pid_alive(started), 60, f"{what} to end with the process that started it")
+        return fields
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 class Stack:

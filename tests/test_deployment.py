@@ -36,9 +36,8 @@ from tests.compose import (
     variables,
 )
 from tests.conftest import free_port
-from tests.stack import REPO, wait_for
+from tests.stack import REPO, ends_with_its_killed_starter, wait_for
 from tests.test_up import FINAL, Up, processes_in_session
-from worker.processes import pid_alive
 
 TOWERQ_SERVICES = ("migrate", "bootstrap", "api", "scheduler", "worker")
 ONE_SHOTS = ("migrate", "bootstrap")
@@ -309,27 +308,8 @@ def test_a_killed_test_process_leaves_no_scram_postgres_behind() -> None:
         "with running_scram_postgres() as server:\n"
         "    print(server.process.pid, server.root, flush=True)\n    time.sleep(600)\n"
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=dies_with_this_process(),
-    )
-    assert holder.stdout is not None
-    started = holder.stdout.readline().split()
-    try:
-        assert len(started) == 2, f"the server did not start: {started}"
-        server = int(started[0])
-        assert pid_alive(server)
-        holder.kill()  # as a pytest worker killed outright
-        holder.wait()
-        wait_for(lambda: not pid_alive(server), 30, "the server to stop with the process that started it")
-    finally:
-        holder.kill()
-        holder.wait()
-        if len(started) == 2:
-            shutil.rmtree(started[1], ignore_errors=True)
+    _, root = ends_with_its_killed_starter(script, what="the scram PostgreSQL server")
+    shutil.rmtree(root, ignore_errors=True)  # its teardown did not run
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service.core.lifetime import dies_with_this_process
 from service.core.settings import Settings
 from tests.conftest import RUN_MARK
-from tests.stack import REPO, settings_env, wait_for
+from tests.stack import REPO, ends_with_its_killed_starter, settings_env
 from worker.processes import pid_alive
 
 pytestmark = pytest.mark.slow
@@ -69,21 +68,5 @@ def test_a_killed_test_process_leaves_none_of_its_stack_behind(
 ) -> None:
     """A pytest worker killed outright runs no teardown: the services its tests started (an
     API here) get the parent-death signal instead of running on for good."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path)],
-        cwd=REPO,
-        env=settings_env(make_settings(sqlite_url)),
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=dies_with_this_process(),
-    )
-    assert holder.stdout is not None
-    try:
-        api = int(holder.stdout.readline())
-        assert pid_alive(api)
-        holder.kill()  # as a pytest worker killed outright
-        holder.wait()
-        wait_for(lambda: not pid_alive(api), 60, "the API to end with the process that started it")
-    finally:
-        holder.kill()
-        holder.wait()
+    env = settings_env(make_settings(sqlite_url))
+    ends_with_its_killed_starter(HOLDER, str(tmp_path), what="the API", env=env)
