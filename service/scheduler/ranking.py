@@ -144,11 +144,12 @@ def _fixed_terms(job: QueuedJob, config: PolicyConfig, whole_host: int) -> _Fixe
 
 
 class RankOrder:
-    """Jobs by rank (iterate it once). Within an account (a user in a group) the order never
-    changes (waiting lifts all alike), so each account's jobs are sorted once and merged by a
-    heap keyed on the account's current term, which `terms.started` raises as the pass starts
-    its jobs. Once no job can start, `rest` gives the rest of the order at once. `ranks`:
-    each job's `base_rank` by id, for later sorts in the same pass."""
+    """Jobs by rank. Within an account (a user in a group) the order never changes (waiting
+    lifts all alike), so each account's jobs are sorted once and merged by a heap keyed on
+    the account's current term, which `terms.started` raises as the pass starts its jobs (an
+    iteration goes on from the first job not yet given). Once no job can start, `rest` gives
+    the rest of the order at once. `ranks`: each job's `base_rank` by id, for later sorts in
+    the same pass."""
 
     def __init__(
         self, jobs: list[QueuedJob], terms: FairShareTerms, now: float, config: PolicyConfig, whole_host: int
@@ -167,9 +168,12 @@ class RankOrder:
 
     def __iter__(self) -> Iterator[QueuedJob]:
         term = self.terms.term
-        heap = [
-            (jobs[0][0] + term(*account), jobs[0][1], jobs[0][2], account) for account, jobs in self._accounts.items()
-        ]
+        heap = []
+        for account, k in self._next.items():  # from where an earlier iteration stopped, as a generator
+            account_jobs = self._accounts[account]
+            if k < len(account_jobs):
+                base, submitted, job_id, _ = account_jobs[k]
+                heap.append((base + term(*account), submitted, job_id, account))
         heapq.heapify(heap)
         while heap:  # job ids are unique: the heap never compares accounts
             account = heapq.heappop(heap)[3]
