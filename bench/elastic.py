@@ -20,7 +20,7 @@ p99 / 50 ms max).
 `--families N` replays instead the trace families of `bench/trace_families.py` (N seeds
 each; 64 GPUs, 8 hosts x 8), the same three ways; `--pass-only` times only the pass.
 
-Usage: `python bench/elastic.py [--seeds N] [--workers N] [--families N] [--pass-only]` (the
+Usage: `python bench/elastic.py [--seeds N] [--workers N] [--families N] [--pass-only] [--pass-trace CSV]` (the
 file and 10 seeds: about 15 min on 2 cores).
 """
 
@@ -129,6 +129,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--families", type=int, default=0, help="replay the trace families instead, N seeds each")
     parser.add_argument("--pass-only", action="store_true", help="time only the pass over 5,000 queued jobs")
+    parser.add_argument(
+        "--pass-trace", type=Path, default=TRACE, help="the jobs the timed pass queues (default: the Philly sample)"
+    )
     args = parser.parse_args()
     if not args.pass_only:
         if args.families:
@@ -142,7 +145,7 @@ def main() -> None:
                 f"{args.seeds} bootstraps"
             )
         report(traces, args.workers)
-    jobs = read_trace(TRACE)
+    jobs = read_trace(args.pass_trace)
     rigid, elastic = pass_times(jobs, elastic=False), pass_times(jobs, elastic=True)
     print(
         f"{PASSES} passes, {len(jobs)} queued, every GPU held by 8-GPU jobs, every job's reason: median / p99 / max "
