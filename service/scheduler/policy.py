@@ -180,11 +180,8 @@ class Towerq:
                     self.reserve_for_rest(scheduling, [j for j in scheduling.queued if j.id not in seen], terms)
                     return
                 ordered = order.rest(seen)
-                if config.explain:
-                    scheduling.consider_each(ordered)
-                    return
                 for k, waiting in enumerate(ordered):
-                    if not scheduling.may_preempt:
+                    if not config.explain and not scheduling.may_preempt:
                         self.reserve_for_rest(scheduling, ordered[k:], terms)  # no victim left
                         return
                     scheduling.consider(waiting)

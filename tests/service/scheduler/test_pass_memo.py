@@ -144,35 +144,26 @@ def full_pass(queue: list[QueuedJob], layout, config: PolicyConfig) -> mechanics
     return mechanics.Pass(queue, a_cluster(layout, 0), FairShare(), NOW, config, stops_jobs=True)
 
 
-def consider_in_turn(scheduling: mechanics.Pass, jobs: list[QueuedJob], each: bool) -> None:
-    """`consider` each job, or `consider_each` (the tail of a long queue) all of them."""
-    if each:
-        scheduling.consider_each(jobs)
-    else:
-        for queued in jobs:
-            scheduling.consider(queued)
-
-
-@pytest.mark.parametrize("each", [False, True])
-def test_a_job_the_pass_reserves_for_is_considered_in_full_after_one_of_its_shape(each: bool) -> None:
+def test_a_job_the_pass_reserves_for_is_considered_in_full_after_one_of_its_shape() -> None:
     layout = [(8, "zed", 1, False, False, 5_000.0), (8, "zed", 1, False, False, 9_000.0)]
     other, starving = job(1, "a", gpus=8), job(2, "a", gpus=8)
     scheduling = full_pass([other, starving], layout, PolicyConfig(explain=True))
     scheduling.reservable = {starving.id}
-    consider_in_turn(scheduling, [other, starving], each)
+    scheduling.consider(other)
+    scheduling.consider(starving)
     waits = {p.job_id: p for p in scheduling.decision.pending}
     assert waits[1].reserved_start is None
     assert waits[2].reserved_start == NOW - 30 + 5_000.0, "lab-a's job ends first: its GPUs are held for job 2"
 
 
-@pytest.mark.parametrize("each", [False, True])
-def test_the_eldest_whole_host_job_may_slice_after_one_of_its_shape_could_not(each: bool) -> None:
+def test_the_eldest_whole_host_job_may_slice_after_one_of_its_shape_could_not() -> None:
     layout = [(8, "zed", 1, False, True, None), (8, "zed", 1, False, True, None)]
     served = {"served_gpu_s": 50_000.0}
     other, eldest = job(1, "a", gpus=8, **served), job(2, "a", gpus=8, **served)
     scheduling = full_pass([other, eldest], layout, PolicyConfig(explain=True, demote_after_gpu_s=3_600.0))
     scheduling.eldest_gang = eldest.id
-    consider_in_turn(scheduling, [other, eldest], each)
+    scheduling.consider(other)
+    scheduling.consider(eldest)
     assert set(scheduling.decision.preempt.values()) == {2}, "only the eldest slices work that had its slice"
 
 
