@@ -1,4 +1,5 @@
-"""Free GPU capacity during one scheduling pass: where a job fits now, and when it could.
+"""Free GPU capacity during one scheduling pass: where a job fits now (when it could:
+`outlook.Outlook`, which each `FreeGpus` keeps).
 
 `FreeGpus` is a copy of the cluster's free fractions that a pass consumes as it places
 jobs, plus the GPUs it holds for jobs that must not wait forever (reservations, and room
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from service.scheduler.outlook import Outlook, Slots
 from service.scheduler.types import (
     EPSILON,
     INFINITY,
@@ -21,8 +23,6 @@ from service.scheduler.types import (
     RunningJob,
 )
 
-MIN_EXPECTED_S = 60.0
-Slots = list[tuple[str, tuple[int, ...]]]
 Ends = tuple[float, float]
 """When a job ends: (for sure, from its time limit; likely, from its owner's history)."""
 
@@ -33,36 +33,6 @@ def ends_if_started(job: QueuedJob, now: float) -> Ends:
     known = now + job.limit_s if job.limit_s is not None else INFINITY
     likely = now + job.estimate_s if job.estimate_s is not None else known
     return known, likely
-
-
-def expected_end(running: RunningJob, now: float) -> float:
-    """When a running job will likely end: its time limit; else its owner's usual run time;
-    else, or once it has outlived that, after as long again as it has run so far."""
-    if running.limit_s is not None:
-        return running.end
-    if running.estimate_s is not None and running.started + running.estimate_s > now:
-        return running.started + running.estimate_s
-    return _as_long_again(running, now)
-
-
-def likely_end(running: RunningJob, now: float) -> float:
-    """When a running job will most likely end, for expected starts (`expected_end` is
-    cautious, a 90th percentile, as lending held GPUs must be): when its pace is measured,
-    its own ETA (the end its page shows, so the job waiting for it says the same); else its
-    owner's median run time, or once it has outlived that, as long again as it has run so
-    far; never past its time limit. With neither known, `expected_end`."""
-    if running.measured_end is not None:
-        return min(max(running.measured_end, now), running.end)
-    if running.typical_s is None:
-        return expected_end(running, now)
-    typical = running.started + running.typical_s
-    return min(typical if typical > now else _as_long_again(running, now), running.end)
-
-
-def _as_long_again(running: RunningJob, now: float) -> float:
-    """A job that has outlived what was known of it ends after as long again as it has run
-    (with heavy-tailed run times, the longer a job has run, the longer it is likely to go on)."""
-    return now + max(now - running.started, MIN_EXPECTED_S)
 
 
 @dataclass(slots=True)
@@ -103,13 +73,8 @@ class FreeGpus:
         self.with_room = {name for name, free in self.free.items() if any(f > EPSILON for f in free)}
         self._full = {name: sum(1 for f in free if f >= 1 - EPSILON) for name, free in self.free.items()}
         self.max_full = max(self._full.values(), default=0)
-        self._earliest: dict[tuple[object, ...], tuple[float, float, Slots] | None] = {}
-        self._ready: dict[str, dict[tuple[float, bool], list[tuple[float, float]]]] = defaultdict(dict)
-        """`ready_times` by host, until that host's GPUs, holds or jobs change (`_forget`)."""
-        self._soonest: dict[str, dict[tuple[object, ...], tuple[tuple[float, float, str], Slots] | None]] = defaultdict(
-            dict
-        )
-        """`_soonest_on` by host, as `_ready`."""
+        self.outlook = Outlook(self)
+        """When jobs could start, kept per host until what is on it changes."""
         self.version = 0
         """Raised whenever capacity or holds change, so answers cached on it go stale."""
 
@@ -219,10 +184,10 @@ class FreeGpus:
         return None
 
     def take(self, slots: Slots, fraction: float) -> None:
-        self._earliest.clear()
+        self.outlook.changed()
         self.version += 1
         for host, indices in slots:
-            self._forget(host)
+            self.outlook.forget(host)
             free = self.free[host]
             for i in indices:
                 if free[i] >= 1 - EPSILON and free[i] - fraction < 1 - EPSILON:
@@ -235,8 +200,8 @@ class FreeGpus:
     def give(self, host: str, indices: tuple[int, ...], fraction: float) -> None:
         """`fraction` of these GPUs of `host` is free again in this pass (an elastic job
         shrinks); a GPU that takes no new work stays at 0."""
-        self._earliest.clear()
-        self._forget(host)
+        self.outlook.changed()
+        self.outlook.forget(host)
         self.version += 1
         free, unusable = self.free[host], self.hosts[host].unusable
         for i in indices:
@@ -257,122 +222,15 @@ class FreeGpus:
         jobs.pop(next(k for k, job in enumerate(jobs) if job is running))
         moved = host or running.host
         self.running_on[moved].append(replace(running, host=moved, indices=indices))
-        self._forget(running.host)
-        self._forget(moved)
-        self._earliest.clear()
-
-    # -- when it could fit ----------------------------------------------------------------
-
-    def _forget(self, host: str) -> None:
-        """`host`'s GPUs, holds or jobs change: what was cached of it goes."""
-        self._ready.pop(host, None)
-        self._soonest.pop(host, None)
-
-    def ready_times(self, host: str, fraction: float, now: float, skip_held: bool = False) -> list[tuple[float, float]]:
-        """For each GPU of `host`: when `fraction` of it is free, as (known, expected);
-        never, for a GPU held for another job when `skip_held`. Cached until the host's
-        GPUs are taken, given or held, or its jobs change."""
-        ready = self._ready[host]
-        key = (fraction, skip_held)
-        if key not in ready:
-            ready[key] = self._ready_times(host, fraction, now, skip_held)
-        return ready[key]
-
-    def _ready_times(self, host: str, fraction: float, now: float, skip_held: bool) -> list[tuple[float, float]]:
-        free = self.free[host]
-        unusable = set(self.hosts[host].unusable)
-        if skip_held:
-            unusable |= set(self.holds.get(host, {}))
-        holders: dict[int, list[RunningJob]] = defaultdict(list)
-        for running in self.running_on[host]:
-            for i in running.indices:
-                holders[i].append(running)
-        times = []
-        for i, now_free in enumerate(free):
-            if i in unusable:
-                times.append((INFINITY, INFINITY))
-                continue
-            level, known, expected = now_free, now, now
-            for running in sorted(holders[i], key=lambda r: expected_end(r, now)):
-                if level >= fraction - EPSILON:
-                    break
-                level += running.fraction
-                known = max(known, running.end)
-                expected = max(expected, expected_end(running, now))
-            times.append((known, expected) if level >= fraction - EPSILON else (INFINITY, INFINITY))
-        return times
-
-    def earliest(self, job: QueuedJob, now: float, skip_held: bool = False) -> tuple[float, float, Slots] | None:
-        """Where `job` can start soonest: (known start, expected start, GPUs). The known
-        start comes from time limits only (inf when unknown); the host is chosen by it,
-        then by the expected start. With `skip_held`, GPUs held for others are left out
-        (a new reservation never overlaps another)."""
-        shape = (job.gpu_count, job.fraction, job.host, job.indices, skip_held, job.group if self.kept else None)
-        if shape not in self._earliest:
-            self._earliest[shape] = self._find_earliest(job, now, skip_held)
-        return self._earliest[shape]
-
-    def _find_earliest(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
-        if job.gpu_count > self.largest:
-            return self._earliest_whole_hosts(job, now, skip_held)
-        hosts = [job.host] if job.host is not None else self.order
-        best: tuple[tuple[float, float, str], Slots] | None = None
-        shape = (job.gpu_count, job.fraction, job.indices, skip_held, job.group if self.kept else None)
-        for host in hosts:
-            if host not in self.free or self.hosts[host].size < job.gpu_count:
-                continue
-            cached = self._soonest[host]
-            if shape not in cached:
-                cached[shape] = self._soonest_on(host, job, now, skip_held)
-            found = cached[shape]
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
-        return (best[0][0], best[0][1], best[1]) if best else None
-
-    def _soonest_on(
-        self, host: str, job: QueuedJob, now: float, skip_held: bool
-    ) -> tuple[tuple[float, float, str], Slots] | None:
-        """When `job` could start on `host` soonest, as (known, expected, host), and on which
-        of its GPUs; None when never."""
-        times = self._after_kept(host, self.ready_times(host, job.fraction, now, skip_held), job.group)
-        wanted = job.indices if job.indices is not None else range(len(times))
-        ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpu_count]
-        if len(ranked) < job.gpu_count:
-            return None
-        key = (max(times[i][0] for i in ranked), max(times[i][1] for i in ranked), host)
-        return key, [(host, tuple(sorted(ranked)))]
-
-    def _earliest_whole_hosts(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
-        needed = -(-job.gpu_count // max(self.largest, 1))
-        ranked = []
-        for host in self.order:
-            if len(self.free[host]) == self.largest:
-                times = self._after_kept(host, self.ready_times(host, 1.0, now, skip_held), job.group)
-                ranked.append((max(t[0] for t in times), max(t[1] for t in times), host))
-        if len(ranked) < needed:
-            return None
-        chosen = sorted(ranked)[:needed]
-        known = max(t for t, _, _ in chosen)
-        expected = max(t for _, t, _ in chosen)
-        return known, expected, [(host, tuple(range(self.largest))) for _, _, host in chosen]
-
-    def _after_kept(self, host: str, times: list[tuple[float, float]], group: str | None) -> list[tuple[float, float]]:
-        """`times`, with each GPU kept for another group ready no sooner than its window's
-        end (a borrower must end before the window, which these estimates cannot promise)."""
-        if not self.kept:
-            return times
-        adjusted = list(times)
-        for i, (known, expected) in enumerate(times):
-            for kept in self.kept.get((host, i), ()):
-                if kept.group != group:
-                    adjusted[i] = (max(known, kept.end), max(expected, kept.end))
-        return adjusted
+        self.outlook.forget(running.host)
+        self.outlook.forget(moved)
+        self.outlook.changed()
 
     def hold(self, job_id: int, slots: Slots, start: float, expected: float) -> None:
-        self._earliest.clear()
+        self.outlook.changed()
         self.version += 1
         for host, indices in slots:
-            self._forget(host)
+            self.outlook.forget(host)
             for i in indices:
                 self.holds[host][i] = Hold(job_id, start, expected)
             self._holding.add((job_id, host))

@@ -17,8 +17,8 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from service.scheduler.capacity import likely_end
 from service.scheduler.costs import CHECKPOINT_S, sliceable_from
+from service.scheduler.outlook import likely_end
 from service.scheduler.types import (
     Cluster,
     Decision,

@@ -34,8 +34,9 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from service.scheduler.capacity import Ends, ends_if_started, likely_end
+from service.scheduler.capacity import Ends, ends_if_started
 from service.scheduler.costs import MIN_RUN_S, STOP_COST_S
+from service.scheduler.outlook import likely_end
 from service.scheduler.types import EPSILON, INFINITY, QueuedJob, RunningJob
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The live scheduler, `POST /api/jobs?dry_run=true` and the trace simulator's estimate of
 each arrival all call `forecast`: the same `schedule` function the passes call, run on a
 copy of the queue and the cluster on a virtual clock. Running jobs end when they most
-likely will (`capacity.likely_end`: the owner's median run time, or as long again as they
+likely will (`outlook.likely_end`: the owner's median run time, or as long again as they
 have run so far once past it, never past the time limit); a job the replay starts runs
 for its owner's median run time (at most its limit), else its limit, else `DEFAULT_RUN_S`;
 an elastic job below its full size runs as much longer as its rate there says
@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from service.scheduler.capacity import likely_end
 from service.scheduler.clock import Happens, SimCluster, SliceWakeups
 from service.scheduler.costs import CHECKPOINT_S, STOP_COST_S
 from service.scheduler.elastic import rate
+from service.scheduler.outlook import likely_end
 from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
 from service.scheduler.types import (

@@ -25,7 +25,8 @@ from collections import defaultdict
 from dataclasses import replace
 
 from service.scheduler import elastic, victims
-from service.scheduler.capacity import FreeGpus, Slots, ends_if_started
+from service.scheduler.capacity import FreeGpus, ends_if_started
+from service.scheduler.outlook import Slots
 from service.scheduler.ranking import FairShareTerms
 from service.scheduler.types import (
     EPSILON,
@@ -270,7 +271,7 @@ class Pass:
         return job.id in self.reservable and self.reservations < self.config.max_reservations
 
     def reserve(self, job: QueuedJob) -> float | None:
-        found = self.free.earliest(job, self.now, skip_held=True)
+        found = self.free.outlook.earliest(job, self.now, skip_held=True)
         if found is None or found[1] == INFINITY:
             return None
         known, expected, slots = found
@@ -315,7 +316,7 @@ class Pass:
 
     def _busy_elsewhere(self, job: QueuedJob) -> Reason:
         """Why `job` waits on the GPUs it could have soonest, reservations honoured."""
-        found = self.free.earliest(job, self.now)
+        found = self.free.outlook.earliest(job, self.now)
         if found is None:
             return Reason(Wait.NO_FIT, (job.gpu_count, job.fraction, INFINITY))
         known, _, slots = found

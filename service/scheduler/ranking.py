@@ -8,7 +8,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from service.scheduler.capacity import expected_end
+from service.scheduler.outlook import expected_end
 from service.scheduler.types import (
     FairShare,
     PolicyConfig,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from service.scheduler.capacity import Slots, expected_end
 from service.scheduler.costs import STOP_COST_S, sliceable_from
+from service.scheduler.outlook import Slots, expected_end
 from service.scheduler.types import INFINITY, PRIORITY_RANK, QueuedJob, Reason, RunningJob, Wait
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""`FreeGpus`'s answers on when a job could start are kept per host (`ready_times`, the soonest
+"""`FreeGpus.outlook`'s answers on when a job could start are kept per host (`ready_times`, the soonest
 start on each host) and must go with whatever changes that host in the pass: a placement
 (`take`), a shrink's released GPUs (`give`), a resized or moved job (`runs_on`), a hold."""
 
@@ -20,7 +20,7 @@ def two_gpus(*indices: int) -> FreeGpus:
 
 
 def soonest(free: FreeGpus, gpus: int = 1) -> tuple[float, tuple[str, tuple[int, ...]]] | None:
-    found = free.earliest(job(1, gpus=gpus), NOW)
+    found = free.outlook.earliest(job(1, gpus=gpus), NOW)
     return None if found is None else (found[0], found[2][0])
 
 
@@ -42,14 +42,14 @@ def test_a_job_that_now_runs_on_fewer_gpus_frees_the_rest_no_sooner() -> None:
     """Its GPU 1 is still taken in the pass (nothing gave it back): with no job on it, it is
     not known to free at all."""
     free = two_gpus(0, 1)
-    assert free.ready_times("lab-a", 1.0, NOW) == [(ENDS, ENDS), (ENDS, ENDS)]
+    assert free.outlook.ready_times("lab-a", 1.0, NOW) == [(ENDS, ENDS), (ENDS, ENDS)]
     free.runs_on(free.running_on["lab-a"][0], (0,))
-    assert free.ready_times("lab-a", 1.0, NOW) == [(ENDS, ENDS), (INFINITY, INFINITY)]
+    assert free.outlook.ready_times("lab-a", 1.0, NOW) == [(ENDS, ENDS), (INFINITY, INFINITY)]
 
 
 def test_a_hold_keeps_its_gpus_from_the_next_reservation() -> None:
     free = two_gpus(0, 1)
-    assert free.earliest(job(1), NOW, skip_held=True) is not None
+    assert free.outlook.earliest(job(1), NOW, skip_held=True) is not None
     free.hold(5, [("lab-a", (0, 1))], ENDS, ENDS)
-    found = free.earliest(job(1), NOW, skip_held=True)
+    found = free.outlook.earliest(job(1), NOW, skip_held=True)
     assert found is not None and found[0] == INFINITY, "lab-b never frees; lab-a's GPUs are held"
