@@ -46,7 +46,6 @@ from service.scheduler.types import (
     Placement,
     PolicyConfig,
     QueuedJob,
-    RunningJob,
 )
 
 FORECAST_JOBS = 100
@@ -133,17 +132,9 @@ class Replay:
         size = sum(len(indices) for _, indices in slots)
         if elastic:
             run_s /= rate(size, job.gpu_count)
-        parts = [
-            RunningJob(job.id, job.user, job.priority, host, indices, job.fraction, clock, job.limit_s, group=job.group)
-            for host, indices in slots
-        ]
+        parts = job.parts_on(slots, clock)
         for part in parts:
             part.estimate_s = part.typical_s = run_s
-            part.served_gpu_s = job.served_gpu_s
-            if len(parts) > 1:
-                part.job_gpu_load = job.gpu_count * job.fraction
-            if elastic:
-                part.min_gpu_count, part.full_gpu_count = job.min_gpu_count, job.gpu_count
         self.sim.start(parts, run_s)
 
     def _place(self, placement: Placement, clock: float) -> None:

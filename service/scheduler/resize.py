@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from service.core.lifecycle import gpu_list, request_preemption
 from service.core.models import Job, JobState
-from service.scheduler.types import EPSILON, Cluster, Decision, Placement, QueuedJob, RunningJob
+from service.scheduler.types import EPSILON, Cluster, Decision, Placement, QueuedJob
 from towerq.contract.messages import PreemptMessage
 
 
@@ -77,25 +77,11 @@ def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, 
             continue
         indices = tuple(free[:size])
         host.take(indices, job.fraction)
-        cluster.running.append(
-            RunningJob(
-                id=job.id,
-                user=job.user,
-                priority=job.priority,
-                host=host.name,
-                indices=indices,
-                fraction=job.fraction,
-                started=now,
-                limit_s=job.limit_s,
-                estimate_s=job.estimate_s,  # what the history gave it as queued (annotate ran first)
-                typical_s=job.typical_s,
-                served_gpu_s=job.served_gpu_s,
-                group=job.group,
-                min_gpu_count=job.min_gpu_count,
-                full_gpu_count=job.gpu_count,
-                run_served_gpu_s=target.run_served_gpu_s,
-            )
-        )
+        # Estimates as the history gave them to it queued (annotate ran first); it goes on
+        # with its run.
+        (running,) = job.parts_on([(host.name, indices)], now)
+        running.run_served_gpu_s = target.run_served_gpu_s
+        cluster.running.append(running)
         placements.append(Placement(job.id, [(host.name, indices)]))
     return placements
 

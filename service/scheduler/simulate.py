@@ -303,29 +303,12 @@ def _start(state: SimState, job: TraceJob, slots: list[tuple[str, tuple[int, ...
     job.left = left
     job.waited += now - (job.queued_at if job.queued_at is not None else job.submit)
     size = sum(len(indices) for _, indices in slots)
-    elastic = job.min_gpu_count is not None and len(slots) == 1
+    elastic = queued.elastic and len(slots) == 1
     wall = left / rate(size, job.gpu_count) if elastic else left
-    parts = [
-        RunningJob(
-            id=job.id,
-            user=job.user,
-            priority=1,
-            host=host,
-            indices=indices,
-            fraction=queued.fraction,
-            started=now,
-            limit_s=wall if oracle else job.limit,
-            estimate_s=queued.estimate_s,
-            typical_s=queued.typical_s,
-            served_gpu_s=job.served,
-            run_served_gpu_s=job.served,
-            group=job.group,
-            job_gpu_load=job.gpu_count * queued.fraction if len(slots) > 1 else None,
-            min_gpu_count=job.min_gpu_count if elastic else None,
-            full_gpu_count=job.gpu_count if elastic else None,
-        )
-        for host, indices in slots
-    ]
+    parts = queued.parts_on(slots, now)
+    for part in parts:
+        part.limit_s = wall if oracle else job.limit
+        part.run_served_gpu_s = job.served
     _run(state, job, parts, wall)
 
 

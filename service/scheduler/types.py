@@ -75,6 +75,32 @@ class QueuedJob:
         load = self.gpu_count * self.fraction
         return self.submitted + self.served_gpu_s / load if load > 0 else self.submitted
 
+    def parts_on(self, slots: list[tuple[str, tuple[int, ...]]], now: float) -> list[RunningJob]:
+        """This job started `now` on `slots`: a part per host, each with what is known of the
+        job as queued; elastic on one host (a job over several hosts is not resized)."""
+        whole = self.gpu_count * self.fraction if len(slots) > 1 else None
+        elastic = self.elastic and len(slots) == 1
+        return [
+            RunningJob(
+                id=self.id,
+                user=self.user,
+                priority=self.priority,
+                host=host,
+                indices=indices,
+                fraction=self.fraction,
+                started=now,
+                limit_s=self.limit_s,
+                estimate_s=self.estimate_s,
+                typical_s=self.typical_s,
+                served_gpu_s=self.served_gpu_s,
+                group=self.group,
+                job_gpu_load=whole,
+                min_gpu_count=self.min_gpu_count if elastic else None,
+                full_gpu_count=self.gpu_count if elastic else None,
+            )
+            for host, indices in slots
+        ]
+
 
 @dataclass(slots=True)
 class RunningJob:

@@ -164,3 +164,18 @@ def test_a_job_of_the_group_gpus_are_kept_for_shrinks_after_one_of_another_group
     queue = [job(1, gpus=2), job(2, gpus=2, group="vision")]
     decision = run(queue, busy, fair_share=FairShare(group_usage={"vision": 10 * HOUR}))  # job 1 first
     assert decision.shrink == {5: (0, 1)} and placed(decision) == {2: ("lab-a", (2, 3))}
+
+
+def test_a_started_job_is_elastic_on_one_host_and_whole_over_several() -> None:
+    """`QueuedJob.parts_on`, which the simulator, the forecast and a live resize start jobs by."""
+    queued = job(1, gpus=4, min_gpu_count=1, limit_s=HOUR, served_gpu_s=60.0, group="vision")
+    (one,) = queued.parts_on([("lab-a", (0, 1))], NOW)
+    assert (one.host, one.indices, one.started, one.end) == ("lab-a", (0, 1), NOW, NOW + HOUR)
+    assert (one.min_gpu_count, one.full_gpu_count, one.job_gpu_load) == (1, 4, None)
+    assert (one.served_gpu_s, one.group, one.elastic) == (60.0, "vision", True)
+    first, second = queued.parts_on([("lab-a", (0, 1)), ("lab-b", (0, 1))], NOW)
+    assert (first.host, second.host) == ("lab-a", "lab-b")
+    assert first.job_gpu_load == second.job_gpu_load == 4.0 and first.whole_load == 4.0
+    assert not first.elastic and not second.elastic, "a job over several hosts is not resized"
+    (rigid,) = job(2, gpus=2).parts_on([("lab-a", (0, 1))], NOW)
+    assert not rigid.elastic and rigid.full_gpu_count is None
