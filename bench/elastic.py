@@ -14,8 +14,10 @@ per pass (p99 / max over the replay), and beside them, as the same ratio, a clai
 reference (`bench/ideal.py`: every run time known, no hosts to fit in, stops for free) for
 what a scheduler could hope for on the trace. Then a pass over 5,000 queued jobs with
 every GPU held by elastic jobs that may be shrunk (the most a pass looks at), and the same
-pass with rigid jobs, each timed `PASSES` times: median / p99 / max CPU ms (the goal: 20 ms
-p99 / 50 ms max).
+pass with rigid jobs, each timed `PASSES` times with the garbage collector paused as the live
+pass runs the policy: median / p99 / max CPU ms (the goal: 20 ms p99 / 50 ms max); and the
+collector's cost, side by side: shrinkable passes with the queue built anew for each (as the
+live pass reads it), the collector paused and on by turns.
 
 `--families N` replays instead the trace families of `bench/trace_families.py` (N seeds
 each; 64 GPUs, 8 hosts x 8), the same three ways; `--pass-only` times only the pass.
@@ -27,6 +29,7 @@ file and 10 seeds: about 15 min on 2 cores).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import math
@@ -44,6 +47,7 @@ from bench.trace_families import FAMILIES  # noqa: E402
 from bench.trace_families import GPUS_PER_HOST as FAMILY_GPUS_PER_HOST  # noqa: E402
 from bench.trace_families import HOSTS as FAMILY_HOSTS  # noqa: E402
 from service.scheduler.costs import MIN_RUN_S  # noqa: E402
+from service.scheduler.live import collector_paused  # noqa: E402
 from service.scheduler.policy import schedule  # noqa: E402
 from service.scheduler.simulate import simulate  # noqa: E402
 from service.scheduler.trace import TraceJob, read_trace  # noqa: E402
@@ -81,9 +85,9 @@ def replay(work: tuple[str, int, float]) -> tuple[str, int, float, dict]:
     return family, seed, share, result
 
 
-def pass_times(jobs: list[TraceJob], elastic: bool, repeats: int = PASSES) -> list[float]:
-    """The CPU ms of `repeats` passes: every job of the file queued (elastic where it may be),
-    every GPU held by an 8-GPU job past `MIN_RUN_S` (elastic, and so shrinkable, or not)."""
+def _pass_inputs(jobs: list[TraceJob], elastic: bool) -> tuple[list[QueuedJob], Cluster, FairShare, float]:
+    """Every job of the file queued (elastic where it may be), every GPU held by an 8-GPU job
+    past `MIN_RUN_S` (elastic, and so shrinkable, or not)."""
     now = max(j.submit for j in jobs) + 1
     hosts = [HostCapacity(f"h{i:03d}", [0.0] * GPUS_PER_HOST) for i in range(HOSTS)]
     extra = {"min_gpu_count": 1, "full_gpu_count": GPUS_PER_HOST} if elastic else {}
@@ -100,27 +104,48 @@ def pass_times(jobs: list[TraceJob], elastic: bool, repeats: int = PASSES) -> li
         for j in jobs
     ]
     usage = {user: 1000.0 * k for k, user in enumerate(sorted({j.user for j in jobs}))}
+    return queued, Cluster(hosts, running), FairShare(usage=usage), now
+
+
+def pass_times(jobs: list[TraceJob], elastic: bool, repeats: int = PASSES) -> list[float]:
+    """The CPU ms of `repeats` passes over `_pass_inputs`, each with the collector paused as the
+    live pass runs it (`collector_paused`)."""
+    queued, cluster, fair, now = _pass_inputs(jobs, elastic)
     times = []
-    # The trace and the queue out of the collector's full passes, as the scheduler keeps what
-    # it loads at startup and the simulator its trace (without it every 7th pass here walks
-    # them all: +13 ms).
-    gc.freeze()
-    try:
-        for _ in range(repeats):
-            started = time.thread_time()
-            config = PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
-            schedule(queued, Cluster(hosts, running), FairShare(usage=usage), now, config)
-            times.append((time.thread_time() - started) * 1000)
-    finally:
-        gc.unfreeze()
+    for _ in range(repeats):
+        started = time.thread_time()
+        config = PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
+        with collector_paused():
+            schedule(queued, Cluster(cluster.hosts, cluster.running), fair, now, config)
+        times.append((time.thread_time() - started) * 1000)
     return times
+
+
+def collector_cost(jobs: list[TraceJob], repeats: int = PASSES) -> tuple[list[float], list[float]]:
+    """The CPU ms of shrinkable passes with the queue built anew for each, as the live pass
+    reads it from the database: `repeats` with the collector paused, `repeats` with it on,
+    taking turns (the queue's building and what a pass leaves are collected untimed)."""
+    paused: list[float] = []
+    on: list[float] = []
+    for k in range(2 * repeats):
+        queued, cluster, fair, now = _pass_inputs(jobs, elastic=True)
+        config = PolicyConfig(demote_after_gpu_s=SLICE_GPU_S)
+        gc.collect(0)
+        started = time.thread_time()
+        with collector_paused() if k % 2 else contextlib.nullcontext():
+            schedule(queued, cluster, fair, now, config)
+        (paused if k % 2 else on).append((time.thread_time() - started) * 1000)
+    return paused, on
+
+
+def percentile_99(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def spread(times: list[float]) -> str:
     """Median / p99 / max ms."""
-    ordered = sorted(times)
-    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-    return f"{statistics.median(ordered):.1f} / {p99:.1f} / {ordered[-1]:.1f}"
+    return f"{statistics.median(times):.1f} / {percentile_99(times):.1f} / {max(times):.1f}"
 
 
 def main() -> None:
@@ -146,11 +171,18 @@ def main() -> None:
             )
         report(traces, args.workers)
     jobs = read_trace(args.pass_trace)
+    gc.freeze()  # what is loaded by now out of full collections, as the live scheduler at startup
     rigid, elastic = pass_times(jobs, elastic=False), pass_times(jobs, elastic=True)
     print(
         f"{PASSES} passes, {len(jobs)} queued, every GPU held by 8-GPU jobs, every job's reason: median / p99 / max "
         f"{spread(elastic)} ms CPU with elastic jobs (shrinkable), {spread(rigid)} ms with rigid ones "
         "(goal 20 ms p99 / 50 ms max)"
+    )
+    paused, on = collector_cost(jobs)
+    print(
+        f"with the queue built anew for each pass (as the live pass reads it), shrinkable: {spread(paused)} ms with "
+        f"the collector paused during the pass (as the live pass), {spread(on)} ms with it on; "
+        f"median ratio {statistics.median(paused) / statistics.median(on):.2f}"
     )
 
 

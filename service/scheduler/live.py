@@ -11,9 +11,12 @@ RQ queues only after that commits.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -124,7 +127,8 @@ class LiveScheduler:
         if resized:
             placed = {p.job_id for p in resized}
             queued = [q for q in queued if q.id not in placed]
-        decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
+        with collector_paused():
+            decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
         stopping: list[PreemptMessage] = []
         if resized or decision.placements or decision.preempt or decision.reclaim or decision.shrink or decision.grow:
             with self.ctx.db.write() as session:
@@ -322,6 +326,21 @@ class LiveScheduler:
     def send_launch(self, job_id: int, attempt: int, host: str, rank: int = 0) -> None:
         """The executor starts the attempt (its GPUs are in the database, `worker.launch`)."""
         self.executor.submit(Attempt(job_id, attempt, host, rank=rank))
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The garbage collector held off during the policy's call. Each pass builds its queue
+    anew (thousands of jobs with their rows), so collections land inside the call, now and
+    then a full one walking all of it; paused, what the call leaves is collected after it,
+    between passes (`bench/elastic.py --pass-only` times both). Already off: stays off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def stop_reasons(decision: Decision, cluster: Cluster, now: float) -> dict[int, str]:

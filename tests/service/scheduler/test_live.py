@@ -665,3 +665,49 @@ def test_a_job_waits_for_the_jobs_it_names_and_is_cancelled_when_one_it_needs_fa
     assert cancelled.state == JobState.CANCELLED
     assert cancelled.reason == f"job {second}, which it waits for, failed: it could never start (afterok)"
     assert cancelled.finished_at is not None and cancelled.cancel_requested_at is not None
+
+
+def test_the_policy_runs_with_the_collector_paused_and_it_runs_again_after(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass builds its queue anew: collections inside the policy's call, now and then a
+    full one walking all of it, would land in the pass's time (`live.collector_paused`)."""
+    import service.scheduler.live as live
+
+    add_host("lab-a", 2)
+    job_id = submit_job(ctx, caller("alice"), gpus=[0])
+    collections: list[int] = []
+    seen: list[bool] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    def allocating(*args: object, **kwargs: object):  # noqa: ANN202
+        seen.append(gc.isenabled())
+        before = len(collections)
+        garbage = []
+        for _ in range(20_000):  # enough allocations for several collections
+            cycle: list[object] = []
+            cycle.append(cycle)
+            garbage.append(cycle)
+        del garbage
+        seen.append(len(collections) == before)
+        return schedule(*args, **kwargs)
+
+    schedule = live.schedule
+    monkeypatch.setattr(live, "schedule", allocating)
+    gc.callbacks.append(count)
+    try:
+        report = LiveScheduler(ctx).run_pass()
+        assert gc.isenabled(), "on again after the pass"
+        gc.disable()
+        try:
+            LiveScheduler(ctx).run_pass()
+            assert not gc.isenabled(), "a collector that was off stays off"
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(count)
+    assert report is not None and [p[0] for p in report.placed] == [job_id]
+    assert seen[:2] == [False, True], "paused, and no collection inside the policy's call"
