@@ -121,6 +121,7 @@ def metrics(
     pass_ms, pass_cpu_ms = passes
     jct = [finished[j.id] - j.submit for j in jobs]
     wait = [j.waited for j in jobs]
+    first_wait = [j.start - j.submit for j in jobs if j.start is not None]
     waits: dict[str, list[float]] = defaultdict(list)
     for j in jobs:
         waits[j.user].append(j.waited)
@@ -142,6 +143,7 @@ def metrics(
         "avg_wait_s": round(sum(wait) / len(wait), 1) if wait else 0.0,
         "p95_wait_s": round(percentile(wait, 0.95), 1),
         "max_wait_s": round(max(wait, default=0.0), 1),
+        "max_first_wait_s": round(max(first_wait, default=0.0), 1),
         "makespan_s": round(makespan, 1),
         "utilization": round(state.busy_gpu_s / (capacity * makespan), 4) if makespan else 0.0,
         "fragmentation": round(state.idle_while_waiting_gpu_s / (capacity * state.waiting_s), 4)

@@ -30,6 +30,7 @@ METRICS = {
     "avg_wait_s",
     "p95_wait_s",
     "max_wait_s",
+    "max_first_wait_s",
     "makespan_s",
     "utilization",
     "jain_fairness",
@@ -212,6 +213,7 @@ def test_time_slicing_stops_a_long_job_for_a_short_one_and_resumes_it(tmp_path: 
     assert [j.start for j in on] == [0, stop]
     assert on[0].waited == 600, "queued again from its stop until the short job ended"
     assert result["max_wait_s"] == 600
+    assert result["max_first_wait_s"] == CHECKPOINT_S, "the short job's wait to start; not the long one's re-wait"
     assert result["makespan_s"] == 10800 + 600 + RESTART_S
     assert result["avg_jct_s"] == round(((10800 + 600 + RESTART_S) + (stop + 600 - 5400)) / 2, 1)
 
