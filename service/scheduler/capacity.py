@@ -77,6 +77,9 @@ class FreeGpus:
         """When jobs could start, kept per host until what is on it changes."""
         self.version = 0
         """Raised whenever capacity or holds change, so answers cached on it go stale."""
+        for job_id, host, indices in cluster.held:
+            if host in self.free:
+                self.hold(job_id, [(host, indices)], now, now)
 
     @property
     def any_free(self) -> bool:

@@ -6,15 +6,17 @@ keeps its global batch on any number of towers: docs/trainer.md). The pass that 
 asks the job's worker to stop, as preemption does, and records where its next attempt
 starts (`Job.resize_to`): a shrink its own GPUs less those it gives up, a grow its own and
 the idle ones it was given (or those of another host). While it stops it holds all its
-GPUs, and the job a shrink makes room for waits for them (`Wait.SHRINKING`) without
-stopping anything else; so does the job that needs whole hosts a move frees
-(`Decision.moved_for`, `Wait.MOVING`). When the attempt has ended and the job is queued
-again, the next pass gives it those GPUs first, before the policy places anyone
-(`place_resized`), so the queue cannot take the GPUs a job kept; only the GPUs it gave up
-go to the queue, where the job it shrank for, the first that waits, takes them. Where some
-of its GPUs were taken meanwhile (a grow's or a move's idle GPUs, by a job that came
-since), it starts on those still free if they are at least its minimum, and otherwise
-waits in the queue like any elastic job.
+GPUs and the idle ones it restarts on (`snapshot` reads them as its own), and the job a
+shrink makes room for waits for them (`Wait.SHRINKING`) without stopping anything else;
+so does the job that needs whole hosts a move frees (`Decision.moved_for`, `Wait.MOVING`),
+and the free GPUs beside what they wait for are held for them (`hold_made_room`). When the
+attempt has ended and the job is queued again, the next pass gives it those GPUs first,
+before the policy places anyone (`place_resized`), so the queue cannot take the GPUs a
+job kept; the GPUs it gave up are held for the job it was resized for, with the rest. The
+simulator holds the same GPUs (a resize there is a restart on the new GPUs at once). Where
+some of its GPUs are no longer there (drained while it stopped), it starts on those still
+free if they are at least its minimum, and otherwise waits in the queue like any elastic
+job.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class Target:
     run_served_gpu_s: float | None = None
     """What the job had served when its run began (`Job.run_served_gpu_s`): the resize goes on
     with the run."""
+    for_job: int | None = None
+    """The queued job the resize makes room for (a shrink's or a move's); None: a growth."""
+    source: str | None = None
+    """The host the job ran on (a move's is not `host`); None in records from before it was kept."""
 
 
 def read_targets(session: Session) -> dict[int, Target]:
@@ -52,7 +58,14 @@ def read_targets(session: Session) -> dict[int, Target]:
     for job_id, resize_to, run_served in rows:
         if isinstance(resize_to, dict) and isinstance(resize_to.get("host"), str):
             gpus = tuple(int(i) for i in resize_to.get("gpus") or ())
-            targets[job_id] = Target(resize_to["host"], gpus, run_served)
+            for_job, source = resize_to.get("for"), resize_to.get("from")
+            targets[job_id] = Target(
+                resize_to["host"],
+                gpus,
+                run_served,
+                for_job if isinstance(for_job, int) else None,
+                source if isinstance(source, str) else None,
+            )
     return targets
 
 
@@ -86,6 +99,43 @@ def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, 
     return placements
 
 
+def hold_made_room(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, Target]) -> None:
+    """Hold for each queued job a resize makes room for the GPUs free now on the hosts its
+    resizes free (`Cluster.held`; at most its size in all), from the pass that decided them
+    until the pass after the last of them has stopped: while they stop, the GPUs beside
+    those they give up (a whole host, for a move); once they have, what they gave up too.
+    Only that job takes them, whatever the rank order says of the jobs that came since:
+    the simulator starts it on them at once (a resize there costs the resized job a restart,
+    not the job it was made for a wait), and a job that came meanwhile must not make the
+    restart a loss. Where it does not start on them (a limit it has reached since), they go
+    back to the queue with the pass after."""
+    by_id = {q.id: q for q in queued}
+    freed: dict[int, list[str]] = {}
+    for running in cluster.running:
+        if running.stopping and running.shrinking_for in by_id:
+            freed.setdefault(running.shrinking_for, []).append(running.host)
+    for target in targets.values():
+        if target.for_job in by_id and target.source is not None:
+            freed.setdefault(target.for_job, []).append(target.source)
+    hosts = {h.name: h for h in cluster.hosts}
+    taken = {(host, i) for _, host, indices in cluster.held for i in indices}
+    for job_id, names in sorted(freed.items()):
+        job, left = by_id[job_id], by_id[job_id].gpu_count
+        for name in dict.fromkeys(names):
+            host = hosts.get(name)
+            if host is None or left <= 0:
+                continue
+            open_now = [
+                i
+                for i, level in enumerate(host.free)
+                if i not in host.unusable and level >= job.fraction - EPSILON and (name, i) not in taken
+            ][:left]
+            if open_now:
+                cluster.held.append((job_id, name, tuple(open_now)))
+                taken.update((name, i) for i in open_now)
+                left -= len(open_now)
+
+
 def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> tuple[list[int], list[PreemptMessage]]:
     """Ask the workers of the jobs the pass shrinks or grows to stop at a checkpoint, and
     record where each starts next; (the jobs asked, the messages for the executor once
@@ -107,7 +157,7 @@ def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> t
             f"shrinking to {len(kept)} of {job.gpu_count} GPUs {whom}: it restarts on "
             f"{gpu_list([str(i) for i in kept])} of {was.host} from its checkpoint"
         )
-        if message := _stop(session, job, reason, Target(was.host, kept), for_job):
+        if message := _stop(session, job, reason, Target(was.host, kept, for_job=for_job, source=was.host)):
             asked.append(job_id)
             stopping.append(message)
     for job_id, (host, indices) in decision.grow.items():
@@ -126,18 +176,18 @@ def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> t
                 f"growing to {len(indices)} of {job.gpu_count} GPUs (idle ones): it restarts on {where} from "
                 "its checkpoint"
             )
-        if message := _stop(session, job, reason, Target(host, indices), for_job):
+        if message := _stop(session, job, reason, Target(host, indices, for_job=for_job, source=running[job_id].host)):
             asked.append(job_id)
             stopping.append(message)
     return asked, stopping
 
 
-def _stop(session: Session, job: Job, reason: str, target: Target, for_job: int | None) -> PreemptMessage | None:
+def _stop(session: Session, job: Job, reason: str, target: Target) -> PreemptMessage | None:
     """Ask an elastic job to stop as preemption does (`request_preemption`: None when it
     holds no GPUs or is already stopping), recording where it restarts."""
     if job.min_gpu_count is None:
         return None
     message = request_preemption(session, job, reason)
     if message is not None:
-        job.resize_to = {"host": target.host, "gpus": list(target.gpus), "for": for_job}
+        job.resize_to = {"host": target.host, "gpus": list(target.gpus), "for": target.for_job, "from": target.source}
     return message

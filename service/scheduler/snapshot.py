@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -173,7 +175,11 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     by_job: dict[tuple[int, str], RunningJob] = {}
     indices: dict[tuple[int, str], list[int]] = defaultdict(list)
     served = served_before(session, HOLDING_STATES)
+    targets: dict[int, dict[str, Any]] = {}
     for r in rows:
+        stopping = r.cancel_requested_at is not None or r.preempt_requested_at is not None
+        if isinstance(r.resize_to, dict) and stopping and r.cancel_requested_at is None:
+            targets[r.job_id] = r.resize_to
         host = capacity.get(r.name)
         if host is not None:
             host.take((r.gpu_index,), r.fraction)
@@ -188,7 +194,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 fraction=r.fraction,
                 started=r.created_at.timestamp(),
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
-                stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
+                stopping=stopping,
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
                 stoppable=stoppable(r.spec),
@@ -206,7 +212,36 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     for running in by_job.values():
         if whole[running.id] != running.gpu_load:  # a job over several hosts
             running.job_gpu_load = whole[running.id]
-    return list(by_job.values())
+    return _hold_targets(list(by_job.values()), capacity, targets)
+
+
+def _hold_targets(
+    running: list[RunningJob], capacity: dict[str, HostCapacity], targets: dict[int, dict[str, Any]]
+) -> list[RunningJob]:
+    """While an elastic job stops at its checkpoint to grow or move (`Job.resize_to`), it
+    holds the idle GPUs it restarts on: they join its part on that host (a new part on the
+    host it moves to), so that no job that came since takes them, and one that waits for
+    them is told which job it waits for. The simulator resizes the same way: the new attempt
+    holds its GPUs from the decision on, paying the stop and the restart on them
+    (`simulate.Run.resize`)."""
+    parts = {(r.id, r.host): r for r in running}
+    for job_id, resize_to in targets.items():
+        target, gpus = resize_to.get("host"), resize_to.get("gpus")
+        own = next(r for r in running if r.id == job_id)
+        host = capacity.get(target) if isinstance(target, str) else None
+        if host is None or not isinstance(gpus, list) or own.job_gpu_load is not None:
+            continue  # resizes are of jobs on one host
+        part = parts.get((job_id, host.name))
+        held = part.indices if part is not None else ()
+        extra = tuple(sorted({i for i in gpus if isinstance(i, int)} - set(held)))
+        if not extra:
+            continue  # a shrink: it restarts on GPUs it holds
+        host.take(extra, own.fraction)
+        if part is None:
+            running.append(replace(own, host=host.name, indices=extra, shrinking_for=None, moving=False))
+        else:
+            part.indices = tuple(sorted(held + extra))
+    return running
 
 
 def _timestamp(moment: datetime | None) -> float | None:

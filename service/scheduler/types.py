@@ -211,6 +211,9 @@ class Cluster:
     hosts: list[HostCapacity]
     running: list[RunningJob] = field(default_factory=list)
     reservations: list[LabReservation] = field(default_factory=list)
+    held: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)
+    """Live: (queued job, host, GPUs) held for that job from the pass's start, which no other
+    job takes: those a resize makes room for it on (`resize.hold_made_room`)."""
 
 
 @dataclass(slots=True)

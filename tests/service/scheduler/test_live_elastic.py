@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from service.core import keys
 from service.core.attempts import forget_after
@@ -90,7 +90,7 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
     assert job.stop_reason == (
         f"shrinking to 2 of 4 GPUs for job {waiting}: it restarts on GPUs 0,1 of lab-a from its checkpoint"
     )
-    assert job.resize_to == {"host": "lab-a", "gpus": [0, 1], "for": waiting}
+    assert job.resize_to == {"host": "lab-a", "gpus": [0, 1], "for": waiting, "from": "lab-a"}
     control = [
         json.loads(m["data"]) for m in (pubsub.get_message(timeout=1) for _ in range(3)) if m and m["type"] == "message"
     ]
@@ -143,6 +143,35 @@ def test_an_elastic_job_shrinks_for_a_waiting_job_and_restarts_on_the_gpus_it_ke
     ], "the job page's GPUs held over time, and where its charts mark the resize"
 
 
+def test_the_free_gpus_a_shrink_makes_room_beside_are_held_while_it_stops(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
+    LiveScheduler(ctx).run_pass()
+    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, elastic) == [2, 3]
+    running(ctx, rigid)
+    running(ctx, elastic)
+    backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
+    with ctx.db.write() as session:
+        finish(session, rigid, 1, JobState.SUCCEEDED)
+    waiting = submit_job(ctx, caller("alice"), gpu_count=3)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [elastic] and report.placed == []
+    assert job_row(ctx, elastic).resize_to == {"host": "lab-a", "gpus": [2], "for": waiting, "from": "lab-a"}
+
+    late = submit_job(ctx, caller("carol"), gpu_count=1)  # came while it stops: GPUs 0,1 are the waiting job's
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and (report.resized, report.placed, report.preempted) == ([], [], [])
+    assert job_row(ctx, late).pending_reason == f"GPU 0 on lab-a held for job {waiting}, next to start there"
+    stopped_at_its_checkpoint(ctx, elastic)
+    LiveScheduler(ctx).run_pass()
+    assert (held(ctx, elastic), held(ctx, waiting), held(ctx, late)) == ([2], [0, 1, 3], [])
+    assert over_committed(ctx) == {}
+
+
 def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
@@ -168,9 +197,33 @@ def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
     )
     assert LiveScheduler(ctx).run_pass().resized == []  # type: ignore[union-attr]  # asked once
 
-    one = submit_job(ctx, caller("carol"), gpu_count=1)  # takes an idle GPU while the job stops
+    one = submit_job(ctx, caller("carol"), gpu_count=1)  # came while the job stops: its GPUs are held
     LiveScheduler(ctx).run_pass()
-    assert held(ctx, one) == [0]
+    assert held(ctx, one) == []
+    assert job_row(ctx, one).pending_reason == f"waiting for 1 free GPU on lab-a (job {elastic})"
+    stopped_at_its_checkpoint(ctx, elastic)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, elastic) == [0, 1, 2, 3] and held(ctx, one) == []
+    assert messages(ctx, elastic)[-1] == "GPUs 0,1,2,3 on lab-a"
+    assert over_committed(ctx) == {}
+
+
+def test_a_growing_job_starts_on_the_gpus_of_its_target_still_usable(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
+    LiveScheduler(ctx).run_pass()
+    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    running(ctx, rigid)
+    running(ctx, elastic)
+    with ctx.db.write() as session:
+        finish(session, rigid, 1, JobState.SUCCEEDED)
+    backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
+    assert LiveScheduler(ctx).run_pass().resized == [elastic]  # type: ignore[union-attr]
+    with ctx.db.write() as session:  # an admin drains an idle GPU it was to grow onto
+        session.execute(update(Gpu).where(Gpu.index == 0).values(drained=True))
     stopped_at_its_checkpoint(ctx, elastic)
     LiveScheduler(ctx).run_pass()
     assert held(ctx, elastic) == [1, 2, 3]
@@ -198,8 +251,9 @@ def test_an_elastic_job_moves_to_another_host_to_free_its_own_for_a_whole_host_j
         f"moving to GPUs 2,3 of lab-b to free lab-a for job {whole}: it restarts there from its checkpoint on "
         "as many GPUs"
     )
-    assert job.resize_to == {"host": "lab-b", "gpus": [2, 3], "for": whole}
+    assert job.resize_to == {"host": "lab-b", "gpus": [2, 3], "for": whole, "from": "lab-a"}
 
+    two = submit_job(ctx, caller("dave"), gpu_count=2)  # came while it stops: lab-b's 2,3 are held for it
     report = LiveScheduler(ctx).run_pass()  # while it stops: the whole-host job is told, and nothing else moves
     assert report is not None and (report.resized, report.placed, report.preempted) == ([], [], [])
     assert job_row(ctx, whole).pending_reason == (
@@ -208,7 +262,7 @@ def test_an_elastic_job_moves_to_another_host_to_free_its_own_for_a_whole_host_j
     stopped_at_its_checkpoint(ctx, elastic)
     report = LiveScheduler(ctx).run_pass()
     assert report is not None and sorted(p[0] for p in report.placed) == sorted([elastic, whole])
-    assert (held(ctx, elastic), held(ctx, whole)) == ([2, 3], [0, 1, 2, 3])
+    assert (held(ctx, elastic), held(ctx, whole), held(ctx, two)) == ([2, 3], [0, 1, 2, 3], [])
     assert messages(ctx, elastic)[-1] == "GPUs 2,3 on lab-b", "at its full size"
     assert over_committed(ctx) == {}
 
