@@ -36,7 +36,7 @@ from service.scheduler.handover import HandOver, cancel_never
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
-from service.scheduler.resize import hold_made_room, place_resized, read_targets, request_resizes
+from service.scheduler.resize import read_targets, request_resizes, settle_resizes
 from service.scheduler.snapshot import Stored, free_room, held_back, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from towerq.contract.messages import PreemptMessage
@@ -123,11 +123,7 @@ class LiveScheduler:
         cancel_never(self.ctx, never)
         self.ledger.history.annotate(queued, cluster.running)
         by_id = {q.id: q for q in queued}
-        resized = place_resized(queued, cluster, targets, now.timestamp())  # before anyone takes their GPUs
-        if resized:
-            placed = {p.job_id for p in resized}
-            queued = [q for q in queued if q.id not in placed]
-        hold_made_room(queued, cluster, targets)
+        queued, resized = settle_resizes(queued, cluster, targets, now.timestamp())  # before anyone takes their GPUs
         with collector_paused():
             decision = schedule(queued, cluster, fair_share, now.timestamp(), self.config)
         stopping: list[PreemptMessage] = []

@@ -69,6 +69,21 @@ def read_targets(session: Session) -> dict[int, Target]:
     return targets
 
 
+def settle_resizes(
+    queued: list[QueuedJob], cluster: Cluster, targets: dict[int, Target], now: float
+) -> tuple[list[QueuedJob], list[Placement]]:
+    """What a pass does about resizes before the policy places anyone: the jobs a resize
+    stopped start on their targets (`place_resized`), and GPUs are held for the jobs resizes
+    make room for (`hold_made_room`). (The queue without the restarted jobs, their
+    placements.)"""
+    restarts = place_resized(queued, cluster, targets, now)
+    if restarts:
+        placed = {p.job_id for p in restarts}
+        queued = [q for q in queued if q.id not in placed]
+    hold_made_room(queued, cluster, targets)
+    return queued, restarts
+
+
 def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, Target], now: float) -> list[Placement]:
     """Placements for the queued jobs a resize stopped, on the GPUs of their target still
     free (at least their minimum), taken from `cluster` (each joins its running jobs, so

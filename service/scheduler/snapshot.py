@@ -30,6 +30,7 @@ from service.core.models import (
 from service.scheduler.history import RunTimes
 from service.scheduler.holdings import holdings
 from service.scheduler.ledger import UsageLedger
+from service.scheduler.resize import read_targets, settle_resizes
 from service.scheduler.types import (
     PRIORITY_RANK,
     Cluster,
@@ -316,7 +317,9 @@ def live_inputs(
     """The policy's inputs as a pass would read them now, for a look from outside a pass
     (the fair-share view, a dry run): a fresh usage ledger, the owners' run-time estimates
     on every job, and the run times they came from. Jobs their sweep holds back are left
-    out, as the pass leaves them out."""
+    out, as the pass leaves them out; the jobs a resize stopped are on their new GPUs, and
+    what resizes make room for is held, as the pass does before its policy
+    (`resize.settle_resizes`)."""
     ledger = UsageLedger(half_life_s)
     usage = ledger.usage(session, now)
     queued, _ = read_queued(session)
@@ -324,6 +327,7 @@ def live_inputs(
     queued = [q for q in queued if q.id not in held and q.id not in never]
     cluster, _ = read_cluster(session, now)
     ledger.history.annotate(queued, cluster.running)
+    queued, _ = settle_resizes(queued, cluster, read_targets(session), now.timestamp())
     return queued, cluster, read_fair_share(session, usage, default_limit, now), ledger.history
 
 

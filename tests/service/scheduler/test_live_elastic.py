@@ -18,10 +18,14 @@ from service.core.models import Allocation, Gpu, Job, JobEvent, JobState
 from service.jobs.read import job_detail
 from service.lab.auth import Caller
 from service.scheduler.costs import MIN_RUN_S
+from service.scheduler.dryrun import estimate
 from service.scheduler.live import LiveScheduler
 from service.scheduler.resize import place_resized, read_targets
 from service.scheduler.snapshot import read_cluster, read_queued
 from tests.service.scheduler.test_live import backdate_allocations, job_row, over_committed, submit_job
+from towerq.contract.spec import JobSpec
+
+ONE_GPU = {"model": "mlp", "dataset": "digits", "gpu_count": 1}
 
 
 def held(ctx: Context, job_id: int) -> list[int]:
@@ -162,6 +166,9 @@ def test_the_free_gpus_a_shrink_makes_room_beside_are_held_while_it_stops(
     assert report is not None and report.resized == [elastic] and report.placed == []
     assert job_row(ctx, elastic).resize_to == {"host": "lab-a", "gpus": [2], "for": waiting, "from": "lab-a"}
 
+    with ctx.db.read() as session:  # a dry run sees what the pass holds
+        guess = estimate(session, ctx.settings, "carol", JobSpec.model_validate(ONE_GPU), None)
+    assert not guess.starts_now and guess.reason == f"GPU 0 on lab-a held for job {waiting}, next to start there"
     late = submit_job(ctx, caller("carol"), gpu_count=1)  # came while it stops: GPUs 0,1 are the waiting job's
     report = LiveScheduler(ctx).run_pass()
     assert report is not None and (report.resized, report.placed, report.preempted) == ([], [], [])
@@ -197,6 +204,9 @@ def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
     )
     assert LiveScheduler(ctx).run_pass().resized == []  # type: ignore[union-attr]  # asked once
 
+    with ctx.db.read() as session:  # a dry run sees the pass's view: the idle GPUs are the growing job's
+        guess = estimate(session, ctx.settings, "carol", JobSpec.model_validate(ONE_GPU), None)
+    assert not guess.starts_now and guess.reason == f"waiting for 1 free GPU on lab-a (job {elastic})"
     one = submit_job(ctx, caller("carol"), gpu_count=1)  # came while the job stops: its GPUs are held
     LiveScheduler(ctx).run_pass()
     assert held(ctx, one) == []
