@@ -6,17 +6,18 @@ keeps its global batch on any number of towers: docs/trainer.md). The pass that 
 asks the job's worker to stop, as preemption does, and records where its next attempt
 starts (`Job.resize_to`): a shrink its own GPUs less those it gives up, a grow its own and
 the idle ones it was given (or those of another host). While it stops it holds all its
-GPUs and the idle ones it restarts on (`snapshot` reads them as its own), and the job a
+GPUs, and those of the host it moves to (`snapshot` reads them as its own), and the job a
 shrink makes room for waits for them (`Wait.SHRINKING`) without stopping anything else;
 so does the job that needs whole hosts a move frees (`Decision.moved_for`, `Wait.MOVING`),
 and the free GPUs beside what they wait for are held for them (`hold_made_room`). When the
 attempt has ended and the job is queued again, the next pass gives it those GPUs first,
 before the policy places anyone (`place_resized`), so the queue cannot take the GPUs a
 job kept; the GPUs it gave up are held for the job it was resized for, with the rest. The
-simulator holds the same GPUs (a resize there is a restart on the new GPUs at once). Where
-some of its GPUs are no longer there (drained while it stopped), it starts on those still
-free if they are at least its minimum, and otherwise waits in the queue like any elastic
-job.
+simulator holds the same GPUs (a resize there is a restart on the new GPUs at once), and
+the idle GPUs of a growth on its own host too, which live go to a job that came while it
+stopped (idle GPUs no one waited for): it starts on those still free if they are at least
+its minimum, as where some were drained, and otherwise waits in the queue like any
+elastic job.
 """
 
 from __future__ import annotations

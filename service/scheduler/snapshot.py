@@ -219,29 +219,23 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
 def _hold_targets(
     running: list[RunningJob], capacity: dict[str, HostCapacity], targets: dict[int, dict[str, Any]]
 ) -> list[RunningJob]:
-    """While an elastic job stops at its checkpoint to grow or move (`Job.resize_to`), it
-    holds the idle GPUs it restarts on: they join its part on that host (a new part on the
-    host it moves to), so that no job that came since takes them, and one that waits for
-    them is told which job it waits for. The simulator resizes the same way: the new attempt
-    holds its GPUs from the decision on, paying the stop and the restart on them
-    (`simulate.Run.resize`)."""
-    parts = {(r.id, r.host): r for r in running}
+    """While an elastic job stops at its checkpoint to move to another host (`Job.resize_to`:
+    for a job that needs its host, or to grow where more GPUs are idle), it holds the GPUs
+    it restarts on there, as a part of it on that host, so that no job that came since takes
+    them (it gives up its own: without them it would wait in the queue) and one that waits
+    for them is told which job it waits for; the simulator holds them too (a resize there is
+    a restart on the new GPUs at once, `simulate.Run.resize`). A growth on its own host holds
+    nothing more: those were idle GPUs no one waited for, and a job that came since rightly
+    takes them (the job restarts on its own and those still free)."""
     for job_id, resize_to in targets.items():
         target, gpus = resize_to.get("host"), resize_to.get("gpus")
         own = next(r for r in running if r.id == job_id)
         host = capacity.get(target) if isinstance(target, str) else None
-        if host is None or not isinstance(gpus, list) or own.job_gpu_load is not None:
-            continue  # resizes are of jobs on one host
-        part = parts.get((job_id, host.name))
-        held = part.indices if part is not None else ()
-        extra = tuple(sorted({i for i in gpus if isinstance(i, int)} - set(held)))
-        if not extra:
-            continue  # a shrink: it restarts on GPUs it holds
-        host.take(extra, own.fraction)
-        if part is None:
-            running.append(replace(own, host=host.name, indices=extra, shrinking_for=None, moving=False))
-        else:
-            part.indices = tuple(sorted(held + extra))
+        if host is None or target == own.host or not isinstance(gpus, list) or own.job_gpu_load is not None:
+            continue  # not a move (resizes are of jobs on one host)
+        indices = tuple(sorted({i for i in gpus if isinstance(i, int) and 0 <= i < len(host.free)}))
+        host.take(indices, own.fraction)
+        running.append(replace(own, host=host.name, indices=indices, shrinking_for=None, moving=False))
     return running
 
 
