@@ -53,6 +53,7 @@ def test_pytorch_ddp_over_gloo_trains_across_two_processes(stack: Stack, make_to
     train = [p for p in points if p["split"] == "train"]
     assert [p["step"] for p in train] == list(range(1, 21)), "rank 0 reports for the job; rank 1's lines are text"
     assert train[-1]["loss"] < train[0]["loss"]
+    assert job["total_steps"] == 20, "as its program said (towerq.report(total_steps=))"
 
 
 def test_tensorflow_multiworker_mirrored_strategy_from_tf_config(stack: Stack, make_token: Callable[..., str]) -> None:

@@ -44,7 +44,7 @@ for step in range(start + 1, steps + 1):
     grad = 2 * x.T @ (x @ w - y) / len(x)
     w -= 0.1 * grad
     loss = float(np.mean((x @ w - y) ** 2))
-    towerq.report(step=step, loss=loss, grad_norm=float(np.linalg.norm(grad)))
+    towerq.report(step=step, loss=loss, grad_norm=float(np.linalg.norm(grad)), total_steps=steps)
     if step % 5 == 0:
         np.save(checkpoints / "w.npy", w)
         (checkpoints / "step").write_text(str(step))
@@ -88,7 +88,7 @@ def test_a_numpy_program_runs_reports_and_leaves_its_output(
     assert env["GREETING"] == "hello" and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
     assert (env["TOWERQ_GPU_COUNT"], env["TOWERQ_BATCH_GPUS"]) == ("1", "1")
-    assert job["total_steps"] is None and job["step"] == 20, "its steps are its program's, not the trainer's 1,000"
+    assert job["total_steps"] == 20 and job["step"] == 20, "its steps are its program's word, not the trainer's 1,000"
     assert "a line to stderr" in messages
     assert any('"event": "done"' in m for m in messages), "a program's `done` line is text"
 

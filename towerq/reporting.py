@@ -3,6 +3,7 @@
     import towerq
     towerq.report(step=120, loss=0.31, accuracy=0.9)          # a training point
     towerq.report(step=120, split="eval", loss=0.35, f1=0.8)  # an evaluation, a custom metric
+    towerq.report(step=120, loss=0.31, total_steps=5000)      # and how many steps it runs
 
 Each call prints one line of towerq's protocol on stdout (any language can print the same,
 docs/command-jobs.md), and appends it to the job's metrics log so that a resumed attempt
@@ -28,18 +29,32 @@ METRICS_LOG_ENV = "TOWERQ_METRICS_LOG"
 
 
 def report(
-    step: int, loss: float | None = None, accuracy: float | None = None, *, split: str = "train", **metrics: float
+    step: int,
+    loss: float | None = None,
+    accuracy: float | None = None,
+    *,
+    split: str = "train",
+    total_steps: int | None = None,
+    **metrics: float,
 ) -> None:
     """One point of the job's charts at `step` (an int from 0): `loss` and `accuracy` as
     towerq's trainer reports them, `learning_rate` and `examples_per_sec` if given, any other
     number by its name (at most 16 names, each a chart of its own). `split="eval"` for
-    numbers of held-out data. A non-finite number is stored as missing."""
+    numbers of held-out data. A non-finite number is stored as missing. `total_steps` (with
+    a train point): how many steps the program runs in all, which gives the job a progress
+    bar and an ETA, and the scheduler its likely end."""
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**62:
         raise ValueError(f"towerq.report: step must be an int from 0 to 2**62, not {step!r}")
     if split not in SPLITS:
         raise ValueError(f"towerq.report: split must be 'train' or 'eval', not {split!r}")
     line: dict[str, Any] = {"event": "eval" if split == "eval" else "metric", "time": round(time.time(), 3)}
     line["step"] = step
+    if total_steps is not None:
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or not 1 <= total_steps < 2**62:
+            raise ValueError(f"towerq.report: total_steps must be an int from 1 to 2**62, not {total_steps!r}")
+        if split == "eval":
+            raise ValueError("towerq.report: total_steps goes with a train point (split='train')")
+        line["total_steps"] = total_steps
     line["loss"] = _number("loss", loss)
     line["accuracy"] = _number("accuracy", accuracy)
     custom: dict[str, float | None] = {}

@@ -189,6 +189,8 @@ class MetricSink:
             time=parse_time(event.time),
         )
         step_time = event.step_time_s if isinstance(event, events.Metric) else None
+        if isinstance(event, events.Metric) and event.total_steps is not None:
+            self.latest["total_steps"] = event.total_steps
         if publish:
             fields = {"type": event.event, **point, "attempt": self.attempt, "step_time_s": step_time}
             self.unsent.append(encode(MetricMessage.model_validate(fields)))

@@ -49,7 +49,7 @@ for step in range(start + 1, steps + 1):
     averaged = loss.detach().clone()
     dist.all_reduce(averaged)
     if rank == 0:
-        towerq.report(step=step, loss=averaged.item() / world)
+        towerq.report(step=step, loss=averaged.item() / world, total_steps=steps)
         if step % 50 == 0 or step == steps:
             torch.save({"model": model.module.state_dict(), "step": step}, checkpoint)
 

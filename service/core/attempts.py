@@ -125,6 +125,8 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
         session.execute(insert_ignoring_duplicates(session, Metric), report.metrics)
         rollups.fold(session, report.metrics)
     for field, value in report.fields.items():
+        if field == "total_steps" and (job.spec or {}).get("command") is None:
+            continue  # a model job's is its spec's: a line its model printed does not change it
         setattr(job, field, value)
     # what it holds of the lab's disk and database, for its cap and the Usage page
     job.log_bytes = (job.log_bytes or 0) + report.log_bytes

@@ -75,9 +75,13 @@ def test_the_trainer_and_towerq_report_print_what_decode_reads(capsys: pytest.Ca
                   step_time_s=0.1, metrics={"top2": 0.9})  # fmt: skip
     reporter.emit("eval", step=3, loss=0.3, accuracy=0.4, examples=100)
     reporter.log("a note", "warning")
-    report(step=4, loss=0.2, accuracy=0.6, f1=0.7)
+    report(step=4, loss=0.2, accuracy=0.6, f1=0.7, total_steps=1000)
     report(step=4, split="eval", loss=0.21)
     lines = out.getvalue().splitlines() + capsys.readouterr().out.splitlines()
     decoded = [events.decode(line) for line in lines]
     assert [type(d).__name__ for d in decoded] == ["Metric", "Eval", "Log", "Metric", "Eval"], decoded
     assert decoded[0].metrics == {"top2": 0.9} and decoded[3].metrics == {"f1": 0.7}  # type: ignore[union-attr]
+    assert decoded[3].total_steps == 1000  # type: ignore[union-attr]
+    for bad in ({"total_steps": 0}, {"total_steps": True}, {"total_steps": 10.0}, {"total_steps": 5, "split": "eval"}):
+        with pytest.raises(ValueError, match="towerq.report: total_steps"):
+            report(step=4, loss=0.2, **bad)  # type: ignore[arg-type]

@@ -20,8 +20,8 @@ def count(n: float) -> str:
 
 
 def steps(job: dict[str, Any]) -> str:
-    """`step/total` that fits the STEP column: `400/1,000`, `13.4k/100M`; `400` where the
-    total is the program's own (a command job)."""
+    """`step/total` that fits the STEP column: `400/1,000`, `13.4k/100M`; `400` where no
+    total is known (a command job whose program has not said it)."""
     total = job.get("total_steps")
     return f"{count(job['step'] or 0)}/{count(total)}" if total else count(job["step"] or 0)
 

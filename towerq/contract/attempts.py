@@ -49,6 +49,9 @@ class Figures(BaseModel):
     eval_custom_metrics: Custom = None
     pace_s: Number = None
     step_at: datetime | None = None
+    total_steps: Annotated[int, Field(ge=1, lt=2**62)] | None = None
+    """A command job's program said how many steps it runs (the service takes it from a
+    command job only: a model job's is its spec's)."""
     # what the attempt's folder holds (`worker.folder`)
     folder_bytes: Annotated[int, Field(ge=0)] | None = None
     # what a trainer's `started` line says (`towerq.contract.events.Started.job_fields`)

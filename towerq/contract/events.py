@@ -36,6 +36,14 @@ def _number_or_none(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _total_or_none(value: Any) -> int | None:
+    """A program's word on how many steps it runs: an int from 1 below 2**62, else missing
+    (the point is kept without it)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < MAX_STEP:
+        return None
+    return value
+
+
 def _custom(value: Any) -> dict[str, float | None] | None:
     """A line's own metrics: at most 16, names cut to 48 characters, values numbers or missing."""
     if not isinstance(value, dict) or not value:
@@ -55,6 +63,7 @@ def _text(limit: int) -> BeforeValidator:
 Number = Annotated[float | None, BeforeValidator(_number_or_none)]
 Step = Annotated[int, Field(ge=0, lt=MAX_STEP, strict=True)]
 Custom = Annotated[dict[str, float | None] | None, BeforeValidator(_custom)]
+TotalSteps = Annotated[int | None, BeforeValidator(_total_or_none)]
 
 
 class Event(BaseModel):
@@ -74,6 +83,9 @@ class Metric(Event):
     examples_per_sec: Number = None
     step_time_s: Number = None
     metrics: Custom = None
+    total_steps: TotalSteps = None
+    """A command job's program: how many steps it runs in all (`towerq.report(total_steps=)`),
+    which gives its job a bar and an ETA; a model job's comes from its spec."""
     attempt: Annotated[int, Field(ge=1, le=10_000)] | None = None
     """Only in a metrics log (the attempt that wrote the line), never on stdout."""
 

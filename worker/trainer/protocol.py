@@ -12,7 +12,9 @@ Every line has `event` and `time` (Unix seconds). Events:
   (evaluations and checkpoints in between are left out).
 - `eval`: `step`, `loss`, `accuracy`, `examples` (held-out split; EMA weights when set).
 - `metric` and `eval` also carry `metrics` (name -> value) when the user's model module
-  defines `metrics(labels, logits)`: per-example values averaged like accuracy.
+  defines `metrics(labels, logits)`: per-example values averaged like accuracy. A command
+  job's `metric` may carry `total_steps` (`towerq.report`); the trainer's never does (a
+  model job's steps are its spec's).
 - `log`: `level` (`info` | `warning` | `error`), `message`.
 - `checkpoint`: `step`, `path`.
 - `stopped`: `step` (SIGTERM received; a checkpoint was written first).

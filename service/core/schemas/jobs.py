@@ -110,7 +110,10 @@ class JobOut(Out):
     exit_code: int | None
     step: int | None
     total_steps: int | None = Field(
-        description="the steps a model job runs; null for a command job or notebook (its program decides)"
+        description=(
+            "the steps a model job runs; a command job's as its program last said (towerq.report(total_steps=)), "
+            "null until it does; null for a notebook"
+        )
     )
     latest: LatestMetrics = Field(validation_alias="latest_metrics")
     pace_s: float | None = Field(
