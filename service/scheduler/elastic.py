@@ -121,11 +121,11 @@ def move_for(scheduling: Pass, job: QueuedJob) -> bool:
     jobs on the hosts that hold the fewest GPUs, each at its present size, onto idle GPUs
     of other hosts, and place it on the hosts that frees; False when moves cannot free
     enough hosts. A host is cleared only if every job on it may move (elastic, of `job`'s
-    priority or lower, on whole GPUs, not resized for `MIN_RUN_S`) and each of its GPUs is
-    then open to `job`; no job moves onto a host a move clears. Without it a whole-host job
-    waits for whole hosts to empty, or slices jobs that had their time slice, while idle
-    GPUs elsewhere could take the elastic jobs in its way (the moved jobs lose a restart,
-    `STOP_COST_S`, and train at the same size)."""
+    priority or lower, on whole GPUs, not resized for `MIN_RUN_S`, not on a host it asked
+    for) and each of its GPUs is then open to `job`; no job moves onto a host a move
+    clears. Without it a whole-host job waits for whole hosts to empty, or slices jobs that
+    had their time slice, while idle GPUs elsewhere could take the elastic jobs in its way
+    (the moved jobs lose a restart, `STOP_COST_S`, and train at the same size)."""
     free = scheduling.free
     size = free.largest
     if job.gpu_count < size or job.host is not None or job.indices is not None or job.fraction < 1 - EPSILON:
@@ -192,7 +192,8 @@ def _plan_moves(
 def grow(scheduling: Pass) -> None:
     """Grow elastic jobs below their full size onto idle GPUs, the furthest below it first,
     where it pays (`_growth_pays`): on their own host, or by moving to another host where
-    more of them are idle (a resize restarts the job from its checkpoint anyway)."""
+    more of them are idle (a resize restarts the job from its checkpoint anyway), unless
+    it asked for its host."""
     free = scheduling.free
     if not free.any_free:
         return
@@ -207,7 +208,7 @@ def grow(scheduling: Pass) -> None:
         full, held = _full(running), len(running.indices)
         host, size = running.host, min(full, held + len(idle.get(running.host, ())))
         for other, gpus in idle.items():
-            if other != running.host and min(full, len(gpus)) > size:
+            if other != running.host and min(full, len(gpus)) > size and not running.pinned:
                 host, size = other, min(full, len(gpus))
         if size <= held or not _growth_pays(running, size, scheduling.now):
             continue
@@ -291,8 +292,13 @@ def _may_resize(scheduling: Pass, running: RunningJob) -> bool:
 
 def _may_move(scheduling: Pass, running: RunningJob, job: QueuedJob) -> bool:
     """An elastic job that may move to another host to make room for `job`: of its priority
-    or lower, on whole GPUs."""
-    return _may_resize(scheduling, running) and running.priority >= job.priority and running.fraction >= 1 - EPSILON
+    or lower, on whole GPUs, not on the host it asked for."""
+    return (
+        _may_resize(scheduling, running)
+        and running.priority >= job.priority
+        and running.fraction >= 1 - EPSILON
+        and not running.pinned
+    )
 
 
 def _may_shrink(scheduling: Pass, running: RunningJob, job: QueuedJob) -> bool:

@@ -119,7 +119,8 @@ def hold_made_room(queued: list[QueuedJob], cluster: Cluster, targets: dict[int,
     """Hold for each queued job a resize makes room for the GPUs free now on the hosts its
     resizes free (`Cluster.held`; at most its size in all), from the pass that decided them
     until the pass after the last of them has stopped: while they stop, the GPUs beside
-    those they give up (a whole host, for a move); once they have, what they gave up too.
+    those they give up (a whole host, for a move), and for a job over several whole hosts the
+    hosts already free (those whose moves ended first); once they have, what they gave up too.
     Only that job takes them, whatever the rank order says of the jobs that came since:
     the simulator starts it on them at once (a resize there costs the resized job a restart,
     not the job it was made for a wait), and a job that came meanwhile must not make the
@@ -134,6 +135,7 @@ def hold_made_room(queued: list[QueuedJob], cluster: Cluster, targets: dict[int,
         if target.for_job in by_id and target.source is not None:
             freed.setdefault(target.for_job, []).append(target.source)
     hosts = {h.name: h for h in cluster.hosts}
+    largest = max((h.size for h in cluster.hosts), default=0)
     taken = {(host, i) for _, host, indices in cluster.held for i in indices}
     for job_id, names in sorted(freed.items()):
         job, left = by_id[job_id], by_id[job_id].gpu_count
@@ -150,6 +152,20 @@ def hold_made_room(queued: list[QueuedJob], cluster: Cluster, targets: dict[int,
                 cluster.held.append((job_id, name, tuple(open_now)))
                 taken.update((name, i) for i in open_now)
                 left -= len(open_now)
+        coming = sum(len(r.indices) for r in cluster.running if r.stopping and r.shrinking_for == job_id)
+        if job.gpu_count >= largest and coming:
+            # A job over whole hosts whose moves end at different times: a host already freed
+            # (its jobs restarted elsewhere, so no longer named) stays its own while the rest stop.
+            for host in cluster.hosts:
+                if left - coming < largest:
+                    break
+                whole = tuple(range(len(host.free)))
+                if host.name in names or host.unusable or any(level < 1 - EPSILON for level in host.free):
+                    continue
+                if host.size == largest and not any((host.name, i) in taken for i in whole):
+                    cluster.held.append((job_id, host.name, whole))
+                    taken.update((host.name, i) for i in whole)
+                    left -= host.size
 
 
 def request_resizes(session: Session, decision: Decision, cluster: Cluster) -> tuple[list[int], list[PreemptMessage]]:

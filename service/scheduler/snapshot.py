@@ -158,6 +158,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
             Job.gpu_count,
             Job.min_gpu_count,
             Job.resize_to,
+            Job.requested_host,
             Job.run_served_gpu_s,
             Job.state,
             Job.step,
@@ -204,6 +205,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 run_served_gpu_s=r.run_served_gpu_s,
                 shrinking_for=(r.resize_to or {}).get("for"),
                 moving=(r.resize_to or {}).get("host", r.name) != r.name,
+                pinned=r.requested_host is not None,
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
     whole: dict[int, float] = defaultdict(float)

@@ -97,6 +97,7 @@ class QueuedJob:
                 job_gpu_load=whole,
                 min_gpu_count=self.min_gpu_count if elastic else None,
                 full_gpu_count=self.gpu_count if elastic else None,
+                pinned=self.host is not None,
             )
             for host, indices in slots
         ]
@@ -142,6 +143,8 @@ class RunningJob:
     gives up; None: neither."""
     moving: bool = False
     """Live, with `shrinking_for`: it restarts on another host (a move), not on fewer GPUs."""
+    pinned: bool = False
+    """It asked for its host (`QueuedJob.host`, a spec's `host`): a resize keeps it there."""
 
     @property
     def elastic(self) -> bool:

@@ -273,6 +273,78 @@ def test_an_elastic_job_moves_to_another_host_to_free_its_own_for_a_whole_host_j
     assert over_committed(ctx) == {}
 
 
+def test_a_job_over_two_hosts_keeps_the_host_freed_first_while_the_other_move_stops(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    for name in ("lab-a", "lab-b", "lab-c", "lab-d"):
+        add_host(name, 4)
+    fillers = [
+        submit_job(ctx, caller("carol"), gpu_count=n, host=host)
+        for n, host in ((4, "lab-a"), (4, "lab-b"), (2, "lab-c"))
+    ]
+    LiveScheduler(ctx).run_pass()
+    first, second = (submit_job(ctx, caller("bob"), gpu_count=2, min_gpu_count=1) for _ in range(2))
+    LiveScheduler(ctx).run_pass()
+    assert (held(ctx, first), held(ctx, second)) == ([2, 3], [0, 1]), "lab-c's free pair, then lab-d's"
+    with ctx.db.write() as session:
+        for job_id in fillers:
+            finish(session, job_id, 1, JobState.SUCCEEDED)
+    rigid = [submit_job(ctx, caller("carol"), gpu_count=2, host=host) for host in ("lab-a", "lab-b")]
+    LiveScheduler(ctx).run_pass()
+    for job_id in (first, second, *rigid):
+        running(ctx, job_id)
+    backdate_allocations(ctx, first, MIN_RUN_S + 60)
+    backdate_allocations(ctx, second, MIN_RUN_S + 60)
+    whole = submit_job(ctx, caller("alice"), gpu_count=8)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and sorted(report.resized) == sorted([first, second]) and report.placed == []
+    assert [job_row(ctx, j).resize_to["from"] for j in (first, second)] == ["lab-c", "lab-d"]  # type: ignore[index]
+
+    stopped_at_its_checkpoint(ctx, first)  # its move ends first: it restarts on lab-a, lab-c is free
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, first) == [2, 3]
+    late = submit_job(ctx, caller("dave"), gpu_count=2)  # lab-c is whole and free: the whole-host job's
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.placed == [] and held(ctx, late) == []
+    stopped_at_its_checkpoint(ctx, second)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, whole) == [0, 0, 1, 1, 2, 2, 3, 3] and held(ctx, late) == [], "lab-c and lab-d"
+    assert over_committed(ctx) == {}
+
+
+def test_an_elastic_job_on_the_host_it_asked_for_is_never_moved_off_it(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    add_host("lab-b", 4)
+    pinned = submit_job(ctx, caller("bob"), gpu_count=2, min_gpu_count=1, host="lab-a")
+    rigid = submit_job(ctx, caller("carol"), gpu_count=2, host="lab-b")
+    LiveScheduler(ctx).run_pass()
+    running(ctx, pinned)
+    running(ctx, rigid)
+    backdate_allocations(ctx, pinned, MIN_RUN_S + 60)
+    whole = submit_job(ctx, caller("alice"), gpu_count=4)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [] and job_row(ctx, whole).state == JobState.QUEUED
+
+
+def test_an_elastic_job_on_the_host_it_asked_for_grows_only_there(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 4)
+    add_host("lab-b", 4)
+    rigid = submit_job(ctx, caller("carol"), gpu_count=2, host="lab-a")
+    LiveScheduler(ctx).run_pass()
+    pinned = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1, host="lab-a")
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, pinned) == [2, 3], "it started small on the host it asked for"
+    running(ctx, rigid)
+    running(ctx, pinned)
+    backdate_allocations(ctx, pinned, MIN_RUN_S + 60)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.resized == [], "lab-b's 4 idle GPUs are not its host's"
+
+
 def test_a_rigid_job_is_never_resized(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
