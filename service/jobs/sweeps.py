@@ -6,7 +6,7 @@ A sweep is a `base` job spec and either a `grid` (`{"hyperparameters.learning_ra
 made into a job spec and checked like a submission before anything is stored; then the
 sweep and all its jobs are stored. `early_stopping` stops the settings behind the others at
 rungs (`service.jobs.asha`). `max_parallel` holds the rest of a sweep's jobs in the
-queue while that many of them hold GPUs (the scheduler reads `service.scheduler.snapshot.held_by_sweeps`); `metric`
+queue while that many of them hold GPUs (the scheduler reads `service.scheduler.holdbacks.held_by_sweeps`); `metric`
 and `goal` name the best job.
 """
 

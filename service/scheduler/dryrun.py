@@ -15,8 +15,9 @@ from service.core.models import Job
 from service.core.settings import Settings
 from service.scheduler.explain import describe
 from service.scheduler.forecast import forecast, in_queue_order
+from service.scheduler.holdbacks import dependency_wait
 from service.scheduler.policy import schedule
-from service.scheduler.snapshot import dependency_wait, live_inputs
+from service.scheduler.snapshot import live_inputs
 from service.scheduler.types import PRIORITY_RANK, PolicyConfig, QueuedJob
 from towerq.contract.spec import JobSpec
 

@@ -28,7 +28,8 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import cancel_queued, current_attempt, finish, hand_over, requeue
 from service.core.models import HOLDING_STATES, Job, JobState
 from service.executors import Attempt, Ended, Executor, ExecutorError
-from service.scheduler.snapshot import Stored, held_back, read_queued
+from service.scheduler.holdbacks import held_back
+from service.scheduler.snapshot import Stored, read_queued
 
 log = logging.getLogger(__name__)
 

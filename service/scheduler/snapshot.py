@@ -11,9 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.models import (
-    FINAL_STATES,
     HOLDING_STATES,
-    UNSUCCESSFUL_STATES,
     Allocation,
     Gpu,
     Group,
@@ -22,12 +20,12 @@ from service.core.models import (
     Job,
     JobState,
     Reservation,
-    Sweep,
     User,
     expected_end_at,
     utcnow,
 )
 from service.scheduler.history import RunTimes
+from service.scheduler.holdbacks import held_back
 from service.scheduler.holdings import holdings
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.resize import read_targets, settle_resizes
@@ -325,83 +323,3 @@ def live_inputs(
     ledger.history.annotate(queued, cluster.running)
     queued, _ = settle_resizes(queued, cluster, read_targets(session), now.timestamp())
     return queued, cluster, read_fair_share(session, usage, default_limit, now), ledger.history
-
-
-def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
-    """Queued jobs that may not start yet, with the reason: those waiting for the jobs they
-    name in `after`, then those their sweep's `max_parallel` holds back. And the jobs that
-    never can (one they need to succeed failed or was cancelled), with why: each pass
-    cancels those."""
-    waiting, never = held_by_dependencies(session, queued_ids)
-    free = [i for i in queued_ids if i not in waiting and i not in never]
-    return {**waiting, **held_by_sweeps(session, free)}, never
-
-
-def held_by_dependencies(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
-    """(job id -> why it waits, job id -> why it can never start) for the queued jobs that
-    name others in `after`."""
-    rows = session.execute(
-        select(Job.id, Job.after_jobs, Job.after_condition).where(
-            Job.id.in_(queued_ids), Job.after_condition.is_not(None)
-        )
-    ).all()
-    if not rows:
-        return {}, {}
-    needed = {d for _, after, _ in rows for d in after or ()}
-    states = dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(needed))).all())
-    waiting: dict[int, str] = {}
-    never: dict[int, str] = {}
-    for job_id, after, condition in rows:
-        after = after or []
-        if condition == "afterok":
-            lost = next((d for d in after if states.get(d) in UNSUCCESSFUL_STATES), None)
-            if lost is not None:
-                never[job_id] = f"job {lost}, which it waits for, {states[lost]}: it could never start (afterok)"
-                continue
-        if reason := dependency_wait(after, condition, states):
-            waiting[job_id] = reason
-    return waiting, never
-
-
-def dependency_wait(after: list[int], condition: str, states: dict[int, str]) -> str | None:
-    """Why a job that names `after` (with `condition`) waits, given those jobs' `states`;
-    None when none of them holds it."""
-    pending = [d for d in after if d in states and JobState(states[d]) not in FINAL_STATES]
-    if not pending:
-        return None
-    more = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
-    to = "succeed" if condition == "afterok" else "end"
-    return f"waiting for job {pending[0]} to {to}{more}"
-
-
-def held_by_sweeps(session: Session, queued_ids: list[int]) -> dict[int, str]:
-    """Queued jobs that must wait because their sweep has `max_parallel` jobs on GPUs
-    already: job id -> the reason."""
-    rows = session.execute(
-        select(Job.id, Job.sweep_id).where(Job.id.in_(queued_ids), Job.sweep_id.is_not(None)).order_by(Job.id)
-    ).all()
-    if not rows:
-        return {}
-    sweep_ids = {sweep_id for _, sweep_id in rows}
-    limits = {
-        sweep.id: sweep.spec.get("max_parallel")
-        for sweep in session.scalars(select(Sweep).where(Sweep.id.in_(sweep_ids)))
-    }
-    active = dict(
-        session.execute(
-            select(Job.sweep_id, func.count(Job.id))
-            .where(Job.sweep_id.in_(sweep_ids), Job.state.in_(HOLDING_STATES))
-            .group_by(Job.sweep_id)
-        ).all()
-    )
-    held: dict[int, str] = {}
-    admitted: dict[int, int] = {}
-    for job_id, sweep_id in rows:
-        limit = limits.get(sweep_id) if sweep_id is not None else None
-        if limit is None or sweep_id is None:
-            continue
-        if active.get(sweep_id, 0) + admitted.get(sweep_id, 0) >= limit:
-            held[job_id] = f"sweep {sweep_id} runs at most {limit} of its jobs at once"
-        else:
-            admitted[sweep_id] = admitted.get(sweep_id, 0) + 1
-    return held

@@ -14,7 +14,7 @@ from service.core.db import Database
 from service.core.models import Job, Sweep
 from service.core.schemas.jobs import JobEventOut
 from service.jobs import intake
-from service.scheduler.snapshot import held_by_sweeps
+from service.scheduler.holdbacks import held_by_sweeps
 from tests.service.api.conftest import Api
 
 BASE = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 50}}

@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from service.core.db import Database
 from service.core.models import Job, JobState, Metric, Sweep, SweepRung, utcnow
 from service.jobs.asha import decide_sweep
-from service.scheduler.snapshot import held_by_sweeps
+from service.scheduler.holdbacks import held_by_sweeps
 from tests.service.api.conftest import Api
 
 BASE = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 400, "eval_every": 50}}
