@@ -29,8 +29,8 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
-from towerq.contract.spec import is_notebook
-from worker import cgroups, disk, program
+from towerq.contract.spec import is_command, is_notebook
+from worker import cgroups, disk
 from worker.attempt import AttemptRunner, fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -212,7 +212,7 @@ class HostAgent:
         runner: AttemptRunner
         if is_notebook(spec.spec):
             runner = NotebookRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
-        elif program.is_program(spec.spec):
+        elif is_command(spec.spec):
             runner = ProgramRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
         else:
             runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from service.core.settings import Settings
 from towerq.contract import events
@@ -47,10 +46,6 @@ OUTPUT = "output"
 PROGRAM_EVENTS = frozenset({"metric", "eval", "log"})
 """What a program's protocol line may be; any other is printed text."""
 PR_SET_PDEATHSIG = 1
-
-
-def is_program(spec: dict[str, Any]) -> bool:
-    return spec.get("command") is not None
 
 
 def prepare_folders(job_folder: Path, identity: sandbox.Identity | None) -> None:

@@ -25,6 +25,7 @@ from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
 from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, Report, Stop, Stored
 from towerq.contract.paths import job_folder
+from towerq.contract.spec import is_command
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
         session.execute(insert_ignoring_duplicates(session, Metric), report.metrics)
         rollups.fold(session, report.metrics)
     for field, value in report.fields.items():
-        if field == "total_steps" and (job.spec or {}).get("command") is None:
+        if field == "total_steps" and not is_command(job.spec or {}):
             continue  # a model job's is its spec's: a line its model printed does not change it
         setattr(job, field, value)
     # what it holds of the lab's disk and database, for its cap and the Usage page

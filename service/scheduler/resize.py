@@ -23,6 +23,7 @@ elastic job.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -47,6 +48,26 @@ class Target:
     source: str | None = None
     """The host the job ran on (a move's is not `host`); None in records from before it was kept."""
 
+    @classmethod
+    def read(cls, record: object, run_served_gpu_s: float | None = None) -> Target | None:
+        """The target a `Job.resize_to` record names (`record`: what `_stop` wrote); None
+        for none."""
+        if not isinstance(record, dict) or not isinstance(record.get("host"), str):
+            return None
+        gpus = tuple(i for i in record.get("gpus") or () if isinstance(i, int))
+        for_job, source = record.get("for"), record.get("from")
+        return cls(
+            record["host"],
+            gpus,
+            run_served_gpu_s,
+            for_job if isinstance(for_job, int) else None,
+            source if isinstance(source, str) else None,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """What `Job.resize_to` keeps of it (`read` reads it back)."""
+        return {"host": self.host, "gpus": list(self.gpus), "for": self.for_job, "from": self.source}
+
 
 def read_targets(session: Session) -> dict[int, Target]:
     """The queued jobs a resize stopped, and where each starts next."""
@@ -55,19 +76,7 @@ def read_targets(session: Session) -> dict[int, Target]:
             Job.state == JobState.QUEUED, Job.resize_to.isnot(None)
         )
     )
-    targets = {}
-    for job_id, resize_to, run_served in rows:
-        if isinstance(resize_to, dict) and isinstance(resize_to.get("host"), str):
-            gpus = tuple(int(i) for i in resize_to.get("gpus") or ())
-            for_job, source = resize_to.get("for"), resize_to.get("from")
-            targets[job_id] = Target(
-                resize_to["host"],
-                gpus,
-                run_served,
-                for_job if isinstance(for_job, int) else None,
-                source if isinstance(source, str) else None,
-            )
-    return targets
+    return {job_id: target for job_id, record, run_served in rows if (target := Target.read(record, run_served))}
 
 
 def settle_resizes(
@@ -221,5 +230,5 @@ def _stop(session: Session, job: Job, reason: str, target: Target) -> PreemptMes
         return None
     message = request_preemption(session, job, reason)
     if message is not None:
-        job.resize_to = {"host": target.host, "gpus": list(target.gpus), "for": target.for_job, "from": target.source}
+        job.resize_to = target.record()
     return message

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -28,7 +27,7 @@ from service.scheduler.history import RunTimes
 from service.scheduler.holdbacks import held_back
 from service.scheduler.holdings import holdings
 from service.scheduler.ledger import UsageLedger
-from service.scheduler.resize import read_targets, settle_resizes
+from service.scheduler.resize import Target, read_targets, settle_resizes
 from service.scheduler.types import (
     PRIORITY_RANK,
     Cluster,
@@ -175,11 +174,16 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     by_job: dict[tuple[int, str], RunningJob] = {}
     indices: dict[tuple[int, str], list[int]] = defaultdict(list)
     served = served_before(session, HOLDING_STATES)
-    targets: dict[int, dict[str, Any]] = {}
+    moves: dict[int, Target] = {}
     for r in rows:
-        stopping = r.cancel_requested_at is not None or r.preempt_requested_at is not None
-        if isinstance(r.resize_to, dict) and stopping and r.cancel_requested_at is None:
-            targets[r.job_id] = r.resize_to
+        target = Target.read(r.resize_to)
+        if (
+            target is not None
+            and target.host != r.name
+            and r.preempt_requested_at is not None
+            and r.cancel_requested_at is None
+        ):
+            moves[r.job_id] = target  # stopping to move, not cancelled on the way
         host = capacity.get(r.name)
         if host is not None:
             host.take((r.gpu_index,), r.fraction)
@@ -194,15 +198,15 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 fraction=r.fraction,
                 started=r.created_at.timestamp(),
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,
-                stopping=stopping,
+                stopping=r.cancel_requested_at is not None or r.preempt_requested_at is not None,
                 served_gpu_s=served.get(r.job_id, 0.0),
                 group=r.group,
                 stoppable=stoppable(r.spec),
                 min_gpu_count=r.min_gpu_count,
                 full_gpu_count=r.gpu_count if r.min_gpu_count is not None else None,
                 run_served_gpu_s=r.run_served_gpu_s,
-                shrinking_for=(r.resize_to or {}).get("for"),
-                moving=(r.resize_to or {}).get("host", r.name) != r.name,
+                shrinking_for=target.for_job if target is not None else None,
+                moving=target is not None and target.host != r.name,
                 pinned=r.requested_host is not None,
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
@@ -213,11 +217,11 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     for running in by_job.values():
         if whole[running.id] != running.gpu_load:  # a job over several hosts
             running.job_gpu_load = whole[running.id]
-    return _hold_targets(list(by_job.values()), capacity, targets)
+    return _hold_targets(list(by_job.values()), capacity, moves)
 
 
 def _hold_targets(
-    running: list[RunningJob], capacity: dict[str, HostCapacity], targets: dict[int, dict[str, Any]]
+    running: list[RunningJob], capacity: dict[str, HostCapacity], moves: dict[int, Target]
 ) -> list[RunningJob]:
     """While an elastic job stops at its checkpoint to move to another host (`Job.resize_to`:
     for a job that needs its host, or to grow where more GPUs are idle), it holds the GPUs
@@ -227,13 +231,12 @@ def _hold_targets(
     a restart on the new GPUs at once, `simulate.Run.resize`). A growth on its own host holds
     nothing more: those were idle GPUs no one waited for, and a job that came since rightly
     takes them (the job restarts on its own and those still free)."""
-    for job_id, resize_to in targets.items():
-        target, gpus = resize_to.get("host"), resize_to.get("gpus")
+    for job_id, target in moves.items():
         own = next(r for r in running if r.id == job_id)
-        host = capacity.get(target) if isinstance(target, str) else None
-        if host is None or target == own.host or not isinstance(gpus, list) or own.job_gpu_load is not None:
-            continue  # not a move (resizes are of jobs on one host)
-        indices = tuple(sorted({i for i in gpus if isinstance(i, int) and 0 <= i < len(host.free)}))
+        host = capacity.get(target.host)
+        if host is None or own.job_gpu_load is not None:
+            continue  # a host that is down (resizes are of jobs on one host)
+        indices = tuple(sorted({i for i in target.gpus if 0 <= i < len(host.free)}))
         host.take(indices, own.fraction)
         running.append(replace(own, host=host.name, indices=indices, shrinking_for=None, moving=False))
     return running

@@ -349,6 +349,11 @@ class JobSpec(TrainSpec):
         return TrainSpec.model_validate(self.model_dump(include=set(TrainSpec.model_fields)))
 
 
+def is_command(spec: dict[str, Any]) -> bool:
+    """A stored spec is a command job's (its program's, `JobSpec.is_command`)."""
+    return spec.get("command") is not None
+
+
 def is_notebook(spec: dict[str, Any]) -> bool:
     """A stored spec is a notebook session's (`JobSpec.stored`)."""
     return spec.get("kind") == "notebook"
@@ -360,7 +365,7 @@ def stoppable(spec: dict[str, Any]) -> bool:
     (`resumable`), a notebook session never (someone is working in it)."""
     if is_notebook(spec):
         return False
-    return spec.get("command") is None or bool(spec.get("resumable"))
+    return not is_command(spec) or bool(spec.get("resumable"))
 
 
 def describe(err: ValidationError) -> str:
