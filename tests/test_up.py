@@ -135,7 +135,7 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
             assert up.ctrl_c() == 0
             stopped_in = time.monotonic() - started
             reading.join(10)
-        assert stopped_in < 10, f"Ctrl+C took {stopped_in:.1f} s"
+        assert stopped_in < 10, f"Ctrl+C took {stopped_in:.1f} s:\n" + "\n".join(up.lines[before:])
         assert not reading.is_alive() and ": connected" in ended  # the stream ended, not cut off
         said = "\n".join(up.lines[before:])
         assert "ERROR" not in said and "Traceback" not in said, said

@@ -7,12 +7,13 @@ RQ job itself takes a moment and RQ's timeouts never cut a training run short. S
 jobs run at once on one host, each in its own process on its own GPUs.
 
 On SIGTERM/SIGINT the worker stops taking launches, stops its trainers (each checkpoints)
-and puts their jobs back in the queue.
+and puts their jobs back in the queue; signals that come while it does are said and let be.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from typing import Any
@@ -103,6 +104,7 @@ class HostAgent:
         try:
             self._serve_queue()
         finally:
+            self._keep_stopping()
             self.shutdown()
             _current = None
 
@@ -126,6 +128,28 @@ class HostAgent:
             loop.start()
             self.loops.append(loop)
         self._kick()
+
+    def _keep_stopping(self) -> None:
+        """From here on a signal is said, not obeyed: RQ took one more than a second after
+        the first as a cold shutdown and raised SystemExit in the middle of `shutdown`, so
+        jobs were not requeued or the worker hung at exit. `towerq up`'s Ctrl+C sends two
+        (the terminal's SIGINT, then its own SIGTERM, later on a busy machine); the stop is
+        bounded by the trainers' grace, and SIGKILL remains for whoever cannot wait."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def said(signum: int, frame: object) -> None:
+            running = len(self.runners)  # not under self.lock: this thread may hold it now
+            log.info(
+                "worker %s got %s while stopping: it goes on (%d job%s left to checkpoint and requeue)",
+                self.name,
+                signal.Signals(signum).name,
+                running,
+                "" if running == 1 else "s",
+            )
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, said)
 
     def _info(self) -> dict[str, Any]:
         return host_info(self.sandboxed, disk.in_use(self.ctx.settings))

@@ -154,14 +154,15 @@ class Supervisor:
             self._start(child)
 
     def _stop_all(self) -> None:
-        running = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
-        for process in running:
+        running = [(c.name, c.process) for c in self.children if c.process is not None and c.process.poll() is None]
+        for _, process in running:
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        for process in running:
+        for name, process in running:
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.error("%s (pid %d) did not stop within %.0f s; killed it", name, process.pid, STOP_GRACE_S)
                 process.kill()
                 process.wait()
         if self.redis is not None:

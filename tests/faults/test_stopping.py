@@ -4,6 +4,7 @@ given back only once the trainer is gone, and the job ends with its reason in wo
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 
 import pytest
@@ -18,7 +19,7 @@ from tests.faults.helpers import (
     wait_state,
     wait_step,
 )
-from tests.stack import Stack, load_stretch, wait_for
+from tests.stack import Stack, load_stretch, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
 LONG = {
@@ -122,6 +123,49 @@ def test_worker_shutdown_stops_every_trainer_and_requeues_its_jobs(
         assert (job["state"], job["attempts"], job["crashes"]) == ("queued", 2, 0)
         assert job["events"][-1]["message"] == "worker on lab-a shut down"
     assert {w["name"]: w["state"] for w in client.get("/api/workers").json()} == {"lab-a": "down"}
+
+
+SLOW_TO_STOP = """
+import signal, sys, time
+import towerq
+
+def checkpoint(signum, frame):
+    time.sleep(3)  # a large model's checkpoint: the worker's shutdown waits for it
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, checkpoint)
+step = 0
+while True:
+    step += 1
+    towerq.report(step=step, loss=1.0 / step)
+    time.sleep(0.2)
+"""
+
+
+def test_more_signals_during_the_worker_shutdown_do_not_cut_it_short(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    """`towerq up`'s Ctrl+C reaches its worker twice: the terminal's SIGINT, then the
+    supervisor's SIGTERM, over a second later on a busy machine (and a person may press
+    Ctrl+C again). RQ took a signal more than a second after the first as a cold shutdown and
+    raised SystemExit wherever the worker's own shutdown was: its job was never requeued, or
+    the worker hung at exit until `towerq up` killed it a minute later (CI saw the minute)."""
+    client = start(stack, make_token, sandbox="bwrap", trainer_pool=0)
+    spec = {"command": ["python", "slow.py"], "code": upload_code(client, {"slow.py": SLOW_TO_STOP}), "gpu_count": 1}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    pid = trainer_pid(wait_step(client, job_id, 1, 60))
+    worker = stack.processes["worker-lab-a"]
+    worker.send_signal(signal.SIGINT)
+    for _ in range(3):  # while the program checkpoints, from after the second RQ let pass
+        time.sleep(0.6)
+        worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, stack.dump_logs()
+    job = job_of(client, job_id)
+    assert (job["state"], job["attempts"], job["crashes"]) == ("queued", 2, 0)
+    assert job["events"][-1]["message"] == "worker on lab-a shut down"
+    said = stack.logs["worker-lab-a"].read_text()
+    assert "got SIGTERM while stopping: it goes on (1 job left to checkpoint and requeue)" in said, said
+    assert not pid_alive(pid)
 
 
 def test_time_slicing_stops_a_long_job_for_fresh_work_and_it_resumes_from_its_checkpoint(
