@@ -92,7 +92,7 @@ def _describe_one(reason: Reason, now: float) -> str:
             return f"behind job {a[0]} (strict FIFO)"
         case Wait.RESERVED:
             host, indices, job_id, start = a
-            if start <= now:  # held from now on: for a job elastic jobs resize for (`resize.hold_made_room`)
+            if start <= now:  # held from now on: for a job elastic jobs resize for (`settle.hold_made_room`)
                 return f"{gpu_list(indices)} on {host} held for job {job_id}, next to start there"
             return f"{gpu_list(indices)} on {host} reserved for job {job_id} from {_when(start, now)}"
         case Wait.PREEMPTING | Wait.SLICING:

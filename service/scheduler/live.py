@@ -37,7 +37,8 @@ from service.scheduler.holdbacks import held_back
 from service.scheduler.ledger import UsageLedger
 from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
-from service.scheduler.resize import read_targets, request_resizes, settle_resizes
+from service.scheduler.resize import read_targets, request_resizes
+from service.scheduler.settle import settle_resizes
 from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from towerq.contract.messages import PreemptMessage

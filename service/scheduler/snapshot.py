@@ -27,7 +27,8 @@ from service.scheduler.history import RunTimes
 from service.scheduler.holdbacks import held_back
 from service.scheduler.holdings import holdings
 from service.scheduler.ledger import UsageLedger
-from service.scheduler.resize import Target, read_targets, settle_resizes
+from service.scheduler.resize import read_targets
+from service.scheduler.settle import Target, settle_resizes
 from service.scheduler.types import (
     PRIORITY_RANK,
     Cluster,
@@ -316,7 +317,7 @@ def live_inputs(
     on every job, and the run times they came from. Jobs their sweep holds back are left
     out, as the pass leaves them out; the jobs a resize stopped are on their new GPUs, and
     what resizes make room for is held, as the pass does before its policy
-    (`resize.settle_resizes`)."""
+    (`settle.settle_resizes`)."""
     ledger = UsageLedger(half_life_s)
     usage = ledger.usage(session, now)
     queued, _ = read_queued(session)

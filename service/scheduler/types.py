@@ -216,7 +216,7 @@ class Cluster:
     reservations: list[LabReservation] = field(default_factory=list)
     held: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)
     """Live: (queued job, host, GPUs) held for that job from the pass's start, which no other
-    job takes: those a resize makes room for it on (`resize.hold_made_room`)."""
+    job takes: those a resize makes room for it on (`settle.hold_made_room`)."""
 
 
 @dataclass(slots=True)

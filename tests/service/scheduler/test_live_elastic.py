@@ -20,7 +20,8 @@ from service.lab.auth import Caller
 from service.scheduler.costs import MIN_RUN_S
 from service.scheduler.dryrun import estimate
 from service.scheduler.live import LiveScheduler
-from service.scheduler.resize import place_resized, read_targets
+from service.scheduler.resize import read_targets
+from service.scheduler.settle import place_resized
 from service.scheduler.snapshot import read_cluster, read_queued
 from tests.service.scheduler.test_live import backdate_allocations, job_row, over_committed, submit_job
 from towerq.contract.spec import JobSpec
