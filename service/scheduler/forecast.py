@@ -8,7 +8,10 @@ have run so far once past it, never past the time limit); a job the replay start
 for its owner's median run time (at most its limit), else its limit, else `DEFAULT_RUN_S`;
 an elastic job below its full size runs as much longer as its rate there says
 (`elastic.rate`), and one the policy shrinks or grows restarts with what it has left
-(`resize`), as in the trace simulator.
+(`resize`), as in the trace simulator. A live resize under way goes on as the live passes
+will do it: the resized job restarts on the GPUs it recorded once it has checkpointed, and
+the GPUs held for the job it makes room for (`Cluster.held`, `settle.hold_made_room`) stay
+that job's until the call after (so a job that came since is not expected to start on them).
 Nothing new arrives, nobody cancels, usage is held where it is now: an estimate, refreshed
 by every pass, never a promise. The replay runs on the simulated cluster of `clock`, the
 trace simulator's too. A job the replay stops (time slicing, preemption) frees its
@@ -38,7 +41,9 @@ from service.scheduler.elastic import rate
 from service.scheduler.outlook import likely_end
 from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
+from service.scheduler.settle import Target, hold_made_room
 from service.scheduler.types import (
+    EPSILON,
     Cluster,
     FairShare,
     HostCapacity,
@@ -46,6 +51,7 @@ from service.scheduler.types import (
     Placement,
     PolicyConfig,
     QueuedJob,
+    RunningJob,
 )
 
 FORECAST_JOBS = 100
@@ -95,10 +101,24 @@ class Replay:
         self.queue = {job.id: job for job in list(queued)[:FORECAST_JOBS]}
         hosts = [HostCapacity(h.name, list(h.free), h.unusable) for h in cluster.hosts]
         self.sim = SimCluster(hosts, [copy.copy(r) for r in cluster.running])
+        self.held = list(cluster.held)
+        """The GPUs the pass held (the first call's); later calls hold anew (`_hold`)."""
+        self.first = True
+        self.resumes: dict[int, float] = {}
+        """A live resize under way: the work its job had left at its old size (its restart)."""
+        self.made_room: dict[int, tuple[float, list[Target]]] = {}
+        """A queued job live resizes make room for: when the last of them has checkpointed,
+        and the hosts they free (as `hold_made_room` reads a resize's record)."""
         for run in self.sim.running:
             end = likely_end(run, now)
-            if run.stopping:  # cancel, preemption, time slice: gone once it has checkpointed
+            if run.stopping:  # cancel, preemption, time slice, resize: gone once it has checkpointed
+                if run.restarts_on is not None and run.full_gpu_count is not None:
+                    self.resumes[run.id] = max(0.0, end - now) * rate(len(run.indices), run.full_gpu_count)
                 end = min(end, now + CHECKPOINT_S)
+                if run.shrinking_for is not None:
+                    until, freed = self.made_room.get(run.shrinking_for, (end, []))
+                    freed.append(Target(run.host, (), for_job=run.shrinking_for, source=run.host))
+                    self.made_room[run.shrinking_for] = (max(until, end), freed)
             self.sim.ends_at(run.id, end)
         self.sim.reservations = list(cluster.reservations)
         for kept in cluster.reservations:  # a window's start and end change who may start
@@ -148,7 +168,9 @@ class Replay:
             self.done = True
             return
         sim, clock = self.sim, self.clock
-        decision = schedule(self.queue.values(), sim.view(), self.fair_share, clock, self.config)
+        view = sim.view()
+        self._hold(view)
+        decision = schedule(self.queue.values(), view, self.fair_share, clock, self.config)
         sim.apply(
             decision,
             clock,
@@ -163,8 +185,58 @@ class Replay:
         self.clock = max(clock, upcoming)
         for event in sim.due(self.clock):
             if event.happens is not Happens.WAKE:  # ended, or stopped: it leaves the replay
-                sim.release(event.job_id)
+                parts = sim.release(event.job_id)
+                if event.job_id in self.resumes:  # a live resize: it goes on, on its new GPUs
+                    self._resume(parts, self.resumes.pop(event.job_id), self.clock)
             self.events += 1  # a slice that is up is an event too: the next call may stop that job
+
+    def _hold(self, view: Cluster) -> None:
+        """The GPUs held in this call: the pass's in the first; after it, those
+        `hold_made_room` holds for each queued job that live resizes make room for, up to
+        the call after the last of them has checkpointed (where it starts on them)."""
+        if self.first:
+            self.first = False
+            view.held = list(self.held)
+            return
+        records = [
+            target
+            for job_id, (until, freed) in self.made_room.items()
+            if job_id in self.queue and self.clock <= until
+            for target in freed
+        ]
+        if records:
+            hold_made_room(list(self.queue.values()), view, dict(enumerate(records)))
+
+    def _resume(self, parts: list[RunningJob], work_s: float, clock: float) -> None:
+        """A live resize's job, checkpointed, restarts on the GPUs its record names that are
+        still free (at least its minimum, as `settle.place_resized`; else it leaves the
+        replay) with the work it had left, at its new size's rate, and the restart's cost."""
+        own = next((p for p in parts if p.restarts_on is not None), None)
+        if own is None or own.restarts_on is None or own.full_gpu_count is None:
+            return
+        name, gpus = own.restarts_on
+        host = self.sim.by_name.get(name)
+        if host is None:
+            return
+        fits = own.fraction - EPSILON
+        free = [i for i in gpus if i < len(host.free) and i not in host.unusable and host.free[i] >= fits]
+        size = min(own.full_gpu_count, len(free))
+        if size < (own.min_gpu_count or own.full_gpu_count):
+            return
+        wall = work_s / rate(size, own.full_gpu_count) + STOP_COST_S
+        again = replace(
+            own,
+            host=name,
+            indices=tuple(free[:size]),
+            started=clock,
+            stopping=False,
+            shrinking_for=None,
+            moving=False,
+            restarts_on=None,
+            measured_end=None,
+        )
+        again.estimate_s = again.typical_s = wall
+        self.sim.start([again], wall)
 
 
 def resize(sim: SimCluster, job_id: int, host: str | None, indices: tuple[int, ...], now: float) -> None:

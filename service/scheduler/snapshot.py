@@ -178,12 +178,8 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     moves: dict[int, Target] = {}
     for r in rows:
         target = Target.read(r.resize_to)
-        if (
-            target is not None
-            and target.host != r.name
-            and r.preempt_requested_at is not None
-            and r.cancel_requested_at is None
-        ):
+        resizing = target is not None and r.preempt_requested_at is not None and r.cancel_requested_at is None
+        if resizing and target is not None and target.host != r.name:
             moves[r.job_id] = target  # stopping to move, not cancelled on the way
         host = capacity.get(r.name)
         if host is not None:
@@ -209,6 +205,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 shrinking_for=target.for_job if target is not None else None,
                 moving=target is not None and target.host != r.name,
                 pinned=r.requested_host is not None,
+                restarts_on=(target.host, target.gpus) if resizing and target is not None else None,
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
     whole: dict[int, float] = defaultdict(float)
@@ -239,7 +236,9 @@ def _hold_targets(
             continue  # a host that is down (resizes are of jobs on one host)
         indices = tuple(sorted({i for i in target.gpus if 0 <= i < len(host.free)}))
         host.take(indices, own.fraction)
-        running.append(replace(own, host=host.name, indices=indices, shrinking_for=None, moving=False))
+        running.append(
+            replace(own, host=host.name, indices=indices, shrinking_for=None, moving=False, restarts_on=None)
+        )
     return running
 
 

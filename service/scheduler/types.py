@@ -143,6 +143,9 @@ class RunningJob:
     gives up; None: neither."""
     moving: bool = False
     """Live, with `shrinking_for`: it restarts on another host (a move), not on fewer GPUs."""
+    restarts_on: tuple[str, tuple[int, ...]] | None = None
+    """Live: a resized elastic job stopping at its checkpoint restarts on these GPUs of this
+    host (its `Job.resize_to`), which the forecast replays; None: not being resized."""
     pinned: bool = False
     """It asked for its host (`QueuedJob.host`, a spec's `host`): a resize keeps it there."""
 

@@ -181,6 +181,12 @@ def test_the_free_gpus_a_shrink_makes_room_beside_are_held_while_it_stops(
     report = LiveScheduler(ctx).run_pass()
     assert report is not None and (report.resized, report.placed, report.preempted) == ([], [], [])
     assert job_row(ctx, late).pending_reason == f"GPU 0 on lab-a held for job {waiting}, next to start there"
+    # Expected starts see it too: the waiting job's once the shrink has checkpointed; a job that
+    # came since, once a job ends (the elastic one restarts on GPU 2), not "now" on a held GPU.
+    expected = job_row(ctx, waiting).expected_start_at
+    assert expected is not None and guess.expected_start_at is not None
+    assert guess.expected_start_at.replace(tzinfo=None) > expected.replace(tzinfo=None)
+    assert (job_row(ctx, late).expected_start_at or expected) > expected
     stopped_at_its_checkpoint(ctx, elastic)
     LiveScheduler(ctx).run_pass()
     assert (held(ctx, elastic), held(ctx, waiting), held(ctx, late)) == ([2], [0, 1, 3], [])
