@@ -250,6 +250,8 @@ def test_an_elastic_job_moves_to_another_host_to_free_its_own_for_a_whole_host_j
     assert job_row(ctx, whole).pending_reason == (
         f"moving elastic job {elastic} off lab-a to make room (each restarts from its checkpoint on another host)"
     )
+    expected = {j: job_row(ctx, j).expected_start_at for j in (whole, two)}
+    assert None not in expected.values() and expected[two] > expected[whole], "the moved job restarts on lab-b 2,3"
     stopped_at_its_checkpoint(ctx, elastic)
     report = LiveScheduler(ctx).run_pass()
     assert report is not None and sorted(p[0] for p in report.placed) == sorted([elastic, whole])
