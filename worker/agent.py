@@ -140,7 +140,9 @@ class HostAgent:
 
         def said(signum: int, frame: object) -> None:
             running = len(self.runners)  # not under self.lock: this thread may hold it now
-            log.info(
+            # `towerq up`'s Ctrl+C sends one more by design: worth a line only while jobs stop.
+            log.log(
+                logging.INFO if running else logging.DEBUG,
                 "worker %s got %s while stopping: it goes on (%d job%s left to checkpoint and requeue)",
                 self.name,
                 signal.Signals(signum).name,
