@@ -4,6 +4,7 @@ a copy of a folder, mounted over one (a loop device; `nosuid`, `nodev`), copied 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import shutil
@@ -116,9 +117,38 @@ def copy_back(image: Path, folder: Path, aside: Path) -> None:
     else:
         with mounted_at(image, aside, "ro,loop,nosuid,nodev,noexec") as seen:
             copy_tree(seen, back)
-    shutil.rmtree(old, ignore_errors=True)
+    put_in_place(back, folder, old)
+    image.unlink()
+
+
+def put_in_place(new: Path, folder: Path, old: Path) -> None:
+    """`new` takes the place of `folder` in one step (`exchange`), so a reader (the API
+    listing or serving the job's files) never finds the folder missing; the folder that was
+    there is removed. Where the filesystem cannot exchange, the folder moves to `old` first
+    and `new` then takes its place (a moment without it)."""
+    shutil.rmtree(old, ignore_errors=True)  # one a worker that died on the way left
+    if folder.exists() and exchange(new, folder):
+        shutil.rmtree(new, ignore_errors=True)  # the folder that was there
+        return
     if folder.exists():
         folder.rename(old)
-    back.rename(folder)
+    new.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
-    image.unlink()
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths of one filesystem atomically (Linux's `renameat2` with
+    `RENAME_EXCHANGE`); False where the C library, the kernel or the filesystem cannot (NFS)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
