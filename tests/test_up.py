@@ -19,8 +19,8 @@ import pytest
 
 from service.core.lifetime import dies_with_this_process
 from tests.conftest import free_port
-from tests.stack import REPO, wait_for
-from worker.processes import live_members
+from tests.stack import REPO, upload_code, wait_for
+from worker.processes import live_members, pid_alive
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -166,3 +166,63 @@ def test_towerq_up_serves_runs_a_job_and_stops_every_process_on_ctrl_c(tmp_path:
     finally:
         for leftover in live_members(sid=killed.process.pid):
             os.kill(leftover.pid, signal.SIGKILL)
+
+
+SLOW_TO_STOP = """
+import os, signal, sys, time
+import towerq
+
+if os.environ["TOWERQ_ATTEMPT"] == "1":  # a checkpoint that takes its time
+    signal.signal(signal.SIGTERM, lambda signum, frame: time.sleep(600))
+step = 0
+while True:
+    step += 1
+    towerq.report(step=step, loss=1.0 / step)
+    time.sleep(0.2)
+"""
+
+
+def test_a_second_ctrl_c_stops_towerq_up_at_once(tmp_path: Path) -> None:
+    """The first Ctrl+C stops cleanly (the worker checkpoints its jobs) and says that a second
+    stops at once, as `docker compose` does; the second kills what has not stopped, trainers
+    with it. The next start puts the job back in the queue, as after a crash, and brings its
+    folder back from the disk image the killed worker left mounted."""
+    port = free_port()
+    up = Up(tmp_path, port, free_port())
+    try:
+        token = up.wait_for_line(r"log in:\s+(http://\S+/#token=(\S+))", 120).group(2)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
+        code = upload_code(client, {"slow.py": SLOW_TO_STOP})
+        job_id = client.post("/api/jobs", json={"command": ["python", "slow.py"], "code": code}).json()["id"]
+        job = wait_for(lambda: (j := client.get(f"/api/jobs/{job_id}").json())["step"] and j, 180, "the job", 0.5)
+        trainer = int(next(e["message"] for e in job["events"] if e["state"] == "running").split()[1])
+
+        os.killpg(up.process.pid, signal.SIGINT)
+        up.wait_for_line(r"Ctrl\+C again stops at once", 30)
+        time.sleep(1)  # its program is checkpointing, for ten minutes
+        assert up.process.poll() is None
+        started = time.monotonic()
+        assert up.ctrl_c(30) == 0
+        assert time.monotonic() - started < 15
+        assert "worker (pid" in up.text() and "stopped at once, as asked" in up.text()
+        assert processes_in_session(up.process.pid) == []
+        wait_for(lambda: not pid_alive(trainer), 30, "its program to die with the worker")
+    finally:
+        up.kill()
+
+    again = Up(tmp_path, port, free_port())
+    try:
+        again.wait_for_line(r"log in:", 120)
+        job = wait_for(
+            lambda: (j := client.get(f"/api/jobs/{job_id}").json())["attempts"] == 2 and j["step"] and j,
+            180,
+            "attempt 2",
+            0.5,
+        )
+        assert "restarted" in next(e["message"] for e in reversed(job["events"]) if e["state"] == "queued")
+        assert again.ctrl_c() == 0  # its second attempt stops at once
+        assert processes_in_session(again.process.pid) == []
+    finally:
+        again.kill()
+        client.close()
+    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]

@@ -9,6 +9,7 @@ checkpoints its trainers and puts their jobs back in the queue, then Redis stops
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -51,6 +52,8 @@ class Supervisor:
         self.host = host
         self.port = port
         self.stopping = False
+        self.signals = 0
+        """SIGINT and SIGTERM so far: the first stops cleanly, a second at once (`_stop_all`)."""
         self.redis: EmbeddedRedis | None = None
         base = [sys.executable, "-m", "service.cli"]
         self.children = [
@@ -90,6 +93,7 @@ class Supervisor:
         return self.settings.var_dir / "admin-token"
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        self.signals += 1
         self.stopping = True
 
     def _ensure_redis(self) -> None:
@@ -157,12 +161,22 @@ class Supervisor:
         running = [(c.name, c.process) for c in self.children if c.process is not None and c.process.poll() is None]
         for _, process in running:
             process.send_signal(signal.SIGTERM)
+        if running and self.signals < 2:
+            log.info(
+                "stopping: the worker checkpoints its running jobs and puts them back in the queue; "
+                "Ctrl+C again stops at once (they resume from their last checkpoint, as after a crash)"
+            )
         deadline = time.monotonic() + STOP_GRACE_S
         for name, process in running:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) did not stop within %.0f s; killed it", name, process.pid, STOP_GRACE_S)
+            while process.poll() is None:
+                if self.signals >= 2:
+                    log.warning("%s (pid %d) stopped at once, as asked", name, process.pid)
+                elif time.monotonic() >= deadline:
+                    log.error("%s (pid %d) did not stop within %.0f s; killed it", name, process.pid, STOP_GRACE_S)
+                else:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(0.2)
+                    continue
                 process.kill()
                 process.wait()
         if self.redis is not None:
