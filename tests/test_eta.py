@@ -100,7 +100,7 @@ def test_the_expected_end_holds_within_a_quarter_of_what_was_left(stack: Stack, 
     median, worst, old_median = sorted(errors)[len(errors) // 2], max(errors), old[len(old) // 2]
     print(f"expected end off by {median:.0%} of what was left (median; worst {worst:.0%}); old: {old_median:.0%}")
     # The worker measures the pace over whole cycles of evaluations and checkpoints
-    # (`worker.relay.Pace`): before, a window with one evaluation too many made looks just
+    # (`worker.pace.Pace`): before, a window with one evaluation too many made looks just
     # before an evaluation up to 45 % off (median 13-20 %); since, 1 % (worst 5 %).
     assert median <= 0.10, [(step, round(e, 2)) for (_, step, _, _), e in zip(seen, errors, strict=True)]
     assert old_median > 0.5, "the old ETA was as good here: this job does not show the difference"

@@ -22,10 +22,10 @@ from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import Inventory
 from worker.launch import Launch, start_trainer, trainer_command, trainer_environment, write_trainer_spec
+from worker.pace import pause_cycle
 from worker.pool import TrainerPool, WarmTrainer, hand_over
 from worker.pool import end as end_warm
 from worker.processes import descendants
-from worker.relay import pause_cycle
 
 
 class JobRunner(AttemptRunner):

@@ -1,4 +1,4 @@
-"""A job's expected end is told from the train points its worker receives (`worker.relay.Pace`):
+"""A job's expected end is told from the train points its worker receives (`worker.pace.Pace`):
 what a trainer prints cannot make the worker keep more than a bounded number of them, and the
 times it writes on its lines are its word, not used: the worker's own clock times each point."""
 
@@ -12,7 +12,8 @@ from typing import Any
 
 from towerq.contract import events
 from towerq.contract.attempts import Stored
-from worker.relay import MetricSink, Pace
+from worker.pace import Pace
+from worker.relay import MetricSink
 
 
 def metric_line(step: int, time: float) -> events.TrainerEvent:

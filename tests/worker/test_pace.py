@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from worker.relay import Pace, pause_cycle
+from worker.pace import Pace, pause_cycle
 
 START = datetime(2026, 11, 27, tzinfo=UTC)
 

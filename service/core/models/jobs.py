@@ -140,7 +140,7 @@ class Job(Base):
     """The same at the latest evaluation."""
     pace_s: Mapped[float | None] = mapped_column(Float, default=None)
     """Wall-clock seconds per step of the current attempt over the later half of the steps it
-    trained (`worker.relay.Pace`), with its evaluations, checkpoints and pauses: what its
+    trained (`worker.pace.Pace`), with its evaluations, checkpoints and pauses: what its
     expected end is told from (the trainer's `step_time_s` counts training alone, and an ETA
     from it was 3-4x too soon)."""
     step_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -232,7 +232,7 @@ def expected_end_at(
     state: str, step: int | None, step_at: datetime | None, pace_s: float | None, total_steps: int | None
 ) -> datetime | None:
     """A running job's ETA: when its last step will be trained at its pace so far (the
-    worker's measure, `worker.relay.Pace`); None for a job not running or not yet measured,
+    worker's measure, `worker.pace.Pace`); None for a job not running or not yet measured,
     and for one whose total is its program's (a command job).
     The scheduler's expected starts take running jobs to end then (`scheduler.capacity`)."""
     if state != JobState.RUNNING or pace_s is None or step is None or step_at is None or total_steps is None:
