@@ -41,9 +41,8 @@ from service.scheduler.elastic import rate
 from service.scheduler.outlook import likely_end
 from service.scheduler.policy import schedule
 from service.scheduler.ranking import DEFAULT_RUN_S
-from service.scheduler.settle import Target, hold_made_room
+from service.scheduler.settle import Target, hold_made_room, still_free
 from service.scheduler.types import (
-    EPSILON,
     Cluster,
     FairShare,
     HostCapacity,
@@ -209,8 +208,8 @@ class Replay:
 
     def _resume(self, parts: list[RunningJob], work_s: float, clock: float) -> None:
         """A live resize's job, checkpointed, restarts on the GPUs its record names that are
-        still free (at least its minimum, as `settle.place_resized`; else it leaves the
-        replay) with the work it had left, at its new size's rate, and the restart's cost."""
+        still free (`settle.still_free`, as live; else it leaves the replay) with the work it
+        had left, at its new size's rate, and the restart's cost."""
         own = next((p for p in parts if p.restarts_on is not None), None)
         if own is None or own.restarts_on is None or own.full_gpu_count is None:
             return
@@ -218,16 +217,15 @@ class Replay:
         host = self.sim.by_name.get(name)
         if host is None:
             return
-        fits = own.fraction - EPSILON
-        free = [i for i in gpus if i < len(host.free) and i not in host.unusable and host.free[i] >= fits]
-        size = min(own.full_gpu_count, len(free))
-        if size < (own.min_gpu_count or own.full_gpu_count):
+        full = own.full_gpu_count
+        indices = still_free(host, gpus, own.fraction, own.min_gpu_count or full, full)
+        if indices is None:
             return
-        wall = work_s / rate(size, own.full_gpu_count) + STOP_COST_S
+        wall = work_s / rate(len(indices), full) + STOP_COST_S
         again = replace(
             own,
             host=name,
-            indices=tuple(free[:size]),
+            indices=indices,
             started=clock,
             stopping=False,
             shrinking_for=None,

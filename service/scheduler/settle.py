@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from service.scheduler.types import EPSILON, Cluster, Placement, QueuedJob
+from service.scheduler.types import EPSILON, Cluster, HostCapacity, Placement, QueuedJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +74,9 @@ def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, 
         host = hosts.get(target.host)
         if host is None:
             continue
-        free = [
-            i
-            for i in target.gpus
-            if i < len(host.free) and i not in host.unusable and host.free[i] >= job.fraction - EPSILON
-        ]
-        size = min(job.gpu_count, len(free))
-        if size < (job.min_gpu_count or job.gpu_count):
+        indices = still_free(host, target.gpus, job.fraction, job.min_gpu_count or job.gpu_count, job.gpu_count)
+        if indices is None:
             continue
-        indices = tuple(free[:size])
         host.take(indices, job.fraction)
         # Estimates as the history gave them to it queued (annotate ran first); it goes on
         # with its run.
@@ -91,6 +85,16 @@ def place_resized(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, 
         cluster.running.append(running)
         placements.append(Placement(job.id, [(host.name, indices)]))
     return placements
+
+
+def still_free(
+    host: HostCapacity, gpus: tuple[int, ...], fraction: float, least: int, most: int
+) -> tuple[int, ...] | None:
+    """The GPUs of a resize's target (`gpus` of `host`) its job restarts on: those still free
+    for its `fraction`, at most `most`; None when fewer than `least` are (it waits in the
+    queue). The live pass (`place_resized`) and the forecast's replay both ask it."""
+    free = [i for i in gpus if i < len(host.free) and i not in host.unusable and host.free[i] >= fraction - EPSILON]
+    return tuple(free[:most]) if min(most, len(free)) >= least else None
 
 
 def hold_made_room(queued: list[QueuedJob], cluster: Cluster, targets: dict[int, Target]) -> None:

@@ -178,9 +178,10 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
     moves: dict[int, Target] = {}
     for r in rows:
         target = Target.read(r.resize_to)
-        resizing = target is not None and r.preempt_requested_at is not None and r.cancel_requested_at is None
-        if resizing and target is not None and target.host != r.name:
-            moves[r.job_id] = target  # stopping to move, not cancelled on the way
+        # Stopping to restart on its target (not cancelled on the way): a move's target is held.
+        resizing = target if r.preempt_requested_at is not None and r.cancel_requested_at is None else None
+        if resizing is not None and resizing.host != r.name:
+            moves[r.job_id] = resizing
         host = capacity.get(r.name)
         if host is not None:
             host.take((r.gpu_index,), r.fraction)
@@ -205,7 +206,7 @@ def _read_running(session: Session, capacity: dict[str, HostCapacity]) -> list[R
                 shrinking_for=target.for_job if target is not None else None,
                 moving=target is not None and target.host != r.name,
                 pinned=r.requested_host is not None,
-                restarts_on=(target.host, target.gpus) if resizing and target is not None else None,
+                restarts_on=(resizing.host, resizing.gpus) if resizing is not None else None,
                 measured_end=_timestamp(expected_end_at(r.state, r.step, r.step_at, r.pace_s, r.total_steps)),
             )
     whole: dict[int, float] = defaultdict(float)
