@@ -150,6 +150,11 @@ def make_settings(tmp_path: Path, redis_url: str) -> Callable[..., Settings]:
             "heartbeat_interval_s": 0.5,
             "scheduler_interval_s": 0.5,
             "rank_ports": rank_port_block(),
+            # One API process, not the product's two: each uvicorn worker process imports the
+            # whole service (~2.5 s of CPU), which was a fifth of the suite's CPU on a 2-core
+            # machine. The two-process API is tested where it is the point: test_lifetime,
+            # test_end_to_end, `towerq up` (test_up) and the benches (chaos kills it).
+            "api_workers": 1,
         }
         values.update(overrides)
         for key in ("var_dir", "data_dir", "artifacts_dir", "models_path"):

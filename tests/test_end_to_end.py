@@ -19,7 +19,7 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 @pytest.fixture
 def settings(make_settings: Callable[..., object], sqlite_url: str) -> object:
-    return make_settings(sqlite_url)
+    return make_settings(sqlite_url, api_workers=2)  # the API as deployed: two processes
 
 
 def finished(client, job_id: int, timeout: float = 240) -> dict:
