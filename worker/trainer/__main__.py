@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from towerq.contract.runtime import TrainerInput
 from towerq.contract.spec import describe
+from worker.trainer import frameworks
 from worker.trainer.errors import SpecFileError, TrainerError
 from worker.trainer.protocol import EXIT_ERROR, EXIT_OK, Reporter
 
@@ -69,6 +70,7 @@ def wait_for_job(reporter: Reporter, nice: int) -> str | None:
     its environment and folder taken. The spec path, or None when the pool closed first."""
     die_with_parent(None)
     lower_priority(nice)
+    frameworks.load()
     from worker.trainer import loop  # noqa: F401 - the import is the point: TensorFlow, Keras, the trainer
 
     reporter.emit("warm", pid=os.getpid())
@@ -98,7 +100,8 @@ def main(argv: list[str]) -> int:
             spec = read_spec(argv[1])
             die_with_parent(spec.runtime.parent_pid)
             lower_priority(spec.runtime.nice)
-        from worker.trainer import loop  # TensorFlow loads here, after the cheap checks
+        frameworks.load()  # TensorFlow loads here, after the cheap checks
+        from worker.trainer import loop
 
         stop = loop.StopFlag()
         stop.install()

@@ -18,6 +18,7 @@ import tensorflow as tf
 from towerq.contract.catalog import Task
 from towerq.contract.paths import PathEscapeError, resolve_inside
 from towerq.contract.training import DatasetOptions, TrainSpec
+from worker.trainer import frameworks
 from worker.trainer.errors import DatasetError
 
 FASHION_MNIST_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)
@@ -147,12 +148,22 @@ def synthetic(options: DatasetOptions) -> Data:
     return data
 
 
-def digits(options: DatasetOptions) -> Data:
-    from sklearn.datasets import load_digits
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1,797 digits: 8x8 images of 0-16 and their labels."""
+    path = frameworks.digits_file()
+    if path is None:  # a scikit-learn that keeps them elsewhere
+        from sklearn.datasets import load_digits
 
-    bunch = load_digits()
-    x = (bunch.images / 16.0).astype(np.float32)[..., None]
-    y = bunch.target.astype(np.int32)
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    table = np.loadtxt(path, delimiter=",")  # 64 pixels and the label a row, as `load_digits` reads it
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
+
+
+def digits(options: DatasetOptions) -> Data:
+    images, target = digits_arrays()
+    x = (images / 16.0).astype(np.float32)[..., None]
+    y = target.astype(np.int32)
     train, test = _split(x, y, options.test_fraction)
     return Data(
         "digits",
