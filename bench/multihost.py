@@ -28,7 +28,8 @@ Four measurements, each printed with the command's own control beside it:
    against the same job with `network: true` (the ranks on the host's network), each run
    to the end in turn, the same sandbox otherwise.
 
-Usage: `python bench/multihost.py [--repeats 3] [--steps 300] [--batch 32] [--skip-service]`.
+Usage: `python bench/multihost.py [--repeats 3] [--steps 300] [--batch 32] [--skip-service]
+[--losses killed,frozen,stalled,frozen-while-starting]` (`--losses`: which losses of 3. to measure, all by default).
 """
 
 from __future__ import annotations
@@ -259,8 +260,11 @@ def freeze_at_start(lab: Lab) -> dict[str, float]:
     }
 
 
+LOSSES = ("killed", "frozen", "stalled", "frozen while starting")
+
+
 def service_part(
-    workdir: Path, repeats: int, steps: int, batch: int
+    workdir: Path, repeats: int, steps: int, batch: int, losses_asked: list[str]
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], list[tuple[float, float]]]:
     lab = Lab(workdir)
     try:
@@ -269,8 +273,10 @@ def service_part(
         for _ in range(repeats):
             firsts["4 GPUs over 2 hosts"].append(first_metric_s(lab, 4))
             firsts["2 GPUs on 1 host"].append(first_metric_s(lab, 2))
-        losses = {how: lose_a_rank(lab, how) for how in ("killed", "frozen", "stalled")}
-        losses["frozen while starting"] = freeze_at_start(lab)
+        losses = {
+            how: freeze_at_start(lab) if how == "frozen while starting" else lose_a_rank(lab, how)
+            for how in losses_asked
+        }
     finally:
         lab.close()
     return firsts, losses, tunnel
@@ -282,7 +288,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--skip-service", action="store_true", help="only the throughput part")
+    parser.add_argument("--losses", default=",".join(LOSSES).replace(" ", "-"), help="the losses to measure")
     args = parser.parse_args()
+    losses_asked = [name.strip().replace("-", " ") for name in args.losses.split(",") if name.strip()]
+    if unknown := [name for name in losses_asked if name not in LOSSES]:
+        parser.error(f"--losses: unknown {', '.join(unknown)} (known: {', '.join(LOSSES).replace(' ', '-')})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the stack stops too (`finally`)
     workdir = Path(tempfile.mkdtemp(prefix="towerq-multihost-"))
     one, two = [], []
@@ -301,7 +311,7 @@ def main() -> int:
     print(f"  2 hosts x 2 / 1 host x 4:     {statistics.median(two) / statistics.median(one):8.3f}")
     if args.skip_service:
         return 0
-    firsts, losses, tunnel = service_part(workdir / "service", args.repeats, args.steps, args.batch)
+    firsts, losses, tunnel = service_part(workdir / "service", args.repeats, args.steps, args.batch, losses_asked)
     if tunnel:
         through, direct = (statistics.median(side) for side in zip(*tunnel, strict=True))
         print("the same 4-GPU job over 2 hosts through the service, sandboxed (median of runs):")
