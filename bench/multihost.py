@@ -291,8 +291,11 @@ def main() -> int:
     parser.add_argument("--losses", default=",".join(LOSSES).replace(" ", "-"), help="the losses to measure")
     args = parser.parse_args()
     losses_asked = [name.strip().replace("-", " ") for name in args.losses.split(",") if name.strip()]
+    known = ", ".join(LOSSES).replace(" ", "-")
     if unknown := [name for name in losses_asked if name not in LOSSES]:
-        parser.error(f"--losses: unknown {', '.join(unknown)} (known: {', '.join(LOSSES).replace(' ', '-')})")
+        parser.error(f"--losses: unknown {', '.join(unknown)} (known: {known})")
+    if not losses_asked:
+        parser.error(f"--losses: none given (known: {known})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the stack stops too (`finally`)
     workdir = Path(tempfile.mkdtemp(prefix="towerq-multihost-"))
     one, two = [], []

@@ -25,6 +25,7 @@ def test_the_multihost_bench_runs_and_notices_a_frozen_and_a_stalled_rank_within
     assert "2 hosts x 2 / 1 host x 4:" in run.stdout, report
 
 
-def test_the_multihost_bench_names_a_loss_it_does_not_know() -> None:
-    run = run_bench("bench/multihost.py", "--losses", "frozen,drowned", timeout=60)
-    assert run.returncode == 2 and "--losses: unknown drowned" in run.stderr, run.stderr[-2000:]
+@pytest.mark.parametrize(("losses", "said"), [("frozen,drowned", "unknown drowned"), (",", "none given")])
+def test_the_multihost_bench_refuses_losses_it_cannot_measure(losses: str, said: str) -> None:
+    run = run_bench("bench/multihost.py", "--losses", losses, timeout=60)
+    assert run.returncode == 2 and f"--losses: {said}" in run.stderr, run.stderr[-2000:]
