@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.stack import REPO
 from worker.trainer import datasets, frameworks
 
 
+@pytest.mark.slow  # a trainer process: TensorFlow loads
 def test_a_warm_trainer_has_tensorflow_loaded_and_not_scikit_learn() -> None:
     trainer = subprocess.Popen(
         [sys.executable, "-m", "worker.trainer", "--warm", "0"],
@@ -44,6 +46,7 @@ print("ok", round(sklearn.linear_model.LinearRegression().fit([[0.0], [1.0]], [0
 """
 
 
+@pytest.mark.slow  # a trainer process: TensorFlow loads
 def test_a_model_imports_scikit_learn_after_the_trainer_loaded_keras_without_it() -> None:
     run = subprocess.run(
         [sys.executable, "-c", MODEL_AFTER_LOAD], cwd=REPO, capture_output=True, text=True, timeout=180
