@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import importlib.util
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,6 @@ import tensorflow as tf
 from towerq.contract.catalog import Task
 from towerq.contract.paths import PathEscapeError, resolve_inside
 from towerq.contract.training import DatasetOptions, TrainSpec
-from worker.trainer import frameworks
 from worker.trainer.errors import DatasetError
 
 FASHION_MNIST_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)
@@ -148,9 +148,19 @@ def synthetic(options: DatasetOptions) -> Data:
     return data
 
 
+def digits_file() -> Path | None:
+    """scikit-learn's bundled digits (the file its `load_digits` reads), found without
+    importing scikit-learn (`frameworks` says why); None where it is not installed there."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    return path if path.is_file() else None
+
+
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's 1,797 digits: 8x8 images of 0-16 and their labels."""
-    path = frameworks.digits_file()
+    path = digits_file()
     if path is None:  # a scikit-learn that keeps them elsewhere
         from sklearn.datasets import load_digits
 

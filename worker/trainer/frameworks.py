@@ -7,14 +7,12 @@ CPU (1.3 of ~6 s here), paid by every job and every warm trainer. `load` hides
 scikit-learn while TensorFlow and Keras load and shows it again at once: a member's model
 imports scikit-learn as usual; only Keras's scikit-learn wrappers say it is not installed,
 which a model built for the towers has no use for. The `digits` dataset reads
-scikit-learn's bundled file without importing scikit-learn (`digits_file`).
+scikit-learn's bundled file without importing scikit-learn (`datasets.digits_file`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 HIDDEN = "sklearn"
 
@@ -32,13 +30,3 @@ def load() -> None:
         import tensorflow  # noqa: F401
     finally:
         del sys.modules[HIDDEN]
-
-
-def digits_file() -> Path | None:
-    """scikit-learn's bundled digits (the file its `load_digits` reads), found without
-    importing scikit-learn; None where it is not installed there."""
-    spec = importlib.util.find_spec(HIDDEN)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
-    return path if path.is_file() else None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.stack import REPO
-from worker.trainer import datasets, frameworks
+from worker.trainer import datasets
 
 
 @pytest.mark.slow  # a trainer process: TensorFlow loads
@@ -57,7 +57,7 @@ def test_a_model_imports_scikit_learn_after_the_trainer_loaded_keras_without_it(
 def test_the_digits_read_without_scikit_learn_are_its_own() -> None:
     from sklearn.datasets import load_digits
 
-    assert frameworks.digits_file() is not None  # read from the file, not through scikit-learn
+    assert datasets.digits_file() is not None  # read from the file, not through scikit-learn
     images, target = datasets.digits_arrays()
     bunch = load_digits()
     assert np.array_equal(images, bunch.images) and np.array_equal(target, bunch.target)
