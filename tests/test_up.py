@@ -178,6 +178,8 @@ step = 0
 while True:
     step += 1
     towerq.report(step=step, loss=1.0 / step)
+    with open(os.path.join(os.environ["TOWERQ_OUTPUT_DIR"], "progress.txt"), "w") as out:
+        out.write(str(step))
     time.sleep(0.2)
 """
 
@@ -185,8 +187,8 @@ while True:
 def test_a_second_ctrl_c_stops_towerq_up_at_once(tmp_path: Path) -> None:
     """The first Ctrl+C stops cleanly (the worker checkpoints its jobs) and says that a second
     stops at once, as `docker compose` does; the second kills what has not stopped, trainers
-    with it. The next start puts the job back in the queue, as after a crash, and brings its
-    folder back from the disk image the killed worker left mounted."""
+    with it, and brings the job's folder back from its disk image (no mount is left behind).
+    The next start puts the job back in the queue, as after a crash."""
     port = free_port()
     up = Up(tmp_path, port, free_port())
     try:
@@ -207,6 +209,10 @@ def test_a_second_ctrl_c_stops_towerq_up_at_once(tmp_path: Path) -> None:
         assert "worker (pid" in up.text() and "stopped at once, as asked" in up.text()
         assert processes_in_session(up.process.pid) == []
         wait_for(lambda: not pid_alive(trainer), 30, "its program to die with the worker")
+        assert not mounts_under(tmp_path), "a job folder left mounted on its disk image"
+        assert not list((tmp_path / "var" / "disks").glob("*.img"))
+        progress = [int(p.read_text()) for p in (tmp_path / "var" / "artifacts").rglob("progress.txt")]
+        assert progress and progress[0] >= job["step"]  # what it wrote on its disk image, back
     finally:
         up.kill()
 
@@ -225,4 +231,8 @@ def test_a_second_ctrl_c_stops_towerq_up_at_once(tmp_path: Path) -> None:
     finally:
         again.kill()
         client.close()
-    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]
+    assert not mounts_under(tmp_path)
+
+
+def mounts_under(folder: Path) -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(folder) in line]

@@ -167,6 +167,7 @@ class Supervisor:
                 "Ctrl+C again stops at once (they resume from their last checkpoint, as after a crash)"
             )
         deadline = time.monotonic() + STOP_GRACE_S
+        killed = []
         for name, process in running:
             while process.poll() is None:
                 if self.signals >= 2:
@@ -179,9 +180,29 @@ class Supervisor:
                     continue
                 process.kill()
                 process.wait()
+                killed.append(name)
+        if "worker" in killed:
+            self._tidy_after_worker()
         if self.redis is not None:
             self.redis.stop()
         log.info("towerq stopped")
+
+    def _tidy_after_worker(self) -> None:
+        """A worker killed before it stopped leaves its trainers' cgroups and the job folders
+        mounted on their disk images (`worker.disk`): what its next start would do first is
+        done now (`HostAgent._recover_leftovers`), so a lab that does not start towerq again
+        keeps no mount or loop device. Its jobs go back to the queue at the next start, as
+        after a crash, and resume from their last checkpoint on the host's disk."""
+        from worker import cgroups, disk
+
+        cgroups.remove_stale()  # what is left of its trainers, so nothing writes the folders any more
+        disks = disk.disks_of(self.settings)
+        images = len(list(disks.glob("*.img"))) if disks.is_dir() else 0
+        failed = disk.bring_back_all(disks)
+        for line in failed:
+            log.error("a job folder on its disk image could not come back (worker.disk): %s", line)
+        if images > len(failed):
+            log.info("%d job folders back on the host's disk from their disk images", images - len(failed))
 
     def _banner(self, token: str | None) -> None:
         url = f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '::') else self.host}:{self.port}"
