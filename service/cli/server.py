@@ -376,6 +376,7 @@ def _simulate_from_db(args: argparse.Namespace) -> int:
 
 WHAT_IF_ROWS = (
     ("avg_jct_s", "avg job completion"),
+    ("user_avg_jct_s", "avg, each user once"),
     ("p95_jct_s", "p95 job completion"),
     ("avg_wait_s", "avg wait"),
     ("p95_wait_s", "p95 wait"),

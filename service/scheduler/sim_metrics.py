@@ -119,12 +119,16 @@ def metrics(
     passes: tuple[list[float], list[float]],
 ) -> dict[str, Any]:
     pass_ms, pass_cpu_ms = passes
-    jct = [finished[j.id] - j.submit for j in jobs]
     wait = [j.waited for j in jobs]
     first_wait = [j.start - j.submit for j in jobs if j.start is not None]
+    jct: list[float] = []
     waits: dict[str, list[float]] = defaultdict(list)
+    jcts: dict[str, list[float]] = defaultdict(list)
     for j in jobs:
+        jct.append(finished[j.id] - j.submit)
         waits[j.user].append(j.waited)
+        jcts[j.user].append(jct[-1])
+    per_user_jct = [sum(times) / len(times) for times in jcts.values()]
 
     def while_waiting(gpu_s: dict[str, float], user: str) -> float:
         waited = state.waited_s.get(user, 0.0)
@@ -138,6 +142,7 @@ def metrics(
         "jobs": len(jobs),
         "jobs_dropped_too_large": dropped,
         "avg_jct_s": round(sum(jct) / len(jct), 1) if jct else 0.0,
+        "user_avg_jct_s": round(sum(per_user_jct) / len(per_user_jct), 1) if per_user_jct else 0.0,
         "p50_jct_s": round(percentile(jct, 0.5), 1),
         "p95_jct_s": round(percentile(jct, 0.95), 1),
         "avg_wait_s": round(sum(wait) / len(wait), 1) if wait else 0.0,
@@ -159,6 +164,7 @@ def metrics(
         "per_user": {
             user: {
                 "jobs": len(waits[user]),
+                "avg_jct_s": round(sum(jcts[user]) / len(jcts[user]), 1),
                 "p95_wait_s": round(percentile(waits[user], 0.95), 1),
                 "p99_wait_s": round(percentile(waits[user], 0.99), 1),
                 "gpus_while_waiting": while_waiting(state.gpu_s_while_waiting, user),

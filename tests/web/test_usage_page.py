@@ -140,6 +140,8 @@ def test_admins_replay_the_labs_history_under_other_settings(
     page.wait_for_selector("table.what-if")
     wait = page.locator('table.what-if tr[data-metric="max_wait_s"] td').all_inner_texts()
     assert wait[1:] == ["2h 0m", "0s", "0.00×"], wait
+    each_user = page.locator('table.what-if tr[data-metric="user_avg_jct_s"] td').all_inner_texts()
+    assert each_user[1:] == ["2h 0m", "1h 0m", "0.50×"], each_user
     assert "3 × 1 GPUs" in page.locator("table.what-if thead").inner_text()
     assert page.locator("table.what-if-users tbody tr").count() == 3
     shot(page, "usage-what-if")

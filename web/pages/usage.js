@@ -354,6 +354,7 @@ function storageOf(stored) {
 const WHAT_IF_ROWS = [
   ["jobs", "Jobs replayed", String],
   ["avg_jct_s", "Avg job completion", duration],
+  ["user_avg_jct_s", "Avg job completion, each user once", duration],
   ["p95_jct_s", "p95 job completion", duration],
   ["avg_wait_s", "Avg wait", duration],
   ["p95_wait_s", "p95 wait", duration],

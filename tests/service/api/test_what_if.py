@@ -50,6 +50,7 @@ def test_what_if_replays_the_labs_jobs_as_it_is_and_with_more_gpus(
     assert (other["setup"]["hosts"], other["setup"]["time_slice_gpu_s"]) == (3, 0)
     assert now["max_wait_s"] == 7200.0 and other["max_wait_s"] == 0.0  # one after another, or all at once
     assert now["avg_jct_s"] == 7200.0 and other["avg_jct_s"] == 3600.0
+    assert now["user_avg_jct_s"] == 7200.0 and other["user_avg_jct_s"] == 3600.0  # one job each
     assert now["per_user"]["alice"]["gpu_hours"] == 1.0 and now["gpu_hours"] == 3.0
     assert now["per_group"]["vision"]["gpus_while_waiting"] < now["per_group"]["vision"]["entitled_while_waiting"]
 
@@ -79,6 +80,8 @@ def test_towerq_simulate_from_db_replays_and_exports_the_labs_jobs(
     assert lines[1] == "  as now:  1 x 1 GPUs, towerq, slice 1 GPU-h" and lines[2].startswith("  what if: 1 x 3 GPUs")
     max_wait = next(line for line in lines if line.startswith("max wait")).split()
     assert max_wait == ["max", "wait", "2h00m", "0m00s", "0.00x"]
+    per_user = next(line for line in lines if line.startswith("avg, each user once")).split()[-3:]
+    assert per_user == ["2h00m", "1h00m", "0.50x"]
     users = lines[lines.index(next(line for line in lines if line.startswith("USER"))) + 1 :]
     assert {line.split()[0] for line in users} == {"alice", "bob", "carol"}
     trace = tmp_path / "lab.csv"

@@ -25,6 +25,7 @@ METRICS = {
     "jobs",
     "jobs_dropped_too_large",
     "avg_jct_s",
+    "user_avg_jct_s",
     "p50_jct_s",
     "p95_jct_s",
     "avg_wait_s",
@@ -64,6 +65,17 @@ def test_fifo_keeps_the_order_and_fit_first_lets_small_jobs_pass(tmp_path: Path)
     # fit-first: A 0-100, C 2-102, B 102-112: waits 0, 101, 0
     assert fit_first["max_wait_s"] == 101.0
     assert fit_first["makespan_s"] == 112.0
+
+
+def test_the_average_over_users_counts_each_user_once_however_many_jobs_they_sent(tmp_path: Path) -> None:
+    # One GPU, FIFO: u1's job runs 0-100; u2's three run 100-110, 110-120, 120-130
+    rows = ["0,100,1,u1", "1,10,1,u2", "2,10,1,u2", "3,10,1,u2"]
+    result = simulate(read_trace(trace(tmp_path, rows)), 1, 1, Policy.FIFO)
+    u2 = (109 + 118 + 127) / 3
+    assert result["per_user"]["u1"]["avg_jct_s"] == 100.0
+    assert result["per_user"]["u2"]["avg_jct_s"] == round(u2, 1)
+    assert result["avg_jct_s"] == round((100 + 109 + 118 + 127) / 4, 1)
+    assert result["user_avg_jct_s"] == round((100 + u2) / 2, 1)
 
 
 def test_a_starving_big_job_gets_a_reservation_under_towerq(tmp_path: Path) -> None:
