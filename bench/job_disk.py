@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker import disk  # noqa: E402
+from worker import disk, disk_kind  # noqa: E402
 from worker.folder import JOB_FOLDER_MAX_ENTRIES  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
     args = parser.parse_args()
-    why = disk.images_work(args.dir.resolve())
+    why = disk_kind.images_work(args.dir.resolve())
     if why is not None:
         print(f"no disk images here: {why}", file=sys.stderr)
         return 1

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.benches import run_bench
-from worker import disk
+from worker import disk_kind
 
 
 def test_the_job_disk_bench_prints_an_attempts_overhead_per_folder_size() -> None:
     with tempfile.TemporaryDirectory() as name:
-        why = disk.images_work(Path(name))
+        why = disk_kind.images_work(Path(name))
     if why is not None:
         pytest.skip(f"no job disk images here: {why}")
     run = run_bench("bench/job_disk.py", "--sizes-mb", "0,5", "--repeats", "1", timeout=120)

@@ -31,7 +31,7 @@ from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_command, is_notebook
-from worker import cgroups, disk
+from worker import cgroups, disk, disk_kind
 from worker.attempt import AttemptRunner, fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -117,11 +117,11 @@ class HostAgent:
             len(self.inventory.gpus()),
             "simulated" if self.inventory.simulated else "NVIDIA",
         )
-        log.info("worker %s: %s", self.name, disk.described(self.ctx.settings))
+        log.info("worker %s: %s", self.name, disk_kind.described(self.ctx.settings))
         self._recover_leftovers()
         self.pool.start()
         loops = [(self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")]
-        if disk.in_use(self.ctx.settings):
+        if disk_kind.in_use(self.ctx.settings):
             loops.append((self._disk_loop, "disks"))
         for target, label in loops:
             loop = threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True)
@@ -154,7 +154,7 @@ class HostAgent:
             signal.signal(signum, said)
 
     def _info(self) -> dict[str, Any]:
-        return host_info(self.sandboxed, disk.in_use(self.ctx.settings))
+        return host_info(self.sandboxed, disk_kind.in_use(self.ctx.settings))
 
     def shutdown(self) -> None:
         """Take no new jobs (the host is marked down first, so the scheduler stops sending

@@ -36,7 +36,7 @@ from towerq.contract import events
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
-from worker import disk, reaper, rendezvous, sandbox
+from worker import disk, disk_kind, reaper, rendezvous, sandbox
 from worker.cgroups import AttemptGroup, Limits
 from worker.folder import FolderWatch, size_words
 from worker.inventory import Inventory, SimulatedInventory
@@ -313,7 +313,7 @@ class AttemptRunner:
         as it is; one a dead worker left comes back first). A job over several hosts keeps
         the measure (its ranks share the folder), as does a Slurm node's runner (no database
         to ask what ran since)."""
-        if self.launch.ranks > 1 or self.ctx is None or not disk.in_use(self.settings):
+        if self.launch.ranks > 1 or self.ctx is None or not disk_kind.in_use(self.settings):
             return
         self.job_disk = disk.hold_for(self.artifacts, self.settings, self.key, fate_of_attempts(self.ctx))
         if self.job_disk.dropped is not None:

@@ -28,7 +28,7 @@ from service.core.settings import Settings
 from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
 from towerq.contract.versions import SPEC_VERSION
-from worker import disk, sandbox
+from worker import disk_kind, sandbox
 from worker.cgroups import AttemptGroup, Limits
 from worker.trainer import tunnel
 
@@ -214,11 +214,11 @@ def sandboxed_here(settings: Settings) -> bool:
     """Whether this host's trainers run in the sandbox (`sandbox.resolve`); SandboxError when
     they should and cannot, or when a folder every trainer is shown (`TOWERQ_MODELS_PATH`,
     `TOWERQ_DATA_DIR`) holds towerq's own state: every trainer would read it, or when
-    `TOWERQ_JOB_DISK=image` cannot work here (`worker.disk.check`)."""
+    `TOWERQ_JOB_DISK=image` cannot work here (`worker.disk_kind.check`)."""
     sandboxed = sandbox.resolve(settings.sandbox, trainer_user(settings))
     if sandboxed:
         check_shared_folders(settings)
-    disk.check(settings.job_disk, settings.var_dir)
+    disk_kind.check(settings.job_disk, settings.var_dir)
     return sandboxed
 
 

@@ -40,7 +40,8 @@ from pathlib import Path
 
 from service.core.settings import Settings
 from worker import sandbox
-from worker.disk import DiskError, JobDisk, in_use, open_for
+from worker.disk import DiskError, JobDisk, open_for
+from worker.disk_kind import in_use
 from worker.launch import (
     REPO_ROOT,
     Launch,

@@ -177,7 +177,7 @@ def run_health_worker(args: argparse.Namespace) -> int:
 def run_up(args: argparse.Namespace) -> int:
     from service.cli.up import Supervisor
     from service.executors import known_executor
-    from worker.disk import check
+    from worker.disk_kind import check
     from worker.sandbox import SandboxError, resolve
 
     settings = Settings()

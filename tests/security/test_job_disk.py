@@ -24,12 +24,12 @@ import pytest
 from service.core.settings import Settings
 from tests.stack import Stack, finished, upload_code, wait_for
 from towerq.contract.paths import job_folder
-from worker import disk
+from worker import disk, disk_kind
 
 
 def why_no_images() -> str | None:
     with tempfile.TemporaryDirectory() as name:
-        return disk.images_work(Path(name))
+        return disk_kind.images_work(Path(name))
 
 
 NO_IMAGES = why_no_images()
@@ -307,14 +307,15 @@ def test_auto_keeps_the_measure_on_network_storage(tmp_path: Path) -> None:
         "41 40 8:2 / /mnt/lab/local\\040disk rw,relatime - xfs /dev/sdb1 rw\n"
         "42 22 0:51 / /mnt/bucket rw - fuse.s3fs s3fs rw\n"
     )
-    assert disk.network_storage(Path("/mnt/lab/artifacts"), mountinfo) == "nfs4"
-    assert disk.network_storage(Path("/mnt/lab/local disk/artifacts"), mountinfo) is None, "the deepest mount decides"
+    assert disk_kind.network_storage(Path("/mnt/lab/artifacts"), mountinfo) == "nfs4"
+    local = Path("/mnt/lab/local disk/artifacts")
+    assert disk_kind.network_storage(local, mountinfo) is None, "the deepest mount decides"
     assert (
-        disk.network_storage(Path("/mnt/labs"), mountinfo) is None
-        and disk.network_storage(Path("/var"), mountinfo) is None
+        disk_kind.network_storage(Path("/mnt/labs"), mountinfo) is None
+        and disk_kind.network_storage(Path("/var"), mountinfo) is None
     )
-    assert disk.network_storage(Path("/mnt/bucket/a"), mountinfo) == "fuse.s3fs"
-    assert disk.network_storage(tmp_path) is None, "this machine's own disk"
+    assert disk_kind.network_storage(Path("/mnt/bucket/a"), mountinfo) == "fuse.s3fs"
+    assert disk_kind.network_storage(tmp_path) is None, "this machine's own disk"
 
 
 def test_a_folder_that_does_not_fit_its_disk_is_refused_by_name(folders: tuple[Path, Path]) -> None:
@@ -329,12 +330,12 @@ def test_a_folder_that_does_not_fit_its_disk_is_refused_by_name(folders: tuple[P
 def test_auto_uses_images_where_the_worker_can_make_one_and_image_insists(tmp_path: Path) -> None:
     made = Settings(var_dir=tmp_path / "var")
     assert made.job_disk == "auto", "the default"
-    assert disk.in_use(made), "a root worker that mounts a loop image uses one"
-    assert "are disk images" in disk.described(made)
+    assert disk_kind.in_use(made), "a root worker that mounts a loop image uses one"
+    assert "are disk images" in disk_kind.described(made)
     measured = Settings(var_dir=tmp_path / "var", job_disk="measure")
-    assert not disk.in_use(measured) and disk.described(measured).endswith("(TOWERQ_JOB_DISK=measure)")
+    assert not disk_kind.in_use(measured) and disk_kind.described(measured).endswith("(TOWERQ_JOB_DISK=measure)")
     with pytest.raises(disk.DiskError, match="TOWERQ_JOB_DISK is 'loop': use auto, image, measure"):
-        disk.check("loop", tmp_path)
+        disk_kind.check("loop", tmp_path)
 
 
 WRITER = r"""

@@ -21,7 +21,7 @@ from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
 from towerq.contract.spec import JobSpec
-from worker import disk, reaper
+from worker import disk_kind, reaper
 from worker.agent import HostAgent
 from worker.host import heartbeat
 from worker.inventory import SimulatedInventory
@@ -67,7 +67,7 @@ def test_a_stopped_worker_has_ended_its_loops_before_its_context_closes(settings
     agent = HostAgent(ctx, "lab-a", SimulatedInventory("lab-a", 1))
     try:
         agent.start()
-        sweeps = ["lab-a-disks"] if disk.in_use(ctx.settings) else []  # job folders on disk images (a root worker)
+        sweeps = ["lab-a-disks"] if disk_kind.in_use(ctx.settings) else []  # job folders on disk images (a root worker)
         assert [loop.name for loop in agent.loops] == ["lab-a-heartbeat", "lab-a-control", *sweeps]
         assert all(loop.is_alive() for loop in agent.loops)
         agent.shutdown()
