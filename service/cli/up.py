@@ -182,7 +182,10 @@ class Supervisor:
                 process.wait()
                 killed.append(name)
         if "worker" in killed:
-            self._tidy_after_worker()
+            try:
+                self._tidy_after_worker()
+            except Exception:  # Redis still stops; the worker's next start does it instead
+                log.exception("could not tidy after the killed worker")
         if self.redis is not None:
             self.redis.stop()
         log.info("towerq stopped")
