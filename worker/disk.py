@@ -28,7 +28,8 @@ quarter of a second for 100 MB and 3.8 s for 1 GB, `bench/job_disk.py`). Every `
 (and at its start) the worker settles the images no attempt holds (`bring_back_all`,
 asking the database what became of each job, `Fate`): a job that ended without another
 attempt (cancelled while it waited) gets its folder back; one that waits keeps it; at the
-worker's stop every folder comes back.
+worker's stop every folder comes back (and when `towerq up` had to kill its worker, it
+brings them back itself: `service.cli.up`).
 
 One attempt of a job holds its image at a time (an flock beside it, across processes), from
 before the worker first writes into the folder (its spec) to the folder's return: the next
