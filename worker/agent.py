@@ -281,9 +281,8 @@ class HostAgent:
             self._sweep_disks(fate)
 
     def _sweep_disks(self, fate: disk.Fate | None) -> None:
-        """`worker.disk.bring_back_all`: with no `fate`, every folder no attempt holds comes back."""
-        for failed in disk.bring_back_all(disk.disks_of(self.ctx.settings), fate):
-            log.error("a job folder on its disk image could not come back (worker.disk): %s", failed)
+        """`worker.disk.sweep`: with no `fate`, every folder no attempt holds comes back."""
+        disk.sweep(disk.disks_of(self.ctx.settings), fate)
 
     def _control_loop(self) -> None:
         """Stop requests (cancel, preemption) published for this host."""

@@ -386,7 +386,7 @@ def bring_back_all(disks: Path, fate: Fate | None = None) -> list[str]:
     superseded ones are dropped, those kept for a job that runs again stay. What went wrong,
     one line per folder."""
     failed = []
-    for image in sorted(disks.glob("*.img")) if disks.is_dir() else []:
+    for image in images_in(disks):
         name = image.name.removesuffix(".img")
         try:
             lock = _lock(disks, name, wait=False)
@@ -400,3 +400,14 @@ def bring_back_all(disks: Path, fate: Fate | None = None) -> list[str]:
         finally:
             _unlock(disks, name, lock)
     return failed
+
+
+def images_in(disks: Path) -> list[Path]:
+    """The disk images in `disks`, by name (none where it is not there)."""
+    return sorted(disks.glob("*.img")) if disks.is_dir() else []
+
+
+def sweep(disks: Path, fate: Fate | None = None) -> None:
+    """`bring_back_all`, each folder that could not come back said in the log."""
+    for failed in bring_back_all(disks, fate):
+        log.error("a job folder on its disk image could not come back: %s", failed)

@@ -200,12 +200,10 @@ class Supervisor:
 
         cgroups.remove_stale()  # what is left of its trainers, so nothing writes the folders any more
         disks = disk.disks_of(self.settings)
-        images = len(list(disks.glob("*.img"))) if disks.is_dir() else 0
-        failed = disk.bring_back_all(disks)
-        for line in failed:
-            log.error("a job folder on its disk image could not come back (worker.disk): %s", line)
-        if images > len(failed):
-            log.info("%d job folders back on the host's disk from their disk images", images - len(failed))
+        before = len(disk.images_in(disks))
+        disk.sweep(disks)
+        if (back := before - len(disk.images_in(disks))) > 0:
+            log.info("%d job folders back on the host's disk from their disk images", back)
 
     def _banner(self, token: str | None) -> None:
         url = f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '::') else self.host}:{self.port}"
