@@ -32,7 +32,8 @@ from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_command, is_notebook
 from worker import cgroups, disk, disk_kind
-from worker.attempt import AttemptRunner, fate_of_attempts
+from worker.attempt import AttemptRunner
+from worker.attempt_disk import fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`

@@ -29,16 +29,16 @@ from pydantic import ValidationError
 from service.core import defaults
 from service.core.attempts import LocalChannel
 from service.core.context import Context
-from service.core.lifecycle import attempt_fate
 from service.core.models import JobState
 from service.core.settings import Settings
 from towerq.contract import events
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
-from worker import disk, disk_kind, reaper, rendezvous, sandbox
+from worker import disk, reaper, rendezvous, sandbox
+from worker.attempt_disk import AttemptDisk
 from worker.cgroups import AttemptGroup, Limits
-from worker.folder import FolderWatch, size_words
+from worker.folder import FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
 from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
@@ -92,17 +92,6 @@ Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str]
 runs, in words for the job's log."""
 
 
-def fate_of_attempts(ctx: Context) -> disk.Fate:
-    """What became of a job since one of its attempts (`worker.disk.settle`), as the lab's
-    database says."""
-
-    def fate(job_id: int, attempt: int) -> str:
-        with ctx.db.read() as session:
-            return attempt_fate(session, job_id, attempt)
-
-    return fate
-
-
 class AttemptRunner:
     """One attempt on this host, in a thread of its own (`start`)."""
 
@@ -112,8 +101,6 @@ class AttemptRunner:
     """A notebook session (`worker.notebook`)."""
     _exited_at: float | None = None
     """When its process exited (monotonic), once it did."""
-    job_disk: disk.JobDisk | None = None
-    """The job folder's disk for this attempt (`worker.disk`, `TOWERQ_JOB_DISK`), while it holds it."""
     _recorded = False
     """The attempt's end is in the database already (`_record_now`), before its process is gone."""
 
@@ -155,6 +142,8 @@ class AttemptRunner:
         self._stop_deadline: float | None = None
         self.artifacts = artifacts_dir(self.settings, launch.job_id)
         self.folder = FolderWatch(self.artifacts, self.settings.job_folder_max_bytes, self.settings.job_folder_check_s)
+        self.folder_disk = AttemptDisk(self.artifacts, self.settings, self.key, self.sink)
+        """The job folder's disk of its own, if it gets one (`worker.attempt_disk`)."""
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.after: list[AttemptRunner] = []
@@ -245,7 +234,7 @@ class AttemptRunner:
             self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
         finally:
             self.rank.close()
-            self._close_disk()
+            self.folder_disk.close(self.outcome)
             self._after()
             self.group.remove()
             self.sink.close()
@@ -277,9 +266,9 @@ class AttemptRunner:
             return False
         settings = self.settings
         try:
-            self._hold_disk()
+            self.folder_disk.hold(self.ctx, self.launch.ranks)
             starter = self._prepare()
-            self._fill_disk()
+            self.folder_disk.fill()
         except disk.DiskError as err:
             self.outcome.stop = Stop.FOLDER_FULL
             self.outcome.stop_message = f"its folder could not be put on a disk of its own: {err}"
@@ -306,47 +295,6 @@ class AttemptRunner:
             self._kill_group()
             return False
         return True
-
-    def _hold_disk(self) -> None:
-        """`TOWERQ_JOB_DISK`: before the worker first writes into the job's folder, the attempt
-        holds its disk (`worker.disk.JobDisk.hold`: an image the last attempt kept is taken
-        as it is; one a dead worker left comes back first). A job over several hosts keeps
-        the measure (its ranks share the folder), as does a Slurm node's runner (no database
-        to ask what ran since)."""
-        if self.launch.ranks > 1 or self.ctx is None or not disk_kind.in_use(self.settings):
-            return
-        self.job_disk = disk.hold_for(self.artifacts, self.settings, self.key, fate_of_attempts(self.ctx))
-        if self.job_disk.dropped is not None:
-            self.sink.log("warning", self.job_disk.dropped)
-
-    def _fill_disk(self) -> None:
-        """Its folder (made by `_prepare`) goes on a disk of its own, unless it came on a
-        warm trainer's (`worker.pool`)."""
-        if self.job_disk is not None and not self.job_disk.mounted:
-            disk.fill_for(self.job_disk, self.settings)
-
-    def _close_disk(self) -> None:
-        """The attempt's processes are gone: its folder comes back onto the host's disk, or,
-        for a job stopped to run again (preempted, resized), stays on its image for its next
-        attempt. A process that failed on a full disk fails the job, naming the limit (a
-        retry would only fill it again)."""
-        if self.job_disk is None:
-            return
-        if self.job_disk.full() and self.outcome.returncode not in (0, None):
-            said = (
-                f"its folder's disk is full ({size_words(self.job_disk.size)}, TOWERQ_JOB_FOLDER_MAX_BYTES): "
-                "what it wrote past that failed"
-            )
-            self.sink.log("error", said)
-            if self.outcome.stop is None:
-                self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"failed: {said}"
-        keep = self.outcome.stop == Stop.PREEMPT and disk.keeps_between_attempts(self.settings)
-        if (failed := self.job_disk.close(keep)) is not None:
-            self.sink.log(
-                "error",
-                f"its folder stays on its disk image for now ({failed}); it is served from there and comes back "
-                "onto the host's disk at its next attempt on this host or at its worker's next sweep",
-            )
 
     def _say_started(self, how: str, limits: Limits) -> None:
         assert self.process is not None
@@ -522,7 +470,7 @@ class AttemptRunner:
             phases.mark("its output after its exit")
         self._kill_group()
         phases.mark("kill")
-        self._close_disk()
+        self.folder_disk.close(self.outcome)
         phases.mark("disk")
         if self.outcome.stop != Stop.STALE:
             self._measure_folder(time.monotonic(), running=False)  # its size, for the Usage page

@@ -59,7 +59,7 @@ class JobRunner(AttemptRunner):
         # a rank sets up its cluster before any TensorFlow op: never a warm trainer
         warm = None
         if self.pool is not None and self.launch.ranks < 2:  # its disk, if any, takes the warm trainer's
-            warm = self.pool.take(self.launch, self.artifacts, self.job_disk)
+            warm = self.pool.take(self.launch, self.artifacts, self.folder_disk.held)
         self.warm = warm
         try:
             spec_path = write_trainer_spec(self.launch, settings, self.artifacts, self.sandboxed)
