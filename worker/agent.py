@@ -32,7 +32,7 @@ from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_command, is_notebook
 from worker import cgroups, disk, disk_kind
-from worker.attempt import AttemptRunner
+from worker.attempt import AttemptRunner, Phases
 from worker.attempt_disk import fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -53,6 +53,11 @@ RECONNECT_DELAY_S = 2.0
 LOOP_JOIN_S = 10.0
 """How long the worker's stop waits for its heartbeat and control loops (each looks at the
 stop every second; a heartbeat in the middle of its database write finishes it)."""
+COMMANDS_POLL_S = 1.0
+"""How often the thread reading RQ's command channel looks at its stop (`LaunchWorker.subscribe`)."""
+SLOW_STOP_S = 10.0
+"""A stop that takes longer is said in the log, phase by phase (`towerq up` and a service
+manager give a worker a minute before they kill it)."""
 LEFTOVER_KILL_TIMEOUT_S = 10.0
 
 
@@ -60,6 +65,27 @@ class LaunchWorker(SimpleWorker):
     """An RQ worker that runs towerq's launch messages and nothing else: anything else
     found on the host's queue (another function, other arguments, a payload that is not
     JSON) is logged, counted (`towerq:refused:<host>`) and dropped, never run."""
+
+    stop_asked: float | None = None
+    """When a signal asked it to stop (monotonic), once one did."""
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_asked = time.monotonic()
+        super().request_stop(signum, frame)
+
+    def subscribe(self) -> None:
+        """RQ's command channel (its shutdown and kill commands), read by a thread that looks
+        at its stop every `COMMANDS_POLL_S`, not RQ's minute: RQ's stop unsubscribes, then
+        stops the thread, and with redis-py 8.2 (whose `PubSubWorkerThread.stop` waits for
+        the thread) a thread that saw the unsubscription first waited out its minute for a
+        new subscription: some stops (2 of 14 in a loaded test run) took a minute, and
+        `towerq up` or the service manager killed the worker."""
+        log.debug("worker %s: subscribing to %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ's is typed None
+            sleep_time=COMMANDS_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def execute_job(self, job: RQJob, queue: Queue) -> None:
         try:
@@ -161,16 +187,22 @@ class HostAgent:
         """Take no new jobs (the host is marked down first, so the scheduler stops sending
         any), stop the trainers (each checkpoints) and put their jobs back in the queue."""
         self.stopping.set()
+        asked = self.rq_worker.stop_asked if isinstance(self.rq_worker, LaunchWorker) else None
+        phases = Phases(since=asked)
+        if asked is not None:
+            phases.mark("the launch queue")
         # A heartbeat already past its check of `stopping` would mark the host up again after
         # this marks it down, and the scheduler would send the jobs requeued below back here
         # (a clean-clone run beside two CPU burners saw it): it ends first, within a second.
         for loop in [loop for loop in self.loops if loop.name.endswith("-heartbeat")]:
             loop.join(LOOP_JOIN_S)
+        phases.mark("heartbeat")
         try:
             with self.ctx.db.write() as session:
                 mark_down(session, self.name)
         except Exception:
             log.exception("could not mark %s down", self.name)
+        phases.mark("marked down")
         with self.lock:
             runners = list(self.runners.values())
         self.pool.stop_warming()
@@ -178,14 +210,21 @@ class HostAgent:
             runner.request_stop(Stop.SHUTDOWN, f"worker on {self.name} shut down")
         for runner in runners:
             runner.join()
+        phases.mark(f"{len(runners)} attempt{'' if len(runners) == 1 else 's'}")
         self.pool.close()  # only now: a trainer dies with the pool's thread, taken ones too
+        phases.mark("warm trainers")
         # The loops end within a second of `stopping`; they must, before the context closes:
         # a daemon thread frozen at exit inside Redis's connection pool holds its lock, and
         # the client's close at exit then waited for it forever (the worker outlived SIGTERM).
         for loop in self.loops:
             loop.join(LOOP_JOIN_S)
+        phases.mark("loops")
         self._sweep_disks(None)  # the folders kept for jobs that run again: back on the host's disk
+        phases.mark("disks")
         self.inventory.close()
+        phases.mark("GPUs")
+        if phases.total() > SLOW_STOP_S:
+            log.warning("worker %s took %.1f s to stop (%s)", self.name, phases.total(), phases)
         log.info("worker %s stopped", self.name)
 
     def _serve_queue(self) -> None:

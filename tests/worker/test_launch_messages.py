@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import redis
 from rq import Queue
 
 from service.core import keys, launches
+from tests.stack import wait_for
 from worker.agent import LaunchWorker
 
 
@@ -49,3 +52,21 @@ def test_a_launch_message_is_accepted_with_its_job_and_attempt(redis_client: red
     assert message.id == launches.launch_id(12, 3)
     assert launches.check(message) == (12, 3)
     assert launches.pending(redis_client, 12, 3)
+
+
+def test_the_workers_command_channel_lets_it_stop_at_once_after_it_unsubscribed(redis_client: redis.Redis) -> None:
+    """A worker's stop (RQ's teardown) unsubscribes from RQ's command channel, then stops the
+    thread that reads it. A thread that read the unsubscription first waited for a new
+    subscription for RQ's minute, and redis-py 8.2's stop waits for the thread: the worker
+    outlived SIGTERM by a minute (`towerq up` and the suite's stacks killed it)."""
+    worker = LaunchWorker([launches.host_queue(redis_client, "lab-a")], connection=redis_client)
+    worker.subscribe()
+    wait_for(lambda: worker.pubsub.subscribed, 10, "the subscription")
+    worker.pubsub.unsubscribe()
+    wait_for(lambda: not worker.pubsub.subscribed, 10, "the thread to read the unsubscription")
+    stopping = threading.Thread(target=worker.unsubscribe, daemon=True)
+    started = time.monotonic()
+    stopping.start()
+    stopping.join(15)
+    took = time.monotonic() - started
+    assert not stopping.is_alive() and took < 5, f"the command channel's thread took {took:.1f} s to stop"
