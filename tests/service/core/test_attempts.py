@@ -28,7 +28,7 @@ from towerq.attempts import HttpChannel
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt, Stored
 from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
-from worker.attempt import fate_of_attempts
+from worker.attempt_disk import fate_of_attempts
 
 # The HTTP channel asks its status with a timeout of its own; Starlette's test client warns
 # that it does not apply one (the real API does).
