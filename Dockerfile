@@ -3,7 +3,8 @@
 #   --target api     API + dashboard, scheduler, migrations, bootstrap: no TensorFlow
 #   --target worker  a GPU host's worker: TensorFlow with its CUDA libraries (the driver
 #                    comes from the host through the NVIDIA container runtime)
-# Dependencies are installed from pyproject.toml alone, in layers of their own, before any
+# Dependencies are installed from pyproject.toml alone, at the versions in constraints.txt
+# (those the test suite passed with: scripts/lock.py), in layers of their own, before any
 # code is copied: an edit to the code rebuilds a small wheel, not TensorFlow.
 
 FROM python:3.11-slim AS base
@@ -20,7 +21,7 @@ RUN groupadd --gid "${GID}" towerq \
     && mkdir -p /data \
     && chown towerq:towerq /data
 WORKDIR /app
-COPY pyproject.toml ./
+COPY pyproject.toml constraints.txt ./
 COPY scripts/requirements.py scripts/
 ENV TOWERQ_VAR_DIR=/data/var \
     TOWERQ_DATA_DIR=/data/datasets \
@@ -39,7 +40,7 @@ RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM base AS api
 RUN python scripts/requirements.py server > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
+    && pip install -c constraints.txt -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 COPY --from=build /wheels /wheels
 RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels
@@ -55,7 +56,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 RUN python scripts/requirements.py gpu notebook > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
+    && pip install -c constraints.txt -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 COPY --from=build /wheels /wheels
 RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels

@@ -24,7 +24,7 @@ test: setup
 # CPU build (about 45 s to install here, from the machine's local wheel; elsewhere pip may
 # fetch the CUDA build). Members' jobs use it the same way: docs/command-jobs.md.
 frameworks:
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet 'torch==2.13.0'
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet -c constraints.txt 'torch==2.13.0'
 
 test-quick: setup
 	$(BIN)/ruff check service worker migrations towerq tests bench
@@ -61,14 +61,15 @@ pytest:
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	scripts/setup-system --run
 	$(PYTHON) scripts/check-python.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@# setuptools announces every editable install of a package-dir layout with a banner
 	@# (a UserWarning, "Editable installation."): that one message is silenced, nothing else.
-	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -e '.[server,cpu,notebook,dev]'
+	@# constraints.txt: the exact versions the suite passed with (scripts/lock.py writes it).
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -c constraints.txt -e '.[server,cpu,notebook,dev]'
 	touch $(STAMP)
 
 clean:

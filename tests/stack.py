@@ -3,6 +3,7 @@ scheduler` and `towerq worker`s, all pointed at the test's database, Redis and f
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import signal
@@ -13,6 +14,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -23,6 +25,17 @@ from worker.mountinfo import mounts
 from worker.processes import pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str) -> ModuleType:
+    """A script of `scripts/` (a file a person runs, not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py").replace("-", "_"), REPO / "scripts" / name)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 FINAL = ("succeeded", "failed", "cancelled")
 
 

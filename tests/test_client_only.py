@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import email
-import importlib.metadata
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from packaging.requirements import Requirement
 
 from service.cli import SERVER_PACKAGES
 from service.cli.command import parser
-from tests.stack import REPO, Stack
+from tests.stack import REPO, Stack, load_script
 from towerq.cli.main import SERVER_COMMANDS, client_parser
 
 SPEC = "model: mlp\ndataset: digits\ngpu_count: 1\nhyperparameters:\n  steps: 20\n"
@@ -32,23 +31,6 @@ def base_requirements(wheel: Path) -> list[Requirement]:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = email.message_from_bytes(archive.read(name))
     return [r for r in map(Requirement, metadata.get_all("Requires-Dist") or []) if not r.marker]
-
-
-def installed_closure(requirements: list[Requirement]) -> list[importlib.metadata.Distribution]:
-    """The distributions of this suite's environment that `requirements` pull in, theirs too."""
-    found: dict[str, importlib.metadata.Distribution] = {}
-    pending = [r.name for r in requirements]
-    while pending:
-        name = pending.pop()
-        key = name.lower().replace("_", "-")
-        if key in found:
-            continue
-        found[key] = dist = importlib.metadata.distribution(name)
-        for line in dist.requires or []:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                pending.append(requirement.name)
-    return list(found.values())
 
 
 def client_only_environment(tmp_path: Path) -> Path:
@@ -67,7 +49,7 @@ def client_only_environment(tmp_path: Path) -> Path:
     subprocess.run(install, check=True, capture_output=True)
     deps = tmp_path / "client-deps"
     deps.mkdir()
-    for dist in installed_closure(requirements):
+    for dist in load_script("lock.py").closure(requirements).values():
         root = Path(str(dist.locate_file("")))
         for top in {f.parts[0] for f in dist.files or [] if not f.parts[0].startswith("..")}:
             if not (deps / top).exists():

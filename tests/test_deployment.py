@@ -172,6 +172,7 @@ def test_the_dockerfile_builds_a_slim_api_image_and_a_cuda_worker_image() -> Non
     # from pyproject.toml first, then the wheel.
     copied = " ".join(stages["base"].of("COPY"))
     assert "service" not in copied and "worker" not in copied
+    assert "constraints.txt" in copied
     # the worker image: the trainer's side and a notebook session's server (docs/notebooks.md)
     requirements = {
         "api": "python scripts/requirements.py server >",
@@ -181,7 +182,8 @@ def test_the_dockerfile_builds_a_slim_api_image_and_a_cuda_worker_image() -> Non
         instructions = stages[name].instructions
         kinds = [kind for kind, _ in instructions]
         at = next(i for i, (kind, arg) in enumerate(instructions) if kind == "RUN" and "requirements.py" in arg)
-        assert instructions[at][1].startswith(install) and "pip install -r" in instructions[at][1], name
+        assert instructions[at][1].startswith(install), name
+        assert "pip install -c constraints.txt -r" in instructions[at][1], name  # the tested versions
         assert at < kinds.index("COPY"), f"{name}: dependencies after the code"
         assert stages[name].of("COPY") == ["--from=build /wheels /wheels"]
         assert stages[name].of("USER") == ["towerq"]
@@ -209,6 +211,7 @@ def test_the_build_context_holds_code_and_no_local_state() -> None:
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     assert allowed == {
         "pyproject.toml",
+        "constraints.txt",
         "README.md",
         "scripts/requirements.py",
         "service",

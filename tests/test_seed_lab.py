@@ -3,22 +3,16 @@ GPU history, readable by the API's own queries."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from sqlalchemy import func, select
 
 from service.core.db import Database
 from service.core.models import Allocation, Job, Metric
 from service.jobs.read import list_jobs
-from tests.stack import REPO
+from tests.stack import load_script
 
 
 def test_the_seeded_lab_has_every_state_with_its_reason_and_history(sqlite_url: str) -> None:
-    spec = importlib.util.spec_from_file_location("seed_lab", Path(REPO) / "scripts" / "seed-lab.py")
-    assert spec is not None and spec.loader is not None
-    seed_lab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(seed_lab)
+    seed_lab = load_script("seed-lab.py")
     assert seed_lab.main(["--database-url", sqlite_url, "--jobs", "120"]) == 0
 
     db = Database(sqlite_url)
