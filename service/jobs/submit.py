@@ -1,14 +1,10 @@
-"""Submitting jobs: the checks a spec must pass beyond its own fields (GPUs that exist, files
-inside their roots, the queue's room), and storing it."""
+"""Submitting jobs: the checks a spec must pass beyond its own fields (GPUs that exist,
+`fit`; files inside their roots, `spec_files`; the queue's room, limits and quotas), and
+storing it."""
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import sys
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -17,23 +13,21 @@ from sqlalchemy.orm import Session
 
 from service.core.context import connect_redis
 from service.core.db import Database
-from service.core.exceptions import NotFoundError, SpecError, TooManyError
+from service.core.exceptions import SpecError, TooManyError
 from service.core.models import Group, Job, JobState, User, utcnow
 from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
-from service.jobs import sources
 from service.jobs.dependencies import resolve_after
+from service.jobs.fit import check_memory_fraction, check_resources
 from service.jobs.intake import Submission, SubmissionWriter, store_submissions
 from service.jobs.read import get_job, job_detail, job_detail_of_new
+from service.jobs.spec_files import check_files
 from service.lab.auth import Caller
 from service.lab.groups import resolve_group
 from service.lab.hosts import HostInventory
 from service.notifications import outbound
 from service.uploads import code as code_bundles
-from service.uploads import datasets
-from towerq.contract.paths import PathEscapeError, resolve_inside
-from towerq.contract.runtime import MIN_MEMORY_LIMIT_MB, memory_limit_mb
 from towerq.contract.spec import JobSpec, is_notebook
 from towerq.contract.versions import SPEC_VERSION
 
@@ -253,197 +247,3 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         created_at=now,
         updated_at=now,
     )
-
-
-def check_resources(inventory: HostInventory, spec: JobSpec) -> str | None:
-    """Check that the GPUs asked for exist; returns the host the job is bound to, if any.
-    A refusal is decided on a fresh inventory, not on the cached one."""
-    if spec.gpus is not None and not inventory.executor.places_jobs:
-        raise SpecError(
-            "gpus", f"with TOWERQ_EXECUTOR={inventory.executor.name} the cluster picks the GPUs: ask for gpu_count"
-        )
-    try:
-        return _check_resources(inventory.hosts(), spec, inventory.executor.places_jobs)
-    except SpecError:
-        return _check_resources(inventory.hosts(fresh=True), spec, inventory.executor.places_jobs)
-
-
-def _check_resources(hosts: dict[str, list[int]], spec: JobSpec, places_jobs: bool = True) -> str | None:
-    host = spec.host
-    if host is not None and host not in hosts:
-        known = ", ".join(sorted(hosts)) or "none yet"
-        raise SpecError("host", f"unknown host {host!r} (registered hosts: {known})")
-    if spec.gpus is not None:
-        host = host or _only_host(hosts)
-        missing = [i for i in spec.gpus if i not in hosts[host]]
-        if missing:
-            raise SpecError(
-                "gpus",
-                f"GPU {missing[0]} does not exist on {host} (it has GPUs {_ranges(hosts[host])})",
-            )
-        return host
-    count = spec.gpu_count or 1
-    sizes = [len(hosts[host])] if host is not None else [len(g) for g in hosts.values()]
-    if sizes and count > max(sizes):
-        if host is not None or not places_jobs:
-            where = f"host {host}" if host is not None else "the largest host"
-            raise SpecError("gpu_count", f"{count} GPUs asked for but {where} has {max(sizes)}")
-        check_over_hosts(sizes, spec)
-    return host
-
-
-def check_over_hosts(sizes: list[int], spec: JobSpec) -> None:
-    """A job larger than any host runs over several whole hosts of the largest size (one
-    trainer, a rank, on each; `worker.trainer.ranks`): its GPU count must be a whole number
-    of those hosts, and no more than the lab has. A command job's ranks talk over the
-    hosts' network (`worker.gang`): it must ask for it."""
-    count, largest = spec.gpu_count or 1, max(sizes)
-    hosts = sizes.count(largest)
-    most = largest * hosts
-    if hosts < 2 or spec.is_notebook:
-        raise SpecError("gpu_count", f"{count} GPUs asked for but the largest host has {largest}")
-    if count > most:
-        raise SpecError(
-            "gpu_count",
-            f"{count} GPUs asked for but the largest job the lab can hold is {most} GPUs ({hosts} hosts of {largest})",
-        )
-    if count % largest:
-        raise SpecError(
-            "gpu_count",
-            f"{count} GPUs is more than one host has ({largest}): a job over several hosts takes whole hosts, "
-            f"so ask for a multiple of {largest} (at most {most})",
-        )
-    if spec.gpu_memory_fraction < 1.0:
-        raise SpecError("gpu_memory_fraction", "a job over several hosts takes whole GPUs: leave it at 1")
-    if spec.tower_weights is not None:
-        raise SpecError("tower_weights", "a job over several hosts has equal towers: leave tower_weights out")
-    if spec.min_gpu_count is not None and spec.min_gpu_count < count:
-        raise SpecError(
-            "min_gpu_count",
-            f"a job over several hosts ({count} GPUs; the largest host has {largest}) runs at its full size, "
-            "never resized: leave min_gpu_count out, or ask for at most one host's GPUs",
-        )
-    if spec.is_command and not spec.network:
-        raise SpecError(
-            "network",
-            f"a command job over several hosts ({count} GPUs; the largest host has {largest}) needs network: true: "
-            "its processes reach each other over the hosts' network, on ports their framework picks, which "
-            "towerq's rank tunnel cannot carry",
-        )
-
-
-def check_memory_fraction(inventory: HostInventory, spec: JobSpec, host: str | None, settings: Settings) -> None:
-    """Refuse a fraction of a real GPU too small to leave the job memory after the card's
-    reserve and its process's CUDA context (simulated GPUs have no real limit)."""
-    if spec.gpu_memory_fraction >= 1.0:
-        return
-    smallest = inventory.smallest_gpu_mb()
-    sizes = [smallest.get(host)] if host is not None else list(smallest.values())
-    if not sizes or any(size is None for size in sizes):
-        return
-    best = max(size for size in sizes if size is not None)
-    reserved, overhead = settings.gpu_memory_reserved_mb, settings.gpu_process_overhead_mb
-    left = memory_limit_mb(spec.gpu_memory_fraction, best, reserved, overhead)
-    if left < MIN_MEMORY_LIMIT_MB:
-        raise SpecError(
-            "gpu_memory_fraction",
-            f"{spec.gpu_memory_fraction} of a {best} MB GPU leaves {left} MB after the {reserved} MB the card "
-            f"reserves and the {overhead} MB each process's CUDA context costs (at least {MIN_MEMORY_LIMIT_MB} MB)",
-        )
-
-
-def _only_host(hosts: dict[str, list[int]]) -> str:
-    if not hosts:
-        raise SpecError("gpus", "no GPU host has registered yet: start `towerq worker` first")
-    if len(hosts) > 1:
-        names = ", ".join(sorted(hosts))
-        raise SpecError("host", f"several hosts have GPUs ({names}): say which one with 'host'")
-    return next(iter(hosts))
-
-
-def _ranges(indices: Sequence[int]) -> str:
-    if not indices:
-        return "none"
-    if list(indices) == list(range(indices[0], indices[-1] + 1)) and len(indices) > 2:
-        return f"{indices[0]}-{indices[-1]}"
-    return ", ".join(str(i) for i in indices)
-
-
-def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
-    """Refuse paths that escape their folders or lie in another user's uploads; check that
-    files exist where this host can see."""
-    for field, path in (("dataset", spec.dataset_path), ("dataset_options", spec.dataset_options.test_path)):
-        reason = datasets.reaches_others(path, user) if path else None
-        if reason is not None:
-            raise SpecError(field, reason)
-    if spec.code is not None:
-        _check_bundle(spec, settings)
-    elif spec.model is not None and ":" in spec.model:
-        module = spec.model.split(":")[0].replace(".", "/") + ".py"
-        _check_inside(settings.models_path, module, "model", "TOWERQ_MODELS_PATH")
-        if settings.models_path.is_dir():
-            _check_function(resolve_inside(settings.models_path, module), module, spec.model)
-    if spec.dataset_path is not None:
-        _check_inside(settings.data_dir, spec.dataset_path, "dataset", "TOWERQ_DATA_DIR")
-    if spec.dataset_options.test_path is not None:
-        _check_inside(settings.data_dir, spec.dataset_options.test_path, "dataset_options", "TOWERQ_DATA_DIR")
-
-
-def _check_bundle(spec: JobSpec, settings: Settings) -> None:
-    """The bundle exists and holds the module the model names."""
-    assert spec.code is not None
-    try:
-        files = {entry["path"] for entry in code_bundles.manifest(settings.code_dir, spec.code)["files"]}
-    except NotFoundError as err:
-        raise SpecError("code", str(err)) from None
-    if spec.command is not None:
-        _check_program(spec.command[0], files, spec.code)
-        return
-    assert spec.model is not None
-    module = spec.model.split(":")[0].replace(".", "/")
-    found = next((path for path in (f"{module}.py", f"{module}/__init__.py") if path in files), None)
-    if found is None:
-        shown = ", ".join(sorted(path for path in files if path.endswith(".py"))[:10])
-        raise SpecError("model", f"bundle {spec.code[:12]}… has no {module}.py (its Python files: {shown or 'none'})")
-    _check_function(code_bundles.bundle_file(settings.code_dir, spec.code, found), found, spec.model)
-
-
-def _check_function(path: Path, shown: str, model: str) -> None:
-    """The module at `path` (`shown` in messages) defines the function `model` names, as far
-    as reading it tells (`service.jobs.sources`)."""
-    try:
-        if path.stat().st_size > sources.MAX_SOURCE_BYTES:
-            return
-        source = path.read_text(errors="replace")
-    except OSError:
-        return  # the trainer will say what it cannot read
-    if reason := sources.missing_function(source, model.partition(":")[2], shown):
-        raise SpecError("model", reason)
-
-
-def _check_program(program: str, files: set[str], code: str) -> None:
-    """A command's program is a file of its bundle (a path: `./run.sh`, `bin/train`) or a
-    program on the sandbox's PATH (a name: `python`, `bash`), the lab's Python first."""
-    if program.startswith("/"):  # the host's system folders, which the sandbox shows
-        if not Path(program).is_file():
-            raise SpecError("command", f"no program {program!r} on this host")
-        return
-    if "/" in program:
-        if program.removeprefix("./") not in files:
-            raise SpecError(
-                "command", f"{program!r} is not a file of bundle {code[:12]}… (name a file in it, or a program on PATH)"
-            )
-        return
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH") or os.defpath])
-    if shutil.which(program, path=path) is None:
-        hint = f" (a file of the bundle: run it as ./{program}, or python {program})" if program in files else ""
-        raise SpecError("command", f"no program {program!r} on the workers' PATH{hint}")
-
-
-def _check_inside(root: Path, relative: str, field: str, setting: str) -> None:
-    try:
-        resolved = resolve_inside(root, relative.split("*")[0] or ".")
-    except PathEscapeError as err:
-        raise SpecError(field, str(err)) from None
-    if root.is_dir() and "*" not in relative and not resolved.exists():
-        raise SpecError(field, f"{relative!r} not found under {setting} ({root})")
