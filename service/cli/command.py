@@ -11,7 +11,7 @@ import sys
 import redis
 from sqlalchemy.exc import OperationalError
 
-from service.cli import admin, server
+from service.cli import admin, server, simulate
 from service.cli.redis_server import RedisUnavailableError
 from service.core.db import SchemaError
 from service.core.keyspace import KeyspaceError
@@ -25,6 +25,7 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="towerq", description="Multi-GPU training service.")
     subcommands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     server.add_commands(subcommands)
+    simulate.add_commands(subcommands)
     admin.add_commands(subcommands)
     commands.add_commands(subcommands)
     return top
