@@ -147,6 +147,7 @@ def metrics(
         "p95_jct_s": round(percentile(jct, 0.95), 1),
         "avg_wait_s": round(sum(wait) / len(wait), 1) if wait else 0.0,
         "p95_wait_s": round(percentile(wait, 0.95), 1),
+        "p99_wait_s": round(percentile(wait, 0.99), 1),
         "max_wait_s": round(max(wait, default=0.0), 1),
         "max_first_wait_s": round(max(first_wait, default=0.0), 1),
         "makespan_s": round(makespan, 1),
