@@ -18,6 +18,10 @@ from tests.stack import REPO
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 ENV_EXAMPLE = REPO / ".env.example"
+TOWERQ_SERVICES = ("migrate", "bootstrap", "api", "scheduler", "worker")
+ONE_SHOTS = ("migrate", "bootstrap")
+SPEC = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 40}}
+"""A job the deployment runs end to end."""
 EXPRESSION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])(.*))?$", re.S)
 
 
@@ -135,3 +139,13 @@ def dockerfile_stages(path: Path = DOCKERFILE) -> dict[str, Stage]:
         elif current is not None:
             current.instructions.append((instruction, argument.strip()))
     return stages
+
+
+def example_compose(**env: str) -> dict:
+    values, _ = read_env_file()
+    return load_compose({**values, **env})
+
+
+def seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return float(duration[:-1]) * units[duration[-1]]
