@@ -11,7 +11,7 @@ STAMP := $(VENV)/.towerq-installed
 
 BIOME := node_modules/.bin/biome
 
-.PHONY: run test test-quick lint lint-web typecheck pytest setup clean frameworks
+.PHONY: run test test-quick lint lint-web typecheck pytest setup clean frameworks lock
 
 run: setup
 	$(BIN)/towerq up
@@ -71,6 +71,13 @@ $(STAMP): pyproject.toml constraints.txt
 	@# constraints.txt: the exact versions the suite passed with (scripts/lock.py writes it).
 	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -c constraints.txt -e '.[server,cpu,notebook,dev]'
 	touch $(STAMP)
+
+# To change or upgrade a dependency: edit pyproject.toml's ranges if need be, `make lock`
+# (the newest versions the ranges allow, installed and written to constraints.txt), then
+# `make test`, and commit both files if it passes.
+lock: setup
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet --upgrade --upgrade-strategy eager -e '.[server,cpu,notebook,dev]'
+	$(BIN)/python scripts/lock.py
 
 clean:
 	rm -rf $(VENV) node_modules var tests/artifacts .pytest_cache .mypy_cache .ruff_cache

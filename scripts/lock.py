@@ -7,13 +7,14 @@ every package in their closure that the test suite passed with, so that a fresh 
 installs what CI tested, not whatever came out since (redis-py 8.2 once changed how a
 thread stops, and a worker's stop waited a minute now and then: docs/reliability.md).
 
-    .venv/bin/python scripts/lock.py          # write constraints.txt from .venv
+    .venv/bin/python scripts/lock.py          # write constraints.txt from .venv (`make lock`)
     .venv/bin/python scripts/lock.py --check  # exit 1 naming each package that differs
 
 The closure is towerq's requirements for the extras the setup installs (`LOCKED_EXTRAS`),
 followed through each package's own requirements and the extras they ask for, markers
-evaluated for this Python. Run it in the environment that passed the suite, after a change to
-pyproject.toml's requirements; `make setup` reinstalls when the file changes.
+evaluated for this Python. `make lock` upgrades the environment to the newest versions
+pyproject.toml allows and runs this; then `make test`, and commit the file if it passes. An
+unchanged file is left untouched: `make setup` reinstalls when it changes.
 """
 
 from __future__ import annotations
@@ -129,7 +130,11 @@ def main() -> int:
         print(f"lock.py: {missing} (towerq's {extras} need it); run `make setup` first", file=sys.stderr)
         return 2
     if not args.check:
-        args.constraints.write_text(render(locked))
+        text = render(locked)
+        if args.constraints.exists() and args.constraints.read_text() == text:
+            print(f"{args.constraints}: unchanged ({len(locked)} pins)")  # and not touched: make setup keys on it
+            return 0
+        args.constraints.write_text(text)
         print(f"wrote {len(locked)} pins to {args.constraints}")
         return 0
     lines = differences(locked, read(args.constraints))

@@ -64,5 +64,25 @@ def test_the_check_names_each_package_that_differs_and_fails(tmp_path: Path) -> 
 def test_make_setup_installs_the_pinned_versions_and_reinstalls_when_they_change() -> None:
     makefile = (REPO / "Makefile").read_text()
     assert "$(STAMP): pyproject.toml constraints.txt\n" in makefile
-    installs = [line for line in makefile.splitlines() if "/pip install" in line and "--upgrade pip" not in line]
-    assert installs and all("-c constraints.txt" in line for line in installs), installs
+    installs = [line for line in makefile.splitlines() if "/pip install" in line and "--upgrade" not in line]
+    assert len(installs) == 2 and all("-c constraints.txt" in line for line in installs), installs
+    # only `make lock` goes past the pins, on purpose, and writes the new ones at once
+    (lock,) = [line for line in makefile.splitlines() if "--upgrade-strategy eager" in line]
+    following = makefile.split(lock, 1)[1].splitlines()[1]
+    assert following.strip() == "$(BIN)/python scripts/lock.py"
+
+
+def test_writing_the_same_pins_leaves_the_file_untouched_and_new_ones_rewrite_it(tmp_path: Path) -> None:
+    """`make setup` reinstalls when constraints.txt is newer than its stamp: a relock that
+    changes nothing must not make every later setup reinstall."""
+    target = tmp_path / "constraints.txt"
+    target.write_text((REPO / "constraints.txt").read_text())
+    before = target.stat().st_mtime_ns
+    script = [sys.executable, str(REPO / "scripts" / "lock.py"), "--constraints", str(target)]
+    same = subprocess.run(script, capture_output=True, text=True)
+    assert same.returncode == 0 and "unchanged" in same.stdout, same.stdout + same.stderr
+    assert target.stat().st_mtime_ns == before
+    target.write_text("redis==8.1.0\n")
+    changed = subprocess.run(script, capture_output=True, text=True)
+    assert changed.returncode == 0 and "wrote" in changed.stdout, changed.stdout + changed.stderr
+    assert target.read_text() == (REPO / "constraints.txt").read_text()
