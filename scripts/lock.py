@@ -37,7 +37,7 @@ tested twin: the GPU build of TensorFlow is the same release as the CPU build CI
 HEADER = """\
 # The versions the test suite passed with, for `pip install -c` (make setup, the Dockerfile).
 # Written by scripts/lock.py from a tested environment (Python {python}); do not edit by hand:
-# change pyproject.toml, install, run the suite, then `.venv/bin/python scripts/lock.py`.
+# `make lock` (the newest versions pyproject.toml allows), then `make test`, and commit.
 """
 
 
