@@ -74,10 +74,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 # To change or upgrade a dependency: edit pyproject.toml's ranges if need be, `make lock`
 # (the newest versions the ranges allow, installed and written to constraints.txt), then
-# `make test`, and commit both files if it passes.
-lock: setup
+# `make test`, and commit both files if it passes. Not through `setup`: where a pin cannot
+# install (a new range excludes it, a newer Python has no wheel for it), that would fail.
+lock:
+	scripts/setup-system --run
+	$(PYTHON) scripts/check-python.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet --upgrade --upgrade-strategy eager -e '.[server,cpu,notebook,dev]'
 	$(BIN)/python scripts/lock.py
+	touch $(STAMP)
 
 clean:
 	rm -rf $(VENV) node_modules var tests/artifacts .pytest_cache .mypy_cache .ruff_cache
