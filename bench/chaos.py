@@ -27,6 +27,7 @@ import argparse
 import collections
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -49,7 +50,7 @@ from service.core.models import FINAL_STATES, Allocation, Job, JobEvent, JobStat
 from service.core.settings import Settings  # noqa: E402
 from service.lab.auth import create_token  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
-from tests.stack import Stack, wait_for  # noqa: E402
+from tests.stack import Stack, unmount_beneath, wait_for  # noqa: E402
 from worker.processes import marked, trainer_pids  # noqa: E402
 
 MARK = "TOWERQ_CHAOS_RUN"
@@ -300,6 +301,11 @@ def run(jobs: int, minutes: float, seed: int, multihost_every: int = 0) -> bool:
     print(f"strikes: {dict(strikes)}")
     ok = check(db, clients, left, settled)
     db.dispose()
+    if ok:  # its logs and database are kept where it failed, for a look
+        unmount_beneath(workdir)  # a killed worker's job disks
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"its folder, with every process's log: {workdir}")
     return ok
 
 
