@@ -8,6 +8,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.towerq-installed
+# What the setup installs, and what constraints.txt pins (scripts/lock.py's LOCKED_EXTRAS).
+EXTRAS := server,cpu,notebook,dev
 
 BIOME := node_modules/.bin/biome
 
@@ -69,7 +71,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@# setuptools announces every editable install of a package-dir layout with a banner
 	@# (a UserWarning, "Editable installation."): that one message is silenced, nothing else.
 	@# constraints.txt: the exact versions the suite passed with (scripts/lock.py writes it).
-	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -c constraints.txt -e '.[server,cpu,notebook,dev]'
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 # To change or upgrade a dependency: edit pyproject.toml's ranges if need be, `make lock`
@@ -80,7 +82,7 @@ lock:
 	scripts/setup-system --run
 	$(PYTHON) scripts/check-python.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet --upgrade --upgrade-strategy eager -e '.[server,cpu,notebook,dev]'
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install --quiet --upgrade --upgrade-strategy eager -e '.[$(EXTRAS)]'
 	$(BIN)/python scripts/lock.py
 	touch $(STAMP)
 

@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name
 
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 LOCKED_EXTRAS = ["server", "cpu", "notebook", "dev"]
-"""The extras `make setup` installs: everything CI runs."""
+"""The extras `make setup` installs (the Makefile's `EXTRAS`): everything CI runs."""
 SAME_VERSION_AS = {"tensorflow": "tensorflow-cpu"}
 """Packages of an extra the setup does not install (`gpu`), pinned to the version of their
 tested twin: the GPU build of TensorFlow is the same release as the CPU build CI runs."""

@@ -66,11 +66,14 @@ def test_make_setup_installs_the_pinned_versions_and_reinstalls_when_they_change
     assert "$(STAMP): pyproject.toml constraints.txt\n" in makefile
     installs = [line for line in makefile.splitlines() if "/pip install" in line and "--upgrade" not in line]
     assert len(installs) == 2 and all("-c constraints.txt" in line for line in installs), installs
+    # the extras installed are those pinned, and the relock below installs the same
+    assert f"\nEXTRAS := {','.join(lock.LOCKED_EXTRAS)}\n" in makefile
+    assert makefile.count("-e '.[$(EXTRAS)]'") == 2
     # only `make lock` goes past the pins, on purpose, and writes the new ones at once; not
     # through setup, whose constrained install fails where a pin no longer can
     assert "\nlock:\n" in makefile
-    (lock,) = [line for line in makefile.splitlines() if "--upgrade-strategy eager" in line]
-    following = makefile.split(lock, 1)[1].splitlines()[1]
+    (relock,) = [line for line in makefile.splitlines() if "--upgrade-strategy eager" in line]
+    following = makefile.split(relock, 1)[1].splitlines()[1]
     assert following.strip() == "$(BIN)/python scripts/lock.py"
 
 
