@@ -9,21 +9,40 @@ where it cannot work refuses to start and says why (`images_work`). `auto` keeps
 measure where the artifacts folder is network storage (`network_storage`): there an API on
 another host reads a running job's folder, which an image would hide, and a dead host's
 image would hold back the checkpoints the job's next attempt elsewhere resumes from.
+
+The probe (`images_work`) mounts an image of its own in `TOWERQ_VAR_DIR`; a worker killed
+meanwhile would leave it mounted there. Probes take turns under one lock in that folder
+(workers may share it), and each first unmounts and removes what earlier ones left.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from service.core.settings import Settings
-from worker.disk_image import MIN_IMAGE_BYTES, MIN_INODES, MOUNT_OPTIONS, DiskError, make_image, mounted_at
-from worker.mountinfo import MOUNTINFO, holding
+from worker.disk_image import (
+    MIN_IMAGE_BYTES,
+    MIN_INODES,
+    MOUNT_OPTIONS,
+    DiskError,
+    make_image,
+    mounted_at,
+    unmount,
+)
+from worker.mountinfo import MOUNTINFO, holding, mounts
 
 DISK_KINDS = ("auto", "image", "measure")
+PROBE_PREFIX = ".disk-probe-"
+PROBE_LOCK = ".disk-probe.lock"
+"""Held by the probe that runs (an flock): while it is, no other probe's folder is in use."""
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -33,16 +52,45 @@ def images_work(var_dir: Path) -> str | None:
         return "it needs a worker that is root (loop devices and mounts)"
     if shutil.which("mkfs.ext4") is None:
         return "mkfs.ext4 is not installed (apt install e2fsprogs)"
+    var_dir = var_dir.resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=var_dir, prefix=".disk-probe-") as name:
-        probe = Path(name)
-        try:
-            make_image(probe / "probe.img", MIN_IMAGE_BYTES, MIN_INODES)
-            with mounted_at(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS):
-                pass
-        except DiskError as err:
-            return f"a loop-mounted image does not work here ({err})"
+    lock = os.open(var_dir / PROBE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        clear_left_probes(var_dir)
+        with tempfile.TemporaryDirectory(dir=var_dir, prefix=PROBE_PREFIX) as name:
+            probe = Path(name)
+            try:
+                make_image(probe / "probe.img", MIN_IMAGE_BYTES, MIN_INODES)
+                with mounted_at(probe / "probe.img", probe / "mounted", MOUNT_OPTIONS):
+                    pass
+            except DiskError as err:
+                return f"a loop-mounted image does not work here ({err})"
+    finally:
+        os.close(lock)
     return None
+
+
+def clear_left_probes(var_dir: Path) -> None:
+    """Unmount (deepest first) and remove the probe folders of `var_dir`: the caller holds
+    `PROBE_LOCK`, so each is one a killed worker left. A folder with a mount that will not
+    go stays (removing its files would empty the image, not the folder)."""
+    for folder in sorted(var_dir.glob(f"{PROBE_PREFIX}*")):
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        beneath = sorted(
+            {m.point for m in mounts() if m.point == folder or folder in m.point.parents},
+            key=lambda point: len(point.parts),
+            reverse=True,
+        )
+        try:
+            for point in beneath:
+                unmount(point)
+        except DiskError as err:
+            log.warning("a disk probe's folder a killed worker left stays: %s", err)
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("removed a disk probe's folder a killed worker left%s: %s", " mounted" if beneath else "", folder)
 
 
 def check(kind: str, var_dir: Path) -> None:

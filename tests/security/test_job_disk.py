@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, finished, upload_code, wait_for
+from tests.stack import Stack, finished, unmount_beneath, upload_code, wait_for
 from towerq.contract.paths import job_folder
 from worker import disk, disk_kind
+from worker.mountinfo import mounts
 
 
 def why_no_images() -> str | None:
@@ -336,6 +337,79 @@ def test_auto_uses_images_where_the_worker_can_make_one_and_image_insists(tmp_pa
     assert not disk_kind.in_use(measured) and disk_kind.described(measured).endswith("(TOWERQ_JOB_DISK=measure)")
     with pytest.raises(disk.DiskError, match="TOWERQ_JOB_DISK is 'loop': use auto, image, measure"):
         disk_kind.check("loop", tmp_path)
+
+
+KILLED_IN_ITS_PROBE = r"""
+import os, signal, sys
+from pathlib import Path
+from worker import disk_image, disk_kind
+
+def mount_then_die(image, where, options):
+    where.mkdir(mode=0o700)
+    disk_image.mount(image, where, options)
+    os.kill(os.getpid(), signal.SIGKILL)  # a worker killed between its probe's mount and unmount
+
+disk_kind.mounted_at = mount_then_die
+disk_kind.images_work(Path(sys.argv[1]))
+"""
+
+PROBING_WHILE_ANOTHER_WAITS = r"""
+import fcntl, os, sys, time
+from pathlib import Path
+from worker import disk_image, disk_kind
+
+var = Path(sys.argv[1])
+lock = os.open(var / disk_kind.PROBE_LOCK, os.O_RDWR | os.O_CREAT)
+fcntl.flock(lock, fcntl.LOCK_EX)
+probe = var / (disk_kind.PROBE_PREFIX + "running")
+(probe / "mounted").mkdir(parents=True)
+disk_image.make_image(probe / "probe.img", disk_image.MIN_IMAGE_BYTES, disk_image.MIN_INODES)
+disk_image.mount(probe / "probe.img", probe / "mounted", disk_image.MOUNT_OPTIONS)
+print("probing", flush=True)
+time.sleep(1.5)  # the other worker's probe starts meanwhile
+print("intact" if os.path.ismount(probe / "mounted") else "unmounted under me", flush=True)
+disk_image.unmount(probe / "mounted")
+"""
+
+
+def mounted_beneath(folder: Path) -> list[Path]:
+    return [m.point for m in mounts() if folder.resolve() in m.point.parents]
+
+
+def test_a_worker_killed_in_its_disk_probe_leaves_nothing_mounted_after_the_next_start(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    var.mkdir()
+    try:
+        killed = subprocess.run([sys.executable, "-c", KILLED_IN_ITS_PROBE, str(var)], capture_output=True, text=True)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        (left,) = var.glob(f"{disk_kind.PROBE_PREFIX}*")
+        assert mounted_beneath(var) == [left / "mounted"], "the killed probe's image stays mounted"
+        assert disk_kind.images_work.__wrapped__(var) is None, "the next start's probe works"
+        assert mounted_beneath(var) == [], "and unmounted what the killed one left"
+        assert list(var.glob(f"{disk_kind.PROBE_PREFIX}*")) == [], "and removed its folder"
+    finally:
+        unmount_beneath(var)
+
+
+def test_workers_sharing_a_var_folder_probe_in_turn_and_leave_a_running_probe_alone(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    var.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", PROBING_WHILE_ANOTHER_WAITS, str(var)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "probing"
+        started = time.monotonic()
+        assert disk_kind.images_work.__wrapped__(var) is None
+        waited = time.monotonic() - started
+        said, _ = other.communicate(timeout=60)
+    finally:
+        other.kill()
+        other.wait()
+        unmount_beneath(var)
+    assert said.strip() == "intact", "a probe that runs keeps its mount while another worker starts"
+    assert waited > 0.5, f"the second probe waited its turn (it took {waited:.2f} s)"
+    assert mounted_beneath(var) == [] and list(var.glob(f"{disk_kind.PROBE_PREFIX}*")) == []
 
 
 WRITER = r"""
