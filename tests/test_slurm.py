@@ -6,6 +6,7 @@ Slurm is asked only what an admin would ask it (`squeue`) or told what an admin 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -17,7 +18,8 @@ import pytest
 from service.core.settings import Settings
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
-from tests.stack import REPO, free_port, wait_for
+from tests.stack import REPO, free_port, upload_code, wait_for
+from tests.test_command_jobs import TRAIN
 
 pytestmark = [pytest.mark.slow, needs_slurm]
 FIXTURES = (cluster, on_slurm, settings)  # pytest finds them by name in this module
@@ -221,12 +223,74 @@ def said_plainly(client: Any) -> None:
     assert "gpus" in picked.text and "the cluster picks the GPUs: ask for gpu_count" in picked.text
     too_many = client.post("/api/jobs", json={**LONG, "gpu_count": 5})
     assert too_many.status_code == 422 and "5 GPUs asked for but the largest host has 4" in too_many.text
-    code = client.post("/api/code", files={"file": ("train.py", b"print(1)\n")}).json()["id"]
-    command = client.post("/api/jobs", json={"command": ["python", "train.py"], "code": code})
-    assert command.status_code == 422, command.text
-    assert "command jobs run on towerq's own workers, not yet with TOWERQ_EXECUTOR=slurm" in command.text
+    notebook = client.post("/api/jobs", json={"kind": "notebook"})
+    assert notebook.status_code == 422, notebook.text
+    assert "notebook sessions run on towerq's own workers, not yet with TOWERQ_EXECUTOR=slurm" in notebook.text
+    assert notebook.json()["detail"][0]["loc"][-1] == "kind", notebook.text
 
     job_id = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
     failed = wait_state(client, job_id, FINAL, 60)
     assert failed["state"] == "failed"
     assert failed["reason"].startswith("Slurm refused it: sbatch: error: invalid partition"), failed["reason"]
+
+
+LOOP = """
+import time
+import towerq
+
+step = 0
+while True:
+    step += 1
+    towerq.report(step=step, loss=1.0 / step)
+    time.sleep(0.2)
+"""
+
+RANKS = """
+import os
+
+print("RANK %s of %s sees %s" % (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["CUDA_VISIBLE_DEVICES"]))
+"""
+
+
+def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_worker(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings
+) -> None:
+    client = on_slurm
+    crash = "raise SystemExit('no data in /data')\n"
+    code = upload_code(client, {"train.py": TRAIN, "loop.py": LOOP, "crash.py": crash, "ranks.py": RANKS})
+    trains = client.post(
+        "/api/jobs", json={"command": ["python", "train.py", "--steps", "20"], "code": code, "gpu_count": 2}
+    )
+    assert trains.status_code == 201, trains.text
+    crashes = client.post("/api/jobs", json={"command": ["python", "crash.py"], "code": code}).json()["id"]
+    loops = client.post("/api/jobs", json={"command": ["python", "loop.py"], "code": code}).json()["id"]
+    trained(client, loops, 3)
+    assert client.post(f"/api/jobs/{loops}/cancel").status_code == 202
+
+    job_id = trains.json()["id"]
+    done = wait_state(client, job_id, FINAL, 180)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    assert done["state"] == "succeeded", (done["reason"], messages[-30:])
+    assert any(m.startswith(f"Slurm job {slurm_job(cluster, settings, job_id)['id']} runs it on ") for m in messages)
+    env = json.loads(next(m for m in messages if m.startswith("ENV "))[4:])
+    assert env["TOWERQ_JOB_ID"] == str(job_id) and env["TOWERQ_GPU_COUNT"] == "2"
+    assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 2, "the gres GPUs Slurm gave it"
+    steps = [p["step"] for p in client.get(f"/api/jobs/{job_id}/metrics").json() if p["split"] == "train"]
+    assert steps == list(range(1, 21))
+    listed = {entry["path"] for entry in client.get(f"/api/jobs/{job_id}/artifacts").json()["items"]}
+    assert {"output/weights.json", "checkpoints/w.npy"} <= listed, listed
+
+    failed = wait_state(client, crashes, FINAL, 120)
+    assert (failed["state"], failed["error"]) == ("failed", "the program exited with code 1: no data in /data"), failed
+    cancelled = wait_state(client, loops, FINAL, 60)
+    assert cancelled["state"] == "cancelled", cancelled["reason"]
+
+    spec = {"command": ["python", "ranks.py"], "code": code, "gpu_count": 2, "processes": "per_gpu"}
+    ranks = client.post("/api/jobs", json=spec).json()["id"]
+    done = wait_state(client, ranks, FINAL, 180)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{ranks}/logs", params={"tail": 1000}).json()]
+    assert done["state"] == "succeeded", (done["reason"], messages[-30:])
+    said = sorted(m.removeprefix("[rank 1] ").split(" sees ") for m in messages if "RANK " in m)
+    assert [rank for rank, _ in said] == ["RANK 0 of 2", "RANK 1 of 2"], messages[-30:]
+    gave = next(m for m in messages if m.startswith("Slurm job ")).rpartition(" GPUs ")[2].split(",")
+    assert sorted(gpu for _, gpu in said) == sorted(gave), "one process on each gres GPU Slurm gave"

@@ -136,12 +136,9 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
     """Everything a submission must pass besides the spec's own validation; the host the
     job must run on, if one."""
     caller.check_priority(spec.priority)
-    if (spec.is_command or spec.is_notebook) and not inventory.executor.places_jobs:
-        what = "notebook sessions" if spec.is_notebook else "command jobs"
-        raise SpecError(
-            "kind" if spec.is_notebook else "command",
-            f"{what} run on towerq's own workers, not yet with TOWERQ_EXECUTOR={inventory.executor.name}",
-        )
+    if spec.is_notebook and not inventory.executor.places_jobs:
+        name = inventory.executor.name
+        raise SpecError("kind", f"notebook sessions run on towerq's own workers, not yet with TOWERQ_EXECUTOR={name}")
     host = check_resources(inventory, spec)
     check_memory_fraction(inventory, spec, host, settings)
     check_files(spec, settings, caller.name)

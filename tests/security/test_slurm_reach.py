@@ -1,6 +1,7 @@
-"""On a Slurm cluster the trainer runs in the Slurm job towerq submitted, as the user that
-submitted it, beside towerq's own runner (`worker.slurm`, whose environment once held the
-database URL: tests/security/test_slurm_credentials.py). A member's model there must not
+"""On a Slurm cluster the trainer (or a command job's program) runs in the Slurm job towerq
+submitted, as the user that submitted it, beside towerq's own runner (`worker.slurm`, whose
+environment once held the database URL, tests/security/test_slurm_credentials.py, and holds
+its attempt's token from its start). A member's model or program there must not
 reach Slurm (with `scancel --me` it would cancel every towerq job of the lab, with `sbatch`
 take GPUs outside towerq), the runner's environment, or the folder Slurm writes the
 attempts' own output to. The sandbox is what
@@ -19,17 +20,16 @@ import pytest
 from service.core.settings import Settings
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, slurm_settings, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
+from tests.stack import upload_code
 
 pytestmark = [pytest.mark.slow, needs_slurm]
 FIXTURES = (cluster, on_slurm)
 
-REACHER = """
+REACH = """
 import json
 import os
 import socket
 import subprocess
-
-import keras
 
 SLURM_CONF, MUNGE_SOCKET, SLURM_LOGS = {paths!r}
 
@@ -59,14 +59,15 @@ def environments():
         if pid.isdigit():
             try:
                 with open("/proc/%s/environ" % pid, "rb") as f:
-                    if b"TOWERQ_DATABASE_URL" in f.read():
-                        found.append(pid)
+                    seen = f.read()
             except OSError:
-                pass
+                continue
+            if b"TOWERQ_DATABASE_URL" in seen or b"TOWERQ_ATTEMPT_TOKEN" in seen:
+                found.append(pid)
     return found
 
 
-def build(params):
+def reach():
     said = {{
         "scancel": attempt(scancel),
         "munge": attempt(munge),
@@ -74,9 +75,21 @@ def build(params):
         "logs": attempt(lambda: os.listdir(SLURM_LOGS)),
     }}
     print("REACH " + json.dumps(said), flush=True)
+"""
+REACHER = (
+    REACH
+    + """
+import keras
+
+
+def build(params):
+    reach()
     return keras.Sequential([keras.Input(params["input_shape"]), keras.layers.Flatten(),
                              keras.layers.Dense(params["num_classes"])])
 """
+)
+PROGRAM = REACH + "\nreach()\n"
+"""A command job's program: the member's own code from its first line, behind the same walls."""
 
 
 @pytest.fixture
@@ -85,18 +98,31 @@ def settings(
 ) -> Settings:
     made = slurm_settings(make_settings, sqlite_url, tmp_path)
     made.models_path.mkdir(parents=True, exist_ok=True)
-    paths = (str(cluster.conf), str(cluster.root / "munge" / "munge.socket"), str(made.slurm_log_dir.resolve()))
-    (made.models_path / "reacher.py").write_text(REACHER.format(paths=paths))
+    (made.models_path / "reacher.py").write_text(REACHER.format(paths=reach_paths(made, cluster)))
     return made
 
 
+def reach_paths(settings: Settings, cluster: SlurmCluster) -> tuple[str, str, str]:
+    return str(cluster.conf), str(cluster.root / "munge" / "munge.socket"), str(settings.slurm_log_dir.resolve())
+
+
 def test_a_model_run_by_slurm_reaches_neither_slurm_nor_the_runner_nor_slurms_logs(
-    on_slurm: Any, cluster: SlurmCluster
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings
 ) -> None:
-    client = on_slurm
+    spec = {"model": "reacher:build", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 3}}
+    reaches_nothing(on_slurm, cluster, settings, spec)
+
+
+def test_a_command_jobs_program_run_by_slurm_reaches_neither_slurm_nor_the_runner_nor_slurms_logs(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings
+) -> None:
+    code = upload_code(on_slurm, {"reach.py": PROGRAM.format(paths=reach_paths(settings, cluster))})
+    reaches_nothing(on_slurm, cluster, settings, {"command": ["python", "reach.py"], "code": code, "gpu_count": 1})
+
+
+def reaches_nothing(client: Any, cluster: SlurmCluster, settings: Settings, spec: dict[str, Any]) -> None:
     neighbour = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
     trained(client, neighbour)
-    spec = {"model": "reacher:build", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 3}}
     job_id = client.post("/api/jobs", json=spec).json()["id"]
     done = wait_state(client, job_id, FINAL, 180)
 
@@ -110,5 +136,7 @@ def test_a_model_run_by_slurm_reaches_neither_slurm_nor_the_runner_nor_slurms_lo
         assert said["logs"].startswith("refused"), said
     assert done["state"] == "succeeded", done["reason"]
     assert job_of(client, neighbour)["state"] == "running"
-    states = [j["state"] for j in cluster.jobs() if j["name"].endswith("-1")]
+    ours = [j for j in cluster.jobs() if j["name"].startswith(f"{settings.slurm_job_prefix}-")]
+    states = [j["state"] for j in ours if j["name"].endswith("-1")]
+    assert len(states) == 2, ours  # the neighbour and this job
     assert all(state in ("RUNNING", "COMPLETING", "COMPLETED") for state in states), states  # none cancelled
