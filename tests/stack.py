@@ -21,7 +21,7 @@ import httpx
 
 from service.core.lifetime import dies_with_this_process
 from service.core.settings import Settings
-from worker.mountinfo import mounts
+from worker.mountinfo import beneath
 from worker.processes import pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,12 +56,10 @@ def unmount_beneath(root: Path) -> list[str]:
     """Unmount (lazily) what is mounted beneath `root`, deepest first: the job folders' disk
     images (`worker.disk`) a test's SIGKILLed worker left mounted (its next start would
     bring them back). What it unmounted."""
-    prefix = str(root.resolve()) + "/"
-    points = {str(mount.point) for mount in mounts()}
-    beneath = sorted({p for p in points if p.startswith(prefix)}, key=len, reverse=True)
-    for point in beneath:
+    points = [str(point) for point in beneath(root)]
+    for point in points:
         subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
-    return beneath
+    return points
 
 
 def free_port() -> int:

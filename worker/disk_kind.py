@@ -35,7 +35,7 @@ from worker.disk_image import (
     mounted_at,
     unmount,
 )
-from worker.mountinfo import MOUNTINFO, holding, mounts
+from worker.mountinfo import MOUNTINFO, beneath, holding
 
 DISK_KINDS = ("auto", "image", "measure")
 PROBE_PREFIX = ".disk-probe-"
@@ -73,24 +73,21 @@ def images_work(var_dir: Path) -> str | None:
 
 def clear_left_probes(var_dir: Path) -> None:
     """Unmount (deepest first) and remove the probe folders of `var_dir`: the caller holds
-    `PROBE_LOCK`, so each is one a killed worker left. A folder with a mount that will not
-    go stays (removing its files would empty the image, not the folder)."""
+    `PROBE_LOCK`, so each is one a killed worker left. A folder that is a mount point itself
+    (no probe's) or has a mount inside that will not go stays (removing its files would
+    empty what is mounted, not the folder)."""
     for folder in sorted(var_dir.glob(f"{PROBE_PREFIX}*")):
-        if folder.is_symlink() or not folder.is_dir():
+        if folder.is_symlink() or not folder.is_dir() or os.path.ismount(folder):
             continue
-        beneath = sorted(
-            {m.point for m in mounts() if m.point == folder or folder in m.point.parents},
-            key=lambda point: len(point.parts),
-            reverse=True,
-        )
+        points = beneath(folder)
         try:
-            for point in beneath:
+            for point in points:
                 unmount(point)
         except DiskError as err:
             log.warning("a disk probe's folder a killed worker left stays: %s", err)
             continue
         shutil.rmtree(folder, ignore_errors=True)
-        log.info("removed a disk probe's folder a killed worker left%s: %s", " mounted" if beneath else "", folder)
+        log.info("removed a disk probe's folder a killed worker left%s: %s", " mounted" if points else "", folder)
 
 
 def check(kind: str, var_dir: Path) -> None:

@@ -51,6 +51,14 @@ def holding(path: Path, table: Path = MOUNTINFO) -> Mount | None:
     return best
 
 
+def beneath(folder: Path, table: Path = MOUNTINFO) -> list[Path]:
+    """The mount points inside `folder` (not `folder` itself), deepest first, each once: the
+    order they can be unmounted in."""
+    folder = folder.resolve()
+    points = {mount.point for mount in mounts(table) if folder in mount.point.parents}
+    return sorted(points, key=lambda point: len(point.parts), reverse=True)
+
+
 def _unescape(field: str) -> str:
     """A path as the kernel writes it there: a space as `\\040`, a tab `\\011`, `\\` `\\134`."""
     return _ESCAPED.sub(lambda octal: chr(int(octal.group(1), 8)), field)

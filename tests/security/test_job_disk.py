@@ -25,7 +25,7 @@ from service.core.settings import Settings
 from tests.stack import Stack, finished, unmount_beneath, upload_code, wait_for
 from towerq.contract.paths import job_folder
 from worker import disk, disk_kind
-from worker.mountinfo import mounts
+from worker.mountinfo import beneath
 
 
 def why_no_images() -> str | None:
@@ -372,10 +372,6 @@ disk_image.unmount(probe / "mounted")
 """
 
 
-def mounted_beneath(folder: Path) -> list[Path]:
-    return [m.point for m in mounts() if folder.resolve() in m.point.parents]
-
-
 def test_a_worker_killed_in_its_disk_probe_leaves_nothing_mounted_after_the_next_start(tmp_path: Path) -> None:
     var = tmp_path / "var"
     var.mkdir()
@@ -383,9 +379,9 @@ def test_a_worker_killed_in_its_disk_probe_leaves_nothing_mounted_after_the_next
         killed = subprocess.run([sys.executable, "-c", KILLED_IN_ITS_PROBE, str(var)], capture_output=True, text=True)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         (left,) = var.glob(f"{disk_kind.PROBE_PREFIX}*")
-        assert mounted_beneath(var) == [left / "mounted"], "the killed probe's image stays mounted"
+        assert beneath(var) == [left / "mounted"], "the killed probe's image stays mounted"
         assert disk_kind.images_work.__wrapped__(var) is None, "the next start's probe works"
-        assert mounted_beneath(var) == [], "and unmounted what the killed one left"
+        assert beneath(var) == [], "and unmounted what the killed one left"
         assert list(var.glob(f"{disk_kind.PROBE_PREFIX}*")) == [], "and removed its folder"
     finally:
         unmount_beneath(var)
@@ -409,7 +405,7 @@ def test_workers_sharing_a_var_folder_probe_in_turn_and_leave_a_running_probe_al
         unmount_beneath(var)
     assert said.strip() == "intact", "a probe that runs keeps its mount while another worker starts"
     assert waited > 0.5, f"the second probe waited its turn (it took {waited:.2f} s)"
-    assert mounted_beneath(var) == [] and list(var.glob(f"{disk_kind.PROBE_PREFIX}*")) == []
+    assert beneath(var) == [] and list(var.glob(f"{disk_kind.PROBE_PREFIX}*")) == []
 
 
 WRITER = r"""
