@@ -23,7 +23,7 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    running = SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=4, cpus=4)
+    running = SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=4, cpus=8)
     try:
         running.start()
         yield running

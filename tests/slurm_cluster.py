@@ -196,6 +196,11 @@ class SlurmCluster:
         keys = ("id", "name", "state", "reason", "node")
         return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line]
 
+    def cpus_of(self, slurm_id: str) -> int:
+        """The CPUs Slurm gave a job (`scontrol show job`'s NumCPUs)."""
+        out = self.run("scontrol", "show", "job", "--oneliner", slurm_id).stdout
+        return int(next(field for field in out.split() if field.startswith("NumCPUs=")).partition("=")[2])
+
     # -- tear down ------------------------------------------------------------------------
 
     def stop(self) -> None:

@@ -294,3 +294,6 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     assert [rank for rank, _ in said] == ["RANK 0 of 2", "RANK 1 of 2"], messages[-30:]
     gave = next(m for m in messages if m.startswith("Slurm job ")).rpartition(" GPUs ")[2].split(",")
     assert sorted(gpu for _, gpu in said) == sorted(gave), "one process on each gres GPU Slurm gave"
+    # the node's share of CPUs, 8 for 4 GPUs: 2 per GPU, not one CPU for both processes
+    assert cluster.cpus_of(slurm_job(cluster, settings, ranks)["id"]) == 4
+    assert cluster.cpus_of(slurm_job(cluster, settings, crashes)["id"]) == 2

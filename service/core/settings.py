@@ -115,6 +115,11 @@ class Settings(BaseSettings):
     slurm_job_prefix: str = Field(default="towerq", pattern=r"^[A-Za-z0-9_]{1,32}$")
     """Slurm job names are `<prefix>-<job>-<attempt>`: how towerq finds its own jobs in
     `squeue`. Two towerq services submitting as one user need different prefixes."""
+    slurm_cpus_per_gpu: int | None = Field(default=None, ge=0, le=1024)
+    """CPUs an attempt asks per GPU (`sbatch --cpus-per-task`: GPUs × this); 0: none, Slurm's
+    own default; unset: none where the partitions set a `DefCpuPerGPU`, else the nodes'
+    share, their CPUs ÷ GPUs (the smallest among them), so a trainer's towers and a command
+    job's processes do not share one core (service/executors/slurm_cpus.py)."""
     slurm_python: str = ""
     """The Python that runs an attempt on a compute node (with towerq installed at the same
     path); empty: the one running the scheduler."""

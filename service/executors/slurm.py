@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from service.core.settings import Settings
 from service.executors.base import Attempt, Capacity, Ended, ExecutorError, Seen
+from service.executors.slurm_cpus import NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
 from towerq.contract.messages import CancelMessage, StopMessage
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_TTL_S = 2.0
 """How long one `squeue` answers for every attempt (a pass observes each holding job)."""
+CLUSTER_TTL_S = 60.0
+"""How long what `sinfo` and `scontrol` said of the nodes' CPUs and the partitions' defaults
+answers for every submit (an admin's change shows within it)."""
 COMMAND_TIMEOUT_S = 30.0
 SEP = "\x1f"
 """Between squeue's fields: job names and reasons are free text."""
@@ -118,6 +122,24 @@ def parse_gpus(gres: str) -> int:
     return total
 
 
+SINFO_FORMAT = SEP.join(("%N", "%P", "%G", "%t", "%c"))
+"""Node, partition (the default one marked `*`), gres, state, CPUs: a line per node and partition."""
+DOWN = ("down", "drain", "drng", "fail", "futr")
+
+
+def parse_nodes(out: str) -> list[NodeRow]:
+    """`sinfo --Node --format=SINFO_FORMAT`'s lines; a line of another shape is skipped."""
+    rows = []
+    for line in out.splitlines():
+        fields = line.split(SEP)
+        if len(fields) != 5 or not fields[4].isdigit():
+            continue
+        node, partition, gres, state, cpus = fields
+        default = partition.endswith("*")
+        rows.append(NodeRow(node, partition.rstrip("*"), default, parse_gpus(gres), int(cpus), state))
+    return rows
+
+
 SQUEUE_FORMAT = SEP.join(("%i", "%T", "%S", "%N", "%Y", "%r", "%j"))
 """Id, state, (expected) start, nodes, nodes planned for a pending job, reason, name."""
 
@@ -158,6 +180,10 @@ class SlurmExecutor:
         self._lock = threading.Lock()
         self._snapshot: dict[str, list[SlurmJob]] = {}
         self._read_at = -math.inf
+        self._per_gpu: dict[str, int | None] = {}
+        """CPUs per GPU to ask, by the node a job names ("" for none), for CLUSTER_TTL_S."""
+        self._per_gpu_at = -math.inf
+        self._per_gpu_lock = threading.Lock()  # not the snapshot's: asking Slurm takes a moment
 
     # -- the four calls -------------------------------------------------------------------
 
@@ -166,7 +192,8 @@ class SlurmExecutor:
         if attempt.token is None:
             raise SlurmError(f"job {attempt.job_id} attempt {attempt.attempt} has no attempt token", lasting=True)
         environment = batch_environment(_slurm_environment(), attempt.token, self.settings.api_url)
-        slurm_id = self._run(self.sbatch_command(attempt), environment).strip().split(";")[0]
+        command = self.sbatch_command(attempt, self.cpus_per_task(attempt))
+        slurm_id = self._run(command, environment).strip().split(";")[0]
         log.info("job %s attempt %s is Slurm job %s", attempt.job_id, attempt.attempt, slurm_id)
         with self._lock:
             self._read_at = -math.inf  # the next observe sees it
@@ -198,27 +225,44 @@ class SlurmExecutor:
             self._read_at = -math.inf
 
     def capacity(self, session: Session) -> dict[str, Capacity]:
-        command = ["sinfo", "--noheader", "--Node", f"--format=%N{SEP}%G{SEP}%t"]
-        if self.settings.slurm_partition:
-            command.append(f"--partition={self.settings.slurm_partition}")
         try:
-            out = self._run(command)
+            rows = self._sinfo()
         except SlurmError as err:
             log.warning("sinfo failed: %s", err)
             return {}
         nodes: dict[str, Capacity] = {}
-        for line in out.splitlines():
-            fields = line.split(SEP)
-            if len(fields) != 3 or fields[2].rstrip("*~#!%$@^-") in ("down", "drain", "drng", "fail", "futr"):
-                continue
-            count = parse_gpus(fields[1])
-            if count and fields[0] not in nodes:  # sinfo lists a node once per partition
-                nodes[fields[0]] = Capacity(gpus=tuple(range(count)), smallest_gpu_mb=None)
-        return nodes
+        for row in rows:
+            if row.gpus and row.state.rstrip("*~#!%$@^-") not in DOWN and row.node not in nodes:
+                nodes[row.node] = Capacity(gpus=tuple(range(row.gpus)), smallest_gpu_mb=None)
+        return nodes  # sinfo lists a node once per partition: the first counts
+
+    def cpus_per_task(self, attempt: Attempt) -> int | None:
+        """The CPUs an attempt's one task asks for (service/executors/slurm_cpus.py says
+        which); None: none, Slurm's default. Raises SlurmError when Slurm cannot be asked."""
+        per_gpu = self.settings.slurm_cpus_per_gpu
+        if per_gpu is None:
+            with self._per_gpu_lock:
+                if time.monotonic() - self._per_gpu_at > CLUSTER_TTL_S:
+                    self._per_gpu, self._per_gpu_at = {}, time.monotonic()
+                if attempt.host not in self._per_gpu:
+                    self._per_gpu[attempt.host] = self._share_per_gpu(attempt.host)
+                per_gpu = self._per_gpu[attempt.host]
+        return per_gpu * max(1, attempt.gpu_count) if per_gpu else None
+
+    def _share_per_gpu(self, node: str) -> int | None:
+        rows = self._sinfo()
+        used = partitions_used(rows, self.settings.slurm_partition)
+        try:
+            partitions = self._run(["scontrol", "show", "partition", "--oneliner"])
+            if slurm_sets_cpus_per_gpu(partitions, self._run(["scontrol", "show", "config"]), used):
+                return None
+        except SlurmError as err:  # no job fails for it: asking the share is safe
+            log.warning("scontrol failed, so towerq asks the nodes' share of CPUs: %s", err)
+        return share_per_gpu(rows, used, node)
 
     # -- what they say to Slurm -----------------------------------------------------------
 
-    def sbatch_command(self, attempt: Attempt) -> list[str]:
+    def sbatch_command(self, attempt: Attempt, cpus: int | None = None) -> list[str]:
         settings = self.settings
         name = job_name(self.prefix, attempt.job_id, attempt.attempt)
         log_dir = settings.slurm_log_dir.resolve()
@@ -230,6 +274,7 @@ class SlurmExecutor:
             f"--job-name={name}",
             f"--gres=gpu:{max(1, attempt.gpu_count)}",
             "--ntasks=1",
+            *([f"--cpus-per-task={cpus}"] if cpus else []),
             "--no-requeue",
             "--export=ALL",
             f"--chdir={REPO_ROOT}",
@@ -254,6 +299,12 @@ class SlurmExecutor:
                 self._snapshot = self._squeue()
                 self._read_at = time.monotonic()
             return self._snapshot
+
+    def _sinfo(self) -> list[NodeRow]:
+        command = ["sinfo", "--noheader", "--Node", f"--format={SINFO_FORMAT}"]
+        if self.settings.slurm_partition:
+            command.append(f"--partition={self.settings.slurm_partition}")
+        return parse_nodes(self._run(command))
 
     def _squeue(self) -> dict[str, list[SlurmJob]]:
         out = self._run(["squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"])

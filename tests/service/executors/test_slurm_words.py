@@ -18,9 +18,11 @@ from service.executors.slurm import (
     SlurmJob,
     batch_environment,
     parse_gpus,
+    parse_nodes,
     parse_squeue,
     time_limit_minutes,
 )
+from service.executors.slurm_cpus import NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
 
 
 @pytest.fixture
@@ -75,6 +77,58 @@ def test_time_limits_round_up_to_whole_minutes() -> None:
     assert time_limit_minutes(None, 30) is None
     assert time_limit_minutes(1, 0) == 2
     assert time_limit_minutes(600, 30) == 12
+
+
+SINFO = "\n".join(
+    SEP.join(fields)
+    for fields in [
+        ("a1", "gpu*", "gpu:a100:4(S:0-1)", "idle", "64"),  # 16 CPUs per GPU
+        ("a2", "gpu*", "gpu:a100:8(S:0-1)", "mix", "64"),  # 8
+        ("v1", "gpu-long", "gpu:v100:4", "alloc", "24"),  # 6
+        ("c1", "cpu", "(null)", "idle", "128"),  # no GPU: never counted
+        ("a1", "gpu-long", "gpu:a100:4(S:0-1)", "idle", "64"),  # a node in two partitions
+        ("garbled line",),
+    ]
+)
+PARTITIONS = """\
+PartitionName=gpu AllowGroups=ALL Default=YES Nodes=a[1-2] State=UP JobDefaults=DefCpuPerGPU=3 DefMemPerNode=UNLIMITED
+PartitionName=gpu-long AllowGroups=ALL Default=NO Nodes=a1,v1 State=UP JobDefaults=(null) DefMemPerNode=UNLIMITED
+"""
+CONFIG = "GpuFreqDef              = high,memory=high\nJobDefaults             = {}\nMpiDefault              = none\n"
+
+
+def test_an_attempt_asks_the_nodes_share_of_cpus_per_gpu_so_towers_do_not_share_a_core() -> None:
+    rows = parse_nodes(SINFO)
+    assert len(rows) == 5 and rows[0] == NodeRow("a1", "gpu", True, 4, 64, "idle")
+    assert partitions_used(rows, "") == {"gpu"}  # the cluster's default
+    assert partitions_used(rows, "gpu-long,cpu") == {"gpu-long", "cpu"}
+    assert partitions_used([r for r in rows if not r.default], "") == {"gpu-long", "cpu"}  # none is the default
+    assert share_per_gpu(rows, {"gpu"}) == 8  # the smallest: a job with 8 GPUs fits a2's 64 CPUs
+    assert share_per_gpu(rows, {"gpu"}, "a1") == 16  # the node it names
+    assert share_per_gpu(rows, {"gpu", "gpu-long", "cpu"}) == 6
+    assert share_per_gpu(rows, {"cpu"}) is None  # no GPU node: Slurm's default
+    assert share_per_gpu([NodeRow("tiny", "gpu", True, 8, 4, "idle")], {"gpu"}) == 1  # at least one
+
+
+def test_slurms_own_default_per_gpu_stands_where_every_partition_used_has_one() -> None:
+    assert slurm_sets_cpus_per_gpu(PARTITIONS, CONFIG.format("(null)"), {"gpu"})
+    assert not slurm_sets_cpus_per_gpu(PARTITIONS, CONFIG.format("(null)"), {"gpu", "gpu-long"})  # one has none
+    assert not slurm_sets_cpus_per_gpu(PARTITIONS, CONFIG.format("(null)"), {"gpu-long"})
+    assert slurm_sets_cpus_per_gpu(PARTITIONS, CONFIG.format("DefCpuPerGPU=2,DefMemPerGPU=8000"), {"gpu-long"})
+    assert not slurm_sets_cpus_per_gpu(PARTITIONS, CONFIG.format("DefMemPerGPU=8000"), {"gpu-long"})
+    assert not slurm_sets_cpus_per_gpu("", CONFIG.format("(null)"), set())
+
+
+def test_the_cpus_an_admin_sets_per_gpu_go_to_sbatch(
+    make_settings: Callable[..., Settings], sqlite_url: str, slurm: SlurmExecutor
+) -> None:
+    assert "--cpus-per-task=12" in slurm.sbatch_command(Attempt(1, 1, "", 3), 12)
+    assert not any(c.startswith("--cpus") for c in slurm.sbatch_command(Attempt(1, 1, "", 3), None))
+    for per_gpu, gpus, cpus in ((5, 2, 10), (5, 0, 5), (0, 2, None)):  # 0 GPUs: a fraction of one
+        settings = make_settings(sqlite_url, executor="slurm", slurm_cpus_per_gpu=per_gpu)
+        executor = executor_for(settings, None)  # type: ignore[arg-type]
+        assert isinstance(executor, SlurmExecutor)
+        assert executor.cpus_per_task(Attempt(1, 1, "", gpus)) == cpus  # asks Slurm nothing
 
 
 @pytest.mark.parametrize(
