@@ -14,8 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from service.core.settings import Settings
+from tests.notebook_kernel import run_code, start_kernel, wait_ready, xsrf_headers
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
 from tests.stack import REPO, free_port, upload_code, wait_for
@@ -223,10 +225,8 @@ def said_plainly(client: Any) -> None:
     assert "gpus" in picked.text and "the cluster picks the GPUs: ask for gpu_count" in picked.text
     too_many = client.post("/api/jobs", json={**LONG, "gpu_count": 5})
     assert too_many.status_code == 422 and "5 GPUs asked for but the largest host has 4" in too_many.text
-    notebook = client.post("/api/jobs", json={"kind": "notebook"})
-    assert notebook.status_code == 422, notebook.text
-    assert "notebook sessions run on towerq's own workers, not yet with TOWERQ_EXECUTOR=slurm" in notebook.text
-    assert notebook.json()["detail"][0]["loc"][-1] == "kind", notebook.text
+    notebook = client.post("/api/jobs", json={"kind": "notebook", "gpus": [0]})
+    assert notebook.status_code == 422 and "the cluster picks the GPUs" in notebook.text, notebook.text
 
     job_id = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
     failed = wait_state(client, job_id, FINAL, 60)
@@ -297,3 +297,40 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     # the node's share of CPUs, 8 for 4 GPUs: 2 per GPU, not one CPU for both processes
     assert cluster.cpus_of(slurm_job(cluster, settings, ranks)["id"]) == 4
     assert cluster.cpus_of(slurm_job(cluster, settings, crashes)["id"]) == 2
+
+
+def test_a_notebook_session_runs_on_a_slurm_node_reached_through_the_api_and_ends_when_idle(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings, stack: Any
+) -> None:
+    client = on_slurm
+    created = client.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1, "idle_timeout_s": 20})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    wait_ready(client, job_id)
+    job = job_of(client, job_id)
+    assert job["state"] == "running" and job["url"] == f"/sessions/{job_id}/lab"
+
+    # the door is on the node Slurm chose, on a rank port; the API's proxy goes through it
+    engine = create_engine(settings.database_url)
+    with engine.connect() as db:
+        doors = db.execute(text("SELECT address FROM rank_addresses WHERE job_id = :j"), {"j": job_id}).all()
+    host, _, port = doors[0][0].rpartition(":")
+    low, high = (int(p) for p in settings.rank_ports.split("-"))
+    assert len(doors) == 1 and host == cluster.node and low <= int(port) <= high, doors
+    kernel = start_kernel(client, job_id)
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['HOME'], os.getuid() != 0)"
+    gpu, home, unprivileged = run_code(client, str(stack.api_url), client.token, job_id, kernel, code).split()
+    assert gpu == job["cuda_visible_devices"] and len(gpu.split(",")) == 1, "the gres GPU Slurm gave it"
+    assert (home, unprivileged) == ("/home/towerq", "True"), "the member's folder, in the sandbox"
+    assert (settings.artifacts_dir / "homes").is_dir()
+
+    # nobody connected, no kernel busy: it ends by itself, its door forgotten
+    client.delete(f"/sessions/{job_id}/api/kernels/{kernel}", headers=xsrf_headers(client, job_id))
+    client.cookies.clear()
+    done = wait_state(client, job_id, FINAL, 120)
+    events = [event["message"] for event in client.get(f"/api/jobs/{job_id}").json()["events"]]
+    assert done["state"] == "succeeded" and "idle for" in events[-1], (done, events[-3:])
+    with engine.connect() as db:
+        assert not db.execute(text("SELECT 1 FROM rank_addresses WHERE job_id = :j"), {"j": job_id}).all()
+    engine.dispose()
+    assert client.get(f"/sessions/{job_id}/api/status").status_code == 409

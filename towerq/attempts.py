@@ -140,6 +140,12 @@ class HttpChannel:
     def drain(self, host: str, indices: list[int]) -> None:
         self._send("POST", "/drain", {"host": host, "indices": indices})
 
+    def open_door(self, address: str, key: str) -> None:
+        self._send("POST", "/door", {"address": address, "key": key})
+
+    def close_door(self) -> None:
+        self._send("DELETE", "/door")
+
     def _send(
         self,
         method: str,

@@ -13,8 +13,9 @@ What the session sees, besides a command job's view (`worker.program`):
 - its code bundle, when it names one, read-only at `TOWERQ_CODE_DIR` (on `PYTHONPATH`).
 
 The way in is the session's door (`Door`): a TCP port of `TOWERQ_RANK_PORTS` on the worker's
-host, recorded with a secret of the attempt where the ranks of a job meet (`RankAddress`,
-rank 0, in the database, which only towerq's processes reach). The API connects, proves it
+host (on a Slurm node, the node's), recorded with a secret of the attempt where the ranks of
+a job meet (`RankAddress`, rank 0, in the database, which only towerq's processes reach),
+through the attempt's channel (`open_door`: a Slurm node says it to the API). The API connects, proves it
 knows the secret (`towerq.contract.handshake`, label `session`), and the door pipes the
 connection to the socket, opened without following a link and only when it is a socket of
 the session's user (`open_socket`): what the session put there in its place (a link to
@@ -45,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.core.models import RankAddress
+from service.core.models import JobState
 from service.core.settings import Settings
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
@@ -258,6 +259,9 @@ class NotebookRunner(ProgramRunner):
     """The session's own folder (`session_folder`), once made."""
     owner = 0
     """The uid the session runs as (who may own its socket)."""
+    door_host = ""
+    """Where the door listens and the API reaches it: on a Slurm node, the node's name (the
+    API takes no other); else this host's address (`worker.rendezvous.address`)."""
 
     def _prepare(self) -> Starter:
         settings, launch = self.settings, self.launch
@@ -299,20 +303,18 @@ class NotebookRunner(ProgramRunner):
 
     def _open_door(self, folder: Path) -> None:
         settings, launch = self.settings, self.launch
-        here = rendezvous.address(settings)
+        here = self.door_host or rendezvous.address(settings)
         first = rendezvous.first_port_tried(settings, launch.job_id, launch.attempt)
         port = rendezvous.free_port(settings, here, first)
         key = secrets.token_hex(32)
         self.door = Door(here, port, key, folder, self.owner)
-        with self.lab.db.write() as session:
-            session.merge(
-                RankAddress(job_id=launch.job_id, attempt=launch.attempt, rank=0, address=self.door.address, key=key)
-            )
+        self.channel.open_door(self.door.address, key)
 
     def _watch(self) -> None:
         super()._watch()
         now = time.monotonic()
-        if now < self._next_ask or self.door is None or self.socket_folder is None:
+        door = self.door  # shut (None) by the end, perhaps meanwhile
+        if now < self._next_ask or door is None or self.socket_folder is None:
             return
         self._next_ask = now + IDLE_CHECK_S
         self._watch_home(now)  # first at the start, before the member can add anything
@@ -332,7 +334,7 @@ class NotebookRunner(ProgramRunner):
         )
         if busy or self._gpus_in_use():
             self._busy_at = now
-        idle_s = min(self.door.idle_for(now), now - self._busy_at)
+        idle_s = min(door.idle_for(now), now - self._busy_at)
         timeout = self.launch.spec.get("idle_timeout_s") or self.settings.notebook_idle_timeout_s
         if idle_s >= timeout and self.outcome.stop is None:
             self.request_stop(Stop.IDLE, f"idle for {_duration(idle_s)}: ended, its GPUs freed")
@@ -372,12 +374,21 @@ class NotebookRunner(ProgramRunner):
                 return True
         return False
 
+    def _record(self, state: JobState, message: str | None) -> None:
+        self._shut_door()  # first: over HTTP, the attempt's token ends with its end
+        super()._record(state, message)
+
+    def _shut_door(self) -> None:
+        if self.door is None:
+            return
+        self.door.close()
+        self.door = None
+        with contextlib.suppress(Exception):  # the job's end makes it useless anyway
+            self.channel.close_door()
+
     def _after(self) -> None:
         super()._after()
-        if self.door is not None:
-            self.door.close()
-        with contextlib.suppress(Exception), self.lab.db.write() as session:
-            session.query(RankAddress).filter_by(job_id=self.launch.job_id, attempt=self.launch.attempt).delete()
+        self._shut_door()
         if self.socket_folder is not None:  # its socket, JupyterLab's runtime files (rmtree follows no link)
             shutil.rmtree(self.socket_folder, ignore_errors=True)
 

@@ -3,12 +3,12 @@ the batch script of the Slurm job towerq's Slurm executor submitted
 (`service.executors.slurm`).
 
 It runs the attempt exactly as a GPU host's worker does (`worker.runner.JobRunner` for a
-model job's trainer, `worker.program.ProgramRunner` for a command job's program: the spec,
-the sandbox where bubblewrap exists, the attempt's cgroup where one can be made, metrics,
-logs, the folder's size, the recorded end), on the GPUs Slurm gave the job: the
-`CUDA_VISIBLE_DEVICES` Slurm set is passed on unchanged. No warm trainer: each Slurm job
-starts its own. A notebook session is refused at submit (`service.jobs.submit`), and here
-too should one come.
+model job's trainer, `worker.program.ProgramRunner` for a command job's program,
+`worker.notebook.NotebookRunner` for a notebook session: the spec, the sandbox where
+bubblewrap exists, the attempt's cgroup where one can be made, metrics, logs, the folder's
+size, the recorded end), on the GPUs Slurm gave the job: the `CUDA_VISIBLE_DEVICES` Slurm
+set is passed on unchanged. No warm trainer: each Slurm job starts its own. A session's door
+listens on the node, by its Slurm name, where the API's proxy reaches it.
 
 It holds no database or Redis credential: everything it asks of towerq and tells it goes
 over HTTP to the API (`TOWERQ_API_URL`) with its attempt's own token
@@ -38,6 +38,7 @@ from worker import sandbox
 from worker.attempt import AttemptRunner
 from worker.inventory import Inventory, NvmlInventory, SimulatedInventory, open_nvml
 from worker.launch import Launch, sandboxed_here
+from worker.notebook import NotebookRunner
 from worker.outcome import Stop
 from worker.program import ProgramRunner
 from worker.runner import JobRunner
@@ -124,11 +125,14 @@ def run(job_id: int, attempt: int) -> int:
         except StaleAttempt as err:
             log.info("nothing to run: %s", err)
             return 0
+        kind: type[AttemptRunner] = JobRunner
         if is_notebook(launch.spec):
-            refuse(channel, "notebook sessions run on towerq's own workers, not on Slurm")
-            return 1
-        kind: type[AttemptRunner] = ProgramRunner if is_command(launch.spec) else JobRunner
+            kind = NotebookRunner
+        elif is_command(launch.spec):
+            kind = ProgramRunner
         runner = kind(None, inventory, launch, lambda _: None, sandboxed, channel=channel, settings=settings)
+        if isinstance(runner, NotebookRunner):
+            runner.door_host = node  # the API takes the node the attempt claimed, no other
         slurm_id = os.environ.get("SLURM_JOB_ID", "?")
         runner.sink.log("info", f"Slurm job {slurm_id} runs it on {node}, GPUs {','.join(map(str, indices))}")
 

@@ -16,16 +16,27 @@ from sqlalchemy.orm import Session
 from service.core import defaults, keys, rollups
 from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
-from service.core.exceptions import AuthError, StaleAttemptError
+from service.core.exceptions import AuthError, SpecError, StaleAttemptError
 from service.core.gpus import set_drained
 from service.core.lifecycle import current_attempt, finish, last_run_attempt, mark_running, requeue, stopped_early
-from service.core.models import HOLDING_STATES, Allocation, Gpu, Host, Job, JobState, LogLine, Metric, Sweep
+from service.core.models import (
+    HOLDING_STATES,
+    Allocation,
+    Gpu,
+    Host,
+    Job,
+    JobState,
+    LogLine,
+    Metric,
+    RankAddress,
+    Sweep,
+)
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
 from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, Report, Stop, Stored
 from towerq.contract.paths import job_folder
-from towerq.contract.spec import is_command
+from towerq.contract.spec import is_command, is_notebook
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +197,19 @@ def drain_held(session: Session, job_id: int, attempt: int, host: str, indices: 
     return [gpu.index for gpu in set_drained(session, host, held, True)] if held else []
 
 
+def open_door(session: Session, job_id: int, attempt: int, address: str, key: str) -> None:
+    """Where the session's door is and its secret (rank 0's `RankAddress` of the attempt,
+    where the API's proxy reads it); a job that is not a notebook session has no door."""
+    job = current_attempt(session, job_id, attempt)
+    if not is_notebook(job.spec):
+        raise SpecError("address", f"job {job_id} is not a notebook session: it has no door")
+    session.merge(RankAddress(job_id=job_id, attempt=attempt, rank=0, address=address, key=key))
+
+
+def close_door(session: Session, job_id: int, attempt: int) -> None:
+    session.execute(delete(RankAddress).where(RankAddress.job_id == job_id, RankAddress.attempt == attempt))
+
+
 class LocalChannel:
     """`towerq.contract.attempts.AttemptChannel` over this process's own database and Redis."""
 
@@ -241,6 +265,14 @@ class LocalChannel:
     def drain(self, host: str, indices: list[int]) -> None:
         with self.ctx.db.write() as session:
             drain_held(session, self.job_id, self.attempt, host, indices)
+
+    def open_door(self, address: str, key: str) -> None:
+        with self.ctx.db.write() as session:
+            open_door(session, self.job_id, self.attempt, address, key)
+
+    def close_door(self) -> None:
+        with self.ctx.db.write() as session:
+            close_door(session, self.job_id, self.attempt)
 
 
 # -- the token of an attempt's remote side ---------------------------------------------------

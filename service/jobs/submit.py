@@ -136,9 +136,6 @@ def check_submission(caller: Caller, spec: JobSpec, settings: Settings, inventor
     """Everything a submission must pass besides the spec's own validation; the host the
     job must run on, if one."""
     caller.check_priority(spec.priority)
-    if spec.is_notebook and not inventory.executor.places_jobs:
-        name = inventory.executor.name
-        raise SpecError("kind", f"notebook sessions run on towerq's own workers, not yet with TOWERQ_EXECUTOR={name}")
     host = check_resources(inventory, spec)
     check_memory_fraction(inventory, spec, host, settings)
     check_files(spec, settings, caller.name)

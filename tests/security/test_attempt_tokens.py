@@ -2,8 +2,9 @@
 the database's and Redis' credentials) reaches that one attempt of that one job while it
 runs, and nothing else: not another job's attempt, not its own job's next attempt, not
 after its end or a newer submission's token, not a member's routes; its reports set only
-the job's figures, its live messages are only its own points and lines, and it drains only
-the GPUs its attempt was given."""
+the job's figures, its live messages are only its own points and lines, it drains only
+the GPUs its attempt was given, and the door it records, only a notebook session's, is on
+its own node and a rank port: never another service the API's proxy would connect to."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sqlalchemy import select
 from service.core import keys
 from service.core.attempts import mint_attempt_token
 from service.core.context import Context
-from service.core.models import Gpu, Host, Job, JobState
+from service.core.models import Gpu, Host, Job, JobState, RankAddress
 from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
@@ -38,6 +39,8 @@ ROUTES = [
     ("POST", "/forget", {"step": 0}),
     ("POST", "/end", {"ending": "succeeded"}),
     ("POST", "/drain", {"host": "lab-a", "indices": [0]}),
+    ("POST", "/door", {"address": "lab-a:29400", "key": "ab" * 32}),
+    ("DELETE", "/door", None),
 ]
 
 
@@ -49,11 +52,12 @@ def ctx(settings: Settings, add_host: Callable[..., None]) -> Iterator[Context]:
     context.close()
 
 
-def dispatched(ctx: Context, user: str, gpu: int) -> int:
+def dispatched(ctx: Context, user: str, gpu: int, kind: str = "model") -> int:
     with ctx.db.write() as session:
         owner = ensure_user(session, user)
         caller = Caller(owner.id, owner.name, False, 0)
-    spec = JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpus": [gpu]})
+    what = {"kind": "notebook"} if kind == "notebook" else {"model": "mlp", "dataset": "digits"}
+    spec = JobSpec.model_validate({**what, "gpus": [gpu]})
     job_id = submit(ctx.db, caller, spec, ctx.settings)[0].id
     LiveScheduler(ctx).run_pass()
     return job_id
@@ -161,3 +165,31 @@ def test_it_drains_only_the_gpus_its_attempt_was_given(ctx: Context, client: Tes
     with ctx.db.read() as session:
         drained = session.execute(select(Gpu.index, Gpu.drained).join(Host).where(Host.name == "lab-a")).all()
     assert sorted(drained) == [(0, True), (1, False)]
+
+
+def test_a_door_is_a_sessions_own_on_its_node_and_a_rank_port(ctx: Context, client: TestClient) -> None:
+    session_id, job_id = dispatched(ctx, "alice", 0, "notebook"), dispatched(ctx, "alice", 1)
+    low, high = (int(port) for port in ctx.settings.rank_ports.split("-"))
+
+    def door(job: int, address: str, key: str = "ab" * 32) -> int:
+        return call(client, token_of(ctx, job), "POST", f"/api/attempts/{job}/1/door", {"address": address, "key": key})
+
+    def doors() -> list[tuple[int, str]]:
+        with ctx.db.read() as session:
+            return [(row[0], row[1]) for row in session.execute(select(RankAddress.job_id, RankAddress.address))]
+
+    assert door(job_id, f"lab-a:{low}") == 422, "a model job has no door for the proxy to open"
+    for address in (
+        f"127.0.0.1:{low}",  # the API's own machine: its Redis, its database
+        f"db.lab:{low}",  # another host
+        "lab-a:6379",  # its node, but not a rank port: Redis
+        f"lab-a:{high + 1}",
+        f"lab-a:{low}/../x",
+    ):
+        assert door(session_id, address) == 422, address
+    assert door(session_id, f"lab-a:{low}", key="not-hex") == 422
+    assert doors() == [], "nothing refused was recorded"
+    assert door(session_id, f"lab-a:{low}") == 204  # the session's node (the job's host), a rank port
+    assert doors() == [(session_id, f"lab-a:{low}")]
+    assert call(client, token_of(ctx, session_id), "DELETE", f"/api/attempts/{session_id}/1/door", None) == 204
+    assert doors() == []

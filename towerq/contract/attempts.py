@@ -7,7 +7,8 @@ was asked (`status`), says the process started (`running`), reports what it prin
 batches (`report`, each fenced: an attempt the job moved on from cannot write results, and
 live copies for the charts, `publish`), forgets the points a resume trains again
 (`forget_after`), ends the attempt with an outcome (`end`), and takes GPUs out of use that
-a process it could not kill still holds (`drain`).
+a process it could not kill still holds (`drain`). A notebook session's supervisor also says
+where its door is, and when it is shut (`open_door`, `close_door`).
 
 `AttemptChannel` is the interface; `service.core.attempts.LocalChannel` implements it in
 the supervisor's own process, over the database and Redis. Every call that writes checks in
@@ -182,6 +183,13 @@ class AttemptChannel(Protocol):
         """No new work on these GPUs of `host`: a process of the attempt that could not be
         killed still holds them."""
 
+    def open_door(self, address: str, key: str) -> None:
+        """A notebook session's way in (`worker.notebook.Door`): where the API reaches it
+        (`host:port`) and the secret the API proves it knows before it is let through."""
+
+    def close_door(self) -> None:
+        """The session's door is shut: where it was, and its secret, are forgotten."""
+
 
 # -- over HTTP (`/api/attempts/{job}/{attempt}/...`) ---------------------------------------
 
@@ -236,6 +244,12 @@ class EndIn(_Body):
     exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
     crashed: bool = False
     out_of_memory: bool = False
+
+
+class DoorIn(_Body):
+    address: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,253}:\d{1,5}$")
+    """`node:port`: the node the attempt claimed, a port of `TOWERQ_RANK_PORTS`."""
+    key: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class ClaimIn(_Body):

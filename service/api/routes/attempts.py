@@ -17,9 +17,11 @@ from service.core.attempts import (
     attempt_status,
     check_attempt_token,
     claim_attempt,
+    close_door,
     drain_held,
     end_attempt,
     forget_after,
+    open_door,
     sweep_rungs,
     write_report,
 )
@@ -32,6 +34,7 @@ from towerq.contract.attempts import (
     AttemptEnd,
     Claim,
     ClaimIn,
+    DoorIn,
     EndIn,
     LogRow,
     MetricRow,
@@ -188,6 +191,33 @@ def drain(body: DrainIn, ctx: ContextDep, it: AttemptDep) -> DrainedOut:
     with ctx.db.write() as session:
         drained = drain_held(session, it.job_id, it.attempt, body.host, body.indices)
     return DrainedOut(drained=drained)
+
+
+@router.post("/door", status_code=204)
+def door(body: DoorIn, ctx: ContextDep, it: AttemptDep) -> Response:
+    """A notebook session's door: where the API's proxy reaches it, and the secret it proves.
+    Only on the node the attempt claimed and on a port of `TOWERQ_RANK_PORTS` (422 naming
+    `address` otherwise): an attempt's token points the API at its own session's door, never
+    at another service."""
+    host, _, port = body.address.rpartition(":")
+    low, high = (int(p) for p in ctx.settings.rank_ports.split("-"))
+    with ctx.db.write() as session:
+        job = session.get(Job, it.job_id)
+        node = job.host_name if job is not None else None
+        if host != node:
+            raise SpecError("address", f"the door is on the node the attempt runs on ({node}), not on {host}")
+        if not low <= int(port) <= high:
+            raise SpecError("address", f"the door's port is one of TOWERQ_RANK_PORTS ({low}-{high}), not {port}")
+        open_door(session, it.job_id, it.attempt, body.address, body.key)
+    return Response(status_code=204)
+
+
+@router.delete("/door", status_code=204)
+def shut_door(ctx: ContextDep, it: AttemptDep) -> Response:
+    """The session's door is shut: its address and secret are forgotten."""
+    with ctx.db.write() as session:
+        close_door(session, it.job_id, it.attempt)
+    return Response(status_code=204)
 
 
 def _current_or_stale(ctx: Context, it: Attempt) -> None:

@@ -19,7 +19,7 @@ from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import NotFoundError, StaleAttemptError
 from service.core.lifecycle import STOPPED_EARLY, locked_job, requeue
-from service.core.models import Job, JobState, LogLine, Metric
+from service.core.models import Job, JobState, LogLine, Metric, RankAddress
 from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
@@ -66,11 +66,12 @@ def channel_to(request: pytest.FixtureRequest, ctx: Context, settings: Settings)
         yield over_http
 
 
-def dispatched(ctx: Context, **body: object) -> int:
+def dispatched(ctx: Context, base: dict | None = None, **body: object) -> int:
     with ctx.db.write() as session:
         user = ensure_user(session, "alice")
         caller = Caller(user.id, user.name, False, 0)
-    job_id = submit(ctx.db, caller, JobSpec.model_validate({**BODY, **body}), ctx.settings)[0].id
+    spec = JobSpec.model_validate({**(BODY if base is None else base), **body})
+    job_id = submit(ctx.db, caller, spec, ctx.settings)[0].id
     LiveScheduler(ctx).run_pass()
     return job_id
 
@@ -120,6 +121,26 @@ def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: C
     set_job(ctx, job_id, attempts=2)
     assert channel.status() == AttemptStatus(current=False)
     assert channel_to(job_id + 1000, 1).status() == AttemptStatus(current=False)
+
+
+def test_a_sessions_door_is_recorded_where_the_proxy_reads_it_and_forgotten(ctx: Context, channel_to: Opener) -> None:
+    job_id = dispatched(ctx, {"kind": "notebook", "gpus": [0]})
+    port = int(ctx.settings.rank_ports.split("-")[0])
+
+    def doors() -> list[tuple[int, int, str, str]]:
+        with ctx.db.read() as session:
+            rows = session.execute(select(RankAddress.attempt, RankAddress.rank, RankAddress.address, RankAddress.key))
+            return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+    channel = channel_to(job_id, 1)
+    channel.open_door(f"lab-a:{port}", "cd" * 32)
+    assert doors() == [(1, 0, f"lab-a:{port}", "cd" * 32)]  # rank 0 of the attempt: the proxy's `_door`
+    channel.close_door()
+    assert doors() == []
+    set_job(ctx, job_id, attempts=2)
+    with pytest.raises(StaleAttempt):
+        channel_to(job_id, 1).open_door(f"lab-a:{port}", "cd" * 32)  # the job moved on
+    assert doors() == []
 
 
 def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context, channel_to: Opener) -> None:
