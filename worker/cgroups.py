@@ -1,13 +1,16 @@
 """A cgroup per trainer attempt: what holds all of an attempt's processes (none can leave
-it, `setsid()` and double forks included), kills them together, and bounds their memory
-and process count.
+it, `setsid()` and double forks included), kills them together, bounds their memory and
+process count, and weighs their share of the host's CPUs by the GPUs they hold.
 
 The worker makes the group beside itself, in every hierarchy it may write: the unified
-(v2) one, and on a host that still mounts v1 controllers (`memory`, `pids`) those too,
-each under the worker's own cgroup there (`<its cgroup>/towerq-<host>-job-<id>-<attempt>`).
+(v2) one, and on a host that still mounts v1 controllers (`memory`, `pids`, `cpu`) those
+too, each under the worker's own cgroup there (`<its cgroup>/towerq-<host>-job-<id>-<attempt>`).
 The trainer joins them before it runs anything (`preexec_fn`), so nothing it starts is
 outside. The limits go where a controller is available: `memory.max` /
-`memory.limit_in_bytes`, `pids.max`. Where no hierarchy is writable (an unprivileged
+`memory.limit_in_bytes`, `pids.max`, and the CPU weight, `cpu.weight` / `cpu.shares`: a
+share, not a cap (an idle CPU is anyone's), so that when the CPUs are contended an attempt
+gets them in proportion to its GPUs: a 1-GPU job's 64 data-loading processes do not starve
+a 4-GPU neighbour's input pipeline. Where no hierarchy is writable (an unprivileged
 worker without a delegated cgroup) the attempt has none: the sandbox's pid namespace still
 ends whatever the trainer leaves, and the job's log names the limits that are not enforced.
 """
@@ -25,8 +28,10 @@ from worker.mountinfo import mounts
 
 log = logging.getLogger(__name__)
 
-V1_CONTROLLERS = ("memory", "pids")
-_FIELD = {"memory": "memory_mb", "processes": "processes"}
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+_FIELD = {"memory": "memory_mb", "processes": "processes", "cpu": "cpu_weight"}
+V1_SHARES_PER_WEIGHT = 1024 / 100
+"""v1's `cpu.shares` (default 1024) for one of v2's `cpu.weight` (default 100)."""
 KILL_WAIT_S = 10.0
 
 
@@ -36,6 +41,8 @@ class Limits:
 
     memory_mb: int | None
     processes: int | None
+    cpu_weight: int | None = None
+    """v2's scale: 100 (the default every other group has) a whole GPU."""
 
 
 @dataclass(frozen=True)
@@ -108,18 +115,22 @@ class AttemptGroup:
             _enable_v2_controllers(v2.parent)
         if limits.memory_mb is not None:
             value = limits.memory_mb * 2**20
-            self._write_limit(
-                "memory",
-                limits.memory_mb,
-                [(v2, "memory.max"), (self.folders.get("memory"), "memory.limit_in_bytes")],
-                value,
-            )
+            places = [(v2, "memory.max", value), (self.folders.get("memory"), "memory.limit_in_bytes", value)]
+            self._write_limit("memory", limits.memory_mb, places)
         if limits.processes is not None:
-            pairs = [(v2, "pids.max"), (self.folders.get("pids"), "pids.max")]
-            self._write_limit("processes", limits.processes, pairs, limits.processes)
+            count = limits.processes
+            self._write_limit(
+                "processes", count, [(v2, "pids.max", count), (self.folders.get("pids"), "pids.max", count)]
+            )
+        if limits.cpu_weight is not None:
+            weight = min(10_000, max(1, limits.cpu_weight))
+            shares = max(2, round(weight * V1_SHARES_PER_WEIGHT))
+            self._write_limit(
+                "cpu", weight, [(v2, "cpu.weight", weight), (self.folders.get("cpu"), "cpu.shares", shares)]
+            )
 
-    def _write_limit(self, name: str, shown: int, places: list[tuple[Path | None, str]], value: int) -> None:
-        for folder, file in places:
+    def _write_limit(self, name: str, shown: int, places: list[tuple[Path | None, str, int]]) -> None:
+        for folder, file, value in places:
             if folder is None or not (folder / file).exists():
                 continue
             try:
@@ -161,7 +172,11 @@ class AttemptGroup:
                 "no cgroup could be made here (the worker may not write one): this attempt's memory and "
                 "processes are not limited, and what it leaves behind dies with its sandbox"
             )
-        wanted = {"memory": f"memory {limits.memory_mb} MB", "processes": f"{limits.processes} processes and threads"}
+        wanted = {
+            "memory": f"memory {limits.memory_mb} MB",
+            "processes": f"{limits.processes} processes and threads",
+            "cpu": f"CPU weight {limits.cpu_weight} (100 a GPU, when the CPUs are contended)",
+        }
         shown = [text for name, text in wanted.items() if name in self.enforced]
         missing = [text for name, text in wanted.items() if name not in self.enforced and getattr(limits, _FIELD[name])]
         said = "limits: " + (", ".join(shown) or "none")
@@ -243,16 +258,21 @@ class AttemptGroup:
 
 
 def _enable_v2_controllers(parent: Path) -> None:
-    """Let children of `parent` use memory and pids, where the kernel offers them there.
+    """Let children of `parent` use memory, pids and cpu, where the kernel offers them there.
     Refused (EBUSY) when `parent` holds processes itself and is not the root: then the v2
-    group only holds and kills, and the limits come from v1 where mounted."""
+    group only holds and kills, and the limits come from v1 where mounted. One at a time: a
+    kernel may refuse one alone (cpu, while a realtime process runs in a child group)."""
     try:
         offered = (parent / "cgroup.controllers").read_text().split()
-        wanted = [c for c in ("memory", "pids") if c in offered]
-        if wanted:
-            (parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in wanted))
     except OSError as err:
-        log.debug("cannot enable cgroup controllers in %s: %s", parent, err)
+        log.debug("cannot read the cgroup controllers of %s: %s", parent, err)
+        return
+    for controller in ("memory", "pids", "cpu"):
+        if controller in offered:
+            try:
+                (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            except OSError as err:
+                log.debug("cannot enable the %s controller in %s: %s", controller, parent, err)
 
 
 def remove_stale(prefix: str = "towerq-") -> int:

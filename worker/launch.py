@@ -344,16 +344,21 @@ def start_trainer(
 
 
 def attempt_limits(launch: Launch, settings: Settings, host_gpus: int) -> Limits:
-    """The memory and process limits of one attempt (TOWERQ_TRAINER_MEMORY_MB, ..._MAX_PROCESSES)."""
+    """The memory and process limits of one attempt (TOWERQ_TRAINER_MEMORY_MB, ..._MAX_PROCESSES),
+    and its CPU weight: 100 (every other group's) a GPU it holds, in proportion for a fraction."""
     memory = settings.trainer_memory_mb
     if memory == 0:
         share = len(launch.indices) * launch.fraction / max(host_gpus, len(launch.indices), 1)
         memory = max(
             MIN_TRAINER_MEMORY_MB, int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * share / 2**20)
         )
-    return Limits(memory_mb=memory, processes=settings.trainer_max_processes or None)
+    weight = max(1, round(CPU_WEIGHT_PER_GPU * len(launch.indices) * launch.fraction))
+    return Limits(memory_mb=memory, processes=settings.trainer_max_processes or None, cpu_weight=weight)
 
 
+CPU_WEIGHT_PER_GPU = 100
+"""cgroup v2's default weight: a 1-GPU attempt weighs as much as the worker, the API and
+any other group beside it; a 4-GPU one four times as much."""
 MIN_TRAINER_MEMORY_MB = 2048
 """The least memory an attempt gets by default: a Python process with TensorFlow and a small
 model needs about 1 GB before its data."""
