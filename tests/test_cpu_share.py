@@ -1,8 +1,8 @@
 """When a host's CPUs are contended, attempts share them in proportion to their GPUs (the
 CPU weight of each attempt's cgroup, worker/cgroups.py): two command jobs on one worker,
 one on 3 GPUs and one on 1, each running more busy processes than the host has CPUs, get
-about 3:1 of the CPU time while both run. Before, each attempt's processes weighed as one
-another's, so the 1-GPU job's many processes took as much as its 3-GPU neighbour."""
+about 3:1 of the CPU time while both run. Before, every trainer process weighed the same
+(its niceness), so the 1-GPU job's many processes took as much as its 3-GPU neighbour."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_contended_cpus_go_to_attempts_in_proportion_to_their_gpus(
     told = next(m for m in logs[1] if "limits:" in m)
     if "not enforced here: CPU weight" in told:
         pytest.skip(f"this host's cgroups give no CPU weight: {told}")
-    assert "CPU weight 100 (" in told and "CPU weight 300 (" in next(m for m in logs[3] if "limits:" in m), told
+    one = round(1024 * 1.25**-settings.trainer_nice)  # a niced process's weight, a GPU (110 at nice 10)
+    assert f"CPU weight {one} (" in told and f"CPU weight {3 * one} (" in next(m for m in logs[3] if "limits:" in m)
 
     def span(lines: list[str]) -> tuple[float, float]:
         walls = [float(m.split()[2]) for m in lines if m.startswith("CPU ")]

@@ -7,7 +7,7 @@ The worker makes the group beside itself, in every hierarchy it may write: the u
 too, each under the worker's own cgroup there (`<its cgroup>/towerq-<host>-job-<id>-<attempt>`).
 The trainer joins them before it runs anything (`preexec_fn`), so nothing it starts is
 outside. The limits go where a controller is available: `memory.max` /
-`memory.limit_in_bytes`, `pids.max`, and the CPU weight, `cpu.weight` / `cpu.shares`: a
+`memory.limit_in_bytes`, `pids.max`, and the CPU weight, `cpu.shares` / `cpu.weight`: a
 share, not a cap (an idle CPU is anyone's), so that when the CPUs are contended an attempt
 gets them in proportion to its GPUs: a 1-GPU job's 64 data-loading processes do not starve
 a 4-GPU neighbour's input pipeline. Where no hierarchy is writable (an unprivileged
@@ -29,9 +29,10 @@ from worker.mountinfo import mounts
 log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "pids", "cpu")
-_FIELD = {"memory": "memory_mb", "processes": "processes", "cpu": "cpu_weight"}
-V1_SHARES_PER_WEIGHT = 1024 / 100
-"""v1's `cpu.shares` (default 1024) for one of v2's `cpu.weight` (default 100)."""
+_FIELD = {"memory": "memory_mb", "processes": "processes", "cpu": "cpu_shares"}
+DEFAULT_SHARES = 1024
+"""v1's `cpu.shares` of a group, and the kernel's weight of a process at nice 0: the scale
+of `Limits.cpu_shares`. v2's `cpu.weight` is the same on a scale of 100."""
 KILL_WAIT_S = 10.0
 
 
@@ -41,8 +42,8 @@ class Limits:
 
     memory_mb: int | None
     processes: int | None
-    cpu_weight: int | None = None
-    """v2's scale: 100 (the default every other group has) a whole GPU."""
+    cpu_shares: int | None = None
+    """The attempt's CPU weight on v1's scale (`DEFAULT_SHARES`: a process at nice 0)."""
 
 
 @dataclass(frozen=True)
@@ -122,12 +123,11 @@ class AttemptGroup:
             self._write_limit(
                 "processes", count, [(v2, "pids.max", count), (self.folders.get("pids"), "pids.max", count)]
             )
-        if limits.cpu_weight is not None:
-            weight = min(10_000, max(1, limits.cpu_weight))
-            shares = max(2, round(weight * V1_SHARES_PER_WEIGHT))
-            self._write_limit(
-                "cpu", weight, [(v2, "cpu.weight", weight), (self.folders.get("cpu"), "cpu.shares", shares)]
-            )
+        if limits.cpu_shares is not None:
+            shares = min(262_144, max(2, limits.cpu_shares))
+            weight = min(10_000, max(1, round(shares * 100 / DEFAULT_SHARES)))
+            places = [(v2, "cpu.weight", weight), (self.folders.get("cpu"), "cpu.shares", shares)]
+            self._write_limit("cpu", shares, places)
 
     def _write_limit(self, name: str, shown: int, places: list[tuple[Path | None, str, int]]) -> None:
         for folder, file, value in places:
@@ -175,7 +175,7 @@ class AttemptGroup:
         wanted = {
             "memory": f"memory {limits.memory_mb} MB",
             "processes": f"{limits.processes} processes and threads",
-            "cpu": f"CPU weight {limits.cpu_weight} (100 a GPU, when the CPUs are contended)",
+            "cpu": f"CPU weight {limits.cpu_shares} (by its GPUs; a process's 1024), where cores are contended",
         }
         shown = [text for name, text in wanted.items() if name in self.enforced]
         missing = [text for name, text in wanted.items() if name not in self.enforced and getattr(limits, _FIELD[name])]

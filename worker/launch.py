@@ -29,7 +29,7 @@ from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
 from towerq.contract.versions import SPEC_VERSION
 from worker import disk_kind, sandbox
-from worker.cgroups import AttemptGroup, Limits
+from worker.cgroups import DEFAULT_SHARES, AttemptGroup, Limits
 from worker.trainer import tunnel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -345,20 +345,23 @@ def start_trainer(
 
 def attempt_limits(launch: Launch, settings: Settings, host_gpus: int) -> Limits:
     """The memory and process limits of one attempt (TOWERQ_TRAINER_MEMORY_MB, ..._MAX_PROCESSES),
-    and its CPU weight: 100 (every other group's) a GPU it holds, in proportion for a fraction."""
+    and its CPU weight: for each GPU it holds (in proportion for a fraction), what one trainer
+    process at `TOWERQ_TRAINER_NICE` weighs. So attempts share contended cores by their GPUs,
+    and all of them together yield to towerq's own processes as niced trainers always did."""
     memory = settings.trainer_memory_mb
     if memory == 0:
         share = len(launch.indices) * launch.fraction / max(host_gpus, len(launch.indices), 1)
         memory = max(
             MIN_TRAINER_MEMORY_MB, int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * share / 2**20)
         )
-    weight = max(1, round(CPU_WEIGHT_PER_GPU * len(launch.indices) * launch.fraction))
-    return Limits(memory_mb=memory, processes=settings.trainer_max_processes or None, cpu_weight=weight)
+    gpus = len(launch.indices) * launch.fraction
+    shares = max(2, round(DEFAULT_SHARES * NICE_STEP**-settings.trainer_nice * gpus))
+    return Limits(memory_mb=memory, processes=settings.trainer_max_processes or None, cpu_shares=shares)
 
 
-CPU_WEIGHT_PER_GPU = 100
-"""cgroup v2's default weight: a 1-GPU attempt weighs as much as the worker, the API and
-any other group beside it; a 4-GPU one four times as much."""
+NICE_STEP = 1.25
+"""How much less CPU weight each step of niceness gives (the kernel's table: nice 10
+weighs 110 where nice 0 weighs 1024)."""
 MIN_TRAINER_MEMORY_MB = 2048
 """The least memory an attempt gets by default: a Python process with TensorFlow and a small
 model needs about 1 GB before its data."""

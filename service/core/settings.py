@@ -87,7 +87,8 @@ class Settings(BaseSettings):
     trainer_nice: int = Field(default=10, ge=0, le=19)
     """CPU niceness of trainers: where they share a host's cores with towerq itself (the
     worker's relay and heartbeat, or a whole `towerq up`), the service stays responsive
-    while they saturate the CPU; idle cores still go to them."""
+    while they saturate the CPU; idle cores still go to them. An attempt's cgroup weighs
+    what one process at this niceness weighs for each of its GPUs (worker/cgroups.py)."""
 
     trainer_memory_mb: int = Field(default=0, ge=0)
     """Host memory one trainer attempt may use (its cgroup's, all its processes together);
