@@ -47,12 +47,17 @@ def _die_with_parent() -> None:
 
 
 class SlurmCluster:
-    """One controller and one node (`node`), with `gpus` fake GPUs and `cpus` CPUs."""
+    """One controller and one node (`node`), with `gpus` fake GPUs and `cpus` CPUs. With
+    `confined`, Slurm binds each job to the CPUs it was given (`task/affinity`): then `cpus`
+    must be the machine's own."""
 
-    def __init__(self, root: Path, gpus: int = 4, cpus: int = 4, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: Path, gpus: int = 4, cpus: int = 4, env: dict[str, str] | None = None, confined: bool = False
+    ) -> None:
         self.root = root
         self.gpus = gpus
         self.cpus = cpus
+        self.confined = confined
         self.node = socket.gethostname()
         self.env = {**os.environ, **(env or {})}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -96,7 +101,7 @@ class SlurmCluster:
                     "SlurmctldDebug=info",
                     "SlurmdDebug=info",
                     "ProctrackType=proctrack/linuxproc",
-                    "TaskPlugin=task/none",
+                    f"TaskPlugin=task/{'affinity' if self.confined else 'none'}",
                     "SwitchType=switch/none",
                     "MpiDefault=none",
                     "JobAcctGatherType=jobacct_gather/none",
