@@ -1,4 +1,5 @@
-"""On a Slurm cluster the trainer (or a command job's program) runs in the Slurm job towerq
+"""On a Slurm cluster the trainer (or a command job's program, or a notebook session's
+kernel) runs in the Slurm job towerq
 submitted, as the user that submitted it, beside towerq's own runner (`worker.slurm`, whose
 environment once held the database URL, tests/security/test_slurm_credentials.py, and holds
 its attempt's token from its start). A member's model or program there must not
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from service.core.settings import Settings
+from tests.notebook_kernel import run_code, start_kernel, wait_ready
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, slurm_settings, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
 from tests.stack import upload_code
@@ -120,6 +122,25 @@ def test_a_command_jobs_program_run_by_slurm_reaches_neither_slurm_nor_the_runne
     reaches_nothing(on_slurm, cluster, settings, {"command": ["python", "reach.py"], "code": code, "gpu_count": 1})
 
 
+def test_a_notebook_sessions_kernel_on_slurm_reaches_neither_slurm_nor_the_runner_nor_slurms_logs(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings, stack: Any
+) -> None:
+    client = on_slurm
+    neighbour = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
+    trained(client, neighbour)
+    session = client.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1}).json()["id"]
+    wait_ready(client, session)
+    kernel = start_kernel(client, session)
+    code = PROGRAM.format(paths=reach_paths(settings, cluster))
+    printed = run_code(client, str(stack.api_url), client.token, session, kernel, code)
+    reached = [json.loads(m.removeprefix("REACH ")) for m in printed.splitlines() if m.startswith("REACH ")]
+    assert reached, printed[-2000:]
+    walls_held(reached)
+    assert client.post(f"/api/jobs/{session}/cancel").status_code == 202
+    assert wait_state(client, session, FINAL, 60)["state"] == "cancelled"
+    neighbour_untouched(client, cluster, settings, neighbour)
+
+
 def reaches_nothing(client: Any, cluster: SlurmCluster, settings: Settings, spec: dict[str, Any]) -> None:
     neighbour = client.post("/api/jobs", json={**LONG, "gpu_count": 1}).json()["id"]
     trained(client, neighbour)
@@ -129,12 +150,20 @@ def reaches_nothing(client: Any, cluster: SlurmCluster, settings: Settings, spec
     log = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]
     reached = [json.loads(m.removeprefix("REACH ")) for m in log if m.startswith("REACH ")]
     assert reached, log[-20:]
+    walls_held(reached)
+    assert done["state"] == "succeeded", done["reason"]
+    neighbour_untouched(client, cluster, settings, neighbour)
+
+
+def walls_held(reached: list[dict[str, Any]]) -> None:
     for said in reached:
         assert not said["scancel"].startswith("exit 0"), said
         assert said["munge"].startswith("refused"), said
         assert said["environ"] == [], said
         assert said["logs"].startswith("refused"), said
-    assert done["state"] == "succeeded", done["reason"]
+
+
+def neighbour_untouched(client: Any, cluster: SlurmCluster, settings: Settings, neighbour: int) -> None:
     assert job_of(client, neighbour)["state"] == "running"
     ours = [j for j in cluster.jobs() if j["name"].startswith(f"{settings.slurm_job_prefix}-")]
     states = [j["state"] for j in ours if j["name"].endswith("-1")]
