@@ -197,8 +197,8 @@ def drain(body: DrainIn, ctx: ContextDep, it: AttemptDep) -> DrainedOut:
 def door(body: DoorIn, ctx: ContextDep, it: AttemptDep) -> Response:
     """A notebook session's door: where the API's proxy reaches it, and the secret it proves.
     Only on the node the attempt claimed and on a port of `TOWERQ_RANK_PORTS` (422 naming
-    `address` otherwise): an attempt's token points the API at its own session's door, never
-    at another service."""
+    `address` otherwise): an attempt's token points the API's proxy at a rank port of its
+    node only, never at another service."""
     host, _, port = body.address.rpartition(":")
     low, high = (int(p) for p in ctx.settings.rank_ports.split("-"))
     with ctx.db.write() as session:
