@@ -115,6 +115,13 @@ def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -
     later = {"attempt": 2, "step": 1, "split": "train", "time": NOW}
     assert call(client, token, "POST", path, {"metrics": [later]}) == 422, "a point of a later attempt"
     assert call(client, token, "POST", path, {"log_bytes": -1}) == 422
+    for edge in ("0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00"):  # no UTC time: once a 500
+        for body in (
+            {"metrics": [{**later, "attempt": 1, "time": edge}]},
+            {"logs": [{**LINE, "time": edge}]},
+            {"fields": {"step_at": edge}},
+        ):
+            assert call(client, token, "POST", path, body) == 422, body
     assert call(client, token, "POST", path, {"fields": {"step": 7, "loss": 0.5}, "log_bytes": 10}) == 204
     with ctx.db.read() as session:
         job = session.get(Job, job_id)

@@ -18,10 +18,10 @@ its transaction that the attempt is current, else raises `StaleAttempt`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from towerq.contract.events import Custom, Number, Step
 
@@ -31,6 +31,19 @@ Stop = Literal["cancel", "sweep", "preempt"]
 
 Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 """How an attempt ends: the job's final state, or queued again for its next attempt."""
+
+
+def _in_utc(value: datetime) -> datetime:
+    """A time in UTC (a naive one is taken as UTC, as the database does); ValueError for one
+    UTC cannot hold (an offset that pushes year 1 or 9999 past the calendar's edge)."""
+    try:
+        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError("a time UTC can hold (years 1 to 9999)") from None
+
+
+Moment = Annotated[datetime, AfterValidator(_in_utc)]
+"""A time a report carries: stored in UTC, so refused (422) where it has no UTC time."""
 
 
 class Figures(BaseModel):
@@ -49,7 +62,7 @@ class Figures(BaseModel):
     eval_accuracy: Number = None
     eval_custom_metrics: Custom = None
     pace_s: Number = None
-    step_at: datetime | None = None
+    step_at: Moment | None = None
     total_steps: Annotated[int, Field(ge=1, lt=2**62)] | None = None
     """A command job's program said how many steps it runs (the service takes it from a
     command job only: a model job's is its spec's)."""
@@ -211,11 +224,11 @@ class PointIn(_Body):
     learning_rate: Number = None
     examples_per_sec: Number = None
     custom: Custom = None
-    time: datetime
+    time: Moment
 
 
 class LineIn(_Body):
-    time: datetime
+    time: Moment
     level: Literal["debug", "info", "warning", "error"]
     message: str = Field(max_length=10_000)
 
