@@ -18,12 +18,13 @@ its transaction that the attempt is current, else raises `StaleAttempt`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal, Protocol, TypedDict
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from towerq.contract.events import Custom, Number, Step
+from towerq.contract.times import Moment
 
 Stop = Literal["cancel", "sweep", "preempt"]
 """A stop towerq asks of an attempt: a cancel, an adaptive sweep's stop of a setting behind
@@ -31,19 +32,6 @@ Stop = Literal["cancel", "sweep", "preempt"]
 
 Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 """How an attempt ends: the job's final state, or queued again for its next attempt."""
-
-
-def _in_utc(value: datetime) -> datetime:
-    """A time in UTC (a naive one is taken as UTC, as the database does); ValueError for one
-    UTC cannot hold (an offset that pushes year 1 or 9999 past the calendar's edge)."""
-    try:
-        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    except OverflowError:
-        raise ValueError("a time UTC can hold (years 1 to 9999)") from None
-
-
-Moment = Annotated[datetime, AfterValidator(_in_utc)]
-"""A time a report carries: stored in UTC, so refused (422) where it has no UTC time."""
 
 
 class Figures(BaseModel):

@@ -7,13 +7,14 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
 from service.api.deps import AdminDep, CallerDep, DatabaseDep, SessionDep
 from service.core.models import Reservation, utcnow
 from service.core.schemas.lab import HolderOut, KeptGpu, NewReservation, ReservationOut
 from service.lab import reservations as lab_reservations
 from towerq.contract.spec import GROUP_NAME_PATTERN
+from towerq.contract.times import in_utc
 
 router = APIRouter(prefix="/api", tags=["reservations"])
 
@@ -25,8 +26,10 @@ class ReservationCreate(BaseModel):
 
     group: str = Field(pattern=GROUP_NAME_PATTERN)
     gpus: int = Field(ge=1, le=100_000, description="how many GPUs to keep")
-    start: AwareDatetime = Field(description="ISO 8601 with a time zone; a time past means now")
-    end: AwareDatetime
+    start: Annotated[AwareDatetime, AfterValidator(in_utc)] = Field(
+        description="ISO 8601 with a time zone; a time past means now"
+    )
+    end: Annotated[AwareDatetime, AfterValidator(in_utc)]
     host: str | None = Field(default=None, min_length=1, max_length=128, description="keep GPUs of this host only")
     note: str = Field(default="", max_length=200, description="what it is for (a deadline, a demo)")
 

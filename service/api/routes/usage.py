@@ -17,6 +17,7 @@ from service.lab.accounting import BY, fair_share_report, timeline, usage_report
 from service.lab.whatif import what_if
 from service.scheduler.types import Policy
 from service.uploads import code, datasets
+from towerq.contract.times import in_utc
 
 router = APIRouter(prefix="/api", tags=["usage"])
 DEFAULT_WINDOW = timedelta(days=7)
@@ -118,7 +119,10 @@ def _window(
 def _aware(value: datetime, field: str) -> datetime:
     if value.tzinfo is None:
         raise SpecError(field, "give a time zone (e.g. 2026-11-23T12:00:00Z)")
-    return value
+    try:
+        return in_utc(value)
+    except ValueError as err:
+        raise SpecError(field, str(err)) from None
 
 
 class WhatIfRequest(BaseModel):

@@ -105,6 +105,33 @@ def test_non_finite_numbers_written_as_json_literals_are_refused(alice: Api, lit
     assert any(field in e["msg"] for e in response.json()["detail"])
 
 
+@pytest.mark.parametrize(
+    "edge", ["0001-01-01T00:00:00Z", "0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00", "1899-12-31T23:59:59Z"]
+)
+def test_a_time_past_the_calendars_edge_is_refused_naming_its_field(
+    as_user: Callable[..., Api], add_host: Callable[..., None], edge: str
+) -> None:
+    """Times are stored and windowed in UTC: one of year 1 or 9999 (with an offset, or a week
+    subtracted) once overflowed Python's calendar, a 500 (found by the fuzz test)."""
+    add_host("lab-a", 4)
+    root = as_user("root", True)
+    assert root.post("/api/groups", json={"name": "vision"}).status_code == 201
+    later = "2030-01-01T00:00:00Z"
+    asked = [
+        (root.get("/api/usage", params={"until": edge}), "until"),
+        (root.get("/api/usage", params={"since": edge}), "since"),
+        (root.get("/api/usage/timeline", params={"until": edge}), "until"),
+        (root.post("/api/usage/what-if", json={"until": edge}), "until"),
+        (root.post("/api/reservations", json={"group": "vision", "gpus": 1, "start": edge, "end": later}), "start"),
+        (root.post("/api/reservations", json={"group": "vision", "gpus": 1, "start": later, "end": edge}), "end"),
+    ]
+    for response, field in asked:
+        assert response.status_code == 422, response.text
+        assert_refusal_names_the_problem(response.status_code, response.json())
+        assert response.json()["detail"][0]["loc"][-1] == field, response.text
+        assert "between 1900 and 9998" in response.text, response.text
+
+
 @pytest.fixture
 def settings_for_live(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
     return make_settings(sqlite_url, api_workers=1)
