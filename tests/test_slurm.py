@@ -315,7 +315,7 @@ def test_a_notebook_session_runs_on_a_slurm_node_reached_through_the_api_and_end
     with engine.connect() as db:
         doors = db.execute(text("SELECT address FROM rank_addresses WHERE job_id = :j"), {"j": job_id}).all()
     host, _, port = doors[0][0].rpartition(":")
-    low, high = (int(p) for p in settings.rank_ports.split("-"))
+    low, high = settings.rank_port_range
     assert len(doors) == 1 and host == cluster.node and low <= int(port) <= high, doors
     kernel = start_kernel(client, job_id)
     code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['HOME'], os.getuid() != 0)"

@@ -48,7 +48,7 @@ def free_port(settings: Settings, host: str, start: int = 0, count: int = 1) -> 
     `start`-th on (each rank of an attempt starts elsewhere, so ranks on one machine do not
     pick the same one before their trainers bind it; a port taken meanwhile fails the
     attempt, which is tried again)."""
-    low, high = (int(p) for p in settings.rank_ports.split("-"))
+    low, high = settings.rank_port_range
     span = max(1, high - low + 1)
     for offset in range(span):
         port = low + (start + offset) % span

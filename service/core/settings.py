@@ -261,6 +261,12 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
+    @property
+    def rank_port_range(self) -> tuple[int, int]:
+        """`rank_ports` as (lowest, highest)."""
+        low, _, high = self.rank_ports.partition("-")
+        return int(low), int(high)
+
 
 def redacted(url: str) -> str:
     """`url` with its password replaced by `***`, for logs and banners."""

@@ -176,7 +176,7 @@ def test_it_drains_only_the_gpus_its_attempt_was_given(ctx: Context, client: Tes
 
 def test_a_door_is_a_sessions_own_on_its_node_and_a_rank_port(ctx: Context, client: TestClient) -> None:
     session_id, job_id = dispatched(ctx, "alice", 0, "notebook"), dispatched(ctx, "alice", 1)
-    low, high = (int(port) for port in ctx.settings.rank_ports.split("-"))
+    low, high = ctx.settings.rank_port_range
 
     def door(job: int, address: str, key: str = "ab" * 32) -> int:
         return call(client, token_of(ctx, job), "POST", f"/api/attempts/{job}/1/door", {"address": address, "key": key})

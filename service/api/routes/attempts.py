@@ -200,7 +200,7 @@ def door(body: DoorIn, ctx: ContextDep, it: AttemptDep) -> Response:
     `address` otherwise): an attempt's token points the API's proxy at a rank port of its
     node only, never at another service."""
     host, _, port = body.address.rpartition(":")
-    low, high = (int(p) for p in ctx.settings.rank_ports.split("-"))
+    low, high = ctx.settings.rank_port_range
     with ctx.db.write() as session:
         job = session.get(Job, it.job_id)
         node = job.host_name if job is not None else None

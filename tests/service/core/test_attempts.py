@@ -125,7 +125,7 @@ def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: C
 
 def test_a_sessions_door_is_recorded_where_the_proxy_reads_it_and_forgotten(ctx: Context, channel_to: Opener) -> None:
     job_id = dispatched(ctx, {"kind": "notebook", "gpus": [0]})
-    port = int(ctx.settings.rank_ports.split("-")[0])
+    port = ctx.settings.rank_port_range[0]
 
     def doors() -> list[tuple[int, int, str, str]]:
         with ctx.db.read() as session:
