@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from service.core.settings import Settings
 from service.executors.base import Attempt, Capacity, Ended, ExecutorError, Seen
-from service.executors.slurm_cpus import NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
+from service.executors.slurm_cpus import CpuView, NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
 from towerq.contract.messages import CancelMessage, StopMessage
 
 log = logging.getLogger(__name__)
@@ -180,10 +180,9 @@ class SlurmExecutor:
         self._lock = threading.Lock()
         self._snapshot: dict[str, list[SlurmJob]] = {}
         self._read_at = -math.inf
-        self._per_gpu: dict[str, int | None] = {}
-        """CPUs per GPU to ask, by the node a job names ("" for none), for CLUSTER_TTL_S."""
-        self._per_gpu_at = -math.inf
-        self._per_gpu_lock = threading.Lock()  # not the snapshot's: asking Slurm takes a moment
+        self._cpu_view: CpuView = CpuView([], set(), slurms_own=False)
+        self._cpu_view_at = -math.inf
+        self._cpu_view_lock = threading.Lock()  # not the snapshot's: asking Slurm takes a moment
 
     # -- the four calls -------------------------------------------------------------------
 
@@ -241,24 +240,28 @@ class SlurmExecutor:
         which); None: none, Slurm's default. Raises SlurmError when Slurm cannot be asked."""
         per_gpu = self.settings.slurm_cpus_per_gpu
         if per_gpu is None:
-            with self._per_gpu_lock:
-                if time.monotonic() - self._per_gpu_at > CLUSTER_TTL_S:
-                    self._per_gpu, self._per_gpu_at = {}, time.monotonic()
-                if attempt.host not in self._per_gpu:
-                    self._per_gpu[attempt.host] = self._share_per_gpu(attempt.host)
-                per_gpu = self._per_gpu[attempt.host]
+            view = self.cpu_view()
+            per_gpu = None if view.slurms_own else share_per_gpu(view.rows, view.used, attempt.host)
         return per_gpu * max(1, attempt.gpu_count) if per_gpu else None
 
-    def _share_per_gpu(self, node: str) -> int | None:
+    def cpu_view(self) -> CpuView:
+        """What the cluster says of its nodes' CPUs and its own default per GPU, read at
+        most once a `CLUSTER_TTL_S` for every submit."""
+        with self._cpu_view_lock:
+            if time.monotonic() - self._cpu_view_at > CLUSTER_TTL_S:
+                self._cpu_view, self._cpu_view_at = self._read_cpu_view(), time.monotonic()
+            return self._cpu_view
+
+    def _read_cpu_view(self) -> CpuView:
         rows = self._sinfo()
         used = partitions_used(rows, self.settings.slurm_partition)
         try:
             partitions = self._run(["scontrol", "show", "partition", "--oneliner"])
-            if slurm_sets_cpus_per_gpu(partitions, self._run(["scontrol", "show", "config"]), used):
-                return None
+            slurms_own = slurm_sets_cpus_per_gpu(partitions, self._run(["scontrol", "show", "config"]), used)
         except SlurmError as err:  # no job fails for it: asking the share is safe
             log.warning("scontrol failed, so towerq asks the nodes' share of CPUs: %s", err)
-        return share_per_gpu(rows, used, node)
+            slurms_own = False
+        return CpuView(rows, used, slurms_own)
 
     # -- what they say to Slurm -----------------------------------------------------------
 

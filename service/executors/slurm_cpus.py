@@ -31,6 +31,16 @@ class NodeRow:
     state: str
 
 
+@dataclass(frozen=True)
+class CpuView:
+    """What decides the CPUs asked: the nodes, the partitions an attempt may go to, and
+    whether Slurm has a `DefCpuPerGPU` of its own for each of them."""
+
+    rows: list[NodeRow]
+    used: set[str]
+    slurms_own: bool
+
+
 def partitions_used(rows: list[NodeRow], setting: str) -> set[str]:
     """The partitions an attempt may go to: those `TOWERQ_SLURM_PARTITION` names, else the
     cluster's default (else, with no default, every partition)."""
