@@ -3,7 +3,8 @@ remote side (a Slurm node's batch script) to the API's `/api/attempts/{job}/{att
 with the attempt's own token and no database or Redis credential.
 
 Standard library, httpx and the contract only. A request that got no answer (the API is
-restarting, the network blinked) is sent again with back-off for up to `RETRY_FOR_S`: each
+restarting, the network blinked), or that it could not answer yet (503: it could not ask the
+cluster where the attempt runs), is sent again with back-off for up to `RETRY_FOR_S`: each
 call is safe to repeat (a report is numbered and stored once, `running` twice is taken, an
 end twice finds the attempt over), except the live copies, which are not sent again.
 """
@@ -22,6 +23,7 @@ from towerq.contract.attempts import (
     AttemptEnd,
     AttemptStatus,
     Claim,
+    ClaimRefused,
     EndIn,
     Figures,
     LineIn,
@@ -47,8 +49,19 @@ store everything: a chart that missed them catches up from the stored points).""
 class HttpChannel:
     """`AttemptChannel` for job `job_id`'s attempt `attempt` through the API at `url`."""
 
-    def __init__(self, url: str, token: str, job_id: int, attempt: int, *, http: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        job_id: int,
+        attempt: int,
+        *,
+        http: httpx.Client | None = None,
+        retry_for: float = RETRY_FOR_S,
+    ) -> None:
         self.job_id = job_id
+        self.retry_for = retry_for
+        """How long a request without an answer, or answered 503, is sent again."""
         self.attempt = attempt
         self.path = f"/api/attempts/{job_id}/{attempt}"
         self.http = http or httpx.Client(base_url=url, timeout=30.0)
@@ -65,7 +78,12 @@ class HttpChannel:
         self.http.close()
 
     def claim(self, node: str) -> Claim:
-        return Claim.model_validate(self._send("POST", "/claim", {"node": node}).json())
+        try:
+            return Claim.model_validate(self._send("POST", "/claim", {"node": node}).json())
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code not in (422, 503):
+                raise
+            raise ClaimRefused(detail_of(err.response), passing=err.response.status_code == 503) from err
 
     def status(self) -> AttemptStatus:
         """Asked every second by the runner's reading thread, which must not stall on an API
@@ -151,7 +169,7 @@ class HttpChannel:
         method: str,
         path: str,
         body: dict[str, Any] | None = None,
-        retry_for: float = RETRY_FOR_S,
+        retry_for: float | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
         """The API's answer; `StaleAttempt` for 409 (the job moved on from the attempt) and
@@ -159,7 +177,7 @@ class HttpChannel:
         submission of the attempt has its own), `httpx.HTTPStatusError` for another error."""
         content = json.dumps(body).encode() if body is not None else None
         headers = {**self.headers, "Content-Type": "application/json"} if content else self.headers
-        give_up = time.monotonic() + retry_for
+        give_up = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
         wait = 0.25
         while True:
             try:
@@ -170,26 +188,31 @@ class HttpChannel:
                     headers=headers,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
-                break
             except httpx.TransportError:  # no answer: it may or may not have arrived
                 if time.monotonic() + wait > give_up:
                     raise
-                time.sleep(wait)
-                wait = min(wait * 2, BACKOFF_MAX_S)
+            else:
+                if answer.status_code != 503 or time.monotonic() + wait > give_up:
+                    break  # 503: the API cannot answer yet (Slurm cannot be asked): try again
+            time.sleep(wait)
+            wait = min(wait * 2, BACKOFF_MAX_S)
         if answer.status_code in (401, 409):  # the token ends with the attempt: either way it is over
-            raise StaleAttempt(_detail(answer))
+            raise StaleAttempt(detail_of(answer))
         if answer.status_code >= 400:
             raise httpx.HTTPStatusError(
-                f"{method} {self.path}{path}: {answer.status_code} {_detail(answer)}",
+                f"{method} {self.path}{path}: {answer.status_code} {detail_of(answer)}",
                 request=answer.request,
                 response=answer,
             )
         return answer
 
 
-def _detail(answer: httpx.Response) -> str:
+def detail_of(answer: httpx.Response) -> str:
+    """What the API said of an error, in its words (a refused field's message as is)."""
     try:
         detail = answer.json().get("detail")
-    except ValueError:
+    except (ValueError, AttributeError):
         detail = None
+    if isinstance(detail, list):  # a 422: each refused field's message
+        detail = "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
     return str(detail if detail is not None else answer.text[:500])

@@ -32,7 +32,7 @@ from types import FrameType
 
 from service.core.settings import Settings
 from towerq.attempts import HttpChannel
-from towerq.contract.attempts import AttemptChannel, AttemptEnd, StaleAttempt
+from towerq.contract.attempts import AttemptChannel, AttemptEnd, ClaimRefused, StaleAttempt
 from towerq.contract.spec import is_command, is_notebook
 from worker import sandbox
 from worker.attempt import AttemptRunner
@@ -95,9 +95,14 @@ def claim(channel: AttemptChannel, node: str, indices: list[int], inventory: Inv
 def refuse(channel: AttemptChannel, why: str) -> None:
     """The attempt cannot run on this node: the job fails, saying why (a node set up
     wrongly fails every attempt the same way, so trying again elsewhere is not done)."""
-    log.error("job %s attempt %s: %s", channel.job_id, channel.attempt, why)
+    end_early(channel, AttemptEnd("failed", why))
+
+
+def end_early(channel: AttemptChannel, end: AttemptEnd) -> None:
+    """The attempt ends before it ran, as `end` says."""
+    log.error("job %s attempt %s: %s", channel.job_id, channel.attempt, end.message)
     try:
-        channel.end(AttemptEnd("failed", why))
+        channel.end(end)
     except StaleAttempt:
         pass
 
@@ -125,6 +130,13 @@ def run(job_id: int, attempt: int) -> int:
         except StaleAttempt as err:
             log.info("nothing to run: %s", err)
             return 0
+        except ClaimRefused as err:
+            said = f"node {node} could not claim it: {err}"
+            if err.passing:  # Slurm could not be asked meanwhile: another attempt may
+                end_early(channel, AttemptEnd("queued", said, crashed=True))
+            else:
+                refuse(channel, said)
+            return 1
         kind: type[AttemptRunner] = JobRunner
         if is_notebook(launch.spec):
             kind = NotebookRunner

@@ -58,13 +58,20 @@ def job_inputs(session: Session, job: Job, artifacts_root: Path) -> tuple[list[t
     return inputs, notes
 
 
+def waiting_to_start(session: Session, job_id: int, attempt: int) -> Job:
+    """The job's row while the attempt waits to be claimed; `StaleAttemptError` otherwise
+    (towerq moved on, or it was claimed already)."""
+    job = current_attempt(session, job_id, attempt)
+    if job.state != JobState.DISPATCHED:
+        raise StaleAttemptError(f"job {job_id} attempt {attempt} is already {job.state}")
+    return job
+
+
 def claim_attempt(session: Session, job_id: int, attempt: int, node: str, artifacts_root: Path) -> Claim:
     """An executor's cluster started the attempt on `node`: the job's row names the node;
     what it runs. `StaleAttemptError` when it is not waiting to start (towerq moved on, or
     it was claimed already)."""
-    job = current_attempt(session, job_id, attempt)
-    if job.state != JobState.DISPATCHED:
-        raise StaleAttemptError(f"job {job_id} attempt {attempt} is already {job.state}")
+    job = waiting_to_start(session, job_id, attempt)
     job.host_name = node
     job.pending_reason = None
     job.expected_start_at = None

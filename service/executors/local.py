@@ -6,6 +6,7 @@
 - stop: the stop message on the host's control channel `towerq:control:<name>`; the worker
   reads the job's row and signals the trainer.
 - capacity: the hosts and GPUs the workers registered (`hosts` and `gpus` rows).
+- runs_on: no word of its own (a worker claims its attempts in-process, never over HTTP).
 """
 
 from __future__ import annotations
@@ -48,3 +49,6 @@ class LocalExecutor:
             )
             for host in hosts
         }
+
+    def runs_on(self, job_id: int, attempt: int) -> str | None:
+        return None

@@ -15,6 +15,8 @@ decides where and when it runs (`TOWERQ_EXECUTOR=slurm`).
 - stop: a cancel of an attempt Slurm still holds pending is `scancel`; a running attempt's
   runner reads the stop from the job's row within a second, checkpoints and ends.
 - capacity: the nodes `sinfo` lists in the partition, up, and the GPUs each has as gres.
+- runs_on: the node `squeue` says the attempt's Slurm job runs on, asked afresh (the API
+  takes an attempt's claim of that node only).
 
 Slurm's own commands, not slurmrestd: they are on every node that can submit, need no
 token and no extra daemon, and their output formats are stable across releases, where the
@@ -234,6 +236,25 @@ class SlurmExecutor:
             if row.gpus and row.state.rstrip("*~#!%$@^-") not in DOWN and row.node not in nodes:
                 nodes[row.node] = Capacity(gpus=tuple(range(row.gpus)), smallest_gpu_mb=None)
         return nodes  # sinfo lists a node once per partition: the first counts
+
+    def runs_on(self, job_id: int, attempt: int) -> str | None:
+        """The node Slurm runs the attempt's Slurm job on, asked afresh (not the shared
+        snapshot: a claim comes the moment the job starts). Raises SlurmError: lasting where
+        Slurm does not run it (no such job, pending, ended), passing where Slurm cannot be
+        asked."""
+        name = job_name(self.prefix, job_id, attempt)
+        command = ["squeue", "--me", "--noheader", "--states=all", f"--name={name}", f"--format={SQUEUE_FORMAT}"]
+        try:
+            out = self._run(command)
+        except SlurmError as err:
+            raise SlurmError(str(err)) from err  # whatever it said, asking again later may do
+        jobs = parse_squeue(out, self.prefix).get(name)
+        if not jobs:
+            raise SlurmError(f"Slurm has no job named {name}", lasting=True)
+        job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
+        if job.state != "RUNNING" or not job.node:
+            raise SlurmError(f"Slurm job {job.id} ({name}) is {job.state.lower()}, not running", lasting=True)
+        return job.node
 
     def cpus_per_task(self, attempt: Attempt) -> int | None:
         """The CPUs an attempt's one task asks for (service/executors/slurm_cpus.py says

@@ -71,6 +71,15 @@ class StaleAttempt(Exception):  # noqa: N818 - the name says what happened, as t
     """The job has moved on from this attempt: what it reports is refused (fencing)."""
 
 
+class ClaimRefused(Exception):  # noqa: N818 - the name says what happened
+    """towerq took no claim of this node: its executor's cluster says the attempt runs
+    elsewhere, or not at all (`passing`: the cluster could not be asked; another attempt may)."""
+
+    def __init__(self, message: str, passing: bool = False) -> None:
+        super().__init__(message)
+        self.passing = passing
+
+
 @dataclass(frozen=True)
 class AttemptStatus:
     current: bool
@@ -155,7 +164,8 @@ class AttemptChannel(Protocol):
 
     def claim(self, node: str) -> Claim:
         """An executor's remote side: its attempt starts on `node` (its cluster's choice);
-        what it runs. Raises `StaleAttempt` when the attempt is not waiting to start."""
+        what it runs. Raises `StaleAttempt` when the attempt is not waiting to start,
+        `ClaimRefused` when the cluster does not say it runs on `node`."""
 
     def status(self) -> AttemptStatus: ...
 

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.api.deps import ContextDep
+from service.api.deps import ContextDep, ExecutorDep
 from service.core.attempts import (
     LocalChannel,
     attempt_status,
@@ -23,11 +23,13 @@ from service.core.attempts import (
     forget_after,
     open_door,
     sweep_rungs,
+    waiting_to_start,
     write_report,
 )
 from service.core.context import Context
-from service.core.exceptions import SpecError, StaleAttemptError
+from service.core.exceptions import NotReadyError, SpecError, StaleAttemptError
 from service.core.models import Job, JobState
+from service.executors import ExecutorError
 from towerq.contract import messages
 from towerq.contract.attempts import (
     REPORT_ROWS,
@@ -101,9 +103,21 @@ def status(ctx: ContextDep, it: AttemptDep) -> StatusOut:
 
 
 @router.post("/claim", response_model=Claim)
-def claim(body: ClaimIn, ctx: ContextDep, it: AttemptDep) -> Claim:
+def claim(body: ClaimIn, ctx: ContextDep, executor: ExecutorDep, it: AttemptDep) -> Claim:
     """The attempt started on `node`, its cluster's choice: what it runs (409 if it is not
-    waiting to start)."""
+    waiting to start). Taken only of the node the executor's cluster says runs the attempt
+    (Slurm: `squeue`'s): 422 naming `node` for any other, or while the cluster does not run
+    it; 503 while the cluster cannot be asked (try again)."""
+    with ctx.db.read() as session:
+        waiting_to_start(session, it.job_id, it.attempt)
+    try:
+        node = executor.runs_on(it.job_id, it.attempt)
+    except ExecutorError as err:
+        if err.lasting:
+            raise SpecError("node", f"{executor.name.capitalize()} does not run the attempt: {err}") from err
+        raise NotReadyError(f"{executor.name.capitalize()} cannot be asked where the attempt runs: {err}") from err
+    if node is not None and node != body.node:
+        raise SpecError("node", f"{executor.name.capitalize()} runs the attempt on {node}, not on {body.node}")
     with ctx.db.write() as session:
         return claim_attempt(session, it.job_id, it.attempt, body.node, ctx.settings.artifacts_dir)
 

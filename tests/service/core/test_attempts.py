@@ -5,10 +5,14 @@ attempt is told of itself, and that everything it writes is fenced by it."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
@@ -25,7 +29,16 @@ from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
 from towerq.attempts import HttpChannel
-from towerq.contract.attempts import AttemptChannel, AttemptEnd, AttemptStatus, MetricRow, Report, StaleAttempt, Stored
+from towerq.contract.attempts import (
+    AttemptChannel,
+    AttemptEnd,
+    AttemptStatus,
+    ClaimRefused,
+    MetricRow,
+    Report,
+    StaleAttempt,
+    Stored,
+)
 from towerq.contract.messages import LogMessage, encode
 from towerq.contract.spec import JobSpec
 from worker.attempt_disk import fate_of_attempts
@@ -280,6 +293,42 @@ def test_a_report_sent_again_after_a_lost_answer_is_stored_once(ctx: Context, se
         messages = session.scalars(select(LogLine.message).where(LogLine.job_id == job_id)).all()
     assert messages == ["once", "once"], "the resend of 1 once, and 2"
     assert job(ctx, job_id).log_bytes == 68
+
+
+def test_a_claim_waits_while_slurm_cannot_be_asked_where_the_attempt_runs(
+    ctx: Context, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the Slurm executor the API takes a claim only of the node `squeue` names; while
+    Slurm cannot be asked (here a real `squeue` whose controller does not answer) it answers 503, and
+    the node's channel asks again until its patience ends. Nothing is recorded meanwhile."""
+    if shutil.which("squeue") is None:
+        pytest.skip("Slurm's client commands are not installed")
+    conf = tmp_path / "slurm.conf"  # a cluster whose controller does not answer
+    conf.write_text("ClusterName=gone\nSlurmctldHost=gone(127.0.0.1)\nSlurmctldPort=1\nMessageTimeout=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    job_id = dispatched(ctx)
+    with ctx.db.write() as session:
+        token = mint_attempt_token(session, job_id, 1)
+    asked: list[int] = []
+
+    class Counting(TestClient):
+        def request(self, *args: Any, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
+            answer = super().request(*args, **kwargs)
+            asked.append(answer.status_code)
+            return answer
+
+    with Counting(create_app(settings.model_copy(update={"executor": "slurm"}))) as client:
+        answer = client.post(
+            f"/api/attempts/{job_id}/1/claim", json={"node": "n1"}, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
+        assert answer.json()["detail"].startswith("Slurm cannot be asked where the attempt runs: squeue: "), answer.text
+        channel = HttpChannel("http://testserver", token, job_id, 1, http=client, retry_for=1.5)
+        with pytest.raises(ClaimRefused, match="^Slurm cannot be asked where the attempt runs: squeue: ") as refused:
+            channel.claim("n1")
+        assert refused.value.passing
+    assert asked[1:] == [503] * len(asked[1:]) and len(asked) >= 4, asked
+    assert (job(ctx, job_id).state, job(ctx, job_id).host_name) == (JobState.DISPATCHED, "lab-a"), "not n1"
 
 
 def test_what_became_of_a_job_since_an_attempt_decides_the_image_it_left(ctx: Context) -> None:
