@@ -4,6 +4,7 @@ towerq's API with the member's login, ended when idle, its member's folder kept.
 from __future__ import annotations
 
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,24 @@ def test_a_sessions_spec_and_the_labs_caps_are_checked_at_submit(
     sweep = {"name": "s", "base": {"kind": "notebook"}, "grid": {"gpu_count": [1]}}
     refused = bob.post("/api/sweeps", json=sweep)
     assert refused.status_code == 422 and "kind" in refused.text, refused.text
+
+
+def test_a_session_whose_door_cannot_open_is_queued_again_saying_why(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A session's door takes a free port of `TOWERQ_RANK_PORTS` on its host: where none is
+    free, the attempt is lost (queued again, counted against `max_attempts`) and the reason
+    says so. It said "the worker failed while running this job (see the worker log)"."""
+    with socket.socket() as taken:  # the range's one port, listened on by something else
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        stack.start_api()
+        stack.start_scheduler()
+        stack.start_worker("lab-a", 1, trainer_pool=0, rank_ports=f"{port}-{port}")
+        client = stack.client(make_token("alice"))
+        job_id = open_session(client)  # tried the lab's default 3 times
+        done = finished(client, job_id, 60)
+        said = f": no free port in TOWERQ_RANK_PORTS={port}-{port}; gave up after 3 crashed attempts"
+        assert done["state"] == "failed" and done["attempts"] == 3, done
+        assert done["error"].startswith("its door could not open on ") and done["error"].endswith(said), done

@@ -23,11 +23,11 @@ from towerq.contract.attempts import (
     AttemptEnd,
     AttemptStatus,
     Claim,
-    ClaimRefused,
     EndIn,
     Figures,
     LineIn,
     PointIn,
+    Refused,
     Report,
     ReportIn,
     RungsOut,
@@ -78,12 +78,7 @@ class HttpChannel:
         self.http.close()
 
     def claim(self, node: str) -> Claim:
-        try:
-            return Claim.model_validate(self._send("POST", "/claim", {"node": node}).json())
-        except httpx.HTTPStatusError as err:
-            if err.response.status_code not in (422, 503):
-                raise
-            raise ClaimRefused(detail_of(err.response), passing=err.response.status_code == 503) from err
+        return Claim.model_validate(self._taken("POST", "/claim", {"node": node}).json())
 
     def status(self) -> AttemptStatus:
         """Asked every second by the runner's reading thread, which must not stall on an API
@@ -159,10 +154,22 @@ class HttpChannel:
         self._send("POST", "/drain", {"host": host, "indices": indices})
 
     def open_door(self, address: str, key: str) -> None:
-        self._send("POST", "/door", {"address": address, "key": key})
+        self._taken("POST", "/door", {"address": address, "key": key})
 
     def close_door(self) -> None:
         self._send("DELETE", "/door")
+
+    def _taken(self, method: str, path: str, body: dict[str, Any]) -> httpx.Response:
+        """`_send`, where the API may refuse what the attempt says: `Refused` with its words
+        for a refusal (422) and for an API that could not take it (503, no answer)."""
+        try:
+            return self._send(method, path, body)
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code not in (422, 503):
+                raise
+            raise Refused(detail_of(err.response), passing=err.response.status_code == 503) from err
+        except httpx.TransportError as err:
+            raise Refused(f"the API at {self.http.base_url} did not answer: {err}", passing=True) from err
 
     def _send(
         self,

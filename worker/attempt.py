@@ -41,7 +41,7 @@ from worker.cgroups import AttemptGroup, Limits
 from worker.folder import FolderWatch
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
-from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
+from worker.outcome import NotStarted, Outcome, Stop, is_runtime_noise, level_of
 from worker.processes import descendants, output_lines, signal_trainer
 from worker.rank_link import RankLink
 from worker.relay import MetricSink, parse_time
@@ -277,6 +277,13 @@ class AttemptRunner:
             self.outcome.stop = Stop.BAD_SPEC
             why = describe(err) if isinstance(err, ValidationError) else str(err)
             self.outcome.stop_message = f"the job's spec does not pass validation: {why}"
+            return False
+        except NotStarted as err:
+            self.outcome.stop, self.outcome.stop_message = err.stop, err.message
+            return False
+        except StaleAttempt as err:  # towerq moved on while it prepared (a session's door)
+            log.warning("not starting job %s attempt %s: %s", *self.key, err)
+            self.outcome.stop = Stop.STALE
             return False
         limits = attempt_limits(self.launch, settings, len(self.inventory.gpus()))
         self.group = AttemptGroup.create(f"towerq-{os.getpid()}-job-{self.launch.job_id}-{self.launch.attempt}", limits)

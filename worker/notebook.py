@@ -48,12 +48,13 @@ from typing import Any
 
 from service.core.models import JobState
 from service.core.settings import Settings
+from towerq.contract.attempts import Refused
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
 from worker.folder import FolderWatch, size_words
 from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
-from worker.outcome import Stop
+from worker.outcome import NotStarted, Stop
 from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
 from worker.trainer import tunnel
 
@@ -302,13 +303,22 @@ class NotebookRunner(ProgramRunner):
         return start
 
     def _open_door(self, folder: Path) -> None:
+        """The session's door, listening and recorded; `NotStarted` (the session queued
+        again, saying why) where it cannot open here or towerq does not take it."""
         settings, launch = self.settings, self.launch
         here = self.door_host or rendezvous.address(settings)
         first = rendezvous.first_port_tried(settings, launch.job_id, launch.attempt)
-        port = rendezvous.free_port(settings, here, first)
         key = secrets.token_hex(32)
-        self.door = Door(here, port, key, folder, self.owner)
-        self.channel.open_door(self.door.address, key)
+        try:
+            door = Door(here, rendezvous.free_port(settings, here, first), key, folder, self.owner)
+        except (rendezvous.RendezvousError, OSError) as err:
+            raise NotStarted(Stop.NO_DOOR, f"its door could not open on {here}: {err}") from err
+        try:
+            self.channel.open_door(door.address, key)
+        except Refused as err:
+            door.close()
+            raise NotStarted(Stop.NO_DOOR, f"towerq did not take its door on {door.address}: {err}") from err
+        self.door = door
 
     def _watch(self) -> None:
         super()._watch()

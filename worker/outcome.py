@@ -41,10 +41,23 @@ class Stop(enum.StrEnum):
     SWEEP = "sweep"
     """A setting of an adaptive sweep stopped at a rung, its metric behind the others'
     (`service.jobs.asha`): it ends succeeded, with the reason; its checkpoint is kept."""
+    NO_DOOR = "no_door"
+    """A notebook session whose door could not open (no free port of `TOWERQ_RANK_PORTS` on
+    its host, or towerq did not take it): the attempt is lost, the session queued again
+    (counted against its `max_attempts`), and the reason says why."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
     what the cluster says (`service.executors.base.Ended`)."""
+
+
+class NotStarted(Exception):  # noqa: N818 - the name says what happened
+    """The attempt cannot start: `stop` says what becomes of it, `message` why."""
+
+    def __init__(self, stop: Stop, message: str) -> None:
+        super().__init__(message)
+        self.stop = stop
+        self.message = message
 
 
 @dataclass
@@ -111,7 +124,7 @@ class Outcome:
     @property
     def crashed(self) -> bool:
         """The attempt was lost, not the job's fault: it counts against max_attempts."""
-        lost = self.stop in (Stop.RENDEZVOUS, Stop.FROZEN)
+        lost = self.stop in (Stop.RENDEZVOUS, Stop.FROZEN, Stop.NO_DOOR)
         return self.killed_from_outside or self.peer_lost or self.rank_died or lost
 
     @property
@@ -136,7 +149,7 @@ class Outcome:
             return JobState.SUCCEEDED, self.stop_message
         if self.session and self.stop == Stop.SHUTDOWN:
             return JobState.CANCELLED, f"{self.stop_message}: the session ended (its notebook folder is kept)"
-        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT, Stop.RENDEZVOUS, Stop.FROZEN):
+        if self.stop in (Stop.SHUTDOWN, Stop.PREEMPT, Stop.RENDEZVOUS, Stop.FROZEN, Stop.NO_DOOR):
             return JobState.QUEUED, self.stop_message
         if self.stop == Stop.CANCEL:
             return JobState.CANCELLED, self.stop_message

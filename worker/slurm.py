@@ -32,7 +32,7 @@ from types import FrameType
 
 from service.core.settings import Settings
 from towerq.attempts import HttpChannel
-from towerq.contract.attempts import AttemptChannel, AttemptEnd, ClaimRefused, StaleAttempt
+from towerq.contract.attempts import AttemptChannel, AttemptEnd, Refused, StaleAttempt
 from towerq.contract.spec import is_command, is_notebook
 from worker import sandbox
 from worker.attempt import AttemptRunner
@@ -130,7 +130,7 @@ def run(job_id: int, attempt: int) -> int:
         except StaleAttempt as err:
             log.info("nothing to run: %s", err)
             return 0
-        except ClaimRefused as err:
+        except Refused as err:
             said = f"node {node} could not claim it: {err}"
             if err.passing:  # Slurm could not be asked meanwhile: another attempt may
                 end_early(channel, AttemptEnd("queued", said, crashed=True))

@@ -71,9 +71,11 @@ class StaleAttempt(Exception):  # noqa: N818 - the name says what happened, as t
     """The job has moved on from this attempt: what it reports is refused (fencing)."""
 
 
-class ClaimRefused(Exception):  # noqa: N818 - the name says what happened
-    """towerq took no claim of this node: its executor's cluster says the attempt runs
-    elsewhere, or not at all (`passing`: the cluster could not be asked; another attempt may)."""
+class Refused(Exception):  # noqa: N818 - the name says what happened
+    """towerq did not take what the attempt said, in towerq's words: a claim of a node its
+    executor's cluster does not run it on, a door elsewhere than on its node and a rank
+    port. `passing`: it could not be taken now (the cluster or the API could not be asked);
+    another attempt may do."""
 
     def __init__(self, message: str, passing: bool = False) -> None:
         super().__init__(message)
@@ -165,7 +167,7 @@ class AttemptChannel(Protocol):
     def claim(self, node: str) -> Claim:
         """An executor's remote side: its attempt starts on `node` (its cluster's choice);
         what it runs. Raises `StaleAttempt` when the attempt is not waiting to start,
-        `ClaimRefused` when the cluster does not say it runs on `node`."""
+        `Refused` when the cluster does not say it runs on `node`."""
 
     def status(self) -> AttemptStatus: ...
 
@@ -196,7 +198,8 @@ class AttemptChannel(Protocol):
 
     def open_door(self, address: str, key: str) -> None:
         """A notebook session's way in (`worker.notebook.Door`): where the API reaches it
-        (`host:port`) and the secret the API proves it knows before it is let through."""
+        (`host:port`) and the secret the API proves it knows before it is let through.
+        Raises `Refused` when towerq does not take it."""
 
     def close_door(self) -> None:
         """The session's door is shut: where it was, and its secret, are forgotten."""

@@ -33,8 +33,8 @@ from towerq.contract.attempts import (
     AttemptChannel,
     AttemptEnd,
     AttemptStatus,
-    ClaimRefused,
     MetricRow,
+    Refused,
     Report,
     StaleAttempt,
     Stored,
@@ -150,6 +150,10 @@ def test_a_sessions_door_is_recorded_where_the_proxy_reads_it_and_forgotten(ctx:
     assert doors() == [(1, 0, f"lab-a:{port}", "cd" * 32)]  # rank 0 of the attempt: the proxy's `_door`
     channel.close_door()
     assert doors() == []
+    if isinstance(channel, HttpChannel):  # the API's checks (tests/security/test_attempt_tokens.py), in its words
+        with pytest.raises(Refused, match=r"^address: the door's port is one of TOWERQ_RANK_PORTS") as refused:
+            channel.open_door(f"lab-a:{port - 1}", "cd" * 32)
+        assert not refused.value.passing and doors() == []
     set_job(ctx, job_id, attempts=2)
     with pytest.raises(StaleAttempt):
         channel_to(job_id, 1).open_door(f"lab-a:{port}", "cd" * 32)  # the job moved on
@@ -324,7 +328,7 @@ def test_a_claim_waits_while_slurm_cannot_be_asked_where_the_attempt_runs(
         assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
         assert answer.json()["detail"].startswith("Slurm cannot be asked where the attempt runs: squeue: "), answer.text
         channel = HttpChannel("http://testserver", token, job_id, 1, http=client, retry_for=1.5)
-        with pytest.raises(ClaimRefused, match="^Slurm cannot be asked where the attempt runs: squeue: ") as refused:
+        with pytest.raises(Refused, match="^Slurm cannot be asked where the attempt runs: squeue: ") as refused:
             channel.claim("n1")
         assert refused.value.passing
     assert asked[1:] == [503] * len(asked[1:]) and len(asked) >= 4, asked
