@@ -28,22 +28,31 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import shlex
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from service.core.settings import Settings
-from service.executors.base import Attempt, Capacity, Ended, ExecutorError, Seen
+from service.executors.base import Attempt, Capacity, ExecutorError, Seen
 from service.executors.slurm_cpus import CpuView, NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
+from service.executors.slurm_words import (
+    DOWN,
+    HELD_STATES,
+    SINFO_FORMAT,
+    SQUEUE_FORMAT,
+    SlurmJob,
+    ended,
+    expected_start,
+    parse_nodes,
+    parse_squeue,
+    pending_reason,
+)
 from towerq.contract.messages import CancelMessage, StopMessage
 
 log = logging.getLogger(__name__)
@@ -55,33 +64,6 @@ CLUSTER_TTL_S = 60.0
 """How long what `sinfo` and `scontrol` said of the nodes' CPUs and the partitions' defaults
 answers for every submit (an admin's change shows within it)."""
 COMMAND_TIMEOUT_S = 30.0
-SEP = "\x1f"
-"""Between squeue's fields: job names and reasons are free text."""
-HELD_STATES = frozenset(
-    {
-        "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-        "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED",
-    }
-)  # fmt: skip
-REASONS = {
-    "Resources": "the GPUs it asks for are in use",
-    "Priority": "jobs of higher priority wait before it",
-    "Dependency": "it waits for another Slurm job",
-    "QOSMaxGRESPerUser": "the QOS's GPU limit per user is reached",
-    "AssocGrpGRES": "the account's GPU limit is reached",
-    "PartitionTimeLimit": "its time limit is over the partition's",
-    "ReqNodeNotAvail": "the node it asks for is unavailable",
-    "BeginTime": "it may not start yet",
-    "JobHeldAdmin": "an admin holds it",
-    "JobHeldUser": "it is held",
-    "NodeDown": "a node it needs is down",
-    "PartitionDown": "the partition is down",
-    "PartitionInactive": "the partition is inactive",
-}
-"""Slurm's common pending reasons in a user's words (Slurm's own code is kept beside them)."""
-PENDING_NOW = {"None", "(null)", ""}
-
-
 TRANSIENT = (
     "unable to contact slurm controller", "socket timed out", "try again", "timed out", "temporarily",
     "submit limit", "maxsubmitjob",
@@ -92,71 +74,6 @@ limit on submitted jobs)."""
 
 class SlurmError(ExecutorError):
     """A Slurm command failed; its message is Slurm's."""
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    id: int
-    name: str
-    state: str
-    reason: str
-    start: datetime | None
-    node: str
-    """Where it runs or ran; for a pending job, where Slurm plans to start it (if it knows)."""
-
-
-def parse_time(text: str) -> datetime | None:
-    """squeue's times, asked as epoch seconds (`SLURM_TIME_FORMAT=%s`); None for N/A."""
-    try:
-        value = int(text)
-    except ValueError:
-        return None
-    return datetime.fromtimestamp(value, UTC) if value > 0 else None
-
-
-def parse_gpus(gres: str) -> int:
-    """GPUs in a node's gres (`gpu:4`, `gpu:a100:2(S:0-1),gpu:v100:2`, `(null)`)."""
-    total = 0
-    for part in re.split(r",(?![^(]*\))", gres):
-        fields = re.sub(r"\(.*\)$", "", part.strip()).split(":")
-        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
-            total += int(fields[-1])
-    return total
-
-
-SINFO_FORMAT = SEP.join(("%N", "%P", "%G", "%t", "%c"))
-"""Node, partition (the default one marked `*`), gres, state, CPUs: a line per node and partition."""
-DOWN = ("down", "drain", "drng", "fail", "futr")
-
-
-def parse_nodes(out: str) -> list[NodeRow]:
-    """`sinfo --Node --format=SINFO_FORMAT`'s lines; a line of another shape is skipped."""
-    rows = []
-    for line in out.splitlines():
-        fields = line.split(SEP)
-        if len(fields) != 5 or not fields[4].isdigit():
-            continue
-        node, partition, gres, state, cpus = fields
-        default = partition.endswith("*")
-        rows.append(NodeRow(node, partition.rstrip("*"), default, parse_gpus(gres), int(cpus), state))
-    return rows
-
-
-SQUEUE_FORMAT = SEP.join(("%i", "%T", "%S", "%N", "%Y", "%r", "%j"))
-"""Id, state, (expected) start, nodes, nodes planned for a pending job, reason, name."""
-
-
-def parse_squeue(out: str, prefix: str) -> dict[str, list[SlurmJob]]:
-    """towerq's jobs (named `<prefix>-...`) in squeue's output, by name."""
-    jobs: dict[str, list[SlurmJob]] = {}
-    for line in out.splitlines():
-        parts = line.split(SEP, 6)
-        if len(parts) != 7 or not parts[0].isdigit() or not parts[6].startswith(f"{prefix}-"):
-            continue
-        node = parts[3] if parts[1] != "PENDING" else parts[4]
-        job = SlurmJob(int(parts[0]), parts[6], parts[1], parts[5], parse_time(parts[2]), _node(node))
-        jobs.setdefault(job.name, []).append(job)
-    return jobs
 
 
 def job_name(prefix: str, job_id: int, attempt: int) -> str:
@@ -206,14 +123,14 @@ class SlurmExecutor:
             return Seen(held=False)
         job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
         if job.state in HELD_STATES:
-            expected = self._expected(job)
+            expected = expected_start(job)
             return Seen(
                 held=True,
-                reason=self._pending_reason(job),
+                reason=pending_reason(job),
                 expected_start=expected,
                 expected_host=job.node if expected is not None else None,
             )
-        return Seen(held=False, ended=self._ended(job))
+        return Seen(held=False, ended=ended(job, self.settings.slurm_log_dir))
 
     def stop(self, message: StopMessage) -> None:
         if isinstance(message, CancelMessage):
@@ -351,48 +268,6 @@ class SlurmExecutor:
             said = said if said.startswith(f"{command[0]}: ") else f"{command[0]}: {said}"
             raise SlurmError(said, lasting=not any(w in said.lower() for w in TRANSIENT))
         return result.stdout
-
-    # -- what Slurm says, in towerq's words -----------------------------------------------
-
-    def _pending_reason(self, job: SlurmJob) -> str | None:
-        if job.state != "PENDING":
-            return None if job.state == "RUNNING" else f"Slurm job {job.id} is {job.state.lower()}"
-        code = job.reason
-        if code in PENDING_NOW:
-            return f"Slurm job {job.id} is pending: about to start"
-        words = REASONS.get(code)
-        said = f"{code}: {words}" if words else code
-        return f"Slurm job {job.id} is pending ({said})"
-
-    def _expected(self, job: SlurmJob) -> datetime | None:
-        """`squeue --start`'s figure where Slurm's backfill computed one within a year."""
-        if job.state != "PENDING" or job.start is None:
-            return None
-        if (job.start - datetime.now(UTC)).days >= 365:  # Slurm's "no idea" (a job without a time limit)
-            return None
-        return job.start
-
-    def _ended(self, job: SlurmJob) -> Ended:
-        where = f" on {job.node}" if job.node else ""
-        said = f"Slurm job {job.id}{where}"
-        state = job.state
-        if state == "CANCELLED":
-            return Ended("cancelled", f"cancelled in Slurm ({said} was cancelled, e.g. by scancel)")
-        if state in ("TIMEOUT", "DEADLINE"):
-            return Ended("failed", f"Slurm ended it at its time limit ({said}: {state})")
-        if state in ("NODE_FAIL", "BOOT_FAIL"):
-            return Ended("requeue", f"its node failed ({said}: {state}); it resumes from its checkpoint")
-        if state == "PREEMPTED":
-            return Ended("preempted", f"Slurm preempted it ({said}); it resumes from its checkpoint")
-        if state == "OUT_OF_MEMORY":
-            return Ended("failed", f"Slurm killed it for using more host memory than it was given ({said})")
-        if state == "COMPLETED":
-            return Ended("failed", f"{said} ended without reporting an end (see {self.settings.slurm_log_dir})")
-        return Ended("failed", f"{said} ended {state}: {job.reason} (see {self.settings.slurm_log_dir})")
-
-
-def _node(text: str) -> str:
-    return "" if text in ("(null)", "n/a", "N/A") else text
 
 
 def _slurm_environment() -> dict[str, str]:

@@ -12,17 +12,18 @@ import pytest
 
 from service.core.settings import Settings
 from service.executors import Attempt, executor_for
-from service.executors.slurm import (
+from service.executors.slurm import SlurmExecutor, batch_environment, time_limit_minutes
+from service.executors.slurm_cpus import NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
+from service.executors.slurm_words import (
     SEP,
-    SlurmExecutor,
     SlurmJob,
-    batch_environment,
+    ended,
+    expected_start,
     parse_gpus,
     parse_nodes,
     parse_squeue,
-    time_limit_minutes,
+    pending_reason,
 )
-from service.executors.slurm_cpus import NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
 
 
 @pytest.fixture
@@ -161,17 +162,17 @@ def job(state: str, reason: str = "None", start: datetime | None = None, node: s
     return SlurmJob(17, "lab-1-1", state, reason, start, node)
 
 
-def test_a_pending_job_says_slurms_reason_and_expected_start(slurm: SlurmExecutor) -> None:
+def test_a_pending_job_says_slurms_reason_and_expected_start() -> None:
     soon = datetime.now(UTC) + timedelta(minutes=20)
-    assert slurm._pending_reason(job("PENDING", "Resources")) == (
+    assert pending_reason(job("PENDING", "Resources")) == (
         "Slurm job 17 is pending (Resources: the GPUs it asks for are in use)"
     )
-    assert slurm._pending_reason(job("PENDING", "QOSGrpNodeLimit")) == "Slurm job 17 is pending (QOSGrpNodeLimit)"
-    assert slurm._pending_reason(job("PENDING", "None")) == "Slurm job 17 is pending: about to start"
-    assert slurm._pending_reason(job("RUNNING")) is None
-    assert slurm._expected(job("PENDING", start=soon)) == soon
-    assert slurm._expected(job("PENDING", start=soon + timedelta(days=400))) is None  # Slurm's "no idea"
-    assert slurm._expected(job("RUNNING", start=soon)) is None
+    assert pending_reason(job("PENDING", "QOSGrpNodeLimit")) == "Slurm job 17 is pending (QOSGrpNodeLimit)"
+    assert pending_reason(job("PENDING", "None")) == "Slurm job 17 is pending: about to start"
+    assert pending_reason(job("RUNNING")) is None
+    assert expected_start(job("PENDING", start=soon)) == soon
+    assert expected_start(job("PENDING", start=soon + timedelta(days=400))) is None  # Slurm's "no idea"
+    assert expected_start(job("RUNNING", start=soon)) is None
 
 
 @pytest.mark.parametrize(
@@ -187,8 +188,6 @@ def test_a_pending_job_says_slurms_reason_and_expected_start(slurm: SlurmExecuto
         ("FAILED", "failed", "Slurm job 17 on node1 ended FAILED: NonZeroExitCode"),
     ],
 )
-def test_an_end_slurm_decided_is_said_in_towerqs_words(
-    slurm: SlurmExecutor, state: str, outcome: str, words: str
-) -> None:
-    ended = slurm._ended(job(state, "NonZeroExitCode"))
-    assert ended.outcome == outcome and words in ended.message
+def test_an_end_slurm_decided_is_said_in_towerqs_words(tmp_path: Path, state: str, outcome: str, words: str) -> None:
+    said = ended(job(state, "NonZeroExitCode"), tmp_path)
+    assert said.outcome == outcome and words in said.message
