@@ -12,13 +12,13 @@ What the session sees, besides a command job's view (`worker.program`):
   anyone but the worker and the session reaches;
 - its code bundle, when it names one, read-only at `TOWERQ_CODE_DIR` (on `PYTHONPATH`).
 
-The way in is the session's door (`Door`): a TCP port of `TOWERQ_RANK_PORTS` on the worker's
+The way in is the session's door (`worker.door.Door`): a TCP port of `TOWERQ_RANK_PORTS` on the worker's
 host (on a Slurm node, the node's), recorded with a secret of the attempt where the ranks of
 a job meet (`RankAddress`, rank 0, in the database, which only towerq's processes reach),
 through the attempt's channel (`open_door`: a Slurm node says it to the API). The API connects, proves it
 knows the secret (`towerq.contract.handshake`, label `session`), and the door pipes the
 connection to the socket, opened without following a link and only when it is a socket of
-the session's user (`open_socket`): what the session put there in its place (a link to
+the session's user (`worker.door.open_socket`): what the session put there in its place (a link to
 another socket) is refused. The API proxies the member's requests through it
 (`service.api.routes.sessions`), so JupyterLab has no token of its own.
 
@@ -32,19 +32,13 @@ worker ends it (`cancelled`); its member's folder stays.
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import os
 import secrets
 import shutil
-import socket
-import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from service.core.models import JobState
 from service.core.settings import Settings
@@ -52,24 +46,20 @@ from towerq.contract.attempts import Refused
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
+from worker.door import SOCKET, Door, ask
 from worker.folder import FolderWatch, size_words
 from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
 from worker.outcome import NotStarted, Stop
 from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
-from worker.trainer import tunnel
 
 HOME_PATH = Path("/home/towerq")
 """Where a sandboxed session sees its member's folder."""
 SESSION_PATH = Path("/run/towerq")
 """Where a sandboxed session sees its own folder (its socket, JupyterLab's runtime files)."""
-SOCKET = "jupyter.sock"
-LABEL = "session"
-"""The handshake's label for the door (`towerq.contract.handshake`)."""
 IDLE_CHECK_S = 5.0
 """How often the worker asks JupyterLab whether a kernel is busy."""
 GPU_BUSY_PCT = 5.0
 """A GPU whose utilization NVML reports at or above this is in use (not idle)."""
-ASK_TIMEOUT_S = 5.0
 OVER_QUOTA_SLACK_BYTES = 1_000_000
 """How much a member's folder that is over its quota when a session starts may still grow in
 that session: JupyterLab (as it starts) and the kernel keep their own state in `$HOME`
@@ -90,113 +80,6 @@ def session_folder(settings: Settings, job_id: int, attempt: int) -> Path:
 def session_base_url(settings: Settings, job_id: int) -> str:
     """The path JupyterLab serves under: the API's, as the browser sees it."""
     return f"{settings.root_path}/sessions/{job_id}/"
-
-
-def open_socket(folder: Path, owner: int) -> socket.socket:
-    """A connection to the session's socket in `folder` (a folder the worker made, in which
-    the session may write): the name is opened without following a link, and must be a
-    socket that the session's user (`owner`) made; connected through that very file
-    (`/proc/self/fd`), so nothing the session renames meanwhile is reached instead. OSError
-    otherwise."""
-    fd = os.open(folder / SOCKET, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISSOCK(info.st_mode):
-            raise OSError(f"{SOCKET} is not a socket")
-        if info.st_uid != owner:
-            raise OSError(f"{SOCKET} is not the session's (uid {info.st_uid}, not {owner})")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(f"/proc/self/fd/{fd}")
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    finally:
-        os.close(fd)
-
-
-class _SocketConnection(http.client.HTTPConnection):
-    """http.client over the session's socket (`open_socket`)."""
-
-    def __init__(self, folder: Path, owner: int) -> None:
-        super().__init__("localhost", timeout=ASK_TIMEOUT_S)
-        self._folder, self._owner = folder, owner
-
-    def connect(self) -> None:
-        self.sock = open_socket(self._folder, self._owner)
-        self.sock.settimeout(self.timeout)
-
-
-def ask(folder: Path, owner: int, path: str) -> Any:
-    """GET `path` of the session's JupyterLab; its JSON answer (OSError, ValueError)."""
-    conn = _SocketConnection(folder, owner)
-    try:
-        conn.request("GET", path, headers={"Host": "localhost"})
-        response = conn.getresponse()
-        body = response.read(1 << 20)
-        if response.status != 200:
-            raise OSError(f"{path}: HTTP {response.status}")
-        return json.loads(body)
-    except http.client.HTTPException as err:
-        raise OSError(str(err)) from err
-    finally:
-        conn.close()
-
-
-class Door:
-    """The session's way in: a TCP listener that pipes each connection, once it proved it
-    knows `key`, to the session's socket. It counts what passes: connections open now, and
-    when the last one closed."""
-
-    def __init__(self, host: str, port: int, key: str, folder: Path, owner: int) -> None:
-        self.key, self.folder, self.owner = key, folder, owner
-        self.listener = socket.create_server((host, port), reuse_port=False)
-        self.address = f"{host}:{self.listener.getsockname()[1]}"
-        self.open = 0
-        self.last_closed = time.monotonic()
-        self.refused = 0
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        threading.Thread(target=self._serve, name=f"door-{self.address}", daemon=True).start()
-
-    def close(self) -> None:
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-
-    def idle_for(self, now: float) -> float:
-        """Seconds since the last connection closed; 0 while one is open."""
-        with self._lock:
-            return 0.0 if self.open else now - self.last_closed
-
-    def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                remote, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._admit, args=(remote,), daemon=True).start()
-
-    def _admit(self, remote: socket.socket) -> None:
-        if not tunnel.challenge(remote, self.key, LABEL):
-            self.refused += 1
-            remote.close()
-            return
-        try:
-            inner = open_socket(self.folder, self.owner)
-        except OSError:
-            remote.close()  # not listening yet (the API says it is starting), or not the session's
-            return
-        with self._lock:
-            self.open += 1
-        tunnel.pipe(remote, inner, self._one_closed)
-
-    def _one_closed(self) -> None:
-        with self._lock:
-            self.open -= 1
-            self.last_closed = time.monotonic()
 
 
 class HomeQuota:

@@ -1,4 +1,4 @@
-"""A notebook session's way in (`worker.notebook.Door`, `service.api.routes.sessions`).
+"""A notebook session's way in (`worker.door.Door`, `service.api.routes.sessions`).
 
 The session's JupyterLab is the member's: it listens on a socket in a folder the session
 writes, so the session may put anything there in its socket's place, and it sees every
@@ -27,7 +27,7 @@ import pytest
 from service.core.db import Database
 from service.core.models import RankAddress
 from tests.service.api.conftest import Api
-from worker.notebook import LABEL, SOCKET, Door
+from worker.door import LABEL, SOCKET, Door
 from worker.trainer import tunnel
 
 

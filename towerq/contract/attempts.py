@@ -197,7 +197,7 @@ class AttemptChannel(Protocol):
         killed still holds them."""
 
     def open_door(self, address: str, key: str) -> None:
-        """A notebook session's way in (`worker.notebook.Door`): where the API reaches it
+        """A notebook session's way in (`worker.door.Door`): where the API reaches it
         (`host:port`) and the secret the API proves it knows before it is let through.
         Raises `Refused` when towerq does not take it."""
 

@@ -54,7 +54,7 @@ from towerq.contract.spec import is_notebook
 router = APIRouter(tags=["sessions"])
 
 LABEL = "session"
-"""The door's handshake label (`worker.notebook.LABEL`)."""
+"""The door's handshake label (`worker.door.LABEL`)."""
 CONNECT_TIMEOUT_S = 10.0
 HOP_BY_HOP = frozenset(
     {
