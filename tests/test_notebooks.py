@@ -3,6 +3,7 @@ towerq's API with the member's login, ended when idle, its member's folder kept.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -192,3 +193,35 @@ def test_a_session_whose_door_cannot_open_is_queued_again_saying_why(
         said = f": no free port in TOWERQ_RANK_PORTS={port}-{port}; gave up after 3 crashed attempts"
         assert done["state"] == "failed" and done["attempts"] == 3, done
         assert done["error"].startswith("its door could not open on ") and done["error"].endswith(said), done
+
+
+def test_a_host_that_runs_no_sessions_says_why_at_submit_and_at_start(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A root worker without the sandbox runs no notebook session: its terminal would be a
+    root shell on the host (and JupyterLab refuses root). Its worker says so at each
+    heartbeat: where no host that is up runs sessions a submit is refused naming `kind`,
+    one naming the host is refused naming `host`, both with the host's reason; a session
+    that reached the host anyway (submitted while it was down) fails saying why. Before,
+    each was taken, and the session failed with JupyterLab's advice to pass --allow-root."""
+    if os.geteuid() != 0:
+        pytest.skip("a worker without the sandbox is root only where the tests run as root")
+    stack.start_api()
+    stack.start_scheduler()
+    client = stack.client(make_token("alice"))
+    stack.start_worker("lab-a", 1, trainer_pool=0)
+    wait_for(lambda: [w["state"] for w in client.get("/api/workers").json()] == ["up"], 60, "lab-a to register")
+    stack.stop("worker-lab-a")  # down: a session for it waits
+    wait_for(lambda: [w["state"] for w in client.get("/api/workers").json()] == ["down"], 60, "lab-a to go down")
+    early = open_session(client, host="lab-a")
+
+    stack.start_worker("lab-a", 1, trainer_pool=0, sandbox="none")
+    why = "its worker runs as root without the sandbox (TOWERQ_SANDBOX=none, or no bubblewrap)"
+    done = finished(client, early, 60)
+    assert done["state"] == "failed" and done["error"].startswith(f"lab-a runs no notebook sessions: {why}"), done
+    wait_for(lambda: client.get("/api/workers").json()[0]["info"]["no_notebooks"], 30, "lab-a's word")
+    for spec, field in (({}, "kind"), ({"host": "lab-a"}, "host")):
+        refused = client.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1, **spec})
+        assert refused.status_code == 422, refused.text
+        said = refused.json()["detail"][0]["msg"]
+        assert said.startswith(f"{field}: ") and why in said and "lab-a" in said, said

@@ -38,7 +38,7 @@ from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
 from worker.launch import read_launch, sandboxed_here
-from worker.notebook import NotebookRunner
+from worker.notebook import NotebookRunner, why_no_sessions
 from worker.outcome import Stop
 from worker.pool import TrainerPool
 from worker.processes import is_trainer, kill_group, pid_alive
@@ -181,7 +181,7 @@ class HostAgent:
             signal.signal(signum, said)
 
     def _info(self) -> dict[str, Any]:
-        return host_info(self.sandboxed, disk_kind.in_use(self.ctx.settings))
+        return host_info(self.sandboxed, disk_kind.in_use(self.ctx.settings), why_no_sessions(self.sandboxed))
 
     def shutdown(self) -> None:
         """Take no new jobs (the host is marked down first, so the scheduler stops sending

@@ -114,12 +114,14 @@ def _copy_state(gpu: Gpu, state: GpuState) -> None:
     gpu.updated_at = utcnow()
 
 
-def host_info(sandboxed: bool = True, job_disks: bool = False) -> dict[str, Any]:
+def host_info(sandboxed: bool = True, job_disks: bool = False, no_notebooks: str | None = None) -> dict[str, Any]:
     """What the host's worker says of itself (`WorkerOut.info`): its sandbox, whether job
-    folders are disk images of their limit or measured (`worker.disk`), its machine."""
+    folders are disk images of their limit or measured (`worker.disk`), why it runs no
+    notebook sessions (`worker.notebook.why_no_sessions`; None: it runs them), its machine."""
     return {
         "sandbox": "bwrap" if sandboxed else "none",
         "job_disk": "image" if job_disks else "measure",
+        "no_notebooks": no_notebooks,
         "pid": os.getpid(),
         "cpus": os.cpu_count(),
         "platform": platform.platform(),

@@ -32,6 +32,7 @@ worker ends it (`cancelled`); its member's folder stays.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -66,6 +67,19 @@ that session: JupyterLab (as it starts) and the kernel keep their own state in `
 (command history, notebook signatures, workspaces, a folder's blocks), which grows as the
 member works, deleting files included. Small beside any quota; a file of the member's own
 soon passes it."""
+
+
+def why_no_sessions(sandboxed: bool) -> str | None:
+    """Why this host cannot run notebook sessions (its worker says it at each heartbeat, the
+    API at submit where no host can); None where it can."""
+    if importlib.util.find_spec("jupyterlab") is None:
+        return "JupyterLab is not installed in its worker's Python (pip install 'towerq[notebook]')"
+    if not sandboxed and os.geteuid() == 0:
+        return (
+            "its worker runs as root without the sandbox (TOWERQ_SANDBOX=none, or no bubblewrap): "
+            "a session's terminal would be a root shell on the host"
+        )
+    return None
 
 
 def home_folder(settings: Settings, user_id: int) -> Path:
@@ -149,6 +163,9 @@ class NotebookRunner(ProgramRunner):
 
     def _prepare(self) -> Starter:
         settings, launch = self.settings, self.launch
+        why_not = why_no_sessions(self.sandboxed)
+        if why_not is not None:
+            raise NotStarted(Stop.CANNOT_HERE, f"{launch.host} runs no notebook sessions: {why_not}")
         identity = trainer_user(settings) if self.sandboxed else None
         self.owner = identity[0] if identity is not None else os.geteuid()
         prepare_folders(self.artifacts, identity)

@@ -45,6 +45,9 @@ class Stop(enum.StrEnum):
     """A notebook session whose door could not open (no free port of `TOWERQ_RANK_PORTS` on
     its host, or towerq did not take it): the attempt is lost, the session queued again
     (counted against its `max_attempts`), and the reason says why."""
+    CANNOT_HERE = "cannot_here"
+    """The host cannot run this kind of attempt as it is set up (a notebook session where
+    JupyterLab is missing, or on a root worker without the sandbox): it fails, saying why."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -158,7 +161,7 @@ class Outcome:
         if self.stop == Stop.TIME_LIMIT:
             where = f"at step {self.step}" if self.step is not None else "before its first step"
             return JobState.FAILED, f"{self.stop_message} {where}"
-        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.NOT_READY):
+        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.NOT_READY, Stop.CANNOT_HERE):
             return JobState.FAILED, self.stop_message
         if (self.done is not None or self.program) and self.returncode == 0:
             return JobState.SUCCEEDED, None

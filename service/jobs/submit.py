@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from service.core.context import connect_redis
 from service.core.db import Database
 from service.core.exceptions import SpecError, TooManyError
-from service.core.models import Group, Job, JobState, User, utcnow
+from service.core.models import Group, Host, HostState, Job, JobState, User, utcnow
 from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
@@ -158,6 +158,20 @@ SESSION_STATES = (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
 """A notebook session in these counts against the lab's caps on sessions."""
 
 
+def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
+    """A session may start on a host that is up and runs sessions (its worker says at each
+    heartbeat why it does not: `worker.notebook.why_no_sessions`): 422 naming `host` where
+    the host it names does not, or `kind` where no host that is up does. With no host up it
+    waits for one, as any job does."""
+    hosts = session.execute(select(Host.name, Host.info).where(Host.state == HostState.UP)).all()
+    refused = {name: (info or {}).get("no_notebooks") for name, info in hosts}
+    if spec.host is not None and refused.get(spec.host):
+        raise SpecError("host", f"{spec.host} runs no notebook sessions: {refused[spec.host]}")
+    if refused and all(refused.values()):
+        said = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
+        raise SpecError("kind", f"no host of the lab runs notebook sessions now ({said})")
+
+
 def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings) -> None:
     """A notebook session within the lab's caps: its idle timeout (resolved here, so the
     job shows it), the sessions a member holds, the GPUs every session holds together."""
@@ -183,6 +197,8 @@ def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settin
         rows = session.execute(
             select(Job.user_id, Job.spec, Job.gpu_count).where(Job.state.in_([s.value for s in SESSION_STATES]))
         ).all()
+        if settings.executor == "local":
+            check_hosts_run_notebooks(session, spec)
     sessions = [row for row in rows if is_notebook(row.spec)]
     mine = sum(1 for row in sessions if row.user_id == caller.user_id)
     if mine >= settings.notebook_max_per_member:
