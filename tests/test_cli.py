@@ -101,6 +101,12 @@ def test_login_follow_exit_codes_and_json(
     assert "succeeded (loss" in drawn and "eval accuracy" in drawn
     job_id = int(drawn.split("job ")[1].split()[0])
     assert towerq(home, "follow", str(job_id)).returncode == 0  # an ended job: at once
+    # with --logs, its log's lines above the progress line (an ended job's: its last thousand), each whole
+    code, drawn = in_a_terminal(home, "follow", str(job_id), "--logs")
+    assert code == 0 and "\n" in drawn and "info    exported the trained model" in drawn, drawn[-2000:]
+    assert "log is its owner's" not in drawn
+    others = towerq(home, "follow", str(job_id), "--logs", "--token", make_token("bob"))
+    assert others.returncode == 0 and f"job {job_id}'s log is its owner's" in others.stdout, others.stdout
     board = towerq(home, "tensorboard", str(job_id), "--no-launch")
     assert board.returncode == 0, board.stderr
     name, _, folder = board.stdout.strip().partition(":")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -237,6 +238,12 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
                        api=stack.api_url, token=token)  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
     assert "(sent)" in first.stdout and "data/" in first.stdout and "weights.pt" in first.stdout, first.stdout
+    # the program's output as it comes (its log's lines, once each, in order), before how it ended
+    printed = first.stdout.splitlines()
+    said = [line.split(maxsplit=2)[2] for line in printed if re.match(r"\d\d:\d\d:\d\d (info|warning|error) ", line)]
+    assert said[0].startswith("attempt 1 runs the command python train.py"), printed
+    assert [m[:4] for m in said if m.startswith(("ENV ", "a line to stderr"))] == ["ENV ", "a li"], printed
+    assert printed[-1].startswith("job ") and " succeeded" in printed[-1], printed
     again = towerq_cli("run", "--detach", "--", "python", "train.py", "--steps", "6", cwd=project,
                        api=stack.api_url, token=token)  # fmt: skip
     assert again.returncode == 0 and "(already there)" in again.stdout, again.stdout + again.stderr

@@ -134,6 +134,7 @@ def _add_job_commands(command: CommandMaker) -> None:
 
     follow = command("follow", "follow a job live until it ends (exit code: 0 succeeded, 1 failed, 3 cancelled)")
     follow.add_argument("id", type=int)
+    follow.add_argument("--logs", action="store_true", help="print its log's lines as they come, above the progress")
     follow.set_defaults(run=run_follow)
 
     logs = command("logs", "a job's trainer log", read=True)
@@ -285,7 +286,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_follow(args: argparse.Namespace) -> int:
-    return follow_job(Api(args).client, args.id)
+    return follow_job(Api(args).client, args.id, logs=args.logs)
 
 
 def run_cancel(args: argparse.Namespace) -> int:

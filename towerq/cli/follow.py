@@ -8,22 +8,31 @@ elsewhere (a log, a pipe) a line is printed at most every few seconds. Queued, i
 where the job stands and why. It follows the API's event stream and reconnects with
 back-off when the API restarts (`towerq.Client.events`). It ends with the final metrics,
 and its exit code says how the job ended: 0 succeeded, 1 failed, 3 cancelled.
+
+With the job's log (`towerq run`, `towerq follow --logs`) its lines are printed as they are
+stored, above the progress line (`LogTail`).
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import threading
 import time
 from typing import Any
 
 from towerq.cli.plain import rewrite_line
 from towerq.cli.views import wall_rate
 from towerq.client import Client
+from towerq.errors import ApiError, UnreachableError
 
 EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 3}
 PLAIN_EVERY_S = 5.0
 BAR_WIDTH = 20
+LOG_EVERY_S = 1.0
+"""How often the log is read while following it (as `towerq logs -f` does)."""
+LOG_PAGE = 1000
+"""Lines read at once (the API's most); a full page is followed by the next at once."""
 
 
 class ProgressLine:
@@ -38,6 +47,8 @@ class ProgressLine:
         self.pace_s: float | None = job.get("pace_s")
         """Wall-clock seconds per step, evaluations and checkpoints included (the API's until
         this follower has seen two points of its own)."""
+        self.lock = threading.Lock()
+        """One writer at a time: the progress line and the log's lines above it."""
 
     def update(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -83,11 +94,27 @@ class ProgressLine:
         elif step > self.pace_from[0]:
             self.pace_s = (now - self.pace_from[1]) / (step - self.pace_from[0])
 
+    def say(self, text: str) -> None:
+        """A line printed above the progress line (which is drawn again under it)."""
+        with self.lock:
+            if self.live:
+                rewrite_line("")
+            print(text, flush=True)
+            if self.live:
+                self._draw_now()
+
     def draw(self, force: bool = False) -> None:
+        with self.lock:
+            self._draw(force)
+
+    def _draw_now(self) -> None:
+        width = shutil.get_terminal_size((120, 20)).columns
+        rewrite_line(self.text()[: width - 1])
+
+    def _draw(self, force: bool) -> None:
         now = time.monotonic()
         if self.live:
-            width = shutil.get_terminal_size((120, 20)).columns
-            rewrite_line(self.text()[: width - 1])
+            self._draw_now()
         elif force or now - self.printed >= PLAIN_EVERY_S:
             self.printed = now
             print(self.text(), flush=True)
@@ -116,15 +143,76 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def follow_job(client: Client, job_id: int) -> int:
-    """Follow the job until it ends; the exit code of its end."""
+def log_line(row: dict[str, Any]) -> str:
+    """A log line as `towerq logs` prints it."""
+    return f"{row['time'][11:19]} {row['level']:<7} {row['message']}"
+
+
+class LogTail:
+    """The job's log as it is stored, printed above the progress line: read every
+    `LOG_EVERY_S` after the last line printed (`/api/jobs/{id}/logs?after_id=`), so that the
+    lines stored before the follower listened, or while the API restarted, are printed too,
+    once and in order. `after`: the line to print after (0: the job's last `LOG_PAGE`)."""
+
+    def __init__(self, client: Client, job_id: int, line: ProgressLine, after: int = 0) -> None:
+        self.client, self.job_id, self.line, self.after = client, job_id, line, after
+        self._reading = threading.Lock()
+        self._done = threading.Event()
+        self._private = False
+        self._thread = threading.Thread(target=self._run, name=f"log-{job_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> None:
+        """The job ended: stop reading, then print what is left of its log."""
+        self._done.set()
+        self._thread.join(LOG_EVERY_S * 10)
+        self.read()
+
+    def _run(self) -> None:
+        while not self._done.wait(LOG_EVERY_S):
+            self.read()
+
+    def read(self) -> None:
+        """Print the lines stored since the last one printed."""
+        with self._reading:
+            while not self._private:
+                try:
+                    rows = self.client.logs(self.job_id, after_id=self.after, tail=LOG_PAGE)
+                except UnreachableError:
+                    return  # the API restarts: the next read catches up
+                except ApiError as err:
+                    if err.status != 403:
+                        return
+                    self._private = True
+                    self.line.say(f"(job {self.job_id}'s log is its owner's: towerq share {self.job_id})")
+                    return
+                for row in rows:
+                    self.line.say(log_line(row))
+                    self.after = max(self.after, int(row["id"]))
+                if len(rows) < LOG_PAGE:
+                    return
+
+
+def follow_job(client: Client, job_id: int, logs: bool = False) -> int:
+    """Follow the job until it ends, with its log's lines where `logs`; the exit code of
+    its end."""
     job = client.job(job_id).data
     line = ProgressLine(job)
+    tail = LogTail(client, job_id, line) if logs else None
+    if tail is not None:
+        tail.read()
+        tail.start()
     line.draw(force=True)
     for event in client.events(job_id):
         if event.get("type") == "state" and event.get("state") == "running" and line.job["state"] == "queued":
             line.job = client.job(job_id).data  # total steps, allocation
+        if tail is not None and event.get("type") == "state" and event.get("state") in EXIT_FOR_STATE:
+            tail.read()  # its last words before its end
         line.update(event)
+    if tail is not None:
+        tail.finish()
     final = client.job(job_id).data
     line.finish(final)
     return EXIT_FOR_STATE.get(final["state"], 1)

@@ -3,7 +3,8 @@
 Packs the folder (leaving out what `.gitignore` and `.towerqignore` name, version control,
 virtual environments and caches), uploads it unless the API already has the same files
 (same content, same id), submits the command and follows the job like `towerq submit
---follow`. Ctrl+C detaches (the job runs on); with `--cancel-on-interrupt` it cancels.
+--follow`, printing its output (the job's log) as it comes unless `--no-logs`. Ctrl+C
+detaches (the job runs on); with `--cancel-on-interrupt` it cancels.
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ def add_run_command(commands: Any, command: Any) -> None:
     run.add_argument("--folder", type=Path, default=Path("."), help="the folder to send (default: this one)")
     run.add_argument("--detach", action="store_true", help="submit and return; do not follow")
     run.add_argument(
+        "--no-logs", action="store_true", help="follow its progress only, without its output (towerq logs ID has it)"
+    )
+    run.add_argument(
         "--cancel-on-interrupt", action="store_true", help="Ctrl+C cancels the job (default: detaches, it runs on)"
     )
     run.set_defaults(run=run_run)
@@ -244,7 +248,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.detach:
         return 0
     try:
-        return follow_job(api.client, job.id)
+        return follow_job(api.client, job.id, logs=not args.no_logs)
     except KeyboardInterrupt:
         if args.cancel_on_interrupt:
             api.client.request("POST", f"/api/jobs/{job.id}/cancel")
