@@ -271,3 +271,34 @@ def test_a_command_job_s_steps_are_its_program_s_with_no_total() -> None:
     assert steps(job) == "424" and steps({**job, "total_steps": 1000}) == "424/1,000"
     progress = [line for line in job_page(job) if line.lstrip().startswith("progress")]
     assert progress and progress[0].split("progress", 1)[1].strip() == "step 424", progress
+
+
+def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
+    """A command job and a notebook session were shown as a model "None on None" at step 0."""
+    from towerq.cli.views import job_page
+
+    base = {
+        "id": 7, "state": "running", "reason": None, "user": "alice", "priority": "normal",
+        "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 2, "total_steps": None, "step": None,
+        "latest": {}, "attempts": 1, "crashes": 0, "max_attempts": 3, "events": [],
+    }  # fmt: skip
+    spec = {
+        "command": ["python", "train.py", "--lr", "0.1 0.2"],
+        "code": "e5baf6e65e84df2a10eb",
+        "processes": "per_gpu",
+    }
+    command = job_page({**base, "name": "python train.py", "spec": spec})
+    assert "  command    python train.py --lr '0.1 0.2' (code e5baf6e65e84); one process per GPU" in command, command
+    assert not [line for line in command if line.lstrip().startswith(("progress", "spec"))], command
+    session = {
+        **base,
+        "name": "notebook",
+        "url": "/sessions/7/lab",
+        "spec": {"kind": "notebook", "idle_timeout_s": 600},
+    }
+    shown = job_page(session, "http://lab:8000/")
+    assert "  session    http://lab:8000/sessions/7/lab" in shown and "  idle       ends after 600 s idle" in shown, (
+        shown
+    )
+    model = job_page({**base, "name": "mlp", "spec": {"model": "mlp", "dataset": "digits"}, "step": 0})
+    assert "  spec       mlp on digits" in model and "  progress   step 0" in model, model

@@ -278,10 +278,11 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    job = Api(args).client.job(args.id).data
+    client = Api(args).client
+    job = client.job(args.id).data
     if args.output_format == "json":
         return print_json(job)
-    print("\n".join(views.job_page(job)))
+    print("\n".join(views.job_page(job, client.url)))
     return 0
 
 

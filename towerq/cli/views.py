@@ -3,6 +3,7 @@ the pages of `towerq show` and `towerq sweep show` (`-o json` gives the API's an
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime
 from typing import Any
 
@@ -143,8 +144,8 @@ def _clock(iso: str | None) -> str:
     return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def job_page(job: dict[str, Any]) -> list[str]:
-    """`towerq show ID`: the job as a person reads it."""
+def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
+    """`towerq show ID`: the job as a person reads it (`api_url`: where a session opens)."""
     rows: list[tuple[str, str | None]] = [("state", job["state"] + (f": {job['reason']}" if job.get("reason") else ""))]
     if job["state"] == "queued":
         position = job.get("queue_position")
@@ -164,7 +165,9 @@ def job_page(job: dict[str, Any]) -> list[str]:
     rows.append(("gpus", gpus + share))
     total = job.get("total_steps")
     step = job.get("step") or 0
-    rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))
+    spec = job.get("spec") or {}
+    if total or step or not (spec.get("command") or spec.get("kind") == "notebook"):  # a program may report none
+        rows.append(("progress", f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"))
     if job.get("expected_end_at"):
         rows.append(("ends", expected_end_text(job["expected_end_at"])))
     latest = job.get("latest") or {}
@@ -179,11 +182,7 @@ def job_page(job: dict[str, Any]) -> list[str]:
         rows.append(("sweep", str(job["sweep_id"])))
     rows.append(("submitted", _clock(job.get("created_at"))))
     rows.append(("updated", _clock(job.get("updated_at"))))
-    spec = job.get("spec") or {}
-    model = spec.get("model", "?") if not spec.get("code") else f"{spec.get('model')} (code {spec['code']})"
-    hyper = spec.get("hyperparameters") or {}
-    settings = ", ".join(f"{key} {value}" for key, value in hyper.items() if not isinstance(value, dict | list))
-    rows.append(("spec", f"{model} on {spec.get('dataset', '?')}" + (f"; {settings}" if settings else "")))
+    rows += spec_rows(job, spec, api_url)
     lines = [f"job {job['id']}  {job['name']}"]
     lines += [f"  {label:<10} {value}" for label, value in rows if value]
     events = job.get("events") or []
@@ -195,6 +194,24 @@ def job_page(job: dict[str, Any]) -> list[str]:
         if len(events) > 10:
             lines.append(f"    ({len(events) - 10} earlier; -o json for all)")
     return lines
+
+
+def spec_rows(job: dict[str, Any], spec: dict[str, Any], api_url: str = "") -> list[tuple[str, str | None]]:
+    """What the job runs, as its kind says it: a model on a dataset with its settings, a
+    command from a code bundle, or a notebook session and where it opens."""
+    code = f" (code {spec['code'][:12]})" if spec.get("code") else ""
+    if spec.get("kind") == "notebook":
+        idle = spec.get("idle_timeout_s")
+        url = api_url.rstrip("/") + job["url"] if job.get("url") else None
+        return [("session", url), ("idle", f"ends after {idle:,} s idle" if idle else None)]
+    if spec.get("command"):
+        per_gpu = "; one process per GPU" if spec.get("processes") == "per_gpu" else ""
+        resumable = "; resumable" if spec.get("resumable") else ""
+        return [("command", f"{shlex.join(spec['command'])}{code}{per_gpu}{resumable}")]
+    hyper = spec.get("hyperparameters") or {}
+    settings = ", ".join(f"{key} {value}" for key, value in hyper.items() if not isinstance(value, dict | list))
+    model = f"{spec.get('model', '?')}{code} on {spec.get('dataset') or '?'}"
+    return [("spec", model + (f"; {settings}" if settings else ""))]
 
 
 def sweep_line(sweep: dict[str, Any]) -> str:
