@@ -302,3 +302,7 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
     )
     model = job_page({**base, "name": "mlp", "spec": {"model": "mlp", "dataset": "digits"}, "step": 0})
     assert "  spec       mlp on digits" in model and "  progress   step 0" in model, model
+    from towerq.cli.follow import ProgressLine
+
+    assert ProgressLine({**base, "step": 0}).text() == "job 7 running", "no 'step 0' of a program that reports none"
+    assert ProgressLine({**base, "step": 0, "total_steps": 10}).text().endswith("step 0/10")

@@ -75,7 +75,8 @@ class ProgressLine:
             done = min(step / total, 1.0)
             filled = int(done * BAR_WIDTH)
             parts.append(f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * done:3.0f}%")
-        parts.append(f"step {step}/{total}" if total else f"step {step}")
+        if total or step:  # a program that reports no steps shows none
+            parts.append(f"step {step}/{total}" if total else f"step {step}")
         if latest.get("loss") is not None:
             parts.append(f"loss {latest['loss']:.4f}")
         if latest.get("accuracy") is not None:
