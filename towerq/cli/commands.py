@@ -137,7 +137,7 @@ def _add_job_commands(command: CommandMaker) -> None:
     follow.add_argument("--logs", action="store_true", help="print its log's lines as they come, above the progress")
     follow.set_defaults(run=run_follow)
 
-    logs = command("logs", "a job's trainer log", read=True)
+    logs = command("logs", "a job's log: what its trainer or program printed, and towerq's lines about it", read=True)
     logs.add_argument("id", type=int)
     logs.add_argument("--follow", "-f", action="store_true")
     logs.set_defaults(run=run_logs)
