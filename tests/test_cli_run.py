@@ -1,5 +1,6 @@
-"""`towerq run`'s packing: what .gitignore and .towerqignore leave out, the id the API gives
-the same files, and a folder over the bundle limit refused before it is sent."""
+"""A folder's packing (`towerq.bundle`, what `towerq run`, `towerq submit --code` and
+`Client.send_code` send): what .gitignore and .towerqignore leave out, links said, the id
+the API gives the same files, and a folder over the bundle limit refused before it is sent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from towerq import bundle
 from towerq.cli import run
 from towerq.cli.session import UsageError
 
@@ -37,26 +39,27 @@ def test_ignore_files_leave_out_what_they_name_and_negations_bring_back(tmp_path
             ".git/HEAD": b"",
         },
     )
-    packed = run.pack(folder)
+    (folder / "elsewhere.py").symlink_to("/etc/passwd")
+    packed = bundle.pack(folder)
     paths = {entry["path"] for entry in packed.entries}
     assert paths == {".gitignore", "src/.towerqignore", "train.py", "keep.log", "src/top.txt", "src/model.py"}
-    assert set(packed.left_out) == {"run.log", "top.txt", "build/", "src/fixtures/"}
+    assert set(packed.left_out) == {"run.log", "top.txt", "build/", "src/fixtures/", "elsewhere.py (a link)"}
 
 
 def test_the_same_files_get_the_same_id_however_packed(tmp_path: Path) -> None:
-    first = run.pack(project(tmp_path / "a", {"train.py": b"print(1)", "lib/x.py": b"x"}))
-    second = run.pack(project(tmp_path / "b", {"lib/x.py": b"x", "train.py": b"print(1)"}))
+    first = bundle.pack(project(tmp_path / "a", {"train.py": b"print(1)", "lib/x.py": b"x"}))
+    second = bundle.pack(project(tmp_path / "b", {"lib/x.py": b"x", "train.py": b"print(1)"}))
     assert first.id == second.id and first.data != b""
-    assert run.pack(project(tmp_path / "c", {"train.py": b"print(2)", "lib/x.py": b"x"})).id != first.id
+    assert bundle.pack(project(tmp_path / "c", {"train.py": b"print(2)", "lib/x.py": b"x"})).id != first.id
 
 
 def test_a_folder_over_the_limit_is_refused_naming_its_biggest_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(run, "BUNDLE_LIMIT_BYTES", 1000)
+    monkeypatch.setattr(bundle, "BUNDLE_LIMIT_BYTES", 1000)
     folder = project(tmp_path, {"train.py": b"x" * 10, "weights.bin": b"\0" * 5000, "data.npz": b"\0" * 800})
-    with pytest.raises(UsageError) as refused:
-        run.upload_folder(None, folder)  # type: ignore[arg-type]  # refused before the API is asked
+    with pytest.raises(bundle.FolderError) as refused:
+        bundle.packed_folder(folder)  # refused before the API is asked
     said = str(refused.value)
     assert "weights.bin (0.0 MB)" in said and said.index("weights.bin") < said.index("data.npz"), said
     assert ".towerqignore" in said

@@ -16,6 +16,8 @@ import pytest
 from service.core.settings import Settings
 from tests.faults.helpers import assert_metrics_continuous, backdate_allocations, job_of, wait_state, wait_step
 from tests.stack import REPO, Stack, finished, upload_code, wait_for
+from towerq import Client
+from towerq.bundle import FolderError
 
 pytestmark = pytest.mark.slow
 
@@ -248,8 +250,16 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
                        api=stack.api_url, token=token)  # fmt: skip
     assert again.returncode == 0 and "(already there)" in again.stdout, again.stdout + again.stderr
 
+    # the same from Python: the folder's bundle, held already, and a job of its command
+    with Client(stack.api_url, token) as python:
+        assert python.send_code(project).sent is False
+        job = python.run(["python", "train.py", "--steps", "4"], folder=project, gpus=1, env={"GREETING": "hi"}).wait()
+        assert job.state == "succeeded" and job.data["spec"]["command"][-1] == "4", job.data
+        with pytest.raises(FolderError, match="nowhere: no such folder"):
+            python.run(["python", "x.py"], folder=project / "nowhere")
+
     jobs = client.get("/api/jobs").json()["items"]
-    ran = next(j for j in jobs if j["state"] == "succeeded")
+    ran = next(j for j in jobs if j["state"] == "succeeded" and j["spec"]["command"][-1] == "6")
     files = {f["path"] for f in client.get(f"/api/code/{ran['spec']['code']}").json()["files"]}
     assert files == {".gitignore", ".towerqignore", "train.py"}, files
     assert ran["spec"]["command"] == ["python", "train.py", "--steps", "6"]

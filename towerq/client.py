@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import httpx
 
+from towerq.bundle import Sent, packed_folder
 from towerq.config import Config
 from towerq.contract.api import dataset_name_problem
 from towerq.contract.messages import MessageError, decode
@@ -144,6 +145,28 @@ class Client:
     def cancel_sweep(self, sweep_id: int) -> dict[str, Any]:
         """Cancel every unfinished job of a sweep (yours, or any as an admin); the sweep."""
         return dict(self.request("POST", f"/api/sweeps/{sweep_id}/cancel"))
+
+    def send_code(self, folder: str | Path = ".") -> Sent:
+        """`folder`'s code as a bundle on the API (`towerq.bundle`: what `.gitignore` and
+        `.towerqignore` name left out), sent only when the API lacks the same files; what
+        was sent, with its id for a spec's `code`. `FolderError` for a folder that cannot be
+        a bundle (missing, empty, over the limit: naming its biggest files)."""
+        packed = packed_folder(Path(folder))
+        held = (packed.id, len(packed.entries), packed.size, packed.left_out)
+        try:
+            self.request("GET", f"/api/code/{packed.id}")
+            return Sent(*held, sent=False)
+        except ApiError:
+            pass  # not there, or not yet yours: send it
+        answer = self.upload_code(f"{Path(folder).resolve().name or 'code'}.tar.gz", packed.data)
+        return Sent(str(answer["id"]), *held[1:], sent=True)
+
+    def run(self, command: list[str], folder: str | Path = ".", gpus: int = 1, **fields: Any) -> Job:
+        """Run `command` (a list, as `towerq run -- ...` takes it) from `folder`'s code as a
+        command job on `gpus` GPUs; `fields`: the spec's others (`env`, `processes`,
+        `resumable`, `time_limit_s`, ...; docs/command-jobs.md). The job, as submitted."""
+        sent = self.send_code(folder)
+        return self.submit({"command": list(command), "code": sent.id, "gpu_count": gpus, **fields})
 
     def upload_code(self, name: str, data: bytes) -> dict[str, Any]:
         """Upload a code bundle (a .py, or a .zip / .tar.gz of a folder); its id and files."""

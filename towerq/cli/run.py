@@ -1,8 +1,8 @@
 """`towerq run --gpus 2 -- python train.py --lr 0.1`: this folder's program as a command job.
 
-Packs the folder (leaving out what `.gitignore` and `.towerqignore` name, version control,
-virtual environments and caches), uploads it unless the API already has the same files
-(same content, same id), submits the command and follows the job like `towerq submit
+Packs the folder (`towerq.bundle`: leaving out what `.gitignore` and `.towerqignore` name,
+version control, virtual environments and caches), uploads it unless the API already has
+the same files (same content, same id), submits the command and follows the job like `towerq submit
 --follow`, printing its output (the job's log) as it comes unless `--no-logs`. Ctrl+C
 detaches (the job runs on); with `--cancel-on-interrupt` it cancels.
 """
@@ -10,149 +10,22 @@ detaches (the job runs on); with `--cancel-on-interrupt` it cancels.
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import hashlib
-import io
-import os
-import tarfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from towerq.bundle import FolderError
 from towerq.cli.follow import follow_job
 from towerq.cli.session import Api, UsageError
-from towerq.contract.paths import bundle_id
-from towerq.errors import ApiError
-
-ALWAYS_LEFT_OUT = (".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-                   ".ipynb_checkpoints", "node_modules", ".tox", ".nox", ".venv", "venv")  # fmt: skip
-IGNORE_FILES = (".gitignore", ".towerqignore")
-BUNDLE_LIMIT_BYTES = 20_000_000
-"""The API's default `TOWERQ_MAX_CODE_BYTES`: a larger folder is refused here, before it is
-sent, naming its biggest files (the API refuses it too, past its own setting)."""
-
-
-@dataclass
-class Ignore:
-    """The patterns of `.gitignore` files (and `.towerqignore`): `name`, `*.ext`, `dir/`,
-    `/anchored`, `a/b`, `**`, and `!negation`; the last matching line wins, as in git."""
-
-    rules: list[tuple[Path, str, bool, bool]] = field(default_factory=list)
-    """(the folder of the file that said it, the pattern, negated, folders only)"""
-
-    def read(self, folder: Path) -> None:
-        for name in IGNORE_FILES:
-            path = folder / name
-            if not path.is_file():
-                continue
-            for raw in path.read_text(errors="replace").splitlines():
-                line = raw.strip()
-                if not line or line.startswith("#"):
-                    continue
-                negated = line.startswith("!")
-                line = line.removeprefix("!")
-                only_folders = line.endswith("/")
-                self.rules.append((folder, line.rstrip("/"), negated, only_folders))
-
-    def ignored(self, path: Path, is_folder: bool) -> bool:
-        verdict = False
-        for base, pattern, negated, only_folders in self.rules:
-            if only_folders and not is_folder:
-                continue
-            try:
-                relative = path.relative_to(base).as_posix()
-            except ValueError:
-                continue
-            if _matches(relative, pattern):
-                verdict = not negated
-        return verdict
-
-
-def _matches(relative: str, pattern: str) -> bool:
-    if pattern.startswith("/") or "/" in pattern.rstrip("/"):
-        pattern = pattern.removeprefix("/").replace("**/", "*")
-        return fnmatch.fnmatchcase(relative, pattern)
-    return fnmatch.fnmatchcase(relative.rsplit("/", 1)[-1], pattern)
-
-
-@dataclass
-class Packed:
-    data: bytes
-    entries: list[dict[str, Any]]
-    left_out: list[str]
-
-    @property
-    def size(self) -> int:
-        return sum(int(e["size"]) for e in self.entries)
-
-    @property
-    def id(self) -> str:
-        return bundle_id(self.entries)
-
-
-def pack(folder: Path) -> Packed:
-    """The folder's files as a .tar.gz, with each file's path, size and SHA-256 (what the API
-    makes the bundle's id of)."""
-    ignore = Ignore()
-    entries: list[dict[str, Any]] = []
-    left_out: list[str] = []
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for current, subfolders, names in os.walk(folder):
-            here = Path(current)
-            ignore.read(here)
-            for name in sorted(subfolders):
-                path = here / name
-                if name in ALWAYS_LEFT_OUT or (path / "pyvenv.cfg").exists() or path.is_symlink():
-                    subfolders.remove(name)
-                elif ignore.ignored(path, is_folder=True):
-                    subfolders.remove(name)
-                    left_out.append(f"{path.relative_to(folder).as_posix()}/")
-            subfolders.sort()
-            for name in sorted(names):
-                path = here / name
-                relative = path.relative_to(folder).as_posix()
-                if path.is_symlink() or not path.is_file() or name.endswith((".pyc", ".pyo")):
-                    continue
-                if ignore.ignored(path, is_folder=False):
-                    left_out.append(relative)
-                    continue
-                content = path.read_bytes()
-                entries.append({"path": relative, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()})
-                info = archive.gettarinfo(str(path), arcname=relative)
-                archive.addfile(info, io.BytesIO(content))
-    return Packed(buffer.getvalue(), entries, left_out)
 
 
 def upload_folder(api: Api, folder: Path) -> str:
     """The bundle id of `folder`'s code on the API: sent only when the API lacks it."""
-    if not folder.is_dir():
-        raise UsageError(f"--folder {folder}: no such folder")
-    packed = pack(folder)
-    if not packed.entries:
-        raise UsageError(f"{folder}: no files to send (all left out, or the folder is empty)")
-    if packed.size > BUNDLE_LIMIT_BYTES:
-        biggest = sorted(packed.entries, key=lambda e: -int(e["size"]))[:5]
-        named = ", ".join(f"{e['path']} ({_mb(int(e['size']))})" for e in biggest)
-        raise UsageError(
-            f"{folder} holds {_mb(packed.size)} of files, over the {_mb(BUNDLE_LIMIT_BYTES)} a code bundle may "
-            f"hold; the biggest: {named}. Name data and weights in .towerqignore and upload data as a "
-            "dataset (towerq data upload)"
-        )
     try:
-        api.client.request("GET", f"/api/code/{packed.id}")
-        print(f"code: {len(packed.entries)} files, {_mb(packed.size)}, bundle {packed.id[:12]} (already there)")
-        return packed.id
-    except ApiError:
-        pass  # not there, or not yet yours: send it
-    bundle = api.client.upload_code(f"{folder.resolve().name or 'code'}.tar.gz", packed.data)
-    note = f"; left out: {', '.join(packed.left_out[:10])}" if packed.left_out else ""
-    print(f"code: {len(packed.entries)} files, {_mb(packed.size)}, bundle {str(bundle['id'])[:12]} (sent){note}")
-    return str(bundle["id"])
-
-
-def _mb(size: int) -> str:
-    return f"{size / 1e6:.1f} MB"
+        sent = api.client.send_code(folder)
+    except FolderError as err:
+        raise UsageError(str(err)) from None
+    print(sent)
+    return sent.id
 
 
 def add_run_command(commands: Any, command: Any) -> None:

@@ -3,80 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from towerq.cli.run import upload_folder
 from towerq.cli.session import Api, ClientError, UsageError, human_bytes, print_json
 from towerq.contract.api import dataset_name_problem
 
-SKIPPED_FOLDERS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-                   ".ipynb_checkpoints", "node_modules", ".tox", ".nox"}  # fmt: skip
-
-
-CODE_FILE_LIMIT_BYTES = 10_000_000
-"""Larger files are left out of a bundle: data and weights do not belong in code (upload a
-dataset instead)."""
-
-
-def pack_folder(folder: Path) -> tuple[bytes, int, list[str]]:
-    """`folder` as a .tar.gz of its code: (the archive, files packed, what was left out and why)."""
-    import io
-    import tarfile
-
-    skipped: list[str] = []
-    count = 0
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for current, subfolders, names in os.walk(folder):
-            here = Path(current)
-            for name in sorted(subfolders):
-                path = here / name
-                if name in SKIPPED_FOLDERS or (path / "pyvenv.cfg").exists() or path.is_symlink():
-                    why = (
-                        "a virtual environment"
-                        if (path / "pyvenv.cfg").exists()
-                        else "a link"
-                        if path.is_symlink()
-                        else ""
-                    )
-                    skipped.append(f"{path.relative_to(folder)}/" + (f" ({why})" if why else ""))
-                    subfolders.remove(name)
-            subfolders.sort()
-            for name in sorted(names):
-                path = here / name
-                relative = path.relative_to(folder).as_posix()
-                if path.is_symlink() or not path.is_file():
-                    skipped.append(f"{relative} (a link)" if path.is_symlink() else f"{relative} (not a file)")
-                elif name.endswith((".pyc", ".pyo")):
-                    continue
-                elif path.stat().st_size > CODE_FILE_LIMIT_BYTES:
-                    skipped.append(
-                        f"{relative} ({human_bytes(path.stat().st_size)}, over {human_bytes(CODE_FILE_LIMIT_BYTES)})"
-                    )
-                else:
-                    archive.add(path, arcname=relative, recursive=False)
-                    count += 1
-    return buffer.getvalue(), count, skipped
-
 
 def upload_code(api: Api, path: Path) -> str:
-    """Upload `path` (a .py file or a folder) as a code bundle; returns its id."""
+    """Upload `path` (a .py file, or a folder as `towerq run` sends it) as a code bundle;
+    returns its id."""
     if path.is_dir():
-        data, count, skipped = pack_folder(path)
-        if not count:
-            raise ClientError(f"--code {path}: no files to upload")
-        name = f"{path.resolve().name or 'code'}.tar.gz"
-    elif path.is_file():
-        data, count, skipped, name = path.read_bytes(), 1, [], path.name
-    else:
+        return upload_folder(api, path)
+    if not path.is_file():
         raise ClientError(f"--code {path}: no such file or folder")
-    bundle = api.client.upload_code(name, data)
-    note = f"; left out: {', '.join(skipped)}" if skipped else ""
-    files = "1 file" if count == 1 else f"{count} files"
-    print(f"code: {files}, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}{note}")
+    bundle = api.client.upload_code(path.name, path.read_bytes())
+    print(f"code: 1 file, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}")
     return str(bundle["id"])
 
 
