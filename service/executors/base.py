@@ -15,10 +15,11 @@
   attempt runs; the trainer checkpoints and exits. The message only wakes the other side:
   what to do, and why, it reads from the job's row.
 - `capacity(session)`: the hosts and GPUs jobs can be placed on, for the checks at submit.
-- `runs_on(job_id, attempt)`: where the executor's cluster runs an attempt now, in its own
-  word, asked afresh: the API takes an attempt's claim over HTTP (the node it says it runs
-  on) only of that node. None where the executor has no word of its own (local: its
-  workers are towerq's own and claim their attempts in-process, never over HTTP).
+- `runs_on(job_id, attempt, claimed)`: where the executor's cluster runs an attempt now, in
+  its own word (asked afresh unless a recent answer confirms `claimed`): the API takes an
+  attempt's claim over HTTP (the node it says it runs on) only of that node. None where
+  the executor has no word of its own (local: its workers are towerq's own and claim their
+  attempts in-process, never over HTTP).
 - `places_jobs`: True where towerq's own policy places each attempt on the hosts and GPUs
   `capacity` lists (local); False where the executor's cluster decides where and when
   (Slurm): the scheduler then hands each queued job over as it comes.
@@ -115,4 +116,4 @@ class Executor(Protocol):
 
     def capacity(self, session: Session) -> dict[str, Capacity]: ...
 
-    def runs_on(self, job_id: int, attempt: int) -> str | None: ...
+    def runs_on(self, job_id: int, attempt: int, claimed: str | None = None) -> str | None: ...

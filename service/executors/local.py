@@ -50,5 +50,5 @@ class LocalExecutor:
             for host in hosts
         }
 
-    def runs_on(self, job_id: int, attempt: int) -> str | None:
+    def runs_on(self, job_id: int, attempt: int, claimed: str | None = None) -> str | None:
         return None

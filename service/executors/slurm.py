@@ -15,8 +15,9 @@ decides where and when it runs (`TOWERQ_EXECUTOR=slurm`).
 - stop: a cancel of an attempt Slurm still holds pending is `scancel`; a running attempt's
   runner reads the stop from the job's row within a second, checkpoints and ends.
 - capacity: the nodes `sinfo` lists in the partition, up, and the GPUs each has as gres.
-- runs_on: the node `squeue` says the attempt's Slurm job runs on, asked afresh (the API
-  takes an attempt's claim of that node only).
+- runs_on: the node `squeue` says the attempt's Slurm job runs on (the API takes an
+  attempt's claim of that node only): the shared snapshot where it confirms the claim,
+  else asked afresh.
 
 Slurm's own commands, not slurmrestd: they are on every node that can submit, need no
 token and no extra daemon, and their output formats are stable across releases, where the
@@ -63,6 +64,9 @@ SNAPSHOT_TTL_S = 2.0
 CLUSTER_TTL_S = 60.0
 """How long what `sinfo` and `scontrol` said of the nodes' CPUs and the partitions' defaults
 answers for every submit (an admin's change shows within it)."""
+FRESH_S = 0.5
+"""How old an `squeue` may be and still count as asked afresh (a claim Slurm's older word
+does not confirm)."""
 COMMAND_TIMEOUT_S = 30.0
 TRANSIENT = (
     "unable to contact slurm controller", "socket timed out", "try again", "timed out", "temporarily",
@@ -154,18 +158,21 @@ class SlurmExecutor:
                 nodes[row.node] = Capacity(gpus=tuple(range(row.gpus)), smallest_gpu_mb=None)
         return nodes  # sinfo lists a node once per partition: the first counts
 
-    def runs_on(self, job_id: int, attempt: int) -> str | None:
-        """The node Slurm runs the attempt's Slurm job on, asked afresh (not the shared
-        snapshot: a claim comes the moment the job starts). Raises SlurmError: lasting where
-        Slurm does not run it (no such job, pending, ended), passing where Slurm cannot be
-        asked."""
+    def runs_on(self, job_id: int, attempt: int, claimed: str | None = None) -> str | None:
+        """The node Slurm runs the attempt's Slurm job on: the shared snapshot's word where it
+        names `claimed`, else asked afresh (a claim comes the moment its job starts), at most
+        once a `FRESH_S` for every claim together, so that many attempts starting at once
+        cost Slurm's controller a few `squeue`s, not one each. Raises SlurmError: lasting
+        where Slurm does not run it (no such job, pending, ended), passing where Slurm cannot
+        be asked."""
         name = job_name(self.prefix, job_id, attempt)
-        command = ["squeue", "--me", "--noheader", "--states=all", f"--name={name}", f"--format={SQUEUE_FORMAT}"]
         try:
-            out = self._run(command)
+            jobs = self.snapshot().get(name)
+            newest = max(jobs, key=lambda j: j.id) if jobs else None
+            if newest is None or newest.state != "RUNNING" or newest.node != claimed:
+                jobs = self.snapshot(FRESH_S).get(name)
         except SlurmError as err:
             raise SlurmError(str(err)) from err  # whatever it said, asking again later may do
-        jobs = parse_squeue(out, self.prefix).get(name)
         if not jobs:
             raise SlurmError(f"Slurm has no job named {name}", lasting=True)
         job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
@@ -233,10 +240,11 @@ class SlurmExecutor:
         script = f"exec {shlex.quote(python)} -m worker.slurm {attempt.job_id} {attempt.attempt}"
         return [*command, f"--wrap={script}"]
 
-    def snapshot(self) -> dict[str, list[SlurmJob]]:
-        """towerq's Slurm jobs by name, as one `squeue` saw them (shared for a moment)."""
+    def snapshot(self, max_age_s: float = SNAPSHOT_TTL_S) -> dict[str, list[SlurmJob]]:
+        """towerq's Slurm jobs by name, as one `squeue` saw them at most `max_age_s` ago
+        (shared for a moment)."""
         with self._lock:
-            if time.monotonic() - self._read_at > SNAPSHOT_TTL_S:
+            if time.monotonic() - self._read_at > max_age_s:
                 self._snapshot = self._squeue()
                 self._read_at = time.monotonic()
             return self._snapshot

@@ -11,10 +11,13 @@ node Slurm did not give it, are refused, naming the node, and change nothing; a 
 is taken. Before the change the first two were taken too. The nodes' runner is slowed (the
 cluster's Python is a wrapper that waits) so the attacker claims before it does. And a
 runner whose claim the API refuses (here an API set up with another job prefix than the
-scheduler's) ends its job saying why."""
+scheduler's) ends its job saying why. Many claims at once cost Slurm's controller a few
+`squeue`s, not one each (a snapshot confirms a claim; what it does not is asked afresh)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +31,7 @@ from service.core.attempts import mint_attempt_token
 from service.core.context import Context
 from service.core.models import Job
 from service.core.settings import Settings
+from service.executors.slurm import SlurmError, SlurmExecutor
 from tests.on_slurm import cluster, needs_slurm, on_slurm, slurm_job, slurm_settings, wait_state
 from tests.slurm_cluster import SlurmCluster
 from tests.stack import Stack, upload_code, wait_for
@@ -63,6 +67,18 @@ def claim(client: httpx.Client, ctx: Context, job_id: int, node: str) -> httpx.R
     return client.post(f"/api/attempts/{job_id}/1/claim", json={"node": node}, headers=headers)
 
 
+def counted_squeue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Slurm's own `squeue`, first on this process's PATH behind a line per call in the file returned."""
+    real, shim, calls = shutil.which("squeue"), tmp_path / "shim", tmp_path / "squeues"
+    assert real is not None
+    shim.mkdir()
+    calls.touch()
+    (shim / "squeue").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real} "$@"\n')
+    (shim / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    return calls
+
+
 def refusal(answer: httpx.Response) -> str:
     return str(answer.json()["detail"][0]["msg"])
 
@@ -73,9 +89,15 @@ def node_of(ctx: Context, job_id: int) -> str | None:
 
 
 def test_a_claim_names_only_the_node_slurm_runs_the_attempt_on(
-    on_slurm: Any, cluster: SlurmCluster, settings: Settings, ctx: Context
+    on_slurm: Any,
+    cluster: SlurmCluster,
+    settings: Settings,
+    ctx: Context,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client = on_slurm
+    squeues = counted_squeue(tmp_path, monkeypatch)
     code = upload_code(client, {"wait.py": "import time\ntime.sleep(600)\n"})
     spec = {"command": ["python", "wait.py"], "code": code}
     running = client.post("/api/jobs", json={**spec, "gpu_count": 4}).json()["id"]
@@ -91,6 +113,14 @@ def test_a_claim_names_only_the_node_slurm_runs_the_attempt_on(
     assert elsewhere.status_code == 422 and refusal(elsewhere).startswith("node: "), elsewhere.text
     assert f"on {cluster.node}" in refusal(elsewhere), elsewhere.text
     assert node_of(ctx, running) is None
+
+    # many claims at once (here asked of the executor itself) cost Slurm's controller a few squeues, not one each
+    executor = SlurmExecutor(settings)
+    for _ in range(20):
+        assert executor.runs_on(running, 1, cluster.node) == cluster.node
+        with pytest.raises(SlurmError, match="pending, not running"):
+            executor.runs_on(pending, 1, cluster.node)
+    assert len(squeues.read_text().splitlines()) <= 3, squeues.read_text()
 
     true = claim(client, ctx, running, cluster.node)
     assert true.status_code == 200, true.text

@@ -111,7 +111,7 @@ def claim(body: ClaimIn, ctx: ContextDep, executor: ExecutorDep, it: AttemptDep)
     with ctx.db.read() as session:
         waiting_to_start(session, it.job_id, it.attempt)
     try:
-        node = executor.runs_on(it.job_id, it.attempt)
+        node = executor.runs_on(it.job_id, it.attempt, body.node)
     except ExecutorError as err:
         if err.lasting:
             raise SpecError("node", f"{executor.name.capitalize()} does not run the attempt: {err}") from err
