@@ -269,6 +269,7 @@ def test_a_command_job_s_steps_are_its_program_s_with_no_total() -> None:
         "step": 424, "latest": {"loss": 0.1}, "attempts": 1, "crashes": 0, "max_attempts": 3, "events": [],
     }  # fmt: skip
     assert steps(job) == "424" and steps({**job, "total_steps": 1000}) == "424/1,000"
+    assert steps({**job, "step": 0}) == "-" and steps({**job, "step": None, "total_steps": 10}) == "0/10"
     progress = [line for line in job_page(job) if line.lstrip().startswith("progress")]
     assert progress and progress[0].split("progress", 1)[1].strip() == "step 424", progress
 

@@ -22,8 +22,11 @@ def count(n: float) -> str:
 
 def steps(job: dict[str, Any]) -> str:
     """`step/total` that fits the STEP column: `400/1,000`, `13.4k/100M`; `400` where no
-    total is known (a command job whose program has not said it)."""
+    total is known (a command job whose program has not said it); `-` for no step at all
+    (a program that reports none, a notebook session)."""
     total = job.get("total_steps")
+    if not total and not job["step"]:
+        return "-"
     return f"{count(job['step'] or 0)}/{count(total)}" if total else count(job["step"] or 0)
 
 
