@@ -1,7 +1,8 @@
 """A trainer's words reach members' terminals: `\\x1b]52;c;…` in a log line or an error set
 the reader's clipboard through `towerq logs`, `\\x1b]0;` its window title, `\\x1b[2J` cleared
-its screen (`towerq jobs`, `towerq show` too). The CLI now prints plain text: no control
-character but newline and tab, whatever the API answers."""
+its screen (`towerq jobs`, `towerq show` too; `towerq follow --logs` and `towerq run` print
+the log's lines as they come). The CLI now prints plain text: no control character but
+newline and tab, whatever the API answers."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def test_what_a_trainer_wrote_reaches_the_terminal_as_plain_text(
         assert shown.returncode == 0, shown.stderr
         assert "loss ok" in shown.stdout, (args, shown.stdout)
         assert not any(c in shown.stdout + shown.stderr for c in "\x1b\x07\r\x9b"), (args, repr(shown.stdout))
+    followed = towerq(home, "follow", str(job_id), "--logs")  # the log's lines above the progress line
+    assert followed.returncode == 1 and "loss ok" in followed.stdout, followed.stdout + followed.stderr
+    assert not any(c in followed.stdout for c in "\x1b\x07\r\x9b"), repr(followed.stdout)
     as_json = towerq(home, "logs", str(job_id), "-o", "json")
     assert json.loads(as_json.stdout)[-1]["message"] == HOSTILE  # a script still gets the words exactly
 
