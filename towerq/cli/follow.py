@@ -95,12 +95,12 @@ class ProgressLine:
         elif step > self.pace_from[0]:
             self.pace_s = (now - self.pace_from[1]) / (step - self.pace_from[0])
 
-    def say(self, text: str) -> None:
-        """A line printed above the progress line (which is drawn again under it)."""
+    def say(self, *lines: str) -> None:
+        """Lines printed above the progress line (which is drawn again under them, once)."""
         with self.lock:
             if self.live:
                 rewrite_line("")
-            print(text, flush=True)
+            print("\n".join(lines), flush=True)
             if self.live:
                 self._draw_now()
 
@@ -189,9 +189,9 @@ class LogTail:
                     self._private = True
                     self.line.say(f"(job {self.job_id}'s log is its owner's: towerq share {self.job_id})")
                     return
-                for row in rows:
-                    self.line.say(log_line(row))
-                    self.after = max(self.after, int(row["id"]))
+                if rows:
+                    self.line.say(*(log_line(row) for row in rows))
+                    self.after = max(self.after, *(int(row["id"]) for row in rows))
                 if len(rows) < LOG_PAGE:
                     return
 
