@@ -253,8 +253,11 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
     # the same from Python: the folder's bundle, held already, and a job of its command
     with Client(stack.api_url, token) as python:
         assert python.send_code(project).sent is False
-        job = python.run(["python", "train.py", "--steps", "4"], folder=project, gpus=1, env={"GREETING": "hi"}).wait()
-        assert job.state == "succeeded" and job.data["spec"]["command"][-1] == "4", job.data
+        job = python.run(["python", "train.py", "--steps", "4"], folder=project, gpus=1, env={"GREETING": "hi"})
+        said = [row["message"] for row in job.log_lines()]  # its output as it prints it, until it ends
+        assert [m for m in said if m.startswith(("ENV ", "a line to stderr"))][1] == "a line to stderr", said
+        assert json.loads(next(m for m in said if m.startswith("ENV "))[4:])["GREETING"] == "hi", said
+        assert job.refresh().state == "succeeded" and job.data["spec"]["command"][-1] == "4", job.data
         with pytest.raises(FolderError, match="nowhere: no such folder"):
             python.run(["python", "x.py"], folder=project / "nowhere")
 

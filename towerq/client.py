@@ -23,6 +23,8 @@ from towerq.contract.messages import MessageError, decode
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
+LOG_PAGE = 1000
+"""Log lines read at once (the API's most); a full page is followed by the next at once."""
 __all__ = [
     "FINAL_STATES", "ApiError", "AuthError", "Client", "Config", "Job", "MissingPackageError", "TowerqError",
     "UnreachableError",
@@ -120,6 +122,23 @@ class Client:
         after the line `after_id`."""
         params = {k: v for k, v in (("tail", tail), ("after_id", after_id)) if v is not None}
         return list(self.request("GET", f"/api/jobs/{job_id}/logs", params=params))
+
+    def log_lines(
+        self, job_id: int, *, after: int = 0, follow: bool = False, poll_s: float = 1.0
+    ) -> Iterator[dict[str, Any]]:
+        """The job's log lines after the line `after` (0: its last `LOG_PAGE`), each once and in
+        order; with `follow`, the lines to come too, read every `poll_s`, until the job ends
+        and its last line is read."""
+        while True:
+            ended = follow and self.job(job_id).done  # asked first: the lines it wrote before it ended follow
+            rows = self.logs(job_id, after_id=after, tail=LOG_PAGE)
+            yield from rows
+            after = max([after, *(int(row["id"]) for row in rows)])
+            if len(rows) == LOG_PAGE:
+                continue
+            if not follow or ended:
+                return
+            time.sleep(poll_s)
 
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
@@ -457,6 +476,11 @@ class Job:
                 raise TimeoutError(f"job {self.id} still {self.state} after {timeout} s")
             time.sleep(poll_s)
         return self
+
+    def log_lines(self, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """Its log's lines (`id`, `time`, `level`, `message`; from its last thousand), and with
+        `follow` those to come, until it ends: a command job's output as it prints it."""
+        yield from self.client.log_lines(self.id, follow=follow)
 
     def follow(self) -> Iterator[dict[str, Any]]:
         """The job's metric rows (train and eval, with `split`) as they arrive, until it ends."""

@@ -31,8 +31,6 @@ PLAIN_EVERY_S = 5.0
 BAR_WIDTH = 20
 LOG_EVERY_S = 1.0
 """How often the log is read while following it (as `towerq logs -f` does)."""
-LOG_PAGE = 1000
-"""Lines read at once (the API's most); a full page is followed by the next at once."""
 
 
 class ProgressLine:
@@ -178,22 +176,20 @@ class LogTail:
     def read(self) -> None:
         """Print the lines stored since the last one printed."""
         with self._reading:
-            while not self._private:
-                try:
-                    rows = self.client.logs(self.job_id, after_id=self.after, tail=LOG_PAGE)
-                except UnreachableError:
-                    return  # the API restarts: the next read catches up
-                except ApiError as err:
-                    if err.status != 403:
-                        return
+            if self._private:
+                return
+            try:
+                rows = list(self.client.log_lines(self.job_id, after=self.after))
+            except UnreachableError:
+                return  # the API restarts: the next read catches up
+            except ApiError as err:
+                if err.status == 403:
                     self._private = True
                     self.line.say(f"(job {self.job_id}'s log is its owner's: towerq share {self.job_id})")
-                    return
-                if rows:
-                    self.line.say(*(log_line(row) for row in rows))
-                    self.after = max(self.after, *(int(row["id"]) for row in rows))
-                if len(rows) < LOG_PAGE:
-                    return
+                return
+            if rows:
+                self.line.say(*(log_line(row) for row in rows))
+                self.after = max(self.after, *(int(row["id"]) for row in rows))
 
 
 def follow_job(client: Client, job_id: int, logs: bool = False) -> int:
