@@ -151,7 +151,7 @@ class LogTail:
     """The job's log as it is stored, printed above the progress line: read every
     `LOG_EVERY_S` after the last line printed (`/api/jobs/{id}/logs?after_id=`), so that the
     lines stored before the follower listened, or while the API restarted, are printed too,
-    once and in order. `after`: the line to print after (0: the job's last `LOG_PAGE`)."""
+    once and in order. `after`: the line to print after (0: from the job's last thousand)."""
 
     def __init__(self, client: Client, job_id: int, line: ProgressLine, after: int = 0) -> None:
         self.client, self.job_id, self.line, self.after = client, job_id, line, after
