@@ -1,4 +1,4 @@
-"""What every executor does: four calls, and the types they speak.
+"""What every executor does: five calls, and the types they speak.
 
 - `submit(attempt)`: the pass has written the attempt's allocation (state `dispatched`);
   the executor gets a trainer started on those GPUs. It does not wait for the start: the

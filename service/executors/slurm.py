@@ -107,7 +107,7 @@ class SlurmExecutor:
         self._cpu_view_at = -math.inf
         self._cpu_view_lock = threading.Lock()  # not the snapshot's: asking Slurm takes a moment
 
-    # -- the four calls -------------------------------------------------------------------
+    # -- the five calls -------------------------------------------------------------------
 
     def submit(self, attempt: Attempt) -> None:
         """`sbatch` the attempt; raises SlurmError with Slurm's words when it refuses."""
