@@ -99,12 +99,15 @@ def refuse(channel: AttemptChannel, why: str) -> None:
 
 
 def end_early(channel: AttemptChannel, end: AttemptEnd) -> None:
-    """The attempt ends before it ran, as `end` says."""
+    """The attempt ends before it ran, as `end` says (where the API cannot be told, the
+    scheduler records the end from what Slurm says of the job)."""
     log.error("job %s attempt %s: %s", channel.job_id, channel.attempt, end.message)
     try:
         channel.end(end)
     except StaleAttempt:
         pass
+    except Exception:  # the API out of reach past the channel's patience: said in Slurm's log
+        log.exception("job %s attempt %s: its end could not be told to the API", channel.job_id, channel.attempt)
 
 
 def run(job_id: int, attempt: int) -> int:
