@@ -307,3 +307,9 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
 
     assert ProgressLine({**base, "step": 0}).text() == "job 7 running", "no 'step 0' of a program that reports none"
     assert ProgressLine({**base, "step": 0, "total_steps": 10}).text().endswith("step 0/10")
+    held = {
+        **base,
+        "state": "dispatched",
+        "reason": "Slurm job 12 is pending (Resources: the GPUs it asks for are in use)",
+    }
+    assert ProgressLine(held).text() == f"job 7 dispatched {held['reason']}", "what the cluster says while it holds it"

@@ -66,6 +66,8 @@ class ProgressLine:
             position = job.get("queue_position")
             why = job.get("pending_reason") or "waiting for the scheduler"
             return f"{head} #{position} in the queue: {why}" if position else f"{head} {why}"
+        if job["state"] == "dispatched" and job.get("reason"):  # held by the executor's cluster (Slurm's reason)
+            return f"{head} {job['reason']}"
         total = job.get("total_steps") or 0
         step = latest.get("step") or job.get("step") or 0
         parts = [head]
@@ -203,8 +205,8 @@ def follow_job(client: Client, job_id: int, logs: bool = False) -> int:
         tail.start()
     line.draw(force=True)
     for event in client.events(job_id):
-        if event.get("type") == "state" and event.get("state") == "running" and line.job["state"] == "queued":
-            line.job = client.job(job_id).data  # total steps, allocation
+        if event.get("type") == "state" and event.get("state") != line.job["state"]:
+            line.job = client.job(job_id).data  # its reason, total steps, allocation
         if tail is not None and event.get("type") == "state" and event.get("state") in EXIT_FOR_STATE:
             tail.read()  # its last words before its end
         line.update(event)
