@@ -122,10 +122,9 @@ class SlurmExecutor:
 
     def observe(self, attempt: Attempt) -> Seen:
         """Raises SlurmError when Slurm cannot be asked (then nothing is concluded)."""
-        jobs = self.snapshot().get(job_name(self.prefix, attempt.job_id, attempt.attempt), [])
-        if not jobs:
+        job = self.newest(job_name(self.prefix, attempt.job_id, attempt.attempt))
+        if job is None:
             return Seen(held=False)
-        job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
         if job.state in HELD_STATES:
             expected = expected_start(job)
             return Seen(
@@ -167,15 +166,13 @@ class SlurmExecutor:
         be asked."""
         name = job_name(self.prefix, job_id, attempt)
         try:
-            jobs = self.snapshot().get(name)
-            newest = max(jobs, key=lambda j: j.id) if jobs else None
-            if newest is None or newest.state != "RUNNING" or newest.node != claimed:
-                jobs = self.snapshot(FRESH_S).get(name)
+            job = self.newest(name)
+            if job is None or job.state != "RUNNING" or job.node != claimed:
+                job = self.newest(name, FRESH_S)
         except SlurmError as err:
             raise SlurmError(str(err)) from err  # whatever it said, asking again later may do
-        if not jobs:
+        if job is None:
             raise SlurmError(f"Slurm has no job named {name}", lasting=True)
-        job = max(jobs, key=lambda j: j.id)  # a resubmission's newest
         if job.state != "RUNNING" or not job.node:
             raise SlurmError(f"Slurm job {job.id} ({name}) is {job.state.lower()}, not running", lasting=True)
         return job.node
@@ -239,6 +236,12 @@ class SlurmExecutor:
             command.append(f"--time={minutes}")
         script = f"exec {shlex.quote(python)} -m worker.slurm {attempt.job_id} {attempt.attempt}"
         return [*command, f"--wrap={script}"]
+
+    def newest(self, name: str, max_age_s: float = SNAPSHOT_TTL_S) -> SlurmJob | None:
+        """The newest Slurm job named `name` (a resubmission's) in a snapshot at most
+        `max_age_s` old; None where Slurm knows none."""
+        jobs = self.snapshot(max_age_s).get(name)
+        return max(jobs, key=lambda j: j.id) if jobs else None
 
     def snapshot(self, max_age_s: float = SNAPSHOT_TTL_S) -> dict[str, list[SlurmJob]]:
         """towerq's Slurm jobs by name, as one `squeue` saw them at most `max_age_s` ago
