@@ -36,6 +36,7 @@ from towerq.contract.attempts import (
     StatusOut,
     Stored,
 )
+from towerq.errors import describe
 
 RETRY_FOR_S = 60.0
 """How long a request the API did not receive is tried again before the error is raised."""
@@ -215,11 +216,10 @@ class HttpChannel:
 
 
 def detail_of(answer: httpx.Response) -> str:
-    """What the API said of an error, in its words (a refused field's message as is)."""
+    """What the API said of an error, in its words (`towerq.errors.describe`: each refused
+    field's message, naming the field)."""
     try:
         detail = answer.json().get("detail")
     except (ValueError, AttributeError):
         detail = None
-    if isinstance(detail, list):  # a 422: each refused field's message
-        detail = "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
-    return str(detail if detail is not None else answer.text[:500])
+    return describe(detail) if detail is not None else answer.text[:500]

@@ -22,7 +22,7 @@ class ApiError(TowerqError):
     def __init__(self, status: int, detail: Any) -> None:
         self.status = status
         self.errors: list[Any] = detail if isinstance(detail, list) else []
-        self.detail = _describe(detail)
+        self.detail = describe(detail)
         super().__init__(f"{status}: {self.detail}")
 
 
@@ -34,7 +34,8 @@ class MissingPackageError(TowerqError):
     """An optional package the call needs is not installed; the message says which."""
 
 
-def _describe(detail: Any) -> str:
+def describe(detail: Any) -> str:
+    """The API's `detail` in words: its message, or each refused field's (`field: message`)."""
     if not isinstance(detail, list):
         return str(detail)
     return "; ".join(_problem(d) if isinstance(d, dict) else str(d) for d in detail)
