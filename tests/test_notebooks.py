@@ -199,8 +199,8 @@ def test_a_host_that_runs_no_sessions_says_why_at_submit_and_at_start(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
     """A root worker without the sandbox runs no notebook session: its terminal would be a
-    root shell on the host (and JupyterLab refuses root). Its worker says so at each
-    heartbeat: where no host that is up runs sessions a submit is refused naming `kind`,
+    root shell on the host (and JupyterLab refuses root). Its worker says so when it
+    registers: where no host that is up runs sessions a submit is refused naming `kind`,
     one naming the host is refused naming `host`, both with the host's reason; a session
     that reached the host anyway (submitted while it was down) fails saying why. Before,
     each was taken, and the session failed with JupyterLab's advice to pass --allow-root."""

@@ -70,7 +70,7 @@ soon passes it."""
 
 
 def why_no_sessions(sandboxed: bool) -> str | None:
-    """Why this host cannot run notebook sessions (its worker says it at each heartbeat, the
+    """Why this host cannot run notebook sessions (its worker says it when it registers, the
     API at submit where no host can); None where it can."""
     if importlib.util.find_spec("jupyterlab") is None:
         return "JupyterLab is not installed in its worker's Python (pip install 'towerq[notebook]')"

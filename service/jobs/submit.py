@@ -159,8 +159,8 @@ SESSION_STATES = (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
 
 
 def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
-    """A session may start on a host that is up and runs sessions (its worker says at each
-    heartbeat why it does not: `worker.notebook.why_no_sessions`): 422 naming `host` where
+    """A session may start on a host that is up and runs sessions (its worker says when it
+    registers why it does not: `worker.notebook.why_no_sessions`): 422 naming `host` where
     the host it names does not, or `kind` where no host that is up does. With no host up it
     waits for one, as any job does."""
     hosts = session.execute(select(Host.name, Host.info).where(Host.state == HostState.UP)).all()
