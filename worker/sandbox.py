@@ -126,15 +126,32 @@ def privileges(identity: Identity | None) -> list[str]:
     return ["--cap-drop", "ALL", *(arg for cap in keep for arg in ("--cap-add", cap))]
 
 
+def system_view() -> list[str]:
+    """bwrap's options that show the host's system folders (`SYSTEM_PATHS`) read-only, a
+    link as the same link."""
+    args: list[str] = []
+    for system in SYSTEM_PATHS:
+        path = Path(system)
+        if path.is_symlink():
+            args += ["--symlink", str(path.readlink()), system]
+        elif path.exists():
+            args += ["--ro-bind", system, system]
+    return args
+
+
 @functools.cache
 def bwrap_works(identity: Identity | None = None) -> str | None:
-    """None when bwrap runs a command here as a trainer would run (as `identity`), else why not."""
+    """None when bwrap runs a command here as a trainer would run (as `identity`, seeing
+    the system a trainer sees), else why not. Not the whole tree (`--ro-bind / /`): bwrap
+    copies every mount under what it shows, and one that goes away meanwhile (a
+    neighbouring job's disk, unmounted and its folder removed) fails it ("Unable to apply
+    mount flags", bubblewrap issue 650), which refused to start a worker."""
     binary = shutil.which("bwrap")
     if binary is None:
         return "bubblewrap is not installed (apt install bubblewrap)"
     if identity is not None and shutil.which("setpriv") is None:
         return "setpriv is not installed (apt install util-linux)"
-    probe = [binary, *privileges(identity), "--unshare-pid", "--unshare-cgroup", "--ro-bind", "/", "/"]
+    probe = [binary, *privileges(identity), "--unshare-pid", "--unshare-cgroup", *system_view()]
     probe += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--die-with-parent"]
     probe += ["--", *drop_to(identity), "true"]
     try:
@@ -258,12 +275,7 @@ def bwrap_command(
     args += ["--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup"]
     if not network:
         args.append("--unshare-net")
-    for system in SYSTEM_PATHS:
-        path = Path(system)
-        if path.is_symlink():
-            args += ["--symlink", str(path.readlink()), system]
-        elif path.exists():
-            args += ["--ro-bind", system, system]
+    args += system_view()
     args += ["--tmpfs", "/sys/fs/cgroup", "--remount-ro", "/sys/fs/cgroup"]  # no other job's cgroup
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]  # no sysctl is the trainer's
     if Path("/proc/sysrq-trigger").exists():
