@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from service.core.context import connect_redis
 from service.core.db import Database
 from service.core.exceptions import SpecError, TooManyError
-from service.core.models import Group, Host, HostState, Job, JobState, User, utcnow
+from service.core.models import Group, Job, JobState, User, session_refusals, utcnow
 from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
@@ -163,8 +163,7 @@ def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
     registers why it does not: `worker.notebook.why_no_sessions`): 422 naming `host` where
     the host it names does not, or `kind` where no host that is up does. With no host up it
     waits for one, as any job does."""
-    hosts = session.execute(select(Host.name, Host.info).where(Host.state == HostState.UP)).all()
-    refused = {name: (info or {}).get("no_notebooks") for name, info in hosts}
+    refused = session_refusals(session)
     if spec.host is not None and refused.get(spec.host):
         raise SpecError("host", f"{spec.host} runs no notebook sessions: {refused[spec.host]}")
     if refused and all(refused.values()):

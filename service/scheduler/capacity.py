@@ -162,7 +162,7 @@ class FreeGpus:
             return self._fit_whole_hosts(job, end)
         if job.fraction >= 1 - EPSILON and job.gpu_count > self.max_full:
             return None
-        hosts = [job.host] if job.host is not None else self.order
+        hosts = job.where(self.order)
         best: tuple[float, str, tuple[int, ...]] | None = None
         for host in hosts:
             if host not in self.with_room:

@@ -17,7 +17,7 @@ from service.scheduler.explain import describe
 from service.scheduler.forecast import forecast, in_queue_order
 from service.scheduler.holdbacks import dependency_wait
 from service.scheduler.policy import schedule
-from service.scheduler.snapshot import live_inputs
+from service.scheduler.snapshot import live_inputs, session_hosts
 from service.scheduler.types import PRIORITY_RANK, PolicyConfig, QueuedJob
 from towerq.contract.spec import JobSpec
 
@@ -74,6 +74,7 @@ def estimate(
         limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
         group=spec.group,
         min_gpu_count=spec.min_gpu_count,
+        hosts=session_hosts(session)[0] if spec.is_notebook else None,
     )
     history.annotate([candidate], [])
     config = policy_config(settings)

@@ -82,12 +82,12 @@ def shrink_for(scheduling: Pass, job: QueuedJob) -> bool:
     free = scheduling.free
     if job.gpu_count > free.largest or job.indices is not None:
         return False
-    shape = _shape(scheduling, job, job.gpu_count, job.min_gpu_count, job.fraction, job.host, job.priority)
+    shape = _shape(scheduling, job, job.gpu_count, job.min_gpu_count, job.fraction, job.host, job.hosts, job.priority)
     if shape in scheduling.no_shrink:
         return False
     end = ends_if_started(job, scheduling.now)
     best: tuple[tuple[int, int, int], str, list[int], dict[int, tuple[int, ...]]] | None = None
-    for position, host in enumerate([job.host] if job.host is not None else free.order):
+    for position, host in enumerate(job.where(free.order)):
         found = _room_on(scheduling, job, host, end)
         if found is not None:
             size, open_now, given = found
@@ -128,7 +128,8 @@ def move_for(scheduling: Pass, job: QueuedJob) -> bool:
     (the moved jobs lose a restart, `STOP_COST_S`, and train at the same size)."""
     free = scheduling.free
     size = free.largest
-    if job.gpu_count < size or job.host is not None or job.indices is not None or job.fraction < 1 - EPSILON:
+    pinned = job.host is not None or job.hosts is not None or job.indices is not None
+    if job.gpu_count < size or pinned or job.fraction < 1 - EPSILON:
         return False
     shape = _shape(scheduling, job, "move", job.gpu_count, job.priority)
     if shape in scheduling.no_shrink:

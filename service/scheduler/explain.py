@@ -67,6 +67,8 @@ def _describe_one(reason: Reason, now: float) -> str:
             return f"no host has {gpus_phrase(count, fraction)}{suffix}"
         case Wait.HOST_DOWN:
             return f"host {a[0]} is down or not registered"
+        case Wait.NO_HOST:
+            return "no host that may run it is up (a notebook session runs where its worker runs sessions)"
         case Wait.GPU_UNUSABLE:
             return f"{gpu_list(a[1])} on {a[0]} drained or absent"
         case Wait.USER_LIMIT:

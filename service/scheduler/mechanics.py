@@ -52,6 +52,7 @@ SHAPE = operator.attrgetter(
     "min_gpu_count",
     "fraction",
     "host",
+    "hosts",
     "indices",
     "limit_s",
     "estimate_s",
@@ -219,6 +220,8 @@ class Pass:
     def cannot_run(self, job: QueuedJob) -> Reason | None:
         if job.host is not None and job.host not in self.free.hosts:
             return Reason(Wait.HOST_DOWN, (job.host,))
+        if job.hosts is not None and not any(host in self.free.hosts for host in job.hosts):
+            return Reason(Wait.NO_HOST)
         if job.indices is not None and job.host is not None:
             unusable = self.free.hosts[job.host].unusable
             size = len(self.free.free[job.host])
@@ -300,7 +303,7 @@ class Pass:
     def why_no_fit(self, job: QueuedJob) -> Reason:
         if not self.config.explain:
             return Reason(Wait.NO_FIT)
-        shape = (job.gpu_count, job.fraction, job.host, job.indices, self.free.version)
+        shape = (job.gpu_count, job.fraction, job.host, job.hosts, job.indices, self.free.version)
         reason = self._reasons.get(shape)
         if reason is None:
             reason = self._reasons[shape] = self._explain_no_fit(job)

@@ -114,7 +114,7 @@ class Outlook:
         then by the expected start. With `skip_held`, GPUs held for others are left out
         (a new reservation never overlaps another)."""
         kept = self.free.kept
-        shape = (job.gpu_count, job.fraction, job.host, job.indices, skip_held, job.group if kept else None)
+        shape = (job.gpu_count, job.fraction, job.host, job.hosts, job.indices, skip_held, job.group if kept else None)
         if shape not in self._earliest:
             self._earliest[shape] = self._find_earliest(job, now, skip_held)
         return self._earliest[shape]
@@ -123,7 +123,7 @@ class Outlook:
         free = self.free
         if job.gpu_count > free.largest:
             return self._earliest_whole_hosts(job, now, skip_held)
-        hosts = [job.host] if job.host is not None else free.order
+        hosts = job.where(free.order)
         best: Soonest | None = None
         shape = (job.gpu_count, job.fraction, job.indices, skip_held, job.group if free.kept else None)
         for host in hosts:

@@ -21,6 +21,7 @@ from service.core.models import (
     Reservation,
     User,
     expected_end_at,
+    session_refusals,
     utcnow,
 )
 from service.scheduler.history import RunTimes
@@ -61,6 +62,17 @@ def served_before(session: Session, states: tuple[JobState, ...]) -> dict[int, f
     return served
 
 
+def session_hosts(session: Session) -> tuple[frozenset[str] | None, set[int]]:
+    """Where some hosts that are up run no notebook sessions (their workers said so): the
+    hosts that do, and the queued sessions, which may run only there; else (None, nothing):
+    no host's worker refuses them, the common lab, read in one small query."""
+    refusals = session_refusals(session)
+    if not any(refusals.values()):
+        return None, set()
+    queued = select(Job.id).where(Job.state == JobState.QUEUED, Job.spec["kind"].as_string() == "notebook")
+    return frozenset(name for name, why in refusals.items() if not why), set(session.scalars(queued))
+
+
 def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
     rows = session.execute(
         select(
@@ -86,6 +98,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
     )
     queued, current = [], {}
     served = served_before(session, (JobState.QUEUED,))
+    only, sessions = session_hosts(session)
     for r in rows:
         queued.append(
             QueuedJob(
@@ -101,6 +114,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 served_gpu_s=served.get(r.id, 0.0),
                 group=r.group,
                 min_gpu_count=r.min_gpu_count,
+                hosts=only if r.id in sessions else None,
             )
         )
         current[r.id] = (r.queue_position, r.pending_reason, r.reserved_start_at, r.expected_start_at, r.expected_host)

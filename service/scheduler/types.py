@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +55,21 @@ class QueuedJob:
     min_gpu_count: int | None = None
     """An elastic job (`service.scheduler.elastic`): it may start on as few GPUs as this, grow
     to `gpu_count` and shrink back; None: it runs on `gpu_count` GPUs or not at all."""
+    hosts: frozenset[str] | None = None
+    """The only hosts it may run on, where some may not (a notebook session in a lab where
+    some workers run no sessions: `snapshot.read_queued`); None: any (or `host`)."""
 
     @property
     def elastic(self) -> bool:
         return self.min_gpu_count is not None and self.min_gpu_count < self.gpu_count
+
+    def where(self, order: Sequence[str]) -> Sequence[str]:
+        """The hosts of `order` it may run on: its own host, those of `hosts`, or all."""
+        if self.host is not None:
+            return [self.host]
+        if self.hosts is None:
+            return order
+        return [host for host in order if host in self.hosts]
 
     @property
     def likely_run_s(self) -> float | None:
@@ -97,7 +109,7 @@ class QueuedJob:
                 job_gpu_load=whole,
                 min_gpu_count=self.min_gpu_count if elastic else None,
                 full_gpu_count=self.gpu_count if elastic else None,
-                pinned=self.host is not None,
+                pinned=self.host is not None or self.hosts is not None,
             )
             for host, indices in slots
         ]
@@ -273,6 +285,7 @@ class Wait(enum.StrEnum):
     JOBS_HOLD = "jobs_hold"  # (host, gpus, fraction, holder job ids, end): a count that jobs hold
     NO_FIT = "no_fit"  # (gpus, fraction, reserved start or inf)
     HOST_DOWN = "host_down"  # (host,)
+    NO_HOST = "no_host"  # (): none of the hosts it may run on (`QueuedJob.hosts`) is up
     GPU_UNUSABLE = "gpu_unusable"  # (host, indices)
     USER_LIMIT = "user_limit"  # (user, used, limit)
     GROUP_LIMIT = "group_limit"  # (group, used, limit)

@@ -89,7 +89,8 @@ def slice_victims(scheduling: Pass, job: QueuedJob, eldest: bool = False) -> tup
     above_share = terms is not None and terms.above_share(job.user, job.group)
     own_only = above_share and not eldest
     fresh_run = fresh_run_s(job)
-    shape = (job.gpu_count, job.fraction, job.host, job.indices, job.priority, job.user if own_only else None)
+    owner = job.user if own_only else None
+    shape = (job.gpu_count, job.fraction, job.host, job.hosts, job.indices, job.priority, owner)
     if not scheduling.sliceable or fresh_run >= scheduling.no_victims.get(shape, INFINITY):
         return None
     served = scheduling.sliceable
@@ -125,7 +126,7 @@ def fewest_stops(
     whole hosts (`whole_hosts`)."""
     if job.gpu_count > scheduling.free.largest:
         return whole_hosts(scheduling, job, may_stop)
-    named = [job.host] if job.host is not None else scheduling.free.order
+    named = job.where(scheduling.free.order)
     hosts = [host for host in named if host in scheduling.free.hosts]
     for host in hosts:  # room that stops no one more (GPUs free, or freeing): no host does better
         freed = [r for r in scheduling.free.running_on[host] if scheduling.stopping(r)]

@@ -13,7 +13,7 @@ from service.core.models.base import (
     UTCDateTime,
     utcnow,
 )
-from service.core.models.hosts import Allocation, Gpu, Host, RankAddress
+from service.core.models.hosts import Allocation, Gpu, Host, RankAddress, session_refusals
 from service.core.models.jobs import Job, JobEvent, Sweep, SweepRung, expected_end_at
 from service.core.models.people import ApiToken, Group, GroupMember, Lab, Reservation, User
 from service.core.models.results import LogLine, Metric, MetricRollup, Notification, NotificationState
@@ -46,5 +46,6 @@ __all__ = [
     "UTCDateTime",
     "User",
     "expected_end_at",
+    "session_refusals",
     "utcnow",
 ]

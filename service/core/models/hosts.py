@@ -13,8 +13,9 @@ from sqlalchemy import (
     Integer,
     String,
     UniqueConstraint,
+    select,
 )
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from service.core.models.base import Base, HostState, utcnow
 
@@ -34,6 +35,14 @@ class Host(Base):
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     gpus: Mapped[list[Gpu]] = relationship(back_populates="host", order_by="Gpu.index")
+
+
+def session_refusals(session: Session) -> dict[str, str | None]:
+    """The hosts that are up, each with why its worker runs no notebook sessions, as it
+    said when it registered (`worker.notebook.why_no_sessions`); None where it runs them
+    (or, a worker from before workers said, did not say)."""
+    rows = session.execute(select(Host.name, Host.info).where(Host.state == HostState.UP))
+    return {name: (info or {}).get("no_notebooks") for name, info in rows}
 
 
 class Gpu(Base):

@@ -23,6 +23,7 @@ from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller
 from service.scheduler.costs import CHECKPOINT_S
+from service.scheduler.dryrun import estimate
 from service.scheduler.live import LiveScheduler, PassReport
 from service.scheduler.snapshot import read_cluster, read_queued
 from tests.stack import wait_for
@@ -120,6 +121,51 @@ def test_the_user_gpu_limit_holds_and_a_users_own_limit_overrides_it(
         assert job_row(ctx, ids[2]).state == JobState.DISPATCHED
     finally:
         ctx.close()
+
+
+def test_a_session_goes_only_to_a_host_that_runs_sessions(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """In a lab where a worker runs no notebook sessions (a host without JupyterLab, a root
+    worker without the sandbox: it says why when it registers), a session is placed only
+    where sessions run, and waits for such a host's GPUs while the other host's stand free
+    for other jobs; with no such host up it says so. Before, the best fit put the first
+    session on the tightest host, the one that refuses sessions, where it failed at start."""
+    add_host("lab-a", 1)  # the tightest fit for one GPU
+    add_host("lab-b", 2)
+    with ctx.db.write() as session:
+        refusing = session.scalars(select(Host).where(Host.name == "lab-a")).one()
+        refusing.info = {**refusing.info, "no_notebooks": "JupyterLab is not installed (pip install jupyterlab)"}
+
+    one = JobSpec.model_validate({"kind": "notebook", "gpu_count": 1})
+
+    def open_session(who: str) -> int:
+        job, _ = submit(ctx.db, caller(who), one.model_copy(), ctx.settings)
+        return job.id
+
+    sessions = [open_session(who) for who in ("alice", "bob", "carol")]
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.read() as session:
+        rows = session.execute(select(Allocation.job_id, Host.name).join(Host, Allocation.host_id == Host.id))
+        where = {job_id: host for job_id, host in rows}
+    assert [where.get(i) for i in sessions] == ["lab-b", "lab-b", None], where
+    LiveScheduler(ctx).run_pass()  # they hold lab-b's GPUs now
+    waiting = job_row(ctx, sessions[2])
+    assert waiting.state == JobState.QUEUED
+    assert waiting.pending_reason is not None and "on lab-b" in waiting.pending_reason, waiting.pending_reason
+    with ctx.db.read() as session:  # `towerq notebook --dry-run` says the same
+        guess = estimate(session, ctx.settings, "erin", one.model_copy(), None)
+    assert not guess.starts_now and guess.reason is not None and "on lab-b" in guess.reason, guess
+    model = submit_job(ctx, caller("dave"), gpu_count=1)
+    LiveScheduler(ctx).run_pass()
+    assert job_row(ctx, model).state == JobState.DISPATCHED  # lab-a's GPU: any other job's
+    with ctx.db.write() as session:
+        session.execute(update(Host).where(Host.name == "lab-b").values(state=HostState.DOWN))
+    LiveScheduler(ctx).run_pass()
+    waiting = job_row(ctx, sessions[2])
+    assert waiting.pending_reason == (
+        "no host that may run it is up (a notebook session runs where its worker runs sessions)"
+    )
 
 
 def test_a_host_that_stops_heartbeating_is_marked_down_and_its_jobs_requeued(

@@ -32,11 +32,12 @@ JOBS = st.fixed_dictionaries(
         "served_gpu_s": st.sampled_from([0.0, 50_000.0]),
         "min_gpu_count": st.sampled_from([None, 1]),
         "host": st.sampled_from([None, None, "lab-b"]),
+        "hosts": st.sampled_from([None, None, frozenset({"lab-a"})]),
         "old": st.booleans(),
     }
 )
 FIELDS = ["user", "gpus", "priority", "fraction", "group", "limit_s", "estimate_s", "typical_s"]
-FIELDS += ["served_gpu_s", "min_gpu_count", "host", "old"]
+FIELDS += ["served_gpu_s", "min_gpu_count", "host", "hosts", "old"]
 RUNNING = st.tuples(
     st.sampled_from([1, 2, 4, 8]),  # GPUs
     st.sampled_from(["a", "b", "c", "zed"]),

@@ -185,6 +185,22 @@ def test_jobs_bound_to_a_host_and_gpus_go_only_there() -> None:
     assert reasons(down)[3] == "host lab-z is down or not registered"
 
 
+def test_a_job_that_may_run_only_on_some_hosts_is_placed_and_makes_room_only_there() -> None:
+    """`QueuedJob.hosts` (a notebook session where some workers run none): the best fit,
+    preemption and the wait's reason keep to those hosts; with none of them up it says so."""
+    d = run([job(1, hosts=frozenset({"lab-b"}))], Cluster(hosts(1, 2)))
+    assert placed(d) == {1: ("lab-b", (0,))}, "lab-a is the tighter fit, and not its host"
+    low = [running(100, "lab-a", (0,), priority=LOW), running(101, "lab-b", (0,), priority=LOW, started=NOW - 500)]
+    urgent = job(2, priority=HIGH, hosts=frozenset({"lab-b"}))
+    on = run([urgent], cluster(1, 1, running=low), preemption=True)
+    assert set(on.preempt) == {101}, "job 100 is younger, but on a host it may not run on"
+    busy = run([job(3, hosts=frozenset({"lab-b"}))], cluster(1, 1, running=low))
+    assert reasons(busy)[3].startswith("waiting for 1 free GPU on lab-b (job 101"), reasons(busy)
+    nowhere = run([job(4, hosts=frozenset({"lab-z"}))], Cluster(hosts(1, 2)))
+    said = "no host that may run it is up (a notebook session runs where its worker runs sessions)"
+    assert reasons(nowhere)[4] == said
+
+
 def test_a_drained_gpu_takes_no_job() -> None:
     d = run([job(1, host="lab-a", indices=(0,)), job(2, gpus=2)], cluster(2, drained={"lab-a": {0}}))
     assert reasons(d)[1] == "GPU 0 on lab-a drained or absent"
