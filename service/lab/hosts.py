@@ -89,6 +89,7 @@ def list_gpus(session: Session) -> list[GpuOut]:
                     holders=held,
                     processes=list(gpu.processes or []),
                     sandboxed=sandboxed(host),
+                    no_notebooks=(host.info or {}).get("no_notebooks"),
                     reserved=kept.get((host.name, gpu.index)),
                 )
             )
@@ -140,6 +141,7 @@ def list_workers(session: Session) -> list[WorkerOut]:
             info=host.info,
             sandboxed=sandboxed(host),
             job_disk=(host.info or {}).get("job_disk"),
+            no_notebooks=(host.info or {}).get("no_notebooks"),
         )
         for host in session.scalars(select(Host).options(selectinload(Host.gpus)).order_by(Host.name))
     ]

@@ -74,5 +74,9 @@ def test_an_unsandboxed_host_is_shown_as_such(settings: Settings, stack: Stack, 
     )
     assert shown.returncode == 0, shown.stderr
     assert "UNSANDBOXED" in shown.stdout and "WITHOUT a sandbox" in shown.stderr
+    if os.geteuid() == 0:  # a root worker without the sandbox runs no notebook session either: said where
+        assert "no notebooks" in shown.stdout
+        assert "lab-a runs no notebook sessions: its worker runs as root" in shown.stdout
+        assert client.get("/api/workers").json()[0]["no_notebooks"].startswith("its worker runs as root")
     assert "TRAINERS RUN WITHOUT A SANDBOX" in stack.logs["worker-lab-a"].read_text()
     client.close()

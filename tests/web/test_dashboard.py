@@ -320,14 +320,17 @@ def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(
     assert "Failed to fetch" not in page.locator(".problem").inner_text()
 
 
-def test_a_host_whose_job_folders_are_measured_says_so_on_its_card(
+def test_a_host_whose_job_folders_are_measured_or_that_runs_no_sessions_says_so_on_its_card(
     stack: Stack, make_token: Callable[..., str], db: Database, open_page: Callable[..., object]
 ) -> None:
     """A worker that cannot give job folders a hard size (not root, no loop devices, network
-    storage) measures them: its card says so, one that uses disk images says nothing."""
+    storage) measures them: its card says so, one that uses disk images says nothing. One
+    that runs no notebook sessions says so, and why (a member whose session waits while
+    that host's GPUs stand free sees where sessions run)."""
     url = stack.start_api()
+    why = "JupyterLab is not installed where towerq runs (pip install 'towerq[notebook]')"
     with db.write() as session:
-        register(session, "lab-a", SimulatedInventory("lab-a", 1), host_info(True, job_disks=True))
+        register(session, "lab-a", SimulatedInventory("lab-a", 1), host_info(True, job_disks=True, no_notebooks=why))
         register(session, "lab-b", SimulatedInventory("lab-b", 1), host_info(True, job_disks=False))
     page = open_page()
     page.goto(f"{url}/?token={make_token('alice')}#/gpus")
@@ -335,6 +338,9 @@ def test_a_host_whose_job_folders_are_measured_says_so_on_its_card(
     badge.wait_for()
     assert badge.inner_text() == "folders measured" and "TOWERQ_JOB_DISK" in (badge.get_attribute("title") or "")
     assert page.locator('[data-host="lab-a"] .badge.measured').count() == 0
+    sessions = page.locator('[data-host="lab-a"] h2 .badge.no-notebooks')
+    assert sessions.inner_text() == "no notebooks" and why in (sessions.get_attribute("title") or "")
+    assert page.locator('[data-host="lab-b"] .badge.no-notebooks').count() == 0
 
 
 def test_an_admin_drains_a_gpu_from_its_card_and_others_get_no_button(

@@ -196,6 +196,7 @@ def run_gpus(args: argparse.Namespace) -> int:
                 ("drained", gpu["drained"]),
                 ("down", gpu["host_state"] != "up"),
                 ("UNSANDBOXED", gpu.get("sandboxed") is False),
+                ("no notebooks", bool(gpu.get("no_notebooks"))),
             )
             if on
         ]
@@ -208,4 +209,6 @@ def run_gpus(args: argparse.Namespace) -> int:
         print(f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {gpu['free_fraction']:>5.2f}  {holders}{flags}")
     for host in sorted({gpu["host"] for gpu in gpus if gpu.get("sandboxed") is False}):
         print(f"warning: {host} runs members' code WITHOUT a sandbox (TOWERQ_SANDBOX=none)", file=sys.stderr)
+    for host, why in sorted({(gpu["host"], gpu["no_notebooks"]) for gpu in gpus if gpu.get("no_notebooks")}):
+        print(f"{host} runs no notebook sessions: {why}")
     return 0

@@ -64,6 +64,9 @@ function card(worker, gpus, actions) {
             "no sandbox",
           )
         : null,
+      worker.no_notebooks
+        ? el("span", { class: "badge no-notebooks", title: `runs no notebook sessions: ${worker.no_notebooks}` }, "no notebooks")
+        : null,
       worker.job_disk === "measure"
         ? el(
             "span",

@@ -45,6 +45,8 @@ class GpuOut(BaseModel):
     processes: list[dict[str, Any]]
     sandboxed: bool | None = None
     """Whether its host runs trainers in the sandbox (None: the worker did not say)."""
+    no_notebooks: str | None = None
+    """Why its host runs no notebook sessions, as its worker said (None: it runs them)."""
     reserved: GpuReservation | None = None
     """Kept for a group now or later: a free GPU is not free to everyone."""
 
@@ -64,6 +66,9 @@ class WorkerOut(BaseModel):
     job_disk: str | None = None
     """`image`: its job folders are disk images of their limit while attempts run (a hard
     size); `measure`: measured (TOWERQ_JOB_DISK); None: the worker did not say."""
+    no_notebooks: str | None = None
+    """Why it runs no notebook sessions (`info.no_notebooks`, its worker's word when it
+    registered); None: it runs them (or, a worker from before, did not say)."""
 
 
 class MemberOut(BaseModel):
