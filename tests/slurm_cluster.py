@@ -21,6 +21,7 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol")
 FAKE_GPU_MAJOR = 195  # the NVIDIA character devices' major number; nothing here opens them
+NODE = "towerq-node-1"  # a name no resolver here knows (the tests check that it does not)
 
 
 def missing() -> str | None:
@@ -58,7 +59,10 @@ class SlurmCluster:
         self.gpus = gpus
         self.cpus = cpus
         self.confined = confined
-        self.node = socket.gethostname()
+        self.host = socket.gethostname()
+        self.node = NODE
+        """The node's Slurm name, which resolves nowhere: Slurm reaches it at its `NodeAddr`,
+        and so must towerq (a notebook session's door)."""
         self.env = {**os.environ, **(env or {})}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.conf = root / "slurm.conf"
@@ -83,7 +87,7 @@ class SlurmCluster:
             "\n".join(
                 [
                     "ClusterName=towerqtest",
-                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldHost={self.host}(127.0.0.1)",
                     f"SlurmctldPort={ctl_port}",
                     f"SlurmdPort={node_port}",
                     "SlurmUser=root",
@@ -120,7 +124,8 @@ class SlurmCluster:
                     "MinJobAge=600",
                     "InactiveLimit=0",
                     "Waittime=0",
-                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} Gres=gpu:{self.gpus} State=UNKNOWN",
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.host} "
+                    f"CPUs={self.cpus} Gres=gpu:{self.gpus} State=UNKNOWN",
                     f"PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
                     "",
                 ]

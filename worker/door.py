@@ -86,7 +86,8 @@ class Door:
     def __init__(self, host: str, port: int, key: str, folder: Path, owner: int) -> None:
         self.key, self.folder, self.owner = key, folder, owner
         self.listener = socket.create_server((host, port), reuse_port=False)
-        self.address = f"{host}:{self.listener.getsockname()[1]}"
+        self.port = int(self.listener.getsockname()[1])
+        self.address = f"{host}:{self.port}"
         self.open = 0
         self.last_closed = time.monotonic()
         self.refused = 0

@@ -158,8 +158,12 @@ class NotebookRunner(ProgramRunner):
     owner = 0
     """The uid the session runs as (who may own its socket)."""
     door_host = ""
-    """Where the door listens and the API reaches it: on a Slurm node, the node's name (the
-    API takes no other); else this host's address (`worker.rendezvous.address`)."""
+    """The door's host as told to the API: on a Slurm node, the node's name (the API takes
+    no other, and reaches it at the address Slurm gives it); else this host's address
+    (`worker.rendezvous.address`)."""
+    door_listen = ""
+    """Where the door listens, where not at `door_host`: on a Slurm node, its address as
+    Slurm says it (`service.core.slurm_nodes`), where the API reaches it."""
 
     def _prepare(self) -> Starter:
         settings, launch = self.settings, self.launch
@@ -207,17 +211,19 @@ class NotebookRunner(ProgramRunner):
         again, saying why) where it cannot open here or towerq does not take it."""
         settings, launch = self.settings, self.launch
         here = self.door_host or rendezvous.address(settings)
+        listen = self.door_listen or here
         first = rendezvous.first_port_tried(settings, launch.job_id, launch.attempt)
         key = secrets.token_hex(32)
         try:
-            door = Door(here, rendezvous.free_port(settings, here, first), key, folder, self.owner)
+            door = Door(listen, rendezvous.free_port(settings, listen, first), key, folder, self.owner)
         except (rendezvous.RendezvousError, OSError) as err:
-            raise NotStarted(Stop.NO_DOOR, f"its door could not open on {here}: {err}") from err
+            raise NotStarted(Stop.NO_DOOR, f"its door could not open on {listen}: {err}") from err
+        told = f"{here}:{door.port}"
         try:
-            self.channel.open_door(door.address, key)
+            self.channel.open_door(told, key)
         except Refused as err:
             door.close()
-            raise NotStarted(Stop.NO_DOOR, f"towerq did not take its door on {door.address}: {err}") from err
+            raise NotStarted(Stop.NO_DOOR, f"towerq did not take its door on {told}: {err}") from err
         self.door = door
 
     def _watch(self) -> None:

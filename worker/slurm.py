@@ -26,11 +26,13 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import FrameType
 
 from service.core.settings import Settings
+from service.core.slurm_nodes import ASK_TIMEOUT_S, address_command, parse_address
 from towerq.attempts import HttpChannel
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, Refused, StaleAttempt
 from towerq.contract.spec import is_command, is_notebook
@@ -110,6 +112,20 @@ def end_early(channel: AttemptChannel, end: AttemptEnd) -> None:
         log.exception("job %s attempt %s: its end could not be told to the API", channel.job_id, channel.attempt)
 
 
+def node_address(node: str) -> str:
+    """Where Slurm says `node` is reached (its `NodeAddr`), for a session's door to listen
+    there; its name where Slurm says nothing (or cannot be asked: the name is what it
+    listened on before it asked)."""
+    try:
+        done = subprocess.run(address_command(node), capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip()[:300])
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.warning("sinfo could not say where %s is reached, so its door listens at its name: %s", node, err)
+        return node
+    return parse_address(done.stdout, node) or node
+
+
 def run(job_id: int, attempt: int) -> int:
     settings = Settings()
     token = os.environ.pop(TOKEN_VARIABLE, "")
@@ -148,6 +164,7 @@ def run(job_id: int, attempt: int) -> int:
         runner = kind(None, inventory, launch, lambda _: None, sandboxed, channel=channel, settings=settings)
         if isinstance(runner, NotebookRunner):
             runner.door_host = node  # the API takes the node the attempt claimed, no other
+            runner.door_listen = node_address(node)  # and reaches it where Slurm says
         slurm_id = os.environ.get("SLURM_JOB_ID", "?")
         runner.sink.log("info", f"Slurm job {slurm_id} runs it on {node}, GPUs {','.join(map(str, indices))}")
 

@@ -1,4 +1,4 @@
-"""What every executor does: five calls, and the types they speak.
+"""What every executor does: six calls, and the types they speak.
 
 - `submit(attempt)`: the pass has written the attempt's allocation (state `dispatched`);
   the executor gets a trainer started on those GPUs. It does not wait for the start: the
@@ -20,6 +20,10 @@
   attempt's claim over HTTP (the node it says it runs on) only of that node. None where
   the executor has no word of its own (local: its workers are towerq's own and claim their
   attempts in-process, never over HTTP).
+- `reach(node)`: the address the API reaches a node of its cluster at, for the door of a
+  notebook session that runs there (Slurm: the node's `NodeAddr`, which is its name unless
+  slurm.conf gives it an address of its own). Local: the name as said (never asked: its
+  workers open their doors in-process, at their own address).
 - `places_jobs`: True where towerq's own policy places each attempt on the hosts and GPUs
   `capacity` lists (local); False where the executor's cluster decides where and when
   (Slurm): the scheduler then hands each queued job over as it comes.
@@ -117,3 +121,5 @@ class Executor(Protocol):
     def capacity(self, session: Session) -> dict[str, Capacity]: ...
 
     def runs_on(self, job_id: int, attempt: int, claimed: str | None = None) -> str | None: ...
+
+    def reach(self, node: str) -> str: ...

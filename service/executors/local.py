@@ -52,3 +52,6 @@ class LocalExecutor:
 
     def runs_on(self, job_id: int, attempt: int, claimed: str | None = None) -> str | None:
         return None
+
+    def reach(self, node: str) -> str:
+        return node

@@ -40,6 +40,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from service.core.settings import Settings
+from service.core.slurm_nodes import address_command, parse_address
 from service.executors.base import Attempt, Capacity, ExecutorError, Seen
 from service.executors.slurm_cpus import CpuView, NodeRow, partitions_used, share_per_gpu, slurm_sets_cpus_per_gpu
 from service.executors.slurm_words import (
@@ -176,6 +177,11 @@ class SlurmExecutor:
         if job.state != "RUNNING" or not job.node:
             raise SlurmError(f"Slurm job {job.id} ({name}) is {job.state.lower()}, not running", lasting=True)
         return job.node
+
+    def reach(self, node: str) -> str:
+        """`node`'s address as Slurm says it (`NodeAddr`; its name where Slurm gives none).
+        Raises SlurmError where Slurm cannot be asked."""
+        return parse_address(self._run(address_command(node)), node) or node
 
     def cpus_per_task(self, attempt: Attempt) -> int | None:
         """The CPUs an attempt's one task asks for (service/executors/slurm_cpus.py says

@@ -208,21 +208,27 @@ def drain(body: DrainIn, ctx: ContextDep, it: AttemptDep) -> DrainedOut:
 
 
 @router.post("/door", status_code=204)
-def door(body: DoorIn, ctx: ContextDep, it: AttemptDep) -> Response:
+def door(body: DoorIn, ctx: ContextDep, executor: ExecutorDep, it: AttemptDep) -> Response:
     """A notebook session's door: where the API's proxy reaches it, and the secret it proves.
     Only on the node the attempt claimed and on a port of `TOWERQ_RANK_PORTS` (422 naming
     `address` otherwise): an attempt's token points the API's proxy at a rank port of its
-    node only, never at another service."""
+    node only, never at another service. The proxy reaches the node where its cluster says
+    (Slurm: its `NodeAddr`); 503 while the cluster cannot be asked (try again)."""
     host, _, port = body.address.rpartition(":")
     low, high = ctx.settings.rank_port_range
-    with ctx.db.write() as session:
+    with ctx.db.read() as session:
         job = session.get(Job, it.job_id)
         node = job.host_name if job is not None else None
-        if host != node:
-            raise SpecError("address", f"the door is on the node the attempt runs on ({node}), not on {host}")
-        if not low <= int(port) <= high:
-            raise SpecError("address", f"the door's port is one of TOWERQ_RANK_PORTS ({low}-{high}), not {port}")
-        open_door(session, it.job_id, it.attempt, body.address, body.key)
+    if node is None or host != node:
+        raise SpecError("address", f"the door is on the node the attempt runs on ({node}), not on {host}")
+    if not low <= int(port) <= high:
+        raise SpecError("address", f"the door's port is one of TOWERQ_RANK_PORTS ({low}-{high}), not {port}")
+    try:
+        reached = executor.reach(node)
+    except ExecutorError as err:
+        raise NotReadyError(f"{executor.name.capitalize()} cannot be asked where {node} is reached: {err}") from err
+    with ctx.db.write() as session:
+        open_door(session, it.job_id, it.attempt, f"{reached}:{port}", body.key)
     return Response(status_code=204)
 
 

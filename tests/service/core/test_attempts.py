@@ -25,6 +25,7 @@ from service.core.exceptions import NotFoundError, StaleAttemptError
 from service.core.lifecycle import STOPPED_EARLY, locked_job, requeue
 from service.core.models import Job, JobState, LogLine, Metric, RankAddress
 from service.core.settings import Settings
+from service.core.slurm_nodes import address_command, parse_address
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
 from service.scheduler.live import LiveScheduler
@@ -333,6 +334,48 @@ def test_a_claim_waits_while_slurm_cannot_be_asked_where_the_attempt_runs(
         assert refused.value.passing
     assert asked[1:] == [503] * len(asked[1:]) and len(asked) >= 4, asked
     assert (job(ctx, job_id).state, job(ctx, job_id).host_name) == (JobState.DISPATCHED, "lab-a"), "not n1"
+
+
+def test_a_door_waits_while_slurm_cannot_say_where_its_node_is_reached(
+    ctx: Context, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the Slurm executor the API's proxy reaches a session's door at its node's address
+    as Slurm says it (`NodeAddr`: a cluster's node names may resolve nowhere but in Slurm);
+    while Slurm cannot be asked the door's record answers 503, the node's channel asks again
+    until its patience ends, and nothing is recorded meanwhile."""
+    if shutil.which("sinfo") is None:
+        pytest.skip("Slurm's client commands are not installed")
+    conf = tmp_path / "slurm.conf"  # a cluster whose controller does not answer
+    conf.write_text("ClusterName=gone\nSlurmctldHost=gone(127.0.0.1)\nSlurmctldPort=1\nMessageTimeout=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    job_id = dispatched(ctx, {"kind": "notebook", "gpus": [0]})
+    with ctx.db.write() as session:
+        token = mint_attempt_token(session, job_id, 1)
+    port = ctx.settings.rank_port_range[0]
+    with TestClient(create_app(settings.model_copy(update={"executor": "slurm"}))) as client:
+        answer = client.post(
+            f"/api/attempts/{job_id}/1/door",
+            json={"address": f"lab-a:{port}", "key": "cd" * 32},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
+        assert answer.json()["detail"].startswith("Slurm cannot be asked where lab-a is reached: sinfo: "), answer.text
+        channel = HttpChannel("http://testserver", token, job_id, 1, http=client, retry_for=1.0)
+        with pytest.raises(Refused, match="^Slurm cannot be asked where lab-a is reached") as refused:
+            channel.open_door(f"lab-a:{port}", "cd" * 32)
+        assert refused.value.passing
+    with ctx.db.read() as session:
+        assert session.scalars(select(RankAddress.address)).all() == []
+
+
+def test_a_nodes_address_is_slurms_word_or_its_name() -> None:
+    said = "n1|10.0.0.5\nn1|10.0.0.5\n"  # a line per partition the node is in
+    assert parse_address(said, "n1") == "10.0.0.5"
+    assert parse_address("n1|fe80::1\n", "n1") == "fe80::1"
+    assert (
+        parse_address(said, "n2") is None and parse_address("", "n1") is None and parse_address("n1|\n", "n1") is None
+    )
+    assert address_command("n1") == ["sinfo", "--Node", "--noheader", "--nodes=n1", "--format=%N|%o"]
 
 
 def test_what_became_of_a_job_since_an_attempt_decides_the_image_it_left(ctx: Context) -> None:
