@@ -346,6 +346,40 @@ def test_groups_from_the_command_line(
     assert gone.returncode == 0 and "everyone's again" in gone.stdout
 
 
+def test_an_admin_adds_members_and_sets_their_limits_from_a_logged_in_command_line(
+    stack: Stack, tmp_path: Path, make_token: Callable[..., str]
+) -> None:
+    """`towerq token` and `towerq user` go through the API where the command line is logged
+    in: an admin's laptop adds a member, lists and revokes tokens and sets limits with no
+    database at hand; a member makes a token of their own, and nothing more. Before, they
+    opened the database of the folder they ran in (`./var/towerq.db`), and said it had no
+    schema."""
+    url = stack.start_api()
+    admin, member = tmp_path / "admin", tmp_path / "member"
+    assert towerq(admin, "login", url, "--token", make_token("root", True)).returncode == 0
+    made = towerq(admin, "token", "create", "--user", "bob", "--name", "laptop")
+    assert made.returncode == 0, made.stderr
+    said, secret = made.stdout.splitlines()
+    assert said.startswith("token ") and " for bob " in said and secret.startswith("tq_"), made.stdout
+    assert towerq(member, "login", url, "--token", secret).returncode == 0
+    listed = towerq(admin, "token", "list").stdout.splitlines()
+    assert any(line.split()[1] == "bob" and "laptop" in line and line.endswith("active") for line in listed), listed
+    changed = towerq(admin, "user", "set", "bob", "--gpu-limit", "2", "--share", "3")
+    assert changed.stdout.strip() == "bob: admin=no gpu_limit=2 share=3 max_priority=normal", changed.stderr
+    users = towerq(admin, "user", "list").stdout.splitlines()
+    assert ["bob", "no", "2", "3"] in [line.split() for line in users], users
+    refused = towerq(member, "user", "list")
+    assert refused.returncode == 1 and "admins only" in refused.stderr, refused.stderr
+    unknown = towerq(admin, "user", "set", "nobody", "--share", "2")
+    assert unknown.returncode == 1 and "no user 'nobody'" in unknown.stderr, unknown.stderr
+    own = towerq(member, "token", "create", "--user", "bob", "--name", "ci")  # a token for a script
+    assert own.returncode == 0 and " for bob " in own.stdout.splitlines()[0], own.stderr
+    gone = towerq(admin, "token", "revoke", said.split()[1])
+    assert gone.returncode == 0 and "revoked" in gone.stdout, gone.stderr
+    revoked = towerq(member, "jobs")
+    assert revoked.returncode != 0 and "revoked" in revoked.stderr, revoked.stderr
+
+
 def test_a_follower_sees_a_job_that_ends_between_its_read_and_its_stream(
     stack: Stack,
     make_token: Callable[..., str],

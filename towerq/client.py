@@ -215,6 +215,27 @@ class Client:
         """Who the token belongs to: `user`, `is_admin`."""
         return dict(self.request("GET", "/api/me"))
 
+    def create_token(self, user: str, *, admin: bool = False, name: str = "") -> dict[str, Any]:
+        """A new token for `user` (created if needed; admins for anyone, members for
+        themselves): its row, with the secret (`token`) shown in this answer only."""
+        return dict(self.request("POST", f"/api/users/{user}/tokens", json={"admin": admin, "name": name}))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """Your tokens (every token, for admins), never their secrets."""
+        return list(self.request("GET", "/api/tokens"))
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        return dict(self.request("DELETE", f"/api/tokens/{token_id}"))
+
+    def users(self) -> list[dict[str, Any]]:
+        """Every user with their limits (admins)."""
+        return list(self.request("GET", "/api/users"))
+
+    def change_user(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Change a user's `gpu_limit` (0: the default), `share`, `max_priority`, `is_admin`
+        or `may_use_network` (admins)."""
+        return dict(self.request("PATCH", f"/api/users/{name}", json=fields))
+
     def gpus(self) -> list[dict[str, Any]]:
         """Every GPU of the lab and who holds it."""
         return list(self.request("GET", "/api/gpus"))
