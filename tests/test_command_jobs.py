@@ -246,6 +246,7 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
     assert said[0].startswith("attempt 1 runs the command python train.py"), printed
     assert [m[:4] for m in said if m.startswith(("ENV ", "a line to stderr"))] == ["ENV ", "a li"], printed
     assert printed[-1].startswith("job ") and " succeeded" in printed[-1], printed
+    assert sum(" succeeded" in line for line in printed) == 1, "its end said once"
     again = towerq_cli("run", "--detach", "--", "python", "train.py", "--steps", "6", cwd=project,
                        api=stack.api_url, token=token)  # fmt: skip
     assert again.returncode == 0 and "(already there)" in again.stdout, again.stdout + again.stderr

@@ -57,6 +57,8 @@ class ProgressLine:
             self.eval = event
         elif kind == "state":
             self.job["state"] = event.get("state", self.job["state"])
+            if not self.live and self.job["state"] in EXIT_FOR_STATE:
+                return  # its end is said once, by `finish`, with its results
         self.draw(force=kind == "state")
 
     def text(self) -> str:
