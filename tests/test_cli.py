@@ -21,7 +21,7 @@ import pytest
 from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import REPO, Stack, wait_for
-from towerq import AuthError, Client, UnreachableError
+from towerq import AuthError, Client, UnreachableError, following
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -397,17 +397,17 @@ def test_a_follower_sees_a_job_that_ends_between_its_read_and_its_stream(
     add_host("lab-a", 1)
     client = Client(url, make_token("alice"))
     job = client.submit({"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}})
-    opened = Client._stream
+    opened = following.stream
 
-    def ends_as_it_opens(self: Client, job_id: int):  # noqa: ANN202
+    def ends_as_it_opens(client: Client, job_id: int):  # noqa: ANN202
         set_job(job_id, state=JobState.SUCCEEDED)  # stored, published to no one
-        yield from opened(self, job_id)
+        yield from opened(client, job_id)
 
-    monkeypatch.setattr(Client, "_stream", ends_as_it_opens)
+    monkeypatch.setattr(following, "stream", ends_as_it_opens)
     events: list[dict] = []
-    following = threading.Thread(target=lambda: events.extend(client.events(job.id)), daemon=True)
-    following.start()
-    following.join(30)
-    assert not following.is_alive(), "the follower waits for an end it missed"
+    follower = threading.Thread(target=lambda: events.extend(client.events(job.id)), daemon=True)
+    follower.start()
+    follower.join(30)
+    assert not follower.is_alive(), "the follower waits for an end it missed"
     assert events[-1] == {"type": "state", "state": "succeeded", "message": None}
     client.close()

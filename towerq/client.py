@@ -1,5 +1,5 @@
-"""The client itself: HTTP with retries, jobs, sweeps, uploads, reports, following a job
-live (where it finds the API and its token: `towerq.config`).
+"""The client itself: HTTP with retries, jobs, sweeps, uploads, reports, tokens (where it
+finds the API and its token: `towerq.config`; following a job live: `towerq.following`).
 
 Standard library and httpx only: it imports nothing of the service, so a laptop needs
 neither TensorFlow nor a database driver to use it.
@@ -19,7 +19,6 @@ import httpx
 from towerq.bundle import Sent, packed_folder
 from towerq.config import Config
 from towerq.contract.api import dataset_name_problem
-from towerq.contract.messages import MessageError, decode
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -31,18 +30,6 @@ __all__ = [
 ]  # fmt: skip
 RETRY_STATUSES = (502, 503, 504)
 BACKOFF_MAX_S = 10.0
-FOLLOW_GIVE_UP_S = 300.0
-"""How long following a job waits for an unreachable API (one restarting) before it gives up."""
-CONNECTED = "connected"
-"""What `_stream` yields once the API listens on the job's channel (never passed on)."""
-GAP_WAIT_S = 10.0
-"""How long a follower that just connected waits for the worker to store the rows published
-before it listened (it writes them every quarter of a second)."""
-
-
-def _ended(job: Job) -> dict[str, Any]:
-    """A followed job's end, as the `state` event the stream would have sent."""
-    return {"type": "state", "state": job.state, "message": job.data.get("error")}
 
 
 class Client:
@@ -83,7 +70,7 @@ class Client:
                     raise UnreachableError(f"cannot reach the API at {self.url}: {err}") from err
             else:
                 if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    return _checked(response)
+                    return checked(response)
             time.sleep(backoff(attempt))
         raise AssertionError("unreachable")
 
@@ -291,7 +278,7 @@ class Client:
         """Every metric row of a job (a list of dicts; a pandas DataFrame with `as_frame`)."""
         rows: list[dict[str, Any]] = []
         for chosen in [split] if split else ["train", "eval"]:
-            rows += self._metrics_after(job_id, chosen, -1)
+            rows += self.metric_rows(job_id, chosen, -1)
         rows.sort(key=lambda row: (row["step"], row["split"]))
         if not as_frame:
             return rows
@@ -302,7 +289,8 @@ class Client:
         flat = [{**{k: v for k, v in row.items() if k != "custom"}, **(row.get("custom") or {})} for row in rows]
         return pandas.DataFrame(flat)
 
-    def _metrics_after(self, job_id: int, split: str, after: int) -> list[dict[str, Any]]:
+    def metric_rows(self, job_id: int, split: str, after: int) -> list[dict[str, Any]]:
+        """A split's stored metric rows after the step `after`, in order (every page)."""
         rows: list[dict[str, Any]] = []
         while True:
             params = {"split": split, "after_step": after, "limit": 20000}
@@ -312,95 +300,14 @@ class Client:
                 return rows
             after = page[-1]["step"]
 
-    def _stored_after(self, job_id: int, seen: dict[str, int]) -> Iterator[dict[str, Any]]:
-        """The stored rows of both splits after the steps `seen` (which it advances), as events."""
-        for split in ("train", "eval"):
-            for row in self._metrics_after(job_id, split, seen[split]):
-                seen[split] = row["step"]
-                yield {"type": "metric" if split == "train" else "eval", **row}
-
-    def _rows_before(self, job_id: int, split: str, after: int, step: int) -> list[dict[str, Any]]:
-        """The stored rows after step `after` and before `step`, read once the row at `step`
-        is stored too (the worker writes in order), or after GAP_WAIT_S."""
-        deadline = time.monotonic() + GAP_WAIT_S
-        while True:
-            rows = self._metrics_after(job_id, split, after)
-            if (rows and rows[-1]["step"] >= step) or time.monotonic() > deadline:
-                return [row for row in rows if row["step"] < step]
-            time.sleep(0.1)
-
     def events(self, job_id: int) -> Iterator[dict[str, Any]]:
         """The job's live events (`metric`, `eval`, `log`, `state`, each a dict with `type`)
         until it ends. When the connection drops (the API restarted) it reconnects with
-        back-off, first replaying the metric rows stored meanwhile, so none is missed."""
-        seen = {"train": -1, "eval": -1}
-        failures = 0
-        unreachable_since: float | None = None
-        while True:
-            try:
-                job = self.job(job_id)
-                unreachable_since = None
-                yield from self._stored_after(job_id, seen)
-                if job.state in FINAL_STATES:
-                    yield _ended(job)
-                    return
-                # The rows published before the stream listened but written after the read
-                # above (the worker writes in batches) came on neither: the first row of
-                # each split on this stream is preceded by those stored before it.
-                filling = {"train", "eval"}
-                for event in self._stream(job_id):
-                    failures = 0
-                    kind = event.get("type")
-                    if kind == CONNECTED:
-                        # The job may have ended between the read above and the stream's
-                        # start: its state came on neither. Listening now, ask again.
-                        job = self.job(job_id)
-                        if job.state in FINAL_STATES:
-                            yield from self._stored_after(job_id, seen)
-                            yield _ended(job)
-                            return
-                        continue
-                    if kind in ("metric", "eval"):
-                        split = "train" if kind == "metric" else "eval"
-                        if event.get("step", -1) <= seen[split]:
-                            continue
-                        if split in filling:
-                            filling.discard(split)
-                            for row in self._rows_before(job_id, split, seen[split], event["step"]):
-                                seen[split] = row["step"]
-                                yield {"type": kind, **row}
-                        seen[split] = event["step"]
-                    yield event
-                    if kind == "state" and event.get("state") in FINAL_STATES:
-                        # Rows published while this stream was being opened are stored by
-                        # now (the worker writes them before the job ends): the rest.
-                        yield from self._stored_after(job_id, seen)
-                        return
-            except (httpx.TransportError, UnreachableError) as err:
-                # The API may be restarting (the catch-up above is retried too, not only the
-                # stream): give up only once it has been unreachable for FOLLOW_GIVE_UP_S.
-                unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since > FOLLOW_GIVE_UP_S:
-                    raise UnreachableError(f"cannot reach the API at {self.url} for {FOLLOW_GIVE_UP_S:.0f} s") from err
-                time.sleep(backoff(failures))
-                failures += 1
+        back-off, first replaying the metric rows stored meanwhile, so none is missed
+        (`towerq.following`)."""
+        from towerq.following import events
 
-    def _stream(self, job_id: int) -> Iterator[dict[str, Any]]:
-        timeout = httpx.Timeout(10.0, read=60.0)  # the API sends a keepalive every 15 s
-        with self.http.stream("GET", f"/api/jobs/{job_id}/stream", timeout=timeout) as response:
-            _checked(response, streaming=True)
-            data: list[str] = []
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    data.append(line[5:].strip())
-                elif line.startswith(": connected"):
-                    yield {"type": CONNECTED}  # the API listens from here on
-                elif not line and data:
-                    try:
-                        yield decode("\n".join(data)).model_dump(mode="json")
-                    except MessageError:
-                        pass
-                    data = []
+        return events(self, job_id)
 
     def download(self, job_id: int, path: str | None = None, to: str | Path = ".") -> Path:
         """A file of the job's artifacts into the folder `to` (a folder, or everything, as a
@@ -421,7 +328,7 @@ class Client:
         partial = target.with_name(target.name + ".part")
         try:
             with self.http.stream("GET", route, timeout=httpx.Timeout(30, read=300)) as response:
-                _checked(response, streaming=True)
+                checked(response, streaming=True)
                 total = int(response.headers.get("content-length") or 0) or None
                 received = 0
                 with partial.open("wb") as out:
@@ -445,7 +352,7 @@ def backoff(attempt: int) -> float:
     return min(BACKOFF_MAX_S, 0.5 * 2**attempt) * (0.75 + 0.5 * random.random())
 
 
-def _checked(response: httpx.Response, streaming: bool = False) -> httpx.Response:
+def checked(response: httpx.Response, streaming: bool = False) -> httpx.Response:
     if response.status_code < 400:
         return response
     if streaming:
