@@ -86,3 +86,10 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
     args.env = ["NOEQUALS"]
     with pytest.raises(UsageError, match="NAME=VALUE"):
         run.run_spec(args, "c" * 64)
+
+
+def test_the_memory_fraction_is_asked_by_its_short_name_or_the_specs() -> None:
+    parser = argparse.ArgumentParser()
+    run.add_placement_options(parser)
+    for option in ("--fraction", "--gpu-memory-fraction"):
+        assert run.placement_fields(parser.parse_args([option, "0.5"]))["gpu_memory_fraction"] == 0.5

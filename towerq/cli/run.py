@@ -66,7 +66,10 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, default=None, metavar="N", help="this many GPUs (default 1)")
     parser.add_argument("--gpu-ids", default=None, metavar="I,J", help="these GPU indices (with --host)")
     parser.add_argument("--host", default=None)
-    parser.add_argument("--fraction", type=float, default=None, metavar="F", help="gpu_memory_fraction: share GPUs")
+    parser.add_argument(
+        "--fraction", "--gpu-memory-fraction", dest="fraction", type=float, default=None, metavar="F",
+        help="share GPUs: this fraction of each one's memory (the spec's gpu_memory_fraction)",
+    )  # fmt: skip
     parser.add_argument("--name", default=None)
     parser.add_argument("--time-limit", type=int, default=None, metavar="SECONDS")
     parser.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
