@@ -156,6 +156,9 @@ def test_login_follow_exit_codes_and_json(
         json.loads(answer.stdout)
     states = {job["id"]: job["state"] for job in json.loads(towerq(home, "jobs", "-o", "json").stdout)["items"]}
     assert states[job_id] == "succeeded" and states[cancelled_id] == "cancelled"
+    printed = towerq(home, "logs", str(job_id)).stdout.splitlines()
+    followed = towerq(home, "logs", str(job_id), "--follow")  # an ended job: its lines once, and done
+    assert followed.returncode == 0 and followed.stdout.splitlines() == printed and printed, followed.stderr
 
 
 def test_the_python_client_follows_across_an_api_restart_and_submits_once(

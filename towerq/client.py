@@ -11,6 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -18,7 +19,7 @@ import httpx
 
 from towerq.bundle import Sent, packed_folder
 from towerq.config import Config
-from towerq.contract.api import dataset_name_problem
+from towerq.contract.api import LOG_TRIMMED_HEADER, dataset_name_problem
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -115,10 +116,17 @@ class Client:
     ) -> Iterator[dict[str, Any]]:
         """The job's log lines after the line `after` (0: its last `LOG_PAGE`), each once and in
         order; with `follow`, the lines to come too, read every `poll_s`, until the job ends
-        and its last line is read."""
+        and its last line is read. Where lines after `after` were trimmed from the database
+        before they were read (it keeps a job's newest `LOG_LINES_KEPT`), a line of level
+        `towerq` says so in their place, once: its `log.txt` has them all."""
         while True:
             ended = follow and self.job(job_id).done  # asked first: the lines it wrote before it ended follow
-            rows = self.logs(job_id, after_id=after, tail=LOG_PAGE)
+            page = self._log_page(job_id, after)
+            rows = page.json()
+            trimmed = int(page.headers.get(LOG_TRIMMED_HEADER, 0))
+            if 0 < after < trimmed:
+                yield trimmed_line(job_id, trimmed, rows)
+                after = trimmed
             yield from rows
             after = max([after, *(int(row["id"]) for row in rows)])
             if len(rows) == LOG_PAGE:
@@ -126,6 +134,10 @@ class Client:
             if not follow or ended:
                 return
             time.sleep(poll_s)
+
+    def _log_page(self, job_id: int, after: int) -> httpx.Response:
+        params = {"after_id": after, "tail": LOG_PAGE}
+        return self._send(lambda: self.http.get(f"/api/jobs/{job_id}/logs", params=params))
 
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
@@ -345,6 +357,18 @@ class Client:
             raise
         partial.replace(target)
         return response.headers
+
+
+def trimmed_line(job_id: int, trimmed: int, after_it: list[dict[str, Any]]) -> dict[str, Any]:
+    """A log line that says lines were trimmed before they were read, in their place (its
+    `id` is the newest trimmed; its time the next line's, else now)."""
+    when = after_it[0]["time"] if after_it else datetime.now(UTC).isoformat()
+    message = (
+        f"(some lines were not read before the database trimmed them: it keeps a job's newest; "
+        f"its log.txt has every line: towerq download {job_id} log.txt)"
+    )
+    attempt = after_it[0]["attempt"] if after_it else None
+    return {"id": trimmed, "time": when, "level": "towerq", "message": message, "attempt": attempt}
 
 
 def backoff(attempt: int) -> float:

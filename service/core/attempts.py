@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 
 import redis
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core import defaults, keys, rollups
@@ -179,7 +179,7 @@ def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd) ->
 
 def trim_logs(session: Session, job_id: int) -> None:
     """Keep the newest `LOG_LINES_KEPT` lines of the job's log in the database (its
-    `log.txt` artifact keeps them all)."""
+    `log.txt` artifact keeps them all), and the newest trimmed (`Job.log_trimmed_through`)."""
     cutoff = session.scalar(
         select(LogLine.id)
         .where(LogLine.job_id == job_id)
@@ -189,6 +189,7 @@ def trim_logs(session: Session, job_id: int) -> None:
     )
     if cutoff is not None:
         session.execute(delete(LogLine).where(LogLine.job_id == job_id, LogLine.id <= cutoff))
+        session.execute(update(Job).where(Job.id == job_id).values(log_trimmed_through=cutoff))
 
 
 def drain_held(session: Session, job_id: int, attempt: int, host: str, indices: list[int]) -> list[int]:

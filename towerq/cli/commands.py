@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from towerq.cli import views
-from towerq.cli.follow import EXIT_FOR_STATE, follow_job
+from towerq.cli.follow import EXIT_FOR_STATE, follow_job, log_line
 from towerq.cli.groups import add_group_commands, add_reservation_commands
 from towerq.cli.notebook import add_notebook_command
 from towerq.cli.reports import (
@@ -305,17 +304,12 @@ def run_share(args: argparse.Namespace) -> int:
 
 def run_logs(args: argparse.Namespace) -> int:
     client = Api(args).client
-    after = 0
     lines = client.logs(args.id, tail=200)
     if args.output_format == "json" and not args.follow:
         return print_json(lines)
-    while True:
-        for line in lines:
-            print(f"{line['time'][11:19]} {line['level']:<7} {line['message']}")
-            after = line["id"]
-        if not args.follow:
-            return 0
-        if client.job(args.id).done and not lines:
-            return 0
-        time.sleep(1)
-        lines = client.logs(args.id, after_id=after)
+    for line in lines:
+        print(log_line(line), flush=True)
+    if args.follow:  # each line once, in order, until the job ends (`Client.log_lines`)
+        for line in client.log_lines(args.id, after=lines[-1]["id"] if lines else 0, follow=True):
+            print(log_line(line), flush=True)
+    return 0

@@ -8,6 +8,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
+LOG_TRIMMED_HEADER = "X-Towerq-Log-Trimmed-Through"
+"""On a job's log lines (`/api/jobs/{id}/logs`): the newest of its lines trimmed from the
+database (its `log.txt` keeps them all), where some were."""
+
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """A dataset's name: the API refuses others, and the client before it uploads a byte."""
 

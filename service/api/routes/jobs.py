@@ -24,6 +24,7 @@ from service.jobs.stopping import cancel_then_stop
 from service.jobs.submit import check_notebook, check_startable, check_submission, submit
 from service.lab.groups import resolve_group
 from service.scheduler.dryrun import estimate
+from towerq.contract.api import LOG_TRIMMED_HEADER
 from towerq.contract.messages import CancelMessage
 from towerq.contract.spec import JobSpec
 
@@ -141,11 +142,18 @@ def logs(
     job_id: JobId,
     session: SessionDep,
     caller: CallerDep,
+    response: Response,
     after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
     tail: Annotated[int, Query(ge=1, le=defaults.LOG_LINES_KEPT)] = 1000,
 ) -> list[LogLine]:
-    """The trainer's log lines: the last `tail` of them, or those after `after_id`."""
-    privacy.check_outputs(get_job(session, job_id), caller)
+    """The trainer's log lines: the last `tail` of them, or those after `after_id`. Where
+    older lines were trimmed (the database keeps a job's newest lines; its `log.txt` all of
+    them), `X-Towerq-Log-Trimmed-Through` names the newest trimmed: a reader after an older
+    line missed some."""
+    job = get_job(session, job_id)
+    privacy.check_outputs(job, caller)
+    if job.log_trimmed_through is not None:
+        response.headers[LOG_TRIMMED_HEADER] = str(job.log_trimmed_through)
     query = select(LogLine).where(LogLine.job_id == job_id)
     if after_id:
         return list(session.scalars(query.where(LogLine.id > after_id).order_by(LogLine.id).limit(tail)))

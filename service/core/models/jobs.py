@@ -101,6 +101,9 @@ class Job(Base):
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """What its log lines took (their text and a line's overhead), all attempts together:
     the database's rows and `log.txt` both hold them. Capped by TOWERQ_JOB_LOG_MAX_MB."""
+    log_trimmed_through: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    """The newest of its log lines trimmed from the database (`attempts.trim_logs`; its
+    `log.txt` keeps them all): a reader after an older line missed some. None: none was."""
     metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Metric points stored for it, all attempts together."""
     """What the job's folder held on disk when its worker last measured it."""
