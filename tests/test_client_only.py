@@ -103,3 +103,9 @@ def test_a_client_only_install_runs_the_member_commands_and_names_the_extra_for_
     assert refused.returncode == 1 and "gpu_count" in refused.stderr and "Traceback" not in refused.stderr
     unreachable = run("jobs", TOWERQ_API_URL="http://127.0.0.1:9", TOWERQ_TOKEN="tq_x")
     assert unreachable.returncode == 4 and "cannot reach the API" in unreachable.stderr, unreachable.stderr
+    # tokens go through the API: a member makes one for a script from the client alone
+    made = run("token", "create", "--user", "alice", "--name", "ci", **login)
+    assert made.returncode == 0 and made.stdout.splitlines()[-1].startswith("tq_"), made.stderr
+    assert "ci" in run("token", "list", **login).stdout
+    lost = run("token", "list")  # not logged in, and no database here to fall back on
+    assert lost.returncode == 1 and "not logged in: `towerq login URL" in lost.stderr, lost.stderr

@@ -27,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     server.add_commands(subcommands)
     simulate.add_commands(subcommands)
     admin.add_commands(subcommands)
-    commands.add_commands(subcommands)
+    commands.add_commands(subcommands, on_database=admin.ON_DATABASE)
     return top
 
 

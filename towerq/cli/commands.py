@@ -18,6 +18,7 @@ from towerq.cli import views
 from towerq.cli.follow import EXIT_FOR_STATE, follow_job, log_line
 from towerq.cli.groups import add_group_commands, add_reservation_commands
 from towerq.cli.notebook import add_notebook_command
+from towerq.cli.people import OnDatabase, add_people_commands
 from towerq.cli.reports import (
     dry_run_line,
     run_fair_share,
@@ -52,8 +53,10 @@ from towerq.contract.api import DEFAULT_URL
 CommandMaker = Callable[..., argparse.ArgumentParser]
 
 
-def add_commands(commands: Any) -> None:
-    """Every member's command, a job's first, then other kinds of work, the lab's views, files."""
+def add_commands(commands: Any, on_database: dict[str, OnDatabase] | None = None) -> None:
+    """Every member's command, a job's first, then other kinds of work, the lab's views, files,
+    tokens and users (`on_database`: how the server's install does those where the command line
+    is not logged in)."""
     command = _command_maker(commands)
     _add_login(commands)
     _add_submit(command)
@@ -64,6 +67,7 @@ def add_commands(commands: Any) -> None:
     _add_file_commands(commands, command)
     add_group_commands(commands)
     add_reservation_commands(commands)
+    add_people_commands(commands, on_database)
 
 
 def _command_maker(commands: Any) -> CommandMaker:

@@ -23,7 +23,7 @@ the API refused), 2 usage (argparse's too), 3 a followed job was cancelled, 4 th
 unreachable or refused the token, 141 the reader of its output went away (`| head`), as for
 any command a SIGPIPE ends."""
 
-SERVER_COMMANDS = ("up", "api", "worker", "scheduler", "db", "health", "simulate", "admin", "token", "user")
+SERVER_COMMANDS = ("up", "api", "worker", "scheduler", "db", "health", "simulate", "admin")
 """The commands of the server (`service.cli`), which a client-only install does not have."""
 SERVER_EXTRA = "pip install 'towerq[server]'"
 
