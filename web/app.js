@@ -14,6 +14,7 @@ const pages = {
   sweep: () => import("./pages/sweep.js"),
   usage: () => import("./pages/usage.js"),
   groups: () => import("./pages/groups.js"),
+  tokens: () => import("./pages/tokens.js"),
 };
 
 let leave = null;

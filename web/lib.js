@@ -276,3 +276,34 @@ export function expectedStart(job) {
   const where = job.expected_host ? ` on ${job.expected_host}` : "";
   return `~${day}${clock}${where} (in ${duration(seconds)})`;
 }
+
+// A field of an `actionForm`: its label, its input (named: the form gives it its id), a hint.
+export const formInput = (label, input, help = "") => ({ label, input, help });
+
+// A form whose submit calls `send(FormData)`, says in a toast what it returned (words), and
+// refreshes the page; what the API refused is said beside the form, in its words.
+export function actionForm(title, id, fields, submitLabel, send, refresh) {
+  const said = el("p", { class: "error", role: "alert" });
+  const form = el(
+    "form",
+    { class: "admin-form", id, novalidate: true },
+    el("h3", {}, title),
+    // Ids by form: two forms have a field of the same name.
+    ...fields.map(({ label, input, help }) => formField(label, Object.assign(input, { id: `${id}-${input.name}` }), help)),
+    el("button", { type: "submit" }, submitLabel),
+    said,
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    said.textContent = "";
+    try {
+      const done = await send(new FormData(form));
+      toast(done);
+      form.reset();
+      await refresh();
+    } catch (error) {
+      said.textContent = problemText(error);
+    }
+  });
+  return form;
+}

@@ -293,6 +293,7 @@ def test_clone_compare_keyboard_and_phone(
         ("#/submit", "#submit"),
         (f"#/compare?ids={first},{second}", "#compare-chart canvas"),
         ("#/usage", "#chart-gpus-per-user canvas"),
+        ("#/tokens", "#tokens table"),
     ]:
         phone.goto(f"{url}/{route}")
         phone.wait_for_selector(ready)

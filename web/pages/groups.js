@@ -1,6 +1,6 @@
 // Groups and reservations: the lab's groups (share, quotas, GPU hours this week, members)
 // and the GPUs kept for them over a window. Everyone reads them; admins change them here.
-import { api, dataTable, el, formField, poll, problemLine, problemText, session, toast } from "../lib.js";
+import { actionForm, api, dataTable, el, formInput as field, poll, problemLine, problemText, session, toast } from "../lib.js";
 
 const POLL_MS = 30000;
 const HOUR_MS = 3600 * 1000;
@@ -124,36 +124,6 @@ function fillGroups(select, groups) {
   select.replaceChildren(...groups.map((g) => el("option", { value: g.name, selected: g.name === chosen }, g.name)));
 }
 
-// A field of an admin form; the form names its input (`adminForm`).
-const field = (label, input, help = "") => ({ label, input, help });
-
-// A form whose submit sends `body()` to `path` and says how it went, in words.
-function adminForm(title, id, fields, submitLabel, send, refresh) {
-  const said = el("p", { class: "error", role: "alert" });
-  const form = el(
-    "form",
-    { class: "admin-form", id, novalidate: true },
-    el("h3", {}, title),
-    // Ids by form: two forms have a field of the same name.
-    ...fields.map(({ label, input, help }) => formField(label, Object.assign(input, { id: `${id}-${input.name}` }), help)),
-    el("button", { type: "submit" }, submitLabel),
-    said,
-  );
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    said.textContent = "";
-    try {
-      const done = await send(new FormData(form));
-      toast(done);
-      form.reset();
-      await refresh();
-    } catch (error) {
-      said.textContent = problemText(error);
-    }
-  });
-  return form;
-}
-
 const number = (value) => (value === "" || value === null ? null : Number(value));
 
 function localInput(name, offsetHours) {
@@ -164,7 +134,7 @@ function localInput(name, offsetHours) {
 }
 
 function adminForms(refresh) {
-  const groupForm = adminForm(
+  const groupForm = actionForm(
     "New group",
     "new-group",
     [
@@ -188,7 +158,7 @@ function adminForms(refresh) {
     },
     refresh,
   );
-  const memberForm = adminForm(
+  const memberForm = actionForm(
     "Add a member",
     "add-member",
     [
@@ -207,7 +177,7 @@ function adminForms(refresh) {
     },
     refresh,
   );
-  const keepForm = adminForm(
+  const keepForm = actionForm(
     "Keep GPUs for a group",
     "new-reservation",
     [
