@@ -19,6 +19,7 @@ PAGES = {
     "gpus": ("gpus", '[data-host="lab-a"]'),
     "usage": ("usage", "#chart-gpus-per-user .uplot"),
     "groups": ("groups", "#reservations tr[data-reservation]"),
+    "tokens": ("tokens", "#tokens tr[data-token]"),
     "submit": ("submit", "#submit"),
     "compare": ("compare?ids={a},{b},{c}", "#compare-chart[data-series='3'] canvas"),
 }
