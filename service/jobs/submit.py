@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from service.core.context import connect_redis
 from service.core.db import Database
 from service.core.exceptions import SpecError, TooManyError
-from service.core.models import Group, Job, JobState, User, session_refusals, utcnow
+from service.core.models import Gpu, Group, Host, Job, JobState, User, session_refusals, utcnow
 from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
@@ -161,14 +161,37 @@ SESSION_STATES = (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
 def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
     """A session may start on a host that is up and runs sessions (its worker says when it
     registers why it does not: `worker.notebook.why_no_sessions`): 422 naming `host` where
-    the host it names does not, or `kind` where no host that is up does. With no host up it
-    waits for one, as any job does."""
+    the host it names does not, `kind` where no host that is up does, or `gpu_count` where
+    more GPUs than any host that does has (the scheduler places it only there). With no host
+    up it waits for one, as any job does."""
     refused = session_refusals(session)
     if spec.host is not None and refused.get(spec.host):
         raise SpecError("host", f"{spec.host} runs no notebook sessions: {refused[spec.host]}")
     if refused and all(refused.values()):
         said = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
         raise SpecError("kind", f"no host of the lab runs notebook sessions now ({said})")
+    if any(refused.values()) and spec.host is None:
+        runs = [name for name, why in refused.items() if not why]
+        sizes = present_gpus(session, runs)
+        largest = max(sizes.values(), default=0)
+        if (spec.gpu_count or 1) > largest:
+            where = ", ".join(sorted(name for name, size in sizes.items() if size == largest)) or "none"
+            raise SpecError(
+                "gpu_count",
+                f"{spec.gpu_count} GPUs asked for but the largest host that runs notebook sessions has {largest} "
+                f"({where}; the others run none)",
+            )
+
+
+def present_gpus(session: Session, hosts: list[str]) -> dict[str, int]:
+    """How many GPUs each of `hosts` has now."""
+    rows = session.execute(
+        select(Host.name, func.count(Gpu.id))
+        .join(Gpu, Gpu.host_id == Host.id)
+        .where(Host.name.in_(hosts), Gpu.present.is_(True))
+        .group_by(Host.name)
+    )
+    return {name: int(count) for name, count in rows}
 
 
 def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings) -> None:

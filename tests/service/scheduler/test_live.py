@@ -17,6 +17,7 @@ from sqlalchemy import func, select, update
 from service.cli.scheduling import forecast_between_passes, serve
 from service.core import defaults, keys, launches
 from service.core.context import Context
+from service.core.exceptions import SpecError
 from service.core.lifecycle import finish, locked_job, mark_running, requeue
 from service.core.models import Allocation, Gpu, Host, HostState, Job, JobState, User, utcnow
 from service.core.settings import Settings
@@ -166,6 +167,29 @@ def test_a_session_goes_only_to_a_host_that_runs_sessions(
     assert waiting.pending_reason == (
         "no host that may run it is up (a notebook session runs where its worker runs sessions)"
     )
+
+
+def test_a_session_larger_than_any_host_that_runs_sessions_is_refused_naming_gpu_count(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """Where the big host runs no sessions, a session of its size could never be placed
+    (sessions go only where they run): refused at submit, saying where they run, instead of
+    waiting for ever."""
+    add_host("lab-a", 4)
+    add_host("lab-b", 2)
+    with ctx.db.write() as session:
+        refusing = session.scalars(select(Host).where(Host.name == "lab-a")).one()
+        refusing.info = {**refusing.info, "no_notebooks": "JupyterLab is not installed (pip install jupyterlab)"}
+    alice = caller("alice")
+    with pytest.raises(SpecError, match="^gpu_count: 4 GPUs asked for but the largest host that runs notebook") as err:
+        submit(ctx.db, alice, JobSpec.model_validate({"kind": "notebook", "gpu_count": 4}), ctx.settings)
+    assert err.value.field == "gpu_count" and "(lab-b; the others run none)" in str(err.value)
+    job, _ = submit(ctx.db, alice, JobSpec.model_validate({"kind": "notebook", "gpu_count": 2}), ctx.settings)
+    assert job.state == JobState.QUEUED
+    model, _ = submit(
+        ctx.db, alice, JobSpec.model_validate({"model": "mlp", "dataset": "digits", "gpu_count": 4}), ctx.settings
+    )
+    assert model.state == JobState.QUEUED, "other jobs take the big host as before"
 
 
 def test_a_host_that_stops_heartbeating_is_marked_down_and_its_jobs_requeued(
