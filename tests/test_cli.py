@@ -375,6 +375,9 @@ def test_an_admin_adds_members_and_sets_their_limits_from_a_logged_in_command_li
     assert refused.returncode == 1 and "admins only" in refused.stderr, refused.stderr
     unknown = towerq(admin, "user", "set", "nobody", "--share", "2")
     assert unknown.returncode == 1 and "no user 'nobody'" in unknown.stderr, unknown.stderr
+    carol = towerq(admin, "user", "create", "carol", "--admin")  # as other tools call it: a user and a first token
+    assert carol.returncode == 0 and " for carol (an admin) " in carol.stdout, carol.stderr
+    assert carol.stdout.splitlines()[-1].startswith("tq_")
     own = towerq(member, "token", "create", "--user", "bob", "--name", "ci")  # a token for a script
     assert own.returncode == 0 and " for bob " in own.stdout.splitlines()[0], own.stderr
     gone = towerq(admin, "token", "revoke", said.split()[1])

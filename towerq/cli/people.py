@@ -44,6 +44,11 @@ def add_people_commands(commands: Any, on_database: dict[str, OnDatabase] | None
     user_actions = user.add_subparsers(dest="user_command", required=True, metavar="ACTION")
     users = user_actions.add_parser("list", help="list users")
     users.set_defaults(run=run_user_list, on_database=done_there.get("user list"))
+    new = user_actions.add_parser("create", help="a new user, with a first token (towerq token create --user NAME)")
+    new.add_argument("user", metavar="name")
+    new.add_argument("--admin", action="store_true", help="make the user an admin")
+    new.add_argument("--name", default="", help="a label for the token")
+    new.set_defaults(run=run_token_create, on_database=done_there.get("token create"))
     update = user_actions.add_parser("set", help="change a user's limits, share or admin flag")
     update.add_argument("name")
     update.add_argument("--gpu-limit", type=int, default=None, help="GPUs in use at once (0 = the default limit)")
@@ -55,7 +60,7 @@ def add_people_commands(commands: Any, on_database: dict[str, OnDatabase] | None
     update.add_argument("--admin", dest="admin", action="store_true", default=None)
     update.add_argument("--no-admin", dest="admin", action="store_false")
     update.set_defaults(run=run_user_set, on_database=done_there.get("user set"))
-    for command in (create, revoke, listing, users, update):
+    for command in (create, revoke, listing, users, new, update):
         connection_options(command)
 
 
