@@ -11,7 +11,7 @@ import pytest
 
 from towerq import bundle
 from towerq.cli import run
-from towerq.cli.session import UsageError
+from towerq.cli.session import UsageError, parse_command_line
 
 
 def project(root: Path, files: dict[str, bytes]) -> Path:
@@ -93,3 +93,23 @@ def test_the_memory_fraction_is_asked_by_its_short_name_or_the_specs() -> None:
     run.add_placement_options(parser)
     for option in ("--fraction", "--gpu-memory-fraction"):
         assert run.placement_fields(parser.parse_args([option, "0.5"]))["gpu_memory_fraction"] == 0.5
+
+
+def test_an_option_a_command_does_not_take_is_refused_by_that_command_naming_the_nearest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Not the top parser's "usage: towerq [-h] COMMAND" for `towerq run --memory-fraction`."""
+    from service.cli.command import parser
+
+    for argv, said in (
+        (["run", "--memory-fraction", "0.5", "--", "python", "x.py"], "(did you mean --gpu-memory-fraction?)"),
+        (["jobs", "--bogus"], "unrecognized arguments: --bogus\n"),
+        (["token", "list", "--tokn", "x"], "(did you mean --token?)"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse_command_line(parser(), argv)
+        err = capsys.readouterr().err
+        command = " ".join(word for word in argv[:2] if not word.startswith("-"))
+        assert exited.value.code == 2 and f"usage: towerq {command}" in err and said in err, err
+    args = parse_command_line(parser(), ["run", "--gpus", "2", "--", "python", "x.py", "--weird"])
+    assert args.program[-1] == "--weird", "what follows -- is the program's"

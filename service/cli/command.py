@@ -19,6 +19,7 @@ from service.core.settings import Settings, redacted
 from service.executors import UnknownExecutorError
 from towerq.cli import commands
 from towerq.cli.main import run
+from towerq.cli.session import parse_command_line
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_command_line(parser(), argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )

@@ -73,5 +73,5 @@ def client_main(argv: list[str] | None, missing: str) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    args = client_parser(missing).parse_args(words)
+    args = session.parse_command_line(client_parser(missing), words)
     return run(args, args.run)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import time
@@ -23,6 +24,39 @@ class ClientError(Exception):
 
 class UsageError(ClientError):
     """The command line or its input is wrong (exit code 2)."""
+
+
+def parse_command_line(top: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`top.parse_args(argv)`, but an option the command does not take is refused by the
+    command's own parser (its usage, not the top one's), naming its nearest option:
+    `towerq run --memory-fraction 0.5` -> "did you mean --gpu-memory-fraction?"."""
+    args, extra = top.parse_known_args(argv)
+    if not extra:
+        return args
+    command = chosen_command(top, args)
+    options = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+    near = [
+        m
+        for word in extra
+        if word.startswith("--")
+        for m in difflib.get_close_matches(word.split("=")[0], options, 1, 0.75)
+    ]
+    hint = f" (did you mean {' or '.join(dict.fromkeys(near))}?)" if near else ""
+    command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def chosen_command(top: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command `args` were parsed for (`towerq token create`'s, say)."""
+    parser = top
+    while True:
+        chosen = [
+            action.choices[getattr(args, action.dest)]
+            for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices
+        ]
+        if not chosen:
+            return parser
+        parser = chosen[0]
 
 
 def connection_options(parser: argparse.ArgumentParser) -> None:
