@@ -1,7 +1,8 @@
 """The Tokens page in a real browser: an admin adds a member (a token for a new user, its
 secret shown once, with the line that logs in with it), sets their limits and revokes the
 token, the API's refusals shown beside the form in words; a member sees and makes only
-their own tokens. Before, tokens and users were the command line's alone."""
+their own tokens, sees which one this browser holds, and revoking it logs them out. Before,
+tokens and users were the command line's alone."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_an_admin_adds_a_member_sets_their_limits_and_revokes_a_token_and_a_memb
     assert secret.startswith("tq_"), secret
     assert f"towerq login {url} --token {secret}" in admin.locator("#new-secret").inner_text()
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}) as bob:
-        assert bob.get("/api/me").json() == {"user": "bob", "is_admin": False}
+        assert bob.get("/api/me").json() == {"user": "bob", "is_admin": False, "token_id": 2}
     admin.wait_for_selector('#users tr[data-user="bob"]')
 
     limits = admin.locator("#user-limits")
@@ -64,10 +65,18 @@ def test_an_admin_adds_a_member_sets_their_limits_and_revokes_a_token_and_a_memb
     member.wait_for_selector("#new-secret code.token")
     member.wait_for_function("document.querySelectorAll('#tokens tr[data-token]').length === 2")
     assert "root" not in member.locator("#tokens").inner_text(), "a member sees their own tokens only"
+    assert member.locator('#tokens tr[data-token="2"]').inner_text().find("active (this browser)") >= 0
 
-    laptop = admin.locator("#tokens tr", has_text="laptop")
     admin.on("dialog", lambda dialog: dialog.accept())
-    laptop.get_by_role("button", name="Revoke").click()
-    admin.wait_for_selector('#tokens tr[data-state="revoked"]')
+    admin.reload()
+    admin.wait_for_selector('#tokens tr[data-token="3"]')
+    admin.locator('#tokens tr[data-token="3"]').get_by_role("button", name="Revoke").click()
+    admin.wait_for_selector('#tokens tr[data-token="3"][data-state="revoked"]')
+
+    said: list[str] = []
+    member.on("dialog", lambda dialog: (said.append(dialog.message), dialog.accept()))
+    member.locator('#tokens tr[data-token="2"]').get_by_role("button", name="Revoke").click()
+    member.wait_for_selector("form.login")  # its own session's token: logged out
+    assert "you will be logged out" in said[0], said
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}) as bob:
         assert bob.get("/api/me").status_code == 401

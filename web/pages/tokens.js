@@ -51,7 +51,10 @@ function tokensTable(tokens, admin, refresh) {
     { title: "Starts with", cell: (t) => el("code", {}, `${t.prefix}…`) },
     { title: "Created", cell: (t) => when(t.created_at) },
     { title: "Last used", cell: (t) => (t.last_used_at ? when(t.last_used_at) : "never") },
-    { title: "State", cell: (t) => (t.revoked_at ? `revoked ${when(t.revoked_at)}` : "active") },
+    {
+      title: "State",
+      cell: (t) => (t.revoked_at ? `revoked ${when(t.revoked_at)}` : t.id === session.me?.token_id ? "active (this browser)" : "active"),
+    },
     { title: "", cell: (t) => (t.revoked_at ? "" : revokeButton(t, refresh)) },
   ];
   return dataTable(columns, tokens, {
@@ -70,9 +73,15 @@ function revokeButton(token, refresh) {
       class: "danger",
       "aria-label": `Revoke token ${token.id}`,
       onclick: async () => {
-        if (!confirm(`Revoke token ${token.id} (${whose}) of ${token.user}? What uses it stops working at once.`)) return;
+        const mine = token.id === session.me?.token_id;
+        const after = mine ? " This browser is logged in with it: you will be logged out." : "";
+        if (!confirm(`Revoke token ${token.id} (${whose}) of ${token.user}? What uses it stops working at once.${after}`)) return;
         try {
           await api(`api/tokens/${token.id}`, { method: "DELETE" });
+          if (mine) {
+            location.reload(); // its session is gone: the login form
+            return;
+          }
           toast(`Token ${token.id} revoked`);
           await refresh();
         } catch (error) {

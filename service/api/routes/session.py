@@ -13,7 +13,7 @@ router = APIRouter(prefix="/api", tags=["session"])
 @router.get("/me", response_model=Me)
 def me(caller: CallerDep) -> Me:
     """The user the token belongs to."""
-    return Me(user=caller.name, is_admin=caller.is_admin)
+    return Me(user=caller.name, is_admin=caller.is_admin, token_id=caller.token_id)
 
 
 @router.post("/session", response_model=Me)
@@ -30,7 +30,7 @@ def login(caller: CallerDep, request: Request, response: Response) -> Me:
         secure=request.url.scheme == "https",
         path=cookie_path(request),
     )
-    return Me(user=caller.name, is_admin=caller.is_admin)
+    return Me(user=caller.name, is_admin=caller.is_admin, token_id=caller.token_id)
 
 
 @router.delete("/session", status_code=204)

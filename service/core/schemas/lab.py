@@ -120,6 +120,8 @@ class NewReservation(ReservationOut):
 class Me(BaseModel):
     user: str
     is_admin: bool
+    token_id: int
+    """The token this call was made with (the dashboard's: the one its session holds)."""
 
 
 class UserOut(Out):
