@@ -211,7 +211,7 @@ class Client:
         self.request("DELETE", f"/api/datasets/{name}")
 
     def me(self) -> dict[str, Any]:
-        """Who the token belongs to: `user`, `is_admin`."""
+        """Who the token belongs to: `user`, `is_admin`, and the token's `token_id`."""
         return dict(self.request("GET", "/api/me"))
 
     def create_token(self, user: str, *, admin: bool = False, name: str = "") -> dict[str, Any]:
