@@ -21,6 +21,7 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol")
 FAKE_GPU_MAJOR = 195  # the NVIDIA character devices' major number; nothing here opens them
+PORT_TRIES = 3
 NODE = "towerq-node-1"  # a name no resolver here knows (the tests check that it does not)
 
 
@@ -137,6 +138,19 @@ class SlurmCluster:
         (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
 
     def start(self) -> None:
+        """The daemons, on ports that were free a moment before: where another process took
+        one meanwhile (a suite on two cores starts many servers), on others, up to
+        `PORT_TRIES` times (a clean run's one error: slurmd's "Address already in use")."""
+        for tried in range(1, PORT_TRIES + 1):
+            try:
+                self._start_once()
+                return
+            except RuntimeError as err:
+                if "Address already in use" not in str(err) or tried == PORT_TRIES:
+                    raise
+                self.stop()
+
+    def _start_once(self) -> None:
         self.write_config()
         root = self.root
         self._spawn(

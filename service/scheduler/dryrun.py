@@ -74,7 +74,7 @@ def estimate(
         limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
         group=spec.group,
         min_gpu_count=spec.min_gpu_count,
-        hosts=session_hosts(session)[0] if spec.is_notebook else None,
+        hosts=session_hosts(session)[0] if spec.is_notebook and host is None else None,
     )
     history.annotate([candidate], [])
     config = policy_config(settings)

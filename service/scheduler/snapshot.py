@@ -64,12 +64,17 @@ def served_before(session: Session, states: tuple[JobState, ...]) -> dict[int, f
 
 def session_hosts(session: Session) -> tuple[frozenset[str] | None, set[int]]:
     """Where some hosts that are up run no notebook sessions (their workers said so): the
-    hosts that do, and the queued sessions, which may run only there; else (None, nothing):
-    no host's worker refuses them, the common lab, read in one small query."""
+    hosts that do, and the queued sessions that name no host, which may run only there;
+    else (None, nothing): no host's worker refuses them, the common lab, read in one small
+    query. A session that names its host goes there, and where the host refuses it (it
+    did not when the session was submitted) fails at its start saying why, rather than wait
+    for another host it may not take."""
     refusals = session_refusals(session)
     if not any(refusals.values()):
         return None, set()
-    queued = select(Job.id).where(Job.state == JobState.QUEUED, Job.spec["kind"].as_string() == "notebook")
+    queued = select(Job.id).where(
+        Job.state == JobState.QUEUED, Job.requested_host.is_(None), Job.spec["kind"].as_string() == "notebook"
+    )
     return frozenset(name for name, why in refusals.items() if not why), set(session.scalars(queued))
 
 
