@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from service.core.context import connect_redis
 from service.core.db import Database
 from service.core.exceptions import SpecError, TooManyError
-from service.core.models import Gpu, Group, Host, Job, JobState, User, session_refusals, utcnow
+from service.core.models import Group, Job, JobState, User, session_refusals, utcnow
 from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
@@ -70,7 +70,7 @@ def submission_row(
     inventory = inventory or HostInventory(db, executor_for(settings, connect_redis(settings.redis_url)))
     host = check_submission(caller, spec, settings, inventory)
     if spec.is_notebook:  # a sweep's specs were refused one by one before it was stored
-        check_notebook(db, caller, spec, settings)
+        check_notebook(db, caller, spec, settings, inventory)
     if not in_sweep:
         check_queue_room(db, caller, 1, settings.user_max_queued_jobs)
     if spec.hyperparameters.seed is None:
@@ -158,12 +158,12 @@ SESSION_STATES = (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
 """A notebook session in these counts against the lab's caps on sessions."""
 
 
-def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
+def check_hosts_run_notebooks(session: Session, spec: JobSpec, gpus: dict[str, list[int]]) -> None:
     """A session may start on a host that is up and runs sessions (its worker says when it
     registers why it does not: `worker.notebook.why_no_sessions`): 422 naming `host` where
     the host it names does not, `kind` where no host that is up does, or `gpu_count` where
-    more GPUs than any host that does has (the scheduler places it only there). With no host
-    up it waits for one, as any job does."""
+    more GPUs than any host that does has (`gpus`: each host's, as the other checks saw them;
+    the scheduler places it only there). With no host up it waits for one, as any job does."""
     refused = session_refusals(session)
     if spec.host is not None and refused.get(spec.host):
         raise SpecError("host", f"{spec.host} runs no notebook sessions: {refused[spec.host]}")
@@ -171,8 +171,7 @@ def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
         said = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
         raise SpecError("kind", f"no host of the lab runs notebook sessions now ({said})")
     if any(refused.values()) and spec.host is None:
-        runs = [name for name, why in refused.items() if not why]
-        sizes = present_gpus(session, runs)
+        sizes = {name: len(gpus[name]) for name, why in refused.items() if not why and gpus.get(name)}
         largest = max(sizes.values(), default=0)
         if (spec.gpu_count or 1) > largest:
             where = ", ".join(sorted(name for name, size in sizes.items() if size == largest)) or "none"
@@ -183,18 +182,7 @@ def check_hosts_run_notebooks(session: Session, spec: JobSpec) -> None:
             )
 
 
-def present_gpus(session: Session, hosts: list[str]) -> dict[str, int]:
-    """How many GPUs each of `hosts` has now."""
-    rows = session.execute(
-        select(Host.name, func.count(Gpu.id))
-        .join(Gpu, Gpu.host_id == Host.id)
-        .where(Host.name.in_(hosts), Gpu.present.is_(True))
-        .group_by(Host.name)
-    )
-    return {name: int(count) for name, count in rows}
-
-
-def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings) -> None:
+def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings, inventory: HostInventory) -> None:
     """A notebook session within the lab's caps: its idle timeout (resolved here, so the
     job shows it), the sessions a member holds, the GPUs every session holds together."""
     longest = settings.notebook_max_idle_timeout_s
@@ -220,7 +208,7 @@ def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settin
             select(Job.user_id, Job.spec, Job.gpu_count).where(Job.state.in_([s.value for s in SESSION_STATES]))
         ).all()
         if settings.executor == "local":
-            check_hosts_run_notebooks(session, spec)
+            check_hosts_run_notebooks(session, spec, inventory.hosts())
     sessions = [row for row in rows if is_notebook(row.spec)]
     mine = sum(1 for row in sessions if row.user_id == caller.user_id)
     if mine >= settings.notebook_max_per_member:

@@ -56,7 +56,7 @@ def submit_job(
     if dry_run:
         host = check_submission(caller, spec, settings, inventory)
         if spec.is_notebook:
-            check_notebook(db, caller, spec, settings)
+            check_notebook(db, caller, spec, settings, inventory)
         with db.read() as session:
             spec.group = resolve_group(session, caller, spec.group)
             check_startable(session, caller, spec, settings)
