@@ -33,22 +33,22 @@ def add_people_commands(commands: Any, on_database: dict[str, OnDatabase] | None
     create.add_argument("--user", required=True)
     create.add_argument("--admin", action="store_true", help="make the user an admin")
     create.add_argument("--name", default="", help="a label for the token")
-    create.set_defaults(run=run_token_create, on_database=done_there.get("token create"))
+    create.set_defaults(run=either, on_api=token_create, on_database=done_there.get("token create"))
     revoke = actions.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("id", type=int)
-    revoke.set_defaults(run=run_token_revoke, on_database=done_there.get("token revoke"))
+    revoke.set_defaults(run=either, on_api=token_revoke, on_database=done_there.get("token revoke"))
     listing = actions.add_parser("list", help="list tokens (never their secrets)")
-    listing.set_defaults(run=run_token_list, on_database=done_there.get("token list"))
+    listing.set_defaults(run=either, on_api=token_list, on_database=done_there.get("token list"))
 
     user = commands.add_parser("user", help="users and their limits (admins)")
     user_actions = user.add_subparsers(dest="user_command", required=True, metavar="ACTION")
     users = user_actions.add_parser("list", help="list users")
-    users.set_defaults(run=run_user_list, on_database=done_there.get("user list"))
+    users.set_defaults(run=either, on_api=user_list, on_database=done_there.get("user list"))
     new = user_actions.add_parser("create", help="a new user, with a first token (towerq token create --user NAME)")
     new.add_argument("user", metavar="name")
     new.add_argument("--admin", action="store_true", help="make the user an admin")
     new.add_argument("--name", default="", help="a label for the token")
-    new.set_defaults(run=run_token_create, on_database=done_there.get("token create"))
+    new.set_defaults(run=either, on_api=token_create, on_database=done_there.get("token create"))
     update = user_actions.add_parser("set", help="change a user's limits, share or admin flag")
     update.add_argument("name")
     update.add_argument("--gpu-limit", type=int, default=None, help="GPUs in use at once (0 = the default limit)")
@@ -59,7 +59,7 @@ def add_people_commands(commands: Any, on_database: dict[str, OnDatabase] | None
     )  # fmt: skip
     update.add_argument("--admin", dest="admin", action="store_true", default=None)
     update.add_argument("--no-admin", dest="admin", action="store_false")
-    update.set_defaults(run=run_user_set, on_database=done_there.get("user set"))
+    update.set_defaults(run=either, on_api=user_set, on_database=done_there.get("user set"))
     for command in (create, revoke, listing, users, new, update):
         connection_options(command)
 
@@ -74,41 +74,36 @@ def logged_in(args: argparse.Namespace) -> Client | None:
     return None
 
 
-def _on_database(args: argparse.Namespace) -> int:
-    """The command, not logged in: on the service's database where the server is installed."""
-    if args.on_database is None:
-        raise ClientError("not logged in: `towerq login URL --token TOKEN` first (tokens and users go through the API)")
-    return int(args.on_database(args))
-
-
-def run_token_create(args: argparse.Namespace) -> int:
+def either(args: argparse.Namespace) -> int:
+    """The command through the API (`args.on_api`) where the command line is logged in;
+    else on the service's database (`args.on_database`) where the server is installed."""
     client = logged_in(args)
     if client is None:
-        return _on_database(args)
+        if args.on_database is None:
+            raise ClientError(
+                "not logged in: `towerq login URL --token TOKEN` first (tokens and users go through the API)"
+            )
+        return int(args.on_database(args))
     with client:
-        made = client.create_token(args.user, admin=args.admin, name=args.name)
+        return int(args.on_api(client, args))
+
+
+def token_create(client: Client, args: argparse.Namespace) -> int:
+    made = client.create_token(args.user, admin=args.admin, name=args.name)
     role = " (an admin)" if args.admin else ""
     print(f"token {made['id']} for {args.user}{role} (store it now: it is not shown again)")
     print(made["token"])
     return 0
 
 
-def run_token_revoke(args: argparse.Namespace) -> int:
-    client = logged_in(args)
-    if client is None:
-        return _on_database(args)
-    with client:
-        row = client.revoke_token(args.id)
+def token_revoke(client: Client, args: argparse.Namespace) -> int:
+    row = client.revoke_token(args.id)
     print(f"token {row['id']} ({row['prefix']}…) revoked")
     return 0
 
 
-def run_token_list(args: argparse.Namespace) -> int:
-    client = logged_in(args)
-    if client is None:
-        return _on_database(args)
-    with client:
-        said = client.tokens()
+def token_list(client: Client, args: argparse.Namespace) -> int:
+    said = client.tokens()
     print_tokens(
         [
             (
@@ -138,12 +133,8 @@ def _when(said: str) -> datetime:
     return datetime.fromisoformat(said).astimezone(UTC)
 
 
-def run_user_list(args: argparse.Namespace) -> int:
-    client = logged_in(args)
-    if client is None:
-        return _on_database(args)
-    with client:
-        print_users([(u["name"], u["is_admin"], u["gpu_limit"], u["share"]) for u in client.users()])
+def user_list(client: Client, args: argparse.Namespace) -> int:
+    print_users([(u["name"], u["is_admin"], u["gpu_limit"], u["share"]) for u in client.users()])
     return 0
 
 
@@ -156,16 +147,17 @@ def print_users(users: list[UserRow]) -> None:
 
 def user_change(args: argparse.Namespace) -> dict[str, Any]:
     """What `towerq user set` asks to change, by the API's names."""
-    asked = (("gpu_limit", args.gpu_limit), ("share", args.share), ("is_admin", args.admin))
-    return {key: value for key, value in (*asked, ("max_priority", args.max_priority)) if value is not None}
+    asked = {
+        "gpu_limit": args.gpu_limit,
+        "share": args.share,
+        "is_admin": args.admin,
+        "max_priority": args.max_priority,
+    }
+    return {key: value for key, value in asked.items() if value is not None}
 
 
-def run_user_set(args: argparse.Namespace) -> int:
-    client = logged_in(args)
-    if client is None:
-        return _on_database(args)
-    with client:
-        user = client.change_user(args.name, **user_change(args))
+def user_set(client: Client, args: argparse.Namespace) -> int:
+    user = client.change_user(args.name, **user_change(args))
     print_user(user["name"], user["is_admin"], user["gpu_limit"], user["share"], user["max_priority"])
     return 0
 
