@@ -109,7 +109,7 @@ class Client:
         """A job's log lines (`id`, `time`, `level`, `message`): the last `tail`, or those
         after the line `after_id`."""
         params = {k: v for k, v in (("tail", tail), ("after_id", after_id)) if v is not None}
-        return list(self.request("GET", f"/api/jobs/{job_id}/logs", params=params))
+        return list(self._logs_answer(job_id, params).json())
 
     def log_lines(
         self, job_id: int, *, after: int = 0, follow: bool = False, poll_s: float = 1.0
@@ -121,7 +121,7 @@ class Client:
         `towerq` says so in their place, once: its `log.txt` has them all."""
         while True:
             ended = follow and self.job(job_id).done  # asked first: the lines it wrote before it ended follow
-            page = self._log_page(job_id, after)
+            page = self._logs_answer(job_id, {"after_id": after, "tail": LOG_PAGE})
             rows = page.json()
             trimmed = int(page.headers.get(LOG_TRIMMED_HEADER, 0))
             if 0 < after < trimmed:
@@ -135,8 +135,8 @@ class Client:
                 return
             time.sleep(poll_s)
 
-    def _log_page(self, job_id: int, after: int) -> httpx.Response:
-        params = {"after_id": after, "tail": LOG_PAGE}
+    def _logs_answer(self, job_id: int, params: dict[str, int]) -> httpx.Response:
+        """`GET /api/jobs/{id}/logs` whole: its lines, and its headers (`LOG_TRIMMED_HEADER`)."""
         return self._send(lambda: self.http.get(f"/api/jobs/{job_id}/logs", params=params))
 
     def cancel(self, job_id: int) -> Job:
