@@ -165,6 +165,11 @@ def test_a_sessions_spec_and_the_labs_caps_are_checked_at_submit(
     first = alice.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1})
     assert first.status_code == 201 and first.json()["spec"]["idle_timeout_s"] == 600  # the lab's default, capped
     assert first.json()["spec"]["time_limit_s"] == 7200  # the lab's longest, when it names none
+    # ... and later too: a queued session's time limit changed past the cap is refused (it was taken)
+    longer = alice.patch(f"/api/jobs/{first.json()['id']}", json={"time_limit_s": 7201})
+    assert longer.status_code == 422 and "TOWERQ_NOTEBOOK_MAX_TIME_LIMIT_S" in longer.text, longer.text
+    shorter = alice.patch(f"/api/jobs/{first.json()['id']}", json={"time_limit_s": 3600})
+    assert shorter.status_code == 200 and shorter.json()["spec"]["time_limit_s"] == 3600, shorter.text
     second = alice.post("/api/jobs", json={"kind": "notebook"})
     assert second.status_code == 429 and "TOWERQ_NOTEBOOK_MAX_PER_MEMBER" in second.text, second.text
     over = bob.post("/api/jobs", json={"kind": "notebook", "gpu_count": 2})

@@ -12,8 +12,10 @@ from service.core.exceptions import StateConflictError
 from service.core.lifecycle import locked_job
 from service.core.models import Job, JobState
 from service.core.publish import kick_scheduler
+from service.core.settings import Settings
+from service.jobs.submit import check_session_time_limit
 from service.lab.auth import Caller
-from towerq.contract.spec import Priority, Visibility
+from towerq.contract.spec import Priority, Visibility, is_notebook
 
 
 class JobChange(BaseModel):
@@ -28,7 +30,7 @@ class JobChange(BaseModel):
     visibility: Visibility | None = None
 
 
-def change_job(session: Session, job_id: int, change: JobChange, caller: Caller) -> Job:
+def change_job(session: Session, job_id: int, change: JobChange, caller: Caller, settings: Settings) -> Job:
     """Apply `change` to the job under its row lock; the spec keeps the values the job has
     now, so a clone or a resubmit gets them."""
     job = locked_job(session, job_id)
@@ -42,6 +44,8 @@ def change_job(session: Session, job_id: int, change: JobChange, caller: Caller)
         job.priority = change.priority
         kick_scheduler(session)
     if change.time_limit_s is not None:
+        if is_notebook(job.spec):
+            check_session_time_limit(caller, change.time_limit_s, settings)
         job.time_limit_s = change.time_limit_s
     job.spec = {**job.spec, **change.model_dump(mode="json", exclude_none=True)}
     session.flush()

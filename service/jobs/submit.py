@@ -182,6 +182,18 @@ def check_hosts_run_notebooks(session: Session, spec: JobSpec, gpus: dict[str, l
             )
 
 
+def check_session_time_limit(caller: Caller, limit_s: int | None, settings: Settings) -> None:
+    """A member's notebook session runs at most `TOWERQ_NOTEBOOK_MAX_TIME_LIMIT_S`, asked for
+    at submit or later (`PATCH /api/jobs/{id}`); admins' may run longer."""
+    most = settings.notebook_max_time_limit_s
+    if most and limit_s is not None and limit_s > most and not caller.is_admin:
+        raise SpecError(
+            "time_limit_s",
+            f"a member's session runs at most {most} s (TOWERQ_NOTEBOOK_MAX_TIME_LIMIT_S): ask for less, "
+            "and start a new one when it ends (your notebooks are kept)",
+        )
+
+
 def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settings, inventory: HostInventory) -> None:
     """A notebook session within the lab's caps: its idle timeout (resolved here, so the
     job shows it), the sessions a member holds, the GPUs every session holds together."""
@@ -194,15 +206,9 @@ def check_notebook(db: Database, caller: Caller, spec: JobSpec, settings: Settin
             f"{settings.notebook_max_idle_timeout_s} s (TOWERQ_NOTEBOOK_MAX_IDLE_TIMEOUT_S)",
         )
     spec.idle_timeout_s = idle
-    most = settings.notebook_max_time_limit_s
-    if most and spec.time_limit_s is None:
-        spec.time_limit_s = most
-    elif most and spec.time_limit_s is not None and spec.time_limit_s > most and not caller.is_admin:
-        raise SpecError(
-            "time_limit_s",
-            f"a member's session runs at most {most} s (TOWERQ_NOTEBOOK_MAX_TIME_LIMIT_S): ask for less, "
-            "and start a new one when it ends (your notebooks are kept)",
-        )
+    if settings.notebook_max_time_limit_s and spec.time_limit_s is None:
+        spec.time_limit_s = settings.notebook_max_time_limit_s
+    check_session_time_limit(caller, spec.time_limit_s, settings)
     with db.read() as session:
         rows = session.execute(
             select(Job.user_id, Job.spec, Job.gpu_count).where(Job.state.in_([s.value for s in SESSION_STATES]))

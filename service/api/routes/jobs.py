@@ -162,11 +162,11 @@ def logs(
 
 
 @router.patch("/{job_id}", response_model=JobDetailOut)
-def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep, settings: SettingsDep) -> JobDetailOut:
     """Rename a job, share its log and artifacts, or change a queued job's priority or time
     limit (owner or admin)."""
     with db.write() as session:
-        change_job(session, job_id, body, caller)
+        change_job(session, job_id, body, caller, settings)
         return job_detail(session, get_job(session, job_id))
 
 
