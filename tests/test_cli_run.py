@@ -113,3 +113,30 @@ def test_an_option_a_command_does_not_take_is_refused_by_that_command_naming_the
         assert exited.value.code == 2 and f"usage: towerq {command}" in err and said in err, err
     args = parse_command_line(parser(), ["run", "--gpus", "2", "--", "python", "x.py", "--weird"])
     assert args.program[-1] == "--weird", "what follows -- is the program's"
+
+
+def test_durations_are_written_as_people_write_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--time-limit 2h` and Slurm's `2-12:00:00`, not only seconds (a number alone still is)."""
+    parser = argparse.ArgumentParser()
+    run.add_placement_options(parser)
+    for text, seconds in (
+        ("5400", 5400), ("90m", 5400), ("1h30m", 5400), ("1.5h", 5400), ("1:30:00", 5400), ("2d", 172800),
+        ("2-12:00:00", 216000), ("1w", 604800), (" 45S ", 45),
+    ):  # fmt: skip
+        assert parser.parse_args(["--time-limit", text]).time_limit == seconds, text
+    for text in ("5x", "1:30", "1:75:00", "h", "0", "0.2s", "-5", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--time-limit", text])
+        assert f"{text!r} is no duration" in capsys.readouterr().err, text
+
+
+def test_ages_are_units_and_never_read_a_date_or_a_time_of_day_as_one() -> None:
+    from datetime import UTC, datetime
+
+    from towerq.cli.reports import when_from
+
+    ago = datetime.now(UTC) - datetime.fromisoformat(when_from("1h30m", "--since"))
+    assert 5395 < ago.total_seconds() < 5405
+    assert when_from("20261123", "--since").startswith("2026-11-23T00:00:00")
+    with pytest.raises(UsageError, match="an age"):
+        when_from("12:00:00", "--since")

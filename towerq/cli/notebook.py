@@ -14,7 +14,7 @@ import webbrowser
 from typing import Any
 
 from towerq.cli.run import add_placement_options, placement_fields
-from towerq.cli.session import Api
+from towerq.cli.session import Api, duration
 from towerq.client import FINAL_STATES
 from towerq.errors import ApiError
 
@@ -27,8 +27,9 @@ def add_notebook_command(command: Any) -> None:
     )
     add_placement_options(notebook)
     notebook.add_argument(
-        "--idle-timeout", type=int, default=None, metavar="SECONDS", help="end it after this long idle (lab default)"
-    )
+        "--idle-timeout", type=duration, default=None, metavar="DURATION",
+        help="end it after this long idle: 30m, 2h (lab default)",
+    )  # fmt: skip
     notebook.add_argument("--open", action="store_true", help="open it in this machine's browser once it is ready")
     notebook.add_argument("--detach", action="store_true", help="queue it and return; do not wait")
     notebook.set_defaults(run=run_notebook)

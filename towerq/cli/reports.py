@@ -9,7 +9,7 @@ from typing import Any
 
 from towerq.cli import views
 from towerq.cli.plain import rewrite_line
-from towerq.cli.session import Api, UsageError, print_json, read_spec
+from towerq.cli.session import UNIT_TERMS, Api, UsageError, print_json, read_spec, seconds_in
 from towerq.client import FINAL_STATES as FINAL
 
 
@@ -96,16 +96,12 @@ def run_queue(args: argparse.Namespace) -> int:
     return 0
 
 
-AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
 def when_from(text: str, option: str) -> str:
     """An ISO time as given, or `30m` / `24h` / `7d` ago as an ISO time."""
     from datetime import UTC, datetime, timedelta
 
-    unit = AGE_UNITS.get(text[-1:])
-    if unit is not None and text[:-1].replace(".", "", 1).isdigit():
-        return (datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * unit)).isoformat()
+    if UNIT_TERMS.fullmatch(text.strip().lower()):  # not 20261123 (a date) nor 12:00:00 (a time of day)
+        return (datetime.now(UTC) - timedelta(seconds=seconds_in(text) or 0)).isoformat()
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

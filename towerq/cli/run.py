@@ -15,7 +15,7 @@ from typing import Any
 
 from towerq.bundle import FolderError
 from towerq.cli.follow import follow_job
-from towerq.cli.session import Api, UsageError
+from towerq.cli.session import Api, UsageError, duration
 
 
 def upload_folder(api: Api, folder: Path) -> str:
@@ -71,7 +71,10 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
         help="share GPUs: this fraction of each one's memory (the spec's gpu_memory_fraction)",
     )  # fmt: skip
     parser.add_argument("--name", default=None)
-    parser.add_argument("--time-limit", type=int, default=None, metavar="SECONDS")
+    parser.add_argument(
+        "--time-limit", type=duration, default=None, metavar="DURATION",
+        help="stop it after this long: 2h, 90m, 1:30:00 (a number alone: seconds)",
+    )  # fmt: skip
     parser.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
     parser.add_argument("--group", default=None)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -131,6 +132,34 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} GB"
+
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+UNIT_TERMS = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+CLOCK = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
+DURATION_FORMS = "seconds (5400), units (90m, 1h30m, 2d) or a clock (1:30:00, Slurm's 2-12:00:00)"
+
+
+def seconds_in(text: str) -> float | None:
+    """The seconds `text` says (`5400`, `90m`, `1h30m`, `1.5h`, `1:30:00`, `2-12:00:00`: days,
+    then hours:minutes:seconds as Slurm writes them), None where it says none."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    if UNIT_TERMS.fullmatch(text):
+        return sum(float(number) * UNITS[unit] for number, unit in re.findall(r"([\d.]+)([smhdw])", text))
+    if clock := CLOCK.fullmatch(text):
+        days, hours, minutes, seconds = (int(part or 0) for part in clock.groups())
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    return None
+
+
+def duration(text: str) -> int:
+    """An option's duration in whole seconds (argparse's `type`): `--time-limit 2h`."""
+    seconds = seconds_in(text)
+    if seconds is None or round(seconds) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no duration: give {DURATION_FORMS}")
+    return round(seconds)
 
 
 def print_json(value: Any) -> int:
