@@ -91,10 +91,11 @@ class Client:
         return [Job(self, item) for item in self.jobs_page(state=state, user=user, limit=limit)["items"]]
 
     def jobs_page(
-        self, *, state: str | list[str] | None = None, user: str | None = None, limit: int = 20
+        self, *, state: str | list[str] | None = None, user: str | None = None, limit: int = 20, offset: int = 0
     ) -> dict[str, Any]:
-        """Jobs newest first, as the API pages them: `items` and the `total` that match."""
-        params: dict[str, Any] = {"limit": limit}
+        """Jobs newest first, as the API pages them (`limit` at most 500, after the first
+        `offset`): `items` and the `total` that match."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
         if state:
             params["state"] = [state] if isinstance(state, str) else state
         if user:
@@ -141,6 +142,16 @@ class Client:
 
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
+
+    def change(
+        self, job_id: int, *, name: str | None = None, priority: str | None = None, time_limit_s: int | None = None
+    ) -> Job:
+        """Rename a job (at any time), or change a queued job's `priority` (`low`, `normal`,
+        `high`: up to your highest) or `time_limit_s`; only the fields given change. A job
+        that has left the queue keeps its priority and time limit (`ApiError` 409)."""
+        fields = {"name": name, "priority": priority, "time_limit_s": time_limit_s}
+        body = {key: value for key, value in fields.items() if value is not None}
+        return Job(self, self.request("PATCH", f"/api/jobs/{job_id}", json=body))
 
     def share(self, job_id: int, visibility: str = "lab") -> Job:
         """Let every member read the job's log, artifacts and code (`visibility="lab"`), or

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from towerq.cli import views
+from towerq.cli.control import add_control_commands
 from towerq.cli.follow import EXIT_FOR_STATE, follow_job, log_line
 from towerq.cli.groups import add_group_commands, add_reservation_commands
 from towerq.cli.notebook import add_notebook_command
@@ -126,9 +127,9 @@ def _add_submit(command: CommandMaker) -> None:
 
 def _add_job_commands(command: CommandMaker) -> None:
     jobs = command("jobs", "list jobs, newest first", read=True)
-    jobs.add_argument("--state", action="append", default=None)
-    jobs.add_argument("--user", default=None)
-    jobs.add_argument("--limit", type=int, default=20)
+    jobs.add_argument("--state", action="append", default=None, help="only jobs in this state (repeat for several)")
+    jobs.add_argument("--user", default=None, help="only this user's jobs")
+    jobs.add_argument("--limit", type=int, default=20, help="at most this many, newest first (default 20)")
     jobs.set_defaults(run=run_jobs)
 
     show = command("show", "one job: state and why, GPUs, progress, metrics, history (-o json: all of it)", read=True)
@@ -145,14 +146,7 @@ def _add_job_commands(command: CommandMaker) -> None:
     logs.add_argument("--follow", "-f", action="store_true")
     logs.set_defaults(run=run_logs)
 
-    cancel = command("cancel", "cancel a job")
-    cancel.add_argument("id", type=int)
-    cancel.set_defaults(run=run_cancel)
-
-    share = command("share", "let every member read a job's log, artifacts and code (--private: only you again)")
-    share.add_argument("id", type=int)
-    share.add_argument("--private", action="store_true", help="only you and the admins (a new job's default)")
-    share.set_defaults(run=run_share)
+    add_control_commands(command)
 
     download = command("download", "download a job's artifacts: all of them, a folder, or one file")
     download.add_argument("id", type=int)
@@ -291,19 +285,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 def run_follow(args: argparse.Namespace) -> int:
     return follow_job(Api(args).client, args.id, logs=args.logs)
-
-
-def run_cancel(args: argparse.Namespace) -> int:
-    job = Api(args).client.cancel(args.id)
-    print(f"job {job.id}: {job.state}" + (" (stop requested)" if job.state in ("dispatched", "running") else ""))
-    return 0
-
-
-def run_share(args: argparse.Namespace) -> int:
-    job = Api(args).client.share(args.id, "private" if args.private else "lab")
-    whom = "only you and the admins" if args.private else "every member"
-    print(f"job {job.id}: its log, artifacts and code are readable by {whom}")
-    return 0
 
 
 def run_logs(args: argparse.Namespace) -> int:

@@ -180,6 +180,8 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
         ]
         rows.append((label, "  ".join(parts) or None))
     rows.append(("speed", speed_text(latest, job.get("pace_s") if job["state"] == "running" else None)))
+    if spec.get("time_limit_s"):
+        rows.append(("time limit", duration_text(spec["time_limit_s"])))
     rows.append(("attempts", f"{job['attempts']} (crashes {job['crashes']} of {job['max_attempts']} allowed)"))
     if job.get("sweep_id"):
         rows.append(("sweep", str(job["sweep_id"])))

@@ -1,0 +1,86 @@
+"""Changing jobs from the command line, as a Slurm user would (`scancel`, `scontrol update`):
+`towerq cancel` of several jobs, or of every one of a member's in some state; `towerq
+update` of a name, and of a queued job's priority and time limit, written as durations.
+Before, `towerq cancel` took one id and nothing changed a job's priority or time limit but
+`PATCH /api/jobs/{id}` by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.core.settings import Settings
+from tests.stack import Stack
+from tests.test_cli import towerq
+from towerq import Client
+
+pytestmark = pytest.mark.slow
+JOB = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def test_members_cancel_and_update_their_jobs_by_id_or_state(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> None:
+    url = stack.start_api()  # no scheduler: every job stays queued
+    add_host("lab-a", 4)
+    tokens = {name: make_token(name, name == "root") for name in ("alice", "bob", "root")}
+    for name, token in tokens.items():
+        assert towerq(tmp_path / name, "login", url, "--token", token).returncode == 0
+    alice, bob = Client(url, tokens["alice"]), Client(url, tokens["bob"])
+    mine = [alice.submit(JOB).id for _ in range(3)]
+    theirs = bob.submit(JOB).id
+
+    # update: a name, a priority and a time limit written as a duration; only what is given
+    changed = towerq(tmp_path / "alice", "update", str(mine[0]), "--priority", "low", "--time-limit", "1h30m")
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout.strip() == f"job {mine[0]} (mlp-digits), queued: priority low, time limit 1h30m"
+    renamed = towerq(tmp_path / "alice", "update", str(mine[0]), "--name", "first", "--time-limit", "2-00:00:00")
+    assert renamed.returncode == 0 and "named first" in renamed.stdout, renamed.stderr
+    job = alice.job(mine[0]).data
+    assert (job["name"], job["priority"], job["spec"]["time_limit_s"]) == ("first", "low", 2 * 86400), job
+    shown = towerq(tmp_path / "alice", "show", str(mine[0])).stdout
+    assert "  time limit 48h00m" in shown.splitlines(), shown
+    for args, code, said in (
+        ((), 2, "say what changes: --name, --priority or --time-limit"),
+        (("--time-limit", "5x"), 2, "'5x' is no duration: give seconds (5400), units (90m"),
+        (("--priority", "high"), 1, "priority high is for admins"),
+    ):
+        refused = towerq(tmp_path / "alice", "update", str(mine[1]), *args)
+        assert refused.returncode == code and said in refused.stderr, (args, refused.stderr)
+    others = towerq(tmp_path / "alice", "update", str(theirs), "--name", "mine-now")
+    assert others.returncode == 1 and "belongs to bob" in others.stderr, others.stderr
+
+    # cancel: several ids, each said; one that cannot be is said on stderr, the others go on
+    cancelled = towerq(tmp_path / "alice", "cancel", str(mine[0]), "999999", str(theirs))
+    assert cancelled.returncode == 1, cancelled
+    assert cancelled.stdout.splitlines() == [f"job {mine[0]}: cancelled", "1 of 3 jobs cancelled, 2 refused"]
+    assert "job 999999 not found" in cancelled.stderr and "belongs to bob" in cancelled.stderr, cancelled.stderr
+    assert bob.job(theirs).state == "queued"
+
+    # by state: every queued job of the caller's own, never another's
+    refused = towerq(tmp_path / "alice", "cancel", "--user", "bob")
+    assert refused.returncode == 1 and "only admins cancel another member's jobs" in refused.stderr, refused.stderr
+    mixed = towerq(tmp_path / "alice", "cancel", str(mine[1]), "--state", "queued")
+    assert mixed.returncode == 2 and "not both" in mixed.stderr, mixed.stderr
+    assert towerq(tmp_path / "alice", "cancel").returncode == 2
+    swept = towerq(tmp_path / "alice", "cancel", "--state", "queued")
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout.splitlines() == [
+        f"job {mine[1]}: cancelled",
+        f"job {mine[2]}: cancelled",
+        "2 of 2 jobs cancelled",
+    ]
+    assert [alice.job(i).state for i in mine] == ["cancelled"] * 3 and bob.job(theirs).state == "queued"
+    again = towerq(tmp_path / "alice", "cancel", "--state", "queued")
+    assert again.returncode == 0 and again.stdout.strip() == "no job of yours is queued: nothing cancelled", again
+
+    # an admin cancels a member's jobs by name
+    admin = towerq(tmp_path / "root", "cancel", "--user", "bob")
+    assert admin.returncode == 0 and admin.stdout.strip() == f"job {theirs}: cancelled", admin.stderr
