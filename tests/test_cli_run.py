@@ -121,7 +121,7 @@ def test_durations_are_written_as_people_write_them(capsys: pytest.CaptureFixtur
     run.add_placement_options(parser)
     for text, seconds in (
         ("5400", 5400), ("90m", 5400), ("1h30m", 5400), ("1.5h", 5400), ("1:30:00", 5400), ("2d", 172800),
-        ("2-12:00:00", 216000), ("1w", 604800), (" 45S ", 45),
+        ("2-12:00:00", 216000), ("1w", 604800), (" 45S ", 45), ("1h 30m", 5400),
     ):  # fmt: skip
         assert parser.parse_args(["--time-limit", text]).time_limit == seconds, text
     for text in ("5x", "1:30", "1:75:00", "h", "0", "0.2s", "-5", ""):

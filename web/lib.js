@@ -94,6 +94,21 @@ export function duration(seconds) {
   return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
 }
 
+// Seconds from a duration as people write it (null: it is none): 5400, 90m, 1h 30m, 1.5h,
+// 1:30:00, Slurm's 2-12:00:00 (days-hours:minutes:seconds); what `duration` writes reads back.
+export function parseDuration(text) {
+  const t = text.trim().toLowerCase();
+  const units = { s: 1, m: 60, h: 3600, d: 86400, w: 604800 };
+  if (/^\d+(\.\d+)?$/.test(t)) return Number(t);
+  if (/^(\d+(\.\d+)?\s*[smhdw]\s*)+$/.test(t)) {
+    return [...t.matchAll(/([\d.]+)\s*([smhdw])/g)].reduce((sum, [, n, unit]) => sum + Number(n) * units[unit], 0);
+  }
+  const clock = t.match(/^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$/);
+  if (!clock) return null;
+  const [days, hours, minutes, seconds] = clock.slice(1).map((part) => Number(part ?? 0));
+  return ((days * 24 + hours) * 60 + minutes) * 60 + seconds;
+}
+
 export function age(iso) {
   return iso ? duration((Date.now() - Date.parse(iso)) / 1000) : "–";
 }

@@ -135,19 +135,19 @@ def human_bytes(count: float) -> str:
 
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-UNIT_TERMS = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+UNIT_TERMS = re.compile(r"(?:\d+(?:\.\d+)?\s*[smhdw]\s*)+")
 CLOCK = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
 DURATION_FORMS = "seconds (5400), units (90m, 1h30m, 2d) or a clock (1:30:00, Slurm's 2-12:00:00)"
 
 
 def seconds_in(text: str) -> float | None:
-    """The seconds `text` says (`5400`, `90m`, `1h30m`, `1.5h`, `1:30:00`, `2-12:00:00`: days,
+    """The seconds `text` says (`5400`, `90m`, `1h30m`, `1h 30m`, `1.5h`, `1:30:00`, `2-12:00:00`: days,
     then hours:minutes:seconds as Slurm writes them), None where it says none."""
     text = text.strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
         return float(text)
     if UNIT_TERMS.fullmatch(text):
-        return sum(float(number) * UNITS[unit] for number, unit in re.findall(r"([\d.]+)([smhdw])", text))
+        return sum(float(number) * UNITS[unit] for number, unit in re.findall(r"([\d.]+)\s*([smhdw])", text))
     if clock := CLOCK.fullmatch(text):
         days, hours, minutes, seconds = (int(part or 0) for part in clock.groups())
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)

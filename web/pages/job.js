@@ -1,6 +1,7 @@
-// One job: live charts, spec, allocation, history, artifacts, log tail; Cancel and Clone.
+// One job: live charts, spec, allocation, history, artifacts, log tail; Cancel, Clone, Change.
 import { metricsOverview } from "../charts.js";
 import {
+  actionForm,
   age,
   api,
   badge,
@@ -9,8 +10,10 @@ import {
   el,
   eta,
   expectedStart,
+  formInput,
   gpusOf,
   number,
+  parseDuration,
   percent,
   poll,
   problemLine,
@@ -40,6 +43,7 @@ export async function render(main, params) {
 
   const header = el("div", { class: "job-header" });
   const summary = el("dl", { class: "summary" });
+  const changeBox = el("div", { class: "change-job" });
   const details = el("div", { class: "details" });
   const logBox = el("pre", { class: "log", tabindex: 0, "aria-label": "Trainer log" });
   const follow = el("input", { type: "checkbox", id: "follow", checked: true });
@@ -62,6 +66,7 @@ export async function render(main, params) {
     header,
     problem,
     summary,
+    changeBox,
     el(
       "section",
       { "aria-labelledby": "charts-title" },
@@ -81,10 +86,16 @@ export async function render(main, params) {
     ),
   );
 
+  let changeDrawn = null; // what the change form shows: redrawn when that changes, not while someone types
   const drawJob = () => {
     header.replaceChildren(...headerOf(job, reload));
     summary.replaceChildren(...summaryOf(job));
     details.replaceChildren(...detailsOf(job));
+    const shown = JSON.stringify([job.state, job.name, job.priority, job.spec.time_limit_s]);
+    if (shown !== changeDrawn) {
+      changeDrawn = shown;
+      changeBox.replaceChildren(...changeFormOf(job, reload));
+    }
   };
   // A member's log, artifacts and code are theirs unless the job is shared (visibility: lab).
   const readable = job.outputs_readable !== false;
@@ -264,6 +275,53 @@ function headerOf(job, reload) {
   ];
 }
 
+// A job of yours (or any, for admins) renamed; while it waits, its priority and time limit
+// changed (PATCH: only what differs from what it has). Nothing once it has ended.
+function changeFormOf(job, reload) {
+  const mine = session.me && (session.me.user === job.user || session.me.is_admin);
+  if (!mine || FINAL.includes(job.state)) return [];
+  const queued = job.state === "queued";
+  const limit = job.spec.time_limit_s ? duration(job.spec.time_limit_s) : "";
+  const priorities = ["low", "normal", "high"].map((p) => el("option", { value: p, selected: p === job.priority }, p));
+  const fields = [formInput("Name", el("input", { name: "name", value: job.name, maxlength: 128, required: true }))];
+  if (queued) {
+    fields.push(formInput("Priority", el("select", { name: "priority" }, priorities)));
+    fields.push(
+      formInput(
+        "Time limit",
+        el("input", { name: "time_limit", value: limit, placeholder: "none", inputmode: "text" }),
+        "stops it after this long once it runs: 2h, 90m, 1:30:00",
+      ),
+    );
+  }
+  const form = actionForm(
+    queued ? "Name, priority, time limit" : "Name",
+    "change-job",
+    fields,
+    "Change",
+    async (data) => {
+      const body = {};
+      if (data.get("name").trim() !== job.name) body.name = data.get("name").trim();
+      if (queued && data.get("priority") !== job.priority) body.priority = data.get("priority");
+      const asked = queued ? data.get("time_limit").trim() : limit;
+      if (asked !== limit) {
+        const seconds = parseDuration(asked);
+        if (seconds === null || Math.round(seconds) < 1) {
+          throw new Error(`Time limit: ${JSON.stringify(asked)} is no duration: give 5400 (seconds), 90m, 1h 30m or 1:30:00`);
+        }
+        body.time_limit_s = Math.round(seconds);
+      }
+      if (!Object.keys(body).length) throw new Error("Nothing changed: edit a field first");
+      await api(`api/jobs/${job.id}`, { method: "PATCH", body });
+      return `Job ${job.id}: ${Object.keys(body)
+        .map((key) => key.replace("_s", "").replace("_", " "))
+        .join(", ")} changed`;
+    },
+    reload,
+  );
+  return [el("details", { id: "change" }, el("summary", {}, "Change"), form)];
+}
+
 function summaryOf(job) {
   const pairs = [
     ["Owner", job.group ? `${job.user} · group ${job.group}` : job.user],
@@ -276,6 +334,7 @@ function summaryOf(job) {
     ["ETA", duration(eta(job))],
     ["Attempt", `${job.attempts}${job.crashes ? ` · ${job.crashes} crashed` : ""} · gives up after ${job.max_attempts} crashes`],
     ["Priority", job.priority],
+    ["Time limit", job.spec.time_limit_s ? duration(job.spec.time_limit_s) : "none"],
     ["Submitted", `${when(job.created_at)} (${age(job.created_at)} ago)`],
     ["Finished", when(job.finished_at)],
   ];

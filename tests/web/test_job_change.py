@@ -1,0 +1,69 @@
+"""A job's Change form in a real browser: its owner renames a queued job and changes its
+priority and time limit (a duration as people write it), the API's refusals and a duration
+that is none said beside the form; another member's job, and one that has ended, have no
+form. Before, only `PATCH /api/jobs/{id}` by hand changed them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.stack import Stack
+
+pytestmark = pytest.mark.slow
+JOB = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
+
+
+def test_an_owner_changes_a_queued_jobs_name_priority_and_time_limit(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()  # no scheduler: the jobs stay queued
+    add_host("lab-a", 2)
+    alice_token, bob_token = make_token("alice"), make_token("bob")
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {alice_token}"}) as alice:
+        mine = alice.post("/api/jobs", json=JOB).json()["id"]
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {bob_token}"}) as bob:
+            theirs = bob.post("/api/jobs", json=JOB).json()["id"]
+        page = open_page()
+        page.goto(f"{url}/?token={alice_token}#/jobs/{mine}")
+        page.wait_for_selector("#change")
+        assert page.locator('[data-field="Time limit"]').inner_text() == "none"
+        page.click("#change summary")
+        form = page.locator("#change-job")
+        error = "document.querySelector('#change-job .error').textContent"
+
+        form.locator("button[type=submit]").click()
+        page.wait_for_function(f"{error}.includes('Nothing changed')")
+        form.locator('input[name="time_limit"]').fill("5x")
+        form.locator("button[type=submit]").click()
+        page.wait_for_function(f"{error}.includes('Time limit: \"5x\" is no duration')")
+        form.locator('input[name="time_limit"]').fill("")
+        form.locator('select[name="priority"]').select_option("high")  # above a member's highest
+        form.locator("button[type=submit]").click()
+        page.wait_for_function(f"{error}.includes('priority high is for admins')")
+        assert alice.get(f"/api/jobs/{mine}").json()["priority"] == "normal"
+
+        form.locator('select[name="priority"]').select_option("low")
+        form.locator('input[name="time_limit"]').fill("2h 30m")
+        form.locator('input[name="name"]').fill("renamed")
+        form.locator("button[type=submit]").click()
+        page.wait_for_function("document.querySelector('[data-field=\"Time limit\"]').textContent === '2h 30m'")
+        job = alice.get(f"/api/jobs/{mine}").json()
+        assert (job["name"], job["priority"], job["spec"]["time_limit_s"]) == ("renamed", "low", 9000), job
+        assert page.locator("h1").inner_text().startswith(f"#{mine} renamed")
+        page.click("#change summary")
+        assert form.locator('input[name="time_limit"]').input_value() == "2h 30m"  # as the page wrote it: unchanged
+        form.locator('input[name="name"]').fill("again")
+        form.locator("button[type=submit]").click()
+        page.wait_for_function("document.querySelector('h1').textContent.includes('again')")
+        assert alice.get(f"/api/jobs/{mine}").json()["spec"]["time_limit_s"] == 9000
+
+        page.goto(f"{url}/?token={alice_token}#/jobs/{theirs}")  # bob's: no form
+        page.wait_for_selector('[data-field="Priority"]')
+        assert page.locator("#change").count() == 0
+        alice.post(f"/api/jobs/{mine}/cancel")
+        page.goto(f"{url}/?token={alice_token}#/jobs/{mine}")  # ended: nothing to change
+        page.wait_for_selector('[data-field="Priority"]')
+        assert page.locator("#change").count() == 0
