@@ -313,3 +313,39 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
         "reason": "Slurm job 12 is pending (Resources: the GPUs it asks for are in use)",
     }
     assert ProgressLine(held).text() == f"job 7 dispatched {held['reason']}", "what the cluster says while it holds it"
+
+
+def test_towerq_show_says_when_a_job_ran_for_how_long_and_when_its_time_limit_stops_it() -> None:
+    """Slurm's `scontrol show job` says StartTime, RunTime and TimeLimit; `towerq show` said
+    none of them (only when it was submitted and last updated)."""
+    from datetime import UTC, datetime, timedelta
+
+    from towerq.cli.views import job_page
+
+    def iso(minutes_ago: float) -> str:
+        return (datetime.now(UTC) - timedelta(minutes=minutes_ago)).isoformat()
+
+    def row(lines: list[str], label: str) -> str | None:
+        found = [line[13:] for line in lines if line[2:12].rstrip() == label]
+        return found[0] if found else None
+
+    held = [
+        {"attempt": 1, "host": "lab-a", "gpus": 2, "since": iso(90), "until": iso(60), "from_step": 0},
+        {"attempt": 2, "host": "lab-a", "gpus": 2, "since": iso(10), "until": None, "from_step": 400},
+    ]
+    job = {
+        "id": 7, "name": "mlp", "state": "running", "reason": None, "user": "alice", "priority": "normal",
+        "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 2, "total_steps": 900, "step": 500,
+        "latest": {}, "attempts": 2, "crashes": 0, "max_attempts": 3, "events": [], "started_at": held[0]["since"],
+        "held": held, "spec": {"model": "mlp", "time_limit_s": 3600},
+    }  # fmt: skip
+    lines = job_page(job)
+    stops = (datetime.now(UTC) + timedelta(minutes=50)).astimezone().strftime("%H:%M")  # its attempt's own hour
+    assert row(lines, "time limit") == f"1h00m (stops it ~{stops})", lines
+    assert row(lines, "run time") in ("40m00s over 2 attempts", "40m01s over 2 attempts"), lines
+    assert row(lines, "started") and row(lines, "finished") is None
+    ended = {**job, "state": "failed", "finished_at": iso(0), "held": [held[0]]}
+    lines = job_page(ended)
+    assert row(lines, "time limit") == "1h00m" and row(lines, "run time") == "30m00s", lines
+    assert row(lines, "finished") is not None
+    assert row(job_page({**job, "state": "queued", "held": [], "started_at": None}), "run time") is None

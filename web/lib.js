@@ -109,6 +109,16 @@ export function parseDuration(text) {
   return ((days * 24 + hours) * 60 + minutes) * 60 + seconds;
 }
 
+// A duration field's whole seconds; an Error for its `field` (said after `label`) when it says none.
+export function durationOf(text, field, label = "") {
+  const seconds = parseDuration(text);
+  if (seconds === null || Math.round(seconds) < 1) {
+    const said = `${label}${JSON.stringify(text.trim())} is no duration: give 5400 (seconds), 90m, 1h 30m or 1:30:00`;
+    throw Object.assign(new Error(said), { field });
+  }
+  return Math.round(seconds);
+}
+
 export function age(iso) {
   return iso ? duration((Date.now() - Date.parse(iso)) / 1000) : "–";
 }
@@ -284,12 +294,16 @@ export function dataTable(columns, rows, { caption, tableClass, attrs = () => ({
 // "~14:05 on lab-a (in 12 min)": a queued job's start as the scheduler's replay expects it.
 export function expectedStart(job) {
   const at = new Date(job.expected_start_at);
-  const sameDay = at.toDateString() === new Date().toDateString();
-  const clock = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-  const day = sameDay ? "" : `${at.toLocaleDateString([], { month: "short", day: "numeric" })} `;
   const seconds = Math.max(0, (at.getTime() - Date.now()) / 1000);
   const where = job.expected_host ? ` on ${job.expected_host}` : "";
-  return `~${day}${clock}${where} (in ${duration(seconds)})`;
+  return `~${clockOf(at)}${where} (in ${duration(seconds)})`;
+}
+
+// A moment's hour and minute, with its day when it is not today: "08:11 PM", "Dec 6 08:11 AM".
+export function clockOf(at) {
+  const sameDay = at.toDateString() === new Date().toDateString();
+  const clock = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return sameDay ? clock : `${at.toLocaleDateString([], { month: "short", day: "numeric" })} ${clock}`;
 }
 
 // A field of an `actionForm`: its label, its input (named: the form gives it its id), a hint.

@@ -56,12 +56,16 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     field(page, "hyperparameters.eval_every").fill("100")
     field(page, "precision").select_option("mixed_bfloat16")
     field(page, "jit_compile").check()
+    field(page, "time_limit_s").fill("1h 30x")
+    page.click("#submit")
+    assert "is no duration" in error_of(page, "time_limit_s").inner_text()
+    field(page, "time_limit_s").fill("2h")  # a duration as people write it
     shot(page, "submit-form")
     page.click("#submit")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
     stored = client.get(f"/api/jobs/{job_id}").json()["spec"]
-    assert (stored["precision"], stored["jit_compile"]) == ("mixed_bfloat16", True)
+    assert (stored["precision"], stored["jit_compile"], stored["time_limit_s"]) == ("mixed_bfloat16", True, 7200)
 
     # The list: the row appears and turns running without a reload.
     page.click('nav a[data-nav="jobs"]')
@@ -78,6 +82,7 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     first = int(page.locator("#charts").get_attribute("data-points") or 0)
     page.wait_for_function(f"Number(document.querySelector('#charts')?.dataset.points) > {first}", timeout=30_000)
     assert page.locator(".job-header .badge").inner_text() == "running"
+    assert page.locator('dd[data-field="Time limit"]').inner_text().startswith("2h 0m · stops it ~")
     # The summary follows the stream too: an ETA from the step time, the latest evaluation.
     for name in ("ETA", "Eval accuracy"):
         page.wait_for_function(f"(document.querySelector('dd[data-field=\"{name}\"]')?.textContent ?? '–') !== '–'")

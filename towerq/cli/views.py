@@ -4,7 +4,7 @@ the pages of `towerq show` and `towerq sweep show` (`-o json` gives the API's an
 from __future__ import annotations
 
 import shlex
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 REASON_WIDTH = 70
@@ -85,6 +85,30 @@ def expected_end_text(at: str) -> str:
     hours, rest = divmod(left, 3600)
     span = f"{hours}h {rest // 60:02d}m" if hours else f"{rest // 60}m {rest % 60:02d}s"
     return f"~{_local_clock(at)} (in {span})"
+
+
+def time_limit_text(job: dict[str, Any], limit_s: int) -> str:
+    """`1h30m`; for a running job, when it stops it: `1h30m (stops it ~15:35)` (each
+    attempt has the whole limit, from its start)."""
+    held = job.get("held") or []
+    if job["state"] != "running" or not held or held[-1].get("until"):
+        return duration_text(limit_s)
+    stops = datetime.fromisoformat(held[-1]["since"]) + timedelta(seconds=limit_s)
+    return f"{duration_text(limit_s)} (stops it ~{_local_clock(stops.isoformat())})"
+
+
+def run_time_text(held: list[dict[str, Any]]) -> str | None:
+    """How long its attempts held GPUs, every one together (`12m05s`; `1h02m over 3
+    attempts`); None before the first."""
+    if not held:
+        return None
+    now = datetime.now().astimezone()
+    spans = [
+        ((datetime.fromisoformat(h["until"]) if h.get("until") else now) - datetime.fromisoformat(h["since"]))
+        for h in held
+    ]
+    total = duration_text(sum(span.total_seconds() for span in spans))
+    return total if len(held) == 1 else f"{total} over {len(held)} attempts"
 
 
 def one_line(text: str | None, width: int = REASON_WIDTH) -> str:
@@ -181,11 +205,16 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
         rows.append((label, "  ".join(parts) or None))
     rows.append(("speed", speed_text(latest, job.get("pace_s") if job["state"] == "running" else None)))
     if spec.get("time_limit_s"):
-        rows.append(("time limit", duration_text(spec["time_limit_s"])))
+        rows.append(("time limit", time_limit_text(job, spec["time_limit_s"])))
     rows.append(("attempts", f"{job['attempts']} (crashes {job['crashes']} of {job['max_attempts']} allowed)"))
     if job.get("sweep_id"):
         rows.append(("sweep", str(job["sweep_id"])))
     rows.append(("submitted", _clock(job.get("created_at"))))
+    if job.get("started_at"):
+        rows.append(("started", _clock(job["started_at"])))
+    if job.get("finished_at"):
+        rows.append(("finished", _clock(job["finished_at"])))
+    rows.append(("run time", run_time_text(job.get("held") or [])))
     rows.append(("updated", _clock(job.get("updated_at"))))
     rows += spec_rows(job, spec, api_url)
     lines = [f"job {job['id']}  {job['name']}"]

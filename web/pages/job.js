@@ -5,15 +5,16 @@ import {
   age,
   api,
   badge,
+  clockOf,
   dataTable,
   duration,
+  durationOf,
   el,
   eta,
   expectedStart,
   formInput,
   gpusOf,
   number,
-  parseDuration,
   percent,
   poll,
   problemLine,
@@ -304,13 +305,7 @@ function changeFormOf(job, reload) {
       if (data.get("name").trim() !== job.name) body.name = data.get("name").trim();
       if (queued && data.get("priority") !== job.priority) body.priority = data.get("priority");
       const asked = queued ? data.get("time_limit").trim() : limit;
-      if (asked !== limit) {
-        const seconds = parseDuration(asked);
-        if (seconds === null || Math.round(seconds) < 1) {
-          throw new Error(`Time limit: ${JSON.stringify(asked)} is no duration: give 5400 (seconds), 90m, 1h 30m or 1:30:00`);
-        }
-        body.time_limit_s = Math.round(seconds);
-      }
+      if (asked !== limit) body.time_limit_s = durationOf(asked, "time_limit_s", "Time limit: ");
       if (!Object.keys(body).length) throw new Error("Nothing changed: edit a field first");
       await api(`api/jobs/${job.id}`, { method: "PATCH", body });
       return `Job ${job.id}: ${Object.keys(body)
@@ -320,6 +315,15 @@ function changeFormOf(job, reload) {
     reload,
   );
   return [el("details", { id: "change" }, el("summary", {}, "Change"), form)];
+}
+
+// "1h 30m"; while it runs, when it stops it (each attempt has the whole limit from its start).
+function timeLimitText(job) {
+  const limit = job.spec.time_limit_s;
+  if (!limit) return "none";
+  const last = job.held?.at(-1);
+  if (job.state !== "running" || !last || last.until) return duration(limit);
+  return `${duration(limit)} · stops it ~${clockOf(new Date(Date.parse(last.since) + limit * 1000))}`;
 }
 
 function summaryOf(job) {
@@ -334,8 +338,9 @@ function summaryOf(job) {
     ["ETA", duration(eta(job))],
     ["Attempt", `${job.attempts}${job.crashes ? ` · ${job.crashes} crashed` : ""} · gives up after ${job.max_attempts} crashes`],
     ["Priority", job.priority],
-    ["Time limit", job.spec.time_limit_s ? duration(job.spec.time_limit_s) : "none"],
+    ["Time limit", timeLimitText(job)],
     ["Submitted", `${when(job.created_at)} (${age(job.created_at)} ago)`],
+    ["Started", when(job.started_at)],
     ["Finished", when(job.finished_at)],
   ];
   if (job.sweep_id) pairs.splice(1, 0, ["Sweep", el("a", { href: `#/sweeps/${job.sweep_id}`, id: "sweep-link" }, `#${job.sweep_id}`)]);

@@ -2,7 +2,7 @@
 // API's validation errors appear next to the field they name. `?clone=ID` fills it in.
 // The form is three sections (what, hyperparameters, where and when); each builds its
 // fields, fills them from a spec, and reads them back into one.
-import { ApiError, api, el, expectedStart, toast } from "../lib.js";
+import { ApiError, api, duration, durationOf, el, expectedStart, toast } from "../lib.js";
 import { inputFor, jsonText, parseJson, readValue, setValue } from "./form-fields.js";
 
 const HIDDEN_HYPERPARAMETERS = new Set(["model_options"]);
@@ -255,7 +255,7 @@ function whereSection(catalog, gpus, errors) {
     {},
     catalog.priorities.map((p) => el("option", { value: p, selected: p === "normal" }, p)),
   );
-  const timeLimit = el("input", { type: "number", min: 1, placeholder: "none" });
+  const timeLimit = el("input", { placeholder: "none", inputmode: "text" });
   const variableDevice = el(
     "select",
     {},
@@ -298,7 +298,7 @@ function whereSection(catalog, gpus, errors) {
     errors.field("precision", "Precision", precision, "mixed: float16 or bfloat16 maths, float32 weights"),
     errors.field("jit_compile", "Compile with XLA", jitCompile, "each tower's step, on its own GPU"),
     errors.field("priority", "Priority", priority),
-    errors.field("time_limit_s", "Time limit (s)", timeLimit),
+    errors.field("time_limit_s", "Time limit", timeLimit, "stops it after this long: 2h, 90m, 1:30:00"),
   );
   return {
     node,
@@ -319,7 +319,7 @@ function whereSection(catalog, gpus, errors) {
       precision.value = spec.precision || "float32";
       jitCompile.checked = Boolean(spec.jit_compile);
       priority.value = spec.priority;
-      timeLimit.value = spec.time_limit_s ?? "";
+      timeLimit.value = spec.time_limit_s ? duration(spec.time_limit_s) : "";
     },
     read(spec) {
       if (hosts.length) spec.host = host.value;
@@ -335,7 +335,7 @@ function whereSection(catalog, gpus, errors) {
       spec.precision = precision.value;
       spec.jit_compile = jitCompile.checked;
       spec.priority = priority.value;
-      if (timeLimit.value) spec.time_limit_s = Number(timeLimit.value);
+      if (timeLimit.value.trim()) spec.time_limit_s = durationOf(timeLimit.value, "time_limit_s");
     },
   };
 }
