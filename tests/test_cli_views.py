@@ -298,7 +298,7 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
         "spec": {"kind": "notebook", "idle_timeout_s": 600},
     }
     shown = job_page(session, "http://lab:8000/")
-    assert "  session    http://lab:8000/sessions/7/lab" in shown and "  idle       ends after 600 s idle" in shown, (
+    assert "  session    http://lab:8000/sessions/7/lab" in shown and "  idle       ends after 10m00s idle" in shown, (
         shown
     )
     model = job_page({**base, "name": "mlp", "spec": {"model": "mlp", "dataset": "digits"}, "step": 0})

@@ -15,6 +15,7 @@ from typing import Any
 
 from towerq.cli.run import add_placement_options, placement_fields
 from towerq.cli.session import Api, duration
+from towerq.cli.views import duration_text
 from towerq.client import FINAL_STATES
 from towerq.errors import ApiError
 
@@ -45,7 +46,7 @@ def run_notebook(args: argparse.Namespace) -> int:
     job = api.client.submit(notebook_spec(args))
     url = api.client.url.rstrip("/") + str(job.data["url"])
     idle = job.data["spec"].get("idle_timeout_s")
-    print(f"session {job.id} queued ({job.data['gpu_count']} GPU, ends after {idle} s idle)", flush=True)
+    print(f"session {job.id} queued ({job.data['gpu_count']} GPU, ends after {duration_text(idle)} idle)", flush=True)
     if args.detach:
         print(f"it opens at {url} once it runs (towerq show {job.id})")
         return 0
@@ -59,7 +60,8 @@ def run_notebook(args: argparse.Namespace) -> int:
         return 1
     print(f"session {job.id} is ready: {url}")
     print(f"(your browser gets in with the dashboard's login: {api.client.url.rstrip('/')}/)")
-    print(f"it ends after {idle} s idle, or with towerq cancel {job.id}; your notebooks are kept for the next one")
+    ends = f"it ends after {duration_text(idle)} idle, or with towerq cancel {job.id}"
+    print(f"{ends}; your notebooks are kept for the next one")
     if args.open:
         webbrowser.open(url)
     return 0
