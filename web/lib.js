@@ -225,6 +225,24 @@ export function reportError(what, problem) {
   };
 }
 
+// A danger button's click: asks `question` (a function: it may read the page as it is now),
+// then runs `act`, which says what it did (toasted, where it says something), then `after`
+// (the page redrawn); a refusal is toasted after `failed`, in the API's words.
+export function confirmThen(question, act, failed, after = () => {}) {
+  return async () => {
+    if (!confirm(question())) return;
+    let said;
+    try {
+      said = await act();
+    } catch (error) {
+      toast(`${failed} failed: ${problemText(error)}`);
+      return;
+    }
+    if (said) toast(said);
+    await after();
+  };
+}
+
 // What the API said was wrong, in words: each field's own message (they name the field).
 export function problemText(error) {
   return Array.isArray(error.detail) ? error.detail.map((d) => d.msg).join("; ") : error.message;

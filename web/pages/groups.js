@@ -1,6 +1,6 @@
 // Groups and reservations: the lab's groups (share, quotas, GPU hours this week, members)
 // and the GPUs kept for them over a window. Everyone reads them; admins change them here.
-import { actionForm, api, dataTable, el, formInput as field, poll, problemLine, problemText, session, toast } from "../lib.js";
+import { actionForm, api, confirmThen, dataTable, el, formInput as field, poll, problemLine, session } from "../lib.js";
 
 const POLL_MS = 30000;
 const HOUR_MS = 3600 * 1000;
@@ -90,16 +90,15 @@ function reservationsTable(reservations, admin, refresh) {
             type: "button",
             class: "danger",
             "aria-label": `Delete reservation ${r.id}`,
-            onclick: async () => {
-              if (!confirm(`Delete reservation ${r.id} for ${r.group}? Its GPUs become everyone's again.`)) return;
-              try {
+            onclick: confirmThen(
+              () => `Delete reservation ${r.id} for ${r.group}? Its GPUs become everyone's again.`,
+              async () => {
                 await api(`api/reservations/${r.id}`, { method: "DELETE" });
-                toast(`Reservation ${r.id} deleted: its GPUs are everyone's again`);
-                await refresh();
-              } catch (error) {
-                toast(`Deleting reservation ${r.id} failed: ${problemText(error)}`);
-              }
-            },
+                return `Reservation ${r.id} deleted: its GPUs are everyone's again`;
+              },
+              `Deleting reservation ${r.id}`,
+              refresh,
+            ),
           },
           "Delete",
         ),

@@ -6,6 +6,7 @@ import {
   api,
   badge,
   clockOf,
+  confirmThen,
   dataTable,
   duration,
   durationOf,
@@ -23,7 +24,6 @@ import {
   session,
   speed,
   stream,
-  toast,
   when,
 } from "../lib.js";
 import { Charts, Series } from "./job-charts.js";
@@ -240,16 +240,15 @@ function headerOf(job, reload) {
       id: "cancel",
       disabled: job.cancel_requested || !mine,
       title: mine ? "Checkpoint and stop this job" : "Only its owner or an admin may cancel it",
-      onclick: async () => {
-        if (!confirm(`Cancel job ${job.id} (${job.name})?`)) return;
-        try {
+      onclick: confirmThen(
+        () => `Cancel job ${job.id} (${job.name})?`,
+        async () => {
           await api(`api/jobs/${job.id}/cancel`, { method: "POST" });
-          toast(`Job ${job.id}: cancel requested`);
-          reload();
-        } catch (error) {
-          toast(`Cancel failed: ${error.message}`);
-        }
-      },
+          return `Job ${job.id}: cancel requested`;
+        },
+        "Cancel",
+        reload,
+      ),
     },
     job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel",
   );

@@ -1,7 +1,7 @@
 // One sweep: its settings against their results (sortable, best marked), the result
 // against each swept field, every job's curve overlaid, links to the jobs, cancel all.
 import { allMetrics, COLORS, fitToWidth, lineChart } from "../charts.js";
-import { api, badge, dataTable, el, number, poll, problemLine, reportError, session, toast } from "../lib.js";
+import { api, badge, confirmThen, dataTable, el, number, poll, problemLine, session } from "../lib.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 
 const FINAL = ["succeeded", "failed", "cancelled"];
@@ -187,16 +187,15 @@ function headerOf(sweep, reload) {
       class: "danger",
       id: "cancel-sweep",
       disabled: !unfinished || !mine,
-      onclick: async () => {
-        if (!confirm(`Cancel every unfinished job of sweep ${sweep.id}?`)) return;
-        try {
+      onclick: confirmThen(
+        () => `Cancel every unfinished job of sweep ${sweep.id}?`,
+        async () => {
           await api(`api/sweeps/${sweep.id}/cancel`, { method: "POST" });
-          toast(`Sweep ${sweep.id}: cancel requested`);
-          await reload();
-        } catch (error) {
-          reportError("Cancelling the sweep", null)(error);
-        }
-      },
+          return `Sweep ${sweep.id}: cancel requested`;
+        },
+        "Cancelling the sweep",
+        reload,
+      ),
     },
     "Cancel all",
   );

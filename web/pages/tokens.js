@@ -1,6 +1,6 @@
 // Tokens and users: your API tokens (how the command line, the Python client and scripts act
 // as you: make one, revoke one), and for admins every token, every user and their limits.
-import { actionForm, api, dataTable, el, formInput as field, poll, problemLine, problemText, session, toast, when } from "../lib.js";
+import { actionForm, api, confirmThen, dataTable, el, formInput as field, poll, problemLine, session, when } from "../lib.js";
 
 const POLL_MS = 30000;
 
@@ -66,28 +66,25 @@ function tokensTable(tokens, admin, refresh) {
 
 function revokeButton(token, refresh) {
   const whose = token.name ? `"${token.name}"` : `${token.prefix}…`;
+  const mine = () => token.id === session.me?.token_id;
   return el(
     "button",
     {
       type: "button",
       class: "danger",
       "aria-label": `Revoke token ${token.id}`,
-      onclick: async () => {
-        const mine = token.id === session.me?.token_id;
-        const after = mine ? " This browser is logged in with it: you will be logged out." : "";
-        if (!confirm(`Revoke token ${token.id} (${whose}) of ${token.user}? What uses it stops working at once.${after}`)) return;
-        try {
+      onclick: confirmThen(
+        () => {
+          const out = mine() ? " This browser is logged in with it: you will be logged out." : "";
+          return `Revoke token ${token.id} (${whose}) of ${token.user}? What uses it stops working at once.${out}`;
+        },
+        async () => {
           await api(`api/tokens/${token.id}`, { method: "DELETE" });
-          if (mine) {
-            location.reload(); // its session is gone: the login form
-            return;
-          }
-          toast(`Token ${token.id} revoked`);
-          await refresh();
-        } catch (error) {
-          toast(`Revoking token ${token.id} failed: ${problemText(error)}`);
-        }
-      },
+          return mine() ? null : `Token ${token.id} revoked`;
+        },
+        `Revoking token ${token.id}`,
+        () => (mine() ? location.reload() : refresh()), // its session is gone: the login form
+      ),
     },
     "Revoke",
   );
