@@ -84,3 +84,41 @@ def test_members_cancel_and_update_their_jobs_by_id_or_state(
     # an admin cancels a member's jobs by name
     admin = towerq(tmp_path / "root", "cancel", "--user", "bob")
     assert admin.returncode == 0 and admin.stdout.strip() == f"job {theirs}: cancelled", admin.stderr
+
+
+def test_members_hold_and_release_their_queued_jobs_and_admins_hold_anyones(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> None:
+    """`towerq hold` and `towerq release`, as Slurm's `scontrol hold` and `release`: by id or
+    every job of yours (--all); an admin's hold on a member's job is the admin's to release."""
+    url = stack.start_api()  # no scheduler: every job stays queued
+    add_host("lab-a", 4)
+    tokens = {name: make_token(name, name == "root") for name in ("alice", "root")}
+    for name, token in tokens.items():
+        assert towerq(tmp_path / name, "login", url, "--token", token).returncode == 0
+    alice = Client(url, tokens["alice"])
+    jobs = [alice.submit(JOB).id for _ in range(3)]
+
+    held = towerq(tmp_path / "alice", "hold", "--all")
+    assert held.returncode == 0, held.stderr
+    assert held.stdout.splitlines()[0] == f"job {jobs[0]}: on hold (towerq release {jobs[0]} lets it start)"
+    assert held.stdout.splitlines()[-1] == "3 of 3 jobs put on hold"
+    shown = towerq(tmp_path / "alice", "show", str(jobs[0])).stdout
+    assert f"  state      queued: on hold (alice): towerq release {jobs[0]} lets it start" in shown.splitlines(), shown
+    queue = towerq(tmp_path / "alice", "queue").stdout
+    assert f"on hold (alice): towerq release {jobs[1]} lets it start" in queue, queue
+
+    admin = towerq(tmp_path / "root", "hold", str(jobs[2]))
+    assert admin.returncode == 0, admin.stderr
+    released = towerq(tmp_path / "alice", "release", "--all")
+    assert released.returncode == 1, released
+    assert released.stdout.splitlines() == [
+        f"job {jobs[0]}: released, queued", f"job {jobs[1]}: released, queued", "2 of 3 jobs released, 1 refused"
+    ]  # fmt: skip
+    assert f"job {jobs[2]} was put on hold by root, an admin: only an admin may release it" in released.stderr
+    again = towerq(tmp_path / "alice", "release", str(jobs[0]))
+    assert again.returncode == 1 and f"job {jobs[0]} is not on hold" in again.stderr, again.stderr
+    nothing = towerq(tmp_path / "alice", "hold")
+    assert nothing.returncode == 2 and "towerq hold ID [ID ...], or --all, or --user NAME" in nothing.stderr
+    assert towerq(tmp_path / "root", "release", "--user", "alice").stdout.strip() == f"job {jobs[2]}: released, queued"
+    assert [alice.job(i).data["on_hold_by"] for i in jobs] == [None, None, None]

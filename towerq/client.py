@@ -143,6 +143,16 @@ class Client:
     def cancel(self, job_id: int) -> Job:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/cancel"))
 
+    def hold(self, job_id: int) -> Job:
+        """Put a queued job on hold: it waits until released (`release`); yours, or any as an
+        admin. `ApiError` 409 for a job that is not queued."""
+        return Job(self, self.request("POST", f"/api/jobs/{job_id}/hold"))
+
+    def release(self, job_id: int) -> Job:
+        """Release a job on hold (one you held, or any as an admin): it queues again, as if it
+        had waited only while it was not on hold."""
+        return Job(self, self.request("POST", f"/api/jobs/{job_id}/release"))
+
     def change(
         self, job_id: int, *, name: str | None = None, priority: str | None = None, time_limit_s: int | None = None
     ) -> Job:

@@ -226,11 +226,18 @@ export function reportError(what, problem) {
 }
 
 // A danger button's click: asks `question` (a function: it may read the page as it is now),
-// then runs `act`, which says what it did (toasted, where it says something), then `after`
-// (the page redrawn); a refusal is toasted after `failed`, in the API's words.
+// then does as `actThen` does.
 export function confirmThen(question, act, failed, after = () => {}) {
+  const click = actThen(act, failed, after);
   return async () => {
-    if (!confirm(question())) return;
+    if (confirm(question())) await click();
+  };
+}
+
+// A button's click: runs `act`, which says what it did (toasted, where it says something),
+// then `after` (the page redrawn); a refusal is toasted after `failed`, in the API's words.
+export function actThen(act, failed, after = () => {}) {
+  return async () => {
     let said;
     try {
       said = await act();

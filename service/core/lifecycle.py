@@ -249,6 +249,7 @@ def cancel_queued(session: Session, job: Job, reason: str) -> None:
     job.cancel_requested_at = job.finished_at
     job.queue_position = None
     job.pending_reason = None
+    job.on_hold_by = job.on_hold_at = None  # a hold is a queued job's
     job.stop_reason = reason[:512]
     record_state(session, job, JobState.CANCELLED, job.stop_reason)
     kick_scheduler(session)

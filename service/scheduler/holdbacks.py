@@ -1,24 +1,44 @@
-"""Queued jobs that may not start yet, and why: those waiting for the jobs they name in
-`after` (a dependency), those their sweep's `max_parallel` holds back, and those that never
-can (a job they need to succeed failed or was cancelled). Each pass leaves the first two out
-of the policy's queue and cancels the last (`live`, `handover`); a dry run says the same."""
+"""Queued jobs that may not start yet, and why: those on hold (`towerq hold`), those waiting
+for the jobs they name in `after` (a dependency), those their sweep's `max_parallel` holds
+back, and those that never can (a job they need to succeed failed or was cancelled). Each
+pass leaves the first three out of the policy's queue and cancels the last (`live`,
+`handover`); a dry run says the same."""
 
 from __future__ import annotations
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.core.models import FINAL_STATES, HOLDING_STATES, UNSUCCESSFUL_STATES, Job, JobState, Sweep
+from service.core.models import FINAL_STATES, HOLDING_STATES, UNSUCCESSFUL_STATES, Job, JobState, Sweep, User
 
 
 def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
-    """Queued jobs that may not start yet, with the reason: those waiting for the jobs they
-    name in `after`, then those their sweep's `max_parallel` holds back. And the jobs that
-    never can (one they need to succeed failed or was cancelled), with why: each pass
-    cancels those."""
+    """Queued jobs that may not start yet, with the reason: those on hold, those waiting for
+    the jobs they name in `after`, then those their sweep's `max_parallel` holds back. And
+    the jobs that never can (one they need to succeed failed or was cancelled), with why:
+    each pass cancels those, on hold or not."""
     waiting, never = held_by_dependencies(session, queued_ids)
+    waiting.update((i, why) for i, why in on_hold(session).items() if i not in never)
     free = [i for i in queued_ids if i not in waiting and i not in never]
     return {**waiting, **held_by_sweeps(session, free)}, never
+
+
+def on_hold(session: Session) -> dict[int, str]:
+    """The queued jobs on hold, with why they wait (`hold_reason`); one small query."""
+    rows = session.execute(
+        select(Job.id, Job.on_hold_by, User.name)
+        .join(User, Job.user_id == User.id)
+        .where(Job.state == JobState.QUEUED, Job.on_hold_by.is_not(None))
+    ).all()
+    return {job_id: hold_reason(job_id, holder or "", owner) for job_id, holder, owner in rows}
+
+
+def hold_reason(job_id: int, holder: str, owner: str) -> str:
+    """`on hold (alice): towerq release 12 lets it start`; an admin's hold on another's job
+    says that only an admin releases it."""
+    if holder != owner:
+        return f"on hold by an admin ({holder}): only an admin may release it"
+    return f"on hold ({holder}): towerq release {job_id} lets it start"
 
 
 def held_by_dependencies(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:

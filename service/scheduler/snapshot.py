@@ -91,6 +91,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
             Job.requested_host,
             Job.requested_gpus,
             Job.time_limit_s,
+            Job.held_s,
             Job.queue_position,
             Job.pending_reason,
             Job.reserved_start_at,
@@ -112,7 +113,7 @@ def read_queued(session: Session) -> tuple[list[QueuedJob], dict[int, Stored]]:
                 priority=PRIORITY_RANK[r.priority],
                 gpu_count=r.gpu_count,
                 fraction=r.gpu_memory_fraction,
-                submitted=r.created_at.timestamp(),
+                submitted=r.created_at.timestamp() + r.held_s,  # time on hold is no wait
                 host=r.requested_host,
                 indices=tuple(r.requested_gpus) if r.requested_gpus is not None else None,
                 limit_s=float(r.time_limit_s) if r.time_limit_s is not None else None,

@@ -1,7 +1,8 @@
-"""A job's Change form in a real browser: its owner renames a queued job and changes its
-priority and time limit (a duration as people write it), the API's refusals and a duration
-that is none said beside the form; another member's job, and one that has ended, have no
-form. Before, only `PATCH /api/jobs/{id}` by hand changed them."""
+"""A job's Change form and Hold button in a real browser: its owner renames a queued job and
+changes its priority and time limit (a duration as people write it), the API's refusals and
+a duration that is none said beside the form; holds and releases it, and cannot release an
+admin's hold; another member's job, and one that has ended, have neither. Before, only
+`PATCH /api/jobs/{id}` by hand changed them, and nothing held a job."""
 
 from __future__ import annotations
 
@@ -60,9 +61,25 @@ def test_an_owner_changes_a_queued_jobs_name_priority_and_time_limit(
         page.wait_for_function("document.querySelector('h1').textContent.includes('again')")
         assert alice.get(f"/api/jobs/{mine}").json()["spec"]["time_limit_s"] == 9000
 
+        # Hold and Release: the queue line says who holds it; an admin's hold is the admin's to release
+        page.click("#hold")
+        page.wait_for_function("document.querySelector('#hold')?.textContent === 'Release'")
+        queue = page.locator('[data-field="Queue"]').inner_text()
+        assert queue == f"on hold (alice): towerq release {mine} lets it start", queue
+        assert alice.get(f"/api/jobs/{mine}").json()["on_hold_by"] == "alice"
+        page.click("#hold")
+        page.wait_for_function("document.querySelector('#hold')?.textContent === 'Hold'")
+        assert alice.get(f"/api/jobs/{mine}").json()["on_hold_by"] is None
+        root = {"Authorization": f"Bearer {make_token('root', True)}"}
+        assert alice.post(f"/api/jobs/{mine}/hold", headers=root).status_code == 200
+        page.reload()
+        page.wait_for_selector("#hold[disabled]")
+        assert "only an admin may release it" in (page.locator("#hold").get_attribute("title") or "")
+        assert alice.post(f"/api/jobs/{mine}/release", headers=root).status_code == 200
+
         page.goto(f"{url}/?token={alice_token}#/jobs/{theirs}")  # bob's: no form
         page.wait_for_selector('[data-field="Priority"]')
-        assert page.locator("#change").count() == 0
+        assert page.locator("#change").count() == 0 and page.locator("#hold").count() == 0
         alice.post(f"/api/jobs/{mine}/cancel")
         page.goto(f"{url}/?token={alice_token}#/jobs/{mine}")  # ended: nothing to change
         page.wait_for_selector('[data-field="Priority"]')

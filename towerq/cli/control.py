@@ -1,11 +1,13 @@
 """Changing jobs from the command line: `towerq cancel` (one job, several, or every one of a
-member's in some states, as Slurm's `scancel -u USER -t PENDING`), `towerq update` (a name;
-a queued job's priority and time limit, as `scontrol update`), `towerq share`."""
+member's in some states, as Slurm's `scancel -u USER -t PENDING`), `towerq hold` and
+`towerq release` (as `scontrol hold` and `release`), `towerq update` (a name; a queued job's
+priority and time limit, as `scontrol update`), `towerq share`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerq.cli import views
@@ -29,6 +31,17 @@ def add_control_commands(command: Any) -> None:
     cancel.add_argument("--user", default=None, help="every unfinished job of this user (admins: anyone's)")
     cancel.set_defaults(run=run_cancel)
 
+    for name, help_text in (
+        ("hold", "put queued jobs on hold: they wait until released (towerq release)"),
+        ("release", "release jobs on hold: they queue again, as if they had waited only while not held"),
+    ):
+        sub = command(name, help_text)
+        sub.add_argument("ids", type=int, nargs="*", metavar="ID", help="the jobs' ids")
+        whose = "queued" if name == "hold" else "on hold"
+        sub.add_argument("--all", action="store_true", help=f"every job of yours {whose} (with --user, that user's)")
+        sub.add_argument("--user", default=None, help=f"every job of this user {whose} (admins: anyone's)")
+        sub.set_defaults(run=run_hold if name == "hold" else run_release)
+
     update = command("update", "change a job: its name; while it is queued, its priority and time limit")
     update.add_argument("id", type=int)
     update.add_argument("--name", default=None)
@@ -46,48 +59,85 @@ def add_control_commands(command: Any) -> None:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    """Each job in turn, a line each; a job that cannot be cancelled (ended already, not
-    yours, not there) is said on stderr and the others are still cancelled (exit 1)."""
-    if args.ids and (args.state or args.user):
-        raise UsageError("give job ids, or --state / --user, not both")
-    if not (args.ids or args.state or args.user):
-        raise UsageError("name the jobs: towerq cancel ID [ID ...], or --state queued, or --user NAME")
     client = Api(args).client
-    if args.user and not args.ids:
-        me = client.me()
-        if args.user != me["user"] and not me["is_admin"]:
-            raise ClientError(f"only admins cancel another member's jobs: you are {me['user']}")
-    ids = args.ids or chosen(client, args.state, args.user)
+    filters = "--state queued, or --user NAME"
+    ids = picked(client, args, filters, bool(args.state or args.user), args.state or UNFINISHED)
     if not ids:
-        whose = f"{args.user}'s" if args.user else "yours"
-        print(f"no job of {whose} is {' or '.join(args.state or UNFINISHED)}: nothing cancelled")
-        return 0
+        return nothing(args, " or ".join(args.state or UNFINISHED), "cancelled")
+
+    def said(job: Job) -> str:
+        return f"job {job.id}: {job.state}" + (" (stop requested)" if job.state in ("dispatched", "running") else "")
+
+    return each(ids, client.cancel, said, "cancelled")
+
+
+def run_hold(args: argparse.Namespace) -> int:
+    client = Api(args).client
+    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), ["queued"])
+    if not ids:
+        return nothing(args, "queued", "put on hold")
+    said = "job {0}: on hold (towerq release {0} lets it start)"
+    return each(ids, client.hold, lambda job: said.format(job.id), "put on hold")
+
+
+def run_release(args: argparse.Namespace) -> int:
+    client = Api(args).client
+    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), ["queued"], on_hold=True)
+    if not ids:
+        return nothing(args, "on hold", "released")
+    return each(ids, client.release, lambda job: f"job {job.id}: released, {job.state}", "released")
+
+
+def picked(
+    client: Client, args: argparse.Namespace, filters: str, filtered: bool, states: Sequence[str], on_hold: bool = False
+) -> list[int]:
+    """The jobs a command acts on: its ids, else those its filters choose (`chosen`): the
+    caller's own, another member's (`--user`) for admins only."""
+    if args.ids and filtered:
+        raise UsageError(f"give job ids, or {filters}, not both")
+    if args.ids:
+        return list(dict.fromkeys(args.ids))
+    if not filtered:
+        raise UsageError(f"name the jobs: towerq {args.command} ID [ID ...], or {filters}")
+    me = client.me()
+    if args.user and args.user != me["user"] and not me["is_admin"]:
+        raise ClientError(f"only admins {args.command} another member's jobs: you are {me['user']}")
+    return chosen(client, states, args.user or str(me["user"]), on_hold)
+
+
+def chosen(client: Client, states: Sequence[str], owner: str, on_hold: bool = False) -> list[int]:
+    """The ids of `owner`'s jobs in `states` (`on_hold`: only those on hold), oldest first;
+    all read before any is acted on, page by page."""
+    found: dict[int, bool] = {}
+    while True:
+        page = client.jobs_page(state=list(states), user=owner, limit=PAGE, offset=len(found))
+        for item in page["items"]:
+            found[int(item["id"])] = bool(item.get("on_hold_by"))
+        if len(page["items"]) < PAGE:
+            return sorted(job_id for job_id, held in found.items() if held or not on_hold)
+
+
+def nothing(args: argparse.Namespace, what: str, done: str) -> int:
+    whose = f"{args.user}'s" if args.user else "yours"
+    print(f"no job of {whose} is {what}: nothing {done}")
+    return 0
+
+
+def each(ids: list[int], act: Callable[[int], Job], said: Callable[[Job], str], done: str) -> int:
+    """`act` on each job in turn, a line each (`said`); one the API refuses (ended already,
+    not yours, not there) is said on stderr and the others go on (exit 1)."""
     refused = 0
-    for job_id in dict.fromkeys(ids):
+    for job_id in ids:
         try:
-            job = client.cancel(job_id)
+            job = act(job_id)
         except ApiError as err:  # its message names the job: "job 9 is already succeeded"
             print(f"towerq: {err.detail}", file=sys.stderr, flush=True)
             refused += 1
             continue
-        stopping = " (stop requested)" if job.state in ("dispatched", "running") else ""
-        print(f"job {job.id}: {job.state}{stopping}", flush=True)
+        print(said(job), flush=True)
     if len(ids) > 1:
-        print(f"{len(ids) - refused} of {len(ids)} jobs cancelled" + (f", {refused} refused" if refused else ""))
+        print(f"{len(ids) - refused} of {len(ids)} jobs {done}" + (f", {refused} refused" if refused else ""))
     return 1 if refused else 0
-
-
-def chosen(client: Client, states: list[str] | None, user: str | None) -> list[int]:
-    """The ids of `user`'s jobs (default: the caller's own) in `states` (default: every
-    unfinished one), oldest first; read before any is cancelled, page by page."""
-    owner = user or str(client.me()["user"])
-    found: dict[int, None] = {}
-    while True:
-        page = client.jobs_page(state=list(states or UNFINISHED), user=owner, limit=PAGE, offset=len(found))
-        for item in page["items"]:
-            found[int(item["id"])] = None
-        if len(page["items"]) < PAGE:
-            return sorted(found)
 
 
 def run_update(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 import { metricsOverview } from "../charts.js";
 import {
   actionForm,
+  actThen,
   age,
   api,
   badge,
@@ -253,6 +254,7 @@ function headerOf(job, reload) {
     job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel",
   );
   const clone = el("a", { class: "button", href: `#/submit?clone=${job.id}`, id: "clone" }, "Clone");
+  const hold = job.state === "queued" && mine ? holdButton(job, reload) : null;
   // A notebook session's JupyterLab (its owner and admins), a path of the API as the page is served.
   const open =
     job.url && job.state === "running" && mine
@@ -271,8 +273,38 @@ function headerOf(job, reload) {
       : null;
   return [
     el("h1", {}, el("span", { class: "muted" }, `#${job.id} `), job.name, " ", badge(job.state)),
-    el("div", { class: "actions" }, open, FINAL.includes(job.state) ? null : cancel, clone), // nothing to cancel once ended
+    el("div", { class: "actions" }, open, hold, FINAL.includes(job.state) ? null : cancel, clone), // nothing to cancel once ended
   ];
+}
+
+// Hold a queued job (it waits until released), or release it: an admin's hold on a member's
+// job only an admin releases (the button says so rather than fail).
+function holdButton(job, reload) {
+  const held = Boolean(job.on_hold_by);
+  const adminsOnly = held && job.on_hold_by !== session.me.user && !session.me.is_admin;
+  const action = held ? "release" : "hold";
+  return el(
+    "button",
+    {
+      type: "button",
+      id: "hold",
+      disabled: adminsOnly,
+      title: adminsOnly
+        ? `Put on hold by ${job.on_hold_by}, an admin: only an admin may release it`
+        : held
+          ? "Let it start again: it queues as if it had waited only while not on hold"
+          : "Keep it from starting until you release it",
+      onclick: actThen(
+        async () => {
+          await api(`api/jobs/${job.id}/${action}`, { method: "POST" });
+          return held ? `Job ${job.id} released` : `Job ${job.id} on hold: Release lets it start`;
+        },
+        held ? "Release" : "Hold",
+        reload,
+      ),
+    },
+    held ? "Release" : "Hold",
+  );
 }
 
 // A job of yours (or any, for admins) renamed; while it waits, its priority and time limit

@@ -19,6 +19,7 @@ from service.core.schemas.jobs import DryRunOut, JobDetailOut, JobPage, LogLineO
 from service.jobs import privacy, series
 from service.jobs.change import JobChange, change_job
 from service.jobs.dependencies import resolve_after
+from service.jobs.holds import hold_job, release_job
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
 from service.jobs.stopping import cancel_then_stop
 from service.jobs.submit import check_notebook, check_startable, check_submission, submit
@@ -167,6 +168,25 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep, s
     limit (owner or admin)."""
     with db.write() as session:
         change_job(session, job_id, body, caller, settings)
+        return job_detail(session, get_job(session, job_id))
+
+
+@router.post("/{job_id}/hold", response_model=JobDetailOut)
+def hold(job_id: JobId, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+    """Put a queued job on hold (owner or admin): it stays queued but starts only once
+    released; its reason says who holds it. 409 for a job that is not queued."""
+    with db.write() as session:
+        hold_job(session, job_id, caller)
+        return job_detail(session, get_job(session, job_id))
+
+
+@router.post("/{job_id}/release", response_model=JobDetailOut)
+def release(job_id: JobId, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+    """Release a job on hold: the scheduler places it again, as if it had waited only while
+    it was not on hold. Its holder or an admin (an admin's hold: only an admin); 409 for a
+    job that is not on hold."""
+    with db.write() as session:
+        release_job(session, job_id, caller)
         return job_detail(session, get_job(session, job_id))
 
 

@@ -98,6 +98,7 @@ class Job(Base):
     """Why the stop of the current attempt was asked for (cancel, preemption, time slice): the
     worker reads it here; a control message only tells it to look."""
     folder_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    """What the job's folder held on disk when its worker last measured it."""
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """What its log lines took (their text and a line's overhead), all attempts together:
     the database's rows and `log.txt` both hold them. Capped by TOWERQ_JOB_LOG_MAX_MB."""
@@ -106,7 +107,13 @@ class Job(Base):
     `log.txt` keeps them all): a reader after an older line missed some. None: none was."""
     metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Metric points stored for it, all attempts together."""
-    """What the job's folder held on disk when its worker last measured it."""
+    on_hold_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    """Who put the queued job on hold (`service.jobs.holds`): it waits, left out of every
+    pass, until they or an admin release it. None: not on hold."""
+    on_hold_at: Mapped[datetime | None] = mapped_column(default=None)
+    held_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Seconds it spent on hold, every hold together but the current one: not counted as
+    waiting (the scheduler's aging and order read it as submitted that much later)."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)

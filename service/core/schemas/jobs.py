@@ -96,6 +96,9 @@ class JobOut(Out):
     max_attempts: int
     queue_position: int | None
     pending_reason: str | None
+    on_hold_by: str | None = Field(
+        default=None, description="queued: who put it on hold (towerq hold; it waits until released); None: not on hold"
+    )
     reserved_start_at: datetime | None
     expected_start_at: datetime | None = Field(
         default=None, description="queued: when the scheduler's forward replay expects it to start"

@@ -1,0 +1,127 @@
+"""A queued job put on hold and released (as Slurm's `scontrol hold` and `release`), against
+the live pass and a real database (SQLite and PostgreSQL): on hold it waits, saying who
+holds it, and others start past it; released it starts, as if it had waited only while it
+was not on hold; a member cannot undo an admin's hold."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from service.core.context import Context
+from service.core.exceptions import ForbiddenError, StateConflictError
+from service.core.lifecycle import finish
+from service.core.models import Job, JobEvent, JobState, utcnow
+from service.jobs.holds import hold_job, release_job
+from service.lab.auth import Caller
+from service.scheduler.live import LiveScheduler
+from tests.service.scheduler.test_live import job_row, submit_job
+
+
+def hold(ctx: Context, job_id: int, who: Caller) -> None:
+    with ctx.db.write() as session:
+        hold_job(session, job_id, who)
+
+
+def release(ctx: Context, job_id: int, who: Caller) -> None:
+    with ctx.db.write() as session:
+        release_job(session, job_id, who)
+
+
+def said(ctx: Context, job_id: int) -> list[str | None]:
+    """The job's history, its events' messages in order."""
+    with ctx.db.read() as session:
+        return list(session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def test_a_job_on_hold_waits_saying_who_holds_it_and_starts_once_released(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    first = submit_job(ctx, alice)
+    hold(ctx, first, alice)
+    second = submit_job(ctx, alice)
+    scheduler = LiveScheduler(ctx)
+    report = scheduler.run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [second]  # past the held one
+    held = job_row(ctx, first)
+    assert (held.state, held.queue_position, held.on_hold_by) == (JobState.QUEUED, None, "alice")
+    assert held.reason == f"on hold (alice): towerq release {first} lets it start"
+    assert said(ctx, first)[-1] == "put on hold by alice"
+
+    release(ctx, first, alice)
+    with ctx.db.write() as session:
+        finish(session, second, 1, JobState.SUCCEEDED)
+    report = scheduler.run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [first]
+    started = job_row(ctx, first)
+    assert started.on_hold_by is None and started.held_s > 0
+    assert said(ctx, first)[-2:] == ["released by alice", "GPU 0 on lab-a"]
+
+
+def test_time_on_hold_is_no_wait(ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]) -> None:
+    """A job held for an hour and released comes after one submitted a minute after it: its
+    hour on hold is not an hour of waiting (it would have come first)."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    blocker = submit_job(ctx, alice)
+    LiveScheduler(ctx).run_pass()
+    early, late = submit_job(ctx, alice), submit_job(ctx, alice)
+    with ctx.db.write() as session:  # `early` was submitted two minutes before `late`
+        session.execute(
+            update(Job).where(Job.id == early).values(created_at=job_row(ctx, late).created_at - timedelta(minutes=2))
+        )
+    scheduler = LiveScheduler(ctx)
+    scheduler.run_pass()
+    assert [job_row(ctx, i).queue_position for i in (early, late)] == [1, 2]  # the control: first come
+
+    hold(ctx, early, alice)
+    with ctx.db.write() as session:  # held for an hour
+        an_hour_ago = utcnow() - timedelta(hours=1)
+        session.execute(update(Job).where(Job.id == early).values(on_hold_at=an_hour_ago))
+    release(ctx, early, alice)
+    assert 3600 <= job_row(ctx, early).held_s < 3660
+    scheduler.pending_written_at = float("-inf")  # the next pass rewrites the queue
+    scheduler.run_pass()
+    assert [job_row(ctx, i).queue_position for i in (early, late)] == [2, 1]
+    assert job_row(ctx, blocker).state == JobState.DISPATCHED
+
+
+def test_who_may_hold_and_release_and_what(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    add_host("lab-a", 1)
+    alice, bob = caller("alice"), caller("bob")
+    root = replace(caller("root"), is_admin=True)
+    running, queued = submit_job(ctx, alice), submit_job(ctx, alice)
+    LiveScheduler(ctx).run_pass()
+    with pytest.raises(ForbiddenError, match="belongs to alice; only they or an admin may hold it"):
+        hold(ctx, queued, bob)
+    with pytest.raises(StateConflictError, match=f"job {running} is dispatched: only a queued job is put on hold"):
+        hold(ctx, running, alice)
+    with pytest.raises(StateConflictError, match=f"job {queued} is not on hold"):
+        release(ctx, queued, alice)
+
+    hold(ctx, queued, alice)
+    hold(ctx, queued, root)  # an admin's hold takes the owner's place ...
+    assert job_row(ctx, queued).reason == "on hold by an admin (root): only an admin may release it"
+    with pytest.raises(ForbiddenError, match="put on hold by root, an admin: only an admin may release it"):
+        release(ctx, queued, alice)  # ... and the owner cannot undo it
+    release(ctx, queued, root)
+    assert job_row(ctx, queued).on_hold_by is None
+
+    # A job on hold that can never start (a job it needs failed) is cancelled all the same.
+    doomed = submit_job(ctx, alice, after=[running])
+    hold(ctx, doomed, alice)
+    with ctx.db.write() as session:
+        finish(session, running, 1, JobState.FAILED, error="diverged")
+    LiveScheduler(ctx).run_pass()
+    ended = job_row(ctx, doomed)
+    assert ended.state == JobState.CANCELLED and ended.on_hold_by is None, ended.reason
+    with pytest.raises(StateConflictError, match=f"job {doomed} is not on hold: it is cancelled"):
+        release(ctx, doomed, alice)
