@@ -6,6 +6,7 @@ Before, `towerq cancel` took one id and nothing changed a job's priority or time
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,3 +123,11 @@ def test_members_hold_and_release_their_queued_jobs_and_admins_hold_anyones(
     assert nothing.returncode == 2 and "towerq hold ID [ID ...], or --all, or --user NAME" in nothing.stderr
     assert towerq(tmp_path / "root", "release", "--user", "alice").stdout.strip() == f"job {jobs[2]}: released, queued"
     assert [alice.job(i).data["on_hold_by"] for i in jobs] == [None, None, None]
+
+    spec = tmp_path / "spec.json"  # queued on hold from the start (as sbatch --hold)
+    spec.write_text(json.dumps(JOB))
+    submitted = towerq(tmp_path / "alice", "submit", str(spec), "--hold")
+    assert submitted.returncode == 0, submitted.stderr
+    said = submitted.stdout.strip()
+    assert said.endswith(", queued on hold: towerq release " + said.split()[1] + " lets it start"), said
+    assert alice.job(int(said.split()[1])).data["on_hold_by"] == "alice"

@@ -96,7 +96,8 @@ def insert_submissions(session: Session, batch: list[Submission]) -> list[tuple[
             assert existing is not None, "a conflicting insert means a job with this key exists"
             results.append((existing.id, None))
             continue
-        results.append((job_id, record_new_job(session, job_id, f"submitted by {submission.user}")))
+        held = ", on hold" if submission.row.get("on_hold_by") else ""
+        results.append((job_id, record_new_job(session, job_id, f"submitted by {submission.user}{held}")))
     return results
 
 

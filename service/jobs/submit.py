@@ -272,4 +272,6 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         crashes=0,
         created_at=now,
         updated_at=now,
+        on_hold_by=caller.name if spec.hold else None,
+        on_hold_at=now if spec.hold else None,
     )

@@ -53,6 +53,8 @@ def estimate(
 ) -> Estimate:
     """When and where the job would start if submitted now; `after`: the ids of the jobs it
     would wait for (resolved as a submit resolves them), which hold it first."""
+    if spec.hold:
+        return Estimate(False, None, None, None, "on hold: it starts once released (towerq release ID)")
     if after:
         states = dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(after))).all())
         if waits := dependency_wait(after, spec.after_condition, states):

@@ -29,7 +29,7 @@ from towerq.cli.reports import (
     run_sweeps,
     run_usage,
 )
-from towerq.cli.run import add_run_command
+from towerq.cli.run import add_run_command, held
 from towerq.cli.session import (
     Api,
     UsageError,
@@ -120,6 +120,9 @@ def _add_submit(command: CommandMaker) -> None:
     submit.add_argument("--group", default=None, help="run it in this group of yours (default: your default group)")
     submit.add_argument(
         "--dry-run", action="store_true", help="submit nothing: check the spec and say when it would start"
+    )
+    submit.add_argument(
+        "--hold", action="store_true", help="queue it on hold: it starts once released (towerq release ID)"
     )
     output_option(submit)
     submit.set_defaults(run=run_submit)
@@ -243,6 +246,8 @@ def run_submit(args: argparse.Namespace) -> int:
         spec["after_condition"] = "afterany"
     if args.group:
         spec["group"] = args.group
+    if args.hold:
+        spec["hold"] = True
     api = Api(args)
     if args.dry_run:
         if args.code is not None:
@@ -260,7 +265,7 @@ def run_submit(args: argparse.Namespace) -> int:
             job.wait()
         print_json(job.data)
         return EXIT_FOR_STATE.get(job.data["state"], 1) if args.follow else 0
-    print(f"job {job.id} submitted ({job.name}), {job.state}", flush=True)
+    print(f"job {job.id} submitted ({job.name}), {job.state}{held(job.id, bool(spec.get('hold')))}", flush=True)
     if args.follow:
         return follow_job(api.client, job.id)
     return 0

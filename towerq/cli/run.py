@@ -51,6 +51,9 @@ def add_run_command(commands: Any, command: Any) -> None:
         "--network", action="store_true", help="the hosts' network (an admin's grant): needed over several hosts"
     )
     run.add_argument("--folder", type=Path, default=Path("."), help="the folder to send (default: this one)")
+    run.add_argument(
+        "--hold", action="store_true", help="queue it on hold: it starts once released (towerq release ID)"
+    )
     run.add_argument("--detach", action="store_true", help="submit and return; do not follow")
     run.add_argument(
         "--no-logs", action="store_true", help="follow its progress only, without its output (towerq logs ID has it)"
@@ -112,9 +115,15 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         "min_gpu_count": getattr(args, "min_gpus", None),
         "network": args.network or None,
         "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
+        "hold": getattr(args, "hold", False) or None,
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
     return spec
+
+
+def held(job_id: int, hold: bool) -> str:
+    """What a submit on hold adds to the line that says it: how to let it start."""
+    return f" on hold: towerq release {job_id} lets it start" if hold else ""
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -123,8 +132,8 @@ def run_run(args: argparse.Namespace) -> int:
         raise UsageError("name the program after --, e.g. towerq run --gpus 1 -- python train.py")
     code = upload_folder(api, args.folder)
     job = api.client.submit(run_spec(args, code))
-    print(f"job {job.id} submitted ({job.name}), {job.state}", flush=True)
-    if args.detach:
+    print(f"job {job.id} submitted ({job.name}), {job.state}{held(job.id, args.hold)}", flush=True)
+    if args.detach or args.hold:
         return 0
     try:
         return follow_job(api.client, job.id, logs=not args.no_logs)

@@ -209,6 +209,10 @@ class JobSpec(TrainSpec):
         pattern=r"^[0-9a-f]{64}$",
         description="a code bundle's id (POST /api/code): `model` is then `module:function` inside it",
     )
+    hold: bool = Field(
+        default=False,
+        description="queue it on hold: it starts only once released (towerq release ID), as sbatch --hold",
+    )
     visibility: Visibility = Field(
         default="private",
         description="who reads its log, artifacts and code: private (owner and admins) or lab (every member)",

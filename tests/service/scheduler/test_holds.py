@@ -18,8 +18,12 @@ from service.core.lifecycle import finish
 from service.core.models import Job, JobEvent, JobState, utcnow
 from service.jobs.holds import hold_job, release_job
 from service.lab.auth import Caller
+from service.scheduler.dryrun import estimate
 from service.scheduler.live import LiveScheduler
 from tests.service.scheduler.test_live import job_row, submit_job
+from towerq.contract.spec import JobSpec
+
+JOB = {"model": "mlp", "dataset": "digits"}
 
 
 def hold(ctx: Context, job_id: int, who: Caller) -> None:
@@ -125,3 +129,23 @@ def test_who_may_hold_and_release_and_what(
     assert ended.state == JobState.CANCELLED and ended.on_hold_by is None, ended.reason
     with pytest.raises(StateConflictError, match=f"job {doomed} is not on hold: it is cancelled"):
         release(ctx, doomed, alice)
+
+
+def test_a_job_submitted_on_hold_waits_from_the_start(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """`"hold": true` in the spec (`towerq submit --hold`, as `sbatch --hold`): queued on hold
+    in the same write, so no pass can start it before a hold would land."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    held = submit_job(ctx, alice, hold=True)
+    assert said(ctx, held) == ["submitted by alice, on hold"]
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and report.placed == []
+    assert job_row(ctx, held).reason == f"on hold (alice): towerq release {held} lets it start"
+    with ctx.db.read() as session:
+        guess = estimate(session, ctx.settings, "alice", JobSpec.model_validate({**JOB, "hold": True}), None)
+    assert (guess.starts_now, guess.reason) == (False, "on hold: it starts once released (towerq release ID)")
+    release(ctx, held, alice)
+    report = LiveScheduler(ctx).run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [held]
