@@ -297,6 +297,8 @@ def test_groups_from_the_command_line(
     assert made.returncode == 0, made.stderr
     assert made.stdout.splitlines()[1].split()[:3] == ["vision", "2", "3"]
     assert towerq(admin, "group", "create", "nlp", "--max-gpu-hours", "40").returncode == 0
+    quota = towerq(admin, "group", "create", "robotics", "--gpu-quota", "2")  # docs/DESIGN's name for --max-gpus
+    assert quota.returncode == 0 and quota.stdout.splitlines()[1].split()[:3] == ["robotics", "1", "2"], quota
     refused = towerq(member, "group", "create", "mine")
     assert refused.returncode == 1 and "admin" in refused.stderr, refused.stderr
     bad = towerq(admin, "group", "set", "vision", "--max-gpus", "lots")
@@ -317,6 +319,7 @@ def test_groups_from_the_command_line(
     assert default.returncode == 0
     groups = [job["group"] for job in json.loads(towerq(member, "jobs", "-o", "json").stdout)["items"]]
     assert sorted(groups) == ["nlp", "vision"]
+    assert towerq(admin, "group", "delete", "robotics").returncode == 0
     outsider = towerq(member, "submit", str(spec), "--group", "robots")
     assert outsider.returncode == 1 and "there is no group 'robots'" in outsider.stderr
 
@@ -330,8 +333,21 @@ def test_groups_from_the_command_line(
 
     # Reservations: GPUs kept for a group over a window.
     assert "no reservations ahead" in towerq(member, "reservation", "list").stdout
-    kept = towerq(admin, "reservation", "create", "--group", "nlp", "--gpus", "3", "--start", "+1h", "--end", "+4h",
-                  "--note", "ACL deadline")  # fmt: skip
+    kept = towerq(
+        admin,
+        "reservation",
+        "create",
+        "--group",
+        "nlp",
+        "--gpus",
+        "3",
+        "--start",
+        "+1h",
+        "--end",
+        "3h30m",
+        "--note",
+        "ACL deadline",
+    )  # fmt: skip; an offset with or without its +
     assert kept.returncode == 0, kept.stderr
     row = kept.stdout.splitlines()[1].split()
     assert row[1:3] == ["nlp", "3"] and "ahead" in row and "lab-a" in row, kept.stdout

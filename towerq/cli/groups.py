@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from towerq.cli.session import Api, UsageError, connection_options, output_option, print_json
+from towerq.cli.session import UNIT_TERMS, Api, UsageError, connection_options, output_option, print_json, seconds_in
 
 NO_LIMIT = "none"
 
@@ -26,7 +26,10 @@ def add_group_commands(commands: Any) -> None:
         sub = _action(actions, name, help_text)
         sub.add_argument("name", help="lower-case letters, digits, - and _")
         sub.add_argument("--share", type=float, default=None, help="its weight (default 1)")
-        sub.add_argument("--max-gpus", default=None, metavar="N", help="at most N GPUs at once (or none)")
+        sub.add_argument(
+            "--max-gpus", "--gpu-quota", dest="max_gpus", default=None, metavar="N",
+            help="at most N GPUs at once (or none)",
+        )  # fmt: skip
         sub.add_argument(
             "--max-gpu-hours", default=None, metavar="H", help="at most H GPU hours in any 7 days (or none)"
         )
@@ -74,17 +77,15 @@ def add_reservation_commands(commands: Any) -> None:
     delete.set_defaults(run=run_reservation_delete)
 
 
-OFFSET_UNITS = {"m": 60, "h": 3600, "d": 86400}
-
-
 def moment(text: str, option: str, after: datetime | None = None) -> datetime:
-    """`now`, `+2h` (from `after`, else now), or an ISO time (local when it names no zone)."""
+    """`now`, `+2h` or `2h` (`1h30m`, `1d`: from `after`, else now), or an ISO time (local
+    when it names no zone)."""
     base = after or datetime.now(UTC)
     if text == "now":
         return base
-    unit = OFFSET_UNITS.get(text[-1:])
-    if text.startswith("+") and unit is not None and text[1:-1].replace(".", "", 1).isdigit():
-        return base + timedelta(seconds=float(text[1:-1]) * unit)
+    offset = text.removeprefix("+").strip().lower()
+    if UNIT_TERMS.fullmatch(offset):  # not 20261201 (a date) nor 09:00:00 (a time of day)
+        return base + timedelta(seconds=seconds_in(offset) or 0)
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
