@@ -177,6 +177,10 @@ def test_a_bad_field_gets_its_error_next_to_it_and_nothing_is_stored(
     page.wait_for_function("document.getElementById('estimate-answer').textContent.length > 0")
     assert "would start at once on lab-a" in page.locator("#estimate-answer").inner_text()
     shot(page, "submit-estimate")
+    field(page, "hold").check()  # queued on hold: it would not start until released
+    page.click("#estimate")
+    page.wait_for_function("document.getElementById('estimate-answer').textContent.includes('on hold')")
+    field(page, "hold").uncheck()
     field(page, "dataset").fill("no-such-dataset")
     page.click("#estimate")
     page.wait_for_function("document.getElementById('err-dataset').textContent.length > 0")

@@ -268,6 +268,7 @@ function whereSection(catalog, gpus, errors) {
     catalog.precisions.map((p) => el("option", { value: p.name, title: p.description }, p.name)),
   );
   const jitCompile = el("input", { type: "checkbox" });
+  const hold = el("input", { type: "checkbox" }); // never a clone's: a hold is the submitter's choice
   const switchMode = () => {
     picker.enable(picker.mode.pick.checked);
     gpuCount.disabled = picker.mode.pick.checked;
@@ -299,6 +300,7 @@ function whereSection(catalog, gpus, errors) {
     errors.field("jit_compile", "Compile with XLA", jitCompile, "each tower's step, on its own GPU"),
     errors.field("priority", "Priority", priority),
     errors.field("time_limit_s", "Time limit", timeLimit, "stops it after this long: 2h, 90m, 1:30:00"),
+    errors.field("hold", "Queue it on hold", hold, "it starts once you release it (its page's Release)"),
   );
   return {
     node,
@@ -336,6 +338,7 @@ function whereSection(catalog, gpus, errors) {
       spec.jit_compile = jitCompile.checked;
       spec.priority = priority.value;
       if (timeLimit.value.trim()) spec.time_limit_s = durationOf(timeLimit.value, "time_limit_s");
+      if (hold.checked) spec.hold = true;
     },
   };
 }
