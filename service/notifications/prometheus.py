@@ -5,7 +5,8 @@ workers, so in-process counters would each see a part: every figure here is comp
 the shared state when Prometheus scrapes. The counters and histograms only grow (jobs are
 never deleted), as Prometheus expects of them:
 
-- `towerq_jobs{state,user}`, `towerq_queue_length`, `towerq_hosts{state}`,
+- `towerq_jobs{state,user}`, `towerq_queue_length` (those on hold apart:
+  `towerq_jobs_on_hold`), `towerq_hosts{state}`,
   `towerq_gpus`, `towerq_gpus_allocated` (fractions summed), `towerq_gpus_by_state{host,state}`
   (free, held, drained, down), `towerq_gpu_utilization_ratio{host,gpu}` (NVML GPUs);
 - `towerq_submissions_total`, `towerq_crashes_total`;
@@ -72,7 +73,10 @@ class TowerqCollector(Collector):
             jobs.add_metric([state, user], count)
             queued += count if state == JobState.QUEUED else 0
         yield jobs
-        yield GaugeMetricFamily("towerq_queue_length", "Jobs waiting for GPUs.", value=queued)
+        on_hold = select(func.count(Job.id)).where(Job.state == JobState.QUEUED, Job.on_hold_by.is_not(None))
+        held = session.scalar(on_hold) or 0
+        yield GaugeMetricFamily("towerq_queue_length", "Jobs waiting for GPUs (not on hold).", value=queued - held)
+        yield GaugeMetricFamily("towerq_jobs_on_hold", "Queued jobs on hold (towerq hold).", value=held)
         submitted = session.scalar(select(func.count(Job.id))) or 0
         crashes = session.scalar(select(func.coalesce(func.sum(Job.crashes), 0))) or 0
         yield CounterMetricFamily("towerq_submissions", "Jobs submitted.", value=submitted)
