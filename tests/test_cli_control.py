@@ -38,6 +38,14 @@ def test_members_cancel_and_update_their_jobs_by_id_or_state(
     mine = [alice.submit(JOB).id for _ in range(3)]
     theirs = bob.submit(JOB).id
 
+    # whose jobs a listing shows: --mine (as squeue --me), or --user
+    listed = towerq(tmp_path / "alice", "jobs", "--mine", "-o", "json")
+    assert sorted(job["id"] for job in json.loads(listed.stdout)["items"]) == mine, listed.stderr
+    queue = towerq(tmp_path / "bob", "queue", "--me").stdout.splitlines()
+    assert [line.split()[1] for line in queue[1:-1]] == [str(theirs)], queue
+    both = towerq(tmp_path / "alice", "jobs", "--mine", "--user", "bob")
+    assert both.returncode == 2 and "not allowed with argument --mine" in both.stderr, both.stderr
+
     # update: a name, a priority and a time limit written as a duration; only what is given
     changed = towerq(tmp_path / "alice", "update", str(mine[0]), "--priority", "low", "--time-limit", "1h30m")
     assert changed.returncode == 0, changed.stderr

@@ -33,11 +33,13 @@ from towerq.cli.run import add_run_command, held
 from towerq.cli.session import (
     Api,
     UsageError,
+    chosen_user,
     connection_options,
     output_option,
     print_json,
     read_spec,
     set_field,
+    user_options,
 )
 from towerq.cli.transfer import (
     run_data_list,
@@ -131,7 +133,7 @@ def _add_submit(command: CommandMaker) -> None:
 def _add_job_commands(command: CommandMaker) -> None:
     jobs = command("jobs", "list jobs, newest first", read=True)
     jobs.add_argument("--state", action="append", default=None, help="only jobs in this state (repeat for several)")
-    jobs.add_argument("--user", default=None, help="only this user's jobs")
+    user_options(jobs)
     jobs.add_argument("--limit", type=int, default=20, help="at most this many, newest first (default 20)")
     jobs.set_defaults(run=run_jobs)
 
@@ -177,7 +179,7 @@ def _add_lab_commands(command: CommandMaker) -> None:
     gpus.set_defaults(run=run_gpus)
 
     queue = command("queue", "jobs waiting, in the order they will start, and why they wait", read=True)
-    queue.add_argument("--user", default=None)
+    user_options(queue)
     queue.set_defaults(run=run_queue)
 
     usage = command("usage", "GPU hours, jobs and waits per user, host or group over a time window", read=True)
@@ -272,7 +274,8 @@ def run_submit(args: argparse.Namespace) -> int:
 
 
 def run_jobs(args: argparse.Namespace) -> int:
-    page = Api(args).client.jobs_page(state=args.state, user=args.user, limit=args.limit)
+    client = Api(args).client
+    page = client.jobs_page(state=args.state, user=chosen_user(args, client), limit=args.limit)
     if args.output_format == "json":
         return print_json(page)
     print("\n".join(views.jobs_table(page)))

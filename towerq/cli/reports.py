@@ -9,7 +9,7 @@ from typing import Any
 
 from towerq.cli import views
 from towerq.cli.plain import rewrite_line
-from towerq.cli.session import UNIT_TERMS, Api, UsageError, print_json, read_spec, seconds_in
+from towerq.cli.session import UNIT_TERMS, Api, UsageError, chosen_user, print_json, read_spec, seconds_in
 from towerq.client import FINAL_STATES as FINAL
 
 
@@ -80,7 +80,8 @@ def _print(lines: list[str]) -> int:
 def run_queue(args: argparse.Namespace) -> int:
     # Dispatched jobs have left towerq's queue; those an executor's cluster still holds
     # (Slurm's pending jobs) wait there, with its reason and expected start: listed first.
-    page = Api(args).client.jobs_page(state=["dispatched", "queued"], user=args.user, limit=500)
+    client = Api(args).client
+    page = client.jobs_page(state=["dispatched", "queued"], user=chosen_user(args, client), limit=500)
     waiting = sorted(page["items"], key=lambda job: (job["state"] == "queued", job["queue_position"] or 1e9, job["id"]))
     if args.output_format == "json":
         return print_json(waiting)

@@ -74,6 +74,18 @@ def output_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def user_options(parser: argparse.ArgumentParser) -> None:
+    """`--user NAME` or `--mine` (`--me`, as `squeue --me`): whose jobs a listing shows."""
+    whose = parser.add_mutually_exclusive_group()
+    whose.add_argument("--user", default=None, help="only this user's jobs")
+    whose.add_argument("--mine", "--me", action="store_true", help="only yours")
+
+
+def chosen_user(args: argparse.Namespace, client: Client) -> str | None:
+    """The user `user_options` chose (None: everyone's)."""
+    return str(client.me()["user"]) if args.mine else args.user
+
+
 class Api:
     """The CLI's view of `towerq.Client` (the Python client): URL and token from the
     options, the environment or `towerq login`'s config file."""
