@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerq.cli import views
-from towerq.cli.session import Api, ClientError, UsageError, duration
+from towerq.cli.session import PRIORITIES, Api, ClientError, UsageError, duration
 from towerq.client import Client, Job
 from towerq.errors import ApiError
 
@@ -45,7 +45,7 @@ def add_control_commands(command: Any) -> None:
     update = command("update", "change a job: its name; while it is queued, its priority and time limit")
     update.add_argument("id", type=int)
     update.add_argument("--name", default=None)
-    update.add_argument("--priority", choices=("low", "normal", "high"), default=None)
+    update.add_argument("--priority", choices=PRIORITIES, default=None)
     update.add_argument(
         "--time-limit", type=duration, default=None, metavar="DURATION",
         help="stop it after this long once it runs: 2h, 90m, 1:30:00 (a number alone: seconds)",

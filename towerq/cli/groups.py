@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from towerq.cli.session import UNIT_TERMS, Api, UsageError, connection_options, output_option, print_json, seconds_in
+from towerq.cli.session import Api, UsageError, connection_options, offset_in, output_option, print_json
 
 NO_LIMIT = "none"
 
@@ -83,9 +83,8 @@ def moment(text: str, option: str, after: datetime | None = None) -> datetime:
     base = after or datetime.now(UTC)
     if text == "now":
         return base
-    offset = text.removeprefix("+").strip().lower()
-    if UNIT_TERMS.fullmatch(offset):  # not 20261201 (a date) nor 09:00:00 (a time of day)
-        return base + timedelta(seconds=seconds_in(offset) or 0)
+    if (offset := offset_in(text.removeprefix("+"))) is not None:
+        return base + timedelta(seconds=offset)
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:

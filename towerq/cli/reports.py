@@ -9,7 +9,7 @@ from typing import Any
 
 from towerq.cli import views
 from towerq.cli.plain import rewrite_line
-from towerq.cli.session import UNIT_TERMS, Api, UsageError, chosen_user, print_json, read_spec, seconds_in
+from towerq.cli.session import Api, UsageError, chosen_user, offset_in, print_json, read_spec
 from towerq.client import FINAL_STATES as FINAL
 
 
@@ -101,8 +101,8 @@ def when_from(text: str, option: str) -> str:
     """An ISO time as given, or `30m` / `24h` / `7d` ago as an ISO time."""
     from datetime import UTC, datetime, timedelta
 
-    if UNIT_TERMS.fullmatch(text.strip().lower()):  # not 20261123 (a date) nor 12:00:00 (a time of day)
-        return (datetime.now(UTC) - timedelta(seconds=seconds_in(text) or 0)).isoformat()
+    if (age := offset_in(text)) is not None:
+        return (datetime.now(UTC) - timedelta(seconds=age)).isoformat()
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

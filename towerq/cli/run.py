@@ -15,7 +15,7 @@ from typing import Any
 
 from towerq.bundle import FolderError
 from towerq.cli.follow import follow_job
-from towerq.cli.session import Api, UsageError, duration
+from towerq.cli.session import PRIORITIES, Api, UsageError, duration
 
 
 def upload_folder(api: Api, folder: Path) -> str:
@@ -34,7 +34,7 @@ def add_run_command(commands: Any, command: Any) -> None:
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="the command, after --")
     add_placement_options(run)
-    run.add_argument("--priority", choices=("low", "normal", "high"), default=None)
+    run.add_argument("--priority", choices=PRIORITIES, default=None)
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
     run.add_argument("--resumable", action="store_true", help="it resumes from TOWERQ_CHECKPOINT_DIR")
     run.add_argument(

@@ -16,7 +16,7 @@ import httpx
 
 from towerq.cli.plain import rewrite_line
 from towerq.client import AuthError, Client
-from towerq.contract.spec import set_dotted
+from towerq.contract.spec import Priority, set_dotted
 
 
 class ClientError(Exception):
@@ -146,6 +146,9 @@ def human_bytes(count: float) -> str:
     return f"{count:.1f} GB"
 
 
+PRIORITIES = tuple(p.value for p in sorted(Priority, key=lambda p: p.rank))
+"""The priorities a command's `--priority` offers, lowest first (the contract's `Priority`)."""
+
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 UNIT_TERMS = re.compile(r"(?:\d+(?:\.\d+)?\s*[smhdw]\s*)+")
 CLOCK = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
@@ -164,6 +167,12 @@ def seconds_in(text: str) -> float | None:
         days, hours, minutes, seconds = (int(part or 0) for part in clock.groups())
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
     return None
+
+
+def offset_in(text: str) -> float | None:
+    """The seconds an age or an offset says in units (`7d`, `2h`, `1h30m`), None for anything
+    else: never a number alone, a date (`20261123`) or a time of day (`12:00:00`)."""
+    return seconds_in(text) if UNIT_TERMS.fullmatch(text.strip().lower()) else None
 
 
 def duration(text: str) -> int:
