@@ -318,11 +318,12 @@ class Pass:
         return self._busy_elsewhere(job)
 
     def _busy_elsewhere(self, job: QueuedJob) -> Reason:
-        """Why `job` waits on the GPUs it could have soonest, reservations honoured."""
-        found = self.free.outlook.earliest(job, self.now)
+        """Why `job` waits on the GPUs it most likely could have soonest, reservations
+        honoured: those its expected start waits for, unless jobs ahead take them first."""
+        found = self.free.outlook.likeliest(job, self.now)
         if found is None:
             return Reason(Wait.NO_FIT, (job.gpu_count, job.fraction, INFINITY))
-        known, _, slots = found
+        likely, slots = found
         host, indices = slots[0]
         kept = self.free.kept_from(host, indices, job.group) if self.free.kept else None
         if kept is not None:  # the soonest it could start is on GPUs kept for a group, after its window
@@ -332,12 +333,15 @@ class Pass:
         if held_by:
             start = min(holds[i].start for i in indices if i in holds and holds[i].job_id == held_by[0])
             return Reason(Wait.RESERVED, (host, indices, held_by[0], start))
-        holders = tuple(sorted({r.id for r in self.free.running_on[host] if set(r.indices) & set(indices)}))
+        on = [r for r in self.free.running_on[host] if set(r.indices) & set(indices)]
+        holders = tuple(sorted({r.id for r in on}))
+        if any(r.end_unknown for r in on):  # its end would be a guess: the job is named, no end
+            likely = INFINITY
         if job.indices is not None:
-            return Reason(Wait.GPUS_BUSY, (host, indices, holders, known))
+            return Reason(Wait.GPUS_BUSY, (host, indices, holders, likely))
         if holders:  # the earliest GPUs are a forecast: the job takes whichever free up, so none is named
-            return Reason(Wait.JOBS_HOLD, (host, job.gpu_count, job.fraction, holders, known))
-        return Reason(Wait.NO_FIT, (job.gpu_count, job.fraction, known))
+            return Reason(Wait.JOBS_HOLD, (host, job.gpu_count, job.fraction, holders, likely))
+        return Reason(Wait.NO_FIT, (job.gpu_count, job.fraction, likely))
 
     def _kept_from(self, job: QueuedJob) -> Reason | None:
         """`LAB_RESERVED` when the job would fit now but for GPUs kept for another group."""

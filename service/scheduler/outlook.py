@@ -3,8 +3,8 @@ fraction (from the running jobs' ends) and where a job of a shape starts soonest
 
 `Outlook` reads its pass's `FreeGpus` (free fractions, holds, jobs per host, the GPUs lab
 reservations keep) and keeps its answers per host until that host's GPUs, holds or jobs
-change (`forget`, which `FreeGpus` calls on each change); `earliest`'s answers until anything
-changes (`changed`).
+change (`forget`, which `FreeGpus` calls on each change); `earliest`'s and `likeliest`'s
+answers until anything changes (`changed`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 MIN_EXPECTED_S = 60.0
 Slots = list[tuple[str, tuple[int, ...]]]
 Ready = list[tuple[float, float]]
-"""Per GPU of a host: when it is ready, as (for sure, from time limits; expected)."""
+"""Per GPU of a host: when it is ready, as (for sure, from time limits; expected); or, from
+`likely_times`, as (most likely; for sure)."""
 Soonest = tuple[tuple[float, float, str], Slots]
 
 
@@ -62,6 +63,8 @@ class Outlook:
         self._earliest: dict[tuple[object, ...], tuple[float, float, Slots] | None] = {}
         self._ready: dict[str, dict[tuple[float, bool], Ready]] = defaultdict(dict)
         """`ready_times` by host, until that host's GPUs, holds or jobs change (`forget`)."""
+        self._likely: dict[str, dict[float, Ready]] = defaultdict(dict)
+        """`likely_times` by host, as `_ready`."""
         self._soonest: dict[str, dict[tuple[object, ...], Soonest | None]] = defaultdict(dict)
         """`_soonest_on` by host, as `_ready`."""
 
@@ -72,6 +75,7 @@ class Outlook:
     def forget(self, host: str) -> None:
         """`host`'s GPUs, holds or jobs change: what was kept of it goes."""
         self._ready.pop(host, None)
+        self._likely.pop(host, None)
         self._soonest.pop(host, None)
 
     def ready_times(self, host: str, fraction: float, now: float, skip_held: bool = False) -> Ready:
@@ -85,21 +89,10 @@ class Outlook:
         return ready[key]
 
     def _ready_times(self, host: str, fraction: float, now: float, skip_held: bool) -> Ready:
-        free = self.free.free[host]
-        unusable = set(self.free.hosts[host].unusable)
-        if skip_held:
-            unusable |= set(self.free.holds.get(host, {}))
-        holders: dict[int, list[RunningJob]] = defaultdict(list)
-        for running in self.free.running_on[host]:
-            for i in running.indices:
-                holders[i].append(running)
         times = []
-        for i, now_free in enumerate(free):
-            if i in unusable:
-                times.append((INFINITY, INFINITY))
-                continue
+        for now_free, holders in self._holders(host, skip_held):
             level, known, expected = now_free, now, now
-            for running in sorted(holders[i], key=lambda r: expected_end(r, now)):
+            for running in sorted(holders, key=lambda r: expected_end(r, now)):
                 if level >= fraction - EPSILON:
                     break
                 level += running.fraction
@@ -107,6 +100,35 @@ class Outlook:
                 expected = max(expected, expected_end(running, now))
             times.append((known, expected) if level >= fraction - EPSILON else (INFINITY, INFINITY))
         return times
+
+    def likely_times(self, host: str, fraction: float, now: float) -> Ready:
+        """For each GPU of `host`: when `fraction` of it is most likely free, the running jobs
+        ending as the forecast takes them (`likely_end`), and when for sure; as `ready_times`."""
+        likely = self._likely[host]
+        if fraction not in likely:
+            times = []
+            for now_free, holders in self._holders(host, False):
+                level, soonest, known = now_free, now, now
+                for running in sorted(holders, key=lambda r: likely_end(r, now)):
+                    if level >= fraction - EPSILON:
+                        break
+                    level += running.fraction
+                    soonest, known = max(soonest, likely_end(running, now)), max(known, running.end)
+                times.append((soonest, known) if level >= fraction - EPSILON else (INFINITY, INFINITY))
+            likely[fraction] = times
+        return likely[fraction]
+
+    def _holders(self, host: str, skip_held: bool) -> list[tuple[float, list[RunningJob]]]:
+        """Per GPU of `host`: its free fraction and the running jobs on it; (-1, none) for a
+        GPU unusable (or held for another job, with `skip_held`): it never frees up."""
+        unusable = set(self.free.hosts[host].unusable)
+        if skip_held:
+            unusable |= set(self.free.holds.get(host, {}))
+        on: dict[int, list[RunningJob]] = defaultdict(list)
+        for running in self.free.running_on[host]:
+            for i in running.indices:
+                on[i].append(running)
+        return [(-1.0, []) if i in unusable else (free, on[i]) for i, free in enumerate(self.free.free[host])]
 
     def earliest(self, job: QueuedJob, now: float, skip_held: bool = False) -> tuple[float, float, Slots] | None:
         """Where `job` can start soonest: (known start, expected start, GPUs). The known
@@ -119,28 +141,45 @@ class Outlook:
             self._earliest[shape] = self._find_earliest(job, now, skip_held)
         return self._earliest[shape]
 
-    def _find_earliest(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
+    def likeliest(self, job: QueuedJob, now: float) -> tuple[float, Slots] | None:
+        """Where `job` most likely starts soonest, the running jobs ending as the forecast takes
+        them (`likely_times`), and when, the waiting jobs aside: what its reason names, so that
+        it names the jobs its expected start waits for (`earliest` goes by time limits)."""
+        kept = self.free.kept
+        shape = (job.gpu_count, job.fraction, job.host, job.hosts, job.indices, "likely", job.group if kept else None)
+        if shape not in self._earliest:
+            self._earliest[shape] = self._find_earliest(job, now, False, likely=True)
+        found = self._earliest[shape]
+        return (found[0], found[2]) if found else None
+
+    def _find_earliest(
+        self, job: QueuedJob, now: float, skip_held: bool, likely: bool = False
+    ) -> tuple[float, float, Slots] | None:
+        """`earliest`'s answer; with `likely`, by `likely_times`: (likely start, known, GPUs)."""
         free = self.free
         if job.gpu_count > free.largest:
-            return self._earliest_whole_hosts(job, now, skip_held)
+            return self._earliest_whole_hosts(job, now, skip_held, likely)
         hosts = job.where(free.order)
         best: Soonest | None = None
-        shape = (job.gpu_count, job.fraction, job.indices, skip_held, job.group if free.kept else None)
+        shape = (job.gpu_count, job.fraction, job.indices, skip_held, likely, job.group if free.kept else None)
         for host in hosts:
             if host not in free.free or free.hosts[host].size < job.gpu_count:
                 continue
             cached = self._soonest[host]
             if shape not in cached:
-                cached[shape] = self._soonest_on(host, job, now, skip_held)
+                cached[shape] = self._soonest_on(host, job, now, skip_held, likely)
             found = cached[shape]
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         return (best[0][0], best[0][1], best[1]) if best else None
 
-    def _soonest_on(self, host: str, job: QueuedJob, now: float, skip_held: bool) -> Soonest | None:
+    def _ready_for(self, host: str, fraction: float, now: float, skip_held: bool, likely: bool) -> Ready:
+        return self.likely_times(host, fraction, now) if likely else self.ready_times(host, fraction, now, skip_held)
+
+    def _soonest_on(self, host: str, job: QueuedJob, now: float, skip_held: bool, likely: bool) -> Soonest | None:
         """When `job` could start on `host` soonest, as (known, expected, host), and on which
-        of its GPUs; None when never."""
-        times = self._after_kept(host, self.ready_times(host, job.fraction, now, skip_held), job.group)
+        of its GPUs; None when never. With `likely`, as (likely, known, host)."""
+        times = self._after_kept(host, self._ready_for(host, job.fraction, now, skip_held, likely), job.group)
         wanted = job.indices if job.indices is not None else range(len(times))
         ranked = sorted(wanted, key=lambda i: (times[i], i))[: job.gpu_count]
         if len(ranked) < job.gpu_count:
@@ -148,13 +187,15 @@ class Outlook:
         key = (max(times[i][0] for i in ranked), max(times[i][1] for i in ranked), host)
         return key, [(host, tuple(sorted(ranked)))]
 
-    def _earliest_whole_hosts(self, job: QueuedJob, now: float, skip_held: bool) -> tuple[float, float, Slots] | None:
+    def _earliest_whole_hosts(
+        self, job: QueuedJob, now: float, skip_held: bool, likely: bool
+    ) -> tuple[float, float, Slots] | None:
         largest = self.free.largest
         needed = -(-job.gpu_count // max(largest, 1))
         ranked = []
         for host in self.free.order:
             if len(self.free.free[host]) == largest:
-                times = self._after_kept(host, self.ready_times(host, 1.0, now, skip_held), job.group)
+                times = self._after_kept(host, self._ready_for(host, 1.0, now, skip_held, likely), job.group)
                 ranked.append((max(t[0] for t in times), max(t[1] for t in times), host))
         if len(ranked) < needed:
             return None

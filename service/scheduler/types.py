@@ -170,6 +170,12 @@ class RunningJob:
         return self.served_gpu_s + self.whole_load * max(0.0, now - self.started)
 
     @property
+    def end_unknown(self) -> bool:
+        """Nothing tells when it ends: no time limit, no pace measured, no run times of its
+        owner's (its likely end is a guess from how long it has run)."""
+        return self.limit_s is None and self.measured_end is None and self.typical_s is None and self.estimate_s is None
+
+    @property
     def end(self) -> float:
         """When it ends at the latest, if known."""
         return self.started + self.limit_s if self.limit_s is not None else INFINITY

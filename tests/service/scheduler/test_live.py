@@ -532,6 +532,35 @@ def test_a_waiting_jobs_expected_start_is_the_running_jobs_eta(
     assert abs((starts - ends).total_seconds()) <= 1, (starts, ends)
 
 
+@pytest.mark.usefixtures("whole_replays")
+def test_a_waiting_jobs_reason_names_the_job_it_is_expected_to_follow(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """The reason names the GPU and the job whose end the expected start waits for: of two
+    running jobs, one with three hours of time limit and one whose measured pace ends it in
+    about 450 s, the job waiting for a GPU expects to start as the second ends, and its reason
+    names that job and that end, not the first one's time limit (the reason chose by time
+    limits and said `job 1, ends ~22:40` beside `starts ~19:42`)."""
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    limited = submit_job(ctx, alice, time_limit_s=3 * 3600)
+    paced = submit_job(ctx, alice, hyperparameters={"steps": 1000})
+    LiveScheduler(ctx).run_pass()
+    with ctx.db.write() as session:
+        job = session.get(Job, paced)
+        assert job is not None
+        job.state, job.step, job.step_at, job.pace_s = JobState.RUNNING, 100, utcnow(), 0.5  # 450 s to go
+    waiting = submit_job(ctx, alice)
+    LiveScheduler(ctx).run_pass()
+    row, ends = job_row(ctx, waiting), job_row(ctx, paced).expected_end_at
+    assert row.expected_start_at is not None and ends is not None
+    assert abs((row.expected_start_at - ends).total_seconds()) <= 1
+    assert row.pending_reason is not None and f"(job {paced}, ends ~" in row.pending_reason, row.pending_reason
+    assert f"job {limited}" not in row.pending_reason
+    said = row.pending_reason.split("ends ~")[1][:5]  # the page's ETA, to the minute (a second either way)
+    assert said in {(ends + timedelta(seconds=d)).astimezone().strftime("%H:%M") for d in (-1, 0, 1)}, ends
+
+
 def test_a_replay_longer_than_its_slice_goes_on_between_passes_until_a_pass_is_asked_for(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
