@@ -349,3 +349,18 @@ def test_towerq_show_says_when_a_job_ran_for_how_long_and_when_its_time_limit_st
     assert row(lines, "time limit") == "1h00m" and row(lines, "run time") == "30m00s", lines
     assert row(lines, "finished") is not None
     assert row(job_page({**job, "state": "queued", "held": [], "started_at": None}), "run time") is None
+
+
+def test_towerq_queue_counts_no_time_on_hold_as_waiting() -> None:
+    """WAITED: a job submitted two hours ago, an hour of it on an earlier hold and the last
+    half hour on hold now, has waited half an hour."""
+    from datetime import UTC, datetime, timedelta
+
+    from towerq.cli.reports import waited_s
+
+    now = datetime.now(UTC)
+    job = {"created_at": (now - timedelta(hours=2)).isoformat(), "held_s": 3600.0, "on_hold_at": None}
+    assert 3600 <= waited_s(job) < 3610
+    job["on_hold_at"] = (now - timedelta(minutes=30)).isoformat()
+    assert 1800 <= waited_s(job) < 1810
+    assert 7200 <= waited_s({"created_at": job["created_at"]}) < 7210  # an older API's job: its age

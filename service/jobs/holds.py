@@ -3,7 +3,8 @@
 stays queued but every pass leaves it out (`service.scheduler.holdbacks.on_hold`), and its
 reason says who holds it. Its owner or an admin holds it; its holder or an admin releases
 it, so a member cannot undo an admin's hold on their job. The time on hold is not counted
-as waiting (`Job.held_s`): a job held for a week does not come back first in line."""
+as waiting (`Job.held_s`): a job held for a week does not come back first in line; nor,
+held before its first start, in the wait figures (`Job.wait_held_s`)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def release_job(session: Session, job_id: int, caller: Caller) -> Job:
     if job.on_hold_by != caller.name and not caller.is_admin:
         by = job.on_hold_by
         raise ForbiddenError(f"job {job_id} was put on hold by {by}, an admin: only an admin may release it")
-    job.held_s += max(0.0, (utcnow() - job.on_hold_at).total_seconds())
+    held = max(0.0, (utcnow() - job.on_hold_at).total_seconds())
+    job.held_s += held
+    if job.attempts <= 1:  # never dispatched: a job back in the queue is on a later attempt
+        job.wait_held_s += held
     job.on_hold_by = job.on_hold_at = None
     job.pending_reason = None
     record_state(session, job, JobState.QUEUED, f"released by {caller.name}")

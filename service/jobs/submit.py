@@ -274,4 +274,6 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         updated_at=now,
         on_hold_by=caller.name if spec.hold else None,
         on_hold_at=now if spec.hold else None,
+        held_s=0.0,
+        wait_held_s=0.0,
     )

@@ -4,8 +4,8 @@ ranks each user where it does.
 - `usage_report`: per user, host or group, over a time window, from what jobs held
   (`service.scheduler.holdings`: allocation rows, and the attempts a Slurm cluster placed):
   GPU hours (the part of each holding inside the window; a running one counts up to now),
-  the jobs that held GPUs in the window, and the wait (submit to first start) of the jobs
-  that first started in it, median and p95.
+  the jobs that held GPUs in the window, and the wait (submit to first start, less any time
+  on hold before it: `Job.wait_held_s`) of the jobs that first started in it, median and p95.
 - `fair_share_report`: each user's decayed usage, share, and the rank term the policy
   gives them now, computed by the policy's own `FairShareTerms` from the same rows and
   estimates a scheduling pass reads (`service.scheduler.snapshot`, the usage ledger).
@@ -21,7 +21,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.core.models import Allocation, Gpu, Group, Host, Job, User
+from service.core.models import Allocation, Gpu, Group, Host, Job, User, wait_start
 from service.core.schemas.usage import FairShareGroupOut, FairShareUserOut, HeldOut, QueueSampleOut
 from service.lab.groups import default_groups
 from service.scheduler.holdings import holdings
@@ -67,7 +67,7 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
         .subquery()
     )
     starts = session.execute(
-        select(key, Job.created_at, first.c.started)
+        select(key, Job.created_at, Job.wait_held_s, first.c.started)
         .join(first, first.c.job_id == Job.id)
         .join(User, Job.user_id == User.id)
         .join(Allocation, (Allocation.job_id == Job.id) & (Allocation.created_at == first.c.started))
@@ -75,8 +75,8 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
         .where(first.c.started >= since, first.c.started <= until)
         .distinct()
     )
-    for name, submitted, started in starts:
-        row(name).waits.append(max(0.0, (started - submitted).total_seconds()))
+    for name, submitted, held, started in starts:
+        row(name).waits.append(max(0.0, (started - wait_start(submitted, held)).total_seconds()))
     for entry in rows.values():
         entry.jobs = len(entry.job_ids)
         entry.started = len(entry.waits)
@@ -205,7 +205,7 @@ def timeline(
     # allocation rows) its first `running`
     started_at = func.coalesce(first.c.started, Job.started_at)
     waits = session.execute(
-        select(Job.created_at, Job.finished_at, started_at)
+        select(Job.created_at, Job.finished_at, started_at, Job.wait_held_s)
         .outerjoin(first, first.c.job_id == Job.id)
         .where(Job.created_at < until)
         .where(
@@ -220,12 +220,12 @@ def timeline(
             break
         queued = 0
         started = []
-        for submitted, finished, start in waits:
+        for submitted, finished, start, on_hold in waits:
             end = start or finished or now
             if submitted <= moment < end:
                 queued += 1
             if start is not None and moment - step < start <= moment:
-                started.append((start - submitted).total_seconds())
+                started.append(max(0.0, (start - wait_start(submitted, on_hold)).total_seconds()))
         median = statistics.median(started) if started else None
         samples.append(QueueSampleOut(time=moment, queued=queued, started=len(started), median_wait_s=median))
     return held, samples

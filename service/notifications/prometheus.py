@@ -10,7 +10,7 @@ never deleted), as Prometheus expects of them:
   `towerq_gpus`, `towerq_gpus_allocated` (fractions summed), `towerq_gpus_by_state{host,state}`
   (free, held, drained, down), `towerq_gpu_utilization_ratio{host,gpu}` (NVML GPUs);
 - `towerq_submissions_total`, `towerq_crashes_total`;
-- histograms `towerq_queue_wait_seconds` (submit to first dispatch),
+- histograms `towerq_queue_wait_seconds` (submit to first dispatch, time on hold left out),
   `towerq_submit_to_running_seconds` (submit to first running) and
   `towerq_scheduling_pass_seconds` (the scheduler records each pass in Redis).
 """
@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from service.core import keys
 from service.core.db import Database
-from service.core.models import Allocation, Gpu, Host, HostState, Job, JobEvent, JobState, User
+from service.core.models import Allocation, Gpu, Host, HostState, Job, JobEvent, JobState, User, wait_start
 
 WAIT_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -152,15 +152,18 @@ class TowerqCollector(Collector):
 
 
 def _waits(session: Session, reached: JobState) -> list[float]:
-    """For every job that reached `reached`: seconds from its submit to the first time."""
+    """For every job that reached `reached`: seconds from its submit to the first time, less
+    its time on hold before it (`Job.wait_held_s`)."""
     first = (
         select(JobEvent.job_id, func.min(JobEvent.time).label("at"))
         .where(JobEvent.state == reached.value)
         .group_by(JobEvent.job_id)
         .subquery()
     )
-    rows: Any = session.execute(select(Job.created_at, first.c.at).join(first, first.c.job_id == Job.id))
-    return [max(0.0, (_aware(at) - _aware(created)).total_seconds()) for created, at in rows]
+    rows: Any = session.execute(
+        select(Job.created_at, Job.wait_held_s, first.c.at).join(first, first.c.job_id == Job.id)
+    )
+    return [max(0.0, (_aware(at) - wait_start(_aware(created), held)).total_seconds()) for created, held, at in rows]
 
 
 def _aware(moment: datetime) -> datetime:

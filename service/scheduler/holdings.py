@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.core.lifecycle import host_of_running
-from service.core.models import Allocation, Host, Job, JobEvent, JobState, User
+from service.core.models import Allocation, Host, Job, JobEvent, JobState, User, wait_start
 from service.scheduler.usage import gpu_hours_within
 
 
@@ -41,6 +41,8 @@ class Holding:
     succeeded: bool
     """Its job has succeeded (its run times teach the scheduler how long the owner's jobs run)."""
     submitted: datetime
+    """When its job's wait began: its submit, moved later by its time on hold before its
+    first start (`wait_start`)."""
     first_start: bool = False
     """A cluster's attempt that is its job's first start (its wait counts); an allocation
     row's job's wait is read from its first allocation (`service.lab.accounting`)."""
@@ -68,6 +70,7 @@ def _allocations(session: Session, since: datetime, until: datetime, groups: set
             Allocation.released_at,
             Job.state,
             Job.created_at,
+            Job.wait_held_s,
         )
         .join(Job, Allocation.job_id == Job.id)
         .join(User, Job.user_id == User.id)
@@ -89,9 +92,11 @@ def _allocations(session: Session, since: datetime, until: datetime, groups: set
             start,
             end,
             state == JobState.SUCCEEDED,
-            submitted,
+            wait_start(submitted, held),
         )  # fmt: skip
-        for row_id, job_id, attempt, user, group, host, fraction, start, end, state, submitted in session.execute(query)
+        for row_id, job_id, attempt, user, group, host, fraction, start, end, state, submitted, held in session.execute(
+            query
+        )
     ]
 
 
@@ -119,6 +124,7 @@ def _cluster_attempts(session: Session, since: datetime, until: datetime, groups
             Job.gpu_count,
             Job.state,
             Job.created_at,
+            Job.wait_held_s,
         )  # fmt: skip
         .join(Job, JobEvent.job_id == Job.id)
         .join(User, Job.user_id == User.id)
@@ -128,7 +134,7 @@ def _cluster_attempts(session: Session, since: datetime, until: datetime, groups
     found: list[Holding] = []
     running: Holding | None = None
     started: set[int] = set()
-    for event_id, job_id, attempt, state, time, message, user, group, gpus, job_state, submitted in events:
+    for event_id, job_id, attempt, state, time, message, user, group, gpus, job_state, submitted, held in events:
         if running is not None:
             if running.job_id == job_id:  # the event after `running` ends that attempt
                 running = replace(running, end=time)
@@ -137,7 +143,8 @@ def _cluster_attempts(session: Session, since: datetime, until: datetime, groups
         if state == JobState.RUNNING:
             running = Holding(
                 ("cluster", event_id), job_id, attempt, user, group, host_of_running(message),
-                float(gpus), time, None, job_state == JobState.SUCCEEDED, submitted, job_id not in started,
+                float(gpus), time, None, job_state == JobState.SUCCEEDED, wait_start(submitted, held),
+                job_id not in started,
             )  # fmt: skip
             started.add(job_id)
     if running is not None:

@@ -87,7 +87,7 @@ def run_queue(args: argparse.Namespace) -> int:
         return print_json(waiting)
     print(f"{'#':>4} {'ID':>6}  {'USER':<12} {'PRIORITY':<8} {'GPUS':>4}  {'WAITED':>8}  {'STARTS':<22} WHY")
     for job in waiting:
-        waited = _age(job["created_at"])
+        waited = views.duration_text(waited_s(job))
         starts = views.expected_start_text(job) if job.get("expected_start_at") else "-"
         print(
             f"{job['queue_position'] or '-':>4} {job['id']:>6}  {job['user'][:12]:<12} {job['priority']:<8} "
@@ -174,10 +174,16 @@ def dry_run_line(answer: dict[str, Any]) -> str:
     return f"it would wait, {where}{why}; starts {views.expected_start_text(answer)}"
 
 
-def _age(iso: str) -> str:
+def waited_s(job: dict[str, Any]) -> float:
+    """Seconds a waiting job has waited since its submit: its time on hold, past and current,
+    is no wait (`held_s`, `on_hold_at`)."""
     from datetime import UTC, datetime
 
-    return views.duration_text(max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()))
+    def since(iso: str) -> float:
+        return (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
+
+    held = float(job.get("held_s") or 0.0) + (since(job["on_hold_at"]) if job.get("on_hold_at") else 0.0)
+    return max(0.0, since(job["created_at"]) - held)
 
 
 def run_gpus(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from service.core.models.base import (
     utcnow,
 )
 from service.core.models.hosts import Allocation, Gpu, Host, RankAddress, session_refusals
-from service.core.models.jobs import Job, JobEvent, Sweep, SweepRung, expected_end_at
+from service.core.models.jobs import Job, JobEvent, Sweep, SweepRung, expected_end_at, wait_start
 from service.core.models.people import ApiToken, Group, GroupMember, Lab, Reservation, User
 from service.core.models.results import LogLine, Metric, MetricRollup, Notification, NotificationState
 
@@ -48,4 +48,5 @@ __all__ = [
     "expected_end_at",
     "session_refusals",
     "utcnow",
+    "wait_start",
 ]

@@ -114,6 +114,9 @@ class Job(Base):
     held_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     """Seconds it spent on hold, every hold together but the current one: not counted as
     waiting (the scheduler's aging and order read it as submitted that much later)."""
+    wait_held_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Of `held_s`, the seconds on hold before its first start: the wait figures (submit to
+    first start: `towerq usage`, Prometheus' queue wait) leave them out (`wait_start`)."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
@@ -248,3 +251,9 @@ def expected_end_at(
     if state != JobState.RUNNING or pace_s is None or step is None or step_at is None or total_steps is None:
         return None
     return step_at + timedelta(seconds=max(0, total_steps - step) * pace_s)
+
+
+def wait_start(created_at: datetime, wait_held_s: float) -> datetime:
+    """When a job's wait for its first start began: its submit, moved later by its time on
+    hold before that start (`Job.wait_held_s`), which is no wait."""
+    return created_at + timedelta(seconds=wait_held_s)

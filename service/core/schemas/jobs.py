@@ -99,6 +99,10 @@ class JobOut(Out):
     on_hold_by: str | None = Field(
         default=None, description="queued: who put it on hold (towerq hold; it waits until released); None: not on hold"
     )
+    on_hold_at: datetime | None = Field(default=None, description="queued, on hold: when this hold began")
+    held_s: float = Field(
+        default=0.0, description="seconds it spent on hold, every hold together but a current one: no wait"
+    )
     reserved_start_at: datetime | None
     expected_start_at: datetime | None = Field(
         default=None, description="queued: when the scheduler's forward replay expects it to start"

@@ -14,10 +14,12 @@ from sqlalchemy import select, update
 
 from service.core.context import Context
 from service.core.exceptions import ForbiddenError, StateConflictError
-from service.core.lifecycle import finish
+from service.core.lifecycle import finish, locked_job, requeue
 from service.core.models import Job, JobEvent, JobState, utcnow
 from service.jobs.holds import hold_job, release_job
+from service.lab.accounting import timeline, usage_report
 from service.lab.auth import Caller
+from service.notifications.prometheus import _waits
 from service.scheduler.dryrun import estimate
 from service.scheduler.live import LiveScheduler
 from tests.service.scheduler.test_live import job_row, submit_job
@@ -149,3 +151,42 @@ def test_a_job_submitted_on_hold_waits_from_the_start(
     release(ctx, held, alice)
     report = LiveScheduler(ctx).run_pass()
     assert report is not None and [p[0] for p in report.placed] == [held]
+
+
+def test_the_wait_figures_leave_out_time_on_hold_before_the_first_start(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """A job submitted 62 minutes ago that spent an hour of it on hold waited two minutes:
+    so say `towerq usage` (median and p95 wait), the usage page's queue samples and
+    Prometheus' queue wait; a hold after its first start (requeued, on a later attempt) is
+    no part of that wait. The scheduler's order leaves every hold out (`held_s`)."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    job_id = submit_job(ctx, alice)
+    hold(ctx, job_id, alice)
+    with ctx.db.write() as session:
+        now = utcnow()
+        values = {"created_at": now - timedelta(minutes=62), "on_hold_at": now - timedelta(hours=1)}
+        session.execute(update(Job).where(Job.id == job_id).values(**values))
+    release(ctx, job_id, alice)
+    LiveScheduler(ctx).run_pass()
+    assert job_row(ctx, job_id).state == JobState.DISPATCHED
+    with ctx.db.read() as session:
+        now = utcnow()
+        [row] = usage_report(session, now - timedelta(days=1), now + timedelta(minutes=1), "user", now)
+        samples = timeline(session, now - timedelta(hours=2), now, now)[1]  # the last sample at now
+        waits = _waits(session, JobState.DISPATCHED)
+    assert row.key == "alice" and row.median_wait_s is not None and row.p95_wait_s is not None
+    assert 120 <= row.median_wait_s < 180 and 120 <= row.p95_wait_s < 180, row  # 3,720 s counted its hour on hold
+    [sampled] = [s.median_wait_s for s in samples if s.started]
+    assert sampled is not None and 120 <= sampled < 180
+    assert len(waits) == 1 and 120 <= waits[0] < 180
+
+    with ctx.db.write() as session:  # back in the queue, on its second attempt, and held again
+        requeue(session, locked_job(session, job_id), "its host went down", crashed=True)
+    hold(ctx, job_id, alice)
+    with ctx.db.write() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(on_hold_at=utcnow() - timedelta(hours=1)))
+    release(ctx, job_id, alice)
+    job = job_row(ctx, job_id)
+    assert 7200 <= job.held_s < 7260 and 3600 <= job.wait_held_s < 3660
