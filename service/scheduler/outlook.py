@@ -10,6 +10,7 @@ answers until anything changes (`changed`).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from service.scheduler.types import EPSILON, INFINITY, QueuedJob, RunningJob
@@ -89,34 +90,33 @@ class Outlook:
         return ready[key]
 
     def _ready_times(self, host: str, fraction: float, now: float, skip_held: bool) -> Ready:
-        times = []
-        for now_free, holders in self._holders(host, skip_held):
-            level, known, expected = now_free, now, now
-            for running in sorted(holders, key=lambda r: expected_end(r, now)):
-                if level >= fraction - EPSILON:
-                    break
-                level += running.fraction
-                known = max(known, running.end)
-                expected = max(expected, expected_end(running, now))
-            times.append((known, expected) if level >= fraction - EPSILON else (INFINITY, INFINITY))
-        return times
+        return self._times(host, fraction, now, skip_held, expected_end)
 
     def likely_times(self, host: str, fraction: float, now: float) -> Ready:
         """For each GPU of `host`: when `fraction` of it is most likely free, the running jobs
         ending as the forecast takes them (`likely_end`), and when for sure; as `ready_times`."""
         likely = self._likely[host]
         if fraction not in likely:
-            times = []
-            for now_free, holders in self._holders(host, False):
-                level, soonest, known = now_free, now, now
-                for running in sorted(holders, key=lambda r: likely_end(r, now)):
-                    if level >= fraction - EPSILON:
-                        break
-                    level += running.fraction
-                    soonest, known = max(soonest, likely_end(running, now)), max(known, running.end)
-                times.append((soonest, known) if level >= fraction - EPSILON else (INFINITY, INFINITY))
-            likely[fraction] = times
+            likely[fraction] = [
+                (soonest, known) for known, soonest in self._times(host, fraction, now, False, likely_end)
+            ]
         return likely[fraction]
+
+    def _times(
+        self, host: str, fraction: float, now: float, skip_held: bool, end: Callable[[RunningJob, float], float]
+    ) -> Ready:
+        """For each GPU of `host`: when `fraction` of it is free for sure (time limits) and as
+        its running jobs end by `end`, taking them soonest `end` first."""
+        times = []
+        for now_free, holders in self._holders(host, skip_held):
+            level, known, ends = now_free, now, now
+            for running in sorted(holders, key=lambda r: end(r, now)):
+                if level >= fraction - EPSILON:
+                    break
+                level += running.fraction
+                known, ends = max(known, running.end), max(ends, end(running, now))
+            times.append((known, ends) if level >= fraction - EPSILON else (INFINITY, INFINITY))
+        return times
 
     def _holders(self, host: str, skip_held: bool) -> list[tuple[float, list[RunningJob]]]:
         """Per GPU of `host`: its free fraction and the running jobs on it; (-1, none) for a
