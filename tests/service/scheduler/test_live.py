@@ -510,6 +510,14 @@ def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_the
     assert job_row(ctx, third).expected_start_at is not None
 
 
+def running_with_450_s_to_go(ctx: Context, job_id: int) -> None:
+    """The dispatched job of 1000 steps runs, its pace measured: step 100 now, 0.5 s a step."""
+    with ctx.db.write() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.state, job.step, job.step_at, job.pace_s = JobState.RUNNING, 100, utcnow(), 0.5
+
+
 @pytest.mark.usefixtures("whole_replays")
 def test_a_waiting_jobs_expected_start_is_the_running_jobs_eta(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
@@ -521,10 +529,7 @@ def test_a_waiting_jobs_expected_start_is_the_running_jobs_eta(
     alice = caller("alice")
     first = submit_job(ctx, alice, hyperparameters={"steps": 1000})
     LiveScheduler(ctx).run_pass()
-    with ctx.db.write() as session:
-        job = session.get(Job, first)
-        assert job is not None
-        job.state, job.step, job.step_at, job.pace_s = JobState.RUNNING, 100, utcnow(), 0.5  # 450 s to go
+    running_with_450_s_to_go(ctx, first)
     second = submit_job(ctx, alice)
     LiveScheduler(ctx).run_pass()
     ends, starts = job_row(ctx, first).expected_end_at, job_row(ctx, second).expected_start_at
@@ -546,10 +551,7 @@ def test_a_waiting_jobs_reason_names_the_job_it_is_expected_to_follow(
     limited = submit_job(ctx, alice, time_limit_s=3 * 3600)
     paced = submit_job(ctx, alice, hyperparameters={"steps": 1000})
     LiveScheduler(ctx).run_pass()
-    with ctx.db.write() as session:
-        job = session.get(Job, paced)
-        assert job is not None
-        job.state, job.step, job.step_at, job.pace_s = JobState.RUNNING, 100, utcnow(), 0.5  # 450 s to go
+    running_with_450_s_to_go(ctx, paced)
     waiting = submit_job(ctx, alice)
     LiveScheduler(ctx).run_pass()
     row, ends = job_row(ctx, waiting), job_row(ctx, paced).expected_end_at
