@@ -72,10 +72,32 @@ def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_s
     assert wait_state(client, fourth, FINAL, 30)["reason"] == "cancelled by alice"
     assert wait_for(lambda: slurm_job(cluster, settings, fourth)["state"] == "CANCELLED", 10, "scancel")
 
-    # Cancel in towerq of a running job: the trainer checkpoints, the job is cancelled, its GPUs go to the third.
+    # Held in towerq while Slurm holds it pending: `scontrol hold` there, towerq's reason here.
+    held = client.post(f"/api/jobs/{ids[2]}/hold")
+    assert held.status_code == 200, held.text
+    assert held.json()["reason"] == f"on hold (alice): towerq release {ids[2]} lets it start"
+    holds = ("JobHeldUser", "JobHeldAdmin")  # held by its owner; by root (these tests), an admin's hold
+    assert wait_for(lambda: slurm_job(cluster, settings, ids[2])["reason"] in holds, 10, "Slurm's hold")
+    # On hold it takes no place of the two: two more are handed over beside it.
+    more = [client.post("/api/jobs", json={**spec, "name": f"long-{i}"}).json()["id"] for i in (5, 6)]
+    for job_id in more:
+        assert wait_state(client, job_id, ("dispatched",), 30)["state"] == "dispatched"
+        assert slurm_job(cluster, settings, job_id)["state"] == "PENDING"
+    for job_id in more:
+        assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+
+    # Cancel in towerq of a running job: the trainer checkpoints, the job is cancelled, and its
+    # GPUs go to the third once released (on hold, it waits beside them).
     assert client.post(f"/api/jobs/{ids[0]}/cancel").status_code == 202
     cancelled = wait_state(client, ids[0], FINAL)
     assert cancelled["state"] == "cancelled" and cancelled["reason"] == "cancelled by alice"
+    time.sleep(5)  # Slurm's scheduler runs at once on a job's end (and its backfill every few seconds)
+    waiting = job_of(client, ids[2])
+    assert (waiting["state"], waiting["on_hold_by"]) == ("dispatched", "alice"), waiting
+    assert waiting["reason"] == held.json()["reason"]  # towerq's, not Slurm's `JobHeldAdmin`
+    assert slurm_job(cluster, settings, ids[2])["state"] == "PENDING"
+    released = client.post(f"/api/jobs/{ids[2]}/release")
+    assert released.status_code == 200 and released.json()["on_hold_by"] is None, released.text
     started = trained(client, ids[2])
     assert started["cuda_visible_devices"] == first["cuda_visible_devices"]
 

@@ -147,6 +147,8 @@ def mark_running(session: Session, job_id: int, attempt: int, started: dict[str,
     job.pid = started.get("pid")
     job.cuda_visible_devices = started.get("cuda_visible_devices")
     job.artifacts_dir = started.get("artifacts_dir")
+    if job.on_hold_by is not None:  # held in Slurm, and released there by its admin
+        off_hold(job)
     if job.started_at is None:
         job.started_at = utcnow()
     record_state(session, job, JobState.RUNNING, running_message(job.pid, job.host_name))
@@ -181,6 +183,7 @@ def finish(
     job.exit_code = exit_code
     job.finished_at = utcnow()
     job.pid = None
+    job.on_hold_by = job.on_hold_at = None  # a job Slurm held pending, cancelled there
     record_state(session, job, state, error)
     kick_scheduler(session)
     return job
@@ -212,6 +215,18 @@ def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
         job.attempts += 1
         record_state(session, job, JobState.QUEUED, reason)
     kick_scheduler(session)
+
+
+def off_hold(job: Job) -> None:
+    """The job is on hold no more: its time on hold is counted as no wait (`held_s`, and
+    before its first start `wait_held_s`)."""
+    if job.on_hold_at is not None:
+        held = max(0.0, (utcnow() - job.on_hold_at).total_seconds())
+        job.held_s += held
+        if job.attempts <= 1 and job.started_at is None:  # a job back in the queue is on a later attempt
+            job.wait_held_s += held
+    job.on_hold_by = job.on_hold_at = None
+    job.pending_reason = None
 
 
 STOPPED_EARLY = "stopped early by sweep"

@@ -1,4 +1,4 @@
-"""What every executor does: six calls, and the types they speak.
+"""What every executor does: seven calls, and the types they speak.
 
 - `submit(attempt)`: the pass has written the attempt's allocation (state `dispatched`);
   the executor gets a trainer started on those GPUs. It does not wait for the start: the
@@ -14,6 +14,10 @@
   slice's end: `lifecycle.request_cancel` / `request_preemption`) is delivered to where the
   attempt runs; the trainer checkpoints and exits. The message only wakes the other side:
   what to do, and why, it reads from the job's row.
+- `hold(attempt, held)`: keep an attempt handed to the executor's cluster, not started yet,
+  from starting (`towerq hold` of a dispatched job), or let it start again; raises
+  `ExecutorError` where it cannot (it started meanwhile). Slurm: `scontrol hold` / `release`.
+  Local: never (a dispatched attempt is starting already; only a queued job is held).
 - `capacity(session)`: the hosts and GPUs jobs can be placed on, for the checks at submit.
 - `runs_on(job_id, attempt, claimed)`: where the executor's cluster runs an attempt now, in
   its own word (asked afresh unless a recent answer confirms `claimed`): the API takes an
@@ -117,6 +121,8 @@ class Executor(Protocol):
     def observe(self, attempt: Attempt) -> Seen: ...
 
     def stop(self, message: StopMessage) -> None: ...
+
+    def hold(self, attempt: Attempt, held: bool) -> None: ...
 
     def capacity(self, session: Session) -> dict[str, Capacity]: ...
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from service.core import keys, launches
 from service.core.models import Host
-from service.executors.base import Attempt, Capacity, Seen
+from service.executors.base import Attempt, Capacity, ExecutorError, Seen
 from towerq.contract.messages import StopMessage, encode
 
 
@@ -37,6 +37,9 @@ class LocalExecutor:
     def stop(self, message: StopMessage) -> None:
         if message.host:
             self.connection.publish(keys.host_control_channel(message.host), encode(message))
+
+    def hold(self, attempt: Attempt, held: bool) -> None:
+        raise ExecutorError(f"job {attempt.job_id} is starting on {attempt.host}: only a queued job is held")
 
     def capacity(self, session: Session) -> dict[str, Capacity]:
         hosts = session.scalars(select(Host).options(selectinload(Host.gpus)))

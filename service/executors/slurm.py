@@ -14,6 +14,8 @@ decides where and when it runs (`TOWERQ_EXECUTOR=slurm`).
   (`squeue --start`'s figure) for a pending job, and how the cluster ended one.
 - stop: a cancel of an attempt Slurm still holds pending is `scancel`; a running attempt's
   runner reads the stop from the job's row within a second, checkpoints and ends.
+- hold: `scontrol hold` of a pending attempt's Slurm job (`towerq hold`), then `squeue` to
+  see that it is still pending; `scontrol release` lets it start again.
 - capacity: the nodes `sinfo` lists in the partition, up, and the GPUs each has as gres.
 - runs_on: the node `squeue` says the attempt's Slurm job runs on (the API takes an
   attempt's claim of that node only): the shared snapshot where it confirms the claim,
@@ -145,6 +147,18 @@ class SlurmExecutor:
                 log.warning("scancel of %s failed: %s", name, err)
         with self._lock:
             self._read_at = -math.inf
+
+    def hold(self, attempt: Attempt, held: bool) -> None:
+        name = job_name(self.prefix, attempt.job_id, attempt.attempt)
+        self._run(["scontrol", "hold" if held else "release", f"jobname={name}"])
+        with self._lock:
+            self._read_at = -math.inf
+        job = self.newest(name)
+        if held and (job is None or job.state != "PENDING"):
+            state = "gone" if job is None else job.state.lower()
+            if job is not None:
+                self._run(["scontrol", "release", f"jobname={name}"])
+            raise SlurmError(f"Slurm job {job.id if job else name} is {state}: only a pending job is held")
 
     def capacity(self, session: Session) -> dict[str, Capacity]:
         try:

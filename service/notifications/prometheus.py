@@ -73,10 +73,11 @@ class TowerqCollector(Collector):
             jobs.add_metric([state, user], count)
             queued += count if state == JobState.QUEUED else 0
         yield jobs
-        on_hold = select(func.count(Job.id)).where(Job.state == JobState.QUEUED, Job.on_hold_by.is_not(None))
-        held = session.scalar(on_hold) or 0
-        yield GaugeMetricFamily("towerq_queue_length", "Jobs waiting for GPUs (not on hold).", value=queued - held)
-        yield GaugeMetricFamily("towerq_jobs_on_hold", "Queued jobs on hold (towerq hold).", value=held)
+        on_hold = select(Job.state, func.count(Job.id)).where(Job.on_hold_by.is_not(None)).group_by(Job.state)
+        held: dict[str, int] = {state: count for state, count in session.execute(on_hold)}  # queued; Slurm's pending
+        waiting = queued - held.get(JobState.QUEUED, 0)
+        yield GaugeMetricFamily("towerq_queue_length", "Jobs waiting for GPUs (not on hold).", value=waiting)
+        yield GaugeMetricFamily("towerq_jobs_on_hold", "Jobs on hold (towerq hold).", value=sum(held.values()))
         submitted = session.scalar(select(func.count(Job.id))) or 0
         crashes = session.scalar(select(func.coalesce(func.sum(Job.crashes), 0))) or 0
         yield CounterMetricFamily("towerq_submissions", "Jobs submitted.", value=submitted)

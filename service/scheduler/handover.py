@@ -8,8 +8,9 @@ Each pass:
   (an admin's `scancel`, a time limit, a failed node) ends, or queues again, with the
   cluster's reason; one the cluster lost is asked for again, then counted as a crash;
 - hands the queued jobs to the cluster, in order of priority then age, while fewer than
-  `TOWERQ_SLURM_MAX_PENDING` handed over wait there (those a sweep's `max_parallel` or their
-  `after` hold back stay in towerq's queue, as do the rest, saying why).
+  `TOWERQ_SLURM_MAX_PENDING` handed over wait there, not counting those on hold (those a
+  sweep's `max_parallel` or their `after` hold back stay in towerq's queue, as do the rest,
+  saying why).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class HandOver:
         with self.ctx.db.read() as session:
             queued, stored = read_queued(session)
             held, never = held_back(session, [q.id for q in queued])
-            waiting = session.scalar(select(func.count()).select_from(Job).where(Job.state == JobState.DISPATCHED))
+            handed = (Job.state == JobState.DISPATCHED) & Job.on_hold_by.is_(None)  # a held one takes no place
+            waiting = session.scalar(select(func.count()).select_from(Job).where(handed))
         cancel_never(self.ctx, never)
         ready = sorted(
             (q for q in queued if q.id not in held and q.id not in never),
@@ -139,6 +141,7 @@ class HandOver:
                     Job.pending_reason,
                     Job.expected_start_at,
                     Job.expected_host,
+                    Job.on_hold_by,
                 ).where(Job.state.in_(HOLDING_STATES))
             ).all()
         said: list[dict[str, object]] = []
@@ -159,7 +162,7 @@ class HandOver:
                 self.lost_since.pop(key, None)
                 stored = (row.pending_reason, row.expected_start_at, row.expected_host)
                 now_said = (seen.reason, seen.expected_start, seen.expected_host)
-                if row.state == JobState.DISPATCHED and stored != now_said:
+                if row.state == JobState.DISPATCHED and row.on_hold_by is None and stored != now_said:  # held: ours
                     said.append({"id": row.id, **dict(zip(SAID, now_said, strict=True))})
             elif seen.ended is not None:
                 ended.append(Observed(row.id, row.attempts, seen.ended))

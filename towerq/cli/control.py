@@ -32,7 +32,7 @@ def add_control_commands(command: Any) -> None:
     cancel.set_defaults(run=run_cancel)
 
     for name, help_text in (
-        ("hold", "put queued jobs on hold: they wait until released (towerq release)"),
+        ("hold", "put queued jobs (on Slurm, pending ones) on hold: they wait until released (towerq release)"),
         ("release", "release jobs on hold: they queue again, as if they had waited only while not held"),
     ):
         sub = command(name, help_text)
@@ -71,9 +71,13 @@ def run_cancel(args: argparse.Namespace) -> int:
     return each(ids, client.cancel, said, "cancelled")
 
 
+WAITING = ["queued", "dispatched"]
+"""What towerq hold and release --all pick: queued jobs, and those Slurm holds pending."""
+
+
 def run_hold(args: argparse.Namespace) -> int:
     client = Api(args).client
-    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), ["queued"])
+    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), WAITING)
     if not ids:
         return nothing(args, "queued", "put on hold")
     said = "job {0}: on hold (towerq release {0} lets it start)"
@@ -82,7 +86,7 @@ def run_hold(args: argparse.Namespace) -> int:
 
 def run_release(args: argparse.Namespace) -> int:
     client = Api(args).client
-    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), ["queued"], on_hold=True)
+    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), WAITING, on_hold=True)
     if not ids:
         return nothing(args, "on hold", "released")
     return each(ids, client.release, lambda job: f"job {job.id}: released, {job.state}", "released")

@@ -172,21 +172,23 @@ def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep, s
 
 
 @router.post("/{job_id}/hold", response_model=JobDetailOut)
-def hold(job_id: JobId, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+def hold(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDep) -> JobDetailOut:
     """Put a queued job on hold (owner or admin): it stays queued but starts only once
-    released; its reason says who holds it. 409 for a job that is not queued."""
+    released; its reason says who holds it. On Slurm, a job handed over and still pending
+    there is held there too (`scontrol hold`). 409 for a job that is not queued (or pending
+    in Slurm)."""
     with db.write() as session:
-        hold_job(session, job_id, caller)
+        hold_job(session, job_id, caller, executor)
         return job_detail(session, get_job(session, job_id))
 
 
 @router.post("/{job_id}/release", response_model=JobDetailOut)
-def release(job_id: JobId, db: DatabaseDep, caller: CallerDep) -> JobDetailOut:
+def release(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDep) -> JobDetailOut:
     """Release a job on hold: the scheduler places it again, as if it had waited only while
     it was not on hold. Its holder or an admin (an admin's hold: only an admin); 409 for a
     job that is not on hold."""
     with db.write() as session:
-        release_job(session, job_id, caller)
+        release_job(session, job_id, caller, executor)
         return job_detail(session, get_job(session, job_id))
 
 
