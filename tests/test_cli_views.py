@@ -340,7 +340,9 @@ def test_towerq_show_says_when_a_job_ran_for_how_long_and_when_its_time_limit_st
         "held": held, "spec": {"model": "mlp", "time_limit_s": 3600},
     }  # fmt: skip
     lines = job_page(job)
-    stops = (datetime.now(UTC) + timedelta(minutes=50)).astimezone().strftime("%H:%M")  # its attempt's own hour
+    moment = (datetime.now(UTC) + timedelta(minutes=50)).astimezone()  # its attempt's own hour
+    today = moment.date() == datetime.now().astimezone().date()  # past midnight, the date is said too
+    stops = moment.strftime("%H:%M" if today else "%b %d %H:%M")
     assert row(lines, "time limit") == f"1h00m (stops it ~{stops})", lines
     assert row(lines, "run time") in ("40m00s over 2 attempts", "40m01s over 2 attempts"), lines
     assert row(lines, "started") and row(lines, "finished") is None
