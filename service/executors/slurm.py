@@ -153,8 +153,10 @@ class SlurmExecutor:
         self._run(["scontrol", "hold" if held else "release", f"jobname={name}"])
         with self._lock:
             self._read_at = -math.inf
-        job = self.newest(name)
-        if held and (job is None or job.state != "PENDING"):
+        if not held:
+            return
+        job = self.newest(name)  # a hold of a running job only sets its priority to 0
+        if job is None or job.state != "PENDING":
             state = "gone" if job is None else job.state.lower()
             if job is not None:
                 self._run(["scontrol", "release", f"jobname={name}"])
