@@ -222,8 +222,12 @@ class SlurmCluster:
 
     def cpus_of(self, slurm_id: str) -> int:
         """The CPUs Slurm gave a job (`scontrol show job`'s NumCPUs)."""
+        return int(self.shown(slurm_id, "NumCPUs"))
+
+    def shown(self, slurm_id: str, field: str) -> str:
+        """A field of `scontrol show job`: `shown(id, "TimeLimit")` is `02:02:00`."""
         out = self.run("scontrol", "show", "job", "--oneliner", slurm_id).stdout
-        return int(next(field for field in out.split() if field.startswith("NumCPUs=")).partition("=")[2])
+        return next(word for word in out.split() if word.startswith(f"{field}=")).partition("=")[2]
 
     # -- tear down ------------------------------------------------------------------------
 

@@ -101,6 +101,19 @@ def finished(client: httpx.Client, job_id: int, timeout: float = 180) -> dict[st
     )
 
 
+LOOP = """
+import time
+import towerq
+
+step = 0
+while True:
+    step += 1
+    towerq.report(step=step, loss=1.0 / step)
+    time.sleep(0.2)
+"""
+"""A command job's program that reports a step every 0.2 s until it is stopped."""
+
+
 def upload_code(client: httpx.Client, files: dict[str, str]) -> str:
     """A code bundle of `files` (name: text), uploaded; its id."""
     packed = io.BytesIO()

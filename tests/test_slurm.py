@@ -21,7 +21,7 @@ from service.core.settings import Settings
 from tests.notebook_kernel import run_code, start_kernel, wait_ready, xsrf_headers
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
-from tests.stack import REPO, free_port, upload_code, wait_for
+from tests.stack import LOOP, REPO, free_port, upload_code, wait_for
 from tests.test_command_jobs import TRAIN
 
 pytestmark = [pytest.mark.slow, needs_slurm]
@@ -257,17 +257,6 @@ def said_plainly(client: Any) -> None:
     assert failed["reason"].startswith("Slurm refused it: sbatch: error: invalid partition"), failed["reason"]
 
 
-LOOP = """
-import time
-import towerq
-
-step = 0
-while True:
-    step += 1
-    towerq.report(step=step, loss=1.0 / step)
-    time.sleep(0.2)
-"""
-
 RANKS = """
 import os
 
@@ -288,6 +277,9 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     crashes = client.post("/api/jobs", json={"command": ["python", "crash.py"], "code": code}).json()["id"]
     loops = client.post("/api/jobs", json={"command": ["python", "loop.py"], "code": code}).json()["id"]
     trained(client, loops, 3)
+    # Its time limit set while it runs: its Slurm job's follows (2h, the grace of 10 s and a minute)
+    assert client.patch(f"/api/jobs/{loops}", json={"time_limit_s": 7200}).status_code == 200
+    assert cluster.shown(slurm_job(cluster, settings, loops)["id"], "TimeLimit") == "02:02:00"
     assert client.post(f"/api/jobs/{loops}/cancel").status_code == 202
 
     job_id = trains.json()["id"]

@@ -91,8 +91,7 @@ class HttpChannel:
             return AttemptStatus(current=False)
         except httpx.HTTPError:
             return AttemptStatus(current=True)
-        said = StatusOut.model_validate(answer.json())
-        return AttemptStatus(current=said.current, stop=said.stop, reason=said.reason)
+        return AttemptStatus(**StatusOut.model_validate(answer.json()).model_dump())
 
     def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
         body = RunningIn(pid=pid, cuda_visible_devices=cuda_visible_devices, artifacts_dir=artifacts_dir)

@@ -156,9 +156,11 @@ class Client:
     def change(
         self, job_id: int, *, name: str | None = None, priority: str | None = None, time_limit_s: int | None = None
     ) -> Job:
-        """Rename a job (at any time), or change a queued job's `priority` (`low`, `normal`,
-        `high`: up to your highest) or `time_limit_s`; only the fields given change. A job
-        that has left the queue keeps its priority and time limit (`ApiError` 409)."""
+        """Rename a job (at any time), change a queued job's `priority` (`low`, `normal`,
+        `high`: up to your highest), or its `time_limit_s` until it ends (a running job's
+        counts from its start; once it started only an admin lengthens it, `ApiError` 403);
+        only the fields given change. A job that has left the queue keeps its priority, an
+        ended one its time limit (`ApiError` 409)."""
         fields = {"name": name, "priority": priority, "time_limit_s": time_limit_s}
         body = {key: value for key, value in fields.items() if value is not None}
         return Job(self, self.request("PATCH", f"/api/jobs/{job_id}", json=body))

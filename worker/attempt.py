@@ -401,12 +401,25 @@ class AttemptRunner:
             return
         if status.stop is not None:
             self.request_stop(STOPS[status.stop], status.reason or status.stop)
+        if status.limit_known and status.time_limit_s != self.launch.time_limit_s:
+            self._retime(status.time_limit_s)
         limit = self.launch.time_limit_s
         if limit is not None and elapsed > limit:
             self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
         if self.launch.ranks > 1:
             self._watch_frozen()
         self._watch()
+
+    def _retime(self, limit: int | None) -> None:
+        """The job's time limit changed while it runs (`towerq update --time-limit`): from
+        now on this attempt stops at the new one, counted from its start as before."""
+        was = self.launch.time_limit_s
+        self.launch.time_limit_s = limit
+
+        def said(seconds: int | None) -> str:
+            return f"{seconds} s" if seconds is not None else "none"
+
+        self.sink.log("info", f"time limit changed to {said(limit)} (was {said(was)}), from this attempt's start")
 
     def _moved_on(self) -> None:
         """The job has moved on from this attempt: its process goes now, unless it said it

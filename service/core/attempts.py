@@ -89,19 +89,26 @@ def claim_attempt(session: Session, job_id: int, attempt: int, node: str, artifa
 
 def attempt_status(session: Session, job_id: int, attempt: int) -> AttemptStatus:
     row = session.execute(
-        select(Job.state, Job.attempts, Job.cancel_requested_at, Job.preempt_requested_at, Job.stop_reason).where(
-            Job.id == job_id
-        )
+        select(
+            Job.state,
+            Job.attempts,
+            Job.cancel_requested_at,
+            Job.preempt_requested_at,
+            Job.stop_reason,
+            Job.time_limit_s,
+        ).where(Job.id == job_id)
     ).one_or_none()
     if row is None or row.attempts != attempt or row.state not in HOLDING_STATES:
         return AttemptStatus(current=False)
+    stop: Stop | None = None
+    reason: str | None = None
     if row.cancel_requested_at is not None:
-        stop: Stop = "sweep" if stopped_early(row.stop_reason) else "cancel"
-        return AttemptStatus(current=True, stop=stop, reason=row.stop_reason or "cancelled")
-    if row.preempt_requested_at is not None:
-        why = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
-        return AttemptStatus(current=True, stop="preempt", reason=why)
-    return AttemptStatus(current=True)
+        stop = "sweep" if stopped_early(row.stop_reason) else "cancel"
+        reason = row.stop_reason or "cancelled"
+    elif row.preempt_requested_at is not None:
+        stop = "preempt"
+        reason = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
+    return AttemptStatus(current=True, stop=stop, reason=reason, time_limit_s=row.time_limit_s, limit_known=True)
 
 
 def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:

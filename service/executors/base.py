@@ -1,4 +1,4 @@
-"""What every executor does: seven calls, and the types they speak.
+"""What every executor does: eight calls, and the types they speak.
 
 - `submit(attempt)`: the pass has written the attempt's allocation (state `dispatched`);
   the executor gets a trainer started on those GPUs. It does not wait for the start: the
@@ -18,6 +18,11 @@
   from starting (`towerq hold` of a dispatched job), or let it start again; raises
   `ExecutorError` where it cannot (it started meanwhile). Slurm: `scontrol hold` / `release`.
   Local: never (a dispatched attempt is starting already; only a queued job is held).
+- `retime(attempt)`: a started attempt's job has a new time limit (`attempt.time_limit_s`,
+  `towerq update --time-limit`): the cluster's own limit on it follows, before the change
+  commits; raises `ExecutorError` where the cluster refuses (Slurm: `scontrol update
+  TimeLimit=`, which takes a Slurm operator to lengthen). Local: nothing to do (its runner
+  reads the limit from the job's row every second).
 - `capacity(session)`: the hosts and GPUs jobs can be placed on, for the checks at submit.
 - `runs_on(job_id, attempt, claimed)`: where the executor's cluster runs an attempt now, in
   its own word (asked afresh unless a recent answer confirms `claimed`): the API takes an
@@ -123,6 +128,8 @@ class Executor(Protocol):
     def stop(self, message: StopMessage) -> None: ...
 
     def hold(self, attempt: Attempt, held: bool) -> None: ...
+
+    def retime(self, attempt: Attempt) -> None: ...
 
     def capacity(self, session: Session) -> dict[str, Capacity]: ...
 

@@ -41,6 +41,9 @@ class LocalExecutor:
     def hold(self, attempt: Attempt, held: bool) -> None:
         raise ExecutorError(f"job {attempt.job_id} is starting on {attempt.host}: only a queued job is held")
 
+    def retime(self, attempt: Attempt) -> None:
+        """Nothing: the attempt's runner reads the job's time limit every second."""
+
     def capacity(self, session: Session) -> dict[str, Capacity]:
         hosts = session.scalars(select(Host).options(selectinload(Host.gpus)))
         return {

@@ -110,7 +110,7 @@ class SlurmExecutor:
         self._cpu_view_at = -math.inf
         self._cpu_view_lock = threading.Lock()  # not the snapshot's: asking Slurm takes a moment
 
-    # -- the five calls -------------------------------------------------------------------
+    # -- the calls (service.executors.base) -------------------------------------------
 
     def submit(self, attempt: Attempt) -> None:
         """`sbatch` the attempt; raises SlurmError with Slurm's words when it refuses."""
@@ -161,6 +161,21 @@ class SlurmExecutor:
             if job is not None:
                 self._run(["scontrol", "release", f"jobname={name}"])
             raise SlurmError(f"Slurm job {job.id if job else name} is {state}: only a pending job is held")
+
+    def retime(self, attempt: Attempt) -> None:
+        """The attempt's Slurm job takes the new limit (`time_limit_minutes`, the backstop
+        behind towerq's own): `scontrol update TimeLimit=`. Slurm lets the job's user shorten
+        it; lengthening takes a Slurm operator or admin (SlurmError, in Slurm's words,
+        where towerq's Slurm user is not one)."""
+        name = job_name(self.prefix, attempt.job_id, attempt.attempt)
+        job = self.newest(name, FRESH_S)
+        if job is None:
+            raise SlurmError(f"Slurm has no job named {name}")
+        minutes = time_limit_minutes(attempt.time_limit_s, self.settings.cancel_grace_s)
+        limit = "UNLIMITED" if minutes is None else str(minutes)
+        self._run(["scontrol", "update", f"JobId={job.id}", f"TimeLimit={limit}"])
+        with self._lock:
+            self._read_at = -math.inf
 
     def capacity(self, session: Session) -> dict[str, Capacity]:
         try:

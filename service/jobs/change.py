@@ -1,5 +1,8 @@
 """What may change about a job after submission, and by whom: the name and who reads its
-outputs always; priority and time limit while it is queued (owner or admin)."""
+outputs always; priority while it is queued; the time limit until it ends (owner or admin),
+but once the job has started (dispatched, running) only an admin lengthens it, as in Slurm:
+the scheduler placed it by that limit (a reservation, a backfill) and others' starts count
+on its end."""
 
 from __future__ import annotations
 
@@ -8,19 +11,21 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from service.core.exceptions import StateConflictError
-from service.core.lifecycle import locked_job
+from service.core.exceptions import ForbiddenError, StateConflictError
+from service.core.lifecycle import locked_job, record_state
 from service.core.models import Job, JobState
 from service.core.publish import kick_scheduler
 from service.core.settings import Settings
+from service.executors import Executor, ExecutorError
 from service.jobs.submit import check_session_time_limit
 from service.lab.auth import Caller
+from service.scheduler.handover import attempt_of
 from towerq.contract.spec import Priority, Visibility, is_notebook
 
 
 class JobChange(BaseModel):
     """What may change after submission: the name and who reads its outputs always;
-    priority and time limit while the job is queued."""
+    priority while the job is queued; its time limit until it ends."""
 
     model_config = {"extra": "forbid"}
 
@@ -30,23 +35,70 @@ class JobChange(BaseModel):
     visibility: Visibility | None = None
 
 
-def change_job(session: Session, job_id: int, change: JobChange, caller: Caller, settings: Settings) -> Job:
+def change_job(
+    session: Session,
+    job_id: int,
+    change: JobChange,
+    caller: Caller,
+    settings: Settings,
+    executor: Executor | None = None,
+) -> Job:
     """Apply `change` to the job under its row lock; the spec keeps the values the job has
-    now, so a clone or a resubmit gets them."""
+    now, so a clone or a resubmit gets them. A started job's new time limit reaches its
+    runner within a second (`attempt_status`) and, on Slurm, its Slurm job (`retime`,
+    before this commits: 409 where Slurm refuses)."""
     job = locked_job(session, job_id)
     caller.check_owner(job.user_id, f"job {job_id}", job.user.name, "change")
-    if (change.priority is not None or change.time_limit_s is not None) and job.state != JobState.QUEUED:
-        raise StateConflictError(f"job {job_id} is {job.state}: priority and time limit change only while queued")
+    if change.priority is not None and job.state != JobState.QUEUED:
+        raise StateConflictError(f"job {job_id} is {job.state}: its priority changes only while it is queued")
+    if change.time_limit_s is not None and JobState(job.state).is_final:
+        raise StateConflictError(f"job {job_id} is {job.state}: its time limit no longer changes")
     if change.name is not None:
         job.name = change.name
     if change.priority is not None:
         caller.check_priority(change.priority)
         job.priority = change.priority
         kick_scheduler(session)
-    if change.time_limit_s is not None:
+    if change.time_limit_s is not None and change.time_limit_s != job.time_limit_s:
         if is_notebook(job.spec):
             check_session_time_limit(caller, change.time_limit_s, settings)
-        job.time_limit_s = change.time_limit_s
+        if job.state == JobState.QUEUED:
+            job.time_limit_s = change.time_limit_s
+        else:
+            retime(session, job, change.time_limit_s, caller, executor)
     job.spec = {**job.spec, **change.model_dump(mode="json", exclude_none=True)}
     session.flush()
     return job
+
+
+def retime(session: Session, job: Job, limit_s: int, caller: Caller, executor: Executor | None) -> None:
+    """A started job's new time limit: shorter by its owner or an admin, longer by an admin
+    only; its attempt's cluster told (Slurm's own limit follows towerq's). Each attempt has
+    the whole limit from its start, this one too: one already past it stops now, after a
+    checkpoint."""
+    was = job.time_limit_s
+    if not caller.is_admin and was is not None and limit_s > was:
+        raise ForbiddenError(
+            f"job {job.id} is {job.state}: only an admin lengthens a started job's time limit "
+            f"({limit_text(was)}); its owner may shorten it"
+        )
+    job.time_limit_s = limit_s
+    if executor is not None:
+        try:
+            executor.retime(attempt_of(job))
+        except ExecutorError as err:
+            raise StateConflictError(f"job {job.id}'s time limit could not be changed: {err}") from err
+    record_state(
+        session, job, JobState(job.state), f"time limit {limit_text(was)} → {limit_text(limit_s)} by {caller.name}"
+    )
+    kick_scheduler(session)
+
+
+def limit_text(seconds: int | None) -> str:
+    """A time limit to the second: `1h30m`, `45m`, `1m30s`; `none`."""
+    if seconds is None:
+        return "none"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
+    return "".join(parts)

@@ -19,7 +19,7 @@ from tests.faults.helpers import (
     wait_state,
     wait_step,
 )
-from tests.stack import Stack, load_stretch, upload_code, wait_for
+from tests.stack import LOOP, Stack, load_stretch, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
 LONG = {
@@ -107,6 +107,45 @@ def test_a_job_over_its_time_limit_is_stopped_and_fails_saying_so(stack: Stack, 
     assert done["error"].startswith(f"time limit of {limit} s reached at step "), done["error"]
     assert not pid_alive(trainer_pid(done))
     assert client.get("/api/gpus").json()[0]["holders"] == []
+
+
+def test_a_running_jobs_time_limit_is_changed_and_it_stops_at_the_new_one(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    """`towerq update --time-limit` of a running job (before, 409: only while queued): its
+    owner may not lengthen it, an admin may, and the runner follows each change within a
+    second; shortened below the time it has run, it stops at once, failed by its limit."""
+    client = start(stack, make_token, sandbox="bwrap", trainer_pool=0)
+    code = upload_code(client, {"loop.py": LOOP})
+    spec = {"command": ["python", "loop.py"], "code": code, "gpu_count": 1, "time_limit_s": 3600}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    pid = trainer_pid(wait_step(client, job_id, 1, 60))
+    root = {"Authorization": f"Bearer {make_token('root', True)}"}
+
+    longer = client.patch(f"/api/jobs/{job_id}", json={"time_limit_s": 7200})
+    assert longer.status_code == 403, longer.text
+    assert longer.json()["detail"] == (
+        f"job {job_id} is running: only an admin lengthens a started job's time limit (1h); its owner may shorten it"
+    )
+    lengthened = client.patch(f"/api/jobs/{job_id}", json={"time_limit_s": 7200}, headers=root)
+    assert lengthened.status_code == 200, lengthened.text
+    assert lengthened.json()["spec"]["time_limit_s"] == 7200
+    assert lengthened.json()["events"][-1]["message"] == "time limit 1h → 2h by root"
+    said = "time limit changed to 7200 s (was 3600 s), from this attempt's start"
+    logs = lambda: [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs").json()]  # noqa: E731
+    wait_for(lambda: said in logs(), 10, "the runner to take the new limit")
+
+    shortened = client.patch(f"/api/jobs/{job_id}", json={"time_limit_s": 1})
+    assert shortened.status_code == 200, shortened.text
+    done = wait_state(client, job_id, FINAL, 60)
+    assert done["state"] == "failed"
+    assert done["error"].startswith("time limit of 1 s reached at step "), done["error"]
+    assert "time limit changed to 1 s (was 7200 s), from this attempt's start" in logs()
+    assert not pid_alive(pid)
+    late = client.patch(f"/api/jobs/{job_id}", json={"time_limit_s": 60}, headers=root)
+    assert (
+        late.status_code == 409 and late.json()["detail"] == f"job {job_id} is failed: its time limit no longer changes"
+    )
 
 
 def test_worker_shutdown_stops_every_trainer_and_requeues_its_jobs(

@@ -1,8 +1,9 @@
 """A job's Change form and Hold button in a real browser: its owner renames a queued job and
 changes its priority and time limit (a duration as people write it), the API's refusals and
 a duration that is none said beside the form; holds and releases it, and cannot release an
-admin's hold; another member's job, and one that has ended, have neither. Before, only
-`PATCH /api/jobs/{id}` by hand changed them, and nothing held a job."""
+admin's hold; another member's job, and one that has ended, have neither. Once the job has
+started, the form changes its name and time limit only, and a longer limit is refused
+beside it. Before, only `PATCH /api/jobs/{id}` by hand changed them, and nothing held a job."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.stack import Stack
+from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow
 JOB = {"model": "mlp", "dataset": "digits", "hyperparameters": {"steps": 5}}
@@ -84,3 +85,31 @@ def test_an_owner_changes_a_queued_jobs_name_priority_and_time_limit(
         page.goto(f"{url}/?token={alice_token}#/jobs/{mine}")  # ended: nothing to change
         page.wait_for_selector('[data-field="Priority"]')
         assert page.locator("#change").count() == 0
+
+
+def test_a_started_jobs_time_limit_is_shortened_on_its_page_not_lengthened(
+    stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
+) -> None:
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    stack.start_scheduler()  # no worker: the job is placed and stays dispatched
+    token = make_token("alice")
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as alice:
+        job_id = alice.post("/api/jobs", json={**JOB, "time_limit_s": 3600}).json()["id"]
+        wait_for(lambda: alice.get(f"/api/jobs/{job_id}").json()["state"] == "dispatched", 30, "the pass to place it")
+        page = open_page()
+        page.goto(f"{url}/?token={token}#/jobs/{job_id}")
+        page.wait_for_selector("#change")
+        page.click("#change summary")
+        form = page.locator("#change-job")
+        assert form.locator('select[name="priority"]').count() == 0, "a started job's priority stays"
+        error = "document.querySelector('#change-job .error').textContent"
+        form.locator('input[name="time_limit"]').fill("2h")
+        form.locator("button[type=submit]").click()
+        page.wait_for_function(f"{error}.includes('only an admin lengthens')")
+        form.locator('input[name="time_limit"]').fill("30m")
+        form.locator("button[type=submit]").click()
+        page.wait_for_function("document.querySelector('[data-field=\"Time limit\"]').textContent === '30m 0s'")
+        job = alice.get(f"/api/jobs/{job_id}").json()
+        assert (job["state"], job["spec"]["time_limit_s"]) == ("dispatched", 1800), job
+        assert job["events"][-1]["message"] == "time limit 1h → 30m by alice"

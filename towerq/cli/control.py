@@ -42,13 +42,16 @@ def add_control_commands(command: Any) -> None:
         sub.add_argument("--user", default=None, help=f"every job of this user {whose} (admins: anyone's)")
         sub.set_defaults(run=run_hold if name == "hold" else run_release)
 
-    update = command("update", "change a job: its name; while it is queued, its priority and time limit")
+    update = command("update", "change a job: its name; while it is queued, its priority; its time limit until it ends")
     update.add_argument("id", type=int)
     update.add_argument("--name", default=None)
     update.add_argument("--priority", choices=PRIORITIES, default=None)
     update.add_argument(
         "--time-limit", type=duration, default=None, metavar="DURATION",
-        help="stop it after this long once it runs: 2h, 90m, 1:30:00 (a number alone: seconds)",
+        help=(
+            "stop it after this long once it runs: 2h, 90m, 1:30:00 (a number alone: seconds); a running job's "
+            "counts from its start (only admins lengthen a started job's)"
+        ),
     )  # fmt: skip
     update.set_defaults(run=run_update)
 

@@ -89,6 +89,12 @@ class AttemptStatus:
     stop: Stop | None = None
     reason: str | None = None
     """Why the stop was asked, in words (None: no stop, or none given)."""
+    time_limit_s: int | None = None
+    """The job's time limit as it is now (`towerq update` changes a started job's), read
+    only where `limit_known`: None, then, is no limit."""
+    limit_known: bool = False
+    """towerq said the time limit (False: the question went unanswered; the runner keeps
+    the limit it had)."""
 
 
 class MetricRow(TypedDict):
@@ -287,6 +293,9 @@ class StatusOut(BaseModel):
     current: bool
     stop: Stop | None = None
     reason: str | None = None
+    time_limit_s: int | None = None
+    limit_known: bool = False
+    """False from an API older than the field: the runner keeps the limit it started with."""
 
 
 class RungsOut(BaseModel):

@@ -307,8 +307,9 @@ function holdButton(job, reload) {
   );
 }
 
-// A job of yours (or any, for admins) renamed; while it waits, its priority and time limit
-// changed (PATCH: only what differs from what it has). Nothing once it has ended.
+// A job of yours (or any, for admins) renamed; while it waits, its priority changed; its
+// time limit until it ends (PATCH: only what differs from what it has; once it started,
+// only an admin lengthens it). Nothing once it has ended.
 function changeFormOf(job, reload) {
   const mine = session.me && (session.me.user === job.user || session.me.is_admin);
   if (!mine || FINAL.includes(job.state)) return [];
@@ -316,18 +317,18 @@ function changeFormOf(job, reload) {
   const limit = job.spec.time_limit_s ? duration(job.spec.time_limit_s) : "";
   const priorities = ["low", "normal", "high"].map((p) => el("option", { value: p, selected: p === job.priority }, p));
   const fields = [formInput("Name", el("input", { name: "name", value: job.name, maxlength: 128, required: true }))];
-  if (queued) {
-    fields.push(formInput("Priority", el("select", { name: "priority" }, priorities)));
-    fields.push(
-      formInput(
-        "Time limit",
-        el("input", { name: "time_limit", value: limit, placeholder: "none", inputmode: "text" }),
-        "stops it after this long once it runs: 2h, 90m, 1:30:00",
-      ),
-    );
-  }
+  if (queued) fields.push(formInput("Priority", el("select", { name: "priority" }, priorities)));
+  fields.push(
+    formInput(
+      "Time limit",
+      el("input", { name: "time_limit", value: limit, placeholder: "none", inputmode: "text" }),
+      queued
+        ? "stops it after this long once it runs: 2h, 90m, 1:30:00"
+        : "from this attempt's start: 2h, 90m, 1:30:00 (only an admin lengthens it)",
+    ),
+  );
   const form = actionForm(
-    queued ? "Name, priority, time limit" : "Name",
+    queued ? "Name, priority, time limit" : "Name, time limit",
     "change-job",
     fields,
     "Change",
@@ -335,7 +336,7 @@ function changeFormOf(job, reload) {
       const body = {};
       if (data.get("name").trim() !== job.name) body.name = data.get("name").trim();
       if (queued && data.get("priority") !== job.priority) body.priority = data.get("priority");
-      const asked = queued ? data.get("time_limit").trim() : limit;
+      const asked = data.get("time_limit").trim();
       if (asked !== limit) body.time_limit_s = durationOf(asked, "time_limit_s", "Time limit: ");
       if (!Object.keys(body).length) throw new Error("Nothing changed: edit a field first");
       await api(`api/jobs/${job.id}`, { method: "PATCH", body });

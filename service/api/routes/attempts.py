@@ -6,6 +6,7 @@ job until the attempt ends; every write is fenced by the attempt, as in a host's
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -96,10 +97,11 @@ class DrainedOut(BaseModel):
 
 @router.get("", response_model=StatusOut)
 def status(ctx: ContextDep, it: AttemptDep) -> StatusOut:
-    """Whether the attempt is still the job's current one, and the stop asked of it, if any."""
+    """Whether the attempt is still the job's current one, the stop asked of it, if any, and
+    the job's time limit now."""
     with ctx.db.read() as session:
         said = attempt_status(session, it.job_id, it.attempt)
-    return StatusOut(current=said.current, stop=said.stop, reason=said.reason)
+    return StatusOut.model_validate(dataclasses.asdict(said))
 
 
 @router.post("/claim", response_model=Claim)

@@ -163,11 +163,14 @@ def logs(
 
 
 @router.patch("/{job_id}", response_model=JobDetailOut)
-def change(job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep, settings: SettingsDep) -> JobDetailOut:
-    """Rename a job, share its log and artifacts, or change a queued job's priority or time
-    limit (owner or admin)."""
+def change(
+    job_id: JobId, body: JobChange, db: DatabaseDep, caller: CallerDep, settings: SettingsDep, executor: ExecutorDep
+) -> JobDetailOut:
+    """Rename a job, share its log and artifacts, change a queued job's priority, or its time
+    limit until it ends (owner or admin; once it started, only an admin lengthens it: 403).
+    A running job's new limit counts from its attempt's start: past it, it stops now."""
     with db.write() as session:
-        change_job(session, job_id, body, caller, settings)
+        change_job(session, job_id, body, caller, settings, executor)
         return job_detail(session, get_job(session, job_id))
 
 

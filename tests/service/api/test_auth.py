@@ -97,7 +97,7 @@ def test_owners_and_admins_change_a_queued_job_others_may_not(alice: Api, as_use
     alice.post(f"/api/jobs/{job['id']}/cancel")
     late = alice.client.patch(f"/api/jobs/{job['id']}", json={"priority": "low"}, headers=alice.headers)
     assert late.status_code == 409
-    assert "change only while queued" in late.json()["detail"]
+    assert "its priority changes only while it is queued" in late.json()["detail"]
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_read(alice: Api, settings: Settings) -> None:

@@ -117,7 +117,9 @@ def set_job(ctx: Context, job_id: int, **values: object) -> None:
 def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: Context, channel_to: Opener) -> None:
     job_id = dispatched(ctx)
     channel = channel_to(job_id, 1)
-    assert channel.status() == AttemptStatus(current=True)
+    assert channel.status() == AttemptStatus(current=True, limit_known=True)  # no time limit
+    set_job(ctx, job_id, time_limit_s=90)  # `towerq update --time-limit`: the runner follows it
+    assert channel.status() == AttemptStatus(current=True, time_limit_s=90, limit_known=True)
     channel.running(4321, "0", "/artifacts/1")
     assert (job(ctx, job_id).state, job(ctx, job_id).pid) == (JobState.RUNNING, 4321)
     with pytest.raises(StaleAttempt):
@@ -125,7 +127,8 @@ def test_an_attempt_learns_whether_it_is_current_and_which_stop_was_asked(ctx: C
 
     now = datetime.now(UTC)
     set_job(ctx, job_id, cancel_requested_at=now)
-    assert channel.status() == AttemptStatus(current=True, stop="cancel", reason="cancelled")
+    said = AttemptStatus(current=True, stop="cancel", reason="cancelled", time_limit_s=90, limit_known=True)
+    assert channel.status() == said
     set_job(ctx, job_id, stop_reason=f"{STOPPED_EARLY}: behind at step 100")
     assert channel.status().stop == "sweep"
     set_job(ctx, job_id, cancel_requested_at=None, stop_reason=None, preempt_requested_at=now)
