@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack
+from tests.stack import Stack, wait_for
 from tests.test_cli import towerq
 from towerq import Client
 
@@ -139,3 +139,30 @@ def test_members_hold_and_release_their_queued_jobs_and_admins_hold_anyones(
     said = submitted.stdout.strip()
     assert said.endswith(", queued on hold: towerq release " + said.split()[1] + " lets it start"), said
     assert alice.job(int(said.split()[1])).data["on_hold_by"] == "alice"
+
+
+def test_hold_all_skips_a_job_that_is_starting_and_fails_nothing(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> None:
+    """`towerq hold --all` picks queued jobs and dispatched ones (on Slurm, those pending
+    there). On a lab of GPU hosts a dispatched job is starting and cannot be held: it is
+    skipped, said so, and the command succeeds (before: refused, exit 1, for a job the user
+    never named)."""
+    url = stack.start_api()
+    add_host("lab-a", 1)
+    stack.start_scheduler()  # no worker: the first job is placed and stays dispatched
+    token = make_token("alice")
+    assert towerq(tmp_path / "alice", "login", url, "--token", token).returncode == 0
+    alice = Client(url, token)
+    starting = alice.submit(JOB).id
+    wait_for(lambda: alice.job(starting).data["state"] == "dispatched", 30, "the pass to place it")
+    waiting = alice.submit(JOB).id
+    held = towerq(tmp_path / "alice", "hold", "--all")
+    assert held.returncode == 0, held.stderr
+    assert held.stdout.splitlines() == [
+        f"skipped: job {starting} is dispatched: only a queued job is put on hold (towerq cancel stops it)",
+        f"job {waiting}: on hold (towerq release {waiting} lets it start)",
+        "1 of 2 jobs put on hold, 1 skipped",
+    ]
+    named = towerq(tmp_path / "alice", "hold", str(starting))  # named, it is refused as before
+    assert named.returncode == 1 and f"job {starting} is dispatched" in named.stderr, named

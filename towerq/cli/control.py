@@ -71,7 +71,7 @@ def run_cancel(args: argparse.Namespace) -> int:
     def said(job: Job) -> str:
         return f"job {job.id}: {job.state}" + (" (stop requested)" if job.state in ("dispatched", "running") else "")
 
-    return each(ids, client.cancel, said, "cancelled")
+    return each(ids, client.cancel, said, "cancelled", not args.ids)
 
 
 WAITING = ["queued", "dispatched"]
@@ -84,7 +84,7 @@ def run_hold(args: argparse.Namespace) -> int:
     if not ids:
         return nothing(args, "queued", "put on hold")
     said = "job {0}: on hold (towerq release {0} lets it start)"
-    return each(ids, client.hold, lambda job: said.format(job.id), "put on hold")
+    return each(ids, client.hold, lambda job: said.format(job.id), "put on hold", not args.ids)
 
 
 def run_release(args: argparse.Namespace) -> int:
@@ -92,7 +92,7 @@ def run_release(args: argparse.Namespace) -> int:
     ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), WAITING, on_hold=True)
     if not ids:
         return nothing(args, "on hold", "released")
-    return each(ids, client.release, lambda job: f"job {job.id}: released, {job.state}", "released")
+    return each(ids, client.release, lambda job: f"job {job.id}: released, {job.state}", "released", not args.ids)
 
 
 def picked(
@@ -130,20 +130,28 @@ def nothing(args: argparse.Namespace, what: str, done: str) -> int:
     return 0
 
 
-def each(ids: list[int], act: Callable[[int], Job], said: Callable[[Job], str], done: str) -> int:
+def each(ids: list[int], act: Callable[[int], Job], said: Callable[[Job], str], done: str, chosen: bool) -> int:
     """`act` on each job in turn, a line each (`said`); one the API refuses (ended already,
-    not yours, not there) is said on stderr and the others go on (exit 1)."""
-    refused = 0
+    not yours, not there) is said on stderr and the others go on (exit 1). Jobs `chosen` by
+    the command's filters (--all, --user, --state) were read a moment before: one that moved
+    on meanwhile (409: it started, ended, or was released) is skipped, said on stdout, and
+    fails nothing, as it was no longer what the filter asked for."""
+    refused = skipped = 0
     for job_id in ids:
         try:
             job = act(job_id)
         except ApiError as err:  # its message names the job: "job 9 is already succeeded"
+            if chosen and err.status == 409:
+                print(f"skipped: {err.detail}", flush=True)
+                skipped += 1
+                continue
             print(f"towerq: {err.detail}", file=sys.stderr, flush=True)
             refused += 1
             continue
         print(said(job), flush=True)
     if len(ids) > 1:
-        print(f"{len(ids) - refused} of {len(ids)} jobs {done}" + (f", {refused} refused" if refused else ""))
+        tail = (f", {skipped} skipped" if skipped else "") + (f", {refused} refused" if refused else "")
+        print(f"{len(ids) - refused - skipped} of {len(ids)} jobs {done}{tail}")
     return 1 if refused else 0
 
 
