@@ -32,7 +32,7 @@ from service.core.context import Context
 from service.core.models import JobState
 from service.core.settings import Settings
 from towerq.contract import events
-from towerq.contract.attempts import AttemptChannel, AttemptEnd, Ending, StaleAttempt
+from towerq.contract.attempts import MAX_FOLDER_BYTES, AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
 from towerq.contract.versions import NewerSpecError
 from worker import disk, reaper, rendezvous, sandbox
@@ -454,7 +454,8 @@ class AttemptRunner:
 
     def _measure_folder(self, now: float, running: bool = True) -> None:
         over = self.folder.measure(now, self._live_pids() if running else ())
-        self._flush({"folder_bytes": self.folder.bytes})
+        held = self.folder.bytes
+        self._flush({"folder_bytes": min(held, MAX_FOLDER_BYTES) if held is not None else None})
         if running and over is not None and self.outcome.stop is None:
             self.outcome.stop, self.outcome.stop_message = Stop.FOLDER_FULL, f"stopped: {over}"
             self.sink.log("error", f"stopped: {over}")

@@ -115,6 +115,15 @@ def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -
     later = {"attempt": 2, "step": 1, "split": "train", "time": NOW}
     assert call(client, token, "POST", path, {"metrics": [later]}) == 422, "a point of a later attempt"
     assert call(client, token, "POST", path, {"log_bytes": -1}) == 422
+    for folder_bytes in (-1, 21078812327710643334414336, 2**50 + 1):  # the second, past 64 bits: once a 500
+        assert call(client, token, "POST", path, {"fields": {"folder_bytes": folder_bytes}}) == 422, folder_bytes
+    found = {  # what schemathesis sent when it found the 500, but its folder_bytes: stored
+        "batch_norm": {",\U00015dc7\u00a9\u00b8\u0090": [], "": ["then"], "6": []},
+        "eval_loss": -5.2204688728093736e16,
+        "step_at": "3209-05-28T08:05:35.192984-02:07",
+        "examples_per_sec": -4.810617305063777e127,
+    }
+    assert call(client, token, "POST", path, {"fields": found}) == 204
     for edge in ("0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00"):  # no UTC time: once a 500
         for body in (
             {"metrics": [{**later, "attempt": 1, "time": edge}]},

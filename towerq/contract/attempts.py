@@ -30,6 +30,12 @@ Stop = Literal["cancel", "sweep", "preempt"]
 """A stop towerq asks of an attempt: a cancel, an adaptive sweep's stop of a setting behind
 (the job ends succeeded), a preemption (the job resumes later from its checkpoint)."""
 
+MAX_FOLDER_BYTES = 2**50
+"""The most a report says a job folder holds: a pebibyte, far above any a lab's disk holds
+(a runner says at most this). Unbounded, a figure past 64 bits failed the write (a 500, found
+by the schemathesis run), and 8,192 such folders still sum within 64 bits (the storage
+report's total per member)."""
+
 Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 """How an attempt ends: the job's final state, or queued again for its next attempt."""
 
@@ -55,7 +61,7 @@ class Figures(BaseModel):
     """A command job's program said how many steps it runs (the service takes it from a
     command job only: a model job's is its spec's)."""
     # what the attempt's folder holds (`worker.folder`)
-    folder_bytes: Annotated[int, Field(ge=0)] | None = None
+    folder_bytes: Annotated[int, Field(ge=0, le=MAX_FOLDER_BYTES)] | None = None
     # what a trainer's `started` line says (`towerq.contract.events.Started.job_fields`)
     towers: Annotated[int, Field(ge=1, le=1024)] | None = None
     devices: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=1024)
