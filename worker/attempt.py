@@ -34,6 +34,7 @@ from service.core.settings import Settings
 from towerq.contract import events
 from towerq.contract.attempts import MAX_FOLDER_BYTES, AttemptChannel, AttemptEnd, Ending, StaleAttempt
 from towerq.contract.spec import describe
+from towerq.contract.times import limit_text
 from towerq.contract.versions import NewerSpecError
 from worker import disk, reaper, rendezvous, sandbox
 from worker.attempt_disk import AttemptDisk
@@ -415,11 +416,10 @@ class AttemptRunner:
         now on this attempt stops at the new one, counted from its start as before."""
         was = self.launch.time_limit_s
         self.launch.time_limit_s = limit
-
-        def said(seconds: int | None) -> str:
-            return f"{seconds} s" if seconds is not None else "none"
-
-        self.sink.log("info", f"time limit changed to {said(limit)} (was {said(was)}), from this attempt's start")
+        self.sink.log(
+            "info",
+            f"time limit changed to {limit_text(limit)} (was {limit_text(was)}), counted from the attempt's start",
+        )
 
     def _moved_on(self) -> None:
         """The job has moved on from this attempt: its process goes now, unless it said it

@@ -21,6 +21,7 @@ from service.jobs.submit import check_session_time_limit
 from service.lab.auth import Caller
 from service.scheduler.handover import attempt_of
 from towerq.contract.spec import Priority, Visibility, is_notebook
+from towerq.contract.times import limit_text
 
 
 class JobChange(BaseModel):
@@ -92,13 +93,3 @@ def retime(session: Session, job: Job, limit_s: int, caller: Caller, executor: E
         session, job, JobState(job.state), f"time limit {limit_text(was)} → {limit_text(limit_s)} by {caller.name}"
     )
     kick_scheduler(session)
-
-
-def limit_text(seconds: int | None) -> str:
-    """A time limit to the second: `1h30m`, `45m`, `1m30s`; `none`."""
-    if seconds is None:
-        return "none"
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
-    return "".join(parts)

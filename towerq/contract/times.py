@@ -1,7 +1,8 @@
 """Times a user or a supervisor gives towerq: stored in UTC, so only those UTC can hold with
 room to spare for the windows computed from them (a week before `until`, a reservation's
 end): years 1900 to 9998. Past that, a time once overflowed Python's calendar on its way into
-the database or a window (a 500); now it is refused, naming the field."""
+the database or a window (a 500); now it is refused, naming the field. And a time limit in
+words, as the service and a runner both say it (`limit_text`)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def in_utc(value: datetime) -> datetime:
 
 Moment = Annotated[datetime, AfterValidator(in_utc)]
 """A time in a request body, in UTC: 422 naming the field outside `EARLIEST`..`LATEST`."""
+
+
+def limit_text(seconds: int | None) -> str:
+    """A time limit to the second, as a job's history and log say it: `1h30m`, `45m`,
+    `1m30s`; `none`."""
+    if seconds is None:
+        return "none"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{count}{unit}" for count, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if count)
