@@ -314,6 +314,40 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     assert cluster.cpus_of(slurm_job(cluster, settings, crashes)["id"]) == 2
 
 
+def test_the_job_page_holds_and_releases_a_job_pending_in_slurm(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings, open_page: Any
+) -> None:
+    """The job page's Hold for a job handed to Slurm and pending there (dispatched), as
+    `towerq hold` does; before, the button showed for queued jobs only. A running job has none."""
+    client = on_slurm
+    spec = {"command": ["python", "loop.py"], "code": upload_code(client, {"loop.py": LOOP}), "gpu_count": 4}
+    running = client.post("/api/jobs", json=spec).json()["id"]
+    trained(client, running)  # on all four GPUs
+    pending = client.post("/api/jobs", json=spec).json()["id"]
+    wait_for(lambda: slurm_job(cluster, settings, pending)["state"] == "PENDING", 30, "Slurm to hold it pending")
+    assert job_of(client, pending)["state"] == "dispatched"
+
+    page = open_page()
+    page.goto(f"{client.base_url}/?token={client.token}#/jobs/{pending}")
+    page.click("#hold")
+    page.wait_for_function("document.querySelector('#hold')?.textContent === 'Release'")
+    assert job_of(client, pending)["on_hold_by"] == "alice"
+    holds = ("JobHeldUser", "JobHeldAdmin")
+    assert wait_for(lambda: slurm_job(cluster, settings, pending)["reason"] in holds, 10, "Slurm's hold")
+    page.click("#hold")
+    page.wait_for_function("document.querySelector('#hold')?.textContent === 'Hold'")
+    assert job_of(client, pending)["on_hold_by"] is None
+    assert wait_for(lambda: slurm_job(cluster, settings, pending)["reason"] not in holds, 10, "Slurm's release")
+
+    page.goto(f"{client.base_url}/?token={client.token}#/jobs/{running}")
+    page.wait_for_selector("#cancel")
+    assert page.locator("#hold").count() == 0
+    for job_id in (pending, running):
+        assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+    for job_id in (pending, running):
+        assert wait_state(client, job_id, FINAL, 60)["state"] == "cancelled"
+
+
 def test_a_notebook_session_runs_on_a_slurm_node_reached_through_the_api_and_ends_when_idle(
     on_slurm: Any, cluster: SlurmCluster, settings: Settings, stack: Any
 ) -> None:

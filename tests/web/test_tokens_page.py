@@ -36,7 +36,7 @@ def test_an_admin_adds_a_member_sets_their_limits_and_revokes_a_token_and_a_memb
     assert secret.startswith("tq_"), secret
     assert f"towerq login {url} --token {secret}" in admin.locator("#new-secret").inner_text()
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}) as bob:
-        assert bob.get("/api/me").json() == {"user": "bob", "is_admin": False, "token_id": 2}
+        assert bob.get("/api/me").json() == {"user": "bob", "is_admin": False, "token_id": 2, "places_jobs": True}
     admin.wait_for_selector('#users tr[data-user="bob"]')
 
     limits = admin.locator("#user-limits")

@@ -254,7 +254,9 @@ function headerOf(job, reload) {
     job.cancel_requested && !FINAL.includes(job.state) ? "Stopping…" : "Cancel",
   );
   const clone = el("a", { class: "button", href: `#/submit?clone=${job.id}`, id: "clone" }, "Clone");
-  const hold = job.state === "queued" && mine ? holdButton(job, reload) : null;
+  // Queued, or handed to a cluster that places jobs itself (Slurm) and pending there.
+  const waiting = job.state === "queued" || (job.state === "dispatched" && session.me.places_jobs === false);
+  const hold = waiting && mine ? holdButton(job, reload) : null;
   // A notebook session's JupyterLab (its owner and admins), a path of the API as the page is served.
   const open =
     job.url && job.state === "running" && mine
@@ -277,8 +279,9 @@ function headerOf(job, reload) {
   ];
 }
 
-// Hold a queued job (it waits until released), or release it: an admin's hold on a member's
-// job only an admin releases (the button says so rather than fail).
+// Hold a queued job (it waits until released; on Slurm, also one pending there), or release
+// it: an admin's hold on a member's job only an admin releases (the button says so rather
+// than fail).
 function holdButton(job, reload) {
   const held = Boolean(job.on_hold_by);
   const adminsOnly = held && job.on_hold_by !== session.me.user && !session.me.is_admin;

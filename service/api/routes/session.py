@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from service.api.deps import SESSION_COOKIE, CallerDep, bearer_token
+from service.api.deps import SESSION_COOKIE, CallerDep, ExecutorDep, bearer_token
 from service.core.schemas.lab import Me
+from service.executors import Executor
+from service.lab.auth import Caller
 
 router = APIRouter(prefix="/api", tags=["session"])
 
 
 @router.get("/me", response_model=Me)
-def me(caller: CallerDep) -> Me:
-    """The user the token belongs to."""
-    return Me(user=caller.name, is_admin=caller.is_admin, token_id=caller.token_id)
+def me(caller: CallerDep, executor: ExecutorDep) -> Me:
+    """The user the token belongs to (and whether towerq places jobs itself)."""
+    return me_of(caller, executor)
 
 
 @router.post("/session", response_model=Me)
-def login(caller: CallerDep, request: Request, response: Response) -> Me:
+def login(caller: CallerDep, executor: ExecutorDep, request: Request, response: Response) -> Me:
     """Keep the bearer token in an HttpOnly, same-site cookie for this browser session."""
     token = bearer_token(request)
     assert token is not None  # the caller dependency already checked it
@@ -30,13 +32,17 @@ def login(caller: CallerDep, request: Request, response: Response) -> Me:
         secure=request.url.scheme == "https",
         path=cookie_path(request),
     )
-    return Me(user=caller.name, is_admin=caller.is_admin, token_id=caller.token_id)
+    return me_of(caller, executor)
 
 
 @router.delete("/session", status_code=204)
 def logout(request: Request, response: Response) -> None:
     """Forget the session cookie."""
     response.delete_cookie(SESSION_COOKIE, path=cookie_path(request))
+
+
+def me_of(caller: Caller, executor: Executor) -> Me:
+    return Me(user=caller.name, is_admin=caller.is_admin, token_id=caller.token_id, places_jobs=executor.places_jobs)
 
 
 def cookie_path(request: Request) -> str:

@@ -122,6 +122,10 @@ class Me(BaseModel):
     is_admin: bool
     token_id: int
     """The token this call was made with (the dashboard's: the one its session holds)."""
+    places_jobs: bool = True
+    """True where towerq's scheduler places each job on the lab's GPU hosts (a dispatched job
+    is starting); False where it hands jobs to a cluster that places them (Slurm: a
+    dispatched job may wait there, and can be held)."""
 
 
 class UserOut(Out):

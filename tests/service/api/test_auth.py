@@ -61,7 +61,7 @@ def test_a_revoked_token_is_refused_at_once(alice: Api, client: TestClient) -> N
     created = alice.post("/api/users/alice/tokens", json={"name": "laptop"})
     assert created.status_code == 201
     fresh = {"Authorization": f"Bearer {created.json()['token']}"}
-    me = {"user": "alice", "is_admin": False, "token_id": created.json()["id"]}
+    me = {"user": "alice", "is_admin": False, "token_id": created.json()["id"], "places_jobs": True}
     assert client.get("/api/me", headers=fresh).json() == me
     revoked = client.delete(f"/api/tokens/{created.json()['id']}", headers=alice.headers)
     assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
