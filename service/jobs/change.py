@@ -42,7 +42,7 @@ def change_job(
     change: JobChange,
     caller: Caller,
     settings: Settings,
-    executor: Executor | None = None,
+    executor: Executor,
 ) -> Job:
     """Apply `change` to the job under its row lock; the spec keeps the values the job has
     now, so a clone or a resubmit gets them. A started job's new time limit reaches its
@@ -72,7 +72,7 @@ def change_job(
     return job
 
 
-def retime(session: Session, job: Job, limit_s: int, caller: Caller, executor: Executor | None) -> None:
+def retime(session: Session, job: Job, limit_s: int, caller: Caller, executor: Executor) -> None:
     """A started job's new time limit: shorter by its owner or an admin, longer by an admin
     only; its attempt's cluster told (Slurm's own limit follows towerq's). Each attempt has
     the whole limit from its start, this one too: one already past it stops now, after a
@@ -84,11 +84,10 @@ def retime(session: Session, job: Job, limit_s: int, caller: Caller, executor: E
             f"({limit_text(was)}); its owner may shorten it"
         )
     job.time_limit_s = limit_s
-    if executor is not None:
-        try:
-            executor.retime(attempt_of(job))
-        except ExecutorError as err:
-            raise StateConflictError(f"job {job.id}'s time limit could not be changed: {err}") from err
+    try:
+        executor.retime(attempt_of(job))
+    except ExecutorError as err:
+        raise StateConflictError(f"job {job.id}'s time limit could not be changed: {err}") from err
     record_state(
         session, job, JobState(job.state), f"time limit {limit_text(was)} → {limit_text(limit_s)} by {caller.name}"
     )
