@@ -73,8 +73,12 @@ def test_jobs_share_the_gres_gpus_wait_with_slurms_reason_and_end_by_cancel_or_s
     assert wait_for(lambda: slurm_job(cluster, settings, fourth)["state"] == "CANCELLED", 10, "scancel")
 
     # Held in towerq while Slurm holds it pending: `scontrol hold` there, towerq's reason here.
-    held = client.post(f"/api/jobs/{ids[2]}/hold")
-    assert held.status_code == 200, held.text
+    # `towerq hold --all` picks it: on Slurm a dispatched job waits (two run, the rest ended).
+    hold = subprocess.run(
+        [sys.executable, "-m", "service.cli", "hold", "--all"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert hold.stdout.splitlines() == [f"job {ids[2]}: on hold (towerq release {ids[2]} lets it start)"], hold
+    held = client.get(f"/api/jobs/{ids[2]}")
     assert held.json()["reason"] == f"on hold (alice): towerq release {ids[2]} lets it start"
     holds = ("JobHeldUser", "JobHeldAdmin")  # held by its owner; by root (these tests), an admin's hold
     assert wait_for(lambda: slurm_job(cluster, settings, ids[2])["reason"] in holds, 10, "Slurm's hold")

@@ -74,13 +74,17 @@ def run_cancel(args: argparse.Namespace) -> int:
     return each(ids, client.cancel, said, "cancelled", not args.ids)
 
 
-WAITING = ["queued", "dispatched"]
-"""What towerq hold and release --all pick: queued jobs, and those Slurm holds pending."""
+def waiting(me: dict[str, Any]) -> list[str]:
+    """The states towerq hold and release pick by filter: queued jobs, and where the lab
+    hands its jobs to a cluster that places them (Slurm) the dispatched ones, which wait
+    there and can be held. Elsewhere a dispatched job is starting on its GPUs and cannot be
+    held, so it is left out (an API without `places_jobs` places its own: GPU hosts)."""
+    return ["queued"] if me.get("places_jobs", True) else ["queued", "dispatched"]
 
 
 def run_hold(args: argparse.Namespace) -> int:
     client = Api(args).client
-    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), WAITING)
+    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), waiting)
     if not ids:
         return nothing(args, "queued", "put on hold")
     said = "job {0}: on hold (towerq release {0} lets it start)"
@@ -89,17 +93,23 @@ def run_hold(args: argparse.Namespace) -> int:
 
 def run_release(args: argparse.Namespace) -> int:
     client = Api(args).client
-    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), WAITING, on_hold=True)
+    ids = picked(client, args, "--all, or --user NAME", bool(args.all or args.user), waiting, on_hold=True)
     if not ids:
         return nothing(args, "on hold", "released")
     return each(ids, client.release, lambda job: f"job {job.id}: released, {job.state}", "released", not args.ids)
 
 
 def picked(
-    client: Client, args: argparse.Namespace, filters: str, filtered: bool, states: Sequence[str], on_hold: bool = False
+    client: Client,
+    args: argparse.Namespace,
+    filters: str,
+    filtered: bool,
+    states: Sequence[str] | Callable[[dict[str, Any]], Sequence[str]],
+    on_hold: bool = False,
 ) -> list[int]:
     """The jobs a command acts on: its ids, else those its filters choose (`chosen`): the
-    caller's own, another member's (`--user`) for admins only."""
+    caller's own, another member's (`--user`) for admins only; `states` may depend on the
+    lab (`GET /api/me`)."""
     if args.ids and filtered:
         raise UsageError(f"give job ids, or {filters}, not both")
     if args.ids:
@@ -109,6 +119,8 @@ def picked(
     me = client.me()
     if args.user and args.user != me["user"] and not me["is_admin"]:
         raise ClientError(f"only admins {args.command} another member's jobs: you are {me['user']}")
+    if callable(states):
+        states = states(me)
     return chosen(client, states, args.user or str(me["user"]), on_hold)
 
 
