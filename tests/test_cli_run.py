@@ -69,7 +69,7 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
     args = argparse.Namespace(
         program=["--", "python", "train.py", "--lr", "0.1"], env=["SEED=3"], gpus=2, gpu_ids=None, host=None,
         fraction=None, name=None, priority=None, time_limit=60, dataset=None, resumable=True, group=None, per_gpu=True,
-        network=True, min_gpus=1,
+        network=True, min_gpus=1, signal="USR1@90",
     )  # fmt: skip
     spec = run.run_spec(args, "c" * 64)
     assert spec == {
@@ -82,6 +82,7 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
         "min_gpu_count": 1,
         "network": True,
         "processes": "per_gpu",
+        "signal": "USR1@90",
     }
     args.env = ["NOEQUALS"]
     with pytest.raises(UsageError, match="NAME=VALUE"):

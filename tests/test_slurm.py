@@ -21,8 +21,9 @@ from service.core.settings import Settings
 from tests.notebook_kernel import run_code, start_kernel, wait_ready, xsrf_headers
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
-from tests.stack import LOOP, REPO, free_port, upload_code, wait_for
+from tests.stack import LOOP, REPO, free_port, load_stretch, upload_code, wait_for
 from tests.test_command_jobs import TRAIN
+from tests.test_limit_signal import WARNED
 
 pytestmark = [pytest.mark.slow, needs_slurm]
 FIXTURES = (cluster, on_slurm, settings)  # pytest finds them by name in this module
@@ -273,13 +274,17 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
 ) -> None:
     client = on_slurm
     crash = "raise SystemExit('no data in /data')\n"
-    code = upload_code(client, {"train.py": TRAIN, "loop.py": LOOP, "crash.py": crash, "ranks.py": RANKS})
+    files = {"train.py": TRAIN, "loop.py": LOOP, "crash.py": crash, "ranks.py": RANKS, "warned.py": WARNED}
+    code = upload_code(client, files)
     trains = client.post(
         "/api/jobs", json={"command": ["python", "train.py", "--steps", "20"], "code": code, "gpu_count": 2}
     )
     assert trains.status_code == 201, trains.text
     crashes = client.post("/api/jobs", json={"command": ["python", "crash.py"], "code": code}).json()["id"]
     loops = client.post("/api/jobs", json={"command": ["python", "loop.py"], "code": code}).json()["id"]
+    lead = round(10 * load_stretch())  # warned before its time limit, by the node's runner
+    warned_spec = {"command": ["python", "warned.py"], "code": code, "time_limit_s": 2 * lead, "signal": f"USR1@{lead}"}
+    warned = client.post("/api/jobs", json=warned_spec).json()["id"]
     trained(client, loops, 3)
     # Its time limit set while it runs: its Slurm job's follows (2h, the grace of 10 s and a minute)
     assert client.patch(f"/api/jobs/{loops}", json={"time_limit_s": 7200}).status_code == 200
@@ -303,6 +308,11 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     assert (failed["state"], failed["error"]) == ("failed", "the program exited with code 1: no data in /data"), failed
     cancelled = wait_state(client, loops, FINAL, 60)
     assert cancelled["state"] == "cancelled", cancelled["reason"]
+    ended = wait_state(client, warned, FINAL, 180)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{warned}/logs", params={"tail": 1000}).json()]
+    assert ended["error"].startswith(f"time limit of {2 * lead} s reached"), (ended["error"], messages[-30:])
+    assert len([m for m in messages if m.startswith("rank 0 warned after ") and "by SIGUSR1" in m]) == 1, messages
+    assert "rank 0: its child lives" in messages, messages[-30:]
 
     spec = {"command": ["python", "ranks.py"], "code": code, "gpu_count": 2, "processes": "per_gpu"}
     ranks = client.post("/api/jobs", json=spec).json()["id"]

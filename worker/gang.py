@@ -33,6 +33,8 @@ from typing import IO
 
 GRACE_S = 10.0
 """How long the others have to end after one failed, before SIGKILL."""
+SIGNAL_ENV = "TOWERQ_SIGNAL"
+"""The job's `signal` (`USR1@600`): the program's warning before its time limit."""
 
 
 def die_with_the_gang() -> None:
@@ -199,6 +201,10 @@ def main() -> int:
     gang = Gang(command, rank_environments(gpus or ["0"], dict(os.environ)))
     # a stop signals the attempt's whole process group, the ranks too: the gang waits for them
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # the job's warning before its time limit comes to the gang alone: each rank gets it
+    warning = os.environ.get(SIGNAL_ENV, "").partition("@")[0]
+    if warning and hasattr(signal, f"SIG{warning}"):
+        signal.signal(getattr(signal, f"SIG{warning}"), lambda signum, frame: gang.signal_all(signum))
     return gang.wait()
 
 

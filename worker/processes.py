@@ -88,6 +88,25 @@ def group_alive(pgid: int) -> bool:
     return _reaches(os.killpg, pgid) and bool(live_members(pgid=pgid))
 
 
+def signal_program(leader: int, signum: int, sandboxed: bool) -> int:
+    """`signum` to a program's own first process only, not to its children (a data loader's
+    workers would die of a signal they do not handle), as Slurm's `--signal=B:`. Unsandboxed
+    that is the group's leader; in the sandbox, the processes bwrap's init started (bwrap,
+    the leader, forks its init, which forks the command). How many got it: 0 before the
+    program started."""
+    if not sandboxed:
+        if not pid_alive(leader):
+            return 0
+        signal_process(leader, signum)
+        return 1
+    members = live_members(pgid=leader)
+    inits = {p.pid for p in members if p.ppid == leader}
+    firsts = [p.pid for p in members if p.ppid in inits]
+    for pid in firsts:
+        signal_process(pid, signum)
+    return len(firsts)
+
+
 def signal_group(pgid: int, signum: int) -> None:
     """Send `signum` to every process of the group; a group already gone is fine."""
     try:

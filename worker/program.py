@@ -10,6 +10,8 @@ What towerq gives it is in its environment (docs/command-jobs.md):
 - `TOWERQ_DATA_DIR`: its dataset (an upload, read only), when it names one;
 - `TOWERQ_INPUTS`: the folders of the jobs it waited for (`after`), as JSON {job id: path};
 - `TOWERQ_METRICS_LOG`: where `towerq.report()` keeps its points for a resumed attempt;
+- `TOWERQ_SIGNAL`: the warning it asked for (`USR1@600`: SIGUSR1 600 s before its time
+  limit, `towerq.contract.signals`), when it asked for one;
 - the framework hints for its GPU memory share (`TF_FORCE_GPU_ALLOW_GROWTH`,
   `PYTORCH_CUDA_ALLOC_CONF`, `XLA_PYTHON_CLIENT_MEM_FRACTION`).
 
@@ -33,12 +35,15 @@ from pathlib import Path
 
 from service.core.settings import Settings
 from towerq.contract import events
+from towerq.contract.signals import limit_signal
+from towerq.contract.times import limit_text
 from worker import gang, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import GpuState
 from worker.launch import Launch, code_seen, in_sandbox, input_paths, start_trainer, trainer_environment, trainer_user
 from worker.outcome import Stop
+from worker.processes import signal_program
 from worker.relay import program_metrics_log
 
 CHECKPOINTS = "checkpoints"
@@ -74,6 +79,8 @@ def program_environment(launch: Launch, settings: Settings, seen_folder: Path, s
     env["TOWERQ_OUTPUT_DIR"] = str(seen_folder / OUTPUT)
     env["TOWERQ_GPU_COUNT"] = str(len(launch.indices))
     env["TOWERQ_BATCH_GPUS"] = str(launch.spec.get("gpu_count") or len(launch.indices))
+    if launch.spec.get("signal"):  # the warning it asked for: `worker.gang` hands it to each rank
+        env[gang.SIGNAL_ENV] = launch.spec["signal"]
     if launch.rank == 0:  # towerq.report(): the other ranks' points are not the job's
         env["TOWERQ_METRICS_LOG"] = str(seen_folder / program_metrics_log(launch.attempt))
     if launch.inputs:
@@ -173,6 +180,8 @@ class ProgramRunner(AttemptRunner):
     """Since when its processes have held more GPU memory than its share (`_watch`)."""
     _replaced = False
     """A resumed attempt's first point came (`_event`)."""
+    _warned_for: int | None = None
+    """The time limit the program was warned of (`_warn`)."""
 
     def _prepare(self) -> Starter:
         settings, launch = self.settings, self.launch
@@ -192,6 +201,25 @@ class ProgramRunner(AttemptRunner):
 
     def _ports(self) -> int:
         return ports_per_rank(self.launch)
+
+    def _check(self, elapsed: float) -> None:
+        super()._check(elapsed)
+        self._warn(elapsed)
+
+    def _warn(self, elapsed: float) -> None:
+        """The job's `signal` (`USR1@600`) to the program, once, that long before the time
+        limit stops it; once more if the limit changes after (`towerq update`). Not while
+        it is being stopped, nor before its process started (tried again a second later)."""
+        said, limit = self.launch.spec.get("signal"), self.launch.time_limit_s
+        if said is None or limit is None or self._warned_for == limit or self.process is None:
+            return
+        name, before = limit_signal(said)
+        if elapsed < limit - before or self._stop_requested.is_set() or self.process.poll() is not None:
+            return
+        if signal_program(self.process.pid, getattr(signal, f"SIG{name}"), self.sandboxed):
+            self._warned_for = limit
+            left = max(0, round(limit - elapsed))
+            self.sink.log("info", f"SIG{name} sent: the time limit of {limit_text(limit)} stops it in {left} s")
 
     def _takes(self, event: events.TrainerEvent | events.Refused) -> bool:
         """Only what a program may say (a `started`, `done`, ... line is the trainer's word:

@@ -6,12 +6,12 @@ on its end."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from service.core.exceptions import ForbiddenError, StateConflictError
+from service.core.exceptions import ForbiddenError, SpecError, StateConflictError
 from service.core.lifecycle import locked_job, record_state
 from service.core.models import Job, JobState
 from service.core.publish import kick_scheduler
@@ -20,6 +20,7 @@ from service.executors import Executor, ExecutorError
 from service.jobs.submit import check_session_time_limit
 from service.lab.auth import Caller
 from service.scheduler.handover import attempt_of
+from towerq.contract.signals import limit_signal
 from towerq.contract.spec import Priority, Visibility, is_notebook
 from towerq.contract.times import limit_text
 
@@ -64,12 +65,28 @@ def change_job(
         if is_notebook(job.spec):
             check_session_time_limit(caller, change.time_limit_s, settings)
         if job.state == JobState.QUEUED:
+            check_signal_lead(job.spec, change.time_limit_s)
             job.time_limit_s = change.time_limit_s
         else:
             retime(session, job, change.time_limit_s, caller, executor)
     job.spec = {**job.spec, **change.model_dump(mode="json", exclude_none=True)}
     session.flush()
     return job
+
+
+def check_signal_lead(spec: dict[str, Any], limit_s: int) -> None:
+    """A queued job's time limit stays longer than its `signal`'s lead, as at submit: else the
+    warning would come at the program's start, before it could catch it. A started job's may
+    be shortened past it (the warning then goes at once), as to stop it soon."""
+    if spec.get("signal") is None:
+        return
+    name, before = limit_signal(spec["signal"])
+    if limit_s <= before:
+        raise SpecError(
+            "time_limit_s",
+            f"{limit_s} s is within the {before} s its signal warns before the time limit ({name}@{before}): "
+            "the warning would come at its start",
+        )
 
 
 def retime(session: Session, job: Job, limit_s: int, caller: Caller, executor: Executor) -> None:

@@ -45,6 +45,10 @@ def add_run_command(commands: Any, command: Any) -> None:
         help="elastic (with --resumable): it may run on as few as N of its --gpus, resized from its checkpoint",
     )
     run.add_argument(
+        "--signal", default=None, metavar="SIG@SECONDS",
+        help="warn it before its --time-limit, as sbatch --signal: USR1@600 sends SIGUSR1 600 s before",
+    )  # fmt: skip
+    run.add_argument(
         "--per-gpu", action="store_true", help="one process per GPU, with RANK, WORLD_SIZE, MASTER_ADDR, TF_CONFIG"
     )
     run.add_argument(
@@ -116,6 +120,7 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         "network": args.network or None,
         "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
         "hold": getattr(args, "hold", False) or None,
+        "signal": getattr(args, "signal", None),
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
     return spec

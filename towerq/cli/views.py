@@ -206,6 +206,9 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
     rows.append(("speed", speed_text(latest, job.get("pace_s") if job["state"] == "running" else None)))
     if spec.get("time_limit_s"):
         rows.append(("time limit", time_limit_text(job, spec["time_limit_s"])))
+    if spec.get("signal"):
+        name, _, before = str(spec["signal"]).partition("@")
+        rows.append(("warning", f"SIG{name} {duration_text(int(before))} before its time limit (its signal)"))
     rows.append(("attempts", f"{job['attempts']} (crashes {job['crashes']} of {job['max_attempts']} allowed)"))
     if job.get("sweep_id"):
         rows.append(("sweep", str(job["sweep_id"])))

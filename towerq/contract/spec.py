@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from towerq.contract.signals import LimitSignal, limit_signal
 from towerq.contract.training import TrainSpec
 
 MAX_GPUS_PER_JOB = 64
@@ -184,6 +185,13 @@ class JobSpec(TrainSpec):
     time_limit_s: int | None = Field(
         default=None, ge=1, le=365 * 24 * 3600, description="stopped (after a checkpoint) when it runs longer"
     )
+    signal: Annotated[LimitSignal, Field(max_length=32)] | None = Field(
+        default=None,
+        description=(
+            "a command job: this signal to its program that many seconds before its time limit stops it, "
+            "as sbatch --signal: USR1@600 (USR1, USR2, HUP, INT or ALRM; 60 s when no @)"
+        ),
+    )
     max_attempts: int | None = Field(
         default=None,
         ge=1,
@@ -268,6 +276,8 @@ class JobSpec(TrainSpec):
             raise ValueError("processes: applies to command jobs only (a model job has a tower per GPU)")
         elif self.code is not None and ":" not in self.model:
             raise ValueError("with code, model names a function in the bundle: module:function")
+        if self.signal is not None:
+            self._check_signal()
         if len(set(self.after)) != len(self.after):
             raise ValueError("after: each job or sweep may be named only once")
         if self.name is None and self.kind == "notebook":
@@ -293,6 +303,19 @@ class JobSpec(TrainSpec):
             raise ValueError(
                 "min_gpu_count: a command job is resized by a stop and a restart from its checkpoint: "
                 "it must resume (resumable: true, reading TOWERQ_CHECKPOINT_DIR and the GPUs it is given)"
+            )
+
+    def _check_signal(self) -> None:
+        assert self.signal is not None
+        if self.command is None:
+            raise ValueError(
+                "signal: applies to command jobs only (a model job checkpoints on its own when its time limit stops it)"
+            )
+        name, before = limit_signal(self.signal)
+        if self.time_limit_s is not None and before >= self.time_limit_s:
+            raise ValueError(
+                f"signal: SIG{name} {before} s before the time limit would come at the start: "
+                f"time_limit_s is {self.time_limit_s}"
             )
 
     def _check_command(self) -> None:

@@ -155,6 +155,47 @@ def test_an_elastic_job_is_stored_with_its_least_size(alice: Api, db: Database) 
     assert stored == {response.json()["id"]: 1, rigid.json()["id"]: None}
 
 
+PROGRAM = {"command": ["python", "train.py"], "code": "0" * 64, "time_limit_s": 3600}
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({**PROGRAM, "signal": "TERM@60"}, "TERM: a program is warned with one of USR1, USR2, HUP, INT, ALRM"),
+        ({**PROGRAM, "signal": "KILL"}, "KILL: a program is warned with one of"),
+        ({**PROGRAM, "signal": "USR1 600"}, "'USR1 600': write SIGNAL@SECONDS, e.g. USR1@600"),
+        ({**PROGRAM, "signal": "USR1@0"}, "0 s: the warning comes 1 to 65535 s before the time limit"),
+        ({**PROGRAM, "signal": "USR1@3600"}, "signal: SIGUSR1 3600 s before the time limit would come at the start"),
+        ({**SPEC, "signal": "USR1@60"}, "signal: applies to command jobs only"),
+        ({"kind": "notebook", "signal": "USR1@60"}, "signal: applies to command jobs only"),
+    ],
+)
+def test_a_signal_before_the_time_limit_it_cannot_send_gets_422_naming_signal(
+    alice: Api, db: Database, spec: dict[str, object], words: str
+) -> None:
+    response = alice.post("/api/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert words in detail["msg"] and (detail["loc"][-1] == "signal" or detail["msg"].startswith("signal: "))
+    assert stored_jobs(db) == 0
+
+
+def test_a_queued_jobs_time_limit_stays_longer_than_its_signals_lead(alice: Api, settings: Settings) -> None:
+    """`signal` is stored as Slurm writes it (`SIGUSR1` → `USR1@60`); a queued job's time
+    limit changed to within its lead is refused as at submit (the warning would come at the
+    program's start, before it catches it)."""
+    bundle = alice.post("/api/code", files={"file": ("train.py", b"print(1)\n")}).json()["id"]
+    response = alice.post("/api/jobs", json={**PROGRAM, "code": bundle, "signal": "sigusr1"})
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["spec"]["signal"] == "USR1@60"
+    refused = alice.patch(f"/api/jobs/{job['id']}", json={"time_limit_s": 60})
+    assert refused.status_code == 422, refused.text
+    assert "time_limit_s: 60 s is within the 60 s its signal warns before the time limit (USR1@60)" in refused.text
+    taken = alice.patch(f"/api/jobs/{job['id']}", json={"time_limit_s": 61})
+    assert taken.status_code == 200 and taken.json()["spec"]["time_limit_s"] == 61, taken.text
+
+
 def test_options_that_apply_are_accepted(alice: Api) -> None:
     spec = {
         **SPEC,
