@@ -46,6 +46,7 @@ from worker.outcome import NotStarted, Outcome, Stop, is_runtime_noise, level_of
 from worker.processes import descendants, output_lines, signal_trainer
 from worker.rank_link import RankLink
 from worker.relay import MetricSink, parse_time
+from worker.sandbox_status import TrainerProcess, sandbox_failed
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,8 @@ class AttemptRunner:
             self._kill_group()
             self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
         finally:
+            if isinstance(self.process, TrainerProcess):
+                self.process.close_status()
             self.rank.close()
             self.folder_disk.close(self.outcome)
             self._after()
@@ -347,6 +350,7 @@ class AttemptRunner:
             time.sleep(defaults.KILL_CHECK_INTERVAL_S)
         self._exited_at = exited_at if exited_at is not None else time.monotonic()
         self.outcome.returncode = self.process.returncode
+        self.outcome.sandbox_failed = sandbox_failed(self.process, self.outcome.last_stderr)
 
     def _line(self, stream: str, raw: bytes) -> None:
         if len(raw) >= defaults.TRAINER_LINE_BYTES:

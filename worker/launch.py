@@ -30,6 +30,7 @@ from towerq.contract.runtime import RuntimeSpec, trainer_input
 from towerq.contract.versions import SPEC_VERSION
 from worker import disk_kind, sandbox
 from worker.cgroups import DEFAULT_SHARES, AttemptGroup, Limits
+from worker.sandbox_status import TrainerProcess, with_status
 from worker.trainer import tunnel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +323,8 @@ def start_trainer(
     """The process of one attempt (the trainer, or a command job's program), in a session of
     its own (and in the attempt's cgroups, before it runs anything), its output piped,
     working in `cwd` (the trainer: the job's artifacts folder, where a model's own relative
-    files land). `before_exec` runs in the child too, after joining the cgroups."""
+    files land). `before_exec` runs in the child too, after joining the cgroups. In the
+    sandbox bwrap says whether it started the command (`worker.sandbox_status`)."""
     joins = group.join if group is not None and group.exists else None
 
     def prepare() -> None:
@@ -331,16 +333,28 @@ def start_trainer(
         if before_exec is not None:
             before_exec()
 
-    return subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=prepare if joins is not None or before_exec is not None else None,
-    )
+    command, status, status_w = with_status(command)
+    try:
+        process = TrainerProcess(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=prepare if joins is not None or before_exec is not None else None,
+            pass_fds=() if status_w is None else (status_w,),
+        )
+    except BaseException:
+        if status is not None:
+            os.close(status)
+        raise
+    finally:
+        if status_w is not None:
+            os.close(status_w)
+    process.status_fd = status
+    return process
 
 
 def attempt_limits(launch: Launch, settings: Settings, host_gpus: int) -> Limits:

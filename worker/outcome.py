@@ -83,6 +83,9 @@ class Outcome:
     """A command job's program: it succeeds by exiting 0 (it says no `done`)."""
     session: bool = False
     """A notebook session: ended, not queued again, by its idle or time limit and the worker's stop."""
+    sandbox_failed: bool = False
+    """bwrap's setup failed before it ran the command (`worker.sandbox_status`): nothing of
+    the job ran; the attempt was lost, as a crash, and the job queues again."""
 
     @property
     def who(self) -> str:
@@ -127,8 +130,13 @@ class Outcome:
     @property
     def crashed(self) -> bool:
         """The attempt was lost, not the job's fault: it counts against max_attempts."""
-        lost = self.stop in (Stop.RENDEZVOUS, Stop.FROZEN, Stop.NO_DOOR)
+        lost = self.stop in (Stop.RENDEZVOUS, Stop.FROZEN, Stop.NO_DOOR) or self.never_ran
         return self.killed_from_outside or self.peer_lost or self.rank_died or lost
+
+    @property
+    def never_ran(self) -> bool:
+        """The sandbox never started the command, and nothing stopped it on purpose."""
+        return self.sandbox_failed and self.stop is None
 
     @property
     def trained(self) -> bool:
@@ -163,6 +171,9 @@ class Outcome:
             return JobState.FAILED, f"{self.stop_message} {where}"
         if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.NOT_READY, Stop.CANNOT_HERE):
             return JobState.FAILED, self.stop_message
+        if self.never_ran:
+            said = next((line for line in reversed(self.last_stderr) if line.strip()), "")
+            return JobState.QUEUED, f"the sandbox did not start ({said[-500:]}): queued again"
         if (self.done is not None or self.program) and self.returncode == 0:
             return JobState.SUCCEEDED, None
         if self.limits_hit:
