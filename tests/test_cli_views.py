@@ -352,7 +352,7 @@ def test_towerq_show_says_when_a_job_ran_for_how_long_and_when_its_time_limit_st
     assert row(lines, "finished") is not None
     assert row(job_page({**job, "state": "queued", "held": [], "started_at": None}), "run time") is None
     warned = {**ended, "spec": {"command": ["python", "t.py"], "time_limit_s": 3600, "signal": "USR1@600"}}
-    assert row(job_page(warned), "warning") == "SIGUSR1 10m00s before its time limit (its signal)"
+    assert row(job_page(warned), "warning") == "SIGUSR1 10m before its time limit (USR1@600)"
     assert row(lines, "warning") is None
 
 

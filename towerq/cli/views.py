@@ -7,6 +7,8 @@ import shlex
 from datetime import datetime, timedelta
 from typing import Any
 
+from towerq.contract.times import limit_text
+
 REASON_WIDTH = 70
 STEP_WIDTH = 11
 
@@ -208,7 +210,7 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
         rows.append(("time limit", time_limit_text(job, spec["time_limit_s"])))
     if spec.get("signal"):
         name, _, before = str(spec["signal"]).partition("@")
-        rows.append(("warning", f"SIG{name} {duration_text(int(before))} before its time limit (its signal)"))
+        rows.append(("warning", f"SIG{name} {limit_text(int(before))} before its time limit ({spec['signal']})"))
     rows.append(("attempts", f"{job['attempts']} (crashes {job['crashes']} of {job['max_attempts']} allowed)"))
     if job.get("sweep_id"):
         rows.append(("sweep", str(job["sweep_id"])))
