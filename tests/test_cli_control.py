@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_members_cancel_and_update_their_jobs_by_id_or_state(
     shown = towerq(tmp_path / "alice", "show", str(mine[0])).stdout
     assert "  time limit 48h00m" in shown.splitlines(), shown
     for args, code, said in (
-        ((), 2, "say what changes: --name, --priority or --time-limit"),
+        ((), 2, "say what changes: --name, --priority, --time-limit or --begin"),
         (("--time-limit", "5x"), 2, "'5x' is no duration: give seconds (5400), units (90m"),
         (("--priority", "high"), 1, "priority high is for admins"),
     ):
@@ -187,3 +188,44 @@ def test_a_chosen_job_that_moved_on_meanwhile_is_skipped_and_fails_nothing(capsy
     out, err = capsys.readouterr()
     assert out.splitlines() == ["job 2: on hold", "1 of 2 jobs put on hold, 1 refused"]
     assert err.strip() == "towerq: job 1 is running: only a queued job is put on hold (towerq cancel stops it)"
+
+
+def test_a_job_submitted_to_begin_later_waits_and_starts_when_its_begin_is_moved_to_now(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> None:
+    """`towerq submit --begin +2h` (as `sbatch --begin=now+2hours`): queued, saying until when
+    it waits; `towerq update ID --begin now` lets it start (as `scontrol update StartTime=`)."""
+    url = stack.start_api()
+    add_host("lab-a", 1)
+    stack.start_scheduler()  # no worker: a job placed stays dispatched
+    token = make_token("alice")
+    assert towerq(tmp_path / "alice", "login", url, "--token", token).returncode == 0
+    alice = Client(url, token)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(JOB))
+    submitted = towerq(tmp_path / "alice", "submit", str(spec), "--begin", "+2h")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.split()[1])
+    job = alice.job(job_id)
+    begins = job.data["spec"]["begin_at"]
+    clock = datetime.fromisoformat(begins).astimezone()
+    today = clock.date() == datetime.now().astimezone().date()
+    shown = clock.strftime("%H:%M" if today else "%b %d %H:%M")
+    assert submitted.stdout.strip().endswith(
+        f", queued, not before {shown} (towerq update {job_id} --begin now lets it start)"
+    )
+    reason = wait_for(lambda: alice.job(job_id).data["pending_reason"], 30, "the pass to say why it waits")
+    assert reason.startswith("not before ") and reason.endswith(
+        f"(its begin time: towerq update {job_id} --begin now lets it start)"
+    )
+    shows = towerq(tmp_path / "alice", "show", str(job_id)).stdout
+    assert f"  not before {shown}" in shows, shows
+    moved = towerq(tmp_path / "alice", "update", str(job_id), "--begin", "now")
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.startswith(f"job {job_id} (mlp-digits), queued: not before "), moved.stdout
+    wait_for(lambda: alice.job(job_id).data["state"] == "dispatched", 30, "the pass to place it")
+    late = towerq(tmp_path / "alice", "update", str(job_id), "--begin", "+1h")
+    assert (
+        late.returncode == 1
+        and f"job {job_id} is dispatched: its begin changes only before it first runs" in late.stderr
+    )

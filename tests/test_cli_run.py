@@ -141,3 +141,22 @@ def test_ages_are_units_and_never_read_a_date_or_a_time_of_day_as_one() -> None:
     assert when_from("20261123", "--since").startswith("2026-11-23T00:00:00")
     with pytest.raises(UsageError, match="an age"):
         when_from("12:00:00", "--since")
+
+
+def test_a_begin_is_a_time_of_day_an_offset_or_an_iso_time() -> None:
+    """`--begin` (and a reservation's `--start`/`--end`) as `sbatch --begin` takes it: a time
+    of day is its next one, local (later today, else tomorrow)."""
+    from datetime import UTC, datetime, timedelta
+
+    from towerq.cli.session import moment
+
+    base = datetime(2026, 12, 6, 20, 30, tzinfo=UTC).astimezone()  # 20:30 local, whatever the zone
+    assert moment("22:00", "--begin", base) == base.replace(hour=22, minute=0)
+    assert moment("08:15:30", "--begin", base) == base.replace(hour=8, minute=15, second=30) + timedelta(days=1)
+    assert moment("20:30", "--begin", base) == base + timedelta(days=1)  # now is not its next one
+    assert moment("+2h", "--begin", base) == moment("2h", "--begin", base) == base + timedelta(hours=2)
+    assert moment("now", "--begin", base) == base
+    assert moment("2026-12-07T09:00+00:00", "--begin") == datetime(2026, 12, 7, 9, tzinfo=UTC)
+    for bad in ("25:00", "22:60", "tomorrow", "9"):
+        with pytest.raises(UsageError, match="give a time of day \\(22:00\\), \\+2h / \\+1d, now, or an ISO time"):
+            moment(bad, "--begin", base)

@@ -154,14 +154,21 @@ class Client:
         return Job(self, self.request("POST", f"/api/jobs/{job_id}/release"))
 
     def change(
-        self, job_id: int, *, name: str | None = None, priority: str | None = None, time_limit_s: int | None = None
+        self,
+        job_id: int,
+        *,
+        name: str | None = None,
+        priority: str | None = None,
+        time_limit_s: int | None = None,
+        begin_at: str | None = None,
     ) -> Job:
         """Rename a job (at any time), change a queued job's `priority` (`low`, `normal`,
-        `high`: up to your highest), or its `time_limit_s` until it ends (a running job's
-        counts from its start; once it started only an admin lengthens it, `ApiError` 403);
-        only the fields given change. A job that has left the queue keeps its priority, an
+        `high`: up to your highest), its `begin_at` until it first runs (an ISO time: it
+        starts no earlier), or its `time_limit_s` until it ends (a running job's counts from
+        its start; once it started only an admin lengthens it, `ApiError` 403); only the
+        fields given change. A job that has left the queue keeps its priority and begin, an
         ended one its time limit (`ApiError` 409)."""
-        fields = {"name": name, "priority": priority, "time_limit_s": time_limit_s}
+        fields = {"name": name, "priority": priority, "time_limit_s": time_limit_s, "begin_at": begin_at}
         body = {key: value for key, value in fields.items() if value is not None}
         return Job(self, self.request("PATCH", f"/api/jobs/{job_id}", json=body))
 

@@ -219,9 +219,11 @@ def requeue(session: Session, job: Job, reason: str, crashed: bool) -> None:
 
 def off_hold(job: Job) -> None:
     """The job is on hold no more: its time on hold is counted as no wait (`held_s`, and
-    before its first start `wait_held_s`)."""
+    before its first start `wait_held_s`), but for what came before its begin, counted so
+    from its submit (`service.jobs.begin`)."""
     if job.on_hold_at is not None:
-        held = max(0.0, (utcnow() - job.on_hold_at).total_seconds())
+        since = job.on_hold_at if job.begin_at is None else max(job.on_hold_at, job.begin_at)
+        held = max(0.0, (utcnow() - since).total_seconds())  # before its begin it was no wait already
         job.held_s += held
         if job.attempts <= 1 and job.started_at is None:  # a job back in the queue is on a later attempt
             job.wait_held_s += held

@@ -1,8 +1,8 @@
 """What may change about a job after submission, and by whom: the name and who reads its
-outputs always; priority while it is queued; the time limit until it ends (owner or admin),
-but once the job has started (dispatched, running) only an admin lengthens it, as in Slurm:
-the scheduler placed it by that limit (a reservation, a backfill) and others' starts count
-on its end."""
+outputs always; priority while it is queued; its begin until it first runs; the time limit
+until it ends (owner or admin), but once the job has started (dispatched, running) only an
+admin lengthens it, as in Slurm: the scheduler placed it by that limit (a reservation, a
+backfill) and others' starts count on its end."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from service.core.models import Job, JobState
 from service.core.publish import kick_scheduler
 from service.core.settings import Settings
 from service.executors import Executor, ExecutorError
+from service.jobs.begin import set_begin
 from service.jobs.submit import check_session_time_limit
 from service.lab.auth import Caller
 from service.scheduler.handover import attempt_of
 from towerq.contract.signals import limit_signal
 from towerq.contract.spec import Priority, Visibility, is_notebook
-from towerq.contract.times import limit_text
+from towerq.contract.times import Moment, limit_text
 
 
 class JobChange(BaseModel):
@@ -35,6 +36,9 @@ class JobChange(BaseModel):
     priority: Priority | None = None
     time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
     visibility: Visibility | None = None
+    begin_at: Moment | None = Field(
+        default=None, description="a queued job that never ran: it starts no earlier than this (now: at once)"
+    )
 
 
 def change_job(
@@ -55,6 +59,12 @@ def change_job(
         raise StateConflictError(f"job {job_id} is {job.state}: its priority changes only while it is queued")
     if change.time_limit_s is not None and JobState(job.state).is_final:
         raise StateConflictError(f"job {job_id} is {job.state}: its time limit no longer changes")
+    if change.begin_at is not None:
+        if job.state != JobState.QUEUED or job.started_at is not None or job.attempts > 1:
+            raise StateConflictError(f"job {job_id} is {job.state}: its begin changes only before it first runs")
+        set_begin(job, change.begin_at)
+        job.pending_reason = None  # the next pass says it anew
+        kick_scheduler(session)
     if change.name is not None:
         job.name = change.name
     if change.priority is not None:

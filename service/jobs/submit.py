@@ -18,6 +18,7 @@ from service.core.models import Group, Job, JobState, User, session_refusals, ut
 from service.core.schemas.jobs import JobDetailOut
 from service.core.settings import Settings
 from service.executors import executor_for
+from service.jobs.begin import deferred_s
 from service.jobs.dependencies import resolve_after
 from service.jobs.fit import check_memory_fraction, check_resources
 from service.jobs.intake import Submission, SubmissionWriter, store_submissions
@@ -274,6 +275,7 @@ def new_job(caller: Caller, spec: JobSpec, host: str | None, settings: Settings,
         updated_at=now,
         on_hold_by=caller.name if spec.hold else None,
         on_hold_at=now if spec.hold else None,
-        held_s=0.0,
-        wait_held_s=0.0,
+        held_s=deferred_s(now, spec.begin_at),  # the time before its begin is no wait
+        wait_held_s=deferred_s(now, spec.begin_at),
+        begin_at=spec.begin_at,
     )

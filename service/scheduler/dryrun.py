@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from service.core.models import Job
 from service.core.settings import Settings
-from service.scheduler.explain import describe
+from service.scheduler.explain import clock, describe
 from service.scheduler.forecast import forecast, in_queue_order
 from service.scheduler.holdbacks import dependency_wait
 from service.scheduler.policy import schedule
@@ -61,6 +61,8 @@ def estimate(
             return Estimate(False, None, None, None, f"{waits}: no start estimate until then")
     now = datetime.now(UTC)
     t = now.timestamp()
+    if spec.begin_at is not None and spec.begin_at > now:
+        return Estimate(False, None, None, None, f"not before {clock(spec.begin_at.timestamp(), t)} (its begin time)")
     queued, cluster, fair_share, history = live_inputs(
         session, settings.fair_share_half_life_s, settings.user_gpu_limit, now
     )

@@ -1,24 +1,38 @@
 """Queued jobs that may not start yet, and why: those on hold (`towerq hold`), those waiting
-for the jobs they name in `after` (a dependency), those their sweep's `max_parallel` holds
-back, and those that never can (a job they need to succeed failed or was cancelled). Each
-pass leaves the first three out of the policy's queue and cancels the last (`live`,
-`handover`); a dry run says the same."""
+for the jobs they name in `after` (a dependency), those whose begin time is ahead (`towerq
+run --begin`), those their sweep's `max_parallel` holds back, and those that never can (a
+job they need to succeed failed or was cancelled). Each pass leaves the first four out of
+the policy's queue and cancels the last (`live`, `handover`); a dry run says the same."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.core.models import FINAL_STATES, HOLDING_STATES, UNSUCCESSFUL_STATES, Job, JobState, Sweep, User
+from service.core.models import (
+    FINAL_STATES,
+    HOLDING_STATES,
+    UNSUCCESSFUL_STATES,
+    Job,
+    JobState,
+    Sweep,
+    User,
+    utcnow,
+)
+from service.scheduler.explain import clock
 
 
 def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
     """Queued jobs that may not start yet, with the reason: those on hold, those waiting for
-    the jobs they name in `after`, then those their sweep's `max_parallel` holds back. And
+    the jobs they name in `after`, those whose begin is ahead, then those their sweep's
+    `max_parallel` holds back. And
     the jobs that never can (one they need to succeed failed or was cancelled), with why:
     each pass cancels those, on hold or not."""
     waiting, never = held_by_dependencies(session, queued_ids)
     waiting.update((i, why) for i, why in on_hold(session).items() if i not in never)
+    waiting.update((i, why) for i, why in not_begun(session).items() if i not in never and i not in waiting)
     free = [i for i in queued_ids if i not in waiting and i not in never]
     return {**waiting, **held_by_sweeps(session, free)}, never
 
@@ -31,6 +45,20 @@ def on_hold(session: Session) -> dict[int, str]:
         .where(Job.state == JobState.QUEUED, Job.on_hold_by.is_not(None))
     ).all()
     return {job_id: hold_reason(job_id, holder or "", owner) for job_id, holder, owner in rows}
+
+
+def not_begun(session: Session) -> dict[int, str]:
+    """The queued jobs whose begin time is still ahead (`service.jobs.begin`), with when;
+    one small query."""
+    now = utcnow()
+    rows = session.execute(select(Job.id, Job.begin_at).where(Job.state == JobState.QUEUED, Job.begin_at > now)).all()
+    return {job_id: begin_reason(job_id, begin_at, now) for job_id, begin_at in rows if begin_at is not None}
+
+
+def begin_reason(job_id: int, begin_at: datetime, now: datetime) -> str:
+    """`not before 22:00 (its begin time: towerq update 12 --begin now lets it start)`."""
+    when = clock(begin_at.timestamp(), now.timestamp())
+    return f"not before {when} (its begin time: towerq update {job_id} --begin now lets it start)"
 
 
 def hold_reason(job_id: int, holder: str, owner: str) -> str:

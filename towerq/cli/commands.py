@@ -29,7 +29,7 @@ from towerq.cli.reports import (
     run_sweeps,
     run_usage,
 )
-from towerq.cli.run import add_run_command, held
+from towerq.cli.run import add_run_command, begun, held
 from towerq.cli.session import (
     Api,
     UsageError,
@@ -126,6 +126,10 @@ def _add_submit(command: CommandMaker) -> None:
     submit.add_argument(
         "--hold", action="store_true", help="queue it on hold: it starts once released (towerq release ID)"
     )
+    submit.add_argument(
+        "--begin", default=None, metavar="WHEN",
+        help="start no earlier than this, as sbatch --begin: 22:00 (its next one), +2h, 2026-12-07T09:00",
+    )  # fmt: skip
     output_option(submit)
     submit.set_defaults(run=run_submit)
 
@@ -250,6 +254,8 @@ def run_submit(args: argparse.Namespace) -> int:
         spec["group"] = args.group
     if args.hold:
         spec["hold"] = True
+    if args.begin:
+        spec["begin_at"] = begun(args)
     api = Api(args)
     if args.dry_run:
         if args.code is not None:
@@ -267,7 +273,7 @@ def run_submit(args: argparse.Namespace) -> int:
             job.wait()
         print_json(job.data)
         return EXIT_FOR_STATE.get(job.data["state"], 1) if args.follow else 0
-    print(f"job {job.id} submitted ({job.name}), {job.state}{held(job.id, bool(spec.get('hold')))}", flush=True)
+    print(f"job {job.id} submitted ({job.name}), {job.state}{held(job)}", flush=True)
     if args.follow:
         return follow_job(api.client, job.id)
     return 0

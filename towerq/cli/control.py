@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerq.cli import views
+from towerq.cli.run import begun
 from towerq.cli.session import PRIORITIES, Api, ClientError, UsageError, duration
 from towerq.client import Client, Job
 from towerq.errors import ApiError
@@ -42,7 +43,9 @@ def add_control_commands(command: Any) -> None:
         sub.add_argument("--user", default=None, help=f"every job of this user {whose} (admins: anyone's)")
         sub.set_defaults(run=run_hold if name == "hold" else run_release)
 
-    update = command("update", "change a job: its name; while it is queued, its priority; its time limit until it ends")
+    update = command(
+        "update", "change a job: its name; while queued, its priority and begin; its time limit until it ends"
+    )
     update.add_argument("id", type=int)
     update.add_argument("--name", default=None)
     update.add_argument("--priority", choices=PRIORITIES, default=None)
@@ -52,6 +55,10 @@ def add_control_commands(command: Any) -> None:
             "stop it after this long once it runs: 2h, 90m, 1:30:00 (a number alone: seconds); a running job's "
             "counts from its start (only admins lengthen a started job's)"
         ),
+    )  # fmt: skip
+    update.add_argument(
+        "--begin", default=None, metavar="WHEN",
+        help="a queued job that never ran starts no earlier than this: 22:00, +2h, an ISO time; now: at once",
     )  # fmt: skip
     update.set_defaults(run=run_update)
 
@@ -168,9 +175,11 @@ def each(ids: list[int], act: Callable[[int], Job], said: Callable[[Job], str], 
 
 
 def run_update(args: argparse.Namespace) -> int:
-    if args.name is None and args.priority is None and args.time_limit is None:
-        raise UsageError("say what changes: --name, --priority or --time-limit")
-    job = Api(args).client.change(args.id, name=args.name, priority=args.priority, time_limit_s=args.time_limit)
+    if args.name is None and args.priority is None and args.time_limit is None and args.begin is None:
+        raise UsageError("say what changes: --name, --priority, --time-limit or --begin")
+    job = Api(args).client.change(
+        args.id, name=args.name, priority=args.priority, time_limit_s=args.time_limit, begin_at=begun(args)
+    )
     print(f"job {job.id} ({job.name}), {job.state}: {changed(job, args)}")
     return 0
 
@@ -183,6 +192,8 @@ def changed(job: Job, args: argparse.Namespace) -> str:
         said.append(f"priority {job.data['priority']}")
     if args.time_limit is not None:
         said.append(f"time limit {views.duration_text(job.data['spec'].get('time_limit_s'))}")
+    if args.begin is not None:
+        said.append(f"not before {views.local_clock(job.data['spec']['begin_at'])}")
     return ", ".join(said)
 
 

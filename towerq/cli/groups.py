@@ -4,10 +4,10 @@ the GPUs kept for them over a window (changes: admins)."""
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from towerq.cli.session import Api, UsageError, connection_options, offset_in, output_option, print_json
+from towerq.cli.session import Api, UsageError, connection_options, moment, output_option, print_json
 
 NO_LIMIT = "none"
 
@@ -75,21 +75,6 @@ def add_reservation_commands(commands: Any) -> None:
     delete = _action(actions, "delete", "end a reservation now, or take back one not begun")
     delete.add_argument("id", type=int)
     delete.set_defaults(run=run_reservation_delete)
-
-
-def moment(text: str, option: str, after: datetime | None = None) -> datetime:
-    """`now`, `+2h` or `2h` (`1h30m`, `1d`: from `after`, else now), or an ISO time (local
-    when it names no zone)."""
-    base = after or datetime.now(UTC)
-    if text == "now":
-        return base
-    if (offset := offset_in(text.removeprefix("+"))) is not None:
-        return base + timedelta(seconds=offset)
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: give an ISO time (2026-12-01T09:00), now, or +2h / +1d") from None
-    return parsed if parsed.tzinfo else parsed.astimezone()
 
 
 def _local(iso: str) -> str:

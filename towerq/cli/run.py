@@ -10,12 +10,15 @@ detaches (the job runs on); with `--cancel-on-interrupt` it cancels.
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from towerq.bundle import FolderError
+from towerq.cli import views
 from towerq.cli.follow import follow_job
-from towerq.cli.session import PRIORITIES, Api, UsageError, duration
+from towerq.cli.session import PRIORITIES, Api, UsageError, duration, moment
+from towerq.client import Job
 
 
 def upload_folder(api: Api, folder: Path) -> str:
@@ -82,6 +85,10 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
         "--time-limit", type=duration, default=None, metavar="DURATION",
         help="stop it after this long: 2h, 90m, 1:30:00 (a number alone: seconds)",
     )  # fmt: skip
+    parser.add_argument(
+        "--begin", default=None, metavar="WHEN",
+        help="start no earlier than this, as sbatch --begin: 22:00 (its next one), +2h, 2026-12-07T09:00",
+    )  # fmt: skip
     parser.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
     parser.add_argument("--group", default=None)
 
@@ -95,9 +102,15 @@ def placement_fields(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_memory_fraction": args.fraction,
         "name": args.name,
         "time_limit_s": args.time_limit,
+        "begin_at": begun(args),
         "dataset": args.dataset,
         "group": args.group,
     }
+
+
+def begun(args: argparse.Namespace) -> str | None:
+    """`--begin` as the spec's `begin_at`, an ISO time with its zone."""
+    return moment(args.begin, "--begin").isoformat() if getattr(args, "begin", None) else None
 
 
 def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
@@ -126,9 +139,15 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
     return spec
 
 
-def held(job_id: int, hold: bool) -> str:
-    """What a submit on hold adds to the line that says it: how to let it start."""
-    return f" on hold: towerq release {job_id} lets it start" if hold else ""
+def held(job: Job) -> str:
+    """What a submit on hold, or with its begin ahead, adds to the line that says it: how to
+    let it start."""
+    if job.data.get("on_hold_by"):
+        return f" on hold: towerq release {job.id} lets it start"
+    begin = job.data["spec"].get("begin_at")
+    if begin and datetime.fromisoformat(begin) > datetime.now(UTC):
+        return f", not before {views.local_clock(begin)} (towerq update {job.id} --begin now lets it start)"
+    return ""
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -137,7 +156,7 @@ def run_run(args: argparse.Namespace) -> int:
         raise UsageError("name the program after --, e.g. towerq run --gpus 1 -- python train.py")
     code = upload_folder(api, args.folder)
     job = api.client.submit(run_spec(args, code))
-    print(f"job {job.id} submitted ({job.name}), {job.state}{held(job.id, args.hold)}", flush=True)
+    print(f"job {job.id} submitted ({job.name}), {job.state}{held(job)}", flush=True)
     if args.detach or args.hold:
         return 0
     try:

@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,32 @@ def offset_in(text: str) -> float | None:
     """The seconds an age or an offset says in units (`7d`, `2h`, `1h30m`), None for anything
     else: never a number alone, a date (`20261123`) or a time of day (`12:00:00`)."""
     return seconds_in(text) if UNIT_TERMS.fullmatch(text.strip().lower()) else None
+
+
+TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
+MOMENT_FORMS = "a time of day (22:00), +2h / +1d, now, or an ISO time (2026-12-01T09:00)"
+
+
+def moment(text: str, option: str, after: datetime | None = None) -> datetime:
+    """`now`, `+2h` or `2h` (`1h30m`, `1d`: from `after`, else now), a time of day (`22:00`,
+    `22:00:30`: its next one after that, local, as `sbatch --begin=22:00`), or an ISO time
+    (local when it names no zone)."""
+    base = after or datetime.now(UTC)
+    text = text.strip()
+    if text == "now":
+        return base
+    if (offset := offset_in(text.removeprefix("+"))) is not None:
+        return base + timedelta(seconds=offset)
+    if found := TIME_OF_DAY.fullmatch(text):
+        local = base.astimezone()
+        hour, minute, second = (int(part or 0) for part in found.groups())
+        at = local.replace(hour=hour, minute=minute, second=second, microsecond=0)
+        return at if at > local else at + timedelta(days=1)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give {MOMENT_FORMS}") from None
+    return parsed if parsed.tzinfo else parsed.astimezone()
 
 
 def duration(text: str) -> int:

@@ -34,19 +34,19 @@ def steps(job: dict[str, Any]) -> str:
 
 def expected_start_text(job: dict[str, Any]) -> str:
     """`~14:05 on lab-a` (local time; with the date when not today), from the scheduler's replay."""
-    clock = _local_clock(job["expected_start_at"])
+    clock = local_clock(job["expected_start_at"])
     host = job.get("expected_host")
     return f"~{clock} on {host}" if host else f"~{clock}"
 
 
 def reservation_text(kept: dict[str, Any]) -> str:
     """`reserved for nlp until 18:00` (in its window), `reserved for nlp from 06:31 to 10:31`."""
-    start, end = (_local_clock(kept[key]) for key in ("start_at", "end_at"))
+    start, end = (local_clock(kept[key]) for key in ("start_at", "end_at"))
     window = f"until {end}" if kept["now"] else f"from {start} to {end}"
     return f"reserved for {kept['group']} {window} (reservation {kept['id']})"
 
 
-def _local_clock(at: str) -> str:
+def local_clock(at: str) -> str:
     """`14:05` in local time; with the date when it is not today."""
     when = datetime.fromisoformat(at).astimezone()
     today = when.date() == datetime.now().astimezone().date()
@@ -86,7 +86,7 @@ def expected_end_text(at: str) -> str:
     left = max(0, int((datetime.fromisoformat(at).astimezone() - datetime.now().astimezone()).total_seconds()))
     hours, rest = divmod(left, 3600)
     span = f"{hours}h {rest // 60:02d}m" if hours else f"{rest // 60}m {rest % 60:02d}s"
-    return f"~{_local_clock(at)} (in {span})"
+    return f"~{local_clock(at)} (in {span})"
 
 
 def time_limit_text(job: dict[str, Any], limit_s: int) -> str:
@@ -96,7 +96,7 @@ def time_limit_text(job: dict[str, Any], limit_s: int) -> str:
     if job["state"] != "running" or not held or held[-1].get("until"):
         return duration_text(limit_s)
     stops = datetime.fromisoformat(held[-1]["since"]) + timedelta(seconds=limit_s)
-    return f"{duration_text(limit_s)} (stops it ~{_local_clock(stops.isoformat())})"
+    return f"{duration_text(limit_s)} (stops it ~{local_clock(stops.isoformat())})"
 
 
 def run_time_text(held: list[dict[str, Any]]) -> str | None:
@@ -208,6 +208,8 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
     rows.append(("speed", speed_text(latest, job.get("pace_s") if job["state"] == "running" else None)))
     if spec.get("time_limit_s"):
         rows.append(("time limit", time_limit_text(job, spec["time_limit_s"])))
+    if spec.get("begin_at"):
+        rows.append(("not before", local_clock(spec["begin_at"])))
     if spec.get("signal"):
         name, _, before = str(spec["signal"]).partition("@")
         rows.append(("warning", f"SIG{name} {limit_text(int(before))} before its time limit ({spec['signal']})"))

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from towerq.contract.signals import LimitSignal, limit_signal
+from towerq.contract.times import Moment
 from towerq.contract.training import TrainSpec
 
 MAX_GPUS_PER_JOB = 64
@@ -70,6 +71,8 @@ RESERVED_ENV_NAMES = frozenset(
 )
 """What a command job's `env` may not set: what towerq sets for the program (its GPUs, ranks,
 folders, memory hints), and what changes how every program of the sandbox loads."""
+OMITTED_WHEN_UNSET = ("kind", "idle_timeout_s", "signal", "begin_at")
+"""Fields a stored spec has only where they are set (`JobSpec.stored`)."""
 MODEL_ONLY_FIELDS = (
     "dataset_options",
     "hyperparameters",
@@ -216,6 +219,13 @@ class JobSpec(TrainSpec):
         default=None,
         pattern=r"^[0-9a-f]{64}$",
         description="a code bundle's id (POST /api/code): `model` is then `module:function` inside it",
+    )
+    begin_at: Moment | None = Field(
+        default=None,
+        description=(
+            "it starts no earlier than this (an ISO time; one without a zone is UTC), as sbatch --begin; "
+            "the time until then is no wait"
+        ),
     )
     hold: bool = Field(
         default=False,
@@ -364,10 +374,10 @@ class JobSpec(TrainSpec):
 
     def stored(self) -> dict[str, Any]:
         """The spec as the API stores it, defaults resolved; a command job's and a notebook
-        session's without the trainer's fields, which they do not have; `kind` and
-        `idle_timeout_s` only where they say something (a model or command job's spec reads
-        as before they existed)."""
-        unset = {name for name in ("kind", "idle_timeout_s") if getattr(self, name) is None}
+        session's without the trainer's fields, which they do not have; `kind`,
+        `idle_timeout_s`, `signal` and `begin_at` only where they say something (a spec
+        without them reads as before they existed, to a worker not yet upgraded too)."""
+        unset = {name for name in OMITTED_WHEN_UNSET if getattr(self, name) is None}
         if self.command is None and not self.is_notebook:
             return self.model_dump(mode="json", exclude=unset)
         return self.model_dump(mode="json", exclude={"model", *MODEL_ONLY_FIELDS, *unset})

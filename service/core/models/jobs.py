@@ -112,11 +112,16 @@ class Job(Base):
     pass, until they or an admin release it. None: not on hold."""
     on_hold_at: Mapped[datetime | None] = mapped_column(default=None)
     held_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    """Seconds it spent on hold, every hold together but the current one: not counted as
-    waiting (the scheduler's aging and order read it as submitted that much later)."""
+    """Seconds it could not start by its owner's or an admin's word: on hold, every hold
+    together but the current one, and before its `begin_at`. Not counted as waiting (the
+    scheduler's aging and order read it as submitted that much later)."""
     wait_held_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     """Of `held_s`, the seconds on hold before its first start: the wait figures (submit to
     first start: `towerq usage`, Prometheus' queue wait) leave them out (`wait_start`)."""
+    begin_at: Mapped[datetime | None] = mapped_column(default=None)
+    """It may not start before this (`begin_at` in its spec, as `sbatch --begin`): each pass
+    leaves it out until then. The time from its submit to then is no wait: it is in `held_s`
+    and `wait_held_s` from the submit (`service.jobs.begin`)."""
 
     # What the scheduler says about a queued job.
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)

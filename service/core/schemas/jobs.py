@@ -101,7 +101,11 @@ class JobOut(Out):
     )
     on_hold_at: datetime | None = Field(default=None, description="queued, on hold: when this hold began")
     held_s: float = Field(
-        default=0.0, description="seconds it spent on hold, every hold together but a current one: no wait"
+        default=0.0,
+        description=(
+            "seconds it could not start by its owner's or an admin's word, no wait: on hold (every hold but a "
+            "current one) and from its submit to its begin_at"
+        ),
     )
     reserved_start_at: datetime | None
     expected_start_at: datetime | None = Field(

@@ -16,6 +16,8 @@ from service.core.context import Context
 from service.core.exceptions import ForbiddenError, StateConflictError
 from service.core.lifecycle import finish, locked_job, requeue
 from service.core.models import Job, JobEvent, JobState, utcnow
+from service.executors import LocalExecutor
+from service.jobs.change import JobChange, change_job
 from service.jobs.holds import hold_job, release_job
 from service.lab.accounting import timeline, usage_report
 from service.lab.auth import Caller
@@ -190,3 +192,68 @@ def test_the_wait_figures_leave_out_time_on_hold_before_the_first_start(
     release(ctx, job_id, alice)
     job = job_row(ctx, job_id)
     assert 7200 <= job.held_s < 7260 and 3600 <= job.wait_held_s < 3660
+
+
+def test_a_job_waits_for_its_begin_time_which_is_no_wait(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """`"begin_at"` (`towerq run --begin`, as `sbatch --begin`): the job is left out of every
+    pass until then, its reason saying when; the time before it is no wait in the order and
+    the wait figures; moved to now (`towerq update --begin now`) it starts; once it ran, its
+    begin no longer changes. A hold before its begin adds nothing to that."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    later = (utcnow() + timedelta(hours=1)).isoformat()
+    deferred = submit_job(ctx, alice, begin_at=later)
+    plain = submit_job(ctx, alice)
+    scheduler = LiveScheduler(ctx)
+    report = scheduler.run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [plain]  # past the one not yet begun
+    job = job_row(ctx, deferred)
+    begins = job.begin_at
+    assert begins is not None and job.state == JobState.QUEUED and job.queue_position is None
+    assert job.reason == (
+        f"not before {begins.astimezone().strftime('%H:%M')} (its begin time: towerq update {deferred} --begin now "
+        "lets it start)"
+    )
+    assert 3590 <= job.held_s <= 3600 and job.wait_held_s == job.held_s  # an hour that is no wait
+    with ctx.db.read() as session:
+        guess = estimate(session, ctx.settings, "alice", JobSpec.model_validate({**JOB, "begin_at": later}), None)
+    assert not guess.starts_now and guess.reason.startswith("not before "), guess
+
+    hold(ctx, deferred, alice)  # a hold while its begin is ahead: that time is no wait already
+    release(ctx, deferred, alice)
+    assert job_row(ctx, deferred).held_s == job.held_s
+
+    with ctx.db.write() as session:
+        change_job(session, deferred, JobChange(begin_at=utcnow()), alice, ctx.settings, LocalExecutor(ctx.redis))
+        finish(session, plain, 1, JobState.SUCCEEDED)
+    job = job_row(ctx, deferred)
+    assert job.held_s < 5 and job.wait_held_s == job.held_s  # it was no wait from its submit to now
+    report = scheduler.run_pass()
+    assert report is not None and [p[0] for p in report.placed] == [deferred]
+    with ctx.db.write() as session, pytest.raises(StateConflictError, match="its begin changes only before it"):
+        change_job(session, deferred, JobChange(begin_at=later), alice, ctx.settings, LocalExecutor(ctx.redis))
+
+
+def test_a_job_with_its_begin_ahead_comes_after_those_that_waited_meanwhile(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """Its place in line counts from its begin, as Slurm's age counts from a job's eligible
+    time: a job submitted two hours ago to begin an hour ago comes after one submitted 90
+    minutes ago."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    blocker = submit_job(ctx, alice)
+    LiveScheduler(ctx).run_pass()
+    early = submit_job(ctx, alice, begin_at=(utcnow() + timedelta(hours=1)).isoformat())
+    late = submit_job(ctx, alice)
+    with ctx.db.write() as session:  # as if `early` came two hours ago, to begin an hour ago
+        row = session.get(Job, early)
+        assert row is not None and row.begin_at is not None
+        row.created_at, row.begin_at = row.created_at - timedelta(hours=2), row.begin_at - timedelta(hours=2)
+        session.execute(update(Job).where(Job.id == late).values(created_at=utcnow() - timedelta(minutes=90)))
+    scheduler = LiveScheduler(ctx)
+    scheduler.run_pass()
+    assert [job_row(ctx, i).queue_position for i in (early, late)] == [2, 1]
+    assert job_row(ctx, blocker).state == JobState.DISPATCHED
