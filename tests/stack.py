@@ -202,6 +202,17 @@ class Stack:
         """A worker, started in `cwd` (as `towerq up` in a lab's folder would be)."""
         return self.spawn(f"worker-{name}", "worker", "--name", name, cwd=cwd, simulated_gpus=gpus, **env)
 
+    def sandboxed_lab(self, token: str, gpus: int = 1) -> httpx.Client:
+        """The API, a scheduler and one worker (lab-a, `gpus` simulated GPUs) that runs every
+        attempt in bubblewrap with no warm trainer: a command job's lab. A client as `token`'s
+        user, once the worker registered its GPUs."""
+        self.start_api()
+        self.start_scheduler()
+        self.start_worker("lab-a", gpus, sandbox="bwrap", trainer_pool=0)
+        client = self.client(token)
+        wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+        return client
+
     def client(self, token: str) -> httpx.Client:
         assert self.api_url is not None
         return httpx.Client(base_url=self.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)

@@ -65,11 +65,7 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 def test_a_numpy_program_runs_reports_and_leaves_its_output(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
-    stack.start_api()
-    stack.start_scheduler()
-    stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = stack.sandboxed_lab(make_token("alice"), 2)
     code = upload_code(client, {"train.py": TRAIN})
     spec = {
         "command": ["python", "train.py", "--steps", "20"],
@@ -111,11 +107,7 @@ def test_a_numpy_program_runs_reports_and_leaves_its_output(
 def test_a_failing_program_fails_with_its_last_words(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
-    stack.start_api()
-    stack.start_scheduler()
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = stack.sandboxed_lab(make_token("alice"))
     code = upload_code(
         client, {"crash.py": "import sys\nprint('working')\nraise SystemExit('no data found in /data')\n"}
     )

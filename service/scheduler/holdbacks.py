@@ -27,9 +27,8 @@ from service.scheduler.explain import clock
 def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
     """Queued jobs that may not start yet, with the reason: those on hold, those waiting for
     the jobs they name in `after`, those whose begin is ahead, then those their sweep's
-    `max_parallel` holds back. And
-    the jobs that never can (one they need to succeed failed or was cancelled), with why:
-    each pass cancels those, on hold or not."""
+    `max_parallel` holds back. And the jobs that never can (one they need to succeed failed
+    or was cancelled), with why: each pass cancels those, on hold or not."""
     waiting, never = held_by_dependencies(session, queued_ids)
     waiting.update((i, why) for i, why in on_hold(session).items() if i not in never)
     waiting.update((i, why) for i, why in not_begun(session).items() if i not in never and i not in waiting)

@@ -22,11 +22,7 @@ pytestmark = pytest.mark.slow
 def test_a_sandbox_that_did_not_start_queues_the_job_again_and_it_runs_once_it_can(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
-    stack.start_api()
-    stack.start_scheduler()
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPU")
+    client = stack.sandboxed_lab(make_token("alice"))
     code = upload_code(client, {"hello.py": "print('hello from the program')\n"})
     folder = bundle_root(settings.code_dir, code)
     aside = folder.with_name("aside")

@@ -11,7 +11,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.faults.helpers import FINAL, wait_state
-from tests.stack import Stack, upload_code, wait_for
+from tests.stack import Stack, upload_code
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +32,7 @@ sys.exit(1)
 def test_a_program_that_says_bwraps_words_fails_as_itself(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
-    stack.start_api()
-    stack.start_scheduler()
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPU")
+    client = stack.sandboxed_lab(make_token("alice"))
     code = upload_code(client, {"forger.py": FORGER})
     job_id = client.post("/api/jobs", json={"command": ["python", "forger.py"], "code": code}).json()["id"]
     done = wait_state(client, job_id, FINAL, 120)
