@@ -6,7 +6,7 @@ the shared state when Prometheus scrapes. The counters and histograms only grow 
 never deleted), as Prometheus expects of them:
 
 - `towerq_jobs{state,user}`, `towerq_queue_length` (those on hold apart:
-  `towerq_jobs_on_hold`), `towerq_hosts{state}`,
+  `towerq_jobs_on_hold`; those whose begin is ahead: `towerq_jobs_not_begun`), `towerq_hosts{state}`,
   `towerq_gpus`, `towerq_gpus_allocated` (fractions summed), `towerq_gpus_by_state{host,state}`
   (free, held, drained, down), `towerq_gpu_utilization_ratio{host,gpu}` (NVML GPUs);
 - `towerq_submissions_total`, `towerq_crashes_total`;
@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from service.core import keys
 from service.core.db import Database
-from service.core.models import Allocation, Gpu, Host, HostState, Job, JobEvent, JobState, User, wait_start
+from service.core.models import Allocation, Gpu, Host, HostState, Job, JobEvent, JobState, User, utcnow, wait_start
 
 WAIT_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -75,9 +75,18 @@ class TowerqCollector(Collector):
         yield jobs
         on_hold = select(Job.state, func.count(Job.id)).where(Job.on_hold_by.is_not(None)).group_by(Job.state)
         held: dict[str, int] = {state: count for state, count in session.execute(on_hold)}  # queued; Slurm's pending
-        waiting = queued - held.get(JobState.QUEUED, 0)
-        yield GaugeMetricFamily("towerq_queue_length", "Jobs waiting for GPUs (not on hold).", value=waiting)
+        later = select(func.count(Job.id)).where(
+            Job.state == JobState.QUEUED, Job.on_hold_by.is_(None), Job.begin_at > utcnow()
+        )
+        not_begun = session.scalar(later) or 0  # not on hold, its begin ahead
+        waiting = queued - held.get(JobState.QUEUED, 0) - not_begun
+        yield GaugeMetricFamily(
+            "towerq_queue_length", "Jobs waiting for GPUs (not on hold, their begin time past).", value=waiting
+        )
         yield GaugeMetricFamily("towerq_jobs_on_hold", "Jobs on hold (towerq hold).", value=sum(held.values()))
+        yield GaugeMetricFamily(
+            "towerq_jobs_not_begun", "Queued jobs whose begin time is ahead (towerq run --begin).", value=not_begun
+        )
         submitted = session.scalar(select(func.count(Job.id))) or 0
         crashes = session.scalar(select(func.coalesce(func.sum(Job.crashes), 0))) or 0
         yield CounterMetricFamily("towerq_submissions", "Jobs submitted.", value=submitted)

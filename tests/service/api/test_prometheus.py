@@ -3,6 +3,8 @@ jobs and GPUs are, by state, user and host, from the shared database."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.service.api.conftest import Api
@@ -25,14 +27,17 @@ def test_metrics_count_jobs_queue_and_gpus_by_state(alice: Api, as_user, make_to
     for api in (alice, alice, bob):
         assert api.post("/api/jobs", json=SPEC).status_code == 201
     assert alice.post("/api/jobs", json={**SPEC, "hold": True}).status_code == 201  # queued, but not waiting
+    tonight = (datetime.now(UTC) + timedelta(hours=6)).isoformat()
+    assert bob.post("/api/jobs", json={**SPEC, "begin_at": tonight}).status_code == 201  # nor that one, yet
     admin = as_user("root", admin=True)
     assert admin.post("/api/gpus/lab-a/3/drain").status_code in (200, 202)
     samples = scrape(alice)
     assert samples[("towerq_jobs", (("state", "queued"), ("user", "alice")))] == 3
-    assert samples[("towerq_jobs", (("state", "queued"), ("user", "bob")))] == 1
+    assert samples[("towerq_jobs", (("state", "queued"), ("user", "bob")))] == 2
     assert samples[("towerq_queue_length", ())] == 3
     assert samples[("towerq_jobs_on_hold", ())] == 1
-    assert samples[("towerq_submissions_total", ())] == 4
+    assert samples[("towerq_jobs_not_begun", ())] == 1
+    assert samples[("towerq_submissions_total", ())] == 5
     assert samples[("towerq_crashes_total", ())] == 0
     assert samples[("towerq_gpus", ())] == 4
     assert samples[("towerq_gpus_by_state", (("host", "lab-a"), ("state", "free")))] == 3
