@@ -17,7 +17,7 @@ from pydantic import AfterValidator
 WARNING_SIGNALS = ("USR1", "USR2", "HUP", "INT", "ALRM")
 DEFAULT_BEFORE_S = 60
 MOST_BEFORE_S = 65535
-"""Slurm's most: a warning more than 18 hours ahead."""
+"""Slurm's most: a warning at most about 18 hours ahead."""
 _FORM = re.compile(r"^(?:B:)?(?:SIG)?([A-Z0-9]+)(?:@([0-9]{1,9}))?$")
 
 
