@@ -17,8 +17,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from towerq.contract.program_env import COMMAND_MAX_ARGS, ENV_MAX_ENTRIES, CommandArg, EnvName, EnvValue
 from towerq.contract.signals import LimitSignal, limit_signal
 from towerq.contract.times import Moment
 from towerq.contract.training import TrainSpec
@@ -48,29 +49,6 @@ MAX_DEPENDENCIES = 64
 AfterCondition = Literal["afterok", "afterany"]
 
 
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-RESERVED_ENV_PREFIXES = ("TOWERQ_", "LD_", "BASH_FUNC_", "NVIDIA_", "NCCL_", "MASTER_", "SLURM_")
-RESERVED_ENV_NAMES = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "TF_CONFIG",
-        "TF_FORCE_GPU_ALLOW_GROWTH",
-        "PYTORCH_CUDA_ALLOC_CONF",
-        "XLA_PYTHON_CLIENT_MEM_FRACTION",
-        "XLA_PYTHON_CLIENT_PREALLOCATE",
-        "PYTHONHOME",
-        "HOME",
-    }
-)
-"""What a command job's `env` may not set: what towerq sets for the program (its GPUs, ranks,
-folders, memory hints), and what changes how every program of the sandbox loads."""
 OMITTED_WHEN_UNSET = ("kind", "idle_timeout_s", "signal", "begin_at")
 """Fields a stored spec has only where they are set (`JobSpec.stored`)."""
 MODEL_ONLY_FIELDS = (
@@ -84,27 +62,6 @@ MODEL_ONLY_FIELDS = (
 )
 """Fields that configure towerq's own trainer: a command job refuses them."""
 NOTEBOOK_MIN_IDLE_S = 10
-COMMAND_MAX_ARGS = 1024
-COMMAND_ARG_MAX = 4096
-ENV_MAX_ENTRIES = 64
-ENV_VALUE_MAX = 4096
-
-
-def env_name(name: str) -> str:
-    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
-        raise ValueError(f"{name} is not a job's to set: towerq sets it, or it changes how every program loads")
-    return name
-
-
-def no_nul(text: str) -> str:
-    if "\x00" in text:
-        raise ValueError("a NUL character cannot be passed to a program")
-    return text
-
-
-EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN), AfterValidator(env_name)]
-EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(no_nul)]
-CommandArg = Annotated[str, Field(max_length=COMMAND_ARG_MAX), AfterValidator(no_nul)]
 
 
 class JobSpec(TrainSpec):

@@ -1,0 +1,55 @@
+"""What a command job's program is given (`"command"` and `"env"` in its spec): an argv
+without NUL characters, and variables it may set, which are never those towerq sets for the
+program (its GPUs, ranks, folders, memory hints) nor those that change how every program of
+the sandbox loads (`LD_PRELOAD`, `PYTHONHOME`). Every refusal names the variable."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+RESERVED_ENV_PREFIXES = ("TOWERQ_", "LD_", "BASH_FUNC_", "NVIDIA_", "NCCL_", "MASTER_", "SLURM_")
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "TF_CONFIG",
+        "TF_FORCE_GPU_ALLOW_GROWTH",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "PYTHONHOME",
+        "HOME",
+    }
+)
+"""What a command job's `env` may not set: what towerq sets for the program (its GPUs, ranks,
+folders, memory hints), and what changes how every program of the sandbox loads."""
+COMMAND_MAX_ARGS = 1024
+COMMAND_ARG_MAX = 4096
+ENV_MAX_ENTRIES = 64
+ENV_VALUE_MAX = 4096
+
+
+def env_name(name: str) -> str:
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        raise ValueError(f"{name} is not a job's to set: towerq sets it, or it changes how every program loads")
+    return name
+
+
+def no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("a NUL character cannot be passed to a program")
+    return text
+
+
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN), AfterValidator(env_name)]
+EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(no_nul)]
+CommandArg = Annotated[str, Field(max_length=COMMAND_ARG_MAX), AfterValidator(no_nul)]
