@@ -33,23 +33,16 @@ class TrainerProcess(subprocess.Popen[bytes]):
 
     status_fd: int | None = None
     """The read end of bwrap's `--json-status-fd`, until read (`started`) or closed."""
-    _said: bytes = b""
+    _said: bytes | None = None
+    """What bwrap wrote there, once read."""
 
     def started(self) -> bool | None:
         """After its exit: whether bwrap got as far as running the command (None: not
         sandboxed). Reads what bwrap wrote, then closes the pipe."""
-        if self.status_fd is None and not self._said:
-            return None
-        if self.status_fd is not None:
-            os.set_blocking(self.status_fd, False)
-            chunks, size = [], 0
-            try:
-                while size < MOST_BYTES and (chunk := os.read(self.status_fd, MOST_BYTES - size)):
-                    chunks.append(chunk)
-                    size += len(chunk)
-            except BlockingIOError:
-                pass  # nothing more now: what bwrap wrote before its exit is read
-            self._said = b"".join(chunks) or b"\n"
+        if self._said is None:
+            if self.status_fd is None:
+                return None
+            self._said = _read_all(self.status_fd)
             self.close_status()
         return any("exit-code" in _object(line) for line in self._said.splitlines())
 
@@ -57,6 +50,19 @@ class TrainerProcess(subprocess.Popen[bytes]):
         if self.status_fd is not None:
             os.close(self.status_fd)
             self.status_fd = None
+
+
+def _read_all(fd: int) -> bytes:
+    """What the pipe holds now, at most `MOST_BYTES`: bwrap wrote it before its exit."""
+    os.set_blocking(fd, False)
+    chunks, size = [], 0
+    try:
+        while size < MOST_BYTES and (chunk := os.read(fd, MOST_BYTES - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except BlockingIOError:
+        pass  # nothing more now
+    return b"".join(chunks)
 
 
 def _object(line: bytes) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import shlex
 from datetime import datetime, timedelta
 from typing import Any
 
+from towerq.contract.signals import limit_signal
 from towerq.contract.times import limit_text
 
 REASON_WIDTH = 70
@@ -211,8 +212,8 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
     if spec.get("begin_at"):
         rows.append(("not before", local_clock(spec["begin_at"])))
     if spec.get("signal"):
-        name, _, before = str(spec["signal"]).partition("@")
-        rows.append(("warning", f"SIG{name} {limit_text(int(before))} before its time limit ({spec['signal']})"))
+        name, before = limit_signal(spec["signal"])
+        rows.append(("warning", f"SIG{name} {limit_text(before)} before its time limit ({spec['signal']})"))
     rows.append(("attempts", f"{job['attempts']} (crashes {job['crashes']} of {job['max_attempts']} allowed)"))
     if job.get("sweep_id"):
         rows.append(("sweep", str(job["sweep_id"])))
