@@ -178,8 +178,11 @@ step = 0
 while True:
     step += 1
     towerq.report(step=step, loss=1.0 / step)
-    with open(os.path.join(os.environ["TOWERQ_OUTPUT_DIR"], "progress.txt"), "w") as out:
+    # written whole or not at all: the SIGTERM's handler may run between an open and its write
+    saved = os.path.join(os.environ["TOWERQ_OUTPUT_DIR"], "progress.txt")
+    with open(saved + ".part", "w") as out:
         out.write(str(step))
+    os.replace(saved + ".part", saved)
     time.sleep(0.2)
 """
 
