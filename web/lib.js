@@ -331,6 +331,14 @@ export function clockOf(at) {
   return sameDay ? clock : `${at.toLocaleDateString([], { month: "short", day: "numeric" })} ${clock}`;
 }
 
+// A moment as a datetime-local input holds it, to the minute in the browser's zone:
+// "2026-12-06T22:00". `new Date(value)` reads it back.
+export function localMoment(at) {
+  const minute = new Date(at.getTime());
+  minute.setSeconds(0, 0);
+  return new Date(minute.getTime() - minute.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+}
+
 // A field of an `actionForm`: its label, its input (named: the form gives it its id), a hint.
 export const formInput = (label, input, help = "") => ({ label, input, help });
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -181,6 +181,12 @@ def test_a_bad_field_gets_its_error_next_to_it_and_nothing_is_stored(
     page.click("#estimate")
     page.wait_for_function("document.getElementById('estimate-answer').textContent.includes('on hold')")
     field(page, "hold").uncheck()
+    tomorrow = f"{(datetime.now() + timedelta(days=1)).date()}T22:00"
+    field(page, "begin_at").fill(tomorrow)  # its begin ahead: it would not start before then
+    page.click("#estimate")
+    page.wait_for_function("document.getElementById('estimate-answer').textContent.includes('its begin time')")
+    assert page.locator("#estimate-answer").inner_text().startswith("It would not start yet: not before ")
+    field(page, "begin_at").fill("")
     field(page, "dataset").fill("no-such-dataset")
     page.click("#estimate")
     page.wait_for_function("document.getElementById('err-dataset').textContent.length > 0")

@@ -1,5 +1,5 @@
 """A job's Change form and Hold button in a real browser: its owner renames a queued job and
-changes its priority and time limit (a duration as people write it), the API's refusals and
+changes its priority, time limit (a duration as people write it) and begin, the API's refusals and
 a duration that is none said beside the form; holds and releases it, and cannot release an
 admin's hold; another member's job, and one that has ended, have neither. Once the job has
 started, the form changes its name and time limit only, and a longer limit is refused
@@ -8,6 +8,7 @@ beside it. Before, only `PATCH /api/jobs/{id}` by hand changed them, and nothing
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -62,6 +63,23 @@ def test_an_owner_changes_a_queued_jobs_name_priority_and_time_limit(
         page.wait_for_function("document.querySelector('h1').textContent.includes('again')")
         assert alice.get(f"/api/jobs/{mine}").json()["spec"]["time_limit_s"] == 9000
 
+        # Its begin, until it first runs: a time on the page's clock, then emptied (it may start now)
+        tomorrow = f"{(datetime.now() + timedelta(days=1)).date()}T22:00"
+        page.click("#change summary")
+        form.locator('input[name="begin_at"]').fill(tomorrow)
+        form.locator("button[type=submit]").click()
+        page.wait_for_selector('[data-field="Not before"]')
+        assert page.locator("#toast").inner_text() == f"Job {mine}: begin changed"
+        asked = datetime.fromisoformat(page.evaluate(f"new Date('{tomorrow}').toISOString()"))
+        assert datetime.fromisoformat(alice.get(f"/api/jobs/{mine}").json()["spec"]["begin_at"]) == asked
+        page.click("#change summary")
+        assert form.locator('input[name="begin_at"]').input_value() == tomorrow
+        form.locator('input[name="begin_at"]').fill("")
+        form.locator("button[type=submit]").click()
+        page.wait_for_function(f"document.getElementById('toast').textContent === 'Job {mine}: begin changed'")
+        begun = datetime.fromisoformat(alice.get(f"/api/jobs/{mine}").json()["spec"]["begin_at"])
+        assert abs((begun - datetime.now(UTC)).total_seconds()) < 60, begun
+
         # Hold and Release: the queue line says who holds it; an admin's hold is the admin's to release
         page.click("#hold")
         page.wait_for_function("document.querySelector('#hold')?.textContent === 'Release'")
@@ -103,6 +121,7 @@ def test_a_started_jobs_time_limit_is_shortened_on_its_page_not_lengthened(
         page.click("#change summary")
         form = page.locator("#change-job")
         assert form.locator('select[name="priority"]').count() == 0, "a started job's priority stays"
+        assert form.locator('input[name="begin_at"]').count() == 0, "a started job's begin has passed"
         error = "document.querySelector('#change-job .error').textContent"
         form.locator('input[name="time_limit"]').fill("2h")
         form.locator("button[type=submit]").click()

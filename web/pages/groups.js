@@ -1,6 +1,6 @@
 // Groups and reservations: the lab's groups (share, quotas, GPU hours this week, members)
 // and the GPUs kept for them over a window. Everyone reads them; admins change them here.
-import { actionForm, api, confirmThen, dataTable, el, formInput as field, poll, problemLine, session } from "../lib.js";
+import { actionForm, api, confirmThen, dataTable, el, formInput as field, localMoment, poll, problemLine, session } from "../lib.js";
 
 const POLL_MS = 30000;
 const HOUR_MS = 3600 * 1000;
@@ -126,10 +126,8 @@ function fillGroups(select, groups) {
 const number = (value) => (value === "" || value === null ? null : Number(value));
 
 function localInput(name, offsetHours) {
-  const moment = new Date(Date.now() + offsetHours * HOUR_MS);
-  moment.setSeconds(0, 0);
-  const local = new Date(moment.getTime() - moment.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
-  return el("input", { type: "datetime-local", name, value: local, required: true });
+  const value = localMoment(new Date(Date.now() + offsetHours * HOUR_MS));
+  return el("input", { type: "datetime-local", name, value, required: true });
 }
 
 function adminForms(refresh) {

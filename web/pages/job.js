@@ -16,6 +16,7 @@ import {
   expectedStart,
   formInput,
   gpusOf,
+  localMoment,
   number,
   percent,
   poll,
@@ -93,7 +94,7 @@ export async function render(main, params) {
     header.replaceChildren(...headerOf(job, reload));
     summary.replaceChildren(...summaryOf(job));
     details.replaceChildren(...detailsOf(job));
-    const shown = JSON.stringify([job.state, job.name, job.priority, job.spec.time_limit_s]);
+    const shown = JSON.stringify([job.state, job.name, job.priority, job.spec.time_limit_s, job.spec.begin_at, job.attempts]);
     if (shown !== changeDrawn) {
       changeDrawn = shown;
       changeBox.replaceChildren(...changeFormOf(job, reload));
@@ -312,12 +313,15 @@ function holdButton(job, reload) {
 
 // A job of yours (or any, for admins) renamed; while it waits, its priority changed; its
 // time limit until it ends (PATCH: only what differs from what it has; once it started,
-// only an admin lengthens it). Nothing once it has ended.
+// only an admin lengthens it); until it first runs, its begin (emptied: it may start now).
+// Nothing once it has ended.
 function changeFormOf(job, reload) {
   const mine = session.me && (session.me.user === job.user || session.me.is_admin);
   if (!mine || FINAL.includes(job.state)) return [];
   const queued = job.state === "queued";
+  const neverRan = queued && !job.started_at && job.attempts <= 1;
   const limit = job.spec.time_limit_s ? duration(job.spec.time_limit_s) : "";
+  const begin = job.spec.begin_at ? localMoment(new Date(job.spec.begin_at)) : "";
   const priorities = ["low", "normal", "high"].map((p) => el("option", { value: p, selected: p === job.priority }, p));
   const fields = [formInput("Name", el("input", { name: "name", value: job.name, maxlength: 128, required: true }))];
   if (queued) fields.push(formInput("Priority", el("select", { name: "priority" }, priorities)));
@@ -330,8 +334,12 @@ function changeFormOf(job, reload) {
         : "from this attempt's start: 2h, 90m, 1:30:00 (only an admin lengthens it)",
     ),
   );
+  if (neverRan) {
+    const input = el("input", { type: "datetime-local", name: "begin_at", value: begin });
+    fields.push(formInput("Not before", input, "it starts no earlier than this, your clock (empty: as soon as it can)"));
+  }
   const form = actionForm(
-    queued ? "Name, priority, time limit" : "Name, time limit",
+    neverRan ? "Name, priority, time limit, begin" : queued ? "Name, priority, time limit" : "Name, time limit",
     "change-job",
     fields,
     "Change",
@@ -341,16 +349,20 @@ function changeFormOf(job, reload) {
       if (queued && data.get("priority") !== job.priority) body.priority = data.get("priority");
       const asked = data.get("time_limit").trim();
       if (asked !== limit) body.time_limit_s = durationOf(asked, "time_limit_s", "Time limit: ");
+      const beginAsked = neverRan ? data.get("begin_at") : begin;
+      if (beginAsked !== begin) body.begin_at = (beginAsked ? new Date(beginAsked) : new Date()).toISOString();
       if (!Object.keys(body).length) throw new Error("Nothing changed: edit a field first");
       await api(`api/jobs/${job.id}`, { method: "PATCH", body });
       return `Job ${job.id}: ${Object.keys(body)
-        .map((key) => key.replace("_s", "").replace("_", " "))
+        .map((key) => CHANGED[key])
         .join(", ")} changed`;
     },
     reload,
   );
   return [el("details", { id: "change" }, el("summary", {}, "Change"), form)];
 }
+
+const CHANGED = { name: "name", priority: "priority", time_limit_s: "time limit", begin_at: "begin" };
 
 // "1h 30m"; while it runs, when it stops it (each attempt has the whole limit from its start).
 function timeLimitText(job) {
@@ -375,6 +387,7 @@ function summaryOf(job) {
     ["Priority", job.priority],
     ["Time limit", timeLimitText(job)],
     ["Submitted", `${when(job.created_at)} (${age(job.created_at)} ago)`],
+    ...(job.spec.begin_at ? [["Not before", when(job.spec.begin_at)]] : []),
     ["Started", when(job.started_at)],
     ["Finished", when(job.finished_at)],
   ];

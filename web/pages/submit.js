@@ -2,7 +2,7 @@
 // API's validation errors appear next to the field they name. `?clone=ID` fills it in.
 // The form is three sections (what, hyperparameters, where and when); each builds its
 // fields, fills them from a spec, and reads them back into one.
-import { ApiError, api, duration, durationOf, el, expectedStart, toast } from "../lib.js";
+import { ApiError, api, duration, durationOf, el, expectedStart, localMoment, toast } from "../lib.js";
 import { inputFor, jsonText, parseJson, readValue, setValue } from "./form-fields.js";
 
 const HIDDEN_HYPERPARAMETERS = new Set(["model_options"]);
@@ -76,6 +76,7 @@ async function send(form, sections, errors, dryRun) {
 
 function estimateText(answer) {
   if (answer.starts_now) return `Submitted now, it would start at once on ${answer.expected_host}.`;
+  if (!answer.queue_position && answer.reason) return `It would not start yet: ${answer.reason}.`; // held back
   const where = answer.queue_position ? `#${answer.queue_position} in the queue` : "queued";
   const why = answer.reason ? ` (${answer.reason})` : "";
   if (!answer.expected_start_at) return `It would wait, ${where}${why}; no estimate of when it would start.`;
@@ -269,6 +270,7 @@ function whereSection(catalog, gpus, errors) {
   );
   const jitCompile = el("input", { type: "checkbox" });
   const hold = el("input", { type: "checkbox" }); // never a clone's: a hold is the submitter's choice
+  const beginAt = el("input", { type: "datetime-local" }); // a clone's only while it is ahead
   const switchMode = () => {
     picker.enable(picker.mode.pick.checked);
     gpuCount.disabled = picker.mode.pick.checked;
@@ -300,6 +302,7 @@ function whereSection(catalog, gpus, errors) {
     errors.field("jit_compile", "Compile with XLA", jitCompile, "each tower's step, on its own GPU"),
     errors.field("priority", "Priority", priority),
     errors.field("time_limit_s", "Time limit", timeLimit, "stops it after this long: 2h, 90m, 1:30:00"),
+    errors.field("begin_at", "Not before", beginAt, "it starts no earlier than this, your clock (empty: as soon as it can)"),
     errors.field("hold", "Queue it on hold", hold, "it starts once you release it (its page's Release)"),
   );
   return {
@@ -322,6 +325,8 @@ function whereSection(catalog, gpus, errors) {
       jitCompile.checked = Boolean(spec.jit_compile);
       priority.value = spec.priority;
       timeLimit.value = spec.time_limit_s ? duration(spec.time_limit_s) : "";
+      const begin = spec.begin_at ? new Date(spec.begin_at) : null;
+      beginAt.value = begin && begin > new Date() ? localMoment(begin) : "";
     },
     read(spec) {
       if (hosts.length) spec.host = host.value;
@@ -338,6 +343,7 @@ function whereSection(catalog, gpus, errors) {
       spec.jit_compile = jitCompile.checked;
       spec.priority = priority.value;
       if (timeLimit.value.trim()) spec.time_limit_s = durationOf(timeLimit.value, "time_limit_s");
+      if (beginAt.value) spec.begin_at = new Date(beginAt.value).toISOString();
       if (hold.checked) spec.hold = true;
     },
   };
