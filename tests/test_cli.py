@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -366,6 +367,14 @@ def test_groups_from_the_command_line(
     assert towerq(member, "reservation", "delete", reservation_id).returncode == 1  # admins only
     gone = towerq(admin, "reservation", "delete", reservation_id)
     assert gone.returncode == 0 and "everyone's again" in gone.stdout
+    # A night's: from the next 22:00 to the 08:00 after it, the local clock's times of day
+    night = towerq(admin, "reservation", "create", "--group", "nlp", "--gpus", "1", "--start", "22:00", "--end", "8:00")
+    assert night.returncode == 0, night.stderr
+    kept_at = json.loads(towerq(member, "reservation", "list", "-o", "json").stdout)[0]
+    start, end = (datetime.fromisoformat(kept_at[key]).astimezone() for key in ("start_at", "end_at"))
+    assert (start.hour, start.minute, end.hour, end.minute) == (22, 0, 8, 0), kept_at
+    assert timedelta(0) < end - start < timedelta(days=1), kept_at
+    assert timedelta(0) < start - datetime.now(UTC) <= timedelta(days=1), kept_at
 
 
 def test_an_admin_adds_members_and_sets_their_limits_from_a_logged_in_command_line(

@@ -67,8 +67,12 @@ def add_reservation_commands(commands: Any) -> None:
     create = _action(actions, "create", "keep GPUs for a group from --start to --end")
     create.add_argument("--group", required=True)
     create.add_argument("--gpus", type=int, required=True, help="how many GPUs")
-    create.add_argument("--start", default="now", help="ISO time (local unless it has a zone), now, or +2h / +1d")
-    create.add_argument("--end", required=True, help="ISO time, or +8h / +2d (from --start)")
+    create.add_argument(
+        "--start", default="now", help="a time of day (22:00: its next one), now, +2h / +1d, or an ISO time (local)"
+    )
+    create.add_argument(
+        "--end", required=True, help="a time of day (08:00: its next one after --start), +8h / +2d from --start, or ISO"
+    )
     create.add_argument("--host", default=None, help="keep GPUs of this host only")
     create.add_argument("--note", default="", help="what it is for")
     create.set_defaults(run=run_reservation_create)
