@@ -278,7 +278,7 @@ def test_usage_and_fair_share_print_what_the_api_counts(
     assert answer["starts_now"] is False and answer["queue_position"] == 1  # bob holds GPU 2
     later = towerq(home, "submit", str(spec), "--dry-run", "--begin", "+3h")  # held back: its reason says so
     assert later.stdout.startswith("dry run, nothing submitted: it would not start yet: not before "), later.stdout
-    assert later.stdout.rstrip().endswith("(its begin time)"), later.stdout
+    assert "(its begin time); then starts ~" in later.stdout and later.stdout.rstrip().endswith("on lab-a")
     assert json.loads(towerq(home, "jobs", "-o", "json").stdout)["total"] == 2  # alice's and bob's runs only
 
     fair = towerq(home, "fair-share")

@@ -7,6 +7,7 @@ Before, `towerq cancel` took one id and nothing changed a job's priority or time
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -218,8 +219,11 @@ def test_a_job_submitted_to_begin_later_waits_and_starts_when_its_begin_is_moved
     assert reason.startswith("not before ") and reason.endswith(
         f"(its begin time: towerq update {job_id} --begin now lets it start)"
     )
+    # the replay of expected starts has it join the queue at its begin: on the free GPU, then
+    expected = wait_for(lambda: alice.job(job_id).data["expected_start_at"], 30, "the replay to expect its start")
+    assert abs((datetime.fromisoformat(expected) - datetime.fromisoformat(begins)).total_seconds()) < 2
     shows = towerq(tmp_path / "alice", "show", str(job_id)).stdout
-    assert f"  not before {shown}" in shows, shows
+    assert f"  not before {shown}" in shows and re.search(r"\n\s*starts\s+~.* on lab-a\n", shows), shows
     moved = towerq(tmp_path / "alice", "update", str(job_id), "--begin", "now")
     assert moved.returncode == 0, moved.stderr
     assert moved.stdout.startswith(f"job {job_id} (mlp-digits), queued: not before "), moved.stdout

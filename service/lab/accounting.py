@@ -98,7 +98,7 @@ def fair_share_report(
 ) -> tuple[list[FairShareUserOut], list[FairShareGroupOut]]:
     """Every user with usage or jobs (a row per group they have jobs in), and every group,
     as the policy would rank them in a pass now."""
-    queued, cluster, fair_share, _ = live_inputs(session, half_life_s, default_limit, now)
+    queued, cluster, fair_share, *_ = live_inputs(session, half_life_s, default_limit, now)
     usage = fair_share.usage
     terms = FairShareTerms(fair_share, cluster.running, queued, now.timestamp())
     running: dict[tuple[str, str | None], float] = defaultdict(float)

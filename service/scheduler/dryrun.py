@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from service.core.models import Job
 from service.core.settings import Settings
 from service.scheduler.explain import clock, describe
-from service.scheduler.forecast import forecast, in_queue_order
+from service.scheduler.forecast import Forecast, forecast, in_queue_order
 from service.scheduler.holdbacks import dependency_wait
 from service.scheduler.policy import schedule
 from service.scheduler.snapshot import live_inputs, session_hosts
@@ -61,9 +61,8 @@ def estimate(
             return Estimate(False, None, None, None, f"{waits}: no start estimate until then")
     now = datetime.now(UTC)
     t = now.timestamp()
-    if spec.begin_at is not None and spec.begin_at > now:
-        return Estimate(False, None, None, None, f"not before {clock(spec.begin_at.timestamp(), t)} (its begin time)")
-    queued, cluster, fair_share, history = live_inputs(
+    begin = spec.begin_at.timestamp() if spec.begin_at is not None and spec.begin_at > now else None
+    queued, cluster, fair_share, history, arrivals = live_inputs(
         session, settings.fair_share_half_life_s, settings.user_gpu_limit, now
     )
     candidate = QueuedJob(
@@ -72,7 +71,7 @@ def estimate(
         PRIORITY_RANK[spec.priority.value],
         spec.gpu_count or 1,  # the spec made it len(gpus) when it names GPUs
         spec.gpu_memory_fraction,
-        t,
+        t if begin is None else begin,  # as a pass ranks it: submitted at its begin
         host=host,
         indices=tuple(spec.gpus) if spec.gpus else None,
         limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
@@ -82,18 +81,29 @@ def estimate(
     )
     history.annotate([candidate], [])
     config = policy_config(settings)
+    if begin is not None:  # held back until then, when it joins the queue in the replay
+        decision = schedule(queued, cluster, fair_share, t, config)
+        order = in_queue_order(queued, decision.placements, decision.pending)
+        found = forecast(order, cluster, fair_share, t, config, [*arrivals, (begin, candidate)]).get(CANDIDATE)
+        return Estimate(False, *expected_start(found), None, f"not before {clock(begin, t)} (its begin time)")
     everyone = [*queued, candidate]
     decision = schedule(everyone, cluster, fair_share, t, config)
     order = in_queue_order(everyone, decision.placements, decision.pending)
-    found = forecast(order, cluster, fair_share, t, config).get(CANDIDATE)
+    found = forecast(order, cluster, fair_share, t, config, arrivals).get(CANDIDATE)
     pending = next((p for p in decision.pending if p.job_id == CANDIDATE), None)
     placed = next((p for p in decision.placements if p.job_id == CANDIDATE), None)
     starts_now = placed is not None
     return Estimate(
-        starts_now=starts_now,
-        expected_start_at=datetime.fromtimestamp(round(found.start), UTC) if found is not None else None,
-        expected_host=found.host if found is not None else None,
+        starts_now,
+        *expected_start(found),
         queue_position=pending.position if pending is not None else None,
         reason=describe(pending.reason, t) if pending is not None and pending.reason is not None else None,
         starts_on=sum(len(ids) for _, ids in placed.slots) if placed is not None else None,
     )
+
+
+def expected_start(found: Forecast | None) -> tuple[datetime | None, str | None]:
+    """The replay's expected start (to the second) and host, or none."""
+    if found is None:
+        return None, None
+    return datetime.fromtimestamp(round(found.start), UTC), found.host

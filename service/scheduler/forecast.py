@@ -12,8 +12,9 @@ an elastic job below its full size runs as much longer as its rate there says
 will do it: the resized job restarts on the GPUs it recorded once it has checkpointed, and
 the GPUs held for the job it makes room for (`Cluster.held`, `settle.hold_made_room`) stay
 that job's until the call after (so a job that came since is not expected to start on them).
-Nothing new arrives, nobody cancels, usage is held where it is now: an estimate, refreshed
-by every pass, never a promise. The replay runs on the simulated cluster of `clock`, the
+Nothing new arrives but the queued jobs held back by their begin alone (`towerq run
+--begin`), each at its begin (`arrivals`); nobody cancels, usage is held where it is now:
+an estimate, refreshed by every pass, never a promise. The replay runs on the simulated cluster of `clock`, the
 trace simulator's too. A job the replay stops (time slicing, preemption) frees its
 GPUs `CHECKPOINT_S` later and leaves the replay: it queues again behind the fresh work it
 made room for, and is not forecast. With time slicing on, the moment a running job may
@@ -96,8 +97,11 @@ class Replay:
         fair_share: FairShare,
         now: float,
         config: PolicyConfig,
+        arrivals: Iterable[tuple[float, QueuedJob]] = (),
     ) -> None:
         self.queue = {job.id: job for job in list(queued)[:FORECAST_JOBS]}
+        self.arrivals = sorted(arrivals, key=lambda arrival: (arrival[0], arrival[1].id))[:FORECAST_JOBS]
+        """Jobs that join the queue later, soonest first: (when, the job)."""
         hosts = [HostCapacity(h.name, list(h.free), h.unusable) for h in cluster.hosts]
         self.sim = SimCluster(hosts, [copy.copy(r) for r in cluster.running])
         self.held = list(cluster.held)
@@ -119,6 +123,8 @@ class Replay:
                     freed.append(Target(run.host, (), for_job=run.shrinking_for, source=run.host))
                     self.made_room[run.shrinking_for] = (max(until, end), freed)
             self.sim.ends_at(run.id, end)
+        for at, _ in self.arrivals:
+            self.sim.wake_at(at)
         self.sim.reservations = list(cluster.reservations)
         for kept in cluster.reservations:  # a window's start and end change who may start
             for moment in (kept.start, kept.end):
@@ -163,7 +169,10 @@ class Replay:
 
     def _step(self) -> None:
         """One policy call at the replay's clock, then on to the next event."""
-        if not self.queue or self.events > MAX_EVENTS or self.clock > self.now + HORIZON_S:
+        while self.arrivals and self.arrivals[0][0] <= self.clock:
+            _, job = self.arrivals.pop(0)
+            self.queue[job.id] = job
+        if not (self.queue or self.arrivals) or self.events > MAX_EVENTS or self.clock > self.now + HORIZON_S:
             self.done = True
             return
         sim, clock = self.sim, self.clock
@@ -262,9 +271,11 @@ def forecast(
     fair_share: FairShare,
     now: float,
     config: PolicyConfig,
+    arrivals: Iterable[tuple[float, QueuedJob]] = (),
 ) -> dict[int, Forecast]:
     """Expected (start, host) of each of `queued` (taken in the order given, at most
-    `FORECAST_JOBS`) that starts within the horizon; jobs starting at `now` included."""
-    replay = Replay(queued, cluster, fair_share, now, config)
+    `FORECAST_JOBS`) and of `arrivals` that starts within the horizon; jobs starting at
+    `now` included."""
+    replay = Replay(queued, cluster, fair_share, now, config, arrivals)
     replay.run()
     return replay.found

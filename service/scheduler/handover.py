@@ -66,7 +66,7 @@ class HandOver:
         self.observe()
         with self.ctx.db.read() as session:
             queued, stored = read_queued(session)
-            held, never = held_back(session, [q.id for q in queued])
+            held, never, _ = held_back(session, [q.id for q in queued])
             handed = (Job.state == JobState.DISPATCHED) & Job.on_hold_by.is_(None)  # a held one takes no place
             waiting = session.scalar(select(func.count()).select_from(Job).where(handed))
         cancel_never(self.ctx, never)

@@ -2,11 +2,13 @@
 for the jobs they name in `after` (a dependency), those whose begin time is ahead (`towerq
 run --begin`), those their sweep's `max_parallel` holds back, and those that never can (a
 job they need to succeed failed or was cancelled). Each pass leaves the first four out of
-the policy's queue and cancels the last (`live`, `handover`); a dry run says the same."""
+the policy's queue and cancels the last (`live`, `handover`); a dry run says the same. The
+forecast has those held back by their begin alone arrive then (`forecast.Replay`)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -24,16 +26,28 @@ from service.core.models import (
 from service.scheduler.explain import clock
 
 
-def held_back(session: Session, queued_ids: list[int]) -> tuple[dict[int, str], dict[int, str]]:
+class HeldBack(NamedTuple):
+    waiting: dict[int, str]
+    """Queued jobs that may not start yet, with the reason."""
+    never: dict[int, str]
+    """Queued jobs that never can, with why."""
+    begins: dict[int, datetime]
+    """Those of `waiting` held back by their begin alone (not on hold, waiting for no job),
+    with their begin: the forecast has them arrive then."""
+
+
+def held_back(session: Session, queued_ids: list[int]) -> HeldBack:
     """Queued jobs that may not start yet, with the reason: those on hold, those waiting for
     the jobs they name in `after`, those whose begin is ahead, then those their sweep's
     `max_parallel` holds back. And the jobs that never can (one they need to succeed failed
     or was cancelled), with why: each pass cancels those, on hold or not."""
     waiting, never = held_by_dependencies(session, queued_ids)
     waiting.update((i, why) for i, why in on_hold(session).items() if i not in never)
-    waiting.update((i, why) for i, why in not_begun(session).items() if i not in never and i not in waiting)
+    now = utcnow()
+    begins = {i: at for i, at in not_begun(session, now).items() if i not in never and i not in waiting}
+    waiting.update((i, begin_reason(i, at, now)) for i, at in begins.items())
     free = [i for i in queued_ids if i not in waiting and i not in never]
-    return {**waiting, **held_by_sweeps(session, free)}, never
+    return HeldBack({**waiting, **held_by_sweeps(session, free)}, never, begins)
 
 
 def on_hold(session: Session) -> dict[int, str]:
@@ -46,12 +60,11 @@ def on_hold(session: Session) -> dict[int, str]:
     return {job_id: hold_reason(job_id, holder or "", owner) for job_id, holder, owner in rows}
 
 
-def not_begun(session: Session) -> dict[int, str]:
-    """The queued jobs whose begin time is still ahead (`service.jobs.begin`), with when;
-    one small query."""
-    now = utcnow()
+def not_begun(session: Session, now: datetime) -> dict[int, datetime]:
+    """The queued jobs whose begin time is still ahead at `now` (`service.jobs.begin`), with
+    their begin; one small query."""
     rows = session.execute(select(Job.id, Job.begin_at).where(Job.state == JobState.QUEUED, Job.begin_at > now)).all()
-    return {job_id: begin_reason(job_id, begin_at, now) for job_id, begin_at in rows if begin_at is not None}
+    return {job_id: begin_at for job_id, begin_at in rows if begin_at is not None}
 
 
 def begin_reason(job_id: int, begin_at: datetime, now: datetime) -> str:

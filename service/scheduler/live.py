@@ -29,7 +29,7 @@ from service.core.context import Context
 from service.core.lifecycle import dispatch, request_preemption
 from service.core.models import Job, JobState, utcnow
 from service.executors import Attempt, executor_for
-from service.scheduler.dryrun import policy_config
+from service.scheduler.dryrun import expected_start, policy_config
 from service.scheduler.explain import describe, describe_reserved
 from service.scheduler.forecast import Forecast, Replay, in_queue_order
 from service.scheduler.handover import HandOver, cancel_never
@@ -39,11 +39,15 @@ from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
 from service.scheduler.resize import read_targets, request_resizes
 from service.scheduler.settle import settle_resizes
-from service.scheduler.snapshot import Stored, free_room, read_cluster, read_fair_share, read_queued
+from service.scheduler.snapshot import Stored, arriving, free_room, read_cluster, read_fair_share, read_queued
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from towerq.contract.messages import PreemptMessage
 
 log = logging.getLogger(__name__)
+
+Inputs = tuple[list[QueuedJob], Cluster, FairShare, list[tuple[float, QueuedJob]]]
+"""What a pass's replay starts from: its queue, cluster and fair share, and the jobs that
+join the queue at their begin (`snapshot.arriving`)."""
 
 PG_PASS_LOCK = 0x746F77657271  # "towerq"
 
@@ -108,22 +112,23 @@ class LiveScheduler:
         if self.handover is not None:
             handed, held, stored = self.handover.run()
             report.placed = [(a.job_id, a.attempt, self.executor.name, ()) for a in handed]
-            self._write_held(held, stored)
+            self._write_held(held, {}, stored)
             report.waiting = len(held)
             report.seconds = time.perf_counter() - started
             return report
         now = utcnow()
         self._repair(now, report)
         with self.ctx.db.read() as session:
-            queued, stored = read_queued(session)
-            held, never = held_back(session, [q.id for q in queued])
-            queued = [q for q in queued if q.id not in held and q.id not in never]
+            everyone, stored = read_queued(session)
+            held, never, begins = held_back(session, [q.id for q in everyone])
+            queued = [q for q in everyone if q.id not in held and q.id not in never]
+            arrivals = arriving(everyone, begins)
             cluster, _ = read_cluster(session, now)
             usage = self.ledger.usage(session, now)
             fair_share = read_fair_share(session, usage, self.ctx.settings.user_gpu_limit, now)
             targets = read_targets(session)
         cancel_never(self.ctx, never)
-        self.ledger.history.annotate(queued, cluster.running)
+        self.ledger.history.annotate([*queued, *(job for _, job in arrivals)], cluster.running)
         by_id = {q.id: q for q in queued}
         queued, resized = settle_resizes(queued, cluster, targets, now.timestamp())  # before anyone takes their GPUs
         with collector_paused():
@@ -150,8 +155,8 @@ class LiveScheduler:
         for message in stopping:
             self.executor.stop(message)
         started_ids = {job_id for job_id, *_ in report.placed}
-        self._write_pending(decision, stored, now.timestamp(), started_ids, (queued, cluster, fair_share))
-        self._write_held(held, stored)
+        self._write_pending(decision, stored, now.timestamp(), started_ids, (queued, cluster, fair_share, arrivals))
+        self._write_held(held, begins, stored)
         report.waiting = len(decision.pending)
         report.seconds = time.perf_counter() - started
         return report
@@ -217,7 +222,7 @@ class LiveScheduler:
         stored: dict[int, Stored],
         now: float,
         started: set[int],
-        inputs: tuple[list[QueuedJob], Cluster, FairShare],
+        inputs: Inputs,
     ) -> None:
         """Queue positions, reasons, reservations and expected starts, written (in their own
         transaction) only where they changed."""
@@ -241,9 +246,7 @@ class LiveScheduler:
         expected = self.expected
         for pending in decision.pending:
             was = stored.get(pending.job_id, (None, None, None, None, None))
-            guess = expected.get(pending.job_id)
-            expected_at = datetime.fromtimestamp(round(guess.start), UTC) if guess is not None else None
-            expected_host = guess.host if guess is not None else None
+            expected_at, expected_host = expected_start(expected.get(pending.job_id))
             # A new replay's expected starts are written at once (with the rest of the row).
             moved = replayed and (was[3], was[4]) != (expected_at, expected_host)
             if pending.job_id in started or not (refresh or was[0] is None or moved):
@@ -270,12 +273,13 @@ class LiveScheduler:
                 session.execute(statement, changes, execution_options={"synchronize_session": None})
             self.pending_written_at = time.monotonic()
 
-    def _forecast(self, decision: Decision, inputs: tuple[list[QueuedJob], Cluster, FairShare], now: float) -> Replay:
+    def _forecast(self, decision: Decision, inputs: Inputs, now: float) -> Replay:
         """The replay of the waiting jobs' expected starts: the policy replayed forward (in
-        queue order, those placed in this pass first, as the pass saw them)."""
-        queued, cluster, fair_share = inputs
+        queue order, those placed in this pass first, as the pass saw them), the jobs held
+        back by their begin alone joining at their begin."""
+        queued, cluster, fair_share, arrivals = inputs
         order = in_queue_order(queued, decision.placements, decision.pending)
-        return Replay(order, cluster, fair_share, now, self.config)
+        return Replay(order, cluster, fair_share, now, self.config, arrivals)
 
     @property
     def replay_owed_at(self) -> float | None:
@@ -303,20 +307,24 @@ class LiveScheduler:
             self.forecast_at, self.forecast_cost = time.monotonic(), self.replay_spent
         return over
 
-    def _write_held(self, held: dict[int, str], stored: dict[int, Stored]) -> None:
-        """Jobs their sweep's `max_parallel` keeps waiting: that is their reason."""
-        changes = [
-            {
-                "id": job_id,
-                "queue_position": None,
-                "pending_reason": reason,
-                "reserved_start_at": None,
-                "expected_start_at": None,
-                "expected_host": None,
-            }
-            for job_id, reason in held.items()
-            if stored.get(job_id) != (None, reason, None, None, None)
-        ]
+    def _write_held(self, held: dict[int, str], begins: dict[int, datetime], stored: dict[int, Stored]) -> None:
+        """Jobs held back (a hold, a dependency, their begin, their sweep's `max_parallel`):
+        that is their reason. Those held back by their begin alone have the last replay's
+        expected start, if it found one."""
+        changes = []
+        for job_id, reason in held.items():
+            expected_at, expected_host = expected_start(self.expected.get(job_id) if job_id in begins else None)
+            if stored.get(job_id) != (None, reason, None, expected_at, expected_host):
+                changes.append(
+                    {
+                        "id": job_id,
+                        "queue_position": None,
+                        "pending_reason": reason,
+                        "reserved_start_at": None,
+                        "expected_start_at": expected_at,
+                        "expected_host": expected_host,
+                    }
+                )
         if changes:
             with self.ctx.db.write() as session:
                 statement = update(Job).where(Job.state == JobState.QUEUED)

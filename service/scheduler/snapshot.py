@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -329,21 +330,36 @@ def free_room(session: Session, wanted: set[tuple[str, int]]) -> dict[tuple[str,
     return {key: (gpu, 1.0 - float(used.get(gpu.id, 0.0))) for key, gpu in gpus.items()}
 
 
-def live_inputs(
-    session: Session, half_life_s: float, default_limit: int | None, now: datetime
-) -> tuple[list[QueuedJob], Cluster, FairShare, RunTimes]:
+class LiveInputs(NamedTuple):
+    queued: list[QueuedJob]
+    cluster: Cluster
+    fair_share: FairShare
+    history: RunTimes
+    arrivals: list[tuple[float, QueuedJob]]
+    """The queued jobs held back by their begin alone, with their begin: the forecast's."""
+
+
+def live_inputs(session: Session, half_life_s: float, default_limit: int | None, now: datetime) -> LiveInputs:
     """The policy's inputs as a pass would read them now, for a look from outside a pass
     (the fair-share view, a dry run): a fresh usage ledger, the owners' run-time estimates
-    on every job, and the run times they came from. Jobs their sweep holds back are left
-    out, as the pass leaves them out; the jobs a resize stopped are on their new GPUs, and
-    what resizes make room for is held, as the pass does before its policy
-    (`settle.settle_resizes`)."""
+    on every job, and the run times they came from. Jobs held back (their sweep, a hold,
+    their begin) are left out, as the pass leaves them out; the jobs a resize stopped are on
+    their new GPUs, and what resizes make room for is held, as the pass does before its
+    policy (`settle.settle_resizes`)."""
     ledger = UsageLedger(half_life_s)
     usage = ledger.usage(session, now)
-    queued, _ = read_queued(session)
-    held, never = held_back(session, [q.id for q in queued])
-    queued = [q for q in queued if q.id not in held and q.id not in never]
+    everyone, _ = read_queued(session)
+    held, never, begins = held_back(session, [q.id for q in everyone])
+    queued = [q for q in everyone if q.id not in held and q.id not in never]
+    arrivals = arriving(everyone, begins)
     cluster, _ = read_cluster(session, now)
-    ledger.history.annotate(queued, cluster.running)
+    ledger.history.annotate([*queued, *(job for _, job in arrivals)], cluster.running)
     queued, _ = settle_resizes(queued, cluster, read_targets(session), now.timestamp())
-    return queued, cluster, read_fair_share(session, usage, default_limit, now), ledger.history
+    fair_share = read_fair_share(session, usage, default_limit, now)
+    return LiveInputs(queued, cluster, fair_share, ledger.history, arrivals)
+
+
+def arriving(queued: list[QueuedJob], begins: dict[int, datetime]) -> list[tuple[float, QueuedJob]]:
+    """The jobs of `queued` held back by their begin alone (`holdbacks.HeldBack.begins`), as
+    the forecast has them arrive: (their begin, the job)."""
+    return [(begins[q.id].timestamp(), q) for q in queued if q.id in begins]

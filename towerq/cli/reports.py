@@ -168,7 +168,8 @@ def dry_run_line(answer: dict[str, Any]) -> str:
         on = f"{size} GPU{'s' if size != 1 else ''} of {answer['expected_host']}" if size else answer["expected_host"]
         return f"it would start now on {on}"
     if answer["queue_position"] is None and answer["reason"]:  # held back (on hold, a dependency, its begin)
-        return f"it would not start yet: {answer['reason']}"
+        then = f"; then starts {views.expected_start_text(answer)}" if answer["expected_start_at"] else ""
+        return f"it would not start yet: {answer['reason']}{then}"
     where = f"#{answer['queue_position']} in the queue" if answer["queue_position"] else "queued"
     why = f" ({answer['reason']})" if answer["reason"] else ""
     if answer["expected_start_at"] is None:

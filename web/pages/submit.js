@@ -76,7 +76,11 @@ async function send(form, sections, errors, dryRun) {
 
 function estimateText(answer) {
   if (answer.starts_now) return `Submitted now, it would start at once on ${answer.expected_host}.`;
-  if (!answer.queue_position && answer.reason) return `It would not start yet: ${answer.reason}.`; // held back
+  if (!answer.queue_position && answer.reason) {
+    // held back: on hold, waiting for a job, or its begin ahead (after which the replay may see it start)
+    const then = answer.expected_start_at ? `; then likely start ${expectedStart(answer)}` : "";
+    return `It would not start yet: ${answer.reason}${then}.`;
+  }
   const where = answer.queue_position ? `#${answer.queue_position} in the queue` : "queued";
   const why = answer.reason ? ` (${answer.reason})` : "";
   if (!answer.expected_start_at) return `It would wait, ${where}${why}; no estimate of when it would start.`;

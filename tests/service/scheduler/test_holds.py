@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from service.core.context import Context
 from service.core.exceptions import ForbiddenError, StateConflictError
 from service.core.lifecycle import finish, locked_job, requeue
-from service.core.models import Job, JobEvent, JobState, utcnow
+from service.core.models import Allocation, Job, JobEvent, JobState, utcnow
 from service.executors import LocalExecutor
 from service.jobs.change import JobChange, change_job
 from service.jobs.holds import hold_job, release_job
@@ -257,3 +257,43 @@ def test_a_job_with_its_begin_ahead_comes_after_those_that_waited_meanwhile(
     scheduler.run_pass()
     assert [job_row(ctx, i).queue_position for i in (early, late)] == [2, 1]
     assert job_row(ctx, blocker).state == JobState.DISPATCHED
+
+
+@pytest.mark.usefixtures("whole_replays")
+def test_a_job_whose_begin_is_ahead_is_expected_at_its_begin_or_once_room_frees_after_it(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """The replay of expected starts has a job held back by its begin alone join the queue at
+    its begin: on a GPU free then it is expected then; on one a job holds past its begin, once
+    that job likely ends (its time limit). One on hold as well gets none, as any held job; a
+    dry run says the same as the pass. Before, a job whose begin was ahead had no estimate."""
+    add_host("lab-a", 1)
+    alice = caller("alice")
+    running = submit_job(ctx, alice, time_limit_s=1800)
+    scheduler = LiveScheduler(ctx)
+    scheduler.run_pass()
+    soon = submit_job(ctx, alice, begin_at=(utcnow() + timedelta(minutes=10)).isoformat(), time_limit_s=600)
+    late = submit_job(ctx, alice, begin_at=(utcnow() + timedelta(hours=2)).isoformat())
+    held = submit_job(ctx, alice, begin_at=(utcnow() + timedelta(hours=2)).isoformat(), hold=True)
+    scheduler.run_pass()
+    with ctx.db.read() as session:
+        allocated = session.scalar(select(func.min(Allocation.created_at)).where(Allocation.job_id == running))
+    assert allocated is not None
+    rows = {job_id: job_row(ctx, job_id) for job_id in (soon, late, held)}
+    assert all((rows[i].reason or "").startswith("not before ") for i in (soon, late)), rows
+    assert (rows[held].reason or "").startswith("on hold (alice)"), rows[held].reason
+    expected = {job_id: (row.expected_start_at, row.expected_host) for job_id, row in rows.items()}
+    assert expected[held] == (None, None), expected
+    at, host = expected[soon]
+    assert at is not None and host == "lab-a" and abs((at - allocated).total_seconds() - 1800) < 2, expected
+    at, host = expected[late]
+    begins = rows[late].begin_at
+    assert at is not None and begins is not None and host == "lab-a", expected
+    assert abs((at - begins).total_seconds()) < 2, (at, begins)
+
+    later = (utcnow() + timedelta(hours=1)).isoformat()  # after `soon` ran its 10 minutes, before `late`
+    with ctx.db.read() as session:
+        guess = estimate(session, ctx.settings, "alice", JobSpec.model_validate({**JOB, "begin_at": later}), None)
+    assert not guess.starts_now and guess.reason is not None and guess.reason.startswith("not before "), guess
+    assert guess.expected_host == "lab-a" and guess.expected_start_at is not None, guess
+    assert abs((guess.expected_start_at - datetime.fromisoformat(later)).total_seconds()) < 2, guess

@@ -471,16 +471,6 @@ def behind_an_hour_long_job(ctx: Context, caller: Callable[[str], Caller], add_h
     return [first, submit_job(ctx, alice, gpu_count=2, time_limit_s=600), submit_job(ctx, alice, gpu_count=1)]
 
 
-@pytest.fixture
-def whole_replays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every replay of expected starts due at once and done within its pass, however slow the
-    machine: a 10 ms slice (`FORECAST_SLICE_S`) or the last replay's cost
-    (`FORECAST_COST_RATIO`) would otherwise leave a pass's expected starts to a later one.
-    The throttle and the slicing have tests of their own."""
-    monkeypatch.setattr(defaults, "FORECAST_COST_RATIO", 0.0)
-    monkeypatch.setattr(defaults, "FORECAST_SLICE_S", 60.0)
-
-
 @pytest.mark.usefixtures("whole_replays")
 def test_waiting_jobs_get_an_expected_start_from_the_replay_and_lose_it_when_they_start(
     ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
