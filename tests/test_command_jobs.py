@@ -161,11 +161,13 @@ print("held", os.environ["FAKE_GPU_MB"], "MiB to the end")
 
 
 def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_on(
-    stack: Stack, settings: Settings, make_token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+    stack: Stack, make_token: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Two command jobs share one GPU at fraction 0.4 (NVML is the fake of tests/fakenvml,
-    which reports what each program's FAKE_GPU_MB says it holds): the one past its share is
-    stopped with both numbers named, the one inside it succeeds."""
+    which reports what each program's FAKE_GPU_MB says it holds, and FAKE_GPU_BUSY how busy it
+    keeps the GPU): the one past its share is stopped with both numbers named, the one inside
+    it succeeds. Each job's GPU use is what its worker sampled: the GPU's busy share and the
+    most its own processes held (its neighbour's memory is not its own)."""
     monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
     stack.start_api()
@@ -179,8 +181,10 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
         sandbox="bwrap",
         trainer_pool=0,
         gpu_memory_grace_s=1,
+        gpu_use_sample_s=1,
     )
-    client = stack.client(make_token("alice"))
+    token = make_token("alice")
+    client = stack.client(token)
     gpus = wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     assert gpus[0]["name"] == "Fake NVIDIA H100 80GB HBM3" and not gpus[0]["simulated"], gpus
     code = upload_code(client, {"hold.py": HOLDS})
@@ -189,7 +193,8 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
         "/api/jobs", json={**shared, "command": ["python", "hold.py", "60"], "env": {"FAKE_GPU_MB": "40000"}}
     )
     modest = client.post(
-        "/api/jobs", json={**shared, "command": ["python", "hold.py", "12"], "env": {"FAKE_GPU_MB": "20000"}}
+        "/api/jobs",
+        json={**shared, "command": ["python", "hold.py", "12"], "env": {"FAKE_GPU_MB": "20000", "FAKE_GPU_BUSY": "30"}},
     )
     assert greedy.status_code == 201 and modest.status_code == 201, (greedy.text, modest.text)
     stopped = finished(client, greedy.json()["id"], 120)
@@ -201,6 +206,12 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     ), stopped["error"]
     ran = finished(client, modest.json()["id"], 120)
     assert ran["state"] == "succeeded", ran
+    use = ran["gpu_use"]
+    assert use is not None and use["samples"] >= 2, ran
+    assert (use["busy_pct"], use["memory_peak_mb"], use["memory_total_mb"]) == (30, 20000, 81559), use
+    assert stack.api_url is not None
+    shown = towerq_cli("show", str(ran["id"]), cwd=tmp_path, api=stack.api_url, token=token)
+    assert "  gpu use    busy 30% of the time, at most 20,000 of 81,559 MiB held\n" in shown.stdout, shown.stdout
 
 
 def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:

@@ -40,6 +40,7 @@ from worker import disk, reaper, rendezvous, sandbox
 from worker.attempt_disk import AttemptDisk
 from worker.cgroups import AttemptGroup, Limits
 from worker.folder import FolderWatch
+from worker.gpu_use import GpuUseSampler
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
 from worker.outcome import NotStarted, Outcome, Stop, is_runtime_noise, level_of
@@ -146,6 +147,7 @@ class AttemptRunner:
         self.folder = FolderWatch(self.artifacts, self.settings.job_folder_max_bytes, self.settings.job_folder_check_s)
         self.folder_disk = AttemptDisk(self.artifacts, self.settings, self.key, self.sink)
         """The job folder's disk of its own, if it gets one (`worker.attempt_disk`)."""
+        self.gpu_use = GpuUseSampler(launch.rank, launch.indices, self.settings.gpu_use_sample_s)
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.after: list[AttemptRunner] = []
@@ -340,6 +342,8 @@ class AttemptRunner:
                 next_check = now + CHECK_EVERY_S
                 self._check(now - started)
                 self._note_pids()
+                if exited_at is None and (gpu_use := self.gpu_use.take(self.inventory, self.trainer_pids, now)):
+                    self._flush({"gpu_use": gpu_use})
             if self.folder.due(now):
                 self._measure_folder(now)
             self._escalate()

@@ -153,6 +153,10 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
     for field, value in report.fields.items():
         if field == "total_steps" and not is_command(job.spec or {}):
             continue  # a model job's is its spec's: a line its model printed does not change it
+        if field == "gpu_use":
+            if value is not None:  # each attempt's and rank's, kept beside the others'
+                job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{value['rank']}": value}
+            continue
         setattr(job, field, value)
     # what it holds of the lab's disk and database, for its cap and the Usage page
     job.log_bytes = (job.log_bytes or 0) + report.log_bytes

@@ -77,12 +77,16 @@ class Settings(BaseSettings):
     """Memory a GPU has in use with no process on it (an idle H100 80GB, driver 580: 480 MB).
     A shared GPU's slices are fractions of what is left."""
     gpu_process_overhead_mb: int = Field(default=526, ge=0)
-    gpu_memory_grace_s: float = Field(default=10.0, ge=0)
-    """How long a command job sharing a GPU (gpu_memory_fraction < 1) may hold more than its
-    share of the GPU's memory (NVML's count of its processes) before it is stopped."""
     """What each process pays on a GPU outside any framework limit (its CUDA context and
     allocator): 526 MB measured on an H100 (a process holding a 2,048 MB tensor used
     2,574 MB). `scripts/check-gpus.py --probe` measures it on a host."""
+    gpu_memory_grace_s: float = Field(default=10.0, ge=0)
+    """How long a command job sharing a GPU (gpu_memory_fraction < 1) may hold more than its
+    share of the GPU's memory (NVML's count of its processes) before it is stopped."""
+    gpu_use_sample_s: float = Field(default=10.0, gt=0)
+    """How often an attempt's runner reads how busy its GPUs are and what its processes hold
+    there (`worker.gpu_use`): a job's GPU use is the mean and peak of these samples. Each is
+    a few NVML calls per GPU; 10 s gives a job of a few minutes a figure."""
 
     trainer_nice: int = Field(default=10, ge=0, le=19)
     """CPU niceness of trainers: where they share a host's cores with towerq itself (the

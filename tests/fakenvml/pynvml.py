@@ -1,9 +1,11 @@
 """A fake `pynvml` for tests (put this folder first on a worker's PYTHONPATH): it reports the
 GPUs `FAKE_NVML_GPUS` names (their memory in MiB, comma-separated, e.g. "81559,81559"), and
 as each GPU's processes, the live processes that have `FAKE_GPU_MB=<MiB>` in their
-environment, on the GPUs of their `CUDA_VISIBLE_DEVICES`, using that much memory each. A
-process counts only when no child of it has the variable too (bwrap and setpriv pass their
-environment on: the program at the end of the chain holds the memory).
+environment, on the GPUs of their `CUDA_VISIBLE_DEVICES`, using that much memory each, and
+keeping each of them busy `FAKE_GPU_BUSY` percent of the time (0 unless said; a GPU's
+utilization is its holders' sum, at most 100). A process counts only when no child of it has
+the variable too (bwrap and setpriv pass their environment on: the program at the end of the
+chain holds the memory).
 
 So a test says what a program holds with the job's own `env`, and the worker reads it by
 host pid, as it reads the real NVML."""
@@ -52,7 +54,8 @@ def nvmlDeviceGetUUID(handle: int) -> str:
 
 
 def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:
-    return SimpleNamespace(gpu=0, memory=0)
+    busy = sum(held.busy for held in _holders().values() if handle in held.indices)
+    return SimpleNamespace(gpu=min(100, busy), memory=0)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -72,8 +75,8 @@ def _parent(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[1])
 
 
-def _holders() -> dict[int, tuple[int, list[int]]]:
-    """pid -> (MiB, GPU indices) of the processes that say they hold GPU memory."""
+def _holders() -> dict[int, SimpleNamespace]:
+    """pid -> (MiB, GPU indices, busy percent) of the processes that say they hold GPU memory."""
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -81,16 +84,17 @@ def _holders() -> dict[int, tuple[int, list[int]]]:
         env = _environ(int(name))
         if "FAKE_GPU_MB" in env and env.get("CUDA_VISIBLE_DEVICES"):
             indices = [int(i) for i in env["CUDA_VISIBLE_DEVICES"].split(",") if i.strip().isdigit()]
-            found[int(name)] = (int(env["FAKE_GPU_MB"]), indices)
+            busy = int(env.get("FAKE_GPU_BUSY", "0"))
+            found[int(name)] = SimpleNamespace(mb=int(env["FAKE_GPU_MB"]), indices=indices, busy=busy)
     parents = {_parent(pid) for pid in found}
     return {pid: held for pid, held in found.items() if pid not in parents}
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
     return [
-        SimpleNamespace(pid=pid, usedGpuMemory=mb * 2**20)
-        for pid, (mb, indices) in sorted(_holders().items())
-        if handle in indices
+        SimpleNamespace(pid=pid, usedGpuMemory=held.mb * 2**20)
+        for pid, held in sorted(_holders().items())
+        if handle in held.indices
     ]
 
 

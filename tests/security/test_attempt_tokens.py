@@ -136,6 +136,14 @@ def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -
         job = session.get(Job, job_id)
         assert job is not None
         assert (job.state, job.step, job.loss, job.user_id) == (JobState.DISPATCHED, 7, 0.5, 1)
+    # its GPU use: bounded, one entry per rank of this attempt, never another attempt's
+    use = {"rank": 0, "gpus": 1, "samples": 3, "busy_pct": 40.0, "memory_peak_mb": 900, "memory_total_mb": 81559}
+    for bad in ({"busy_pct": 100.5}, {"rank": 1024}, {"samples": 0}, {"memory_peak_mb": -1}, {"attempt": 2}):
+        assert call(client, token, "POST", path, {"fields": {"gpu_use": {**use, **bad}}}) == 422, bad
+    assert call(client, token, "POST", path, {"fields": {"gpu_use": use}}) == 204
+    with ctx.db.read() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.gpu_use == {"1.0": use}, job.gpu_use
 
 
 def test_live_messages_are_only_the_attempts_own_points_and_lines(ctx: Context, client: TestClient) -> None:

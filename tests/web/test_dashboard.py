@@ -253,9 +253,16 @@ def test_clone_compare_keyboard_and_phone(
     folder = job_folder(stack.settings.artifacts_dir, first)
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("no events here\n")
+    with db.write() as session:  # what its worker sampled of its GPUs (`worker.gpu_use`)
+        job = session.get(Job, first)
+        assert job is not None
+        use = {"rank": 0, "gpus": 2, "samples": 6, "busy_pct": 31.0, "memory_peak_mb": 20000, "memory_total_mb": 81559}
+        job.gpu_use = {"1.0": use}
     page.goto(f"{url}/#/jobs/{first}")
     page.wait_for_selector('#artifacts a:text("notes.txt")')
     assert "TensorBoard" not in page.locator("#artifacts").inner_text()
+    gpu_use = page.locator('dd[data-field="GPU use"]').inner_text()
+    assert gpu_use == "busy 31% of the time, at most 20,000 of 81,559 MiB held", gpu_use
 
     # Clone opens the form filled with the job's spec.
     page.click("#clone")

@@ -193,6 +193,7 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
     else:
         gpus = size or f"{job['gpu_count']} wanted"
     rows.append(("gpus", gpus + share))
+    rows.append(("gpu use", gpu_use_text(job.get("gpu_use"))))
     total = job.get("total_steps")
     step = job.get("step") or 0
     spec = job.get("spec") or {}
@@ -236,6 +237,18 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
         if len(events) > 10:
             lines.append(f"    ({len(events) - 10} earlier; -o json for all)")
     return lines
+
+
+def gpu_use_text(use: dict[str, Any] | None) -> str | None:
+    """`busy 31% of the time, at most 20,000 of 81,559 MiB held` (as its workers sampled the
+    driver); None without a sample (simulated GPUs)."""
+    if not use:
+        return None
+    text = f"busy {use['busy_pct']:g}% of the time"
+    if use.get("memory_peak_mb") is not None:
+        total = f" of {use['memory_total_mb']:,}" if use.get("memory_total_mb") else ""
+        text += f", at most {use['memory_peak_mb']:,}{total} MiB held"
+    return text
 
 
 def spec_rows(job: dict[str, Any], spec: dict[str, Any], api_url: str = "") -> list[tuple[str, str | None]]:

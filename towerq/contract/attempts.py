@@ -40,6 +40,26 @@ Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 """How an attempt ends: the job's final state, or queued again for its next attempt."""
 
 
+class GpuUse(BaseModel):
+    """What one rank's GPUs did over one attempt, as the driver (NVML) said at each of the
+    worker's samples (`worker.gpu_use`): how busy they were, and the most memory the
+    attempt's own processes held on one of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0, le=1023)
+    gpus: int = Field(ge=1, le=1024)
+    """How many GPUs the samples cover."""
+    samples: int = Field(ge=1, lt=2**31)
+    busy_pct: float = Field(ge=0, le=100)
+    """The share of the time a kernel ran on them (NVML's utilization), mean over the
+    samples and the GPUs; on a GPU shared with other jobs, theirs too."""
+    memory_peak_mb: int | None = Field(default=None, ge=0, lt=2**31)
+    """The most its processes held on one GPU at a sample (None: the driver did not say)."""
+    memory_total_mb: int | None = Field(default=None, ge=0, lt=2**31)
+    """The smallest of its GPUs' memory."""
+
+
 class Figures(BaseModel):
     """The job's fields a report may set: nothing else of its row is the supervisor's to write."""
 
@@ -68,6 +88,8 @@ class Figures(BaseModel):
     cuda_visible_devices: str | None = Field(default=None, max_length=256)
     memory_limit_enforced: bool | None = None
     batch_norm: dict[str, list[str]] | None = None
+    # what its GPUs did (`worker.gpu_use`): kept per attempt and rank (`Job.gpu_use`)
+    gpu_use: GpuUse | None = None
 
 
 REPORTED_FIELDS = frozenset(Figures.model_fields)

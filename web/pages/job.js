@@ -373,6 +373,14 @@ function timeLimitText(job) {
   return `${duration(limit)} · stops it ~${clockOf(new Date(Date.parse(last.since) + limit * 1000))}`;
 }
 
+// "busy 31% of the time, at most 20,000 of 81,559 MiB held", as its workers sampled the driver.
+function gpuUseText(use) {
+  const peak = use.memory_peak_mb;
+  const total = use.memory_total_mb ? ` of ${use.memory_total_mb.toLocaleString("en-US")}` : "";
+  const held = peak === null ? "" : `, at most ${peak.toLocaleString("en-US")}${total} MiB held`;
+  return `busy ${use.busy_pct}% of the time${held}`;
+}
+
 function summaryOf(job) {
   const pairs = [
     ["Owner", job.group ? `${job.user} · group ${job.group}` : job.user],
@@ -382,6 +390,7 @@ function summaryOf(job) {
     ["Eval loss", number(job.latest.eval_loss)],
     ["Eval accuracy", percent(job.latest.eval_accuracy)],
     ["Examples/s", speed(job) ?? "–"],
+    ...(job.gpu_use ? [["GPU use", gpuUseText(job.gpu_use)]] : []),
     ["ETA", duration(eta(job))],
     ["Attempt", `${job.attempts}${job.crashes ? ` · ${job.crashes} crashed` : ""} · gives up after ${job.max_attempts} crashes`],
     ["Priority", job.priority],

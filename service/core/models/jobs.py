@@ -99,6 +99,10 @@ class Job(Base):
     worker reads it here; a control message only tells it to look."""
     folder_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     """What the job's folder held on disk when its worker last measured it."""
+    gpu_use: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    """What its GPUs did, by "attempt.rank": the `GpuUse` its runner last reported for that
+    attempt and rank (`worker.gpu_use`); `gpu_use_summary` sums them up. None: no sample
+    (not run yet, or on simulated GPUs)."""
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """What its log lines took (their text and a line's overhead), all attempts together:
     the database's rows and `log.txt` both hold them. Capped by TOWERQ_JOB_LOG_MAX_MB."""
@@ -172,6 +176,12 @@ class Job(Base):
     def latest_metrics(self) -> Job:
         """The latest figures are columns of the job itself (`LatestMetrics` reads them)."""
         return self
+
+    @property
+    def gpu_use_summary(self) -> dict[str, Any] | None:
+        """Its GPU use over every attempt: the mean busy share weighted by samples and GPUs,
+        the memory peak, the smallest GPU (`GpuUseOut`); None without a sample."""
+        return gpu_use_summary(self.gpu_use)
 
     @property
     def cancel_requested(self) -> bool:
@@ -262,3 +272,21 @@ def wait_start(created_at: datetime, wait_held_s: float) -> datetime:
     """When a job's wait for its first start began: its submit, moved later by its time on
     hold before that start (`Job.wait_held_s`), which is no wait."""
     return created_at + timedelta(seconds=wait_held_s)
+
+
+def gpu_use_summary(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Every attempt's and rank's `GpuUse` (`Job.gpu_use`) as one: the busy share over all
+    their GPU-samples, the highest memory peak, the smallest GPU's memory, the samples."""
+    parts = [part for part in (stored or {}).values() if isinstance(part, dict) and part.get("samples")]
+    if not parts:
+        return None
+    weights = [part["samples"] * part["gpus"] for part in parts]
+    busy = sum(w * part["busy_pct"] for w, part in zip(weights, parts, strict=True)) / sum(weights)
+    peaks = [part["memory_peak_mb"] for part in parts if part.get("memory_peak_mb") is not None]
+    totals = [part["memory_total_mb"] for part in parts if part.get("memory_total_mb") is not None]
+    return {
+        "busy_pct": round(busy, 1),
+        "memory_peak_mb": max(peaks) if peaks else None,
+        "memory_total_mb": min(totals) if totals else None,
+        "samples": sum(part["samples"] for part in parts),
+    }

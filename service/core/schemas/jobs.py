@@ -67,6 +67,17 @@ class LatestMetrics(Out):
     """The same at the latest evaluation."""
 
 
+class GpuUseOut(BaseModel):
+    """What a job's GPUs did over its attempts, as its workers sampled the driver (NVML)."""
+
+    busy_pct: float = Field(
+        description="the share of the time a kernel ran on its GPUs (on a shared GPU, its neighbours' too)"
+    )
+    memory_peak_mb: int | None = Field(description="the most GPU memory its own processes held on one GPU")
+    memory_total_mb: int | None = Field(description="the memory of its smallest GPU")
+    samples: int = Field(description="the samples taken (every TOWERQ_GPU_USE_SAMPLE_S, each rank)")
+
+
 class JobOut(Out):
     """A job as the API shows it, read from a `Job` row (`JobOut.model_validate(job)`); the
     allocation comes from the allocations table (`service.jobs.read.allocations_of`)."""
@@ -114,6 +125,11 @@ class JobOut(Out):
     expected_host: str | None = None
     folder_bytes: int | None = None
     """What its folder held on disk when its worker last measured it."""
+    gpu_use: GpuUseOut | None = Field(
+        default=None,
+        validation_alias="gpu_use_summary",
+        description="how busy its GPUs were and the most memory it held there (null: no sample, or simulated GPUs)",
+    )
     error: str | None
     reason: str | None = None
     """Why the job is where it is, in words: a failed job's error, who or what cancelled it,

@@ -1,0 +1,54 @@
+"""A job's GPU use (`worker.gpu_use`, `Job.gpu_use_summary`): the mean busy share over its
+samples and GPUs, the most its own processes held on one GPU (a neighbour's processes on a
+shared GPU are not its own), nothing from GPUs that do not say how busy they are, and every
+attempt's and rank's figures summed up weighted by their samples and GPUs."""
+
+from __future__ import annotations
+
+import time
+
+from service.core.models.jobs import gpu_use_summary
+from worker.gpu_use import GpuUseSampler
+from worker.inventory import GpuState, SimulatedInventory
+
+
+def gpu(index: int, busy: float | None, processes: list[tuple[int, int | None]]) -> GpuState:
+    held = [{"pid": pid, "used_mb": used} for pid, used in processes]
+    return GpuState(index, f"GPU-{index}", "H100", 81559, utilization_pct=busy, processes=held)
+
+
+def test_the_busy_share_is_the_mean_over_samples_and_gpus_and_the_peak_is_its_own_processes() -> None:
+    sampler = GpuUseSampler(rank=0, indices=[0, 1], every_s=10)
+    others = gpu(2, 100, [(99, 70000)])  # a GPU not its own
+    assert sampler.sample([gpu(0, 20, [(10, 1000), (11, 50000)]), gpu(1, 60, [(10, 3000)]), others], {10})
+    assert sampler.sample([gpu(0, 100, [(10, 2000)]), gpu(1, 100, [(10, 2500), (12, 500)])], {10, 12})
+    figures = sampler.figures()
+    assert figures is not None
+    assert (figures.samples, figures.busy_pct, figures.gpus) == (2, 70.0, 2)  # (40 + 100) / 2
+    assert (figures.memory_peak_mb, figures.memory_total_mb) == (3000, 81559)  # 2,500 + 500 is less
+
+
+def test_gpus_that_do_not_say_how_busy_they_are_give_no_figure() -> None:
+    sampler = GpuUseSampler(rank=1, indices=[0, 1], every_s=10)
+    assert not sampler.sample([gpu(0, 50, [(10, 100)]), gpu(1, None, [(10, 100)])], {10})
+    assert not sampler.sample([gpu(0, 50, [(10, 100)])], {10})  # one of its GPUs not listed
+    assert sampler.figures() is None
+    simulated = SimulatedInventory("lab-a", 2)
+    assert sampler.take(simulated, {10}, time.monotonic() + 60) is None
+    busy_unknown = GpuUseSampler(rank=0, indices=[0], every_s=10)
+    assert busy_unknown.sample([gpu(0, 0, [(10, None)])], {10})  # busy known, memory not said
+    assert busy_unknown.figures() is not None and busy_unknown.figures().memory_peak_mb is None  # type: ignore[union-attr]
+
+
+def test_every_attempt_and_rank_is_summed_up_by_its_samples_and_gpus() -> None:
+    stored = {
+        "1.0": {"rank": 0, "gpus": 1, "samples": 10, "busy_pct": 20, "memory_peak_mb": 9000, "memory_total_mb": 81559},
+        "2.0": {"rank": 0, "gpus": 2, "samples": 30, "busy_pct": 80, "memory_peak_mb": None, "memory_total_mb": 40960},
+    }
+    assert gpu_use_summary(stored) == {
+        "busy_pct": 71.4,  # (10 x 20 + 60 x 80) / 70
+        "memory_peak_mb": 9000,
+        "memory_total_mb": 40960,
+        "samples": 40,
+    }
+    assert gpu_use_summary(None) is None and gpu_use_summary({}) is None

@@ -1,0 +1,72 @@
+"""How busy an attempt keeps its GPUs, and the most GPU memory it holds, as `seff` says of
+a Slurm job: a member sees whether a job used what it held (a notebook left idle on a GPU,
+a data loader that starves the GPUs), and an admin sees it for every job.
+
+Every `TOWERQ_GPU_USE_SAMPLE_S` the attempt's runner reads its GPUs from the driver (NVML):
+their utilization (the share of the last sample period in which a kernel ran), and the
+memory of each of its own processes (by host pid, as the memory cap reads them). The mean
+and the peak go to the job with the attempt's reports (`towerq.contract.attempts.GpuUse`,
+kept per attempt and rank). Simulated GPUs say neither: a job on them has no figure."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from towerq.contract.attempts import GpuUse
+from worker.inventory import GpuState, Inventory
+
+
+class GpuUseSampler:
+    """What one rank's GPUs did so far this attempt; `sample` adds what the driver says now."""
+
+    def __init__(self, rank: int, indices: list[int], every_s: float) -> None:
+        self.rank = rank
+        self.indices = set(indices)
+        self.every_s = every_s
+        self.next_at = time.monotonic() + every_s
+        """The first sample comes a period after the start: its process is starting before."""
+        self.samples = 0
+        self.busy_sum = 0.0
+        """The sum over samples of the mean utilization of its GPUs."""
+        self.memory_peak_mb: int | None = None
+        self.memory_total_mb: int | None = None
+
+    def take(self, inventory: Inventory, pids: set[int], now: float) -> dict[str, Any] | None:
+        """A sample when one is due (never of simulated GPUs): the figures to report, or None."""
+        if inventory.simulated or now < self.next_at:
+            return None
+        self.next_at = now + self.every_s
+        if not self.sample(inventory.refresh(), pids):
+            return None
+        figures = self.figures()
+        return figures.model_dump() if figures is not None else None
+
+    def sample(self, gpus: list[GpuState], pids: set[int]) -> bool:
+        """Take one sample of its GPUs among `gpus`, its processes being `pids`; False when
+        the driver said nothing of how busy they are (simulated GPUs, an old driver)."""
+        mine = [gpu for gpu in gpus if gpu.index in self.indices]
+        busy = [gpu.utilization_pct for gpu in mine if gpu.utilization_pct is not None]
+        if len(mine) < len(self.indices) or len(busy) < len(mine):
+            return False  # one of them is not listed (fallen off the bus) or does not say
+        self.samples += 1
+        self.busy_sum += sum(busy) / len(busy)
+        for gpu in mine:
+            held = [p["used_mb"] for p in gpu.processes if p["pid"] in pids and p["used_mb"] is not None]
+            if held:
+                self.memory_peak_mb = max(self.memory_peak_mb or 0, sum(held))
+        self.memory_total_mb = min(gpu.memory_total_mb for gpu in mine)
+        return True
+
+    def figures(self) -> GpuUse | None:
+        """What to report (None before the first sample)."""
+        if not self.samples:
+            return None
+        return GpuUse(
+            rank=self.rank,
+            gpus=len(self.indices),
+            samples=self.samples,
+            busy_pct=round(min(100.0, max(0.0, self.busy_sum / self.samples)), 2),
+            memory_peak_mb=self.memory_peak_mb,
+            memory_total_mb=self.memory_total_mb,
+        )
