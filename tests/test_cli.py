@@ -246,8 +246,6 @@ def test_usage_and_fair_share_print_what_the_api_counts(
     make_token: Callable[..., str],
     add_host: Callable[..., None],
 ) -> None:
-    from datetime import UTC, datetime, timedelta
-
     from tests.service.api.test_usage import add_run
 
     url = stack.start_api()
@@ -261,7 +259,7 @@ def test_usage_and_fair_share_print_what_the_api_counts(
     table = towerq(home, "usage", "--since", "1d")
     assert table.returncode == 0, table.stderr
     lines = {line.split()[0]: line.split() for line in table.stdout.splitlines()[2:]}
-    assert lines["alice"][1:6] == ["6.00", "1", "1", "1h00m", "1h00m"], table.stdout
+    assert lines["alice"][1:7] == ["6.00", "1", "1", "1h00m", "1h00m", "-"], table.stdout  # no GPU use sampled
     assert lines["bob"][1] in ("1.00", "1.01") and lines["total"][1] in ("7.00", "7.01")
     hosts = json.loads(towerq(home, "usage", "--since", "1d", "--by", "host", "-o", "json").stdout)
     assert [row["key"] for row in hosts["rows"]] == ["lab-a"] and hosts["rows"][0]["jobs"] == 2

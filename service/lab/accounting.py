@@ -5,7 +5,9 @@ ranks each user where it does.
   (`service.scheduler.holdings`: allocation rows, and the attempts a Slurm cluster placed):
   GPU hours (the part of each holding inside the window; a running one counts up to now),
   the jobs that held GPUs in the window, and the wait (submit to first start, less any time
-  on hold before it: `Job.wait_held_s`) of the jobs that first started in it, median and p95.
+  on hold before it: `Job.wait_held_s`) of the jobs that first started in it, median and p95;
+  and how busy those GPU hours were, where the jobs' workers sampled their GPUs
+  (`Job.gpu_use`: each job's busy share, weighted by its GPU hours in the window).
 - `fair_share_report`: each user's decayed usage, share, and the rank term the policy
   gives them now, computed by the policy's own `FairShareTerms` from the same rows and
   estimates a scheduling pass reads (`service.scheduler.snapshot`, the usage ledger).
@@ -22,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.core.models import Allocation, Gpu, Group, Host, Job, User, wait_start
+from service.core.models.jobs import gpu_use_summary
 from service.core.schemas.usage import FairShareGroupOut, FairShareUserOut, HeldOut, QueueSampleOut
 from service.lab.groups import default_groups
 from service.scheduler.holdings import holdings
@@ -42,7 +45,12 @@ class UsageRow:
     """Jobs that first started in the window (their waits are the wait figures)."""
     median_wait_s: float | None = None
     p95_wait_s: float | None = None
+    gpu_busy_pct: float | None = None
+    """How busy the GPUs were over `sampled_gpu_hours` (None: no job's GPUs were sampled)."""
+    sampled_gpu_hours: float = 0.0
+    """Of `gpu_hours`, those of jobs whose GPU use was sampled (not simulated GPUs)."""
     job_ids: set[int] = field(default_factory=set, repr=False)
+    job_hours: dict[int, float] = field(default_factory=dict, repr=False)
     waits: list[float] = field(default_factory=list, repr=False)
 
 
@@ -56,8 +64,10 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
 
     for held in holdings(session, since, until):
         entry = row({"user": held.user, "host": held.host, "group": held.group}[by])
-        entry.gpu_hours += held.hours_within(since, until, now)
+        hours = held.hours_within(since, until, now)
+        entry.gpu_hours += hours
         entry.job_ids.add(held.job_id)
+        entry.job_hours[held.job_id] = entry.job_hours.get(held.job_id, 0.0) + hours
         if held.first_start and since <= held.start <= until:
             entry.waits.append(max(0.0, (held.start - held.submitted).total_seconds()))
     key = {"user": User.name, "host": Host.name, "group": Job.group}[by]
@@ -77,13 +87,32 @@ def usage_report(session: Session, since: datetime, until: datetime, by: str, no
     )
     for name, submitted, held, started in starts:
         row(name).waits.append(max(0.0, (started - wait_start(submitted, held)).total_seconds()))
+    busy = gpu_busy(session, {job_id for entry in rows.values() for job_id in entry.job_ids})
     for entry in rows.values():
+        sampled = {job_id: hours for job_id, hours in entry.job_hours.items() if job_id in busy}
+        entry.sampled_gpu_hours = sum(sampled.values())
+        if entry.sampled_gpu_hours > 0:
+            weighted = sum(hours * busy[job_id] for job_id, hours in sampled.items())
+            entry.gpu_busy_pct = round(weighted / entry.sampled_gpu_hours, 1)
         entry.jobs = len(entry.job_ids)
         entry.started = len(entry.waits)
         if entry.waits:
             entry.median_wait_s = statistics.median(entry.waits)
             entry.p95_wait_s = percentile(entry.waits, 95)
     return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
+
+
+def gpu_busy(session: Session, job_ids: set[int]) -> dict[int, float]:
+    """The busy share of each of these jobs' GPUs that their workers sampled (`Job.gpu_use`)."""
+    found: dict[int, float] = {}
+    ids = sorted(job_ids)
+    for start in range(0, len(ids), 1000):  # within any database's bound on parameters
+        chunk = ids[start : start + 1000]
+        rows = session.execute(select(Job.id, Job.gpu_use).where(Job.id.in_(chunk), Job.gpu_use.is_not(None)))
+        for job_id, stored in rows:
+            if (summary := gpu_use_summary(stored)) is not None:
+                found[job_id] = summary["busy_pct"]
+    return found
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -186,7 +186,7 @@ def _add_lab_commands(command: CommandMaker) -> None:
     user_options(queue)
     queue.set_defaults(run=run_queue)
 
-    usage = command("usage", "GPU hours, jobs and waits per user, host or group over a time window", read=True)
+    usage = command("usage", "GPU hours, jobs, waits and how busy GPUs were per user, host or group", read=True)
     usage.add_argument("--since", default="7d", help="ISO time, or an age: 30m, 24h, 7d (default 7d)")
     usage.add_argument("--until", default=None, help="ISO time, or an age (default now)")
     usage.add_argument("--by", choices=("user", "host", "group"), default="user")

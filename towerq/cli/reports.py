@@ -116,11 +116,16 @@ def run_usage(args: argparse.Namespace) -> int:
     if args.output_format == "json":
         return print_json(answer)
     print(f"{answer['since'][:16]} to {answer['until'][:16]} (UTC)")
-    print(f"{args.by.upper():<16} {'GPU HOURS':>10} {'JOBS':>6} {'STARTED':>8} {'WAIT P50':>9} {'WAIT P95':>9}")
+    print(
+        f"{args.by.upper():<16} {'GPU HOURS':>10} {'JOBS':>6} {'STARTED':>8} {'WAIT P50':>9} {'WAIT P95':>9} "
+        f"{'GPU BUSY':>8}"
+    )
     for row in answer["rows"]:
+        busy = row.get("gpu_busy_pct")
         print(
             f"{row['key'][:16]:<16} {row['gpu_hours']:>10.2f} {row['jobs']:>6} {row['started']:>8} "
-            f"{views.duration_text(row['median_wait_s']):>9} {views.duration_text(row['p95_wait_s']):>9}"
+            f"{views.duration_text(row['median_wait_s']):>9} {views.duration_text(row['p95_wait_s']):>9} "
+            f"{f'{busy:.0f}%' if busy is not None else '-':>8}"
         )
     total = sum(row["gpu_hours"] for row in answer["rows"])
     print(f"{'total':<16} {total:>10.2f}")

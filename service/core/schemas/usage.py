@@ -17,6 +17,10 @@ class UsageRowOut(BaseModel):
     """Jobs that first started in the window: the waits are theirs."""
     median_wait_s: float | None
     p95_wait_s: float | None
+    gpu_busy_pct: float | None = None
+    """How busy the GPUs were, over `sampled_gpu_hours` (None: no job's GPUs were sampled)."""
+    sampled_gpu_hours: float = 0.0
+    """Of `gpu_hours`, those of jobs whose workers sampled their GPUs (never simulated ones)."""
 
 
 class UsageOut(BaseModel):

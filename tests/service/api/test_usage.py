@@ -258,3 +258,16 @@ def test_the_timeline_lists_every_allocation_and_the_queue_over_time(lab: Api) -
     assert queue[hours(9)]["queued"] == 1 and queue[hours(12)]["queued"] == 0
     started = [q for q in body["queue"] if q["started"]]
     assert [(q["started"], q["median_wait_s"]) for q in started] == [(1, 3600), (1, 1800), (1, 3 * 3600)]
+
+
+def test_how_busy_the_gpus_were_is_each_jobs_sampled_share_weighted_by_its_gpu_hours(lab: Api, db: Database) -> None:
+    """alice's 8 GPU hours were 20 % busy and her 2 later ones 70 %: 30 % over her 10; bob's
+    job was never sampled (simulated GPUs): no figure, rather than 0."""
+    with db.write() as session:
+        first, later = session.scalars(select(Job).join(User).where(User.name == "alice").order_by(Job.id)).all()
+        for job, busy in ((first, 20.0), (later, 70.0)):
+            use = {"rank": 0, "gpus": job.gpu_count, "samples": 5, "busy_pct": busy, "memory_peak_mb": 100}
+            job.gpu_use = {"1.0": {**use, "memory_total_mb": 81559}}
+    users = by_key(lab.get("/api/usage", params={"since": hours(0).isoformat(), "until": hours(12).isoformat()}).json())
+    assert (users["alice"]["gpu_busy_pct"], users["alice"]["sampled_gpu_hours"]) == (30.0, pytest.approx(10))
+    assert (users["bob"]["gpu_busy_pct"], users["bob"]["sampled_gpu_hours"]) == (None, 0.0)
