@@ -14,8 +14,8 @@ the GPUs held for the job it makes room for (`Cluster.held`, `settle.hold_made_r
 that job's until the call after (so a job that came since is not expected to start on them).
 Nothing new arrives but the queued jobs held back by their begin alone (`towerq run
 --begin`), each at its begin (`arrivals`); nobody cancels, usage is held where it is now:
-an estimate, refreshed by every pass, never a promise. The replay runs on the simulated cluster of `clock`, the
-trace simulator's too. A job the replay stops (time slicing, preemption) frees its
+an estimate, refreshed by every pass, never a promise. The replay runs on the simulated
+cluster of `clock`, the trace simulator's too. A job the replay stops (time slicing, preemption) frees its
 GPUs `CHECKPOINT_S` later and leaves the replay: it queues again behind the fresh work it
 made room for, and is not forecast. With time slicing on, the moment a running job may
 first be stopped (`sliceable_from`) is an event too, while fresh work waits.
