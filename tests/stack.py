@@ -94,6 +94,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def log_messages(client: httpx.Client, job_id: int) -> list[str]:
+    """The job's log as the API gives it, its lines' messages in order (the last 5,000)."""
+    return [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 5000}).json()]
+
+
 def finished(client: httpx.Client, job_id: int, timeout: float = 180) -> dict[str, Any]:
     """The job once it has ended, as the API shows it."""
     return wait_for(

@@ -15,7 +15,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.faults.helpers import assert_metrics_continuous, backdate_allocations, job_of, wait_state, wait_step
-from tests.stack import REPO, Stack, finished, upload_code, wait_for
+from tests.stack import REPO, Stack, finished, log_messages, upload_code, wait_for
 from towerq import Client
 from towerq.bundle import FolderError
 
@@ -167,7 +167,8 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     which reports what each program's FAKE_GPU_MB says it holds, and FAKE_GPU_BUSY how busy it
     keeps the GPU): the one past its share is stopped with both numbers named, the one inside
     it succeeds. Each job's GPU use is what its worker sampled: the GPU's busy share and the
-    most its own processes held (its neighbour's memory is not its own)."""
+    most its own processes held (its neighbour's memory is not its own). A job that holds its
+    GPU idle is told so in its log once its idle time is up; a busy one is not."""
     monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
     stack.start_api()
@@ -182,6 +183,7 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
         trainer_pool=0,
         gpu_memory_grace_s=1,
         gpu_use_sample_s=1,
+        gpu_idle_warn_s=3,
     )
     token = make_token("alice")
     client = stack.client(token)
@@ -212,6 +214,16 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     assert stack.api_url is not None
     shown = towerq_cli("show", str(ran["id"]), cwd=tmp_path, api=stack.api_url, token=token)
     assert "  gpu use    busy 30% of the time, at most 20,000 of 81,559 MiB held\n" in shown.stdout, shown.stdout
+    idle = client.post(
+        "/api/jobs", json={**shared, "command": ["python", "hold.py", "14"], "env": {"FAKE_GPU_MB": "900"}}
+    )
+    assert idle.status_code == 201, idle.text
+    waited = finished(client, idle.json()["id"], 120)
+    assert waited["state"] == "succeeded" and waited["gpu_use"]["busy_pct"] == 0, waited
+    told = [m for m in log_messages(client, waited["id"]) if m.startswith("its GPUs have been idle for ")]
+    said = r"its GPUs have been idle for [34]s \(busy under 5% at every sample\): .* holds them from the lab"
+    assert len(told) == 1 and re.fullmatch(said, told[0]), told
+    assert not [m for m in log_messages(client, ran["id"]) if "idle" in m]  # busy 30%: never told
 
 
 def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import pytest
 from service.cli.redis_server import EmbeddedRedis, embedded_url
 from service.core.settings import Settings
 from tests.conftest import free_port
-from tests.stack import Stack, finished, upload_code, wait_for
+from tests.stack import Stack, finished, log_messages, upload_code, wait_for
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
@@ -99,10 +99,6 @@ def two_hosts(stack: Stack, token: str) -> httpx.Client:
     return client
 
 
-def messages(client: httpx.Client, job_id: int) -> list[str]:
-    return [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 5000}).json()]
-
-
 def train_steps(client: httpx.Client, job_id: int) -> list[int]:
     return [p["step"] for p in client.get(f"/api/jobs/{job_id}/metrics").json() if p["split"] == "train"]
 
@@ -123,7 +119,7 @@ def test_pytorch_ddp_runs_as_four_processes_over_two_hosts(stack: Stack, make_to
     created = client.post("/api/jobs", json={**spec, "processes": "per_gpu", "network": True})
     assert created.status_code == 201, created.text
     job = finished(client, created.json()["id"], 300)
-    lines = messages(client, job["id"])
+    lines = log_messages(client, job["id"])
     assert job["state"] == "succeeded", (job["error"], lines[-30:])
     assert {r["host"] for r in job["allocation"]["ranks"]} == {"lab-a", "lab-b"}
     said = {line.partition("] ")[2] for line in lines}
@@ -170,7 +166,7 @@ def test_a_killed_rank_sends_the_gang_back_and_both_hosts_resume_from_rank_0s_ch
     wait_for(lambda: client.get(f"/api/jobs/{job_id}").json()["attempts"] == 2, 60, "the job to go back", 0.2)
     assert time.monotonic() - killed_at < 30
     job = finished(client, job_id, 240)
-    lines = messages(client, job_id)
+    lines = log_messages(client, job_id)
     assert job["state"] == "succeeded", (job["error"], lines[-30:])
     assert job["crashes"] == 1 and job["attempts"] == 2, job
     steps = train_steps(client, job_id)

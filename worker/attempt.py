@@ -15,6 +15,7 @@ only once every process of the attempt is gone and the driver no longer lists on
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -147,7 +148,9 @@ class AttemptRunner:
         self.folder = FolderWatch(self.artifacts, self.settings.job_folder_max_bytes, self.settings.job_folder_check_s)
         self.folder_disk = AttemptDisk(self.artifacts, self.settings, self.key, self.sink)
         """The job folder's disk of its own, if it gets one (`worker.attempt_disk`)."""
-        self.gpu_use = GpuUseSampler(launch.rank, launch.indices, self.settings.gpu_use_sample_s)
+        idle_warn_s = 0.0 if self.session else self.settings.gpu_idle_warn_s  # a session ends when idle
+        warn = functools.partial(self.sink.log, "warning")
+        self.gpu_use = GpuUseSampler(launch.rank, launch.indices, self.settings.gpu_use_sample_s, idle_warn_s, warn)
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.after: list[AttemptRunner] = []

@@ -6,24 +6,48 @@ Every `TOWERQ_GPU_USE_SAMPLE_S` the attempt's runner reads its GPUs from the dri
 their utilization (the share of the last sample period in which a kernel ran), and the
 memory of each of its own processes (by host pid, as the memory cap reads them). The mean
 and the peak go to the job with the attempt's reports (`towerq.contract.attempts.GpuUse`,
-kept per attempt and rank). Simulated GPUs say neither: a job on them has no figure."""
+kept per attempt and rank). Simulated GPUs say neither: a job on them has no figure.
+
+A job whose GPUs stay idle (busy under `GPU_BUSY_PCT` at every sample) for
+`TOWERQ_GPU_IDLE_WARN_S` is told so in its log, once for each such stretch: a program that
+waits on its input, or is done with the GPUs, holds them from the lab. A notebook session
+has its own idle end (`worker.notebook`) and is not told."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from towerq.contract.attempts import GpuUse
+from towerq.contract.times import limit_text
 from worker.inventory import GpuState, Inventory
+
+GPU_BUSY_PCT = 5.0
+"""A GPU whose utilization NVML reports at or above this is in use (not idle)."""
 
 
 class GpuUseSampler:
     """What one rank's GPUs did so far this attempt; `sample` adds what the driver says now."""
 
-    def __init__(self, rank: int, indices: list[int], every_s: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        indices: list[int],
+        every_s: float,
+        idle_warn_s: float = 0.0,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        """`warn` is told when its GPUs have been idle `idle_warn_s` (0: never)."""
         self.rank = rank
         self.indices = set(indices)
         self.every_s = every_s
+        self.idle_warn_s = idle_warn_s
+        self.warn = warn
+        self.idle_since: float | None = None
+        """Since when every sample found its GPUs idle (None: the last one found them busy)."""
+        self.idle_said = False
+        self.last_busy = 0.0
         self.next_at = time.monotonic() + every_s
         """The first sample comes a period after the start: its process is starting before."""
         self.samples = 0
@@ -39,6 +63,7 @@ class GpuUseSampler:
         self.next_at = now + self.every_s
         if not self.sample(inventory.refresh(), pids):
             return None
+        self._watch_idle(now)
         figures = self.figures()
         return figures.model_dump() if figures is not None else None
 
@@ -50,13 +75,30 @@ class GpuUseSampler:
         if len(mine) < len(self.indices) or len(busy) < len(mine):
             return False  # one of them is not listed (fallen off the bus) or does not say
         self.samples += 1
-        self.busy_sum += sum(busy) / len(busy)
+        self.last_busy = sum(busy) / len(busy)
+        self.busy_sum += self.last_busy
         for gpu in mine:
             held = [p["used_mb"] for p in gpu.processes if p["pid"] in pids and p["used_mb"] is not None]
             if held:
                 self.memory_peak_mb = max(self.memory_peak_mb or 0, sum(held))
         self.memory_total_mb = min(gpu.memory_total_mb for gpu in mine)
         return True
+
+    def _watch_idle(self, now: float) -> None:
+        """Tell `warn` once its GPUs have been idle `idle_warn_s`, once for each idle stretch."""
+        if self.last_busy >= GPU_BUSY_PCT:
+            self.idle_since, self.idle_said = None, False
+            return
+        if self.idle_since is None:
+            self.idle_since = now
+        if self.warn is None or not self.idle_warn_s or self.idle_said or now - self.idle_since < self.idle_warn_s:
+            return
+        self.idle_said = True
+        self.warn(
+            f"its GPUs have been idle for {limit_text(round(now - self.idle_since))} (busy under "
+            f"{GPU_BUSY_PCT:g}% at every sample): a program waiting on its input, or done with its GPUs, "
+            "holds them from the lab"
+        )
 
     def figures(self) -> GpuUse | None:
         """What to report (None before the first sample)."""

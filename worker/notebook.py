@@ -49,6 +49,7 @@ from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
 from worker.door import SOCKET, Door, ask
 from worker.folder import FolderWatch, size_words
+from worker.gpu_use import GPU_BUSY_PCT
 from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
 from worker.outcome import NotStarted, Stop
 from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
@@ -59,8 +60,6 @@ SESSION_PATH = Path("/run/towerq")
 """Where a sandboxed session sees its own folder (its socket, JupyterLab's runtime files)."""
 IDLE_CHECK_S = 5.0
 """How often the worker asks JupyterLab whether a kernel is busy."""
-GPU_BUSY_PCT = 5.0
-"""A GPU whose utilization NVML reports at or above this is in use (not idle)."""
 OVER_QUOTA_SLACK_BYTES = 1_000_000
 """How much a member's folder that is over its quota when a session starts may still grow in
 that session: JupyterLab (as it starts) and the kernel keep their own state in `$HOME`

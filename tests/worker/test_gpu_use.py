@@ -9,7 +9,7 @@ import time
 
 from service.core.models.jobs import gpu_use_summary
 from worker.gpu_use import GpuUseSampler
-from worker.inventory import GpuState, SimulatedInventory
+from worker.inventory import GpuState, Inventory, SimulatedInventory
 
 
 def gpu(index: int, busy: float | None, processes: list[tuple[int, int | None]]) -> GpuState:
@@ -52,3 +52,42 @@ def test_every_attempt_and_rank_is_summed_up_by_its_samples_and_gpus() -> None:
         "samples": 40,
     }
     assert gpu_use_summary(None) is None and gpu_use_summary({}) is None
+
+
+class Driver(Inventory):
+    """NVML as a test says it: one GPU, as busy as `busy` says now."""
+
+    simulated = False
+
+    def __init__(self) -> None:
+        self.busy = 0.0
+
+    def gpus(self) -> list[GpuState]:
+        return [gpu(0, self.busy, [(10, 500)])]
+
+
+def test_gpus_idle_for_the_warning_time_are_said_once_for_each_idle_stretch() -> None:
+    said: list[str] = []
+    driver = Driver()
+    sampler = GpuUseSampler(rank=0, indices=[0], every_s=10, idle_warn_s=60, warn=said.append)
+    start = sampler.next_at
+    for t in range(0, 70, 10):  # idle from the first sample on: told at 60 s, once
+        assert sampler.take(driver, {10}, start + t) is not None
+    assert said == [
+        "its GPUs have been idle for 1m (busy under 5% at every sample): a program waiting on its input, or done "
+        "with its GPUs, holds them from the lab"
+    ]
+    driver.busy = 4.9  # still idle: nothing more
+    sampler.take(driver, {10}, start + 70)
+    driver.busy = 80.0  # busy again, then idle again: told again after another minute
+    sampler.take(driver, {10}, start + 80)
+    driver.busy = 0.0
+    for t in range(90, 150, 10):
+        sampler.take(driver, {10}, start + t)
+    assert len(said) == 1
+    sampler.take(driver, {10}, start + 150)
+    assert len(said) == 2 and said[1].startswith("its GPUs have been idle for 1m ")
+    quiet = GpuUseSampler(rank=0, indices=[0], every_s=10, idle_warn_s=0, warn=said.append)  # 0: never
+    for t in range(0, 600, 10):
+        quiet.take(driver, {10}, quiet.next_at + t)
+    assert len(said) == 2
