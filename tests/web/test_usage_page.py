@@ -1,6 +1,7 @@
 """The Usage page in a real browser, over several users' allocations: GPUs per user
 stacked, a timeline bar per allocation (hover names the job, a click opens it), the queue
-chart, and the fair-share table as the scheduler ranks users now."""
+chart, the window's totals per user (GPU hours, jobs, waits, how busy the sampled GPUs
+were), and the fair-share table as the scheduler ranks users now."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.core.db import Database
+from service.core.models import Job
 from tests.service.api.test_usage import add_run, lab_user_queued
 from tests.stack import Stack
 from tests.web.conftest import shot
@@ -36,6 +38,10 @@ def test_the_usage_page_shows_who_held_which_gpu_and_the_fair_share(
         add_run(db, "alice", "lab-a", [1], ago(6), ago(4), None),
     ]
     lab_user_queued(db, "bob")
+    with db.write() as session:  # what alice's first job's worker sampled of its GPUs
+        job = session.get(Job, runs[0])
+        assert job is not None
+        job.gpu_use = {"1.0": {"rank": 0, "gpus": 2, "samples": 9, "busy_pct": 64.0, "memory_peak_mb": 1}}
     token = make_token("alice")
 
     page = open_page()
@@ -45,6 +51,12 @@ def test_the_usage_page_shows_who_held_which_gpu_and_the_fair_share(
     legend = page.locator("#chart-gpus-per-user .u-legend").inner_text()
     assert all(user in legend for user in ("alice", "bob", "carol"))
     page.wait_for_selector("#chart-queue .uplot")
+    # GPU hours, jobs, waits and how busy the sampled GPUs were, per user over the window
+    totals = page.locator("#usage-totals tbody tr")
+    assert totals.evaluate_all("rs => rs.map(r => r.dataset.key)") == ["alice", "bob", "carol"]  # most GPU-hours first
+    cells = lambda key: page.locator(f'#usage-totals tr[data-key="{key}"] td').all_inner_texts()  # noqa: E731
+    assert cells("bob")[1:3] == ["6.0", "1"] and cells("bob")[5] == "–", cells("bob")  # never sampled
+    assert cells("alice")[5] == "64%", cells("alice")  # only its first job was sampled
 
     rows = page.locator(".gantt-row:not(.gantt-axis)")
     assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.gpu)")) == ["lab-a:0", "lab-a:1", "lab-b:0"]

@@ -39,6 +39,7 @@ export async function render(main, params) {
     ),
   );
   const stacked = el("figure", { class: "chart", id: "chart-gpus-per-user" }, el("figcaption", {}, `GPUs in use per ${by}`));
+  const totals = el("div", { class: "scroll", id: "usage-totals" });
   const queue = el(
     "figure",
     { class: "chart", id: "chart-queue" },
@@ -53,6 +54,7 @@ export async function render(main, params) {
     picker,
     perWhat,
     stacked,
+    totals,
     el("h2", {}, "Who held each GPU"),
     gantt,
     queue,
@@ -75,7 +77,11 @@ export async function render(main, params) {
     const until = new Date();
     const since = new Date(until.getTime() - WINDOWS[span] * 1000);
     const query = `since=${encodeURIComponent(since.toISOString())}&until=${encodeURIComponent(until.toISOString())}`;
-    const [timeline, shares] = await Promise.all([api(`api/usage/timeline?${query}`), api("api/fair-share")]);
+    const [timeline, shares, report] = await Promise.all([
+      api(`api/usage/timeline?${query}`),
+      api("api/fair-share"),
+      api(`api/usage?${query}&by=${by}`),
+    ]);
     perWhat.hidden = !shares.groups.length && !timeline.allocations.some((a) => a.group);
     const keys = [...new Set(timeline.allocations.map(keyOf))].sort();
     const users = [...new Set(timeline.allocations.map((a) => a.user))].sort();
@@ -85,6 +91,7 @@ export async function render(main, params) {
     plots.push(stackedChart(stacked, timeline, keys, keyOf, keyColor, fit.width()));
     plots.push(queueChart(queue, timeline, fit.width()));
     drawGantt(gantt, timeline, color);
+    totals.replaceChildren(totalsTable(report, by));
     fair.replaceChildren(...fairShareTables(shares));
   }
   const poller = poll(refresh, POLL_MS, problem, "Refreshing usage");
@@ -272,6 +279,26 @@ function drawGantt(box, timeline, color) {
 
 // The fair-share tree when the lab has groups: each group's row (its term is the first
 // level), then its users'; without groups, the users alone.
+// Per user or group over the window: GPU hours, jobs, waits (submit to first start), and how
+// busy the GPUs were where their workers sampled them ("–": simulated GPUs, never sampled).
+function totalsTable(report, by) {
+  const busy = (r) => (r.gpu_busy_pct === null ? "–" : `${Math.round(r.gpu_busy_pct)}%`);
+  const columns = [
+    { title: by === "group" ? "Group" : "User", cell: (r) => r.key },
+    { title: "GPU-hours", class: "num", cell: (r) => r.gpu_hours.toFixed(1) },
+    { title: "Jobs", class: "num", cell: (r) => String(r.jobs) },
+    { title: "Median wait", class: "num", cell: (r) => (r.median_wait_s === null ? "–" : duration(r.median_wait_s)) },
+    { title: "p95 wait", class: "num", cell: (r) => (r.p95_wait_s === null ? "–" : duration(r.p95_wait_s)) },
+    { title: "GPUs busy", class: "num", cell: busy },
+  ];
+  return dataTable(columns, report.rows, {
+    tableClass: "usage-totals",
+    caption: `GPU hours, waits and GPU use per ${by}`,
+    attrs: (r) => ({ dataset: { key: r.key } }),
+    empty: "No GPU was held in this window.",
+  }).table;
+}
+
 function fairShareTables(shares) {
   const users = fairShareTable(shares);
   if (!shares.groups.length) return [el("div", { class: "scroll" }, users)];
