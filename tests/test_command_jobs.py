@@ -224,6 +224,8 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     said = r"its GPUs have been idle for [34]s \(busy under 5% at every sample\): .* holds them from the lab"
     assert len(told) == 1 and re.fullmatch(said, told[0]), told
     assert not [m for m in log_messages(client, ran["id"]) if "idle" in m]  # busy 30%: never told
+    listed = towerq_cli("gpus", cwd=tmp_path, api=stack.api_url, token=token).stdout.splitlines()
+    assert listed[0].split()[4] == "BUSY" and listed[1].split()[9] == "0%", listed  # as NVML says it now
 
 
 def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:

@@ -198,7 +198,7 @@ def run_gpus(args: argparse.Namespace) -> int:
     gpus = Api(args).client.gpus()
     if args.output_format == "json":
         return print_json(gpus)
-    print(f"{'HOST':<14} {'GPU':>3}  {'NAME':<36} {'MEMORY':>15}  {'FREE':>5}  HELD BY")
+    print(f"{'HOST':<14} {'GPU':>3}  {'NAME':<36} {'MEMORY':>15}  {'BUSY':>4}  {'FREE':>5}  HELD BY")
     for gpu in gpus:
         badges = [
             b
@@ -217,7 +217,11 @@ def run_gpus(args: argparse.Namespace) -> int:
             holders += f"  {views.reservation_text(kept)}"
         flags = f"  [{', '.join(badges)}]" if badges else ""
         host, name = gpu["host"][:14], gpu["name"][:36]
-        print(f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {gpu['free_fraction']:>5.2f}  {holders}{flags}")
+        busy = f"{gpu['utilization_pct']:.0f}%" if gpu.get("utilization_pct") is not None else "-"  # NVML's, now
+        print(
+            f"{host:<14} {gpu['index']:>3}  {name:<36} {memory:>15}  {busy:>4}  {gpu['free_fraction']:>5.2f}  "
+            f"{holders}{flags}"
+        )
     for host in sorted({gpu["host"] for gpu in gpus if gpu.get("sandboxed") is False}):
         print(f"warning: {host} runs members' code WITHOUT a sandbox (TOWERQ_SANDBOX=none)", file=sys.stderr)
     for host, why in sorted({(gpu["host"], gpu["no_notebooks"]) for gpu in gpus if gpu.get("no_notebooks")}):
