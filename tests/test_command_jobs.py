@@ -15,7 +15,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.faults.helpers import assert_metrics_continuous, backdate_allocations, job_of, wait_state, wait_step
-from tests.stack import REPO, Stack, finished, log_messages, upload_code, wait_for
+from tests.stack import FINAL, REPO, Stack, finished, log_messages, upload_code, wait_for
 from towerq import Client
 from towerq.bundle import FolderError
 
@@ -215,10 +215,24 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     shown = towerq_cli("show", str(ran["id"]), cwd=tmp_path, api=stack.api_url, token=token)
     assert "  gpu use    busy 30% of the time, at most 20,000 of 81,559 MiB held\n" in shown.stdout, shown.stdout
     idle = client.post(
-        "/api/jobs", json={**shared, "command": ["python", "hold.py", "14"], "env": {"FAKE_GPU_MB": "900"}}
+        "/api/jobs", json={**shared, "command": ["python", "hold.py", "20"], "env": {"FAKE_GPU_MB": "900"}}
     )
     assert idle.status_code == 201, idle.text
+    # while it runs, past the idle warning: its reason says so, and since when (the jobs list's "why")
+    running = wait_for(
+        lambda: (
+            (j := client.get(f"/api/jobs/{idle.json()['id']}").json())["state"] in ("running", *FINAL)
+            and (j["reason"] or j["state"] != "running")
+            and j
+        ),
+        60,
+        "the idle job's reason",
+        0.2,
+    )
+    assert running["state"] == "running" and running["reason"].startswith("its GPUs have been idle for "), running
+    assert running["gpu_use"]["idle_since"] is not None, running["gpu_use"]
     waited = finished(client, idle.json()["id"], 120)
+    assert waited["reason"] is None and waited["gpu_use"]["idle_since"] is None, waited  # it ended
     assert waited["state"] == "succeeded" and waited["gpu_use"]["busy_pct"] == 0, waited
     told = [m for m in log_messages(client, waited["id"]) if m.startswith("its GPUs have been idle for ")]
     said = r"its GPUs have been idle for [34]s \(busy under 5% at every sample\): .* holds them from the lab"

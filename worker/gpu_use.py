@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from towerq.contract.attempts import GpuUse
@@ -46,6 +47,8 @@ class GpuUseSampler:
         self.warn = warn
         self.idle_since: float | None = None
         """Since when every sample found its GPUs idle (None: the last one found them busy)."""
+        self.idle_at: datetime | None = None
+        """The same on the wall clock, as the job's figures say it once `idle_said`."""
         self.idle_said = False
         self.last_busy = 0.0
         self.next_at = time.monotonic() + every_s
@@ -65,7 +68,7 @@ class GpuUseSampler:
             return None
         self._watch_idle(now)
         figures = self.figures()
-        return figures.model_dump() if figures is not None else None
+        return figures.model_dump(mode="json") if figures is not None else None
 
     def sample(self, gpus: list[GpuState], pids: set[int]) -> bool:
         """Take one sample of its GPUs among `gpus`, its processes being `pids`; False when
@@ -87,10 +90,10 @@ class GpuUseSampler:
     def _watch_idle(self, now: float) -> None:
         """Tell `warn` once its GPUs have been idle `idle_warn_s`, once for each idle stretch."""
         if self.last_busy >= GPU_BUSY_PCT:
-            self.idle_since, self.idle_said = None, False
+            self.idle_since, self.idle_at, self.idle_said = None, None, False
             return
         if self.idle_since is None:
-            self.idle_since = now
+            self.idle_since, self.idle_at = now, datetime.now(UTC)
         if self.warn is None or not self.idle_warn_s or self.idle_said or now - self.idle_since < self.idle_warn_s:
             return
         self.idle_said = True
@@ -111,4 +114,5 @@ class GpuUseSampler:
             busy_pct=round(min(100.0, max(0.0, self.busy_sum / self.samples)), 2),
             memory_peak_mb=self.memory_peak_mb,
             memory_total_mb=self.memory_total_mb,
+            idle_since=self.idle_at if self.idle_said else None,
         )

@@ -34,7 +34,7 @@ from service.core.models import (
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
-from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, Report, Stop, Stored
+from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, GpuUse, Report, Stop, Stored
 from towerq.contract.paths import job_folder
 from towerq.contract.spec import is_command, is_notebook
 
@@ -154,8 +154,9 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
         if field == "total_steps" and not is_command(job.spec or {}):
             continue  # a model job's is its spec's: a line its model printed does not change it
         if field == "gpu_use":
-            if value is not None:  # each attempt's and rank's, kept beside the others'
-                job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{value['rank']}": value}
+            if value is not None:  # each attempt's and rank's, kept beside the others', as JSON
+                use = GpuUse.model_validate(value).model_dump(mode="json")
+                job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{use['rank']}": use}
             continue
         setattr(job, field, value)
     # what it holds of the lab's disk and database, for its cap and the Usage page

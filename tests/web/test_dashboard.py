@@ -324,6 +324,38 @@ def test_clone_compare_keyboard_and_phone(
         shot(phone, f"phone-{route.split('?')[0].strip('#/').replace('/', '-') or 'jobs'}")
 
 
+def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
+    stack: Stack,
+    make_token: Callable[..., str],
+    add_host: Callable[..., None],
+    db: Database,
+    open_page: Callable[..., object],
+) -> None:
+    """Its worker found its GPUs idle past the lab's warning time (`worker.gpu_use`): the
+    jobs list's "Why" and the job page's "GPU use" say so, with since when."""
+    from tests.service.api.test_usage import add_run
+
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    now = datetime.now(UTC)
+    job_id = add_run(db, "alice", "lab-a", [0], now - timedelta(hours=2), now - timedelta(hours=1), None)
+    since = now - timedelta(minutes=40)
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        use = {"rank": 0, "gpus": 1, "samples": 360, "busy_pct": 12.5, "memory_peak_mb": 900}
+        job.gpu_use = {"1.0": {**use, "memory_total_mb": 81559, "idle_since": since.isoformat()}}
+    page = open_page()
+    page.goto(f"{url}/?token={make_token('alice')}#/jobs")
+    page.wait_for_selector(f'tr[data-job="{job_id}"][data-state="running"]')
+    why = page.locator(f'tr[data-job="{job_id}"] td.why').inner_text()
+    assert why == "its GPUs have been idle for 40m (busy under 5% at every sample)", why
+    page.goto(f"{url}/#/jobs/{job_id}")
+    page.wait_for_selector('dd[data-field="GPU use"]')
+    shown = page.locator('dd[data-field="GPU use"]').inner_text()
+    assert shown.startswith("busy 12.5% of the time, at most 900 of 81,559 MiB held · idle since "), shown
+
+
 def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(
     stack: Stack, make_token: Callable[..., str], add_host: Callable[..., None], open_page: Callable[..., object]
 ) -> None:

@@ -6,8 +6,9 @@ attempt's and rank's figures summed up weighted by their samples and GPUs."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
-from service.core.models.jobs import gpu_use_summary
+from service.core.models.jobs import gpu_use_summary, idle_text
 from worker.gpu_use import GpuUseSampler
 from worker.inventory import GpuState, Inventory, SimulatedInventory
 
@@ -37,7 +38,7 @@ def test_gpus_that_do_not_say_how_busy_they_are_give_no_figure() -> None:
     assert sampler.take(simulated, {10}, time.monotonic() + 60) is None
     busy_unknown = GpuUseSampler(rank=0, indices=[0], every_s=10)
     assert busy_unknown.sample([gpu(0, 0, [(10, None)])], {10})  # busy known, memory not said
-    assert busy_unknown.figures() is not None and busy_unknown.figures().memory_peak_mb is None  # type: ignore[union-attr]
+    assert busy_unknown.figures() is not None and busy_unknown.figures().memory_peak_mb is None
 
 
 def test_every_attempt_and_rank_is_summed_up_by_its_samples_and_gpus() -> None:
@@ -50,8 +51,25 @@ def test_every_attempt_and_rank_is_summed_up_by_its_samples_and_gpus() -> None:
         "memory_peak_mb": 9000,
         "memory_total_mb": 40960,
         "samples": 40,
+        "idle_since": None,
     }
     assert gpu_use_summary(None) is None and gpu_use_summary({}) is None
+
+
+def test_a_running_job_is_idle_where_every_rank_of_its_attempt_says_so_since_the_latest() -> None:
+    part = {"gpus": 1, "samples": 4, "busy_pct": 1.0}
+    stored = {
+        "1.0": {**part, "rank": 0, "idle_since": None},
+        "2.0": {**part, "rank": 0, "idle_since": "2026-12-06T08:00:00Z"},
+        "2.1": {**part, "rank": 1, "idle_since": "2026-12-06T08:05:30.250000Z"},
+    }
+    assert gpu_use_summary(stored, running=2)["idle_since"] == "2026-12-06T08:05:30.250000Z"
+    assert gpu_use_summary(stored, running=None)["idle_since"] is None  # not running
+    busy_rank = {**stored, "2.1": {**stored["2.1"], "idle_since": None}}
+    assert gpu_use_summary(busy_rank, running=2)["idle_since"] is None
+    since = (datetime.now(UTC) - timedelta(minutes=35, seconds=10)).isoformat()
+    assert idle_text({"idle_since": since}) == "its GPUs have been idle for 35m (busy under 5% at every sample)"
+    assert idle_text({"idle_since": None}) is None and idle_text(None) is None
 
 
 class Driver(Inventory):
@@ -77,10 +95,13 @@ def test_gpus_idle_for_the_warning_time_are_said_once_for_each_idle_stretch() ->
         "its GPUs have been idle for 1m (busy under 5% at every sample): a program waiting on its input, or done "
         "with its GPUs, holds them from the lab"
     ]
+    idle = sampler.figures()
+    assert idle is not None and idle.idle_since is not None  # said in its figures once it was told
     driver.busy = 4.9  # still idle: nothing more
     sampler.take(driver, {10}, start + 70)
     driver.busy = 80.0  # busy again, then idle again: told again after another minute
     sampler.take(driver, {10}, start + 80)
+    assert sampler.figures().idle_since is None
     driver.busy = 0.0
     for t in range(90, 150, 10):
         sampler.take(driver, {10}, start + t)

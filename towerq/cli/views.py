@@ -248,6 +248,8 @@ def gpu_use_text(use: dict[str, Any] | None) -> str | None:
     if use.get("memory_peak_mb") is not None:
         total = f" of {use['memory_total_mb']:,}" if use.get("memory_total_mb") else ""
         text += f", at most {use['memory_peak_mb']:,}{total} MiB held"
+    if use.get("idle_since"):
+        text += f"; idle since {local_clock(use['idle_since'])}"
     return text
 
 

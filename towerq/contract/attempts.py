@@ -58,6 +58,9 @@ class GpuUse(BaseModel):
     """The most its processes held on one GPU at a sample (None: the driver did not say)."""
     memory_total_mb: int | None = Field(default=None, ge=0, lt=2**31)
     """The smallest of its GPUs' memory."""
+    idle_since: Moment | None = None
+    """Since when its GPUs have been idle (busy under 5% at every sample), once that has
+    lasted the lab's warning time (TOWERQ_GPU_IDLE_WARN_S); None while they are busy."""
 
 
 class Figures(BaseModel):

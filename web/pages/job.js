@@ -378,7 +378,8 @@ function gpuUseText(use) {
   const peak = use.memory_peak_mb;
   const total = use.memory_total_mb ? ` of ${use.memory_total_mb.toLocaleString("en-US")}` : "";
   const held = peak === null ? "" : `, at most ${peak.toLocaleString("en-US")}${total} MiB held`;
-  return `busy ${use.busy_pct}% of the time${held}`;
+  const idle = use.idle_since ? ` · idle since ${clockOf(new Date(use.idle_since))}` : "";
+  return `busy ${use.busy_pct}% of the time${held}${idle}`;
 }
 
 function summaryOf(job) {

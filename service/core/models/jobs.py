@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # mapped by name at run time; these for the type checker
     from service.core.models.hosts import Allocation
     from service.core.models.people import User
 from towerq.contract.spec import Priority
+from towerq.contract.times import limit_text
 from towerq.contract.versions import SPEC_VERSION
 
 
@@ -180,8 +181,9 @@ class Job(Base):
     @property
     def gpu_use_summary(self) -> dict[str, Any] | None:
         """Its GPU use over every attempt: the mean busy share weighted by samples and GPUs,
-        the memory peak, the smallest GPU (`GpuUseOut`); None without a sample."""
-        return gpu_use_summary(self.gpu_use)
+        the memory peak, the smallest GPU (`GpuUseOut`); None without a sample. While it
+        runs, since when its GPUs have been idle, where each rank's have been long enough."""
+        return gpu_use_summary(self.gpu_use, self.attempts if self.state == JobState.RUNNING else None)
 
     @property
     def cancel_requested(self) -> bool:
@@ -206,6 +208,8 @@ class Job(Base):
             return f"stopping: {self.stop_reason}"
         if self.state == JobState.DISPATCHED:
             return self.pending_reason  # what an executor's cluster says of it (Slurm's reason), if any
+        if self.state == JobState.RUNNING and (idle := idle_text(self.gpu_use_summary)):
+            return idle
         return None
 
 
@@ -274,12 +278,16 @@ def wait_start(created_at: datetime, wait_held_s: float) -> datetime:
     return created_at + timedelta(seconds=wait_held_s)
 
 
-def gpu_use_summary(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+def gpu_use_summary(stored: dict[str, Any] | None, running: int | None = None) -> dict[str, Any] | None:
     """Every attempt's and rank's `GpuUse` (`Job.gpu_use`) as one: the busy share over all
-    their GPU-samples, the highest memory peak, the smallest GPU's memory, the samples."""
+    their GPU-samples, the highest memory peak, the smallest GPU's memory, the samples; and
+    for the attempt `running` (None: the job does not run), since when its GPUs have been
+    idle: where every rank of it says so, the latest of theirs."""
     parts = [part for part in (stored or {}).values() if isinstance(part, dict) and part.get("samples")]
     if not parts:
         return None
+    now = [part for key, part in (stored or {}).items() if running is not None and key.startswith(f"{running}.")]
+    idle = [part.get("idle_since") for part in now]
     weights = [part["samples"] * part["gpus"] for part in parts]
     busy = sum(w * part["busy_pct"] for w, part in zip(weights, parts, strict=True)) / sum(weights)
     peaks = [part["memory_peak_mb"] for part in parts if part.get("memory_peak_mb") is not None]
@@ -289,4 +297,16 @@ def gpu_use_summary(stored: dict[str, Any] | None) -> dict[str, Any] | None:
         "memory_peak_mb": max(peaks) if peaks else None,
         "memory_total_mb": min(totals) if totals else None,
         "samples": sum(part["samples"] for part in parts),
+        "idle_since": max(idle, key=datetime.fromisoformat) if idle and all(idle) else None,
     }
+
+
+def idle_text(use: dict[str, Any] | None) -> str | None:
+    """`its GPUs have been idle for 35m (busy under 5% at every sample)` for a running job
+    whose GPUs its workers found idle past the lab's warning time; else None."""
+    since = (use or {}).get("idle_since")
+    if not since:
+        return None
+    seconds = max(0.0, (utcnow() - datetime.fromisoformat(since)).total_seconds())
+    spent = limit_text(60 * round(seconds / 60)) if seconds >= 60 else f"{seconds:.0f}s"
+    return f"its GPUs have been idle for {spent} (busy under 5% at every sample)"

@@ -76,6 +76,10 @@ class GpuUseOut(BaseModel):
     memory_peak_mb: int | None = Field(description="the most GPU memory its own processes held on one GPU")
     memory_total_mb: int | None = Field(description="the memory of its smallest GPU")
     samples: int = Field(description="the samples taken (every TOWERQ_GPU_USE_SAMPLE_S, each rank)")
+    idle_since: datetime | None = Field(
+        default=None,
+        description="running: since when its GPUs have been idle, once past TOWERQ_GPU_IDLE_WARN_S (null: busy)",
+    )
 
 
 class JobOut(Out):
