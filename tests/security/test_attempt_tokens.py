@@ -143,7 +143,7 @@ def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -
     assert call(client, token, "POST", path, {"fields": {"gpu_use": use}}) == 204
     with ctx.db.read() as session:
         job = session.get(Job, job_id)
-        assert job is not None and job.gpu_use == {"1.0": use}, job.gpu_use
+        assert job is not None and job.gpu_use == {"1.0": {**use, "idle_since": None}}, job.gpu_use  # as the contract's
 
 
 def test_live_messages_are_only_the_attempts_own_points_and_lines(ctx: Context, client: TestClient) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from service.core.db import Database
 from service.core.models import Job, Metric
+from tests.service.api.test_usage import add_run
 from tests.stack import Stack, wait_for
 from tests.web.conftest import shot
 from towerq.contract.paths import job_folder
@@ -333,8 +334,6 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
 ) -> None:
     """Its worker found its GPUs idle past the lab's warning time (`worker.gpu_use`): the
     jobs list's "Why" and the job page's "GPU use" say so, with since when."""
-    from tests.service.api.test_usage import add_run
-
     url = stack.start_api()
     add_host("lab-a", 2)
     now = datetime.now(UTC)
