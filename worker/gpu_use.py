@@ -20,12 +20,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from towerq.contract.attempts import GpuUse
+from towerq.contract.attempts import GPU_BUSY_PCT, GpuUse
 from towerq.contract.times import limit_text
 from worker.inventory import GpuState, Inventory
-
-GPU_BUSY_PCT = 5.0
-"""A GPU whose utilization NVML reports at or above this is in use (not idle)."""
 
 
 class GpuUseSampler:

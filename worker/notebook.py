@@ -43,13 +43,12 @@ from pathlib import Path
 
 from service.core.models import JobState
 from service.core.settings import Settings
-from towerq.contract.attempts import Refused
+from towerq.contract.attempts import GPU_BUSY_PCT, Refused
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
 from worker.door import SOCKET, Door, ask
 from worker.folder import FolderWatch, size_words
-from worker.gpu_use import GPU_BUSY_PCT
 from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
 from worker.outcome import NotStarted, Stop
 from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment

@@ -40,6 +40,11 @@ Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 """How an attempt ends: the job's final state, or queued again for its next attempt."""
 
 
+GPU_BUSY_PCT = 5.0
+"""A GPU whose utilization NVML reports at or above this is in use, not idle (a job's idle
+GPUs, a notebook session's idle end)."""
+
+
 class GpuUse(BaseModel):
     """What one rank's GPUs did over one attempt, as the driver (NVML) said at each of the
     worker's samples (`worker.gpu_use`): how busy they were, and the most memory the
@@ -59,7 +64,7 @@ class GpuUse(BaseModel):
     memory_total_mb: int | None = Field(default=None, ge=0, lt=2**31)
     """The smallest of its GPUs' memory."""
     idle_since: Moment | None = None
-    """Since when its GPUs have been idle (busy under 5% at every sample), once that has
+    """Since when its GPUs have been idle (busy under GPU_BUSY_PCT at every sample), once that has
     lasted the lab's warning time (TOWERQ_GPU_IDLE_WARN_S); None while they are busy."""
 
 

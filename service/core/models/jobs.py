@@ -23,6 +23,7 @@ from service.core.models.base import HOLDING_STATES, Base, JobState, utcnow
 if TYPE_CHECKING:  # mapped by name at run time; these for the type checker
     from service.core.models.hosts import Allocation
     from service.core.models.people import User
+from towerq.contract.attempts import GPU_BUSY_PCT
 from towerq.contract.spec import Priority
 from towerq.contract.times import limit_text
 from towerq.contract.versions import SPEC_VERSION
@@ -309,4 +310,4 @@ def idle_text(use: dict[str, Any] | None) -> str | None:
         return None
     seconds = max(0.0, (utcnow() - datetime.fromisoformat(since)).total_seconds())
     spent = limit_text(60 * round(seconds / 60)) if seconds >= 60 else f"{seconds:.0f}s"
-    return f"its GPUs have been idle for {spent} (busy under 5% at every sample)"
+    return f"its GPUs have been idle for {spent} (busy under {GPU_BUSY_PCT:g}% at every sample)"
