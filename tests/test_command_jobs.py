@@ -166,9 +166,10 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     """Two command jobs share one GPU at fraction 0.4 (NVML is the fake of tests/fakenvml,
     which reports what each program's FAKE_GPU_MB says it holds, and FAKE_GPU_BUSY how busy it
     keeps the GPU): the one past its share is stopped with both numbers named, the one inside
-    it succeeds. Each job's GPU use is what its worker sampled: the GPU's busy share and the
-    most its own processes held (its neighbour's memory is not its own). A job that holds its
-    GPU idle is told so in its log once its idle time is up; a busy one is not."""
+    it succeeds. Each job's GPU use is what its worker sampled: its own part of how busy the
+    GPU was (a third job beside them keeps it busy too) and the most its own processes held
+    (its neighbour's memory is not its own). A job that holds its GPU idle is told so in its
+    log once its idle time is up, though its neighbour keeps the GPU busy; a busy one is not."""
     monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
     stack.start_api()
@@ -198,7 +199,11 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
         "/api/jobs",
         json={**shared, "command": ["python", "hold.py", "12"], "env": {"FAKE_GPU_MB": "20000", "FAKE_GPU_BUSY": "30"}},
     )
-    assert greedy.status_code == 201 and modest.status_code == 201, (greedy.text, modest.text)
+    beside = {"FAKE_GPU_MB": "10000", "FAKE_GPU_BUSY": "50"}  # the GPU is 80% busy while both run
+    neighbour = client.post(
+        "/api/jobs", json={**shared, "gpu_memory_fraction": 0.2, "command": ["python", "hold.py", "120"], "env": beside}
+    )
+    assert {greedy.status_code, modest.status_code, neighbour.status_code} == {201}, (greedy.text, neighbour.text)
     stopped = finished(client, greedy.json()["id"], 120)
     assert stopped["state"] == "failed", stopped
     share = int(0.4 * (81559 - 480))
@@ -210,7 +215,7 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     assert ran["state"] == "succeeded", ran
     use = ran["gpu_use"]
     assert use is not None and use["samples"] >= 2, ran
-    assert (use["busy_pct"], use["memory_peak_mb"], use["memory_total_mb"]) == (30, 20000, 81559), use
+    assert (use["busy_pct"], use["memory_peak_mb"], use["memory_total_mb"]) == (30, 20000, 81559), use  # its own
     assert stack.api_url is not None
     shown = towerq_cli("show", str(ran["id"]), cwd=tmp_path, api=stack.api_url, token=token)
     assert "  gpu use    busy 30% of the time, at most 20,000 of 81,559 MiB held\n" in shown.stdout, shown.stdout
@@ -239,7 +244,10 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     assert len(told) == 1 and re.fullmatch(said, told[0]), told
     assert not [m for m in log_messages(client, ran["id"]) if "idle" in m]  # busy 30%: never told
     listed = towerq_cli("gpus", cwd=tmp_path, api=stack.api_url, token=token).stdout.splitlines()
-    assert listed[0].split()[4] == "BUSY" and listed[1].split()[9] == "0%", listed  # as NVML says it now
+    assert listed[0].split()[4] == "BUSY" and listed[1].split()[9] == "50%", listed  # the GPU's, as NVML says it now
+    assert client.post(f"/api/jobs/{neighbour.json()['id']}/cancel").status_code == 202
+    beside_use = finished(client, neighbour.json()["id"], 60)["gpu_use"]
+    assert beside_use["busy_pct"] == 50 and beside_use["memory_peak_mb"] == 10000, beside_use
 
 
 def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:

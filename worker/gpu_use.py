@@ -4,7 +4,9 @@ a data loader that starves the GPUs), and an admin sees it for every job.
 
 Every `TOWERQ_GPU_USE_SAMPLE_S` the attempt's runner reads its GPUs from the driver (NVML):
 their utilization (the share of the last sample period in which a kernel ran), and the
-memory of each of its own processes (by host pid, as the memory cap reads them). The mean
+memory of each of its own processes (by host pid, as the memory cap reads them). On a GPU
+shared with other processes its busy share is its own processes' part of the GPU's
+utilization, as NVML's per-process samples split it (`GpuState.busy_of`). The mean
 and the peak go to the job with the attempt's reports (`towerq.contract.attempts.GpuUse`,
 kept per attempt and rank). Simulated GPUs say neither: a job on them has no figure.
 
@@ -71,7 +73,7 @@ class GpuUseSampler:
         """Take one sample of its GPUs among `gpus`, its processes being `pids`; False when
         the driver said nothing of how busy they are (simulated GPUs, an old driver)."""
         mine = [gpu for gpu in gpus if gpu.index in self.indices]
-        busy = [gpu.utilization_pct for gpu in mine if gpu.utilization_pct is not None]
+        busy = [share for gpu in mine if (share := gpu.busy_of(pids)) is not None]
         if len(mine) < len(self.indices) or len(busy) < len(mine):
             return False  # one of them is not listed (fallen off the bus) or does not say
         self.samples += 1
@@ -113,3 +115,21 @@ class GpuUseSampler:
             memory_total_mb=self.memory_total_mb,
             idle_since=self.idle_at if self.idle_said else None,
         )
+
+
+def gpus_in_use(gpus: list[GpuState], indices: list[int], fraction: float, pids: set[int]) -> bool:
+    """Whether one of its GPUs (`indices` among `gpus`) is in use (busy `GPU_BUSY_PCT` or
+    more): a GPU of its own (`fraction` 1) whatever runs there; a shared one only by its own
+    processes (`pids`), their part of the GPU's use."""
+    for gpu in gpus:
+        if gpu.index not in indices:
+            continue
+        if fraction >= 1:
+            busy = gpu.utilization_pct  # its own GPU: what the GPU does, it does
+        elif any(p["pid"] in pids for p in gpu.processes):
+            busy = gpu.busy_of(pids)
+        else:
+            continue
+        if (busy or 0) >= GPU_BUSY_PCT:
+            return True
+    return False

@@ -19,6 +19,10 @@ DEFAULT_SIMULATED_GPUS = 4
 SIMULATED_MEMORY_MB = 16_384
 SIMULATED_NAME = "Simulated GPU (CPU logical device)"
 RELEASE_CHECK_INTERVAL_S = 0.5
+PROCESS_BUSY_WINDOW_S = 5.0
+"""NVML's per-process samples of this long split a shared GPU's utilization between its
+processes: several of the driver's sample periods (1/6 to 1 s), short beside the GPU-use
+sample period (`TOWERQ_GPU_USE_SAMPLE_S`), so the split is of what the GPU does now."""
 
 
 @dataclass
@@ -32,6 +36,24 @@ class GpuState:
     simulated: bool = False
     processes: list[dict[str, Any]] = field(default_factory=list)
     """[{"pid": int, "used_mb": int | None}] of the compute processes on this GPU."""
+    process_busy: dict[int, int] | None = None
+    """pid -> the SM utilization NVML's per-process samples of the last
+    `PROCESS_BUSY_WINDOW_S` add up to for it (a process that ran no kernel has none); None
+    where the driver keeps no such samples, or under CUDA MPS (its server runs every
+    client's kernels)."""
+
+    def busy_of(self, pids: set[int]) -> float | None:
+        """How busy `pids` keep this GPU (None where it does not say): its utilization where
+        no other process is on it, else their part of it by NVML's per-process samples; the
+        GPU's own figure where those cannot split it (none kept, or no kernel in them)."""
+        if self.utilization_pct is None:
+            return None
+        others = {p["pid"] for p in self.processes} - pids
+        total = sum((self.process_busy or {}).values())
+        if not others or total <= 0:
+            return self.utilization_pct
+        theirs = sum(busy for pid, busy in (self.process_busy or {}).items() if pid in pids)
+        return self.utilization_pct * theirs / total
 
 
 class Inventory:
@@ -124,7 +146,8 @@ class NvmlInventory(Inventory):
             memory_total_mb=int(memory.total // 2**20),
             memory_used_mb=int(memory.used // 2**20),
             utilization_pct=utilization,
-            processes=self._processes(handle),
+            processes=(processes := self._processes(handle)),
+            process_busy=None if any(_is_mps_server(p["pid"]) for p in processes) else self._process_busy(handle),
         )
 
     def _processes(self, handle: Any) -> list[dict[str, Any]]:
@@ -139,11 +162,42 @@ class NvmlInventory(Inventory):
                 log.debug("%s failed: %s", getter, err)
         return [{"pid": pid, "used_mb": used} for pid, used in sorted(found.items())]
 
+    def _process_busy(self, handle: Any) -> dict[int, int] | None:
+        """pid -> its SM utilization summed over the driver's samples of the last
+        `PROCESS_BUSY_WINDOW_S` ({} where no process ran a kernel then; None where the driver
+        or pynvml keeps no per-process samples)."""
+        nvml = self.nvml
+        since = int((time.time() - PROCESS_BUSY_WINDOW_S) * 1_000_000)  # the driver's clock: µs of the epoch
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except AttributeError:  # a pynvml without it
+            return None
+        except nvml.NVMLError as err:
+            if getattr(err, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", None):
+                return {}  # no sample since: no process ran a kernel
+            log.debug("nvmlDeviceGetProcessUtilization failed: %s", err)
+            return None
+        busy: dict[int, int] = {}
+        for sample in samples:
+            if int(sample.timeStamp) > since and 0 <= int(sample.smUtil) <= 100:  # past 100: not a figure
+                busy[int(sample.pid)] = busy.get(int(sample.pid), 0) + int(sample.smUtil)
+        return busy
+
     def close(self) -> None:
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:
             pass
+
+
+def _is_mps_server(pid: int) -> bool:
+    """Whether `pid` is CUDA MPS' server: under MPS the driver counts its clients' kernels as
+    the server's, so per-process samples cannot split the GPU between jobs."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().startswith("nvidia-cuda-mps")
+    except OSError:
+        return False
 
 
 def _text(value: bytes | str) -> str:

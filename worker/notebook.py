@@ -43,12 +43,13 @@ from pathlib import Path
 
 from service.core.models import JobState
 from service.core.settings import Settings
-from towerq.contract.attempts import GPU_BUSY_PCT, Refused
+from towerq.contract.attempts import Refused
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
 from worker.door import SOCKET, Door, ask
 from worker.folder import FolderWatch, size_words
+from worker.gpu_use import gpus_in_use
 from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
 from worker.outcome import NotStarted, Stop
 from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
@@ -277,16 +278,11 @@ class NotebookRunner(ProgramRunner):
 
     def _gpus_in_use(self) -> bool:
         """Where NVML reports utilization: one of its GPUs in use (on a shared GPU, only
-        while a process of the session is on it)."""
+        while a process of the session is on it, by its own part of the GPU's use)."""
         if self.inventory.simulated:
             return False
         self._note_pids()
-        for gpu in self.inventory.refresh():
-            if gpu.index not in self.launch.indices or (gpu.utilization_pct or 0) < GPU_BUSY_PCT:
-                continue
-            if self.launch.fraction >= 1 or any(p["pid"] in self.trainer_pids for p in gpu.processes):
-                return True
-        return False
+        return gpus_in_use(self.inventory.refresh(), self.launch.indices, self.launch.fraction, self.trainer_pids)
 
     def _record(self, state: JobState, message: str | None) -> None:
         self._shut_door()  # first: over HTTP, the attempt's token ends with its end

@@ -3,7 +3,8 @@ GPUs `FAKE_NVML_GPUS` names (their memory in MiB, comma-separated, e.g. "81559,8
 as each GPU's processes, the live processes that have `FAKE_GPU_MB=<MiB>` in their
 environment, on the GPUs of their `CUDA_VISIBLE_DEVICES`, using that much memory each, and
 keeping each of them busy `FAKE_GPU_BUSY` percent of the time (0 unless said; a GPU's
-utilization is its holders' sum, at most 100). A process counts only when no child of it has
+utilization is its holders' sum, at most 100, and each busy holder has a per-process sample
+of its own percent, as NVML keeps them). A process counts only when no child of it has
 the variable too (bwrap and setpriv pass their environment on: the program at the end of the
 chain holds the memory).
 
@@ -13,11 +14,17 @@ host pid, as it reads the real NVML."""
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 
 
 class NVMLError(Exception):
-    pass
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
 
 
 def _totals() -> list[int]:
@@ -26,7 +33,7 @@ def _totals() -> list[int]:
 
 def nvmlInit() -> None:
     if not _totals():
-        raise NVMLError("FAKE_NVML_GPUS names no GPU")
+        raise NVMLError(NVML_ERROR_NOT_FOUND)  # FAKE_NVML_GPUS names no GPU
 
 
 def nvmlShutdown() -> None:
@@ -56,6 +63,20 @@ def nvmlDeviceGetUUID(handle: int) -> str:
 def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:
     busy = sum(held.busy for held in _holders().values() if handle in held.indices)
     return SimpleNamespace(gpu=min(100, busy), memory=0)
+
+
+def nvmlDeviceGetProcessUtilization(handle: int, last_seen_us: int) -> list[SimpleNamespace]:
+    """A sample now (µs of the epoch) of each process that keeps this GPU busy; NOT_FOUND
+    where none does, as the driver says it."""
+    now = int(time.time() * 1_000_000)
+    samples = [
+        SimpleNamespace(pid=pid, timeStamp=now, smUtil=held.busy, memUtil=0, encUtil=0, decUtil=0)
+        for pid, held in sorted(_holders().items())
+        if handle in held.indices and held.busy > 0 and now > last_seen_us
+    ]
+    if not samples:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return samples
 
 
 def _environ(pid: int) -> dict[str, str]:

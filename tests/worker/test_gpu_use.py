@@ -5,12 +5,21 @@ attempt's and rank's figures summed up weighted by their samples and GPUs."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from service.core.models.jobs import gpu_use_summary, idle_text
-from worker.gpu_use import GpuUseSampler
-from worker.inventory import GpuState, Inventory, SimulatedInventory
+from tests.test_command_jobs import FAKE_NVML
+from worker.gpu_use import GpuUseSampler, gpus_in_use
+from worker.inventory import PROCESS_BUSY_WINDOW_S, GpuState, Inventory, NvmlInventory, SimulatedInventory
 
 
 def gpu(index: int, busy: float | None, processes: list[tuple[int, int | None]]) -> GpuState:
@@ -27,6 +36,128 @@ def test_the_busy_share_is_the_mean_over_samples_and_gpus_and_the_peak_is_its_ow
     assert figures is not None
     assert (figures.samples, figures.busy_pct, figures.gpus) == (2, 70.0, 2)  # (40 + 100) / 2
     assert (figures.memory_peak_mb, figures.memory_total_mb) == (3000, 81559)  # 2,500 + 500 is less
+
+
+def test_on_a_shared_gpu_its_busy_share_is_its_own_processes_part_by_nvmls_per_process_samples() -> None:
+    shared = gpu(0, 80, [(10, 1000), (11, 500), (20, 9000)])  # its 10 and 11 beside a neighbour's 20
+    shared.process_busy = {10: 90, 11: 30, 20: 360}  # summed over the window's samples: it ran a quarter
+    assert shared.busy_of({10, 11}) == 20.0 and shared.busy_of({20}) == 60.0
+    shared.process_busy = {20: 400}  # no kernel of its own in the window
+    assert shared.busy_of({10, 11}) == 0.0
+    # what cannot be split is the GPU's: per-process samples not kept, or no kernel in them
+    for kept in (None, {}, {20: 0}):
+        shared.process_busy = kept
+        assert shared.busy_of({10, 11}) == 80, kept
+    alone = gpu(1, 70, [(10, 1000)])
+    alone.process_busy = {}  # its own GPU: what the GPU does, it does
+    assert alone.busy_of({10}) == 70 and gpu(2, None, [(10, 5)]).busy_of({10}) is None
+
+    said: list[str] = []
+    sampler = GpuUseSampler(rank=0, indices=[0], every_s=10, idle_warn_s=20, warn=said.append)
+    busy_neighbour = gpu(0, 100, [(10, 1000), (20, 9000)])
+    busy_neighbour.process_busy = {20: 500}
+    for t in range(0, 30, 10):  # its neighbour keeps the GPU busy; it is idle, and told so
+        assert sampler.take(Fixed([busy_neighbour]), {10}, sampler.next_at + t) is not None
+    assert sampler.figures().busy_pct == 0 and len(said) == 1, (sampler.figures(), said)
+
+
+def test_nvmls_per_process_samples_are_read_over_the_window_and_kept_to_real_figures() -> None:
+    now_us = int(time.time() * 1_000_000)
+    samples = [
+        SimpleNamespace(pid=10, timeStamp=now_us - 1_000_000, smUtil=40),
+        SimpleNamespace(pid=10, timeStamp=now_us - 500_000, smUtil=60),
+        SimpleNamespace(pid=20, timeStamp=now_us - 2_000_000, smUtil=100),
+        SimpleNamespace(pid=30, timeStamp=now_us - 60_000_000, smUtil=100),  # before the window
+        SimpleNamespace(pid=40, timeStamp=now_us, smUtil=2**32 - 1),  # not a figure
+    ]
+    driver = FakeDriver(samples)
+    assert NvmlInventory(driver)._process_busy(0) == {10: 100, 20: 100}
+    assert 0 <= driver.asked_since_us / 1e6 - (now_us / 1e6 - PROCESS_BUSY_WINDOW_S) < 1  # the window it asked for
+    assert NvmlInventory(FakeDriver(FakeDriver.NVMLError(FakeDriver.NVML_ERROR_NOT_FOUND)))._process_busy(0) == {}
+    assert NvmlInventory(FakeDriver(FakeDriver.NVMLError(FakeDriver.NVML_ERROR_NOT_SUPPORTED)))._process_busy(0) is None
+    assert NvmlInventory(SimpleNamespace(nvmlDeviceGetCount=lambda: 0, NVMLError=OSError))._process_busy(0) is None
+
+
+def test_a_notebook_on_a_shared_gpu_is_in_use_only_by_its_own_processes_part() -> None:
+    shared = gpu(0, 90, [(10, 1000), (20, 9000)])
+    shared.process_busy = {20: 900}  # its neighbour keeps the GPU busy; its kernel is idle
+    assert not gpus_in_use([shared], [0], 0.5, {10})
+    shared.process_busy = {10: 100, 20: 800}  # its part: 10% of the GPU
+    assert gpus_in_use([shared], [0], 0.5, {10})
+    assert not gpus_in_use([shared], [0], 0.5, {30})  # none of its processes on it
+    assert not gpus_in_use([shared], [1], 0.5, {10})  # not its GPU
+    own = gpu(0, 90, [(20, 9000)])  # a GPU of its own: what the GPU does, it does
+    assert gpus_in_use([own], [0], 1.0, {10}) and not gpus_in_use([gpu(0, 4, [])], [0], 1.0, {10})
+
+
+def test_under_cuda_mps_the_gpu_is_not_split_by_its_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML counts every MPS client's kernels as its server's: where the server is on the GPU,
+    a job's part is not read from per-process samples (the GPU's whole figure stands)."""
+    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
+    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    server = tmp_path / "nvidia-cuda-mps-server"  # a process the kernel names so (its comm)
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", server)
+    holds = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "FAKE_GPU_MB": "300"}
+    client = subprocess.Popen(["sleep", "30"], env={**holds, "FAKE_GPU_BUSY": "40"})
+    try:
+        inventory = NvmlInventory(fake)
+        alone = wait_for(lambda: inventory.refresh()[0], lambda gpu: gpu.process_busy)
+        assert alone.process_busy == {client.pid: 40}, alone
+        mps = subprocess.Popen([str(server), "30"], env={**holds, "FAKE_GPU_BUSY": "0"})
+        try:
+            shared = wait_for(lambda: inventory.refresh()[0], lambda gpu: len(gpu.processes) == 2)
+            assert shared.process_busy is None and shared.busy_of({client.pid}) == 40, shared
+        finally:
+            mps.kill()
+            mps.wait()
+    finally:
+        client.kill()
+        client.wait()
+
+
+def wait_for(read, done, timeout: float = 10.0):
+    """`read()` once `done` says its answer is ready."""
+    deadline = time.monotonic() + timeout
+    while not done(answer := read()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return answer
+
+
+class FakeDriver:
+    """Just enough of pynvml for the per-process samples: `answer` is its list or its error."""
+
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_NOT_FOUND = 6
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    def __init__(self, answer: list[SimpleNamespace] | Exception) -> None:
+        self.answer = answer
+        self.asked_since_us = 0
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 0
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, since_us: int) -> list[SimpleNamespace]:
+        self.asked_since_us = since_us
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return [s for s in self.answer if s.timeStamp > since_us]
+
+
+class Fixed(Inventory):
+    simulated = False
+
+    def __init__(self, states: list[GpuState]) -> None:
+        self.states = states
+
+    def gpus(self) -> list[GpuState]:
+        return self.states
 
 
 def test_gpus_that_do_not_say_how_busy_they_are_give_no_figure() -> None:
@@ -88,7 +219,7 @@ def test_gpus_idle_for_the_warning_time_are_said_once_for_each_idle_stretch() ->
     said: list[str] = []
     driver = Driver()
     sampler = GpuUseSampler(rank=0, indices=[0], every_s=10, idle_warn_s=60, warn=said.append)
-    start = sampler.next_at
+    start = sampler.next_at = float(int(sampler.next_at))  # whole seconds: start + 60 - start is 60 exactly
     for t in range(0, 70, 10):  # idle from the first sample on: told at 60 s, once
         assert sampler.take(driver, {10}, start + t) is not None
     assert said == [
