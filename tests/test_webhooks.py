@@ -1,6 +1,7 @@
 """Webhooks through real processes: a job ends, and a local receiver that fails the first
 two attempts gets exactly one accepted, signed POST for it (same delivery id each time),
-the job's own notify_url gets one too, and the failures are in the job's log."""
+the job's own notify_url gets one too, and the failures are in the job's log. A job that
+holds its GPU idle is announced while it runs (`job.idle`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import contextlib
 import hashlib
 import hmac
 import json
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +20,8 @@ import pytest
 
 from service.core.settings import Settings
 from tests.conftest import free_port
-from tests.stack import Stack, wait_for
+from tests.stack import Stack, finished, upload_code, wait_for
+from tests.test_command_jobs import FAKE_NVML, HOLDS
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -122,4 +126,43 @@ def test_a_finished_job_is_announced_once_signed_and_retried(
     log = client.get(f"/api/jobs/{job_id}/logs.txt").text
     assert "webhook to 127.0.0.1 failed (attempt 1 of 9): HTTP 500" in log
     assert "webhook to 127.0.0.1 failed (attempt 2 of 9): HTTP 500" in log
+    client.close()
+
+
+def test_a_job_holding_its_gpu_idle_is_announced_while_it_runs(
+    stack: Stack, make_token: Callable[..., str], receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the fake NVML (tests/fakenvml), a command job holds its GPU and runs no kernel:
+    after the lab's warning time (2 s here) its own webhook and the lab's get `job.idle`
+    while it runs, once; its end comes after, as `job.finished`."""
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
+    stack.start_api()
+    stack.start_scheduler()
+    stack.spawn("worker-lab-a", "worker", "--name", "lab-a", simulated_gpus=None, trainer_pool=0,
+                gpu_use_sample_s=0.5, gpu_idle_warn_s=2)  # fmt: skip
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload_code(client, {"hold.py": HOLDS})
+    spec = {"code": code, "command": ["python", "hold.py", "16"], "gpu_count": 1, "name": "waits-on-input",
+            "env": {"FAKE_GPU_MB": "900"}, "notify_url": f"{receiver.url}/mine"}  # fmt: skip
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    idle = wait_for(lambda: receiver.posts("/mine"), 60, "the job's idle webhook")[0]
+    assert client.get(f"/api/jobs/{job_id}").json()["state"] == "running"  # said while it runs
+    assert idle["headers"]["X-Towerq-Event"] == "job.idle", idle["headers"]
+    body = json.loads(idle["body"])
+    assert body["event"] == "job.idle" and body["job"]["idle_since"] is not None, body
+    assert (body["job"]["id"], body["job"]["user"], body["job"]["host"], body["job"]["gpu_count"]) == (
+        job_id, "alice", "lab-a", 1
+    )  # fmt: skip
+    said = rf"towerq: job {job_id} 'waits-on-input' of alice \(running on lab-a, 1 GPU\): its GPUs have been idle "
+    assert re.match(
+        said + r"for \d+s \(busy under 5% at every sample\) <https://towerq\.lab\.example/#/jobs/", body["text"]
+    )
+    assert finished(client, job_id, 60)["state"] == "succeeded"
+    wait_for(lambda: len(receiver.posts("/mine")) == 2, 30, "the job's end")
+    assert [r["headers"]["X-Towerq-Event"] for r in receiver.posts("/mine")] == ["job.idle", "job.finished"]
+    wait_for(lambda: any(r["status"] == 200 for r in receiver.posts("/lab")), 60, "the lab webhook to get through")
+    events = sorted((n["event"], n["url"] is None) for n in client.get(f"/api/jobs/{job_id}").json()["notifications"])
+    assert events == [("job.finished", False), ("job.finished", True), ("job.idle", False), ("job.idle", True)]
     client.close()

@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 
 import redis
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core import defaults, keys, rollups
@@ -18,9 +18,18 @@ from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import AuthError, SpecError, StaleAttemptError
 from service.core.gpus import set_drained
-from service.core.lifecycle import current_attempt, finish, last_run_attempt, mark_running, requeue, stopped_early
+from service.core.lifecycle import (
+    current_attempt,
+    finish,
+    last_run_attempt,
+    mark_running,
+    owe_notifications,
+    requeue,
+    stopped_early,
+)
 from service.core.models import (
     HOLDING_STATES,
+    JOB_IDLE,
     Allocation,
     Gpu,
     Host,
@@ -28,9 +37,12 @@ from service.core.models import (
     JobState,
     LogLine,
     Metric,
+    Notification,
     RankAddress,
     Sweep,
+    utcnow,
 )
+from service.core.models.jobs import gpu_use_summary
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
@@ -124,12 +136,14 @@ def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
     return metric_split(sweep.spec["metric"]), steps
 
 
-def write_report(session: Session, job_id: int, attempt: int, report: Report, number: int | None = None) -> None:
+def write_report(
+    session: Session, job_id: int, attempt: int, report: Report, number: int | None = None, idle_warn_s: float = 0.0
+) -> None:
     """Store a batch: fenced by the attempt. Once the job has moved on, what rank 0's worker
     had read before it knew (`held`) is still stored while no later attempt has started;
     last words keep their lines only. A report over HTTP is numbered (1, 2, ... an attempt's
     token): one whose number was stored already is a resend after a lost answer, and is not
-    stored again."""
+    stored again. `idle_warn_s`: the lab's TOWERQ_GPU_IDLE_WARN_S (`store_gpu_use`)."""
     unknown = set(report.fields) - REPORTED_FIELDS
     if unknown:
         raise ValueError(f"a report may not set {', '.join(sorted(unknown))}")
@@ -154,9 +168,8 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
         if field == "total_steps" and not is_command(job.spec or {}):
             continue  # a model job's is its spec's: a line its model printed does not change it
         if field == "gpu_use":
-            if value is not None:  # each attempt's and rank's, kept beside the others', as JSON
-                use = GpuUse.model_validate(value).model_dump(mode="json")
-                job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{use['rank']}": use}
+            if value is not None:
+                store_gpu_use(session, job, attempt, GpuUse.model_validate(value), idle_warn_s)
             continue
         setattr(job, field, value)
     # what it holds of the lab's disk and database, for its cap and the Usage page
@@ -164,6 +177,28 @@ def write_report(session: Session, job_id: int, attempt: int, report: Report, nu
     job.metric_points = (job.metric_points or 0) + len(report.metrics)
     if report.metrics and report.rung:
         sweeps_due(session)
+
+
+def store_gpu_use(session: Session, job: Job, attempt: int, use: GpuUse, idle_warn_s: float) -> None:
+    """Keep a rank's GPU use beside the others' (as JSON, by attempt and rank). The report
+    that makes the running job idle (every rank of its attempt told that its GPUs are idle)
+    owes its webhooks `job.idle`, once for each idle stretch; never where the lab warns of
+    none (`idle_warn_s` 0), and never twice within `idle_warn_s`: a stretch lasts that long
+    before it is told, so only reports forged on a Slurm node (the supervisor there is the
+    member's) could come faster, and they are not let to flood the lab's webhook."""
+    running = job.attempts if job.state == JobState.RUNNING else None
+    was_idle = (gpu_use_summary(job.gpu_use, running) or {}).get("idle_since")
+    job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{use.rank}": use.model_dump(mode="json")}
+    if running != attempt or was_idle is not None or not idle_warn_s:
+        return
+    if not (gpu_use_summary(job.gpu_use, running) or {}).get("idle_since"):
+        return
+    last = select(func.max(Notification.created_at)).where(
+        Notification.job_id == job.id, Notification.event == JOB_IDLE
+    )
+    told = session.scalar(last)
+    if told is None or (utcnow() - told).total_seconds() >= idle_warn_s:
+        owe_notifications(session, job, JOB_IDLE)
 
 
 def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None:
@@ -263,7 +298,7 @@ class LocalChannel:
 
     def report(self, report: Report) -> None:
         with self.ctx.db.write() as session:
-            write_report(session, self.job_id, self.attempt, report)
+            write_report(session, self.job_id, self.attempt, report, idle_warn_s=self.ctx.settings.gpu_idle_warn_s)
 
     def publish(self, payloads: list[str]) -> None:
         try:

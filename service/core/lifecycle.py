@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from service.core.exceptions import NotFoundError, StaleAttemptError, StateConflictError
 from service.core.models import (
     FINAL_STATES,
+    JOB_FINISHED,
     Allocation,
     Gpu,
     Host,
@@ -296,13 +297,14 @@ def release_allocations(session: Session, job: Job) -> None:
     )
 
 
-def owe_notifications(session: Session, job: Job) -> None:
-    """Queue the notifications of a job that just ended (in the same transaction)."""
-    session.add(Notification(job_id=job.id, url=None))  # the lab's webhook, if one is set
+def owe_notifications(session: Session, job: Job, event: str = JOB_FINISHED) -> None:
+    """Queue the notifications of a job that just ended, or of `event` (in the same
+    transaction): to the lab's webhook, the job's `notify_url` and its sweep's."""
+    session.add(Notification(job_id=job.id, url=None, event=event))  # the lab's webhook, if one is set
     targets = {job.spec.get("notify_url")}
     if job.sweep_id is not None:
         sweep = session.get(Sweep, job.sweep_id)
         if sweep is not None:
             targets.add((sweep.spec or {}).get("notify_url"))
     for url in sorted(t for t in targets if t):
-        session.add(Notification(job_id=job.id, url=url))
+        session.add(Notification(job_id=job.id, url=url, event=event))

@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     a few NVML calls per GPU; 10 s gives a job of a few minutes a figure."""
     gpu_idle_warn_s: float = Field(default=1800.0, ge=0)
     """A job whose GPUs stay idle (busy under 5% at every sample) this long is told so in its
-    log, once for each idle stretch (0: never); a notebook session ends when idle instead."""
+    log and its webhooks (`job.idle`), once for each idle stretch (0: never); a notebook
+    session ends when idle instead."""
 
     trainer_nice: int = Field(default=10, ge=0, le=19)
     """CPU niceness of trainers: where they share a host's cores with towerq itself (the

@@ -8,7 +8,9 @@ never deleted), as Prometheus expects of them:
 - `towerq_jobs{state,user}`, `towerq_queue_length` (those on hold apart:
   `towerq_jobs_on_hold`; those whose begin is ahead: `towerq_jobs_not_begun`), `towerq_hosts{state}`,
   `towerq_gpus`, `towerq_gpus_allocated` (fractions summed), `towerq_gpus_by_state{host,state}`
-  (free, held, drained, down), `towerq_gpu_utilization_ratio{host,gpu}` (NVML GPUs);
+  (free, held, drained, down), `towerq_gpu_utilization_ratio{host,gpu}` (NVML GPUs),
+  `towerq_gpus_held_idle{user}` (GPUs held by running jobs idle past `TOWERQ_GPU_IDLE_WARN_S`,
+  fractions summed: an alert's figure);
 - `towerq_submissions_total`, `towerq_crashes_total`;
 - histograms `towerq_queue_wait_seconds` (submit to first dispatch, time on hold left out),
   `towerq_submit_to_running_seconds` (submit to first running) and
@@ -30,6 +32,7 @@ from sqlalchemy.orm import Session
 from service.core import keys
 from service.core.db import Database
 from service.core.models import Allocation, Gpu, Host, HostState, Job, JobEvent, JobState, User, utcnow, wait_start
+from service.core.models.jobs import gpu_use_summary
 
 WAIT_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -135,6 +138,27 @@ class TowerqCollector(Collector):
         )
         yield states
         yield utilization
+        yield self._held_idle(session)
+
+    def _held_idle(self, session: Session) -> Metric:
+        """GPUs held by running jobs whose GPUs have been idle past the warning time, by user."""
+        idle = GaugeMetricFamily(
+            "towerq_gpus_held_idle",
+            "GPUs held by running jobs whose GPUs have been idle past TOWERQ_GPU_IDLE_WARN_S (fractions summed).",
+            labels=["user"],
+        )
+        rows = session.execute(
+            select(User.name, Job.gpu_use, Job.attempts, Job.gpu_count, Job.gpu_memory_fraction)
+            .join(User)
+            .where(Job.state == JobState.RUNNING, Job.gpu_use.is_not(None))
+        )
+        held: dict[str, float] = {}
+        for user, stored, attempt, count, fraction in rows:
+            if (gpu_use_summary(stored, attempt) or {}).get("idle_since"):
+                held[user] = held.get(user, 0.0) + count * min(1.0, fraction or 1.0)
+        for user in sorted(held):
+            idle.add_metric([user], held[user])
+        return idle
 
     def _histogram(self, name: str, documentation: str, values: Sequence[float]) -> Metric:
         buckets = [(str(bound), sum(1 for v in values if v <= bound)) for bound in WAIT_BUCKETS_S]

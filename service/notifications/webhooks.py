@@ -1,7 +1,9 @@
 """Webhooks when jobs end: the job's `notify_url` (or its sweep's) and the lab's
-`TOWERQ_WEBHOOK_URL`; and a sweep's `notify_url` once more when its last job has ended
-(`sweep.finished`: the best setting, how many it stopped early), owed by the scheduler
-(`owe_sweep_notifications`).
+`TOWERQ_WEBHOOK_URL`; to the same, `job.idle` when a running job's GPUs have been idle for
+`TOWERQ_GPU_IDLE_WARN_S` (once for each idle stretch, owed with the report that says so:
+`service.core.attempts.store_gpu_use`); and a sweep's `notify_url` once more when its last
+job has ended (`sweep.finished`: the best setting, how many it stopped early), owed by the
+scheduler (`owe_sweep_notifications`).
 
 The transaction that ends a job also writes a `Notification` row per target (an outbox),
 so a notification is neither lost when a process dies nor made twice. The `Deliverer`, a
@@ -39,6 +41,8 @@ from service.core.context import Context
 from service.core.db import Database
 from service.core.models import (
     FINAL_STATES,
+    JOB_FINISHED,
+    JOB_IDLE,
     Job,
     LogLine,
     Notification,
@@ -47,10 +51,12 @@ from service.core.models import (
     SweepRung,
     utcnow,
 )
+from service.core.models.jobs import gpu_use_summary, idle_text
 from service.core.results import best_job, counts_by_state, result_of
 from service.core.schemas.jobs import LatestMetrics
 from service.core.sharing import LAB, error_category
 from service.notifications import outbound
+from towerq.contract.attempts import GPU_BUSY_PCT
 from towerq.contract.paths import job_log
 
 log = logging.getLogger(__name__)
@@ -93,7 +99,7 @@ def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) ->
     text = slack_text(f"towerq: job {job.id} {job.name!r} of {job.user.name} {job.state}{reason}")
     text += f" — {summary}" if summary else ""
     return {
-        "event": "job.finished",
+        "event": JOB_FINISHED,
         "delivery": delivery,
         "job": {
             "id": job.id,
@@ -106,6 +112,33 @@ def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) ->
             "sweep_id": job.sweep_id,
             "started_at": job.started_at.isoformat() if job.started_at else None,
             "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+            "url": link,
+        },
+        "text": f"{text} <{link}>",
+    }
+
+
+def idle_payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
+    """The body of `job.idle`: whose job holds GPUs idle, where, since when (null once they
+    are busy again), and its busy share so far."""
+    link = f"{public_url.rstrip('/')}/#/jobs/{job.id}"
+    use = gpu_use_summary(job.gpu_use, job.attempts) or {}
+    said = idle_text(use) or f"its GPUs were idle (busy under {GPU_BUSY_PCT:g}% at every sample)"
+    where = f"{job.state} on {job.host_name}" if job.host_name else job.state
+    gpus = f"{job.gpu_count} GPU{'' if job.gpu_count == 1 else 's'}"
+    text = slack_text(f"towerq: job {job.id} {job.name!r} of {job.user.name} ({where}, {gpus}): {said}")
+    return {
+        "event": JOB_IDLE,
+        "delivery": delivery,
+        "job": {
+            "id": job.id,
+            "name": job.name,
+            "user": job.user.name,
+            "state": job.state,
+            "host": job.host_name,
+            "gpu_count": job.gpu_count,
+            "idle_since": use.get("idle_since"),
+            "busy_pct": use.get("busy_pct"),
             "url": link,
         },
         "text": f"{text} <{link}>",
@@ -253,6 +286,8 @@ class Deliverer:
             sweep = session.get(Sweep, job.sweep_id) if event == SWEEP_FINISHED and job.sweep_id else None
             if sweep is not None:
                 said = sweep_payload(session, sweep, notification.id, _public(settings))
+            elif event == JOB_IDLE:
+                said = idle_payload(job, notification.id, _public(settings))
             else:
                 said = payload(job, notification.id, _public(settings), lab_wide=notification.url is None)
             body = json.dumps(said).encode() if url else b""

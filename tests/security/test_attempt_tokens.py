@@ -19,7 +19,7 @@ from sqlalchemy import select
 from service.core import keys
 from service.core.attempts import mint_attempt_token
 from service.core.context import Context
-from service.core.models import Gpu, Host, Job, JobState, RankAddress
+from service.core.models import Gpu, Host, Job, JobState, Notification, RankAddress
 from service.core.settings import Settings
 from service.jobs.submit import submit
 from service.lab.auth import Caller, ensure_user
@@ -144,6 +144,29 @@ def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -
     with ctx.db.read() as session:
         job = session.get(Job, job_id)
         assert job is not None and job.gpu_use == {"1.0": {**use, "idle_since": None}}, job.gpu_use  # as the contract's
+
+
+def test_reports_forged_idle_and_busy_in_turn_do_not_flood_the_labs_webhook(ctx: Context, client: TestClient) -> None:
+    """A Slurm node's supervisor is the member's: reports that say its GPUs went idle, busy,
+    idle again as fast as it likes owe one `job.idle` a warning time, not one each (a real
+    idle stretch lasts the warning time before it is told)."""
+    job_id = dispatched(ctx, "alice", 0)
+    token = token_of(ctx, job_id)
+    path = f"/api/attempts/{job_id}/1"
+    assert (
+        call(client, token, "POST", f"{path}/running", {"pid": 1, "cuda_visible_devices": "0", "artifacts_dir": "/a"})
+        == 204
+    )
+    use = {"rank": 0, "gpus": 1, "samples": 3, "busy_pct": 1.0, "memory_peak_mb": 900, "memory_total_mb": 81559}
+    for _ in range(20):
+        for since in (NOW, None):
+            assert (
+                call(client, token, "POST", f"{path}/reports", {"fields": {"gpu_use": {**use, "idle_since": since}}})
+                == 204
+            )
+    with ctx.db.read() as session:
+        owed = session.scalars(select(Notification.event).where(Notification.job_id == job_id)).all()
+    assert owed == ["job.idle"], owed  # the lab's webhook, once
 
 
 def test_live_messages_are_only_the_attempts_own_points_and_lines(ctx: Context, client: TestClient) -> None:

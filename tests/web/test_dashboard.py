@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.core.db import Database
-from service.core.models import Job, Metric
+from service.core.models import Job, Metric, Notification
 from tests.service.api.test_usage import add_run
 from tests.stack import Stack, wait_for
 from tests.web.conftest import shot
@@ -333,7 +333,8 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
     open_page: Callable[..., object],
 ) -> None:
     """Its worker found its GPUs idle past the lab's warning time (`worker.gpu_use`): the
-    jobs list's "Why" and the job page's "GPU use" say so, with since when."""
+    jobs list's "Why" and the job page's "GPU use" say so, with since when; its page's
+    "Webhooks" says whether `job.idle` got through, to the lab's webhook and its own."""
     url = stack.start_api()
     add_host("lab-a", 2)
     now = datetime.now(UTC)
@@ -344,6 +345,10 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
         assert job is not None
         use = {"rank": 0, "gpus": 1, "samples": 360, "busy_pct": 12.5, "memory_peak_mb": 900}
         job.gpu_use = {"1.0": {**use, "memory_total_mb": 81559, "idle_since": since.isoformat()}}
+        mine = "https://hooks.example/alice"
+        session.add(Notification(job_id=job_id, url=None, event="job.idle", state="delivered", attempts=1,
+                                 delivered_at=now - timedelta(minutes=9)))  # fmt: skip
+        session.add(Notification(job_id=job_id, url=mine, event="job.idle", attempts=2, last_error="HTTP 500"))
     page = open_page()
     page.goto(f"{url}/?token={make_token('alice')}#/jobs")
     page.wait_for_selector(f'tr[data-job="{job_id}"][data-state="running"]')
@@ -353,6 +358,10 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
     page.wait_for_selector('dd[data-field="GPU use"]')
     shown = page.locator('dd[data-field="GPU use"]').inner_text()
     assert shown.startswith("busy 12.5% of the time, at most 900 of 81,559 MiB held · idle since "), shown
+    rows = page.locator("#webhooks tbody tr")
+    said = [[cell.strip() for cell in rows.nth(i).inner_text().split("\t")] for i in range(rows.count())]
+    assert [row[0:2] for row in said] == [["job.idle", "the lab's webhook"], ["job.idle", mine]], said
+    assert said[0][2].startswith("delivered ") and said[1][2:] == ["pending", "2", "HTTP 500"], said
 
 
 def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(

@@ -162,7 +162,10 @@ class JobSpec(TrainSpec):
         default=None,
         max_length=2048,
         pattern=r"^https?://[^\s]+$",
-        description="POST a JSON notification here when the job ends (besides the lab's TOWERQ_WEBHOOK_URL)",
+        description=(
+            "POST a JSON notification here when the job ends, and while it runs when its GPUs have been idle "
+            "for the lab's TOWERQ_GPU_IDLE_WARN_S (besides the lab's TOWERQ_WEBHOOK_URL)"
+        ),
     )
     network: bool = Field(
         default=False,

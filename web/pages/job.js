@@ -501,8 +501,28 @@ function detailsOf(job) {
     el("h2", { id: "spec-title" }, "Spec"),
     el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)),
   );
-  return [placement, history, spec];
+  if (!job.notifications?.length) return [placement, history, spec];
+  // The webhooks owed for it (its end, its GPUs gone idle): whether each got through.
+  const webhooks = el(
+    "section",
+    { "aria-labelledby": "webhooks-title", id: "webhooks" },
+    el("h2", { id: "webhooks-title" }, "Webhooks"),
+    el(
+      "div",
+      { class: "scroll" },
+      dataTable(WEBHOOK_COLUMNS, job.notifications, { attrs: (n) => ({ dataset: { event: n.event, state: n.state } }) }).table,
+    ),
+  );
+  return [placement, history, webhooks, spec];
 }
+
+const WEBHOOK_COLUMNS = [
+  { title: "Event", cell: (n) => n.event },
+  { title: "To", cell: (n) => n.url ?? "the lab's webhook" },
+  { title: "State", cell: (n) => (n.state === "delivered" ? `delivered ${when(n.delivered_at)}` : n.state) },
+  { title: "Attempts", cell: (n) => n.attempts },
+  { title: "Last error", cell: (n) => (n.last_error ? el("span", { class: n.state === "failed" ? "error" : "" }, n.last_error) : "") },
+];
 
 // Where batch norm is synchronised across towers, and where it is not (inside custom layers).
 function batchNormOf(report) {

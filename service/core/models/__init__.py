@@ -16,11 +16,21 @@ from service.core.models.base import (
 from service.core.models.hosts import Allocation, Gpu, Host, RankAddress, session_refusals
 from service.core.models.jobs import Job, JobEvent, Sweep, SweepRung, expected_end_at, wait_start
 from service.core.models.people import ApiToken, Group, GroupMember, Lab, Reservation, User
-from service.core.models.results import LogLine, Metric, MetricRollup, Notification, NotificationState
+from service.core.models.results import (
+    JOB_FINISHED,
+    JOB_IDLE,
+    LogLine,
+    Metric,
+    MetricRollup,
+    Notification,
+    NotificationState,
+)
 
 __all__ = [
     "FINAL_STATES",
     "HOLDING_STATES",
+    "JOB_FINISHED",
+    "JOB_IDLE",
     "UNSUCCESSFUL_STATES",
     "Allocation",
     "ApiToken",

@@ -65,6 +65,10 @@ class LogLine(Base):
     message: Mapped[str] = mapped_column(Text)
 
 
+JOB_FINISHED = "job.finished"
+JOB_IDLE = "job.idle"
+
+
 class NotificationState(enum.StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"
@@ -72,9 +76,9 @@ class NotificationState(enum.StrEnum):
 
 
 class Notification(Base):
-    """A webhook owed for a finished job (or the sweep it finished): written in the
-    transaction that ends the job (so none is lost or made twice), sent in the background by
-    the scheduler process."""
+    """A webhook owed for a finished job (or the sweep it finished), or a running job gone
+    idle: written in the transaction that ends the job or stores the report that says so (so
+    none is lost or made twice), sent in the background by the scheduler process."""
 
     __tablename__ = "notifications"
     __table_args__ = (Index("ix_notifications_due", "state", "next_attempt_at"),)
@@ -83,9 +87,11 @@ class Notification(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     url: Mapped[str | None] = mapped_column(Text, default=None)
     """The job's (or its sweep's) `notify_url`; None: the lab's TOWERQ_WEBHOOK_URL."""
-    event: Mapped[str] = mapped_column(String(16), default="job.finished")
-    """job.finished, or sweep.finished: the sweep of the job (its last to end) has ended, to
-    the sweep's URL (`service.notifications.webhooks.owe_sweep_notifications`)."""
+    event: Mapped[str] = mapped_column(String(16), default=JOB_FINISHED)
+    """job.finished; job.idle: the running job's GPUs have been idle `TOWERQ_GPU_IDLE_WARN_S`
+    (owed once for each idle stretch, as its reports say it); or sweep.finished: the sweep of
+    the job (its last to end) has ended, to the sweep's URL
+    (`service.notifications.webhooks.owe_sweep_notifications`)."""
     state: Mapped[str] = mapped_column(String(16), default=NotificationState.PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)

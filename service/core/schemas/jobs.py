@@ -167,6 +167,8 @@ class JobOut(Out):
 class NotificationOut(Out):
     url: str | None
     """None: the lab's TOWERQ_WEBHOOK_URL."""
+    event: str
+    """job.finished, job.idle (its GPUs idle past the lab's warning time) or sweep.finished."""
     state: str
     attempts: int
     last_error: str | None
@@ -178,7 +180,7 @@ class JobDetailOut(JobOut):
     held: list[HeldOut] = []
     """The GPUs each attempt held, the first attempt first (the job page's "GPUs held")."""
     notifications: list[NotificationOut] = []
-    """The webhooks sent (or being retried) since the job ended."""
+    """The webhooks sent (or being retried): since the job ended, and when it went idle."""
     outputs_readable: bool = True
     """Whether the caller may read the job's log, artifacts and code (service/jobs/privacy.py)."""
     url: str | None = None

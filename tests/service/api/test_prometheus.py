@@ -3,11 +3,16 @@ jobs and GPUs are, by state, user and host, from the shared database."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
 
+from service.core.db import Database
+from service.core.models import Job
 from tests.service.api.conftest import Api
+from tests.service.api.test_usage import add_run
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
 
@@ -51,3 +56,27 @@ def test_metrics_count_jobs_queue_and_gpus_by_state(alice: Api, as_user, make_to
         assert samples[(f"{histogram}_count", ())] == 0
         assert ((f"{histogram}_bucket"), (("le", "+Inf"),)) in samples
     assert alice.client.get("/metrics").status_code == 401  # scrape with a token (docs/deployment.md)
+
+
+def test_gpus_held_idle_are_counted_by_user(alice: Api, db: Database, add_host: Callable[..., None]) -> None:
+    """Running jobs whose every rank found its GPUs idle past the warning time: their GPUs,
+    fractions summed, by user; not a job busy again, nor one that ended."""
+    add_host("lab-b", 2)
+    now = datetime.now(UTC)
+    use = {"gpus": 1, "samples": 5, "busy_pct": 1.0, "idle_since": (now - timedelta(minutes=40)).isoformat()}
+    idle = add_run(db, "carol", "lab-b", [0, 1], now - timedelta(hours=2), now - timedelta(hours=1), None)
+    shared = add_run(db, "carol", "lab-a", [0], now - timedelta(hours=2), now - timedelta(hours=1), None, fraction=0.5)
+    busy = add_run(db, "dave", "lab-a", [1], now - timedelta(hours=2), now - timedelta(hours=1), None)
+    ended = add_run(db, "erin", "lab-a", [2], now - timedelta(hours=2), now - timedelta(hours=1), now)
+    stored = {
+        idle: {"1.0": {**use, "rank": 0}, "1.1": {**use, "rank": 1}},
+        shared: {"1.0": {**use, "rank": 0}},
+        busy: {"1.0": {**use, "rank": 0}, "1.1": {**use, "rank": 1, "idle_since": None}},
+        ended: {"1.0": {**use, "rank": 0}},
+    }
+    with db.write() as session:
+        for job_id, value in stored.items():
+            session.execute(update(Job).where(Job.id == job_id).values(gpu_use=value))
+    samples = scrape(alice)
+    held = {labels: value for (name, labels), value in samples.items() if name == "towerq_gpus_held_idle"}
+    assert held == {(("user", "carol"),): 2.5}, held

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import NotFoundError, StaleAttemptError
 from service.core.lifecycle import STOPPED_EARLY, locked_job, requeue
-from service.core.models import Job, JobState, LogLine, Metric, RankAddress
+from service.core.models import Job, JobState, LogLine, Metric, Notification, RankAddress
 from service.core.settings import Settings
 from service.core.slurm_nodes import address_command, parse_address
 from service.jobs.submit import submit
@@ -200,6 +200,43 @@ def test_a_report_is_stored_only_while_its_attempt_is_current(ctx: Context, chan
     for late in (lambda: channel.forget_after(0), lambda: channel.end(AttemptEnd("succeeded"))):
         with pytest.raises(StaleAttempt):
             late()
+
+
+def test_a_running_job_whose_gpus_go_idle_owes_its_webhooks_once_for_each_idle_stretch(
+    ctx: Context, channel_to: Opener
+) -> None:
+    """`job.idle` to the lab's webhook and the job's own, from the report that says every rank
+    of the running attempt has found its GPUs idle past the warning time; again only after
+    they were busy in between (and a warning time after the last: a stretch lasts that long)."""
+    job_id = dispatched(ctx, notify_url="https://hooks.example/mine")  # its ranks: as over two hosts
+    channel = channel_to(job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+
+    def say(rank: int, idle_since: str | None) -> None:
+        use = {"rank": rank, "gpus": 1, "samples": 5, "busy_pct": 1.0, "memory_total_mb": 81559}
+        channel.report(Report([], [], {"gpu_use": {**use, "idle_since": idle_since}}, 0))
+
+    def owed() -> list[tuple[str, str | None]]:
+        with ctx.db.read() as session:
+            rows = session.execute(select(Notification.event, Notification.url).where(Notification.job_id == job_id))
+            return [tuple(row) for row in rows]
+
+    say(0, None)
+    say(1, None)
+    say(0, "2026-12-06T08:00:00Z")
+    assert owed() == []  # rank 1's GPUs are busy: the job is not idle
+    say(1, "2026-12-06T08:01:00Z")
+    mine = "https://hooks.example/mine"
+    assert sorted(owed(), key=str) == [("job.idle", mine), ("job.idle", None)]
+    say(1, "2026-12-06T08:01:00Z")  # still idle: nothing more
+    with ctx.db.write() as session:  # told a warning time ago (the lab's: 30 min)
+        session.execute(update(Notification).values(created_at=datetime.now(UTC) - timedelta(minutes=31)))
+    say(0, None)  # busy again, then idle again: owed again
+    assert len(owed()) == 2
+    say(0, "2026-12-06T09:00:00Z")
+    assert len(owed()) == 4
+    channel.end(AttemptEnd("succeeded"))
+    assert owed().count(("job.finished", mine)) == 1 and len(owed()) == 6
 
 
 def test_what_rank_0_held_when_the_job_moved_on_is_stored_until_a_later_attempt_starts(
