@@ -215,10 +215,11 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     assert ran["state"] == "succeeded", ran
     use = ran["gpu_use"]
     assert use is not None and use["samples"] >= 2, ran
-    assert (use["busy_pct"], use["memory_peak_mb"], use["memory_total_mb"]) == (30, 20000, 81559), use  # its own
+    assert (use["memory_peak_mb"], use["memory_total_mb"]) == (20000, 81559), use  # its own
+    assert within_a_sample(use, 30), use  # its own part: not the GPU's 80
     assert stack.api_url is not None
     shown = towerq_cli("show", str(ran["id"]), cwd=tmp_path, api=stack.api_url, token=token)
-    assert "  gpu use    busy 30% of the time, at most 20,000 of 81,559 MiB held\n" in shown.stdout, shown.stdout
+    assert f"  gpu use    busy {use['busy_pct']:g}% of the time, at most 20,000 of 81,559 MiB held\n" in shown.stdout
     idle = client.post(
         "/api/jobs", json={**shared, "command": ["python", "hold.py", "20"], "env": {"FAKE_GPU_MB": "900"}}
     )
@@ -247,7 +248,45 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     assert listed[0].split()[4] == "BUSY" and listed[1].split()[9] == "50%", listed  # the GPU's, as NVML says it now
     assert client.post(f"/api/jobs/{neighbour.json()['id']}/cancel").status_code == 202
     beside_use = finished(client, neighbour.json()["id"], 60)["gpu_use"]
-    assert beside_use["busy_pct"] == 50 and beside_use["memory_peak_mb"] == 10000, beside_use
+    assert within_a_sample(beside_use, 50) and beside_use["memory_peak_mb"] == 10000, beside_use
+
+
+def within_a_sample(use: dict, busy: float) -> bool:
+    """`busy` at every sample but maybe one: at its end its program may be gone from the GPU
+    a moment before its sandbox's first process exits (that sample finds it idle)."""
+    samples = use["samples"]
+    return busy * (samples - 1) / samples <= use["busy_pct"] <= busy
+
+
+def test_a_job_holding_its_gpu_idle_past_the_labs_stop_time_is_stopped_and_its_busy_neighbour_runs_on(
+    stack: Stack, make_token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TOWERQ_GPU_IDLE_STOP_S (3 s here), on the fake NVML: a command job that holds its
+    share of GPU 0 and runs no kernel fails, saying for how long its GPU was idle; the job
+    beside it on the same GPU, busy, is not stopped (its own part of the GPU's use counts)."""
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
+    stack.start_api()
+    stack.start_scheduler()
+    stack.spawn("worker-lab-a", "worker", "--name", "lab-a", simulated_gpus=None, trainer_pool=0,
+                gpu_use_sample_s=0.5, gpu_idle_stop_s=3)  # fmt: skip
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    shared = {"code": upload_code(client, {"hold.py": HOLDS}), "gpus": [0], "gpu_memory_fraction": 0.4}
+    idle = client.post(
+        "/api/jobs", json={**shared, "command": ["python", "hold.py", "200"], "env": {"FAKE_GPU_MB": "900"}}
+    )
+    busy = client.post(
+        "/api/jobs",
+        json={**shared, "command": ["python", "hold.py", "24"], "env": {"FAKE_GPU_MB": "900", "FAKE_GPU_BUSY": "60"}},
+    )
+    assert idle.status_code == 201 and busy.status_code == 201, (idle.text, busy.text)
+    stopped = finished(client, idle.json()["id"], 60)
+    assert stopped["state"] == "failed", stopped
+    said = r"stopped: its GPUs were idle for [34]s \(busy under 5% at every sample; the lab stops a job whose GPUs "
+    assert re.fullmatch(said + r"stay idle 3s: TOWERQ_GPU_IDLE_STOP_S\)", stopped["error"]), stopped["error"]
+    assert client.get(f"/api/jobs/{busy.json()['id']}").json()["state"] == "running"  # idle no more than 0.5 s
+    assert finished(client, busy.json()["id"], 60)["state"] == "succeeded"
 
 
 def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:

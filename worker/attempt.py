@@ -149,8 +149,13 @@ class AttemptRunner:
         self.folder_disk = AttemptDisk(self.artifacts, self.settings, self.key, self.sink)
         """The job folder's disk of its own, if it gets one (`worker.attempt_disk`)."""
         idle_warn_s = 0.0 if self.session else self.settings.gpu_idle_warn_s  # a session ends when idle
-        warn = functools.partial(self.sink.log, "warning")
-        self.gpu_use = GpuUseSampler(launch.rank, launch.indices, self.settings.gpu_use_sample_s, idle_warn_s, warn)
+        # over several hosts each rank sees only its own GPUs: such a job is told, not stopped
+        idle_stop_s = 0.0 if self.session or launch.ranks > 1 else self.settings.gpu_idle_stop_s
+        self.gpu_use = GpuUseSampler(
+            launch.rank, launch.indices, self.settings.gpu_use_sample_s,
+            idle_warn_s, functools.partial(self.sink.log, "warning"),
+            idle_stop_s, functools.partial(self.request_stop, Stop.GPU_IDLE),
+        )  # fmt: skip
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""
         self.after: list[AttemptRunner] = []
@@ -297,6 +302,7 @@ class AttemptRunner:
         limits = attempt_limits(self.launch, settings, len(self.inventory.gpus()))
         self.group = AttemptGroup.create(f"towerq-{os.getpid()}-job-{self.launch.job_id}-{self.launch.attempt}", limits)
         self.process, env, how = starter(self.group)
+        self.gpu_use.started(time.monotonic())
         self.trainer_pids.add(self.process.pid)
         self._say_started(how, limits)
         if isinstance(self.inventory, SimulatedInventory):

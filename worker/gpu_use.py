@@ -12,8 +12,9 @@ kept per attempt and rank). Simulated GPUs say neither: a job on them has no fig
 
 A job whose GPUs stay idle (busy under `GPU_BUSY_PCT` at every sample) for
 `TOWERQ_GPU_IDLE_WARN_S` is told so in its log, once for each such stretch: a program that
-waits on its input, or is done with the GPUs, holds them from the lab. A notebook session
-has its own idle end (`worker.notebook`) and is not told."""
+waits on its input, or is done with the GPUs, holds them from the lab. Where the lab sets
+`TOWERQ_GPU_IDLE_STOP_S`, one that stays idle that long is stopped (it fails, saying why).
+A notebook session has its own idle end (`worker.notebook`) and is neither."""
 
 from __future__ import annotations
 
@@ -37,13 +38,18 @@ class GpuUseSampler:
         every_s: float,
         idle_warn_s: float = 0.0,
         warn: Callable[[str], None] | None = None,
+        idle_stop_s: float = 0.0,
+        stop: Callable[[str], None] | None = None,
     ) -> None:
-        """`warn` is told when its GPUs have been idle `idle_warn_s` (0: never)."""
+        """`warn` is told when its GPUs have been idle `idle_warn_s`, `stop` (why) when they
+        have been idle `idle_stop_s` (0: never)."""
         self.rank = rank
         self.indices = set(indices)
         self.every_s = every_s
         self.idle_warn_s = idle_warn_s
         self.warn = warn
+        self.idle_stop_s = idle_stop_s
+        self.stop = stop
         self.idle_since: float | None = None
         """Since when every sample found its GPUs idle (None: the last one found them busy)."""
         self.idle_at: datetime | None = None
@@ -51,12 +57,18 @@ class GpuUseSampler:
         self.idle_said = False
         self.last_busy = 0.0
         self.next_at = time.monotonic() + every_s
-        """The first sample comes a period after the start: its process is starting before."""
+        """The first sample comes a period after the start (`started`): its process is
+        starting before."""
         self.samples = 0
         self.busy_sum = 0.0
         """The sum over samples of the mean utilization of its GPUs."""
         self.memory_peak_mb: int | None = None
         self.memory_total_mb: int | None = None
+
+    def started(self, now: float) -> None:
+        """Its process started now (after the wait for the GPUs' last holders, the other
+        ranks, its folder): the first sample a period on."""
+        self.next_at = now + self.every_s
 
     def take(self, inventory: Inventory, pids: set[int], now: float) -> dict[str, Any] | None:
         """A sample when one is due (never of simulated GPUs): the figures to report, or None."""
@@ -87,20 +99,27 @@ class GpuUseSampler:
         return True
 
     def _watch_idle(self, now: float) -> None:
-        """Tell `warn` once its GPUs have been idle `idle_warn_s`, once for each idle stretch."""
+        """Tell `warn` once its GPUs have been idle `idle_warn_s`, once for each idle stretch;
+        `stop` once they have been idle `idle_stop_s`."""
         if self.last_busy >= GPU_BUSY_PCT:
             self.idle_since, self.idle_at, self.idle_said = None, None, False
             return
         if self.idle_since is None:
             self.idle_since, self.idle_at = now, datetime.now(UTC)
-        if self.warn is None or not self.idle_warn_s or self.idle_said or now - self.idle_since < self.idle_warn_s:
-            return
-        self.idle_said = True
-        self.warn(
-            f"its GPUs have been idle for {limit_text(round(now - self.idle_since))} (busy under "
-            f"{GPU_BUSY_PCT:g}% at every sample): a program waiting on its input, or done with its GPUs, "
-            "holds them from the lab"
-        )
+        idle_s = now - self.idle_since
+        if self.warn is not None and self.idle_warn_s and not self.idle_said and idle_s >= self.idle_warn_s:
+            self.idle_said = True
+            self.warn(
+                f"its GPUs have been idle for {limit_text(round(idle_s))} (busy under {GPU_BUSY_PCT:g}% at every "
+                "sample): a program waiting on its input, or done with its GPUs, holds them from the lab"
+            )
+        if self.stop is not None and self.idle_stop_s and idle_s >= self.idle_stop_s:
+            stop, self.stop = self.stop, None  # once
+            stop(
+                f"stopped: its GPUs were idle for {limit_text(round(idle_s))} (busy under {GPU_BUSY_PCT:g}% at every "
+                f"sample; the lab stops a job whose GPUs stay idle {limit_text(round(self.idle_stop_s))}: "
+                "TOWERQ_GPU_IDLE_STOP_S)"
+            )
 
     def figures(self) -> GpuUse | None:
         """What to report (None before the first sample)."""

@@ -31,6 +31,9 @@ class Stop(enum.StrEnum):
     FROZEN = "frozen"
     """A job over several hosts: this rank's trainer was stopped by a signal (SIGSTOP) for
     longer than the collective timeout, so its worker killed it; the job queues again."""
+    GPU_IDLE = "gpu_idle"
+    """A job whose GPUs stayed idle for the lab's `TOWERQ_GPU_IDLE_STOP_S`
+    (`worker.gpu_use`): it fails, saying for how long; its checkpoint is kept."""
     GPU_MEMORY = "gpu_memory"
     """A command job held more GPU memory than its share for longer than the grace
     (`worker.program.over_share`): it fails, and the message names both numbers."""
@@ -169,7 +172,7 @@ class Outcome:
         if self.stop == Stop.TIME_LIMIT:
             where = f"at step {self.step}" if self.step is not None else "before its first step"
             return JobState.FAILED, f"{self.stop_message} {where}"
-        if self.stop in (Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.NOT_READY, Stop.CANNOT_HERE):
+        if self.stop in FAILING:
             return JobState.FAILED, self.stop_message
         if self.never_ran:
             said = next((line for line in reversed(self.last_stderr) if line.strip()), "")
@@ -192,9 +195,11 @@ class Outcome:
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr, self.who)
 
 
-TOO_LATE = frozenset({None, Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT})
+TOO_LATE = frozenset({None, Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT, Stop.GPU_IDLE})
 """Stops that do not undo a trained job: asked after its last step, they change nothing it
 made. A full folder, a bad spec or a GPU-memory breach still fail it."""
+FAILING = frozenset({Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.GPU_IDLE, Stop.NOT_READY, Stop.CANNOT_HERE})
+"""Stops that fail the job, their message its reason."""
 
 ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 NATIVE_LINE = re.compile(r"^(?:([IWEF])\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: ([IWEF]) )\S+:\d+\] ")

@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     """A job whose GPUs stay idle (busy under 5% at every sample) this long is told so in its
     log and its webhooks (`job.idle`), once for each idle stretch (0: never); a notebook
     session ends when idle instead."""
+    gpu_idle_stop_s: float = Field(default=0.0, ge=0)
+    """A job whose GPUs stay idle this long is stopped: it fails, saying so (its checkpoint
+    kept); 0 (the default): never. Not a notebook session (its own idle end), nor a job over
+    several hosts (each host sees only its own GPUs: it is told, not stopped)."""
 
     trainer_nice: int = Field(default=10, ge=0, le=19)
     """CPU niceness of trainers: where they share a host's cores with towerq itself (the

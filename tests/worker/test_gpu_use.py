@@ -38,6 +38,39 @@ def test_the_busy_share_is_the_mean_over_samples_and_gpus_and_the_peak_is_its_ow
     assert (figures.memory_peak_mb, figures.memory_total_mb) == (3000, 81559)  # 2,500 + 500 is less
 
 
+def test_the_first_sample_comes_a_period_after_its_process_started() -> None:
+    sampler = GpuUseSampler(rank=0, indices=[0], every_s=10)
+    later = time.monotonic() + 600  # it waited ten minutes for the other ranks, its folder
+    sampler.started(later)
+    assert sampler.take(Driver(), {10}, later + 1) is None  # its program is starting
+    assert sampler.take(Driver(), {10}, later + 10) is not None
+
+
+def test_gpus_idle_for_the_labs_stop_time_stop_the_job_once() -> None:
+    stopped: list[str] = []
+    driver = Driver()
+    sampler = GpuUseSampler(rank=0, indices=[0], every_s=10, idle_stop_s=60, stop=stopped.append)
+    start = sampler.next_at = float(int(sampler.next_at))  # whole seconds: sums exact
+    for t in (0, 10, 20, 30):
+        sampler.take(driver, {10}, start + t)
+    driver.busy = 50.0  # busy again: the idle stretch starts over
+    sampler.take(driver, {10}, start + 40)
+    driver.busy = 0.0
+    for t in range(50, 110, 10):
+        sampler.take(driver, {10}, start + t)
+    assert stopped == []  # idle 50 s of the new stretch
+    for t in (110, 120, 130):
+        sampler.take(driver, {10}, start + t)
+    assert stopped == [
+        "stopped: its GPUs were idle for 1m (busy under 5% at every sample; the lab stops a job whose GPUs stay "
+        "idle 1m: TOWERQ_GPU_IDLE_STOP_S)"
+    ]  # once
+    never = GpuUseSampler(rank=0, indices=[0], every_s=10, idle_stop_s=0, stop=stopped.append)  # 0: never
+    for t in range(0, 600, 10):
+        never.take(driver, {10}, never.next_at + t)
+    assert len(stopped) == 1
+
+
 def test_on_a_shared_gpu_its_busy_share_is_its_own_processes_part_by_nvmls_per_process_samples() -> None:
     shared = gpu(0, 80, [(10, 1000), (11, 500), (20, 9000)])  # its 10 and 11 beside a neighbour's 20
     shared.process_busy = {10: 90, 11: 30, 20: 360}  # summed over the window's samples: it ran a quarter

@@ -74,7 +74,7 @@ def test_the_scheduler_never_stops_a_session_for_another_job() -> None:
     assert not stoppable({"kind": "notebook", "command": None, "resumable": False})
 
 
-@pytest.mark.parametrize("stop", [Stop.CANCEL, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT])
+@pytest.mark.parametrize("stop", [Stop.CANCEL, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT, Stop.GPU_IDLE])
 def test_a_stop_after_the_last_step_leaves_a_trained_job_succeeded(stop: Stop) -> None:
     done = {"step": 100, "final": None, "seconds": 3.0}
     assert Outcome(done=done, stop=stop, stop_message="cancelled by alice", returncode=0).verdict() == (
@@ -91,6 +91,14 @@ def test_a_full_folder_fails_a_job_even_when_it_trained() -> None:
     done = {"step": 100, "final": None, "seconds": 3.0}
     full = Outcome(done=done, stop=Stop.FOLDER_FULL, stop_message="its folder takes 2 GB", returncode=0)
     assert full.verdict() == (JobState.FAILED, "its folder takes 2 GB")
+
+
+def test_a_job_stopped_for_gpus_held_idle_fails_saying_so() -> None:
+    said = "stopped: its GPUs were idle for 2h (busy under 5% at every sample; ...)"
+    for program in (False, True):  # a model job's trainer and a command alike, however they exit
+        for returncode in (0, 143):
+            idle = Outcome(program=program, stop=Stop.GPU_IDLE, stop_message=said, returncode=returncode, step=40)
+            assert idle.verdict() == (JobState.FAILED, said), (program, returncode)
 
 
 def test_a_time_limit_before_the_first_step_says_so_in_words() -> None:
