@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.core.settings import Settings
@@ -170,25 +171,10 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     GPU was (a third job beside them keeps it busy too) and the most its own processes held
     (its neighbour's memory is not its own). A job that holds its GPU idle is told so in its
     log once its idle time is up, though its neighbour keeps the GPU busy; a busy one is not."""
-    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
-    stack.start_api()
-    stack.start_scheduler()
-    stack.spawn(
-        "worker-lab-a",
-        "worker",
-        "--name",
-        "lab-a",
-        simulated_gpus=None,
-        sandbox="bwrap",
-        trainer_pool=0,
-        gpu_memory_grace_s=1,
-        gpu_use_sample_s=1,
-        gpu_idle_warn_s=3,
-    )
     token = make_token("alice")
-    client = stack.client(token)
-    gpus = wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = on_fake_nvml(stack, monkeypatch, token, sandbox="bwrap", gpu_memory_grace_s=1, gpu_use_sample_s=1,
+                          gpu_idle_warn_s=3)  # fmt: skip
+    gpus = client.get("/api/gpus").json()
     assert gpus[0]["name"] == "Fake NVIDIA H100 80GB HBM3" and not gpus[0]["simulated"], gpus
     code = upload_code(client, {"hold.py": HOLDS})
     shared = {"code": code, "gpus": [0], "gpu_memory_fraction": 0.4}
@@ -264,14 +250,7 @@ def test_a_job_holding_its_gpu_idle_past_the_labs_stop_time_is_stopped_and_its_b
     """With TOWERQ_GPU_IDLE_STOP_S (3 s here), on the fake NVML: a command job that holds its
     share of GPU 0 and runs no kernel fails, saying for how long its GPU was idle; the job
     beside it on the same GPU, busy, is not stopped (its own part of the GPU's use counts)."""
-    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
-    stack.start_api()
-    stack.start_scheduler()
-    stack.spawn("worker-lab-a", "worker", "--name", "lab-a", simulated_gpus=None, trainer_pool=0,
-                gpu_use_sample_s=0.5, gpu_idle_stop_s=3)  # fmt: skip
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = on_fake_nvml(stack, monkeypatch, make_token("alice"), gpu_use_sample_s=0.5, gpu_idle_stop_s=3)
     shared = {"code": upload_code(client, {"hold.py": HOLDS}), "gpus": [0], "gpu_memory_fraction": 0.4}
     idle = client.post(
         "/api/jobs", json={**shared, "command": ["python", "hold.py", "200"], "env": {"FAKE_GPU_MB": "900"}}
@@ -287,6 +266,19 @@ def test_a_job_holding_its_gpu_idle_past_the_labs_stop_time_is_stopped_and_its_b
     assert re.fullmatch(said + r"stay idle 3s: TOWERQ_GPU_IDLE_STOP_S\)", stopped["error"]), stopped["error"]
     assert client.get(f"/api/jobs/{busy.json()['id']}").json()["state"] == "running"  # idle no more than 0.5 s
     assert finished(client, busy.json()["id"], 60)["state"] == "succeeded"
+
+
+def on_fake_nvml(stack: Stack, monkeypatch: pytest.MonkeyPatch, token: str, **worker: object) -> httpx.Client:
+    """The stack with one worker, lab-a, on the fake NVML's one GPU (81,559 MiB; its
+    `worker` settings), once it has registered; a client with `token`."""
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
+    stack.start_api()
+    stack.start_scheduler()
+    stack.spawn("worker-lab-a", "worker", "--name", "lab-a", simulated_gpus=None, trainer_pool=0, **worker)
+    client = stack.client(token)
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    return client
 
 
 def towerq_cli(*args: str, cwd: Path, api: str, token: str) -> subprocess.CompletedProcess[str]:

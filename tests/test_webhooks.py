@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import hmac
 import json
-import os
 import re
 import threading
 import time
@@ -21,7 +20,7 @@ import pytest
 from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import Stack, finished, upload_code, wait_for
-from tests.test_command_jobs import FAKE_NVML, HOLDS
+from tests.test_command_jobs import HOLDS, on_fake_nvml
 
 pytestmark = pytest.mark.slow
 FINAL = ("succeeded", "failed", "cancelled")
@@ -135,14 +134,7 @@ def test_a_job_holding_its_gpu_idle_is_announced_while_it_runs(
     """On the fake NVML (tests/fakenvml), a command job holds its GPU and runs no kernel:
     after the lab's warning time (2 s here) its own webhook and the lab's get `job.idle`
     while it runs, once; its end comes after, as `job.finished`."""
-    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
-    stack.start_api()
-    stack.start_scheduler()
-    stack.spawn("worker-lab-a", "worker", "--name", "lab-a", simulated_gpus=None, trainer_pool=0,
-                gpu_use_sample_s=0.5, gpu_idle_warn_s=2)  # fmt: skip
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = on_fake_nvml(stack, monkeypatch, make_token("alice"), gpu_use_sample_s=0.5, gpu_idle_warn_s=2)
     code = upload_code(client, {"hold.py": HOLDS})
     spec = {"code": code, "command": ["python", "hold.py", "16"], "gpu_count": 1, "name": "waits-on-input",
             "env": {"FAKE_GPU_MB": "900"}, "notify_url": f"{receiver.url}/mine"}  # fmt: skip

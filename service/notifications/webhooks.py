@@ -83,10 +83,19 @@ def slack_text(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def about(job: Job) -> dict[str, Any]:
+    """What every job webhook says of its job first."""
+    return {"id": job.id, "name": job.name, "user": job.user.name, "state": job.state}
+
+
+def job_link(public_url: str, job: Job) -> str:
+    return f"{public_url.rstrip('/')}/#/jobs/{job.id}"
+
+
 def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) -> dict[str, Any]:
     """The body of a job's webhook. `lab_wide` (the lab's TOWERQ_WEBHOOK_URL, which every
     member reads): a private job's error is said as a category, not in its own words."""
-    link = f"{public_url.rstrip('/')}/#/jobs/{job.id}"
+    link = job_link(public_url, job)
     error = error_category(job.error) if lab_wide and job.spec.get("visibility") != LAB else job.error
     latest = LatestMetrics.model_validate(job).model_dump()
     final = {k: v for k, v in latest.items() if v is not None}
@@ -102,10 +111,7 @@ def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) ->
         "event": JOB_FINISHED,
         "delivery": delivery,
         "job": {
-            "id": job.id,
-            "name": job.name,
-            "user": job.user.name,
-            "state": job.state,
+            **about(job),
             "reason": error,
             "attempts": job.attempts,
             "final": final,
@@ -121,7 +127,7 @@ def payload(job: Job, delivery: int, public_url: str, lab_wide: bool = False) ->
 def idle_payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
     """The body of `job.idle`: whose job holds GPUs idle, where, since when (null once they
     are busy again), and its busy share so far."""
-    link = f"{public_url.rstrip('/')}/#/jobs/{job.id}"
+    link = job_link(public_url, job)
     use = gpu_use_summary(job.gpu_use, job.attempts) or {}
     said = idle_text(use) or f"its GPUs were idle (busy under {GPU_BUSY_PCT:g}% at every sample)"
     where = f"{job.state} on {job.host_name}" if job.host_name else job.state
@@ -131,10 +137,7 @@ def idle_payload(job: Job, delivery: int, public_url: str) -> dict[str, Any]:
         "event": JOB_IDLE,
         "delivery": delivery,
         "job": {
-            "id": job.id,
-            "name": job.name,
-            "user": job.user.name,
-            "state": job.state,
+            **about(job),
             "host": job.host_name,
             "gpu_count": job.gpu_count,
             "idle_since": use.get("idle_since"),
