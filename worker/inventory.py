@@ -7,6 +7,7 @@ it is shown, its memory is nominal and its memory fraction is recorded but not e
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,14 +191,20 @@ class NvmlInventory(Inventory):
             pass
 
 
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
 def _is_mps_server(pid: int) -> bool:
     """Whether `pid` is CUDA MPS' server: under MPS the driver counts its clients' kernels as
-    the server's, so per-process samples cannot split the GPU between jobs."""
+    the server's, so per-process samples cannot split the GPU between jobs. Its program, not
+    its name (a program sets its own): a file of that name owned by root, which a member's
+    program cannot make, so it cannot pass for the server to have the GPU's whole figure."""
     try:
-        with open(f"/proc/{pid}/comm") as comm:
-            return comm.read().startswith("nvidia-cuda-mps")
+        program = os.readlink(f"/proc/{pid}/exe")
+        owner = os.stat(f"/proc/{pid}/exe").st_uid
     except OSError:
         return False
+    return os.path.basename(program) == MPS_SERVER and owner == 0
 
 
 def _text(value: bytes | str) -> str:

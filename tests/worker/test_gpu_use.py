@@ -19,7 +19,7 @@ import pytest
 from service.core.models.jobs import gpu_use_summary, idle_text
 from tests.test_command_jobs import FAKE_NVML
 from worker.gpu_use import GpuUseSampler, gpus_in_use
-from worker.inventory import PROCESS_BUSY_WINDOW_S, GpuState, Inventory, NvmlInventory, SimulatedInventory
+from worker.inventory import MPS_SERVER, PROCESS_BUSY_WINDOW_S, GpuState, Inventory, NvmlInventory, SimulatedInventory
 
 
 def gpu(index: int, busy: float | None, processes: list[tuple[int, int | None]]) -> GpuState:
@@ -125,13 +125,16 @@ def test_a_notebook_on_a_shared_gpu_is_in_use_only_by_its_own_processes_part() -
 
 def test_under_cuda_mps_the_gpu_is_not_split_by_its_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML counts every MPS client's kernels as its server's: where the server is on the GPU,
-    a job's part is not read from per-process samples (the GPU's whole figure stands)."""
+    a job's part is not read from per-process samples (the GPU's whole figure stands). The
+    server is a root-owned program of its name (tests/security/test_forged_mps_server.py)."""
+    if os.geteuid() != 0:
+        pytest.skip("a root-owned program stands for the driver's MPS server: needs root")
     monkeypatch.setenv("FAKE_NVML_GPUS", "81559")
     spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML / "pynvml.py")
     assert spec is not None and spec.loader is not None
     fake = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fake)
-    server = tmp_path / "nvidia-cuda-mps-server"  # a process the kernel names so (its comm)
+    server = tmp_path / MPS_SERVER  # root's, as the driver's is
     shutil.copy(shutil.which("sleep") or "/bin/sleep", server)
     holds = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "FAKE_GPU_MB": "300"}
     client = subprocess.Popen(["sleep", "30"], env={**holds, "FAKE_GPU_BUSY": "40"})
