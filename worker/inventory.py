@@ -140,6 +140,7 @@ class NvmlInventory(Inventory):
             utilization: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nvml.NVMLError:
             utilization = None
+        processes = self._processes(handle)
         return GpuState(
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
@@ -147,8 +148,8 @@ class NvmlInventory(Inventory):
             memory_total_mb=int(memory.total // 2**20),
             memory_used_mb=int(memory.used // 2**20),
             utilization_pct=utilization,
-            processes=(processes := self._processes(handle)),
-            process_busy=None if any(_is_mps_server(p["pid"]) for p in processes) else self._process_busy(handle),
+            processes=processes,
+            process_busy=self._process_busy(handle, processes),
         )
 
     def _processes(self, handle: Any) -> list[dict[str, Any]]:
@@ -163,10 +164,12 @@ class NvmlInventory(Inventory):
                 log.debug("%s failed: %s", getter, err)
         return [{"pid": pid, "used_mb": used} for pid, used in sorted(found.items())]
 
-    def _process_busy(self, handle: Any) -> dict[int, int] | None:
+    def _process_busy(self, handle: Any, processes: list[dict[str, Any]]) -> dict[int, int] | None:
         """pid -> its SM utilization summed over the driver's samples of the last
         `PROCESS_BUSY_WINDOW_S` ({} where no process ran a kernel then; None where the driver
-        or pynvml keeps no per-process samples)."""
+        or pynvml keeps no per-process samples, or MPS' server is among `processes`)."""
+        if any(_is_mps_server(p["pid"]) for p in processes):
+            return None
         nvml = self.nvml
         since = int((time.time() - PROCESS_BUSY_WINDOW_S) * 1_000_000)  # the driver's clock: µs of the epoch
         try:

@@ -42,7 +42,7 @@ from service.core.models import (
     Sweep,
     utcnow,
 )
-from service.core.models.jobs import gpu_use_summary
+from service.core.models.jobs import idle_since
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
@@ -137,7 +137,7 @@ def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
 
 
 def write_report(
-    session: Session, job_id: int, attempt: int, report: Report, number: int | None = None, idle_warn_s: float = 0.0
+    session: Session, job_id: int, attempt: int, report: Report, number: int | None = None, *, idle_warn_s: float
 ) -> None:
     """Store a batch: fenced by the attempt. Once the job has moved on, what rank 0's worker
     had read before it knew (`held`) is still stored while no later attempt has started;
@@ -187,11 +187,9 @@ def store_gpu_use(session: Session, job: Job, attempt: int, use: GpuUse, idle_wa
     before it is told, so only reports forged on a Slurm node (the supervisor there is the
     member's) could come faster, and they are not let to flood the lab's webhook."""
     running = job.attempts if job.state == JobState.RUNNING else None
-    was_idle = (gpu_use_summary(job.gpu_use, running) or {}).get("idle_since")
+    was_idle = idle_since(job.gpu_use, running)
     job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{use.rank}": use.model_dump(mode="json")}
-    if running != attempt or was_idle is not None or not idle_warn_s:
-        return
-    if not (gpu_use_summary(job.gpu_use, running) or {}).get("idle_since"):
+    if running != attempt or was_idle is not None or not idle_warn_s or not idle_since(job.gpu_use, running):
         return
     last = select(func.max(Notification.created_at)).where(
         Notification.job_id == job.id, Notification.event == JOB_IDLE

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from service.core import keys
 from service.core.db import Database
 from service.core.models import Allocation, Gpu, Host, HostState, Job, JobEvent, JobState, User, utcnow, wait_start
-from service.core.models.jobs import gpu_use_summary
+from service.core.models.jobs import idle_since
 
 WAIT_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -154,7 +154,7 @@ class TowerqCollector(Collector):
         )
         held: dict[str, float] = {}
         for user, stored, attempt, count, fraction in rows:
-            if (gpu_use_summary(stored, attempt) or {}).get("idle_since"):
+            if idle_since(stored, attempt):
                 held[user] = held.get(user, 0.0) + count * min(1.0, fraction or 1.0)
         for user in sorted(held):
             idle.add_metric([user], held[user])

@@ -104,11 +104,14 @@ def test_nvmls_per_process_samples_are_read_over_the_window_and_kept_to_real_fig
         SimpleNamespace(pid=40, timeStamp=now_us, smUtil=2**32 - 1),  # not a figure
     ]
     driver = FakeDriver(samples)
-    assert NvmlInventory(driver)._process_busy(0) == {10: 100, 20: 100}
+    assert NvmlInventory(driver)._process_busy(0, []) == {10: 100, 20: 100}
     assert 0 <= driver.asked_since_us / 1e6 - (now_us / 1e6 - PROCESS_BUSY_WINDOW_S) < 1  # the window it asked for
-    assert NvmlInventory(FakeDriver(FakeDriver.NVMLError(FakeDriver.NVML_ERROR_NOT_FOUND)))._process_busy(0) == {}
-    assert NvmlInventory(FakeDriver(FakeDriver.NVMLError(FakeDriver.NVML_ERROR_NOT_SUPPORTED)))._process_busy(0) is None
-    assert NvmlInventory(SimpleNamespace(nvmlDeviceGetCount=lambda: 0, NVMLError=OSError))._process_busy(0) is None
+    assert NvmlInventory(FakeDriver(FakeDriver.NVMLError(FakeDriver.NVML_ERROR_NOT_FOUND)))._process_busy(0, []) == {}
+    assert (
+        NvmlInventory(FakeDriver(FakeDriver.NVMLError(FakeDriver.NVML_ERROR_NOT_SUPPORTED)))._process_busy(0, [])
+        is None
+    )
+    assert NvmlInventory(SimpleNamespace(nvmlDeviceGetCount=lambda: 0, NVMLError=OSError))._process_busy(0, []) is None
 
 
 def test_a_notebook_on_a_shared_gpu_is_in_use_only_by_its_own_processes_part() -> None:

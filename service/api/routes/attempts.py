@@ -162,7 +162,7 @@ def report(body: ReportIn, ctx: ContextDep, it: AttemptDep) -> Response:
     fields = body.fields.model_dump(exclude_unset=True)
     batch = Report(metrics, logs, fields, body.log_bytes, last_words=body.last_words, held=body.held, rung=body.rung)
     with ctx.db.write() as session:
-        write_report(session, it.job_id, it.attempt, batch, body.number, ctx.settings.gpu_idle_warn_s)
+        write_report(session, it.job_id, it.attempt, batch, body.number, idle_warn_s=ctx.settings.gpu_idle_warn_s)
     return Response(status_code=204)
 
 

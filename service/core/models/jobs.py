@@ -287,8 +287,6 @@ def gpu_use_summary(stored: dict[str, Any] | None, running: int | None = None) -
     parts = [part for part in (stored or {}).values() if isinstance(part, dict) and part.get("samples")]
     if not parts:
         return None
-    now = [part for key, part in (stored or {}).items() if running is not None and key.startswith(f"{running}.")]
-    idle = [part.get("idle_since") for part in now]
     weights = [part["samples"] * part["gpus"] for part in parts]
     busy = sum(w * part["busy_pct"] for w, part in zip(weights, parts, strict=True)) / sum(weights)
     peaks = [part["memory_peak_mb"] for part in parts if part.get("memory_peak_mb") is not None]
@@ -298,8 +296,16 @@ def gpu_use_summary(stored: dict[str, Any] | None, running: int | None = None) -
         "memory_peak_mb": max(peaks) if peaks else None,
         "memory_total_mb": min(totals) if totals else None,
         "samples": sum(part["samples"] for part in parts),
-        "idle_since": max(idle, key=datetime.fromisoformat) if idle and all(idle) else None,
+        "idle_since": idle_since(stored, running),
     }
+
+
+def idle_since(stored: dict[str, Any] | None, running: int | None) -> str | None:
+    """Since when the GPUs of the attempt `running` (None: the job does not run) have been
+    idle, where every rank of it says so in `Job.gpu_use`: the latest of theirs."""
+    now = [part for key, part in (stored or {}).items() if running is not None and key.startswith(f"{running}.")]
+    idle = [part.get("idle_since") for part in now]
+    return max(idle, key=datetime.fromisoformat) if idle and all(idle) else None
 
 
 def idle_text(use: dict[str, Any] | None) -> str | None:
