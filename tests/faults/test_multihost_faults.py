@@ -31,7 +31,9 @@ WIDE = {
 
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], sqlite_url: str, own_redis: EmbeddedRedis) -> Settings:
-    return make_settings(sqlite_url, redis_url=own_redis.url, dispatch_timeout_s=2.0, heartbeat_timeout_s=5.0)
+    # A dispatch waits up to 3 × 10 s for its workers: the rank-1 worker started again may take
+    # seconds to come up on a loaded machine (at 2 s, one run took a third attempt for it).
+    return make_settings(sqlite_url, redis_url=own_redis.url, dispatch_timeout_s=10.0, heartbeat_timeout_s=5.0)
 
 
 def test_a_job_over_two_hosts_survives_the_api_a_redis_flush_and_its_rank_1_worker_restarting(
