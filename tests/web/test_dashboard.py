@@ -334,7 +334,8 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
 ) -> None:
     """Its worker found its GPUs idle past the lab's warning time (`worker.gpu_use`): the
     jobs list's "Why" and the job page's "GPU use" say so, with since when; its page's
-    "Webhooks" says whether `job.idle` got through, to the lab's webhook and its own."""
+    "Webhooks" says whether `job.idle` got through, to the lab's webhook and its own, and its
+    owner sends a failed one again."""
     url = stack.start_api()
     add_host("lab-a", 2)
     now = datetime.now(UTC)
@@ -349,6 +350,8 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
         session.add(Notification(job_id=job_id, url=None, event="job.idle", state="delivered", attempts=1,
                                  delivered_at=now - timedelta(minutes=9)))  # fmt: skip
         session.add(Notification(job_id=job_id, url=mine, event="job.idle", attempts=2, last_error="HTTP 500"))
+        session.add(Notification(job_id=job_id, url=mine, event="job.idle", state="failed", attempts=9,
+                                 last_error="HTTP 404"))  # fmt: skip
     page = open_page()
     page.goto(f"{url}/?token={make_token('alice')}#/jobs")
     page.wait_for_selector(f'tr[data-job="{job_id}"][data-state="running"]')
@@ -360,8 +363,13 @@ def test_a_running_job_whose_gpus_are_idle_says_so_in_the_list_and_on_its_page(
     assert shown.startswith("busy 12.5% of the time, at most 900 of 81,559 MiB held · idle since "), shown
     rows = page.locator("#webhooks tbody tr")
     said = [[cell.strip() for cell in rows.nth(i).inner_text().split("\t")] for i in range(rows.count())]
-    assert [row[0:2] for row in said] == [["job.idle", "the lab's webhook"], ["job.idle", mine]], said
-    assert said[0][2].startswith("delivered ") and said[1][2:] == ["pending", "2", "HTTP 500"], said
+    assert [row[0:2] for row in said] == [["job.idle", "the lab's webhook"], ["job.idle", mine], ["job.idle", mine]]
+    assert said[0][2].startswith("delivered ") and said[1][2:5] == ["pending", "2", "HTTP 500"], said
+    assert said[2][2:6] == ["failed", "9", "HTTP 404", "Send again"], said  # its owner may send it again
+    assert rows.nth(1).locator("button").count() == 0 and rows.nth(0).locator("button").count() == 0
+    rows.nth(2).locator("button.resend").click()
+    page.wait_for_selector("#webhooks tbody tr[data-state='failed']", state="detached")
+    assert rows.nth(2).inner_text().split("\t")[2:4] == ["pending", "0"]
 
 
 def test_a_refresh_that_fails_is_shown_and_clears_when_it_works_again(

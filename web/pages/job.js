@@ -93,7 +93,7 @@ export async function render(main, params) {
   const drawJob = () => {
     header.replaceChildren(...headerOf(job, reload));
     summary.replaceChildren(...summaryOf(job));
-    details.replaceChildren(...detailsOf(job));
+    details.replaceChildren(...detailsOf(job, reload));
     const shown = JSON.stringify([job.state, job.name, job.priority, job.spec.time_limit_s, job.spec.begin_at, job.attempts]);
     if (shown !== changeDrawn) {
       changeDrawn = shown;
@@ -417,7 +417,7 @@ function summaryOf(job) {
   return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { field: k } }, v)]);
 }
 
-function detailsOf(job) {
+function detailsOf(job, reload) {
   const a = job.allocation;
   const placement = el(
     "section",
@@ -510,19 +510,42 @@ function detailsOf(job) {
     el(
       "div",
       { class: "scroll" },
-      dataTable(WEBHOOK_COLUMNS, job.notifications, { attrs: (n) => ({ dataset: { event: n.event, state: n.state } }) }).table,
+      dataTable(webhookColumns(job, reload), job.notifications, { attrs: (n) => ({ dataset: { event: n.event, state: n.state } }) }).table,
     ),
   );
   return [placement, history, webhooks, spec];
 }
 
-const WEBHOOK_COLUMNS = [
-  { title: "Event", cell: (n) => n.event },
-  { title: "To", cell: (n) => n.url ?? "the lab's webhook" },
-  { title: "State", cell: (n) => (n.state === "delivered" ? `delivered ${when(n.delivered_at)}` : n.state) },
-  { title: "Attempts", cell: (n) => n.attempts },
-  { title: "Last error", cell: (n) => (n.last_error ? el("span", { class: n.state === "failed" ? "error" : "" }, n.last_error) : "") },
-];
+// A delivery that failed is sent again by its job's owner or an admin, once its receiver is
+// mended (the same body and delivery number, as GitHub redelivers a hook).
+function webhookColumns(job, reload) {
+  const mine = session.me && (session.me.user === job.user || session.me.is_admin);
+  const resend = (n) =>
+    el(
+      "button",
+      {
+        type: "button",
+        class: "resend",
+        onclick: actThen(
+          async () => {
+            await api(`api/jobs/${job.id}/notifications/${n.id}/resend`, { method: "POST" });
+            return `Webhook ${n.event} sent again`;
+          },
+          "Send again",
+          reload,
+        ),
+      },
+      "Send again",
+    );
+  return [
+    { title: "Event", cell: (n) => n.event },
+    { title: "To", cell: (n) => n.url ?? "the lab's webhook" },
+    { title: "State", cell: (n) => (n.state === "delivered" ? `delivered ${when(n.delivered_at)}` : n.state) },
+    { title: "Attempts", cell: (n) => n.attempts },
+    { title: "Last error", cell: (n) => (n.last_error ? el("span", { class: n.state === "failed" ? "error" : "" }, n.last_error) : "") },
+    { title: "", cell: (n) => (n.state === "failed" && mine ? resend(n) : "") },
+  ];
+}
 
 // Where batch norm is synchronised across towers, and where it is not (inside custom layers).
 function batchNormOf(report) {

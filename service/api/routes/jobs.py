@@ -21,6 +21,7 @@ from service.jobs.change import JobChange, change_job
 from service.jobs.dependencies import resolve_after
 from service.jobs.holds import hold_job, release_job
 from service.jobs.read import as_seen_by, get_job, job_detail, list_jobs
+from service.jobs.redeliver import send_again
 from service.jobs.stopping import cancel_then_stop
 from service.jobs.submit import check_notebook, check_startable, check_submission, submit
 from service.lab.groups import resolve_group
@@ -192,6 +193,23 @@ def release(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: Executo
     job that is not on hold."""
     with db.write() as session:
         release_job(session, job_id, caller, executor)
+        return job_detail(session, get_job(session, job_id))
+
+
+@router.post("/{job_id}/notifications/{delivery}/resend", status_code=202, response_model=JobDetailOut)
+def resend_notification(
+    job_id: JobId,
+    delivery: Annotated[int, Path(ge=1, le=2**63 - 1, description="the delivery's number (its `id`)")],
+    db: DatabaseDep,
+    caller: CallerDep,
+) -> JobDetailOut:
+    """Send a failed webhook delivery again (owner or admin), once its receiver is mended:
+    the same body and `delivery` number, at once, then with its retries afresh. 404 if the
+    job has no delivery of that number, 409 unless it failed (a pending one is on its way,
+    one delivered is not sent twice)."""
+    with db.write() as session:
+        send_again(session, job_id, delivery, caller)
+    with db.read() as session:
         return job_detail(session, get_job(session, job_id))
 
 

@@ -165,6 +165,9 @@ class JobOut(Out):
 
 
 class NotificationOut(Out):
+    id: int
+    """The delivery's number, as its body says it (`delivery`); a failed one is sent again by
+    `POST /api/jobs/{id}/notifications/{delivery}/resend`."""
     url: str | None
     """None: the lab's TOWERQ_WEBHOOK_URL."""
     event: str
