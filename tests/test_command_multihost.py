@@ -5,6 +5,8 @@ rendezvous, and the gang is stopped and resumed as one."""
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from service.cli.redis_server import EmbeddedRedis, embedded_url
 from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import Stack, finished, log_messages, upload_code, wait_for
+from tests.test_command_jobs import FAKE_NVML
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
@@ -178,3 +181,60 @@ def test_a_killed_rank_sends_the_gang_back_and_both_hosts_resume_from_rank_0s_ch
     assert points[-1]["custom"]["total"] == 60 * 3.0, "each step summed both ranks' numbers once"
     assert all(p["loss"] != 99.0 for p in points), "rank 1's towerq.report() is not the job's"
     assert any(m.startswith("[rank 1 on ") and '"loss": 99.0' in m for m in lines), lines[-30:]
+
+
+GANG = """
+import os, sys, time
+
+if os.environ["RANK"] == os.environ.get("BUSY_RANK") and "FAKE_GPU_BUSY" not in os.environ:
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "FAKE_GPU_BUSY": "60"})  # its kernels
+import towerq
+
+for step in range(1, int(sys.argv[1]) + 1):
+    if os.environ["RANK"] == "0":
+        towerq.report(step=step, loss=1.0 / step)
+    time.sleep(0.5)
+print("rank", os.environ["RANK"], "held its GPUs to the end", flush=True)
+"""
+
+
+def test_a_job_over_two_hosts_is_stopped_once_every_rank_held_its_gpus_idle_the_labs_stop_time(
+    stack: Stack, make_token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TOWERQ_GPU_IDLE_STOP_S (3 s here) over two hosts on the fake NVML (tests/fakenvml: each
+    worker sees both hosts' programs on its GPUs, and takes its own rank's part of their use):
+    a gang whose rank 1 keeps its GPUs busy runs on past the stop time though rank 0's are idle,
+    and succeeds; the same gang with both ranks idle is stopped on both hosts and fails, saying
+    so."""
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FAKE_NVML_GPUS", "81559,81559")
+    stack.start_api()
+    stack.start_scheduler()
+    for host in ("lab-a", "lab-b"):
+        monkeypatch.setenv("FAKE_NVML_HOST", host)
+        stack.spawn(f"worker-{host}", "worker", "--name", host, simulated_gpus=None, worker_address="127.0.0.1",
+                    trainer_pool=0, sandbox="bwrap", gpu_use_sample_s=0.5, gpu_idle_stop_s=3)  # fmt: skip
+    client = stack.client(make_token("root", admin=True))
+    wait_for(lambda: len(client.get("/api/gpus").json()) == 4, 60, "both workers to register their GPUs")
+    code = upload_code(client, {"gang.py": GANG})
+    spec = {"command": ["python", "gang.py", "16"], "code": code, "gpu_count": 4, "network": True}
+
+    busy = client.post("/api/jobs", json={**spec, "env": {"FAKE_GPU_MB": "900", "BUSY_RANK": "1"}})
+    assert busy.status_code == 201, busy.text
+    ran = finished(client, busy.json()["id"], 120)
+    assert ran["state"] == "succeeded", (ran["error"], log_messages(client, ran["id"])[-20:])
+    assert {r["host"] for r in ran["allocation"]["ranks"]} == {"lab-a", "lab-b"}
+    assert ran["gpu_use"]["samples"] >= 10, ran["gpu_use"]  # the stop time passed, sampled
+
+    idle = client.post(
+        "/api/jobs", json={**spec, "command": ["python", "gang.py", "400"], "env": {"FAKE_GPU_MB": "900"}}
+    )
+    assert idle.status_code == 201, idle.text
+    stopped = finished(client, idle.json()["id"], 60)
+    assert stopped["state"] == "failed", stopped
+    said = r"stopped: its GPUs were idle for [3-6]s on each of its 2 hosts \(busy under 5% at every sample; the lab "
+    assert re.fullmatch(said + r"stops a job whose GPUs stay idle 3s: TOWERQ_GPU_IDLE_STOP_S\)", stopped["error"]), (
+        stopped["error"]
+    )
+    assert (stopped["attempts"], stopped["crashes"]) == (1, 0), stopped["events"]
+    wait_for(lambda: all(not g["holders"] for g in client.get("/api/gpus").json()), 30, "every GPU free")

@@ -59,7 +59,7 @@ CHECK_EVERY_S = 1.0
 SLOW_END_S = 5.0
 """An attempt whose end (after its process exited) takes longer is said in the worker's log,
 phase by phase."""
-RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT)
+RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT, Stop.GPU_IDLE)
 """Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
 ENDINGS: dict[JobState, Ending] = {
     JobState.SUCCEEDED: "succeeded",
@@ -68,7 +68,7 @@ ENDINGS: dict[JobState, Ending] = {
     JobState.QUEUED: "queued",
 }
 """An outcome's verdict (`worker.outcome`) as the attempt protocol says it."""
-STOPS = {"cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT}
+STOPS = {"cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT, "gpu_idle": Stop.GPU_IDLE}
 """The stops towerq asks of an attempt (`AttemptStatus.stop`), as the outcome names them."""
 
 
@@ -149,12 +149,13 @@ class AttemptRunner:
         self.folder_disk = AttemptDisk(self.artifacts, self.settings, self.key, self.sink)
         """The job folder's disk of its own, if it gets one (`worker.attempt_disk`)."""
         idle_warn_s = 0.0 if self.session else self.settings.gpu_idle_warn_s  # a session ends when idle
-        # over several hosts each rank sees only its own GPUs: such a job is told, not stopped
-        idle_stop_s = 0.0 if self.session or launch.ranks > 1 else self.settings.gpu_idle_stop_s
+        idle_stop_s = 0.0 if self.session else self.settings.gpu_idle_stop_s
+        # over several hosts each rank sees only its own GPUs: towerq stops the job once every
+        # rank's figures say they are idle (`AttemptStatus.stop`), not when one rank's are
+        stop = functools.partial(self.request_stop, Stop.GPU_IDLE) if launch.ranks == 1 else None
         self.gpu_use = GpuUseSampler(
             launch.rank, launch.indices, self.settings.gpu_use_sample_s,
-            idle_warn_s, functools.partial(self.sink.log, "warning"),
-            idle_stop_s, functools.partial(self.request_stop, Stop.GPU_IDLE),
+            idle_warn_s, functools.partial(self.sink.log, "warning"), idle_stop_s, stop,
         )  # fmt: skip
         self.group = AttemptGroup()
         """The attempt's cgroups (`worker.cgroups`): empty until it starts, or where none can be made."""

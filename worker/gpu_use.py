@@ -23,8 +23,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from towerq.contract.attempts import GPU_BUSY_PCT, GpuUse
-from towerq.contract.times import limit_text
+from towerq.contract.attempts import GPU_BUSY_PCT, GpuUse, idle_stop_text
+from towerq.contract.times import span_text
 from worker.inventory import GpuState, Inventory
 
 
@@ -42,7 +42,9 @@ class GpuUseSampler:
         stop: Callable[[str], None] | None = None,
     ) -> None:
         """`warn` is told when its GPUs have been idle `idle_warn_s`, `stop` (why) when they
-        have been idle `idle_stop_s` (0: never)."""
+        have been idle `idle_stop_s` (0: never). Without `stop` (a rank of a job over several
+        hosts) its figures say so, and towerq stops the job once every rank's do
+        (`service.core.attempts.attempt_status`)."""
         self.rank = rank
         self.indices = set(indices)
         self.every_s = every_s
@@ -55,6 +57,8 @@ class GpuUseSampler:
         self.idle_at: datetime | None = None
         """The same on the wall clock, as the job's figures say it once `idle_said`."""
         self.idle_said = False
+        self.idle_stop_due = False
+        """Idle `idle_stop_s` this stretch: said in its figures (`idle_stop_since`), and `stop` told."""
         self.last_busy = 0.0
         self.next_at = time.monotonic() + every_s
         """The first sample comes a period after the start (`started`): its process is
@@ -100,9 +104,9 @@ class GpuUseSampler:
 
     def _watch_idle(self, now: float) -> None:
         """Tell `warn` once its GPUs have been idle `idle_warn_s`, once for each idle stretch;
-        `stop` once they have been idle `idle_stop_s`."""
+        `stop` once they have been idle `idle_stop_s`, once for each idle stretch."""
         if self.last_busy >= GPU_BUSY_PCT:
-            self.idle_since, self.idle_at, self.idle_said = None, None, False
+            self.idle_since, self.idle_at, self.idle_said, self.idle_stop_due = None, None, False, False
             return
         if self.idle_since is None:
             self.idle_since, self.idle_at = now, datetime.now(UTC)
@@ -110,16 +114,13 @@ class GpuUseSampler:
         if self.warn is not None and self.idle_warn_s and not self.idle_said and idle_s >= self.idle_warn_s:
             self.idle_said = True
             self.warn(
-                f"its GPUs have been idle for {limit_text(round(idle_s))} (busy under {GPU_BUSY_PCT:g}% at every "
+                f"its GPUs have been idle for {span_text(idle_s)} (busy under {GPU_BUSY_PCT:g}% at every "
                 "sample): a program waiting on its input, or done with its GPUs, holds them from the lab"
             )
-        if self.stop is not None and self.idle_stop_s and idle_s >= self.idle_stop_s:
-            stop, self.stop = self.stop, None  # once
-            stop(
-                f"stopped: its GPUs were idle for {limit_text(round(idle_s))} (busy under {GPU_BUSY_PCT:g}% at every "
-                f"sample; the lab stops a job whose GPUs stay idle {limit_text(round(self.idle_stop_s))}: "
-                "TOWERQ_GPU_IDLE_STOP_S)"
-            )
+        if self.idle_stop_s and not self.idle_stop_due and idle_s >= self.idle_stop_s:
+            self.idle_stop_due = True
+            if self.stop is not None:
+                self.stop(idle_stop_text(idle_s, self.idle_stop_s))
 
     def figures(self) -> GpuUse | None:
         """What to report (None before the first sample)."""
@@ -133,6 +134,7 @@ class GpuUseSampler:
             memory_peak_mb=self.memory_peak_mb,
             memory_total_mb=self.memory_total_mb,
             idle_since=self.idle_at if self.idle_said else None,
+            idle_stop_since=self.idle_at if self.idle_stop_due else None,
         )
 
 

@@ -8,9 +8,10 @@ import hmac
 import logging
 import secrets
 from pathlib import Path
+from typing import Any
 
 import redis
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, distinct, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core import defaults, keys, rollups
@@ -42,11 +43,21 @@ from service.core.models import (
     Sweep,
     utcnow,
 )
-from service.core.models.jobs import idle_since
+from service.core.models.jobs import idle_since, idle_stop_since
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
-from towerq.contract.attempts import REPORTED_FIELDS, AttemptEnd, AttemptStatus, Claim, GpuUse, Report, Stop, Stored
+from towerq.contract.attempts import (
+    REPORTED_FIELDS,
+    AttemptEnd,
+    AttemptStatus,
+    Claim,
+    GpuUse,
+    Report,
+    Stop,
+    Stored,
+    idle_stop_text,
+)
 from towerq.contract.paths import job_folder
 from towerq.contract.spec import is_command, is_notebook
 
@@ -99,7 +110,11 @@ def claim_attempt(session: Session, job_id: int, attempt: int, node: str, artifa
     )
 
 
-def attempt_status(session: Session, job_id: int, attempt: int) -> AttemptStatus:
+def attempt_status(session: Session, job_id: int, attempt: int, *, idle_stop_s: float) -> AttemptStatus:
+    """`idle_stop_s`: the lab's TOWERQ_GPU_IDLE_STOP_S. A job over several hosts is asked to
+    stop once every rank's figures say its GPUs have been idle that long (each host's worker
+    sees only its own: one idle rank of a gang whose others work is not stopped); a job on one
+    host is stopped by its worker (`worker.gpu_use`)."""
     row = session.execute(
         select(
             Job.state,
@@ -108,6 +123,7 @@ def attempt_status(session: Session, job_id: int, attempt: int) -> AttemptStatus
             Job.preempt_requested_at,
             Job.stop_reason,
             Job.time_limit_s,
+            Job.gpu_use,
         ).where(Job.id == job_id)
     ).one_or_none()
     if row is None or row.attempts != attempt or row.state not in HOLDING_STATES:
@@ -120,7 +136,24 @@ def attempt_status(session: Session, job_id: int, attempt: int) -> AttemptStatus
     elif row.preempt_requested_at is not None:
         stop = "preempt"
         reason = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
+    elif idle_stop_s and (idle := idle_stop_reason(session, job_id, attempt, row.gpu_use, idle_stop_s)):
+        stop, reason = "gpu_idle", idle
     return AttemptStatus(current=True, stop=stop, reason=reason, time_limit_s=row.time_limit_s, limit_known=True)
+
+
+def idle_stop_reason(
+    session: Session, job_id: int, attempt: int, stored: dict[str, Any] | None, idle_stop_s: float
+) -> str | None:
+    """Why the attempt of a job over several hosts is stopped, where every rank's figures
+    say its GPUs have been idle the lab's `idle_stop_s` (None: a rank's are not, or it runs
+    on one host: its worker stops it)."""
+    said = sum(key.startswith(f"{attempt}.") for key in stored or {})
+    if said < 2 or idle_stop_since(stored, attempt, said) is None:
+        return None  # a rank busy, or one rank said at most
+    of_attempt = (Allocation.job_id == job_id) & (Allocation.attempt == attempt)
+    hosts = session.scalar(select(func.count(distinct(Allocation.host_id))).where(of_attempt)) or 0
+    since = idle_stop_since(stored, attempt, hosts) if hosts > 1 else None
+    return idle_stop_text((utcnow() - since).total_seconds(), idle_stop_s, hosts) if since is not None else None
 
 
 def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
@@ -210,13 +243,21 @@ def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None
     rollups.forget_after(session, job_id, step)
 
 
-def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd) -> None:
-    """Record the attempt's end: the job's final state, or queued for its next attempt."""
+def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd, *, idle_stop_s: float) -> None:
+    """Record the attempt's end: the job's final state, or queued for its next attempt. A
+    job over several hosts asked to stop for its idle GPUs (`idle_stop_s`, the lab's
+    TOWERQ_GPU_IDLE_STOP_S) fails so, though its rank 0 records a crash: its program may
+    have seen the other ranks go (stopped) before its own worker read the stop."""
     if end.ending == "queued":
         job = current_attempt(session, job_id, attempt)
-        if end.out_of_memory:
-            job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
-        requeue(session, job, end.message or "interrupted", crashed=end.crashed)
+        crashed_idle = end.crashed and idle_stop_s
+        idle = idle_stop_reason(session, job_id, attempt, job.gpu_use, idle_stop_s) if crashed_idle else None
+        if idle is not None:
+            finish(session, job_id, attempt, JobState.FAILED, error=idle, exit_code=end.exit_code)
+        else:
+            if end.out_of_memory:
+                job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs
+            requeue(session, job, end.message or "interrupted", crashed=end.crashed)
     else:
         finish(session, job_id, attempt, JobState(end.ending), error=end.message, exit_code=end.exit_code)
     trim_logs(session, job_id)
@@ -278,7 +319,7 @@ class LocalChannel:
 
     def status(self) -> AttemptStatus:
         with self.ctx.db.read() as session:
-            return attempt_status(session, self.job_id, self.attempt)
+            return attempt_status(session, self.job_id, self.attempt, idle_stop_s=self.ctx.settings.gpu_idle_stop_s)
 
     def running(self, pid: int, cuda_visible_devices: str, artifacts_dir: str) -> None:
         started = {"pid": pid, "cuda_visible_devices": cuda_visible_devices, "artifacts_dir": artifacts_dir}
@@ -313,7 +354,7 @@ class LocalChannel:
 
     def end(self, end: AttemptEnd) -> None:
         with self.ctx.db.write() as session:
-            end_attempt(session, self.job_id, self.attempt, end)
+            end_attempt(session, self.job_id, self.attempt, end, idle_stop_s=self.ctx.settings.gpu_idle_stop_s)
 
     def drain(self, host: str, indices: list[int]) -> None:
         with self.ctx.db.write() as session:

@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     session ends when idle instead."""
     gpu_idle_stop_s: float = Field(default=0.0, ge=0)
     """A job whose GPUs stay idle this long is stopped: it fails, saying so (its checkpoint
-    kept); 0 (the default): never. Not a notebook session (its own idle end), nor a job over
-    several hosts (each host sees only its own GPUs: it is told, not stopped)."""
+    kept); 0 (the default): never. Not a notebook session (its own idle end). A job over
+    several hosts is stopped once every rank's GPUs have been idle this long (each host's
+    worker sees only its own: `service.core.attempts.attempt_status`)."""
 
     trainer_nice: int = Field(default=10, ge=0, le=19)
     """CPU niceness of trainers: where they share a host's cores with towerq itself (the

@@ -1,5 +1,6 @@
 """A fake `pynvml` for tests (put this folder first on a worker's PYTHONPATH): it reports the
-GPUs `FAKE_NVML_GPUS` names (their memory in MiB, comma-separated, e.g. "81559,81559"), and
+GPUs `FAKE_NVML_GPUS` names (their memory in MiB, comma-separated, e.g. "81559,81559"; their
+UUIDs name `FAKE_NVML_HOST`, where several workers run on this machine), and
 as each GPU's processes, the live processes that have `FAKE_GPU_MB=<MiB>` in their
 environment, on the GPUs of their `CUDA_VISIBLE_DEVICES`, using that much memory each, and
 keeping each of them busy `FAKE_GPU_BUSY` percent of the time (0 unless said; a GPU's
@@ -57,7 +58,8 @@ def nvmlDeviceGetName(handle: int) -> str:
 
 
 def nvmlDeviceGetUUID(handle: int) -> str:
-    return f"GPU-fake-{handle:04d}"
+    host = os.environ.get("FAKE_NVML_HOST")  # several workers on this machine: each its own GPUs
+    return f"GPU-fake-{host}-{handle:04d}" if host else f"GPU-fake-{handle:04d}"
 
 
 def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:

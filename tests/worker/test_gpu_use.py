@@ -71,6 +71,29 @@ def test_gpus_idle_for_the_labs_stop_time_stop_the_job_once() -> None:
     assert len(stopped) == 1
 
 
+def test_a_rank_of_a_job_over_several_hosts_says_its_gpus_are_idle_past_the_stop_time_and_stops_nothing() -> None:
+    """Without `stop` (a rank of a gang: towerq stops the job once every rank says so), its
+    figures carry since when its GPUs have been idle, once that has lasted the stop time, and
+    drop it again at the first busy sample."""
+    driver = Driver()
+    sampler = GpuUseSampler(rank=1, indices=[0], every_s=10, idle_warn_s=600, idle_stop_s=60)
+    start = sampler.next_at = float(int(sampler.next_at))
+    first = sampler.take(driver, {10}, start)
+    assert first is not None and first["idle_stop_since"] is None
+    for t in range(10, 60, 10):
+        assert sampler.take(driver, {10}, start + t)["idle_stop_since"] is None  # type: ignore[index]
+    due = sampler.take(driver, {10}, start + 60)
+    assert due is not None and due["idle_stop_since"] is not None and due["idle_since"] is None  # not warned yet
+    assert abs(datetime.fromisoformat(due["idle_stop_since"]) - datetime.now(UTC)) < timedelta(seconds=5)
+    driver.busy = 50.0
+    assert sampler.take(driver, {10}, start + 70)["idle_stop_since"] is None  # type: ignore[index]
+    driver.busy = 0.0
+    for t in range(80, 140, 10):
+        sampler.take(driver, {10}, start + t)
+    again = sampler.take(driver, {10}, start + 140)
+    assert again is not None and again["idle_stop_since"] is not None  # the new stretch: 60 s from 80
+
+
 def test_on_a_shared_gpu_its_busy_share_is_its_own_processes_part_by_nvmls_per_process_samples() -> None:
     shared = gpu(0, 80, [(10, 1000), (11, 500), (20, 9000)])  # its 10 and 11 beside a neighbour's 20
     shared.process_busy = {10: 90, 11: 30, 20: 360}  # summed over the window's samples: it ran a quarter

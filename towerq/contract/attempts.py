@@ -24,11 +24,13 @@ from typing import Annotated, Any, Literal, Protocol, TypedDict
 from pydantic import BaseModel, ConfigDict, Field
 
 from towerq.contract.events import Custom, Number, Step
-from towerq.contract.times import Moment
+from towerq.contract.times import Moment, limit_text, span_text
 
-Stop = Literal["cancel", "sweep", "preempt"]
+Stop = Literal["cancel", "sweep", "preempt", "gpu_idle"]
 """A stop towerq asks of an attempt: a cancel, an adaptive sweep's stop of a setting behind
-(the job ends succeeded), a preemption (the job resumes later from its checkpoint)."""
+(the job ends succeeded), a preemption (the job resumes later from its checkpoint), the
+lab's stop of a job over several hosts whose GPUs every rank found idle for
+TOWERQ_GPU_IDLE_STOP_S (the job fails, saying so)."""
 
 MAX_FOLDER_BYTES = 2**50
 """The most a report says a job folder holds: a pebibyte, far above any a lab's disk holds
@@ -43,6 +45,16 @@ Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 GPU_BUSY_PCT = 5.0
 """A GPU whose utilization NVML reports at or above this is in use, not idle (a job's idle
 GPUs, a notebook session's idle end)."""
+
+
+def idle_stop_text(idle_s: float, stop_s: float, hosts: int = 1) -> str:
+    """Why a job whose GPUs stayed idle `idle_s` was stopped, the lab stopping such jobs at
+    `stop_s` (TOWERQ_GPU_IDLE_STOP_S); `hosts`: the job's, where it runs over several."""
+    where = f" on each of its {hosts} hosts" if hosts > 1 else ""
+    return (
+        f"stopped: its GPUs were idle for {span_text(idle_s)}{where} (busy under {GPU_BUSY_PCT:g}% at "
+        f"every sample; the lab stops a job whose GPUs stay idle {limit_text(round(stop_s))}: TOWERQ_GPU_IDLE_STOP_S)"
+    )
 
 
 class GpuUse(BaseModel):
@@ -66,6 +78,9 @@ class GpuUse(BaseModel):
     idle_since: Moment | None = None
     """Since when its GPUs have been idle (busy under GPU_BUSY_PCT at every sample), once that has
     lasted the lab's warning time (TOWERQ_GPU_IDLE_WARN_S); None while they are busy."""
+    idle_stop_since: Moment | None = None
+    """The same, once it has lasted the lab's stop time (TOWERQ_GPU_IDLE_STOP_S; None where the
+    lab stops none): a job over several hosts is stopped once every rank says so."""
 
 
 class Figures(BaseModel):

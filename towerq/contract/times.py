@@ -42,3 +42,9 @@ def limit_text(seconds: int | None) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return "".join(f"{count}{unit}" for count, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if count)
+
+
+def span_text(seconds: float) -> str:
+    """How long something has lasted, as an idle job is told it: to the second under a
+    minute (`40s`), then to the minute (`35m`, `2h5m`)."""
+    return f"{max(0.0, seconds):.0f}s" if seconds < 60 else limit_text(60 * round(seconds / 60))

@@ -100,7 +100,7 @@ def status(ctx: ContextDep, it: AttemptDep) -> StatusOut:
     """Whether the attempt is still the job's current one, the stop asked of it, if any, and
     the job's time limit now."""
     with ctx.db.read() as session:
-        said = attempt_status(session, it.job_id, it.attempt)
+        said = attempt_status(session, it.job_id, it.attempt, idle_stop_s=ctx.settings.gpu_idle_stop_s)
     return StatusOut.model_validate(dataclasses.asdict(said))
 
 
@@ -196,7 +196,9 @@ def forget(body: ForgetIn, ctx: ContextDep, it: AttemptDep) -> Response:
 def end(body: EndIn, ctx: ContextDep, it: AttemptDep) -> Response:
     """The attempt's end: the job's final state, or queued again. Its token ends with it."""
     with ctx.db.write() as session:
-        end_attempt(session, it.job_id, it.attempt, AttemptEnd(**body.model_dump()))
+        end_attempt(
+            session, it.job_id, it.attempt, AttemptEnd(**body.model_dump()), idle_stop_s=ctx.settings.gpu_idle_stop_s
+        )
     return Response(status_code=204)
 
 
@@ -244,5 +246,5 @@ def shut_door(ctx: ContextDep, it: AttemptDep) -> Response:
 
 def _current_or_stale(ctx: Context, it: Attempt) -> None:
     with ctx.db.read() as session:
-        if not attempt_status(session, it.job_id, it.attempt).current:
+        if not attempt_status(session, it.job_id, it.attempt, idle_stop_s=0).current:
             raise StaleAttemptError(f"job {it.job_id} attempt {it.attempt} is over")

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # mapped by name at run time; these for the type checker
     from service.core.models.people import User
 from towerq.contract.attempts import GPU_BUSY_PCT
 from towerq.contract.spec import Priority
-from towerq.contract.times import limit_text
+from towerq.contract.times import span_text
 from towerq.contract.versions import SPEC_VERSION
 
 
@@ -308,12 +308,22 @@ def idle_since(stored: dict[str, Any] | None, running: int | None) -> str | None
     return max(idle, key=datetime.fromisoformat) if idle and all(idle) else None
 
 
+def idle_stop_since(stored: dict[str, Any] | None, attempt: int, ranks: int) -> datetime | None:
+    """Since when the GPUs of every one of the `ranks` ranks of `attempt` have been idle,
+    where each rank's figures in `Job.gpu_use` say that has lasted the lab's stop time: the
+    latest of theirs (None: a rank is busy, or has not said)."""
+    parts = [part for key, part in (stored or {}).items() if key.startswith(f"{attempt}.")]
+    since = [part.get("idle_stop_since") for part in parts]
+    if len(since) < ranks or not all(since):
+        return None
+    return max(datetime.fromisoformat(moment) for moment in since)
+
+
 def idle_text(use: dict[str, Any] | None) -> str | None:
     """`its GPUs have been idle for 35m (busy under 5% at every sample)` for a running job
     whose GPUs its workers found idle past the lab's warning time; else None."""
     since = (use or {}).get("idle_since")
     if not since:
         return None
-    seconds = max(0.0, (utcnow() - datetime.fromisoformat(since)).total_seconds())
-    spent = limit_text(60 * round(seconds / 60)) if seconds >= 60 else f"{seconds:.0f}s"
-    return f"its GPUs have been idle for {spent} (busy under {GPU_BUSY_PCT:g}% at every sample)"
+    seconds = (utcnow() - datetime.fromisoformat(since)).total_seconds()
+    return f"its GPUs have been idle for {span_text(seconds)} (busy under {GPU_BUSY_PCT:g}% at every sample)"

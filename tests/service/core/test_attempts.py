@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import distinct, func, select, update
 
 from service.api.app import create_app
 from service.core import keys
@@ -23,7 +23,7 @@ from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import NotFoundError, StaleAttemptError
 from service.core.lifecycle import STOPPED_EARLY, locked_job, requeue
-from service.core.models import Job, JobState, LogLine, Metric, Notification, RankAddress
+from service.core.models import Allocation, Job, JobState, LogLine, Metric, Notification, RankAddress
 from service.core.settings import Settings
 from service.core.slurm_nodes import address_command, parse_address
 from service.jobs.submit import submit
@@ -237,6 +237,58 @@ def test_a_running_job_whose_gpus_go_idle_owes_its_webhooks_once_for_each_idle_s
     assert len(owed()) == 4
     channel.end(AttemptEnd("succeeded"))
     assert owed().count(("job.finished", mine)) == 1 and len(owed()) == 6
+
+
+def test_a_job_over_two_hosts_is_asked_to_stop_once_every_ranks_gpus_were_idle_the_labs_stop_time(
+    ctx: Context, channel_to: Opener, add_host: Callable[..., None]
+) -> None:
+    """TOWERQ_GPU_IDLE_STOP_S over several hosts: each rank's worker sees only its own GPUs,
+    so the job is asked to stop (`gpu_idle`, every rank) once every rank's figures say its GPUs
+    have been idle that long, not while one rank's are busy; a cancel asked meanwhile comes
+    first; a crash it ends with then is the stop (its program saw the others go first). A job
+    on one host is its worker's to stop: its figures alone never ask it."""
+    ctx.settings.gpu_idle_stop_s = 3600
+    idle = datetime.now(UTC) - timedelta(minutes=70)
+    alone = dispatched(ctx, hyperparameters={"steps": 10})
+    one = channel_to(alone, 1)
+    for rank in (0, 1):  # as if two ranks said so: its allocation is on one host
+        use = {"rank": rank, "gpus": 1, "samples": 5, "busy_pct": 1.0, "idle_stop_since": idle}
+        one.report(Report([], [], {"gpu_use": use}, 0))
+    assert one.status().stop is None
+    one.end(AttemptEnd("succeeded"))
+
+    add_host("lab-b", 1)
+    job_id = dispatched(ctx, gpus=None, gpu_count=2)  # a GPU on each of lab-a and lab-b
+    with ctx.db.read() as session:
+        assert session.scalar(select(func.count(distinct(Allocation.host_id))).where(Allocation.job_id == job_id)) == 2
+    channel = channel_to(job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+
+    def say(rank: int, since: datetime | None) -> AttemptStatus:
+        use = {"rank": rank, "gpus": 1, "samples": 5, "busy_pct": 1.0, "memory_total_mb": 81559}
+        channel.report(Report([], [], {"gpu_use": {**use, "idle_stop_since": since}}, 0))
+        return channel.status()
+
+    assert say(0, idle).stop is None  # rank 1 has not said yet
+    assert say(1, None).stop is None  # rank 1's GPUs are busy
+    status = say(1, idle + timedelta(minutes=5))
+    assert status.stop == "gpu_idle", status
+    assert status.reason == (
+        "stopped: its GPUs were idle for 1h5m on each of its 2 hosts (busy under 5% at every sample; the lab stops "
+        "a job whose GPUs stay idle 1h: TOWERQ_GPU_IDLE_STOP_S)"
+    )
+    set_job(ctx, job_id, cancel_requested_at=datetime.now(UTC))
+    assert channel.status().stop == "cancel"
+    set_job(ctx, job_id, cancel_requested_at=None)
+    assert say(0, None).stop is None  # busy again
+    assert say(0, idle).stop == "gpu_idle"
+    # rank 0's program saw rank 1's stopped before its worker read the stop: its crash is the stop
+    channel.end(AttemptEnd("queued", "lab-b: exit code 1", exit_code=1, crashed=True))
+    ended = job(ctx, job_id)
+    assert (ended.state, ended.crashes, ended.attempts) == (JobState.FAILED, 0, 1), ended.error
+    assert ended.error is not None and ended.error.startswith(
+        "stopped: its GPUs were idle for 1h5m on each of its 2 "
+    ), ended.error
 
 
 def test_what_rank_0_held_when_the_job_moved_on_is_stored_until_a_later_attempt_starts(
