@@ -181,7 +181,9 @@ def test_an_adaptive_sweep_stops_a_setting_behind_on_slurm(
     runner on the node reads the stop from its row, checkpoints and records the end), its
     Slurm job ends on its own (not scancel'd), and the setting ahead trains to the end. One
     setting at a time, the good one first: at rung 1 the one that learns nothing (a learning
-    rate of 1e-7) is behind the only other there, and 1 in 3 goes on. (Enough steps that the
+    rate of 1e-7) is behind the only other there, and 1 in 3 goes on. By the eval loss: at
+    step 300 this model may not yet beat its start's eval accuracy, and a tie goes on (one run
+    stopped the bad setting a rung late so). (Enough steps that the
     trainer cannot finish before its runner reads the stop: 60 steps of this model were done
     before it, and a setting that finished its work is not stopped.)"""
     client = on_slurm
@@ -189,7 +191,8 @@ def test_an_adaptive_sweep_stops_a_setting_behind_on_slurm(
         "name": "asha",
         "base": {**LONG, "gpu_count": 1, "hyperparameters": {"steps": 3000, "batch_size": 16, "eval_every": 300}},
         "grid": {"hyperparameters.learning_rate": [0.1, 1e-7]},
-        "metric": "eval_accuracy",
+        "metric": "eval_loss",
+        "goal": "min",
         "max_parallel": 1,
         "early_stopping": {"min_steps": 300, "reduction_factor": 3},
     }

@@ -122,12 +122,14 @@ def test_a_lost_peer_is_noticed_in_bounded_time_and_nobody_hangs(tmp_path: Path,
             process.kill()
             process.communicate()
     errors = events(lines_of(out), "error")
-    said = f"{out[-2000:]}\n--- stderr ---\n{err[-3000:]}"
-    said_so = processes[0].returncode == EXIT_ERROR and errors and errors[0]["kind"] == "peer_lost"
-    # TensorFlow itself sometimes aborts while it cancels the timed-out collective (seen once
-    # in 2026-11: "Mutex corrupt: waiting writer with no waiters", SIGABRT): the rank still
-    # ended in bounded time, and its worker takes that exit for a lost rank (`rank_died`)
-    aborted = processes[0].returncode == -signal.SIGABRT and "Collective has timed out" in err
+    code = processes[0].returncode
+    said = f"exit code {code}\n{out[-2000:]}\n--- stderr ---\n{err[-3000:]}"
+    said_so = code == EXIT_ERROR and errors and errors[0]["kind"] == "peer_lost"
+    # TensorFlow itself sometimes dies while it cancels the timed-out collective (seen in
+    # 2026-11: "Mutex corrupt: waiting writer with no waiters", SIGABRT; in 2026-12 after
+    # "RAW: Lock blocking" lines): the rank still ended in bounded time, by a signal of its
+    # own (the test kills it only after), and its worker takes that exit for a lost rank
+    aborted = code is not None and code < 0 and "Collective has timed out" in err
     assert said_so or aborted, said
     assert noticed < 30, noticed
 
