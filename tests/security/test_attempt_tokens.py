@@ -143,7 +143,9 @@ def test_a_report_sets_only_the_jobs_figures(ctx: Context, client: TestClient) -
     assert call(client, token, "POST", path, {"fields": {"gpu_use": use}}) == 204
     with ctx.db.read() as session:
         job = session.get(Job, job_id)
-        assert job is not None and job.gpu_use == {"1.0": {**use, "idle_since": None}}, job.gpu_use  # as the contract's
+        assert job is not None and job.gpu_use == {"1.0": {**use, "idle_since": None, "idle_stop_since": None}}, (
+            job.gpu_use
+        )  # as the contract's
 
 
 def test_reports_forged_idle_and_busy_in_turn_do_not_flood_the_labs_webhook(ctx: Context, client: TestClient) -> None:
