@@ -20,6 +20,7 @@ from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import AuthError, SpecError, StaleAttemptError
 from service.core.gpus import set_drained
 from service.core.lifecycle import (
+    PREEMPTED,
     current_attempt,
     finish,
     last_run_attempt,
@@ -135,7 +136,7 @@ def attempt_status(session: Session, job_id: int, attempt: int, *, idle_stop_s: 
         reason = row.stop_reason or "cancelled"
     elif row.preempt_requested_at is not None:
         stop = "preempt"
-        reason = row.stop_reason or "stopped to make room for another job; it resumes from its checkpoint"
+        reason = row.stop_reason or PREEMPTED
     elif idle_stop_s and (idle := idle_stop_reason(session, job_id, attempt, row.gpu_use, idle_stop_s)):
         stop, reason = "gpu_idle", idle
     return AttemptStatus(current=True, stop=stop, reason=reason, time_limit_s=row.time_limit_s, limit_known=True)
@@ -245,15 +246,19 @@ def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None
 
 def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd, *, idle_stop_s: float) -> None:
     """Record the attempt's end: the job's final state, or queued for its next attempt. A
-    job over several hosts asked to stop for its idle GPUs (`idle_stop_s`, the lab's
-    TOWERQ_GPU_IDLE_STOP_S) fails so, though its rank 0 records a crash: its program may
-    have seen the other ranks go (stopped) before its own worker read the stop."""
+    stop every rank was asked for is recorded so, though rank 0 ends with a crash: its
+    program may have seen the other ranks go (stopped) before its own worker read the stop.
+    A job over several hosts asked to stop for its idle GPUs (`idle_stop_s`, the lab's
+    TOWERQ_GPU_IDLE_STOP_S) fails, and one asked to make room is queued again, no crash
+    counted against its `max_attempts` (a cancel is kept by `requeue`)."""
     if end.ending == "queued":
         job = current_attempt(session, job_id, attempt)
         crashed_idle = end.crashed and idle_stop_s
         idle = idle_stop_reason(session, job_id, attempt, job.gpu_use, idle_stop_s) if crashed_idle else None
         if idle is not None:
             finish(session, job_id, attempt, JobState.FAILED, error=idle, exit_code=end.exit_code)
+        elif end.crashed and job.preempt_requested_at is not None:
+            requeue(session, job, job.stop_reason or PREEMPTED, crashed=False)
         else:
             if end.out_of_memory:
                 job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs

@@ -273,6 +273,10 @@ def cancel_queued(session: Session, job: Job, reason: str) -> None:
     kick_scheduler(session)
 
 
+PREEMPTED = "stopped to make room for another job; it resumes from its checkpoint"
+"""A preemption's reason where it was asked without one (the scheduler says for which job)."""
+
+
 def request_preemption(session: Session, job: Job, reason: str) -> PreemptMessage | None:
     """Ask the worker to checkpoint this job and put it back in the queue, to make room;
     `reason` becomes the message of its return to the queue. The message returned is for

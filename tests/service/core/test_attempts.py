@@ -23,7 +23,7 @@ from service.core.attempts import LocalChannel, mint_attempt_token
 from service.core.context import Context
 from service.core.exceptions import NotFoundError, StaleAttemptError
 from service.core.lifecycle import STOPPED_EARLY, locked_job, requeue
-from service.core.models import Allocation, Job, JobState, LogLine, Metric, Notification, RankAddress
+from service.core.models import Allocation, Job, JobEvent, JobState, LogLine, Metric, Notification, RankAddress
 from service.core.settings import Settings
 from service.core.slurm_nodes import address_command, parse_address
 from service.jobs.submit import submit
@@ -289,6 +289,35 @@ def test_a_job_over_two_hosts_is_asked_to_stop_once_every_ranks_gpus_were_idle_t
     assert ended.error is not None and ended.error.startswith(
         "stopped: its GPUs were idle for 1h5m on each of its 2 "
     ), ended.error
+
+
+def test_a_crash_that_ends_an_attempt_asked_to_make_room_is_the_preemption_not_a_crash(
+    ctx: Context, channel_to: Opener, add_host: Callable[..., None]
+) -> None:
+    """A job over several hosts asked to make room: rank 0's program may see rank 1's stop
+    and exit first, before its own worker reads the preemption, and rank 0 then ends the
+    attempt with a crash. The job is queued again for the preemption's reason, no crash
+    counted against its `max_attempts`; the same crash unasked counts."""
+    add_host("lab-b", 1)
+    job_id = dispatched(ctx, gpus=None, gpu_count=2, max_attempts=1)  # a GPU on each of lab-a and lab-b
+    channel = channel_to(job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    set_job(ctx, job_id, preempt_requested_at=datetime.now(UTC), stop_reason="stopped to make room for job 812")
+    assert channel.status().stop == "preempt"
+    channel.end(AttemptEnd("queued", "the program exited with code 1", exit_code=1, crashed=True))
+    again = job(ctx, job_id)
+    assert (again.state, again.attempts, again.crashes) == (JobState.QUEUED, 2, 0), again.error
+    assert (again.preempt_requested_at, again.stop_reason) == (None, None)
+    with ctx.db.read() as session:
+        said = session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all()
+    assert said[-1] == "stopped to make room for job 812", said
+
+    LiveScheduler(ctx).run_pass()
+    channel = channel_to(job_id, 2)
+    channel.running(4321, "0", "/artifacts/1")
+    channel.end(AttemptEnd("queued", "the program exited with code 1", exit_code=1, crashed=True))
+    lost = job(ctx, job_id)
+    assert (lost.state, lost.crashes) == (JobState.FAILED, 1), "unasked, a crash counts: 1 of its max_attempts 1"
 
 
 def test_what_rank_0_held_when_the_job_moved_on_is_stored_until_a_later_attempt_starts(
