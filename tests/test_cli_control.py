@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import delete
 
+from service.core.db import Database
+from service.core.models import Notification
 from service.core.settings import Settings
 from tests.stack import Stack, wait_for
 from tests.test_cli import towerq
@@ -233,3 +236,89 @@ def test_a_job_submitted_to_begin_later_waits_and_starts_when_its_begin_is_moved
         late.returncode == 1
         and f"job {job_id} is dispatched: its begin changes only before it first runs" in late.stderr
     )
+
+
+def test_admins_drain_and_undrain_gpus_from_the_command_line(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> None:
+    """`towerq gpus drain HOST INDEX...`, as Slurm's `scontrol update state=drain`: each GPU
+    said, with the jobs that finish on it; one the API refuses is said on stderr and the
+    others go on; a member is refused. Before, only the dashboard or the API drained a GPU."""
+    url = stack.start_api()
+    add_host("lab-a", 2)
+    stack.start_scheduler()  # no worker: the job placed stays dispatched on its GPU
+    for name in ("alice", "root"):
+        assert towerq(tmp_path / name, "login", url, "--token", make_token(name, name == "root")).returncode == 0
+    alice = Client(url, make_token("alice"))
+    held = alice.submit({**JOB, "gpus": [0]}).id
+    wait_for(lambda: alice.job(held).data["state"] == "dispatched", 30, "the pass to place it")
+
+    drained = towerq(tmp_path / "root", "gpus", "drain", "lab-a", "0", "7", "1")
+    assert drained.returncode == 1, drained
+    assert drained.stdout.splitlines() == [
+        f"lab-a GPU 0: drained; job {held} (alice) finishes on it",
+        "lab-a GPU 1: drained",
+    ]
+    assert drained.stderr.strip() == "towerq: no GPU 7 on host lab-a", drained.stderr
+    listed = towerq(tmp_path / "alice", "gpus").stdout.splitlines()
+    assert all("drained" in line for line in listed[1:]), listed
+    assert alice.job(held).data["state"] == "dispatched", "a drain lets the job finish"
+
+    member = towerq(tmp_path / "alice", "gpus", "undrain", "lab-a", "1")
+    assert member.returncode == 1 and "admin" in member.stderr, member
+    back = towerq(tmp_path / "root", "gpus", "undrain", "lab-a", "1", "-o", "json")
+    assert back.returncode == 0, back.stderr
+    assert [(g["index"], g["drained"]) for g in json.loads(back.stdout)] == [(0, True), (1, False)]
+    for args, said in (
+        (("gpus", "drain"), "towerq gpus drain HOST INDEX...: which GPUs? (`towerq gpus` lists them)"),
+        (("gpus", "undrain", "lab-a"), "towerq gpus undrain HOST INDEX...: which GPUs?"),
+        (("gpus", "lab-a"), "invalid choice: 'lab-a'"),
+    ):
+        refused = towerq(tmp_path / "root", *args)
+        assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
+
+
+def test_a_member_lists_a_jobs_webhooks_and_sends_a_failed_one_again(
+    stack: Stack, db: Database, make_token: Callable[..., str], add_host: Callable[..., None], tmp_path: Path
+) -> None:
+    """`towerq show` lists a job's webhook deliveries and says how a failed one is sent
+    again; `towerq webhooks ID --resend N` sends it (its owner; another member is refused, as
+    is a delivery on its way). Before, only the job page showed them and sent one again."""
+    url = stack.start_api()
+    add_host("lab-a", 1)
+    for name in ("alice", "bob"):
+        assert towerq(tmp_path / name, "login", url, "--token", make_token(name)).returncode == 0
+    alice = Client(url, make_token("alice"))
+    job_id = alice.submit({**JOB, "notify_url": "https://hooks.example/ours"}).id
+    alice.cancel(job_id)  # queued: cancelled now
+    with db.write() as session:
+        session.execute(delete(Notification).where(Notification.job_id == job_id))  # none sent: this test's rows
+        failed = Notification(job_id=job_id, url="https://hooks.example/ours", state="failed", attempts=9,
+                              last_error="HTTP 500")  # fmt: skip
+        delivered = Notification(job_id=job_id, event="job.idle", state="delivered", attempts=1,
+                                 delivered_at=datetime.now(UTC))  # fmt: skip
+        session.add_all([failed, delivered])
+        session.flush()
+        ids = failed.id, delivered.id
+
+    shown = towerq(tmp_path / "alice", "show", str(job_id)).stdout.splitlines()
+    at = shown.index("  webhooks")
+    assert (
+        shown[at + 1]
+        == f"    #{ids[0]:<5} job.finished    failed after 9 attempts: HTTP 500  to https://hooks.example/ours"
+    )
+    assert re.fullmatch(rf"    #{ids[1]:<5} job\.idle        delivered .+  to the lab's webhook", shown[at + 2]), shown
+    assert shown[at + 3] == (
+        f"    (a failed one is sent again once its receiver is mended: towerq webhooks {job_id} --resend N)"
+    )
+    assert towerq(tmp_path / "alice", "webhooks", str(job_id)).stdout.splitlines() == [s[4:] for s in shown[at + 1 :]]
+
+    theirs = towerq(tmp_path / "bob", "webhooks", str(job_id), "--resend", str(ids[0]))
+    assert theirs.returncode == 1 and "only they or an admin may send its webhooks again" in theirs.stderr, theirs
+    sent = towerq(tmp_path / "alice", "webhooks", str(job_id), "--resend", str(ids[0]))
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.strip() == f"job {job_id}: webhook #{ids[0]} (job.finished) sent again"
+    again = towerq(tmp_path / "alice", "webhooks", str(job_id), "--resend", str(ids[0]))
+    assert again.returncode == 1 and "on its way" in again.stderr, again
+    listed = json.loads(towerq(tmp_path / "alice", "webhooks", str(job_id), "-o", "json").stdout)
+    assert [(n["id"], n["state"], n["attempts"]) for n in listed] == [(ids[0], "pending", 0), (ids[1], "delivered", 1)]

@@ -1,5 +1,6 @@
-"""The client itself: HTTP with retries, jobs, sweeps, uploads, reports, tokens (where it
-finds the API and its token: `towerq.config`; following a job live: `towerq.following`).
+"""The client itself: HTTP with retries, jobs, sweeps, uploads, metrics (where it finds
+the API and its token: `towerq.config`; following a job live: `towerq.following`; the
+lab's calls, tokens, users, GPUs, groups and reservations: `towerq.lab_calls`).
 
 Standard library and httpx only: it imports nothing of the service, so a laptop needs
 neither TensorFlow nor a database driver to use it.
@@ -21,6 +22,7 @@ from towerq.bundle import Sent, packed_folder
 from towerq.config import Config
 from towerq.contract.api import LOG_TRIMMED_HEADER, dataset_name_problem
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
+from towerq.lab_calls import LabCalls
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 LOG_PAGE = 1000
@@ -33,7 +35,7 @@ RETRY_STATUSES = (502, 503, 504)
 BACKOFF_MAX_S = 10.0
 
 
-class Client:
+class Client(LabCalls):
     """A towerq API: `Client(url=None, token=None)` (see `Config`). Requests that find the
     API down, or a gateway error, are retried with back-off (`retries` times)."""
 
@@ -177,6 +179,12 @@ class Client:
         only you and the admins again (`"private"`, the default of a new job)."""
         return Job(self, self.request("PATCH", f"/api/jobs/{job_id}", json={"visibility": visibility}))
 
+    def resend_webhook(self, job_id: int, delivery: int) -> Job:
+        """Send a failed webhook delivery of the job again (its owner or an admin), once its
+        receiver is mended: the same body and delivery number (`notifications` of the job
+        list them). `ApiError` 409 for one pending or delivered, 404 for none of the job's."""
+        return Job(self, self.request("POST", f"/api/jobs/{job_id}/notifications/{delivery}/resend"))
+
     def sweep(self, body: dict[str, Any]) -> dict[str, Any]:
         """Launch a sweep (`name`, `base`, `grid` or `random`, `metric`, `goal`, ...; see
         docs/sweeps.md): the sweep with its jobs (`jobs`: id, setting, state)."""
@@ -243,78 +251,6 @@ class Client:
     def me(self) -> dict[str, Any]:
         """Who the token belongs to: `user`, `is_admin`, and the token's `token_id`."""
         return dict(self.request("GET", "/api/me"))
-
-    def create_token(self, user: str, *, admin: bool = False, name: str = "") -> dict[str, Any]:
-        """A new token for `user` (created if needed; admins for anyone, members for
-        themselves): its row, with the secret (`token`) shown in this answer only."""
-        return dict(self.request("POST", f"/api/users/{user}/tokens", json={"admin": admin, "name": name}))
-
-    def tokens(self) -> list[dict[str, Any]]:
-        """Your tokens (every token, for admins), never their secrets."""
-        return list(self.request("GET", "/api/tokens"))
-
-    def revoke_token(self, token_id: int) -> dict[str, Any]:
-        return dict(self.request("DELETE", f"/api/tokens/{token_id}"))
-
-    def users(self) -> list[dict[str, Any]]:
-        """Every user with their limits (admins)."""
-        return list(self.request("GET", "/api/users"))
-
-    def change_user(self, name: str, **fields: Any) -> dict[str, Any]:
-        """Change a user's `gpu_limit` (0: the default), `share`, `max_priority`, `is_admin`
-        or `may_use_network` (admins)."""
-        return dict(self.request("PATCH", f"/api/users/{name}", json=fields))
-
-    def gpus(self) -> list[dict[str, Any]]:
-        """Every GPU of the lab and who holds it."""
-        return list(self.request("GET", "/api/gpus"))
-
-    def usage(self, since: str, until: str | None = None, by: str = "user") -> dict[str, Any]:
-        """GPU hours, jobs and waits per user (or host, or group) between two ISO times."""
-        params = {"since": since, "by": by} | ({"until": until} if until else {})
-        return dict(self.request("GET", "/api/usage", params=params))
-
-    def fair_share(self) -> dict[str, Any]:
-        """Each user's (and group's) decayed usage, share and the rank term the scheduler
-        gives them: `users` and `groups`."""
-        return dict(self.request("GET", "/api/fair-share"))
-
-    # -- groups ------------------------------------------------------------------------------
-
-    def groups(self) -> list[dict[str, Any]]:
-        """Every group: share, quotas, GPU hours in the last 7 days, members."""
-        return list(self.request("GET", "/api/groups"))
-
-    def create_group(self, name: str, **fields: Any) -> dict[str, Any]:
-        """A new group (admins): `share`, `max_gpus`, `max_gpu_hours_week`."""
-        return dict(self.request("POST", "/api/groups", json={"name": name, **fields}))
-
-    def change_group(self, name: str, **fields: Any) -> dict[str, Any]:
-        """Change a group's share or quotas (admins); a quota given as None is taken away."""
-        return dict(self.request("PATCH", f"/api/groups/{name}", json=fields))
-
-    def delete_group(self, name: str) -> None:
-        self.request("DELETE", f"/api/groups/{name}")
-
-    def add_to_group(self, name: str, user: str, default: bool = False) -> dict[str, Any]:
-        """Put a user in a group (admins); `default`: their jobs run in it when they name none."""
-        return dict(self.request("PUT", f"/api/groups/{name}/members/{user}", json={"default": default}))
-
-    def remove_from_group(self, name: str, user: str) -> dict[str, Any]:
-        return dict(self.request("DELETE", f"/api/groups/{name}/members/{user}"))
-
-    def reservations(self, include_past: bool = False) -> list[dict[str, Any]]:
-        """The lab's reservations not yet over (`include_past`: every one), soonest first."""
-        return list(self.request("GET", "/api/reservations", params={"all": include_past}))
-
-    def reserve(self, group: str, gpus: int, start: str, end: str, **fields: Any) -> dict[str, Any]:
-        """Keep `gpus` GPUs for `group` from `start` to `end` (ISO times with a zone; admins):
-        `host`, `note`. The answer lists the jobs on them that may run past the start."""
-        body = {"group": group, "gpus": gpus, "start": start, "end": end, **fields}
-        return dict(self.request("POST", "/api/reservations", json=body))
-
-    def delete_reservation(self, reservation_id: int) -> dict[str, Any]:
-        return dict(self.request("DELETE", f"/api/reservations/{reservation_id}"))
 
     def metrics(self, job_id: int, split: str | None = None, *, as_frame: bool = False) -> Any:
         """Every metric row of a job (a list of dicts; a pandas DataFrame with `as_frame`)."""

@@ -179,7 +179,15 @@ def _add_lab_commands(command: CommandMaker) -> None:
     sweeps = command("sweeps", "list sweeps, newest first: progress and the best job", read=True)
     sweeps.set_defaults(run=run_sweeps)
 
-    gpus = command("gpus", "every GPU and who holds it", read=True)
+    gpus = command(
+        "gpus",
+        "every GPU and who holds it; `towerq gpus drain HOST INDEX...`: no new work on those GPUs, their jobs "
+        "finish (admins); `towerq gpus undrain HOST INDEX...`: give them back to the scheduler",
+        read=True,
+    )
+    gpus.add_argument("action", nargs="?", choices=("drain", "undrain"), default=None, help="drain or undrain")
+    gpus.add_argument("host", nargs="?", default=None, help="with drain or undrain: the GPUs' host")
+    gpus.add_argument("indices", type=int, nargs="*", metavar="INDEX", help="with drain or undrain: the GPUs' indices")
     gpus.set_defaults(run=run_gpus)
 
     queue = command("queue", "jobs waiting, in the order they will start, and why they wait", read=True)

@@ -1,7 +1,8 @@
 """Changing jobs from the command line: `towerq cancel` (one job, several, or every one of a
 member's in some states, as Slurm's `scancel -u USER -t PENDING`), `towerq hold` and
 `towerq release` (as `scontrol hold` and `release`), `towerq update` (a name; a queued job's
-priority and time limit, as `scontrol update`), `towerq share`."""
+priority and time limit, as `scontrol update`), `towerq share`, `towerq webhooks` (a job's
+deliveries; a failed one sent again)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from towerq.cli import views
 from towerq.cli.run import begun
-from towerq.cli.session import PRIORITIES, Api, ClientError, UsageError, duration
+from towerq.cli.session import PRIORITIES, Api, ClientError, UsageError, duration, print_json
 from towerq.client import Client, Job
 from towerq.errors import ApiError
 
@@ -66,6 +67,16 @@ def add_control_commands(command: Any) -> None:
     share.add_argument("id", type=int)
     share.add_argument("--private", action="store_true", help="only you and the admins (a new job's default)")
     share.set_defaults(run=run_share)
+
+    webhooks = command(
+        "webhooks", "a job's webhook deliveries; --resend N sends a failed one again (its owner or an admin)", read=True
+    )
+    webhooks.add_argument("id", type=int)
+    webhooks.add_argument(
+        "--resend", type=int, default=None, metavar="N",
+        help="send delivery N again (the same body and number), once its receiver is mended",
+    )  # fmt: skip
+    webhooks.set_defaults(run=run_webhooks)
 
 
 def run_cancel(args: argparse.Namespace) -> int:
@@ -201,4 +212,19 @@ def run_share(args: argparse.Namespace) -> int:
     job = Api(args).client.share(args.id, "private" if args.private else "lab")
     whom = "only you and the admins" if args.private else "every member"
     print(f"job {job.id}: its log, artifacts and code are readable by {whom}")
+    return 0
+
+
+def run_webhooks(args: argparse.Namespace) -> int:
+    client = Api(args).client
+    job = client.resend_webhook(args.id, args.resend) if args.resend is not None else client.job(args.id)
+    if args.output_format == "json":
+        return print_json(job.data["notifications"])
+    if args.resend is not None:
+        sent = next(n for n in job.data["notifications"] if n["id"] == args.resend)
+        print(f"job {job.id}: webhook #{sent['id']} ({sent['event']}) sent again")
+        return 0
+    lines = views.webhook_lines(job.data)
+    none = f"job {job.id}: no webhook sent (one goes when it ends or its GPUs go idle, to its notify_url or the lab's)"
+    print("\n".join(lines) if lines else none)
     return 0

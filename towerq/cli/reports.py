@@ -11,6 +11,7 @@ from towerq.cli import views
 from towerq.cli.plain import rewrite_line
 from towerq.cli.session import Api, UsageError, chosen_user, offset_in, print_json, read_spec
 from towerq.client import FINAL_STATES as FINAL
+from towerq.errors import ApiError
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -195,6 +196,10 @@ def waited_s(job: dict[str, Any]) -> float:
 
 
 def run_gpus(args: argparse.Namespace) -> int:
+    if args.action is not None:
+        return run_drain(args)
+    if args.host is not None:
+        raise UsageError(f"towerq gpus {args.host}: drain or undrain first (towerq gpus drain {args.host} 0)")
     gpus = Api(args).client.gpus()
     if args.output_format == "json":
         return print_json(gpus)
@@ -227,3 +232,38 @@ def run_gpus(args: argparse.Namespace) -> int:
     for host, why in sorted({(gpu["host"], gpu["no_notebooks"]) for gpu in gpus if gpu.get("no_notebooks")}):
         print(f"{host} runs no notebook sessions: {why}")
     return 0
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    """`towerq gpus drain|undrain HOST INDEX...` (admins), as Slurm's `scontrol update
+    state=drain`: each GPU in turn, a line each; one the API refuses (no such GPU, not an
+    admin) is said on stderr and the others go on (exit 1)."""
+    if args.host is None or not args.indices:
+        raise UsageError(f"towerq gpus {args.action} HOST INDEX...: which GPUs? (`towerq gpus` lists them)")
+    client = Api(args).client
+    act = client.drain_gpu if args.action == "drain" else client.undrain_gpu
+    refused = 0
+    host_gpus: list[dict[str, Any]] = []
+    for index in dict.fromkeys(args.indices):
+        try:
+            host_gpus = act(args.host, index)
+        except ApiError as err:
+            print(f"towerq: {err.detail}", file=sys.stderr, flush=True)
+            refused += 1
+            continue
+        if args.output_format != "json":
+            gpu = next(g for g in host_gpus if g["index"] == index)
+            print(drained_line(gpu, args.action), flush=True)
+    if args.output_format == "json" and host_gpus:
+        print_json(host_gpus)
+    return 1 if refused else 0
+
+
+def drained_line(gpu: dict[str, Any], action: str) -> str:
+    name = f"{gpu['host']} GPU {gpu['index']}"
+    if action == "undrain":
+        return f"{name}: back in service"
+    jobs = ", ".join(f"job {h['job_id']} ({h['user']})" for h in gpu["holders"])
+    if not jobs:
+        return f"{name}: drained"
+    return f"{name}: drained; {jobs} finish{'es' if len(gpu['holders']) == 1 else ''} on it"

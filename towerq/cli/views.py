@@ -236,6 +236,29 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
             lines.append(f"    {_clock(event['time'])}  {event['state']:<10}{message}".rstrip())
         if len(events) > 10:
             lines.append(f"    ({len(events) - 10} earlier; -o json for all)")
+    if job.get("notifications"):
+        lines.append("  webhooks")
+        lines += [f"    {line}" for line in webhook_lines(job)]
+    return lines
+
+
+def webhook_lines(job: dict[str, Any]) -> list[str]:
+    """The job's webhook deliveries, a line each (`towerq show`, `towerq webhooks`), and how
+    a failed one is sent again."""
+    lines = []
+    for n in job.get("notifications") or []:
+        if n["state"] == "delivered":
+            state = f"delivered {_clock(n.get('delivered_at'))}"
+        elif n["state"] == "failed":
+            state = f"failed after {n['attempts']} attempt{'s' if n['attempts'] != 1 else ''}"
+        else:
+            state = f"pending, {n['attempts']} tried" if n["attempts"] else "pending"
+        error = f": {one_line(n['last_error'], 60)}" if n.get("last_error") and n["state"] != "delivered" else ""
+        to = n.get("url") or "the lab's webhook"
+        lines.append(f"#{n['id']:<5} {n['event']:<15} {state}{error}  to {to}")
+    if any(n["state"] == "failed" for n in job.get("notifications") or []):
+        mended = f"(a failed one is sent again once its receiver is mended: towerq webhooks {job['id']} --resend N)"
+        lines.append(mended)
     return lines
 
 
