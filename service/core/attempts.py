@@ -8,16 +8,16 @@ import hmac
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
 
 import redis
-from sqlalchemy import delete, distinct, func, insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.core import defaults, keys, rollups
 from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import AuthError, SpecError, StaleAttemptError
+from service.core.gpu_use import idle_stop_reason, store_gpu_use
 from service.core.gpus import set_drained
 from service.core.lifecycle import (
     PREEMPTED,
@@ -25,13 +25,11 @@ from service.core.lifecycle import (
     finish,
     last_run_attempt,
     mark_running,
-    owe_notifications,
     requeue,
     stopped_early,
 )
 from service.core.models import (
     HOLDING_STATES,
-    JOB_IDLE,
     Allocation,
     Gpu,
     Host,
@@ -39,12 +37,9 @@ from service.core.models import (
     JobState,
     LogLine,
     Metric,
-    Notification,
     RankAddress,
     Sweep,
-    utcnow,
 )
-from service.core.models.jobs import idle_since, idle_stop_since
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
@@ -57,7 +52,6 @@ from towerq.contract.attempts import (
     Report,
     Stop,
     Stored,
-    idle_stop_text,
 )
 from towerq.contract.paths import job_folder
 from towerq.contract.spec import is_command, is_notebook
@@ -142,21 +136,6 @@ def attempt_status(session: Session, job_id: int, attempt: int, *, idle_stop_s: 
     return AttemptStatus(current=True, stop=stop, reason=reason, time_limit_s=row.time_limit_s, limit_known=True)
 
 
-def idle_stop_reason(
-    session: Session, job_id: int, attempt: int, stored: dict[str, Any] | None, idle_stop_s: float
-) -> str | None:
-    """Why the attempt of a job over several hosts is stopped, where every rank's figures
-    say its GPUs have been idle the lab's `idle_stop_s` (None: a rank's are not, or it runs
-    on one host: its worker stops it)."""
-    said = sum(key.startswith(f"{attempt}.") for key in stored or {})
-    if said < 2 or idle_stop_since(stored, attempt, said) is None:
-        return None  # a rank busy, or one rank said at most
-    of_attempt = (Allocation.job_id == job_id) & (Allocation.attempt == attempt)
-    hosts = session.scalar(select(func.count(distinct(Allocation.host_id))).where(of_attempt)) or 0
-    since = idle_stop_since(stored, attempt, hosts) if hosts > 1 else None
-    return idle_stop_text((utcnow() - since).total_seconds(), idle_stop_s, hosts) if since is not None else None
-
-
 def sweep_rungs(session: Session, job_id: int) -> tuple[str, list[int]]:
     """The split of the job's adaptive sweep's metric and its rungs' steps ("" and none
     outside such a sweep)."""
@@ -211,26 +190,6 @@ def write_report(
     job.metric_points = (job.metric_points or 0) + len(report.metrics)
     if report.metrics and report.rung:
         sweeps_due(session)
-
-
-def store_gpu_use(session: Session, job: Job, attempt: int, use: GpuUse, idle_warn_s: float) -> None:
-    """Keep a rank's GPU use beside the others' (as JSON, by attempt and rank). The report
-    that makes the running job idle (every rank of its attempt told that its GPUs are idle)
-    owes its webhooks `job.idle`, once for each idle stretch; never where the lab warns of
-    none (`idle_warn_s` 0), and never twice within `idle_warn_s`: a stretch lasts that long
-    before it is told, so only reports forged on a Slurm node (the supervisor there is the
-    member's) could come faster, and they are not let to flood the lab's webhook."""
-    running = job.attempts if job.state == JobState.RUNNING else None
-    was_idle = idle_since(job.gpu_use, running)
-    job.gpu_use = {**(job.gpu_use or {}), f"{attempt}.{use.rank}": use.model_dump(mode="json")}
-    if running != attempt or was_idle is not None or not idle_warn_s or not idle_since(job.gpu_use, running):
-        return
-    last = select(func.max(Notification.created_at)).where(
-        Notification.job_id == job.id, Notification.event == JOB_IDLE
-    )
-    told = session.scalar(last)
-    if told is None or (utcnow() - told).total_seconds() >= idle_warn_s:
-        owe_notifications(session, job, JOB_IDLE)
 
 
 def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None:

@@ -1,7 +1,7 @@
 """Webhooks when jobs end: the job's `notify_url` (or its sweep's) and the lab's
 `TOWERQ_WEBHOOK_URL`; to the same, `job.idle` when a running job's GPUs have been idle for
 `TOWERQ_GPU_IDLE_WARN_S` (once for each idle stretch, owed with the report that says so:
-`service.core.attempts.store_gpu_use`); and a sweep's `notify_url` once more when its last
+`service.core.gpu_use.store_gpu_use`); and a sweep's `notify_url` once more when its last
 job has ended (`sweep.finished`: the best setting, how many it stopped early), owed by the
 scheduler (`owe_sweep_notifications`).
 
