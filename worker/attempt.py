@@ -33,7 +33,14 @@ from service.core.context import Context
 from service.core.models import JobState
 from service.core.settings import Settings
 from towerq.contract import events
-from towerq.contract.attempts import MAX_FOLDER_BYTES, AttemptChannel, AttemptEnd, Ending, StaleAttempt
+from towerq.contract.attempts import (
+    MAX_FOLDER_BYTES,
+    AttemptChannel,
+    AttemptEnd,
+    Ending,
+    StaleAttempt,
+    time_limit_text,
+)
 from towerq.contract.spec import describe
 from towerq.contract.times import limit_text
 from towerq.contract.versions import NewerSpecError
@@ -68,7 +75,10 @@ ENDINGS: dict[JobState, Ending] = {
     JobState.QUEUED: "queued",
 }
 """An outcome's verdict (`worker.outcome`) as the attempt protocol says it."""
-STOPS = {"cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT, "gpu_idle": Stop.GPU_IDLE}
+STOPS = {
+    "cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT, "gpu_idle": Stop.GPU_IDLE,
+    "time_limit": Stop.TIME_LIMIT,
+}  # fmt: skip
 """The stops towerq asks of an attempt (`AttemptStatus.stop`), as the outcome names them."""
 
 
@@ -413,7 +423,10 @@ class AttemptRunner:
         self._kill_group()
 
     def _check(self, elapsed: float) -> None:
-        """Ask towerq: attempt still current? a stop asked? Then the time limit."""
+        """Ask towerq: attempt still current? a stop asked? Then the time limit, counted
+        from the attempt's start: rank 0's (alone, its only rank); the other ranks of a job
+        over several hosts stop when towerq asks, counting from rank 0's start, so that no
+        rank stops first and its peers' programs end as if it crashed."""
         status = self.channel.status()
         if not status.current:
             self._moved_on()
@@ -423,8 +436,8 @@ class AttemptRunner:
         if status.limit_known and status.time_limit_s != self.launch.time_limit_s:
             self._retime(status.time_limit_s)
         limit = self.launch.time_limit_s
-        if limit is not None and elapsed > limit:
-            self.request_stop(Stop.TIME_LIMIT, f"time limit of {limit} s reached")
+        if limit is not None and elapsed > limit and self.chief:
+            self.request_stop(Stop.TIME_LIMIT, time_limit_text(limit))
         if self.launch.ranks > 1:
             self._watch_frozen()
         self._watch()
@@ -483,7 +496,10 @@ class AttemptRunner:
         if not self._stop_requested.is_set() or self.process is None or self.process.poll() is not None:
             return
         if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.settings.cancel_grace_s
+            grace = self.settings.cancel_grace_s
+            self._stop_deadline = time.monotonic() + grace
+            why = self.outcome.stop_message or self.outcome.stop or "asked to stop"
+            self.sink.log("info", f"stopping it: {why} (SIGTERM now; SIGKILL in {grace:g} s unless it has ended)")
             self._signal_group(signal.SIGTERM)
         elif time.monotonic() >= self._stop_deadline:
             self._signal_group(signal.SIGKILL)

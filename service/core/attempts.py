@@ -17,7 +17,7 @@ from service.core import defaults, keys, rollups
 from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import AuthError, SpecError, StaleAttemptError
-from service.core.gpu_use import idle_stop_reason, store_gpu_use
+from service.core.gpu_use import store_gpu_use
 from service.core.gpus import set_drained
 from service.core.lifecycle import (
     PREEMPTED,
@@ -26,7 +26,6 @@ from service.core.lifecycle import (
     last_run_attempt,
     mark_running,
     requeue,
-    stopped_early,
 )
 from service.core.models import (
     HOLDING_STATES,
@@ -43,6 +42,7 @@ from service.core.models import (
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
+from service.core.stops import asked_stop, crash_that_failed
 from towerq.contract.attempts import (
     REPORTED_FIELDS,
     AttemptEnd,
@@ -50,7 +50,6 @@ from towerq.contract.attempts import (
     Claim,
     GpuUse,
     Report,
-    Stop,
     Stored,
 )
 from towerq.contract.paths import job_folder
@@ -123,16 +122,7 @@ def attempt_status(session: Session, job_id: int, attempt: int, *, idle_stop_s: 
     ).one_or_none()
     if row is None or row.attempts != attempt or row.state not in HOLDING_STATES:
         return AttemptStatus(current=False)
-    stop: Stop | None = None
-    reason: str | None = None
-    if row.cancel_requested_at is not None:
-        stop = "sweep" if stopped_early(row.stop_reason) else "cancel"
-        reason = row.stop_reason or "cancelled"
-    elif row.preempt_requested_at is not None:
-        stop = "preempt"
-        reason = row.stop_reason or PREEMPTED
-    elif idle_stop_s and (idle := idle_stop_reason(session, job_id, attempt, row.gpu_use, idle_stop_s)):
-        stop, reason = "gpu_idle", idle
+    stop, reason = asked_stop(session, job_id, attempt, row, idle_stop_s)
     return AttemptStatus(current=True, stop=stop, reason=reason, time_limit_s=row.time_limit_s, limit_known=True)
 
 
@@ -212,11 +202,10 @@ def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd, *,
     counted against its `max_attempts` (a cancel is kept by `requeue`)."""
     if end.ending == "queued":
         job = current_attempt(session, job_id, attempt)
-        crashed_idle = end.crashed and idle_stop_s
-        idle = idle_stop_reason(session, job_id, attempt, job.gpu_use, idle_stop_s) if crashed_idle else None
-        if idle is not None:
-            finish(session, job_id, attempt, JobState.FAILED, error=idle, exit_code=end.exit_code)
-        elif end.crashed and job.preempt_requested_at is not None:
+        failed = crash_that_failed(session, job, attempt, idle_stop_s) if end.crashed else None
+        if failed is not None:
+            finish(session, job_id, attempt, JobState.FAILED, error=failed, exit_code=end.exit_code)
+        elif end.crashed and job.preempt_requested_at is not None and job.cancel_requested_at is None:
             requeue(session, job, job.stop_reason or PREEMPTED, crashed=False)
         else:
             if end.out_of_memory:

@@ -26,11 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from towerq.contract.events import Custom, Number, Step
 from towerq.contract.times import Moment, limit_text, span_text
 
-Stop = Literal["cancel", "sweep", "preempt", "gpu_idle"]
+Stop = Literal["cancel", "sweep", "preempt", "gpu_idle", "time_limit"]
 """A stop towerq asks of an attempt: a cancel, an adaptive sweep's stop of a setting behind
 (the job ends succeeded), a preemption (the job resumes later from its checkpoint), the
 lab's stop of a job over several hosts whose GPUs every rank found idle for
-TOWERQ_GPU_IDLE_STOP_S (the job fails, saying so)."""
+TOWERQ_GPU_IDLE_STOP_S (the job fails, saying so), the job's time limit reached since the
+attempt's start (every rank of a job over several hosts stops at once: each counting from
+its own start, one would stop first and its peers' programs end as if it crashed)."""
 
 MAX_FOLDER_BYTES = 2**50
 """The most a report says a job folder holds: a pebibyte, far above any a lab's disk holds
@@ -45,6 +47,11 @@ Ending = Literal["succeeded", "failed", "cancelled", "queued"]
 GPU_BUSY_PCT = 5.0
 """A GPU whose utilization NVML reports at or above this is in use, not idle (a job's idle
 GPUs, a notebook session's idle end)."""
+
+
+def time_limit_text(limit_s: int) -> str:
+    """Why an attempt stopped at its time limit (the step it reached is said after)."""
+    return f"time limit of {limit_s} s reached"
 
 
 def idle_stop_text(idle_s: float, stop_s: float, hosts: int = 1) -> str:

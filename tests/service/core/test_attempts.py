@@ -320,6 +320,50 @@ def test_a_crash_that_ends_an_attempt_asked_to_make_room_is_the_preemption_not_a
     assert (lost.state, lost.crashes) == (JobState.FAILED, 1), "unasked, a crash counts: 1 of its max_attempts 1"
 
 
+def test_every_rank_is_asked_to_stop_at_the_time_limit_and_a_crash_then_is_the_limit(
+    ctx: Context, channel_to: Opener, add_host: Callable[..., None]
+) -> None:
+    """A job's time limit counts from its attempt's `running` event, the same for every rank:
+    once it has passed, the attempt is asked to stop (`time_limit`, each rank). A crash it
+    ends with then is the limit (a rank's program saw another's stop first), the job failed so
+    and no crash counted; a crash before the limit is a crash; a cancel asked comes first."""
+    add_host("lab-b", 1)
+    job_id = dispatched(ctx, gpus=None, gpu_count=2, time_limit_s=60)  # a GPU on each of lab-a and lab-b
+    channel = channel_to(job_id, 1)
+    assert channel.status().stop is None, "dispatched: not started yet"
+    channel.running(4321, "0", "/artifacts/1")
+    assert channel.status().stop is None
+
+    def started_ago(seconds: float) -> None:
+        with ctx.db.write() as session:
+            session.execute(
+                update(JobEvent)
+                .where(JobEvent.job_id == job_id, JobEvent.state == JobState.RUNNING)
+                .values(time=datetime.now(UTC) - timedelta(seconds=seconds))
+            )
+
+    started_ago(50)
+    assert channel.status().stop is None
+    channel.end(AttemptEnd("queued", "lab-b: the program exited with code 1", exit_code=1, crashed=True))
+    again = job(ctx, job_id)
+    assert (again.state, again.crashes, again.attempts) == (JobState.QUEUED, 1, 2), "before its limit a crash is one"
+
+    LiveScheduler(ctx).run_pass()
+    channel = channel_to(job_id, 2)
+    channel.running(4321, "0", "/artifacts/1")
+    set_job(ctx, job_id, step=12)
+    started_ago(61)
+    status = channel.status()
+    assert (status.stop, status.reason) == ("time_limit", "time limit of 60 s reached"), status
+    set_job(ctx, job_id, cancel_requested_at=datetime.now(UTC))
+    assert channel.status().stop == "cancel"
+    set_job(ctx, job_id, cancel_requested_at=None)
+    channel.end(AttemptEnd("queued", "the program exited with code 1", exit_code=1, crashed=True))
+    ended = job(ctx, job_id)
+    assert (ended.state, ended.crashes, ended.attempts) == (JobState.FAILED, 1, 2), ended.error
+    assert ended.error == "time limit of 60 s reached at step 12"
+
+
 def test_what_rank_0_held_when_the_job_moved_on_is_stored_until_a_later_attempt_starts(
     ctx: Context, channel_to: Opener
 ) -> None:

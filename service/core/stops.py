@@ -1,0 +1,59 @@
+"""The stops towerq asks of an attempt (`AttemptStatus.stop`, which every rank of it reads
+each second), and how an attempt's crash is read once one was asked: a member's program
+over several hosts may see its peers stop, and end, before its own worker reads the stop.
+
+In order: a cancel (or an adaptive sweep's stop), the job's time limit reached since the
+attempt started running (counted by the database's clock for every rank alike: each rank
+counting from its own start, one would stop first), a preemption, and the lab's idle stop of
+a job over several hosts (`service.core.gpu_use`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.core.gpu_use import idle_stop_reason
+from service.core.lifecycle import PREEMPTED, stopped_early
+from service.core.models import Job, JobEvent, JobState, utcnow
+from towerq.contract.attempts import Stop, time_limit_text
+
+
+def asked_stop(
+    session: Session, job_id: int, attempt: int, row: Any, idle_stop_s: float
+) -> tuple[Stop | None, str | None]:
+    """The stop asked of the current attempt, and why in words (`row`: the job's state,
+    cancel and preemption asked, stop reason, time limit and GPU use)."""
+    if row.cancel_requested_at is not None:
+        return ("sweep" if stopped_early(row.stop_reason) else "cancel"), row.stop_reason or "cancelled"
+    if row.time_limit_s and row.state == JobState.RUNNING and ran_out(session, job_id, attempt, row.time_limit_s):
+        return "time_limit", time_limit_text(row.time_limit_s)
+    if row.preempt_requested_at is not None:
+        return "preempt", row.stop_reason or PREEMPTED
+    if idle_stop_s and (idle := idle_stop_reason(session, job_id, attempt, row.gpu_use, idle_stop_s)):
+        return "gpu_idle", idle
+    return None, None
+
+
+def crash_that_failed(session: Session, job: Job, attempt: int, idle_stop_s: float) -> str | None:
+    """Why an attempt that ended with a crash failed the job (None: it did not), where every
+    rank was asked to stop: its time limit reached, or the lab's idle stop of a job over
+    several hosts (a cancel is kept by `requeue`)."""
+    if job.cancel_requested_at is not None:
+        return None
+    if job.time_limit_s and ran_out(session, job.id, attempt, job.time_limit_s):
+        where = f"at step {job.step}" if job.step is not None else "before its first step"
+        return f"{time_limit_text(job.time_limit_s)} {where}"
+    return idle_stop_reason(session, job.id, attempt, job.gpu_use, idle_stop_s) if idle_stop_s else None
+
+
+def ran_out(session: Session, job_id: int, attempt: int, limit_s: int) -> bool:
+    """The attempt has run `limit_s` since it started running (its `running` event; the
+    time rank 0's worker counts its limit from)."""
+    since = session.scalar(
+        select(func.max(JobEvent.time)).where(
+            JobEvent.job_id == job_id, JobEvent.attempt == attempt, JobEvent.state == JobState.RUNNING
+        )
+    )
+    return since is not None and (utcnow() - since).total_seconds() >= limit_s
