@@ -20,7 +20,6 @@ from service.core.exceptions import AuthError, SpecError, StaleAttemptError
 from service.core.gpu_use import store_gpu_use
 from service.core.gpus import set_drained
 from service.core.lifecycle import (
-    PREEMPTED,
     current_attempt,
     finish,
     last_run_attempt,
@@ -42,7 +41,7 @@ from service.core.models import (
 from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
-from service.core.stops import asked_stop, crash_that_failed
+from service.core.stops import asked_stop, crash_as_stop
 from towerq.contract.attempts import (
     REPORTED_FIELDS,
     AttemptEnd,
@@ -195,18 +194,16 @@ def forget_after(session: Session, job_id: int, attempt: int, step: int) -> None
 
 def end_attempt(session: Session, job_id: int, attempt: int, end: AttemptEnd, *, idle_stop_s: float) -> None:
     """Record the attempt's end: the job's final state, or queued for its next attempt. A
-    stop every rank was asked for is recorded so, though rank 0 ends with a crash: its
-    program may have seen the other ranks go (stopped) before its own worker read the stop.
-    A job over several hosts asked to stop for its idle GPUs (`idle_stop_s`, the lab's
-    TOWERQ_GPU_IDLE_STOP_S) fails, and one asked to make room is queued again, no crash
-    counted against its `max_attempts` (a cancel is kept by `requeue`)."""
+    stop every rank was asked for is recorded so, though a rank ends with a crash: its
+    program may have seen the other ranks go (stopped) before its own worker read the stop
+    (`service.core.stops.crash_as_stop`; `idle_stop_s`: the lab's TOWERQ_GPU_IDLE_STOP_S)."""
     if end.ending == "queued":
         job = current_attempt(session, job_id, attempt)
-        failed = crash_that_failed(session, job, attempt, idle_stop_s) if end.crashed else None
-        if failed is not None:
-            finish(session, job_id, attempt, JobState.FAILED, error=failed, exit_code=end.exit_code)
-        elif end.crashed and job.preempt_requested_at is not None and job.cancel_requested_at is None:
-            requeue(session, job, job.stop_reason or PREEMPTED, crashed=False)
+        stopped = crash_as_stop(session, job, attempt, idle_stop_s) if end.crashed else None
+        if stopped is not None and stopped[0] == JobState.QUEUED:
+            requeue(session, job, stopped[1], crashed=False)
+        elif stopped is not None:
+            finish(session, job_id, attempt, stopped[0], error=stopped[1], exit_code=end.exit_code)
         else:
             if end.out_of_memory:
                 job.gpu_memory_fraction = 1.0  # its next attempt gets whole GPUs

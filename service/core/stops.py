@@ -36,16 +36,21 @@ def asked_stop(
     return None, None
 
 
-def crash_that_failed(session: Session, job: Job, attempt: int, idle_stop_s: float) -> str | None:
-    """Why an attempt that ended with a crash failed the job (None: it did not), where every
-    rank was asked to stop: its time limit reached, or the lab's idle stop of a job over
-    several hosts (a cancel is kept by `requeue`)."""
+def crash_as_stop(session: Session, job: Job, attempt: int, idle_stop_s: float) -> tuple[JobState, str] | None:
+    """What an attempt that ended with a crash ends as, where a stop every rank reads was
+    asked (None: a crash, or a cancel, which `requeue` keeps): an adaptive sweep's stop
+    succeeds, the time limit reached and the lab's idle stop of a job over several hosts
+    fail, a preemption queues the job again; none counts as a crash. With the reason."""
     if job.cancel_requested_at is not None:
-        return None
+        return (JobState.SUCCEEDED, job.stop_reason or "") if stopped_early(job.stop_reason) else None
     if job.time_limit_s and ran_out(session, job.id, attempt, job.time_limit_s):
         where = f"at step {job.step}" if job.step is not None else "before its first step"
-        return f"{time_limit_text(job.time_limit_s)} {where}"
-    return idle_stop_reason(session, job.id, attempt, job.gpu_use, idle_stop_s) if idle_stop_s else None
+        return JobState.FAILED, f"{time_limit_text(job.time_limit_s)} {where}"
+    if idle_stop_s and (idle := idle_stop_reason(session, job.id, attempt, job.gpu_use, idle_stop_s)):
+        return JobState.FAILED, idle
+    if job.preempt_requested_at is not None:
+        return JobState.QUEUED, job.stop_reason or PREEMPTED
+    return None
 
 
 def ran_out(session: Session, job_id: int, attempt: int, limit_s: int) -> bool:

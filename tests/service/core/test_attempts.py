@@ -291,13 +291,14 @@ def test_a_job_over_two_hosts_is_asked_to_stop_once_every_ranks_gpus_were_idle_t
     ), ended.error
 
 
-def test_a_crash_that_ends_an_attempt_asked_to_make_room_is_the_preemption_not_a_crash(
+def test_a_crash_that_ends_an_attempt_asked_to_make_room_or_stopped_by_its_sweep_is_that_stop(
     ctx: Context, channel_to: Opener, add_host: Callable[..., None]
 ) -> None:
     """A job over several hosts asked to make room: rank 0's program may see rank 1's stop
     and exit first, before its own worker reads the preemption, and rank 0 then ends the
     attempt with a crash. The job is queued again for the preemption's reason, no crash
-    counted against its `max_attempts`; the same crash unasked counts."""
+    counted against its `max_attempts`; the same crash unasked counts. A setting its
+    adaptive sweep stopped and that ends so succeeds, with the sweep's reason."""
     add_host("lab-b", 1)
     job_id = dispatched(ctx, gpus=None, gpu_count=2, max_attempts=1)  # a GPU on each of lab-a and lab-b
     channel = channel_to(job_id, 1)
@@ -318,6 +319,20 @@ def test_a_crash_that_ends_an_attempt_asked_to_make_room_is_the_preemption_not_a
     channel.end(AttemptEnd("queued", "the program exited with code 1", exit_code=1, crashed=True))
     lost = job(ctx, job_id)
     assert (lost.state, lost.crashes) == (JobState.FAILED, 1), "unasked, a crash counts: 1 of its max_attempts 1"
+
+    # a setting an adaptive sweep stopped (a cancel that says so) ends succeeded, as its worker records it
+    behind = dispatched(ctx, gpus=None, gpu_count=2, max_attempts=1)
+    channel = channel_to(behind, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    said = f"{STOPPED_EARLY} at step 300: eval_loss 2.1, behind the rung's best"
+    set_job(ctx, behind, cancel_requested_at=datetime.now(UTC), stop_reason=said)
+    assert channel.status().stop == "sweep"
+    channel.end(AttemptEnd("queued", "the program exited with code 1", exit_code=1, crashed=True))
+    ended = job(ctx, behind)
+    assert (ended.state, ended.crashes, ended.error) == (JobState.SUCCEEDED, 0, None)
+    with ctx.db.read() as session:
+        last = session.scalars(select(JobEvent.message).where(JobEvent.job_id == behind).order_by(JobEvent.id)).all()
+    assert last[-1] == said, last
 
 
 def test_every_rank_is_asked_to_stop_at_the_time_limit_and_a_crash_then_is_the_limit(
