@@ -322,3 +322,10 @@ def test_a_member_lists_a_jobs_webhooks_and_sends_a_failed_one_again(
     assert again.returncode == 1 and "on its way" in again.stderr, again
     listed = json.loads(towerq(tmp_path / "alice", "webhooks", str(job_id), "-o", "json").stdout)
     assert [(n["id"], n["state"], n["attempts"]) for n in listed] == [(ids[0], "pending", 0), (ids[1], "delivered", 1)]
+
+    quiet = alice.submit(JOB).id  # no notify_url, nor the lab's
+    said = towerq(tmp_path / "alice", "webhooks", str(quiet)).stdout.strip()
+    assert said.endswith(": no webhook yet (one goes when it ends or its GPUs idle, to its notify_url or the lab's)")
+    alice.cancel(quiet)  # owes the lab's webhook (these tests' TOWERQ_WEBHOOK_URL) its end
+    said = towerq(tmp_path / "alice", "webhooks", str(quiet)).stdout.strip()
+    assert re.fullmatch(r"#\d+ +job\.finished +pending  to the lab's webhook", said), said

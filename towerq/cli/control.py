@@ -225,6 +225,9 @@ def run_webhooks(args: argparse.Namespace) -> int:
         print(f"job {job.id}: webhook #{sent['id']} ({sent['event']}) sent again")
         return 0
     lines = views.webhook_lines(job.data)
-    none = f"job {job.id}: no webhook sent (one goes when it ends or its GPUs go idle, to its notify_url or the lab's)"
+    if job.done:
+        none = f"job {job.id}: no webhook (it names no notify_url, and the lab sets no TOWERQ_WEBHOOK_URL)"
+    else:
+        none = f"job {job.id}: no webhook yet (one goes when it ends or its GPUs idle, to its notify_url or the lab's)"
     print("\n".join(lines) if lines else none)
     return 0
