@@ -13,6 +13,7 @@ import pytest
 from service.core.settings import Settings
 from tests.faults.helpers import FINAL, wait_state
 from tests.stack import Stack, load_stretch, upload_code, wait_for
+from towerq.contract.times import limit_text
 
 pytestmark = pytest.mark.slow
 
@@ -97,8 +98,8 @@ def test_a_program_is_warned_before_its_time_limit_once_and_again_when_it_change
         said = r"SIGUSR1 sent: the time limit of \S+ stops it in (\d+) s"
         sent = [int(m[1]) for line in lines if (m := re.fullmatch(said, line))]
         if kind == "unsandboxed":
-            assert done["error"].startswith(f"time limit of {longer} s reached"), done["error"]
+            assert done["error"].startswith(f"time limit of {limit_text(longer)} reached"), done["error"]
             assert len(sent) == 2 and lead - 2 <= sent[0] <= lead and 0 <= sent[1] <= lead, lines
         else:
-            assert done["error"].startswith(f"time limit of {limit} s reached"), (kind, done["error"])
+            assert done["error"].startswith(f"time limit of {limit_text(limit)} reached"), (kind, done["error"])
             assert len(sent) == 1 and lead - 2 <= sent[0] <= lead, (kind, lines)

@@ -24,6 +24,7 @@ from tests.slurm_cluster import SlurmCluster
 from tests.stack import LOOP, REPO, free_port, load_stretch, upload_code, wait_for
 from tests.test_command_jobs import TRAIN
 from tests.test_limit_signal import WARNED
+from towerq.contract.times import limit_text
 
 pytestmark = [pytest.mark.slow, needs_slurm]
 FIXTURES = (cluster, on_slurm, settings)  # pytest finds them by name in this module
@@ -313,7 +314,7 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     assert cancelled["state"] == "cancelled", cancelled["reason"]
     ended = wait_state(client, warned, FINAL, 180)
     messages = [line["message"] for line in client.get(f"/api/jobs/{warned}/logs", params={"tail": 1000}).json()]
-    assert ended["error"].startswith(f"time limit of {2 * lead} s reached"), (ended["error"], messages[-30:])
+    assert ended["error"].startswith(f"time limit of {limit_text(2 * lead)} reached"), (ended["error"], messages[-30:])
     assert len([m for m in messages if m.startswith("rank 0 warned after ") and "by SIGUSR1" in m]) == 1, messages
     assert "rank 0: its child lives" in messages, messages[-30:]
 

@@ -20,6 +20,7 @@ from tests.faults.helpers import (
     wait_step,
 )
 from tests.stack import LOOP, Stack, load_stretch, upload_code, wait_for
+from towerq.contract.times import limit_text
 
 pytestmark = pytest.mark.slow
 LONG = {
@@ -104,7 +105,7 @@ def test_a_job_over_its_time_limit_is_stopped_and_fails_saying_so(stack: Stack, 
     job = client.post("/api/jobs", json={**LONG, "time_limit_s": limit}).json()
     done = wait_state(client, job["id"], FINAL, 120)
     assert done["state"] == "failed"
-    assert done["error"].startswith(f"time limit of {limit} s reached at step "), done["error"]
+    assert done["error"].startswith(f"time limit of {limit_text(limit)} reached at step "), done["error"]
     assert not pid_alive(trainer_pid(done))
     assert client.get("/api/gpus").json()[0]["holders"] == []
 
@@ -139,7 +140,7 @@ def test_a_running_jobs_time_limit_is_changed_and_it_stops_at_the_new_one(
     assert shortened.status_code == 200, shortened.text
     done = wait_state(client, job_id, FINAL, 60)
     assert done["state"] == "failed"
-    assert done["error"].startswith("time limit of 1 s reached at step "), done["error"]
+    assert done["error"].startswith("time limit of 1s reached at step "), done["error"]
     assert "time limit changed to 1s (was 2h), counted from the attempt's start" in logs()
     assert not pid_alive(pid)
     late = client.patch(f"/api/jobs/{job_id}", json={"time_limit_s": 60}, headers=root)

@@ -102,7 +102,7 @@ def test_a_job_stopped_for_gpus_held_idle_fails_saying_so() -> None:
 
 
 def test_a_time_limit_before_the_first_step_says_so_in_words() -> None:
-    early = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5 s reached", returncode=143)
-    assert early.verdict() == (JobState.FAILED, "time limit of 5 s reached before its first step")
-    late = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5 s reached", returncode=143, step=40)
-    assert late.verdict() == (JobState.FAILED, "time limit of 5 s reached at step 40")
+    early = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5s reached", returncode=143)
+    assert early.verdict() == (JobState.FAILED, "time limit of 5s reached before its first step")
+    late = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5s reached", returncode=143, step=40)
+    assert late.verdict() == (JobState.FAILED, "time limit of 5s reached at step 40")

@@ -50,8 +50,9 @@ GPUs, a notebook session's idle end)."""
 
 
 def time_limit_text(limit_s: int) -> str:
-    """Why an attempt stopped at its time limit (the step it reached is said after)."""
-    return f"time limit of {limit_s} s reached"
+    """Why an attempt stopped at its time limit (the step it reached is said after), the
+    limit as the job's log says it elsewhere (`1h30m`)."""
+    return f"time limit of {limit_text(limit_s)} reached"
 
 
 def idle_stop_text(idle_s: float, stop_s: float, hosts: int = 1) -> str:

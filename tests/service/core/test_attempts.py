@@ -369,14 +369,14 @@ def test_every_rank_is_asked_to_stop_at_the_time_limit_and_a_crash_then_is_the_l
     set_job(ctx, job_id, step=12)
     started_ago(61)
     status = channel.status()
-    assert (status.stop, status.reason) == ("time_limit", "time limit of 60 s reached"), status
+    assert (status.stop, status.reason) == ("time_limit", "time limit of 1m reached"), status
     set_job(ctx, job_id, cancel_requested_at=datetime.now(UTC))
     assert channel.status().stop == "cancel"
     set_job(ctx, job_id, cancel_requested_at=None)
     channel.end(AttemptEnd("queued", "the program exited with code 1", exit_code=1, crashed=True))
     ended = job(ctx, job_id)
     assert (ended.state, ended.crashes, ended.attempts) == (JobState.FAILED, 1, 2), ended.error
-    assert ended.error == "time limit of 60 s reached at step 12"
+    assert ended.error == "time limit of 1m reached at step 12"
 
 
 def test_what_rank_0_held_when_the_job_moved_on_is_stored_until_a_later_attempt_starts(
