@@ -111,6 +111,7 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
         ("submit",): ["-"],
         ("show",): [job],
         ("logs",): [job],
+        ("webhooks",): [job],
         ("sweep",): ["show", sweep_id],
         ("simulate",): ["--from-db", "--since", "1d"],  # on the database's machine, an admin's
     }

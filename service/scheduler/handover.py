@@ -189,8 +189,7 @@ class HandOver:
             return
         with self.ctx.db.write() as session:
             if said:
-                statement = update(Job).where(Job.state == JobState.DISPATCHED)
-                session.execute(statement, said, execution_options={"synchronize_session": None})
+                write_said(session, said)
             for observed in ended:
                 try:
                     job = current_attempt(session, observed.job_id, observed.attempt)
@@ -224,3 +223,11 @@ def cancel_never(ctx: Context, never: dict[int, str]) -> None:
         waiting = select(Job).where(Job.id.in_(never), Job.state == JobState.QUEUED)
         for job in session.scalars(waiting.with_for_update()):
             cancel_queued(session, job, never[job.id])
+
+
+def write_said(session: Session, said: list[dict[str, object]]) -> None:
+    """What the cluster says of the attempts it holds waiting (`SAID`, by job id), onto the
+    rows of those still dispatched and not on hold: one put on hold after the pass read it
+    (the cluster then says "held") keeps towerq's reason, who holds it and how to release it."""
+    statement = update(Job).where(Job.state == JobState.DISPATCHED, Job.on_hold_by.is_(None))
+    session.execute(statement, said, execution_options={"synchronize_session": None})

@@ -23,6 +23,7 @@ from service.lab.accounting import timeline, usage_report
 from service.lab.auth import Caller
 from service.notifications.prometheus import _waits
 from service.scheduler.dryrun import estimate
+from service.scheduler.handover import write_said
 from service.scheduler.live import LiveScheduler
 from tests.service.scheduler.test_live import job_row, submit_job
 from towerq.contract.spec import JobSpec
@@ -297,3 +298,28 @@ def test_a_job_whose_begin_is_ahead_is_expected_at_its_begin_or_once_room_frees_
     assert not guess.starts_now and guess.reason is not None and guess.reason.startswith("not before "), guess
     assert guess.expected_host == "lab-a" and guess.expected_start_at is not None, guess
     assert abs((guess.expected_start_at - datetime.fromisoformat(later)).total_seconds()) < 2, guess
+
+
+def test_what_slurm_says_of_a_job_put_on_hold_meanwhile_leaves_its_hold_reason(
+    ctx: Context, caller: Callable[[str], Caller], add_host: Callable[..., None]
+) -> None:
+    """The hand-over pass reads the dispatched jobs, then asks Slurm of each: one put on hold
+    in between (`scontrol hold` there, towerq's reason here) is said held by Slurm ("JobHeld…"),
+    and that must not overwrite its reason, which says who holds it and how to release it: it
+    did, until its release (tests/test_slurm.py's hold failed so in a clean run)."""
+    add_host("lab-a", 2)
+    alice = caller("alice")
+    ids = [submit_job(ctx, alice) for _ in range(2)]
+    LiveScheduler(ctx).run_pass()
+    kept = f"on hold (alice): towerq release {ids[0]} lets it start"
+    with ctx.db.write() as session:
+        session.execute(
+            update(Job).where(Job.id == ids[0]).values(on_hold_by="alice", on_hold_at=utcnow(), pending_reason=kept)
+        )
+    slurm = "Slurm job {} is pending (JobHeldAdmin: an admin holds it)"
+    with ctx.db.write() as session:
+        nothing = {"expected_start_at": None, "expected_host": None}
+        write_said(session, [{"id": i, "pending_reason": slurm.format(i), **nothing} for i in ids])
+    assert [job_row(ctx, i).state for i in ids] == [JobState.DISPATCHED] * 2
+    assert job_row(ctx, ids[0]).pending_reason == kept
+    assert job_row(ctx, ids[1]).pending_reason == slurm.format(ids[1])
