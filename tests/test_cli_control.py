@@ -63,7 +63,7 @@ def test_members_cancel_and_update_their_jobs_by_id_or_state(
     job = alice.job(mine[0]).data
     assert (job["name"], job["priority"], job["spec"]["time_limit_s"]) == ("first", "low", 2 * 86400), job
     shown = towerq(tmp_path / "alice", "show", str(mine[0])).stdout
-    assert "  time limit 48h00m" in shown.splitlines(), shown
+    assert "  time limit 48h" in shown.splitlines(), shown
     for args, code, said in (
         ((), 2, "say what changes: --name, --priority, --time-limit or --begin"),
         (("--time-limit", "5x"), 2, "'5x' is no duration: give seconds (5400), units (90m"),

@@ -15,6 +15,7 @@ from towerq.cli import views
 from towerq.cli.run import begun
 from towerq.cli.session import PRIORITIES, Api, ClientError, UsageError, duration, print_json
 from towerq.client import Client, Job
+from towerq.contract.times import limit_text
 from towerq.errors import ApiError
 
 UNFINISHED = ("queued", "dispatched", "running")
@@ -202,7 +203,7 @@ def changed(job: Job, args: argparse.Namespace) -> str:
     if args.priority is not None:
         said.append(f"priority {job.data['priority']}")
     if args.time_limit is not None:
-        said.append(f"time limit {views.duration_text(job.data['spec'].get('time_limit_s'))}")
+        said.append(f"time limit {limit_text(job.data['spec'].get('time_limit_s'))}")
     if args.begin is not None:
         said.append(f"not before {views.local_clock(job.data['spec']['begin_at'])}")
     return ", ".join(said)

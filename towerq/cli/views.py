@@ -91,13 +91,13 @@ def expected_end_text(at: str) -> str:
 
 
 def time_limit_text(job: dict[str, Any], limit_s: int) -> str:
-    """`1h30m`; for a running job, when it stops it: `1h30m (stops it ~15:35)` (each
-    attempt has the whole limit, from its start)."""
+    """`1h30m`, `48h`, `5s`, as the job's reason and log say it; for a running job, when it
+    stops it: `1h30m (stops it ~15:35)` (each attempt has the whole limit, from its start)."""
     held = job.get("held") or []
     if job["state"] != "running" or not held or held[-1].get("until"):
-        return duration_text(limit_s)
+        return limit_text(limit_s)
     stops = datetime.fromisoformat(held[-1]["since"]) + timedelta(seconds=limit_s)
-    return f"{duration_text(limit_s)} (stops it ~{local_clock(stops.isoformat())})"
+    return f"{limit_text(limit_s)} (stops it ~{local_clock(stops.isoformat())})"
 
 
 def run_time_text(held: list[dict[str, Any]]) -> str | None:
