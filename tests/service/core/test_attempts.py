@@ -291,6 +291,31 @@ def test_a_job_over_two_hosts_is_asked_to_stop_once_every_ranks_gpus_were_idle_t
     ), ended.error
 
 
+def test_a_crash_is_read_as_the_stop_every_rank_was_asked_where_two_hold_at_once(
+    ctx: Context, channel_to: Opener, add_host: Callable[..., None]
+) -> None:
+    """A job over several hosts whose GPUs were idle past the lab's stop time and which the
+    scheduler asked to make room: its ranks are asked the preemption (it comes before the
+    idle stop), so a crash it ends with then is that preemption too, queued again for its
+    reason with no crash counted, not failed as idle."""
+    ctx.settings.gpu_idle_stop_s = 3600
+    idle = datetime.now(UTC) - timedelta(minutes=70)
+    add_host("lab-b", 1)
+    job_id = dispatched(ctx, gpus=None, gpu_count=2, max_attempts=1)  # a GPU on each of lab-a and lab-b
+    channel = channel_to(job_id, 1)
+    channel.running(4321, "0", "/artifacts/1")
+    for rank in (0, 1):
+        use = {"rank": rank, "gpus": 1, "samples": 5, "busy_pct": 1.0, "idle_stop_since": idle}
+        channel.report(Report([], [], {"gpu_use": use}, 0))
+    assert channel.status().stop == "gpu_idle"
+    set_job(ctx, job_id, preempt_requested_at=datetime.now(UTC), stop_reason="stopped to make room for job 812")
+    status = channel.status()
+    assert (status.stop, status.reason) == ("preempt", "stopped to make room for job 812"), status
+    channel.end(AttemptEnd("queued", "lab-b: exit code 1", exit_code=1, crashed=True))
+    again = job(ctx, job_id)
+    assert (again.state, again.attempts, again.crashes) == (JobState.QUEUED, 2, 0), again.error
+
+
 def test_a_crash_that_ends_an_attempt_asked_to_make_room_or_stopped_by_its_sweep_is_that_stop(
     ctx: Context, channel_to: Opener, add_host: Callable[..., None]
 ) -> None:
