@@ -9,11 +9,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from service.core.db import Database
 from service.core.models import Job, Metric, Notification
 from tests.service.api.test_usage import add_run
-from tests.stack import Stack, wait_for
+from tests.stack import Stack, load_stretch, wait_for
 from tests.web.conftest import shot
 from towerq.contract.paths import job_folder
 from worker.host import host_info, register
@@ -107,7 +108,15 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     page.wait_for_selector("#cancel:not([disabled])")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#cancel")
-    page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000)
+    try:  # the trainer checkpoints on SIGTERM, with up to TOWERQ_CANCEL_GRACE_S (30 s) before SIGKILL
+        page.wait_for_selector('.job-header .badge:text("cancelled")', timeout=60_000 * load_stretch())
+    except PlaywrightTimeout as timeout:
+        ended = client.get(f"/api/jobs/{job_id}").json()
+        lines = client.get(f"/api/jobs/{job_id}/logs", params={"tail": 12}).json()
+        said = "\n".join(f"{line['time']} {line['message']}" for line in lines)
+        raise AssertionError(
+            f"the page never said cancelled; the job is {ended['state']}, its log ends:\n{said}"
+        ) from timeout
     assert page.locator("#cancel").count() == 0  # an ended job offers no cancel
     page.wait_for_selector('dd[data-field="Cancelled"]')  # said plainly, not as an error in red
     assert page.locator('dd[data-field="Cancelled"]').inner_text() == "cancelled by alice"
