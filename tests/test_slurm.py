@@ -15,9 +15,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
+from service.core.db import Database
+from service.core.models import User
 from service.core.settings import Settings
+from service.executors import SlurmExecutor
+from service.jobs.holds import hold_job, release_job
+from service.lab.auth import Caller
 from tests.notebook_kernel import run_code, start_kernel, wait_ready, xsrf_headers
 from tests.on_slurm import FINAL, LONG, cluster, job_of, needs_slurm, on_slurm, settings, slurm_job, trained, wait_state
 from tests.slurm_cluster import SlurmCluster
@@ -360,6 +365,50 @@ def test_the_job_page_holds_and_releases_a_job_pending_in_slurm(
     page.goto(f"{client.base_url}/?token={client.token}#/jobs/{running}")
     page.wait_for_selector("#cancel")
     assert page.locator("#hold").count() == 0
+    for job_id in (pending, running):
+        assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+    for job_id in (pending, running):
+        assert wait_state(client, job_id, FINAL, 60)["state"] == "cancelled"
+
+
+def test_a_hold_or_release_asked_of_slurm_is_undone_there_when_towerqs_change_does_not_commit(
+    on_slurm: Any, cluster: SlurmCluster, settings: Settings
+) -> None:
+    """`scontrol hold` goes to Slurm before towerq's transaction commits: where it then does
+    not (a failed commit, an error later in the request), Slurm releases the job again;
+    before, it stayed held there while towerq had it off hold, and no `towerq release` could
+    reach it (409: not on hold). A release that does not commit is held there again. (The
+    one test here that calls towerq's code in-process: a request cannot be made to fail
+    after its hold from outside.)"""
+    client = on_slurm
+    spec = {"command": ["python", "loop.py"], "code": upload_code(client, {"loop.py": LOOP}), "gpu_count": 4}
+    running = client.post("/api/jobs", json=spec).json()["id"]
+    trained(client, running)  # on all four GPUs
+    pending = client.post("/api/jobs", json=spec).json()["id"]
+    wait_for(lambda: slurm_job(cluster, settings, pending)["state"] == "PENDING", 30, "Slurm to hold it pending")
+    holds = ("JobHeldUser", "JobHeldAdmin")
+    db = Database(settings.database_url)
+    with db.read() as session:
+        alice = session.scalars(select(User).where(User.name == "alice")).one()
+    caller = Caller(user_id=alice.id, name="alice", is_admin=False, token_id=0)
+    executor = SlurmExecutor(settings)
+    try:
+        with pytest.raises(RuntimeError), db.write() as session:
+            hold_job(session, pending, caller, executor)
+            assert slurm_job(cluster, settings, pending)["reason"] in holds
+            raise RuntimeError("the request fails before its commit")
+        assert job_of(client, pending)["on_hold_by"] is None
+        assert slurm_job(cluster, settings, pending)["reason"] not in holds, "released there again"
+
+        assert client.post(f"/api/jobs/{pending}/hold").status_code == 200
+        with pytest.raises(RuntimeError), db.write() as session:
+            release_job(session, pending, caller, executor)
+            assert slurm_job(cluster, settings, pending)["reason"] not in holds
+            raise RuntimeError("the request fails before its commit")
+        assert job_of(client, pending)["on_hold_by"] == "alice"
+        assert slurm_job(cluster, settings, pending)["reason"] in holds, "held there again"
+    finally:
+        db.dispose()
     for job_id in (pending, running):
         assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
     for job_id in (pending, running):
