@@ -32,7 +32,7 @@ from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
 from towerq.contract.spec import is_command, is_notebook
 from worker import cgroups, disk, disk_kind
-from worker.attempt import AttemptRunner, Phases
+from worker.attempt import AttemptRunner
 from worker.attempt_disk import fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
@@ -40,6 +40,7 @@ from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
 from worker.launch import read_launch, sandboxed_here
 from worker.notebook import NotebookRunner, why_no_sessions
 from worker.outcome import Stop
+from worker.phases import Phases
 from worker.pool import TrainerPool
 from worker.processes import is_trainer, kill_group, pid_alive
 from worker.program import ProgramRunner

@@ -37,7 +37,6 @@ from towerq.contract.attempts import (
     MAX_FOLDER_BYTES,
     AttemptChannel,
     AttemptEnd,
-    Ending,
     StaleAttempt,
     time_limit_text,
 )
@@ -51,7 +50,8 @@ from worker.folder import FolderWatch
 from worker.gpu_use import GpuUseSampler
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
-from worker.outcome import NotStarted, Outcome, Stop, is_runtime_noise, level_of
+from worker.outcome import ASKED, NotStarted, Outcome, Stop, is_runtime_noise, level_of
+from worker.phases import Phases
 from worker.processes import descendants, output_lines, signal_trainer
 from worker.rank_link import RankLink
 from worker.relay import MetricSink, parse_time
@@ -66,39 +66,6 @@ CHECK_EVERY_S = 1.0
 SLOW_END_S = 5.0
 """An attempt whose end (after its process exited) takes longer is said in the worker's log,
 phase by phase."""
-RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT, Stop.GPU_IDLE)
-"""Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
-ENDINGS: dict[JobState, Ending] = {
-    JobState.SUCCEEDED: "succeeded",
-    JobState.FAILED: "failed",
-    JobState.CANCELLED: "cancelled",
-    JobState.QUEUED: "queued",
-}
-"""An outcome's verdict (`worker.outcome`) as the attempt protocol says it."""
-STOPS = {
-    "cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT, "gpu_idle": Stop.GPU_IDLE,
-    "time_limit": Stop.TIME_LIMIT,
-}  # fmt: skip
-"""The stops towerq asks of an attempt (`AttemptStatus.stop`), as the outcome names them."""
-
-
-class Phases:
-    """How long each phase of something took, in seconds since the last mark."""
-
-    def __init__(self, since: float | None = None) -> None:
-        self.last = time.monotonic() if since is None else since
-        self.spent: list[tuple[str, float]] = []
-
-    def mark(self, name: str) -> None:
-        now = time.monotonic()
-        self.spent.append((name, now - self.last))
-        self.last = now
-
-    def total(self) -> float:
-        return sum(seconds for _, seconds in self.spent)
-
-    def __str__(self) -> str:
-        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.spent)
 
 
 Starter = Callable[[AttemptGroup], tuple[subprocess.Popen[bytes], dict[str, str], str]]
@@ -254,7 +221,11 @@ class AttemptRunner:
         except Exception:
             log.exception("runner for job %s attempt %s failed", *self.key)
             self._kill_group()
-            self._record(JobState.FAILED, "the worker failed while running this job (see the worker log)")
+            self._record(
+                self.outcome.attempt_end(
+                    JobState.FAILED, "the worker failed while running this job (see the worker log)"
+                )
+            )
         finally:
             if isinstance(self.process, TrainerProcess):
                 self.process.close_status()
@@ -432,7 +403,7 @@ class AttemptRunner:
             self._moved_on()
             return
         if status.stop is not None:
-            self.request_stop(STOPS[status.stop], status.reason or status.stop)
+            self.request_stop(ASKED[status.stop], status.reason or status.stop)
         if status.limit_known and status.time_limit_s != self.launch.time_limit_s:
             self._retime(status.time_limit_s)
         limit = self.launch.time_limit_s
@@ -553,25 +524,10 @@ class AttemptRunner:
                 log.warning("job %s attempt %s took %.1f s to end (%s)", *self.key, phases.total(), phases)
 
     def _verdict_and_record(self) -> None:
-        if self.outcome.stop in (Stop.STALE, Stop.EXECUTOR):
-            return  # an executor's stop: the scheduler records the end from the cluster's word
-        state, message = self.outcome.verdict(self.launch.fraction)
-        if not self.chief and (state == JobState.SUCCEEDED or self.outcome.stop in RANK_ZERO_RECORDS):
-            return  # rank 0 records a success, and a stop every rank was asked for
-        if not self.chief and self.outcome.stop is None and self.outcome.agreed_stop:
-            return  # stopped with the others before this worker saw the request: rank 0 records it
-        if not self.chief and message:
-            message = f"{self.launch.where}: {message}"
-        self._record(state, message)
+        if (end := self.outcome.recorded_end(self.launch.fraction, self.chief, self.launch.where)) is not None:
+            self._record(end)
 
-    def _record(self, state: JobState, message: str | None) -> None:
-        end = AttemptEnd(
-            ending=ENDINGS[state],
-            message=message,
-            exit_code=self.outcome.returncode,
-            crashed=self.outcome.crashed,
-            out_of_memory=self.outcome.out_of_memory,
-        )
+    def _record(self, end: AttemptEnd) -> None:
         try:
             self.channel.end(end)
         except StaleAttempt as err:

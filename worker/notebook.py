@@ -41,9 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-from service.core.models import JobState
 from service.core.settings import Settings
-from towerq.contract.attempts import Refused
+from towerq.contract.attempts import AttemptEnd, Refused
 from worker import rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
@@ -284,9 +283,9 @@ class NotebookRunner(ProgramRunner):
         self._note_pids()
         return gpus_in_use(self.inventory.refresh(), self.launch.indices, self.launch.fraction, self.trainer_pids)
 
-    def _record(self, state: JobState, message: str | None) -> None:
+    def _record(self, end: AttemptEnd) -> None:
         self._shut_door()  # first: over HTTP, the attempt's token ends with its end
-        super()._record(state, message)
+        super()._record(end)
 
     def _shut_door(self) -> None:
         if self.door is None:

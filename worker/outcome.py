@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.core.models import JobState
+from towerq.contract.attempts import AttemptEnd, Ending
+from towerq.contract.attempts import Stop as AskedStop
 from worker.trainer.protocol import EXIT_STOPPED
 
 STDERR_LINES_KEPT = 20
@@ -152,6 +154,31 @@ class Outcome:
     def out_of_memory(self) -> bool:
         return self.error is not None and self.error.get("kind") == "oom"
 
+    def recorded_end(self, fraction: float, chief: bool, where: str) -> AttemptEnd | None:
+        """What this rank records of the attempt's end (`chief`: rank 0, or alone; `where`:
+        its host, for another rank's reason), or None where it records nothing: a stale
+        attempt, one an executor stopped (the scheduler records its end from the cluster's
+        word), and on a rank other than 0 a success or a stop every rank was asked for, which
+        rank 0 records."""
+        if self.stop in (Stop.STALE, Stop.EXECUTOR):
+            return None
+        state, message = self.verdict(fraction)
+        if not chief and (state == JobState.SUCCEEDED or self.stop in RANK_ZERO_RECORDS):
+            return None
+        if not chief and self.stop is None and self.agreed_stop:
+            return None  # stopped with the others before its worker saw the request: rank 0 records it
+        return self.attempt_end(state, f"{where}: {message}" if not chief and message else message)
+
+    def attempt_end(self, state: JobState, message: str | None) -> AttemptEnd:
+        """The attempt's end as the attempt protocol says it: the job's `state` and why."""
+        return AttemptEnd(
+            ending=ENDINGS[state],
+            message=message,
+            exit_code=self.returncode,
+            crashed=self.crashed,
+            out_of_memory=self.out_of_memory,
+        )
+
     def verdict(self, fraction: float = 1.0) -> tuple[JobState, str | None]:
         """The job's state after this attempt (which held `fraction` of each GPU), and the
         reason to record with it. Out of memory on a shared GPU is tried once more on whole
@@ -195,6 +222,20 @@ class Outcome:
         return JobState.FAILED, exit_message(self.returncode, self.last_stderr, self.who)
 
 
+RANK_ZERO_RECORDS = (Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.TIME_LIMIT, Stop.GPU_IDLE)
+"""Stops every rank of a job over several hosts is asked for, whose end rank 0 records."""
+ENDINGS: dict[JobState, Ending] = {
+    JobState.SUCCEEDED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+    JobState.QUEUED: "queued",
+}
+"""A verdict as the attempt protocol says it."""
+ASKED: dict[AskedStop, Stop] = {
+    "cancel": Stop.CANCEL, "sweep": Stop.SWEEP, "preempt": Stop.PREEMPT, "gpu_idle": Stop.GPU_IDLE,
+    "time_limit": Stop.TIME_LIMIT,
+}  # fmt: skip
+"""The stops towerq asks of an attempt (`AttemptStatus.stop`), as an outcome names them."""
 TOO_LATE = frozenset({None, Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT, Stop.GPU_IDLE})
 """Stops that do not undo a trained job: asked after its last step, they change nothing it
 made. A full folder, a bad spec or a GPU-memory breach still fail it."""

@@ -106,3 +106,31 @@ def test_a_time_limit_before_the_first_step_says_so_in_words() -> None:
     assert early.verdict() == (JobState.FAILED, "time limit of 5s reached before its first step")
     late = Outcome(stop=Stop.TIME_LIMIT, stop_message="time limit of 5s reached", returncode=143, step=40)
     assert late.verdict() == (JobState.FAILED, "time limit of 5s reached at step 40")
+
+
+def test_each_rank_records_only_what_is_its_to_record() -> None:
+    """Rank 0 (or a job's only rank) records every end; another rank of a job over several
+    hosts leaves a success and a stop every rank was asked for to rank 0, and says where it
+    ran in a failure it records; nobody records a stale attempt's end or an executor's stop."""
+    failed = Outcome(ranks=2, returncode=1, error={"kind": "error", "message": "ValueError: bad"})
+    end = failed.recorded_end(1.0, False, "lab-b")
+    assert end is not None and (end.ending, end.message, end.exit_code) == ("failed", "lab-b: ValueError: bad", 1)
+    end = failed.recorded_end(1.0, True, "lab-a")
+    assert end is not None and (end.ending, end.message) == ("failed", "ValueError: bad")
+
+    done = Outcome(ranks=2, returncode=0, done={"step": 10})
+    assert done.recorded_end(1.0, False, "lab-b") is None
+    end = done.recorded_end(1.0, True, "lab-a")
+    assert end is not None and (end.ending, end.message) == ("succeeded", None)
+    for stop in (Stop.CANCEL, Stop.PREEMPT, Stop.TIME_LIMIT, Stop.GPU_IDLE, Stop.SWEEP):
+        asked = Outcome(ranks=2, returncode=-15, stop=stop, stop_message="asked")
+        assert asked.recorded_end(1.0, False, "lab-b") is None, stop
+        assert asked.recorded_end(1.0, True, "lab-a") is not None, stop
+    agreed = Outcome(ranks=2, returncode=0, agreed_stop=True)
+    assert agreed.recorded_end(1.0, False, "lab-b") is None  # stopped with the others: rank 0's to say
+    for stop in (Stop.STALE, Stop.EXECUTOR):
+        assert Outcome(returncode=-9, stop=stop).recorded_end(1.0, True, "lab-a") is None, stop
+
+    crashed = Outcome(ranks=2, returncode=1)  # a rank died without a word: its peers notice, a crash
+    end = crashed.recorded_end(1.0, False, "lab-b")
+    assert end is not None and (end.ending, end.crashed) == ("queued", True)
