@@ -337,17 +337,23 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     assert cluster.cpus_of(slurm_job(cluster, settings, crashes)["id"]) == 2
 
 
+def one_running_one_pending(client: Any, cluster: SlurmCluster, settings: Settings) -> tuple[int, int]:
+    """Two command jobs on all four GPUs: the first running, the second pending in Slurm."""
+    spec = {"command": ["python", "loop.py"], "code": upload_code(client, {"loop.py": LOOP}), "gpu_count": 4}
+    running = client.post("/api/jobs", json=spec).json()["id"]
+    trained(client, running)
+    pending = client.post("/api/jobs", json=spec).json()["id"]
+    wait_for(lambda: slurm_job(cluster, settings, pending)["state"] == "PENDING", 30, "Slurm to hold it pending")
+    return running, pending
+
+
 def test_the_job_page_holds_and_releases_a_job_pending_in_slurm(
     on_slurm: Any, cluster: SlurmCluster, settings: Settings, open_page: Any
 ) -> None:
     """The job page's Hold for a job handed to Slurm and pending there (dispatched), as
     `towerq hold` does; before, the button showed for queued jobs only. A running job has none."""
     client = on_slurm
-    spec = {"command": ["python", "loop.py"], "code": upload_code(client, {"loop.py": LOOP}), "gpu_count": 4}
-    running = client.post("/api/jobs", json=spec).json()["id"]
-    trained(client, running)  # on all four GPUs
-    pending = client.post("/api/jobs", json=spec).json()["id"]
-    wait_for(lambda: slurm_job(cluster, settings, pending)["state"] == "PENDING", 30, "Slurm to hold it pending")
+    running, pending = one_running_one_pending(client, cluster, settings)
     assert job_of(client, pending)["state"] == "dispatched"
 
     page = open_page()
@@ -381,11 +387,7 @@ def test_a_hold_or_release_asked_of_slurm_is_undone_there_when_towerqs_change_do
     one test here that calls towerq's code in-process: a request cannot be made to fail
     after its hold from outside.)"""
     client = on_slurm
-    spec = {"command": ["python", "loop.py"], "code": upload_code(client, {"loop.py": LOOP}), "gpu_count": 4}
-    running = client.post("/api/jobs", json=spec).json()["id"]
-    trained(client, running)  # on all four GPUs
-    pending = client.post("/api/jobs", json=spec).json()["id"]
-    wait_for(lambda: slurm_job(cluster, settings, pending)["state"] == "PENDING", 30, "Slurm to hold it pending")
+    running, pending = one_running_one_pending(client, cluster, settings)
     holds = ("JobHeldUser", "JobHeldAdmin")
     db = Database(settings.database_url)
     with db.read() as session:
