@@ -134,6 +134,38 @@ BAD = [
 ]
 
 
+BAR = """
+import os, sys, time
+
+for epoch in range(2):
+    for i in range(11):  # as tqdm draws: a carriage return, then the bar
+        sys.stderr.write(f"\\repoch {epoch}: {i * 10:3d}%|{'#' * i:10s}| {i}/10")
+        sys.stderr.flush()
+        time.sleep(0.02)
+    sys.stderr.write("\\n")
+print(f"rank {os.environ['RANK']} saved", flush=True)
+"""
+
+
+def test_a_progress_bar_is_one_line_of_the_log_from_each_rank(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A program's tqdm-style bar (redrawn with carriage returns) is one line of the job's
+    log as it ended, each rank's marked with its rank; before, a line of every drawing side
+    by side, and over a gang a rank's redraws lost their mark."""
+    client = stack.sandboxed_lab(make_token("alice"), 2)
+    spec = {"command": ["python", "bar.py"], "code": upload_code(client, {"bar.py": BAR}), "gpu_count": 2}
+    job_id = client.post("/api/jobs", json={**spec, "processes": "per_gpu"}).json()["id"]
+    job = finished(client, job_id)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    assert job["state"] == "succeeded", (job["error"], messages[-20:])
+    bars = [message for message in messages if "epoch" in message]
+    assert sorted(bars) == sorted(
+        f"{mark}epoch {epoch}: 100%|##########| 10/10" for mark in ("", "[rank 1] ") for epoch in (0, 1)
+    ), bars
+    assert {"rank 0 saved", "[rank 1] rank 1 saved"} <= set(messages)
+
+
 def test_a_bad_command_job_gets_a_422_naming_its_field(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:

@@ -316,7 +316,9 @@ class AttemptRunner:
         started = time.monotonic()
         next_check = started
         exited_at: float | None = None
-        for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S, defaults.TRAINER_LINE_BYTES):
+        for line in output_lines(
+            self.process, defaults.METRIC_FLUSH_INTERVAL_S, defaults.TRAINER_LINE_BYTES, defaults.REDRAWN_LINE_EVERY_S
+        ):
             if line is not None:
                 self._line(*line)
                 continue

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import IO
 
+from worker.lines import pieces
+
 GRACE_S = 10.0
 """How long the others have to end after one failed, before SIGKILL."""
 SIGNAL_ENV = "TOWERQ_SIGNAL"
@@ -140,17 +142,26 @@ class Gang:
             relay.start()
 
     def _relay(self, local: int, stream: IO[bytes] | None, out: IO[bytes]) -> None:
+        """Copy a process's output to the gang's, a piece at a time as it comes: a line, or a
+        redraw of one (a progress bar's `\r`), each whole and marked with its rank but rank
+        0's (`worker.lines`), so the worker reads a rank's bar as the rank's, as it comes."""
         assert stream is not None
-        for line in iter(stream.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            if self.ranks[local]:  # marked, its protocol lines too are text: rank 0 speaks for the job
-                line = b"[rank %d] " % self.ranks[local] + line
-            if out is sys.stderr.buffer and line.strip():
-                self.last_stderr[local] = line.decode(errors="replace").rstrip("\n")
-            with self.lock:
-                out.write(line)
-                out.flush()
+        mark = b"[rank %d] " % self.ranks[local] if self.ranks[local] else b""
+        rest = b""
+        while chunk := os.read(stream.fileno(), 65536):
+            cut, rest = pieces(rest + chunk)
+            self._write(local, out, cut, mark)
+        if rest:
+            self._write(local, out, [rest.rstrip(b"\r") + b"\n"], mark)
+
+    def _write(self, local: int, out: IO[bytes], cut: list[bytes], mark: bytes) -> None:
+        # marked, a rank's protocol lines too are text: rank 0 speaks for the job
+        marked = b"".join(mark + piece if piece.strip() else piece for piece in cut)
+        if out is sys.stderr.buffer and (said := [p for p in cut if p.strip()]):
+            self.last_stderr[local] = (mark + said[-1]).decode(errors="replace").rstrip("\r\n")
+        with self.lock:
+            out.write(marked)
+            out.flush()
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes:

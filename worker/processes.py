@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from worker.lines import LineReader
+
 KILL_CHECK_INTERVAL_S = 0.1
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -150,17 +152,16 @@ def kill_pids(pids: set[int], timeout: float = 30.0) -> bool:
 
 
 def output_lines(
-    process: subprocess.Popen[bytes], tick_s: float, max_line: int = 2**20
+    process: subprocess.Popen[bytes], tick_s: float, max_line: int = 2**20, redraw_every_s: float = 10.0
 ) -> Iterator[tuple[str, bytes] | None]:
     """The lines of a process's stdout and stderr as they come, as ("out" | "err", line),
     unbuffered; None after every wait of at most `tick_s`, so the caller can do its
     periodic work. Ends when both pipes are closed (a last line without a newline too).
-    A line longer than `max_line` bytes comes cut to that length (a caller can tell by its
-    length), and the rest of it, up to its newline, is dropped: what a process writes
-    without a newline never piles up here."""
+    A line redrawn with carriage returns (a progress bar) comes as it ended, and while it is
+    redrawn as it stands at most every `redraw_every_s`; a line longer than `max_line`
+    bytes comes cut to that length (`worker.lines`)."""
     assert process.stdout is not None and process.stderr is not None
-    partial = {"out": b"", "err": b""}
-    dropping = {"out": False, "err": False}
+    readers = {"out": LineReader(max_line, redraw_every_s), "err": LineReader(max_line, redraw_every_s)}
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ, "out")
         selector.register(process.stderr, selectors.EVENT_READ, "err")
@@ -168,23 +169,16 @@ def output_lines(
             for key, _ in selector.select(timeout=tick_s):
                 stream = key.data
                 chunk = os.read(key.fd, 65536)
-                if not chunk:
+                if chunk:
+                    lines = readers[stream].feed(chunk, time.monotonic())
+                else:
                     selector.unregister(key.fileobj)
-                    if partial[stream] and not dropping[stream]:
-                        yield stream, partial[stream]
-                    continue
-                lines = (partial[stream] + chunk).split(b"\n")
-                partial[stream] = lines.pop()
+                    lines = readers[stream].close()
                 for line in lines:
-                    if dropping[stream]:
-                        dropping[stream] = False  # the end of a line already cut
-                        continue
-                    yield stream, line[:max_line]
-                if len(partial[stream]) > max_line and not dropping[stream]:
-                    yield stream, partial[stream][:max_line]
-                    dropping[stream] = True
-                if dropping[stream]:
-                    partial[stream] = b""
+                    yield stream, line
+            for stream, reader in readers.items():
+                for line in reader.tick(time.monotonic()):
+                    yield stream, line
             yield None
 
 

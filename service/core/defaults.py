@@ -76,6 +76,12 @@ read a block at a time and stored a batch at a time: the worker never holds the 
 METRICS_LOG_LINE_BYTES = 64 * 2**10
 """A line of `metrics.jsonl` longer than this is passed over on a resume (a point is ~250 bytes)."""
 
+REDRAWN_LINE_EVERY_S = 10.0
+"""A line a trainer or program redraws with carriage returns (a progress bar: tqdm redraws
+up to ten times a second) is said in the job's log as it stands at most this often, and as
+it ended (`worker.lines`): a long epoch's bar shows how far it got every few seconds a
+person would glance at it, some 360 lines an hour rather than 36,000."""
+
 TRAINER_LINE_BYTES = 1 * 2**20
 """The longest line the worker takes from a trainer's stdout or stderr; past it the line is
 cut there (and said so in the job's log), so a trainer that writes without a newline
