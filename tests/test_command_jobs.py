@@ -143,7 +143,7 @@ for epoch in range(2):
         sys.stderr.flush()
         time.sleep(0.02)
     sys.stderr.write("\\n")
-print(f"rank {os.environ['RANK']} saved", flush=True)
+print(f"\\x1b[32mrank {os.environ['RANK']} saved\\x1b[0m", flush=True)  # coloured, as loguru told to
 """
 
 
@@ -152,7 +152,7 @@ def test_a_progress_bar_is_one_line_of_the_log_from_each_rank(
 ) -> None:
     """A program's tqdm-style bar (redrawn with carriage returns) is one line of the job's
     log as it ended, each rank's marked with its rank; before, a line of every drawing side
-    by side, and over a gang a rank's redraws lost their mark."""
+    by side, and over a gang a rank's redraws lost their mark. A coloured line is its text."""
     client = stack.sandboxed_lab(make_token("alice"), 2)
     spec = {"command": ["python", "bar.py"], "code": upload_code(client, {"bar.py": BAR}), "gpu_count": 2}
     job_id = client.post("/api/jobs", json={**spec, "processes": "per_gpu"}).json()["id"]

@@ -50,6 +50,7 @@ from worker.folder import FolderWatch
 from worker.gpu_use import GpuUseSampler
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
+from worker.lines import without_escapes
 from worker.outcome import ASKED, NotStarted, Outcome, Stop, is_runtime_noise, level_of
 from worker.phases import Phases
 from worker.processes import descendants, output_lines, signal_trainer
@@ -361,6 +362,9 @@ class AttemptRunner:
         event = events.decode(text) if stream == "out" else None
         if event is not None and self._takes(event):
             self._event(event)
+            return
+        text = without_escapes(text)
+        if not text.strip():
             return
         if stream == "err":
             if is_runtime_noise(text):

@@ -16,6 +16,16 @@ from __future__ import annotations
 import re
 
 LINE_ENDS = re.compile(rb"(\r\n|\n|\r)")
+ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?")
+"""Terminal escape sequences: CSI (colours `ESC[32m`, cursor moves `ESC[2K`), OSC (a window
+title, `ESC]0;…BEL`) and the short ones; a lone ESC too."""
+
+
+def without_escapes(text: str) -> str:
+    """A line as text, without the terminal's escape sequences: a program that colours its
+    log (loguru, rich or colorlog told to, `FORCE_COLOR`) reads in the log as it would on a
+    terminal without colours, not with `[32m` in it."""
+    return ESCAPES.sub("", text) if "\x1b" in text else text
 
 
 def pieces(data: bytes) -> tuple[list[bytes], bytes]:

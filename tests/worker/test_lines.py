@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from worker.lines import LineReader, pieces
+from worker.lines import LineReader, pieces, without_escapes
 from worker.processes import output_lines
 
 
@@ -71,3 +71,12 @@ def test_output_lines_reads_a_real_process_bar_and_all() -> None:
     said = [line for line in output_lines(process, 0.05, 2**20, 10.0) if line is not None]
     process.wait()
     assert said == [("err", b"epoch 0: 100%"), ("out", b"done"), ("err", b"left at 7%")], said
+
+
+def test_a_coloured_line_is_its_text() -> None:
+    assert without_escapes("\x1b[32m2026-12-06 | INFO\x1b[0m | saved") == "2026-12-06 | INFO | saved"
+    assert without_escapes("\x1b[2K\x1b[1Gepoch 1 \x1b]0;a title\x07done") == "epoch 1 done"
+    assert (
+        without_escapes("\x1b]8;;https://example.org\x1b\\a link\x1b]8;;\x1b\\ and a lone \x1b") == "a link and a lone "
+    )
+    assert without_escapes("plain: 100% [====]") == "plain: 100% [====]"
