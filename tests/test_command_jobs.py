@@ -166,6 +166,37 @@ def test_a_progress_bar_is_one_line_of_the_log_from_each_rank(
     assert {"rank 0 saved", "[rank 1] rank 1 saved"} <= set(messages)
 
 
+SHARED = """
+import subprocess, sys, time
+import towerq
+
+# another process on the same stdout writes part of a line (an unbuffered print's newline
+# comes apart), and the point comes meanwhile, as torchrun's ranks do
+other = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdout.write('rank 1 done'); "
+                          "sys.stdout.flush(); time.sleep(1.5); sys.stdout.write('\\\\n')"])
+time.sleep(0.5)
+towerq.report(step=1, loss=0.5, total_steps=1)
+other.wait()
+"""
+
+
+def test_a_point_reported_while_another_process_wrote_part_of_a_line_is_kept(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """Processes sharing a program's stdout (torchrun's ranks, a DataLoader's workers) write
+    lines in parts: the point `towerq.report` printed after another's part of a line was
+    glued to it, text, and lost (torchrun's rank 0 lost its last step so, tried by hand).
+    In a job it starts a line of its own; the other's line is kept as it was written."""
+    client = stack.sandboxed_lab(make_token("alice"), 1)
+    spec = {"command": ["python", "shared.py"], "code": upload_code(client, {"shared.py": SHARED}), "gpu_count": 1}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    job = finished(client, job_id)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    assert job["state"] == "succeeded", (job["error"], messages[-20:])
+    assert [point["step"] for point in client.get(f"/api/jobs/{job_id}/metrics").json()] == [1], messages[-5:]
+    assert "rank 1 done" in messages
+
+
 def test_a_bad_command_job_gets_a_422_naming_its_field(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:

@@ -7,8 +7,9 @@
 
 Each call prints one line of towerq's protocol on stdout (any language can print the same,
 docs/command-jobs.md), and appends it to the job's metrics log so that a resumed attempt
-restores the points its dead worker had not stored. Outside a towerq job it prints the same
-line, so a script runs the same anywhere. Standard library only: the sandbox has no more.
+restores the points its dead worker had not stored; in a job, after a newline, so that no
+other process's part of a line comes before it. Outside a towerq job it prints the line
+alone, so a script runs the same anywhere. Standard library only: the sandbox has no more.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ STANDARD = ("loss", "accuracy", "learning_rate", "examples_per_sec")
 MAX_CUSTOM = 16
 CUSTOM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,47}$")
 METRICS_LOG_ENV = "TOWERQ_METRICS_LOG"
+JOB_ENV = "TOWERQ_JOB_ID"
 
 
 def report(
@@ -71,7 +73,12 @@ def report(
         line["metrics"] = custom
     text = json.dumps(line, allow_nan=False)
     _keep(text)
-    sys.stdout.write(text + "\n")
+    # In a job, the line starts a line of its own, in one write: processes that share the
+    # program's stdout (torchrun's ranks, a DataLoader's workers) write lines in parts (an
+    # unbuffered print writes its newline apart), and the point glued after another's part
+    # of a line was text, lost. The empty line this may leave is dropped from the log.
+    lead = "\n" if os.environ.get(JOB_ENV) else ""
+    sys.stdout.write(lead + text + "\n")
     sys.stdout.flush()
 
 
