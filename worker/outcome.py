@@ -280,5 +280,6 @@ def exit_message(returncode: int | None, stderr: list[str], who: str = "trainer"
         name = signal.Signals(-returncode).name
         hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
         return f"{who} killed by {name}{hint}"
-    tail = next((line for line in reversed(stderr) if line.strip()), "")
+    # its last words: the last line that says something (a rule of `=` closes torchrun's summary)
+    tail = next((line.strip() for line in reversed(stderr) if any(c.isalnum() for c in line)), "")
     return f"{who} exited with code {returncode}" + (f": {tail[-500:]}" if tail else "")

@@ -7,7 +7,7 @@ import pytest
 
 from service.core.models import JobState
 from towerq.contract.spec import stoppable
-from worker.outcome import Outcome, Stop, is_runtime_noise, level_of
+from worker.outcome import Outcome, Stop, exit_message, is_runtime_noise, level_of
 from worker.relay import evaluation_line
 
 # Printed by TensorFlow 2.21 (CPU) at import with TF_CPP_MIN_LOG_LEVEL=1, twice each.
@@ -134,3 +134,17 @@ def test_each_rank_records_only_what_is_its_to_record() -> None:
     crashed = Outcome(ranks=2, returncode=1)  # a rank died without a word: its peers notice, a crash
     end = crashed.recorded_end(1.0, False, "lab-b")
     assert end is not None and (end.ending, end.crashed) == ("queued", True)
+
+
+def test_a_programs_last_words_are_its_last_line_that_says_something() -> None:
+    """torchrun's failure summary ends with a rule of `=`: the reason was that rule."""
+    summary = [
+        "  exitcode  : -6 (pid: 8)  (SIGABRT)",
+        "  traceback : Signal 6 (SIGABRT) received by PID 8",
+        "=" * 51,
+        "",
+    ]
+    assert exit_message(1, summary, "the program") == (
+        "the program exited with code 1: traceback : Signal 6 (SIGABRT) received by PID 8"
+    )
+    assert exit_message(2, ["-----", "   "], "the program") == "the program exited with code 2"
