@@ -44,6 +44,7 @@ seen = {name: os.environ.get(name) for name in
          "TOWERQ_GPU_COUNT", "TOWERQ_BATCH_GPUS")}
 print("ENV " + json.dumps(seen), flush=True)
 print("a line to stderr", file=sys.stderr, flush=True)
+print("I1206 21:29:30.743000 2 run.py:874] an INFO line of absl's", file=sys.stderr, flush=True)
 for step in range(start + 1, steps + 1):
     grad = 2 * x.T @ (x @ w - y) / len(x)
     w -= 0.1 * grad
@@ -90,6 +91,7 @@ def test_a_numpy_program_runs_reports_and_leaves_its_output(
     assert (env["TOWERQ_GPU_COUNT"], env["TOWERQ_BATCH_GPUS"]) == ("1", "1")
     assert job["total_steps"] == 20 and job["step"] == 20, "its steps are its program's word, not the trainer's 1,000"
     assert "a line to stderr" in messages
+    assert "I1206 21:29:30.743000 2 run.py:874] an INFO line of absl's" in messages, "a program's INFO lines are kept"
     assert any('"event": "done"' in m for m in messages), "a program's `done` line is text"
 
     points = client.get(f"/api/jobs/{job_id}/metrics").json()

@@ -367,7 +367,7 @@ class AttemptRunner:
         if not text.strip():
             return
         if stream == "err":
-            if is_runtime_noise(text):
+            if is_runtime_noise(text) and not self.program:  # a member's program keeps every line
                 return
             self.outcome.stderr(text)
         self.sink.log(level_of(text) if stream == "err" else "info", text)

@@ -243,23 +243,27 @@ FAILING = frozenset({Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.GPU_
 """Stops that fail the job, their message its reason."""
 
 ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-NATIVE_LINE = re.compile(r"^(?:([IWEF])\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: ([IWEF]) )\S+:\d+\] ")
-"""A line of TensorFlow's native logging, its level letter captured: absl's `I1125
-19:33:12.123 4242 port.cc:153]` (before absl is set up: `I0000 00:00:1795635917.2 ...`) or
-TensorFlow's older `2026-11-25 19:33:12.123: W tensorflow/...cc:153]`."""
+NATIVE_LINE = re.compile(
+    r"^(?:([IWEF])\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: ([IWEF]) |\[([IWEF])\d{4} [\d:.]+ )\S+:\d+\] "
+)
+"""A line of native logging, its level letter captured: absl's (TensorFlow, JAX, PyTorch's
+Python side) `I1125 19:33:12.123 4242 port.cc:153]` (before absl is set up: `I0000
+00:00:1795635917.2 ...`), TensorFlow's older `2026-11-25 19:33:12.123: W
+tensorflow/...cc:153]`, or PyTorch's C++ `[W1206 21:29:30.183097557 socket.cpp:207]`."""
 NATIVE_LEVELS = {"I": "info", "W": "warning", "E": "error", "F": "error"}
 
 
 def _native_level(line: str) -> str | None:
     found = NATIVE_LINE.match(line)
-    return NATIVE_LEVELS[found.group(1) or found.group(2)] if found else None
+    return NATIVE_LEVELS[found.group(1) or found.group(2) or found.group(3)] if found else None
 
 
 def is_runtime_noise(line: str) -> bool:
     """TensorFlow's start-up chatter that escapes `TF_CPP_MIN_LOG_LEVEL=1` (warnings and up,
-    as the trainer is started) because it is written before absl's logging is set up: the
-    banner that says so, and native INFO lines (the oneDNN and CPU-feature notices). Its
-    warnings and errors are kept."""
+    as towerq's trainer is started) because it is written before absl's logging is set up:
+    the banner that says so, and native INFO lines (the oneDNN and CPU-feature notices). Its
+    warnings and errors are kept; a member's program keeps every line (its INFO lines are
+    what it asked for)."""
     return line == ABSL_BANNER or _native_level(line) == "info"
 
 

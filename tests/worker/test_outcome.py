@@ -31,6 +31,8 @@ def test_tensorflow_start_up_chatter_is_noise(line: str) -> None:
         ("W0000 00:00:1795635917.2 12585 cuda_dnn.cc:8310] Unable to register cuDNN factory", "warning"),
         ("E0000 00:00:1795635917.2 12585 cuda_blas.cc:1418] Unable to register cuBLAS factory", "error"),
         ("2026-11-25 19:33:12.123456: W tensorflow/core/framework/op_kernel.cc:1840] OP_REQUIRES failed", "warning"),
+        ("[W1206 21:29:30.183097557 socket.cpp:207] [c10d] The hostname of the client socket cannot be", "warning"),
+        ("[E1206 21:29:30.183097557 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed", "error"),
         ("Traceback (most recent call last):", "error"),
         ("UserWarning: the learning rate is large", "warning"),
         ("I am a line the user's model printed", "info"),
