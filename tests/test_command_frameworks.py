@@ -1,6 +1,6 @@
 """Real frameworks in command jobs (issue 51): a data-parallel program over two processes,
 one per (simulated) GPU, meeting through what `"processes": "per_gpu"` gives each rank:
-PyTorch's DDP over gloo from `init_method="env://"`, and TensorFlow's
+PyTorch's DDP over gloo from `init_method="env://"` (and the same started by `torchrun`), and TensorFlow's
 `MultiWorkerMirroredStrategy` in a custom training loop from `TF_CONFIG`. Both in the
 sandbox, through the real API, scheduler and worker. The programs are docs/frameworks.md's."""
 
@@ -26,15 +26,19 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
 
 
 def run_example(
-    stack: Stack, make_token: Callable[..., str], example: str, timeout: float
+    stack: Stack, make_token: Callable[..., str], example: str, timeout: float, launcher: tuple[str, ...] = ()
 ) -> tuple[dict, list[str], list[dict]]:
+    """`example` over two processes: one per GPU (`per_gpu`), or started by `launcher` in
+    the job's one process, which sees both GPUs."""
     stack.start_api()
     stack.start_scheduler()
     stack.start_worker("lab-a", 2, sandbox="bwrap", trainer_pool=0)
     client = stack.client(make_token("alice"))
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     code = upload_code(client, {example: (EXAMPLES / example).read_text()})
-    spec = {"command": ["python", example, "--steps", "20"], "code": code, "gpu_count": 2, "processes": "per_gpu"}
+    command = [*launcher, example] if launcher else ["python", example]
+    spec = {"command": [*command, "--steps", "20"], "code": code, "gpu_count": 2}
+    spec["processes"] = "one" if launcher else "per_gpu"
     created = client.post("/api/jobs", json=spec)
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
@@ -54,6 +58,18 @@ def test_pytorch_ddp_over_gloo_trains_across_two_processes(stack: Stack, make_to
     assert [p["step"] for p in train] == list(range(1, 21)), "rank 0 reports for the job; rank 1's lines are text"
     assert train[-1]["loss"] < train[0]["loss"]
     assert job["total_steps"] == 20, "as its program said (towerq.report(total_steps=))"
+
+
+def test_pytorch_ddp_started_by_torchrun_in_the_jobs_one_process(stack: Stack, make_token: Callable[..., str]) -> None:
+    """What most PyTorch programs are started with: `torchrun --nproc_per_node=2` in the job's
+    one process, which sees both GPUs; its ranks share the job's stdout, and each of rank 0's
+    points is the job's though another rank writes meanwhile (`towerq.report` starts a line)."""
+    assert importlib.util.find_spec("torch") is not None, "no PyTorch in .venv: run `make frameworks`"
+    job, lines, points = run_example(stack, make_token, "torch_ddp.py", 240, ("torchrun", "--nproc_per_node=2"))
+    assert job["state"] == "succeeded", (job["error"], lines[-30:])
+    assert {"rank 0 of 2 on GPU 0,1", "rank 1 of 2 on GPU 0,1"} <= set(lines), lines[-30:]
+    assert "the ranks' weights agree: True" in lines, lines[-30:]
+    assert [p["step"] for p in points if p["split"] == "train"] == list(range(1, 21))
 
 
 def test_tensorflow_multiworker_mirrored_strategy_from_tf_config(stack: Stack, make_token: Callable[..., str]) -> None:

@@ -4,7 +4,12 @@
 
 Each process sees only its own GPU (cuda:0), and towerq gives it RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT: `init_method="env://"` reads them. NCCL on GPUs, gloo on CPUs.
-Rank 0 reports the job's metrics and writes its checkpoints.
+Rank 0 reports the job's metrics and writes its checkpoints. Started by torchrun instead,
+
+    towerq run --gpus 2 -- torchrun --nproc_per_node=2 torch_ddp.py --steps 200
+
+the job's one process sees both GPUs, torchrun sets the same variables, and each rank takes
+the GPU of its LOCAL_RANK.
 """
 
 import argparse
@@ -23,7 +28,8 @@ steps = parser.parse_args().steps
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo", init_method="env://")
 rank, world = dist.get_rank(), dist.get_world_size()
-device = torch.device("cuda:0" if cuda else "cpu")  # this process's one GPU
+local = int(os.environ.get("LOCAL_RANK", "0")) if cuda and torch.cuda.device_count() > 1 else 0
+device = torch.device(f"cuda:{local}" if cuda else "cpu")  # this process's GPU (per_gpu: its only one)
 print(f"rank {rank} of {world} on GPU {os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
 
 torch.manual_seed(0)  # the same start on every rank; DDP keeps them equal
