@@ -199,6 +199,38 @@ def test_a_point_reported_while_another_process_wrote_part_of_a_line_is_kept(
     assert "rank 1 done" in messages
 
 
+WRITES_HERE = """
+import os
+from pathlib import Path
+
+print("working in", os.getcwd(), flush=True)
+Path("runs").mkdir()
+Path("runs/events").write_text("written where it runs")
+with open("train.py", "a") as code:
+    code.write("# its own copy of its code")
+"""
+
+
+def test_a_program_writes_where_it_runs_and_it_is_kept_with_its_artifacts(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A program writes relative to where it runs (TensorBoard's `runs/`, Lightning's
+    `lightning_logs/`): it runs in a copy of its code in the job's folder (`work/`), kept
+    with its artifacts. Before, its folder was the read-only bundle: `OSError: [Errno 30]
+    Read-only file system: 'runs'`. (Its next attempt finds it: tests/faults/test_command_job_killed.py.)"""
+    client = stack.sandboxed_lab(make_token("alice"), 1)
+    spec = {"command": ["python", "train.py"], "code": upload_code(client, {"train.py": WRITES_HERE}), "gpu_count": 1}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    job = finished(client, job_id)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    assert job["state"] == "succeeded", (job["error"], messages[-20:])
+    assert "working in /job/work" in messages, messages
+    assert client.get(f"/api/jobs/{job_id}/artifacts/work/runs/events").text == "written where it runs"
+    assert client.get(f"/api/jobs/{job_id}/artifacts/work/train.py").text.endswith("# its own copy of its code")
+    again = client.post("/api/jobs", json=spec).json()["id"]  # the same bundle, as sent: not the first's copy
+    assert finished(client, again)["state"] == "succeeded"
+
+
 def test_a_bad_command_job_gets_a_422_naming_its_field(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:

@@ -48,17 +48,22 @@ from worker.relay import program_metrics_log
 
 CHECKPOINTS = "checkpoints"
 OUTPUT = "output"
+WORK = "work"
+"""The program's working folder in the job's folder: a copy of its code bundle (`worker.workdir`)."""
 PROGRAM_EVENTS = frozenset({"metric", "eval", "log"})
 """What a program's protocol line may be; any other is printed text."""
 PR_SET_PDEATHSIG = 1
 
 
-def prepare_folders(job_folder: Path, identity: sandbox.Identity | None) -> None:
-    """The job folder and its checkpoint and output folders, the program's own. A name the
-    program replaced by a link or a file in an earlier attempt is refused, not followed."""
+def prepare_folders(
+    job_folder: Path, identity: sandbox.Identity | None, folders: tuple[str, ...] = (CHECKPOINTS, OUTPUT)
+) -> None:
+    """The job folder and its `folders` (checkpoints, output; a command job's working folder),
+    the program's own. A name the program replaced by a link or a file in an earlier attempt
+    is refused, not followed."""
     job_folder.mkdir(parents=True, exist_ok=True)
     sandbox.hand_over(job_folder, identity)
-    for name in (CHECKPOINTS, OUTPUT):
+    for name in folders:
         path = job_folder / name
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             raise sandbox.SandboxError(f"{name} in the job's folder is not a folder: the program replaced it")
@@ -128,21 +133,19 @@ def memory_hints(launch: Launch) -> dict[str, str]:
 
 
 def program_command(launch: Launch, settings: Settings, job_folder: Path, sandboxed: bool) -> list[str]:
-    """The job's `command`, inside bubblewrap when `sandboxed`, working in its bundle's folder."""
+    """The job's `command`, inside bubblewrap when `sandboxed`, working in a copy of its
+    code bundle it may write in (`worker.workdir`: `python train.py` finds it there)."""
     command = [str(arg) for arg in launch.spec["command"]]
     if launch.spec.get("processes") == "per_gpu":
         command = [sys.executable, "-m", "worker.gang", "--", *command]
+    bundle = code_seen(launch, settings, sandboxed)
+    assert bundle is not None, "a command job has a code bundle"
+    seen = sandbox.JOB_PATH if sandboxed else job_folder
+    command = [sys.executable, "-m", "worker.workdir", str(bundle), str(seen / WORK), "--", *command]
     if not sandboxed:
         return command
     network = bool(launch.spec.get("network"))
-    return in_sandbox(command, launch, settings, job_folder, network, workdir=program_workdir(settings, launch, True))
-
-
-def program_workdir(settings: Settings, launch: Launch, sandboxed: bool) -> Path:
-    """Where the program starts: its code bundle's folder (`python train.py` finds it)."""
-    workdir = code_seen(launch, settings, sandboxed)
-    assert workdir is not None, "a command job has a code bundle"
-    return workdir
+    return in_sandbox(command, launch, settings, job_folder, network, workdir=sandbox.JOB_PATH)
 
 
 def over_share(gpus: list[GpuState], launch: Launch, pids: set[int], reserved_mb: int) -> str | None:
@@ -185,11 +188,11 @@ class ProgramRunner(AttemptRunner):
 
     def _prepare(self) -> Starter:
         settings, launch = self.settings, self.launch
-        prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None)
+        prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None, (CHECKPOINTS, OUTPUT, WORK))
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
         env = program_environment(launch, settings, seen, self.sandboxed)
         command = program_command(launch, settings, self.artifacts, self.sandboxed)
-        cwd = self.artifacts if self.sandboxed else program_workdir(settings, launch, False)
+        cwd = self.artifacts  # `worker.workdir` starts the program in its working folder
         # outside the sandbox nothing else ends a program whose worker died (bwrap does inside)
         death = None if self.sandboxed else die_with_parent
         how = f"the command {shlex.join(launch.spec['command'])[:500]}"

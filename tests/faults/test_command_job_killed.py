@@ -26,6 +26,9 @@ import towerq
 
 STEPS = int(os.environ["STEPS"])
 checkpoint = Path(os.environ["TOWERQ_CHECKPOINT_DIR"]) / "state.npz"
+Path("runs").mkdir(exist_ok=True)  # where it runs: the job's working folder, kept for its next attempt
+print("runs:", sorted(path.name for path in Path("runs").iterdir()), flush=True)
+Path("runs", "attempt-" + os.environ["TOWERQ_ATTEMPT"]).write_text("here")
 step, w = 0, np.zeros(3)
 if checkpoint.exists():
     saved = np.load(checkpoint)
@@ -76,4 +79,5 @@ def test_a_command_job_resumes_from_its_checkpoint_without_a_step_twice_or_missi
     first_pid = int(next(e["message"] for e in done["events"] if e["state"] == "running").split()[1])
     assert not pid_alive(first_pid), "the killed worker's program must not survive it"
     listed = {a["path"] for a in client.get(f"/api/jobs/{job_id}/artifacts").json()["items"]}
-    assert {"output/w.txt", "checkpoints/state.npz"} <= listed
+    assert {"output/w.txt", "checkpoints/state.npz", "work/runs/attempt-2"} <= listed
+    assert "runs: []" in logs and "runs: ['attempt-1']" in logs, "what it wrote where it runs is there again"

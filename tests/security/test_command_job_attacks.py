@@ -84,9 +84,9 @@ sys.exit(int(sys.argv[1]))
 LINKS = r"""
 import os, sys
 target = sys.argv[1]
-checkpoints = os.environ["TOWERQ_CHECKPOINT_DIR"]
-os.rename(checkpoints, checkpoints + ".old")
-os.symlink(target, checkpoints)
+folder = os.environ["TOWERQ_CHECKPOINT_DIR"] if sys.argv[2] == "checkpoints" else os.getcwd()  # work/
+os.rename(folder, folder + ".old")
+os.symlink(target, folder)
 import time, towerq
 towerq.report(step=1, loss=1.0)
 time.sleep(600)  # until its worker is killed: the job's next attempt starts elsewhere
@@ -143,9 +143,12 @@ def test_a_command_job_finds_no_secret_and_forges_nothing(
         assert point["time"][:4] == started[:4] and point["time"] >= started, (point, started)
 
 
+@pytest.mark.parametrize("planted", ["checkpoints", "work"])
 def test_a_link_planted_for_the_checkpoint_folder_is_refused_and_its_target_untouched(
-    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path, planted: str
 ) -> None:
+    """The checkpoint folder, or the working folder (the copy of its code it runs in, where
+    the next attempt copies its code again), replaced by a link to a folder of the host."""
     host_folder = tmp_path / "root-only"
     host_folder.mkdir(mode=0o700)
     stack.start_api()
@@ -155,7 +158,8 @@ def test_a_link_planted_for_the_checkpoint_folder_is_refused_and_its_target_unto
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     code = upload_code(client, {"links.py": LINKS})
     created = client.post(
-        "/api/jobs", json={"command": ["python", "links.py", str(host_folder)], "code": code, "resumable": True}
+        "/api/jobs",
+        json={"command": ["python", "links.py", str(host_folder), planted], "code": code, "resumable": True},
     )
     job_id = created.json()["id"]
     wait_for(lambda: client.get(f"/api/jobs/{job_id}/metrics").json(), 60, "the link to be planted")
@@ -163,8 +167,9 @@ def test_a_link_planted_for_the_checkpoint_folder_is_refused_and_its_target_unto
     stack.start_worker("lab-b", 1, sandbox="bwrap", trainer_pool=0)
     job = finished(client, job_id)
     assert job["state"] == "failed", job
-    assert "checkpoints in the job's folder is not a folder: the program replaced it" in str(job["error"]), job
+    assert f"{planted} in the job's folder is not a folder: the program replaced it" in str(job["error"]), job
     assert host_folder.stat().st_uid == os.getuid() and (host_folder.stat().st_mode & 0o777) == 0o700
+    assert list(host_folder.iterdir()) == [], "nothing was copied into it"
 
 
 FORGED_LOG = r"""
