@@ -160,6 +160,9 @@ def test_login_follow_exit_codes_and_json(
     printed = towerq(home, "logs", str(job_id)).stdout.splitlines()
     followed = towerq(home, "logs", str(job_id), "--follow")  # an ended job: its lines once, and done
     assert followed.returncode == 0 and followed.stdout.splitlines() == printed and printed, followed.stderr
+    assert towerq(home, "logs", str(job_id), "--tail", "2").stdout.splitlines() == printed[-2:]
+    bad = towerq(home, "logs", str(job_id), "-n", "0")
+    assert bad.returncode == 2 and "0 lines: from 1 to 20,000" in bad.stderr, bad.stderr
 
 
 def test_the_python_client_follows_across_an_api_restart_and_submits_once(

@@ -20,7 +20,7 @@ import httpx
 
 from towerq.bundle import Sent, packed_folder
 from towerq.config import Config
-from towerq.contract.api import LOG_TRIMMED_HEADER, dataset_name_problem
+from towerq.contract.api import LOG_LINES_KEPT, LOG_TRIMMED_HEADER, dataset_name_problem
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
 from towerq.lab_calls import LabCalls
 
@@ -113,6 +113,17 @@ class Client(LabCalls):
         after the line `after_id`."""
         params = {k: v for k, v in (("tail", tail), ("after_id", after_id)) if v is not None}
         return list(self._logs_answer(job_id, params).json())
+
+    def log_tail(self, job_id: int, tail: int | None = None) -> list[dict[str, Any]]:
+        """The job's last `tail` log lines, oldest first (None: every line the database keeps,
+        its newest `LOG_LINES_KEPT`). Where lines before them were trimmed from the database,
+        a line of level `towerq` first says so, and where they all are (its `log.txt`)."""
+        page = self._logs_answer(job_id, {"tail": tail or LOG_LINES_KEPT})
+        rows = list(page.json())
+        trimmed = int(page.headers.get(LOG_TRIMMED_HEADER, 0))
+        if trimmed and (tail is None or len(rows) < tail):
+            return [trimmed_line(job_id, trimmed, rows, EARLIER_TRIMMED), *rows]
+        return rows
 
     def log_lines(
         self, job_id: int, *, after: int = 0, follow: bool = False, poll_s: float = 1.0
@@ -325,14 +336,17 @@ class Client(LabCalls):
         return response.headers
 
 
-def trimmed_line(job_id: int, trimmed: int, after_it: list[dict[str, Any]]) -> dict[str, Any]:
+UNREAD_TRIMMED = "some lines were not read before the database trimmed them: it keeps a job's newest"
+EARLIER_TRIMMED = f"earlier lines were trimmed from the database: it keeps a job's newest {LOG_LINES_KEPT:,}"
+
+
+def trimmed_line(
+    job_id: int, trimmed: int, after_it: list[dict[str, Any]], why: str = UNREAD_TRIMMED
+) -> dict[str, Any]:
     """A log line that says lines were trimmed before they were read, in their place (its
     `id` is the newest trimmed; its time the next line's, else now)."""
     when = after_it[0]["time"] if after_it else datetime.now(UTC).isoformat()
-    message = (
-        f"(some lines were not read before the database trimmed them: it keeps a job's newest; "
-        f"its log.txt has every line: towerq download {job_id} log.txt)"
-    )
+    message = f"({why}; its log.txt has every line: towerq download {job_id} log.txt)"
     attempt = after_it[0]["attempt"] if after_it else None
     return {"id": trimmed, "time": when, "level": "towerq", "message": message, "attempt": attempt}
 

@@ -13,7 +13,7 @@ import redis
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from service.core import defaults, keys, rollups
+from service.core import keys, rollups
 from service.core.context import Context
 from service.core.db import insert_ignoring_duplicates
 from service.core.exceptions import AuthError, SpecError, StaleAttemptError
@@ -42,6 +42,7 @@ from service.core.publish import sweeps_due
 from service.core.results import metric_split, rung_steps
 from service.core.sharing import shares_outputs
 from service.core.stops import asked_stop, crash_as_stop
+from towerq.contract.api import LOG_LINES_KEPT
 from towerq.contract.attempts import (
     REPORTED_FIELDS,
     AttemptEnd,
@@ -217,11 +218,7 @@ def trim_logs(session: Session, job_id: int) -> None:
     """Keep the newest `LOG_LINES_KEPT` lines of the job's log in the database (its
     `log.txt` artifact keeps them all), and the newest trimmed (`Job.log_trimmed_through`)."""
     cutoff = session.scalar(
-        select(LogLine.id)
-        .where(LogLine.job_id == job_id)
-        .order_by(LogLine.id.desc())
-        .offset(defaults.LOG_LINES_KEPT)
-        .limit(1)
+        select(LogLine.id).where(LogLine.job_id == job_id).order_by(LogLine.id.desc()).offset(LOG_LINES_KEPT).limit(1)
     )
     if cutoff is not None:
         session.execute(delete(LogLine).where(LogLine.job_id == job_id, LogLine.id <= cutoff))

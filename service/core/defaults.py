@@ -24,9 +24,6 @@ METRIC_FLUSH_INTERVAL_S = 0.25
 METRIC_FLUSH_ROWS = 200
 """...or as soon as this many are buffered."""
 
-LOG_LINES_KEPT = 20_000
-"""Trainer log lines stored per job; older lines are dropped from the database."""
-
 KILL_CHECK_INTERVAL_S = 0.2
 """How often a stopping runner checks whether the trainer's process group is gone."""
 
@@ -93,7 +90,7 @@ says so once. At the default `log_every` that is ~10 M steps."""
 
 LOG_LINES_PER_ATTEMPT = 200_000
 """Log lines one attempt may relay (database and `log.txt`); past it they are dropped and
-the log says so once. The database keeps the newest LOG_LINES_KEPT of them anyway."""
+the log says so once. The database keeps the newest `towerq.contract.api.LOG_LINES_KEPT` of them anyway."""
 
 API_SHUTDOWN_GRACE_S = 3.0
 """When the API stops, what it is answering gets this long to finish; then its live streams

@@ -51,7 +51,7 @@ from towerq.cli.transfer import (
 )
 from towerq.client import Client
 from towerq.config import write_config
-from towerq.contract.api import DEFAULT_URL
+from towerq.contract.api import DEFAULT_URL, LOG_LINES_KEPT
 
 CommandMaker = Callable[..., argparse.ArgumentParser]
 
@@ -152,7 +152,11 @@ def _add_job_commands(command: CommandMaker) -> None:
 
     logs = command("logs", "a job's log: what its trainer or program printed, and towerq's lines about it", read=True)
     logs.add_argument("id", type=int)
-    logs.add_argument("--follow", "-f", action="store_true")
+    logs.add_argument("--follow", "-f", action="store_true", help="then the lines to come, until the job ends")
+    logs.add_argument(
+        "--tail", "-n", type=tail_count, metavar="N",
+        help=f"only its last N lines (default: every line the database keeps, its newest {LOG_LINES_KEPT:,})",
+    )  # fmt: skip
     logs.set_defaults(run=run_logs)
 
     add_control_commands(command)
@@ -311,7 +315,7 @@ def run_follow(args: argparse.Namespace) -> int:
 
 def run_logs(args: argparse.Namespace) -> int:
     client = Api(args).client
-    lines = client.logs(args.id, tail=200)
+    lines = client.log_tail(args.id, args.tail)
     if args.output_format == "json" and not args.follow:
         return print_json(lines)
     for line in lines:
@@ -320,3 +324,16 @@ def run_logs(args: argparse.Namespace) -> int:
         for line in client.log_lines(args.id, after=lines[-1]["id"] if lines else 0, follow=True):
             print(log_line(line), flush=True)
     return 0
+
+
+def tail_count(text: str) -> int:
+    """`--tail`'s N: a whole number of lines, from 1 to what the database keeps."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines") from None
+    if not 1 <= count <= LOG_LINES_KEPT:
+        raise argparse.ArgumentTypeError(
+            f"{count} lines: from 1 to {LOG_LINES_KEPT:,} (the database keeps a job's newest)"
+        )
+    return count

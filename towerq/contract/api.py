@@ -8,6 +8,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
+LOG_LINES_KEPT = 20_000
+"""A job's log lines the database keeps, its newest (its `log.txt` keeps them all): the most
+one answer of `/api/jobs/{id}/logs` gives (`tail`)."""
 LOG_TRIMMED_HEADER = "X-Towerq-Log-Trimmed-Through"
 """On a job's log lines (`/api/jobs/{id}/logs`): the newest of its lines trimmed from the
 database (its `log.txt` keeps them all), where some were."""

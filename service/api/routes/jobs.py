@@ -26,7 +26,7 @@ from service.jobs.stopping import cancel_then_stop
 from service.jobs.submit import check_notebook, check_startable, check_submission, submit
 from service.lab.groups import resolve_group
 from service.scheduler.dryrun import estimate
-from towerq.contract.api import LOG_TRIMMED_HEADER
+from towerq.contract.api import LOG_LINES_KEPT, LOG_TRIMMED_HEADER
 from towerq.contract.messages import CancelMessage
 from towerq.contract.spec import JobSpec
 
@@ -146,7 +146,7 @@ def logs(
     caller: CallerDep,
     response: Response,
     after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
-    tail: Annotated[int, Query(ge=1, le=defaults.LOG_LINES_KEPT)] = 1000,
+    tail: Annotated[int, Query(ge=1, le=LOG_LINES_KEPT)] = 1000,
 ) -> list[LogLine]:
     """The trainer's log lines: the last `tail` of them, or those after `after_id`. Where
     older lines were trimmed (the database keeps a job's newest lines; its `log.txt` all of
