@@ -231,6 +231,32 @@ def test_a_program_writes_where_it_runs_and_it_is_kept_with_its_artifacts(
     assert finished(client, again)["state"] == "succeeded"
 
 
+WHOLE_LINES = """
+import subprocess, sys, time
+
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); print('the child says hi')"])
+sys.stdout.write("the parent says")  # a line in two writes, as an unbuffered print writes its newline
+time.sleep(1.0)
+sys.stdout.write(" hello\\n")
+child.wait()
+"""
+
+
+def test_processes_sharing_the_jobs_output_write_whole_lines(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A job's Python processes write each line whole (`worker/program_site`): torchrun's
+    ranks printed into each other's lines (`rank 0 of 2rank 1 of 2`) under
+    PYTHONUNBUFFERED, which writes a print's text and its newline apart."""
+    client = stack.sandboxed_lab(make_token("alice"), 1)
+    spec = {"command": ["python", "lines.py"], "code": upload_code(client, {"lines.py": WHOLE_LINES}), "gpu_count": 1}
+    job_id = client.post("/api/jobs", json=spec).json()["id"]
+    job = finished(client, job_id)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    assert job["state"] == "succeeded", (job["error"], messages[-20:])
+    assert messages[-2:] == ["the child says hi", "the parent says hello"], messages
+
+
 def test_a_bad_command_job_gets_a_422_naming_its_field(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:

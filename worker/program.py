@@ -41,13 +41,24 @@ from worker import gang, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import GpuState
-from worker.launch import Launch, code_seen, in_sandbox, input_paths, start_trainer, trainer_environment, trainer_user
+from worker.launch import (
+    REPO_ROOT,
+    Launch,
+    code_seen,
+    in_sandbox,
+    input_paths,
+    start_trainer,
+    trainer_environment,
+    trainer_user,
+)
 from worker.outcome import Stop
 from worker.processes import signal_program
 from worker.relay import program_metrics_log
 
 CHECKPOINTS = "checkpoints"
 OUTPUT = "output"
+PROGRAM_SITE = Path(__file__).resolve().parent / "program_site"
+"""Where a command job's Python processes find `sitecustomize` (each line written whole)."""
 WORK = "work"
 """The program's working folder in the job's folder: a copy of its code bundle (`worker.workdir`)."""
 PROGRAM_EVENTS = frozenset({"metric", "eval", "log"})
@@ -74,10 +85,14 @@ def prepare_folders(
 def program_environment(launch: Launch, settings: Settings, seen_folder: Path, sandboxed: bool) -> dict[str, str]:
     """The trainer's environment (the allow-list, its GPUs) plus the job's own `env` and what
     towerq gives a program. The lab's Python comes first on PATH: `python` is the one
-    towerq runs its trainer with."""
+    towerq runs its trainer with; towerq's folders come first on `PYTHONPATH`, then the
+    job's own."""
     env = trainer_environment(launch.indices, settings.trainer_env_pass)
-    env.update(launch.spec.get("env") or {})
+    own = launch.spec.get("env") or {}
+    env.update(own)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH") or os.defpath])
+    # each line of its Python processes written whole (`program_site`), `import towerq`, then its own
+    env["PYTHONPATH"] = os.pathsep.join([str(PROGRAM_SITE), str(REPO_ROOT), *filter(None, [own.get("PYTHONPATH")])])
     env["TOWERQ_JOB_ID"] = str(launch.job_id)
     env["TOWERQ_ATTEMPT"] = str(launch.attempt)
     env["TOWERQ_CHECKPOINT_DIR"] = str(seen_folder / CHECKPOINTS)

@@ -81,3 +81,25 @@ def test_the_command_runs_in_the_working_folder_or_says_why_it_cannot(tmp_path: 
     (code / "train.py").chmod(0o644)
     refused = launch(code, work, "./train.py")  # not packed executable
     assert refused.returncode == NOT_RUN and "runs only if packed executable" in refused.stderr, refused
+
+
+def test_towerqs_folders_lead_a_programs_pythonpath_and_its_own_follow(tmp_path: Path) -> None:
+    """Its `env`'s PYTHONPATH replaced towerq's: `import towerq` failed. Now towerq's
+    `program_site` (each line written whole) and its code come first, the job's own after."""
+    from service.core.settings import Settings
+    from worker.launch import REPO_ROOT, Launch
+    from worker.program import PROGRAM_SITE, program_environment
+
+    spec = {"command": ["python", "train.py"], "code": "x" * 64, "env": {"PYTHONPATH": "/job/work/src"}}
+    launch = Launch(7, 1, "lab-a", [0], 1.0, spec, None, [16_384], True)
+    env = program_environment(launch, Settings(artifacts_dir=tmp_path), Path("/job"), True)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(PROGRAM_SITE), str(REPO_ROOT), "/job/work/src"]
+    probe = "import sys, towerq; print(type(sys.stdout.buffer).__name__, sys.stdout.line_buffering)"
+    ran = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
+    assert ran.stdout == "BufferedWriter True\n", ran
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "sitecustomize.py").write_text("print('the lab sets up its own too')")
+    env["PYTHONPATH"] += os.pathsep + str(lab)
+    ran = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
+    assert ran.stdout == "the lab sets up its own too\nBufferedWriter True\n", ran
