@@ -133,6 +133,18 @@ def upload_code(client: httpx.Client, files: dict[str, str]) -> str:
     return str(response.json()["id"])
 
 
+def program_run(
+    client: httpx.Client, files: dict[str, str], command: list[str], **spec: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """`command` over `files` (its code) as a command job, with the rest of its `spec`, to its
+    end: the job as the API shows it, and its log's messages."""
+    code = upload_code(client, files)
+    created = client.post("/api/jobs", json={"command": command, "code": code, **spec})
+    assert created.status_code == 201, created.text
+    job = finished(client, created.json()["id"])
+    return job, log_messages(client, job["id"])
+
+
 def ends_with_its_killed_starter(script: str, *args: str, what: str, env: dict[str, str] | None = None) -> list[str]:
     """Run `script` (`python -c`) as a holder that starts something and prints its pid first on
     its first line; SIGKILL the holder, as a pytest worker killed outright (which runs no

@@ -16,7 +16,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.faults.helpers import assert_metrics_continuous, backdate_allocations, job_of, wait_state, wait_step
-from tests.stack import FINAL, REPO, Stack, finished, log_messages, upload_code, wait_for
+from tests.stack import FINAL, REPO, Stack, finished, log_messages, program_run, upload_code, wait_for
 from towerq import Client
 from towerq.bundle import FolderError
 
@@ -156,10 +156,7 @@ def test_a_progress_bar_is_one_line_of_the_log_from_each_rank(
     log as it ended, each rank's marked with its rank; before, a line of every drawing side
     by side, and over a gang a rank's redraws lost their mark. A coloured line is its text."""
     client = stack.sandboxed_lab(make_token("alice"), 2)
-    spec = {"command": ["python", "bar.py"], "code": upload_code(client, {"bar.py": BAR}), "gpu_count": 2}
-    job_id = client.post("/api/jobs", json={**spec, "processes": "per_gpu"}).json()["id"]
-    job = finished(client, job_id)
-    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    job, messages = program_run(client, {"bar.py": BAR}, ["python", "bar.py"], gpu_count=2, processes="per_gpu")
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
     bars = [message for message in messages if "epoch" in message]
     assert sorted(bars) == sorted(
@@ -190,12 +187,9 @@ def test_a_point_reported_while_another_process_wrote_part_of_a_line_is_kept(
     glued to it, text, and lost (torchrun's rank 0 lost its last step so, tried by hand).
     In a job it starts a line of its own; the other's line is kept as it was written."""
     client = stack.sandboxed_lab(make_token("alice"), 1)
-    spec = {"command": ["python", "shared.py"], "code": upload_code(client, {"shared.py": SHARED}), "gpu_count": 1}
-    job_id = client.post("/api/jobs", json=spec).json()["id"]
-    job = finished(client, job_id)
-    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    job, messages = program_run(client, {"shared.py": SHARED}, ["python", "shared.py"])
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
-    assert [point["step"] for point in client.get(f"/api/jobs/{job_id}/metrics").json()] == [1], messages[-5:]
+    assert [point["step"] for point in client.get(f"/api/jobs/{job['id']}/metrics").json()] == [1], messages[-5:]
     assert "rank 1 done" in messages
 
 
@@ -219,16 +213,15 @@ def test_a_program_writes_where_it_runs_and_it_is_kept_with_its_artifacts(
     with its artifacts. Before, its folder was the read-only bundle: `OSError: [Errno 30]
     Read-only file system: 'runs'`. (Its next attempt finds it: tests/faults/test_command_job_killed.py.)"""
     client = stack.sandboxed_lab(make_token("alice"), 1)
-    spec = {"command": ["python", "train.py"], "code": upload_code(client, {"train.py": WRITES_HERE}), "gpu_count": 1}
-    job_id = client.post("/api/jobs", json=spec).json()["id"]
-    job = finished(client, job_id)
-    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    job, messages = program_run(client, {"train.py": WRITES_HERE}, ["python", "train.py"])
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
     assert "working in /job/work" in messages, messages
-    assert client.get(f"/api/jobs/{job_id}/artifacts/work/runs/events").text == "written where it runs"
-    assert client.get(f"/api/jobs/{job_id}/artifacts/work/train.py").text.endswith("# its own copy of its code")
-    again = client.post("/api/jobs", json=spec).json()["id"]  # the same bundle, as sent: not the first's copy
-    assert finished(client, again)["state"] == "succeeded"
+    assert client.get(f"/api/jobs/{job['id']}/artifacts/work/runs/events").text == "written where it runs"
+    assert client.get(f"/api/jobs/{job['id']}/artifacts/work/train.py").text.endswith("# its own copy of its code")
+    again = client.post("/api/jobs", json={"command": ["python", "train.py"], "code": job["spec"]["code"]})
+    assert finished(client, again.json()["id"])["state"] == "succeeded", (
+        "its code is the bundle's, not the first's copy"
+    )
 
 
 WHOLE_LINES = """
@@ -249,10 +242,7 @@ def test_processes_sharing_the_jobs_output_write_whole_lines(
     ranks printed into each other's lines (`rank 0 of 2rank 1 of 2`) under
     PYTHONUNBUFFERED, which writes a print's text and its newline apart."""
     client = stack.sandboxed_lab(make_token("alice"), 1)
-    spec = {"command": ["python", "lines.py"], "code": upload_code(client, {"lines.py": WHOLE_LINES}), "gpu_count": 1}
-    job_id = client.post("/api/jobs", json=spec).json()["id"]
-    job = finished(client, job_id)
-    messages = [line["message"] for line in client.get(f"/api/jobs/{job_id}/logs", params={"tail": 1000}).json()]
+    job, messages = program_run(client, {"lines.py": WHOLE_LINES}, ["python", "lines.py"])
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
     assert messages[-2:] == ["the child says hi", "the parent says hello"], messages
 

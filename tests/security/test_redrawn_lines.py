@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, finished, log_messages, upload_code
+from tests.stack import Stack, program_run
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +55,9 @@ def test_a_rank_hiding_a_protocol_line_behind_a_carriage_return_speaks_no_word_o
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
     client = stack.sandboxed_lab(make_token("mallory"), 2)
-    spec = {"command": ["python", "hide.py"], "code": upload_code(client, {"hide.py": HIDDEN}), "gpu_count": 2}
-    job_id = client.post("/api/jobs", json={**spec, "processes": "per_gpu"}).json()["id"]
-    job = finished(client, job_id)
-    messages = log_messages(client, job_id)
+    job, messages = program_run(client, {"hide.py": HIDDEN}, ["python", "hide.py"], gpu_count=2, processes="per_gpu")
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
-    assert [point["step"] for point in client.get(f"/api/jobs/{job_id}/metrics").json()] == [1]
+    assert [point["step"] for point in client.get(f"/api/jobs/{job['id']}/metrics").json()] == [1]
     hidden = [message for message in messages if "999" in message]
     assert len(hidden) == 2 and all(message.startswith("[rank 1] {") for message in hidden), hidden
 
@@ -69,10 +66,7 @@ def test_a_line_redrawn_without_end_is_a_few_lines_of_the_log(
     stack: Stack, settings: Settings, make_token: Callable[..., str]
 ) -> None:
     client = stack.sandboxed_lab(make_token("mallory"), 1)
-    spec = {"command": ["python", "flood.py"], "code": upload_code(client, {"flood.py": FLOOD}), "gpu_count": 1}
-    job_id = client.post("/api/jobs", json=spec).json()["id"]
-    job = finished(client, job_id)
-    messages = log_messages(client, job_id)
+    job, messages = program_run(client, {"flood.py": FLOOD}, ["python", "flood.py"])
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
     said = [message for message in messages if message.startswith("redraw")]
     assert 2 <= len(said) <= 3, said  # at about 10 s (once its tick comes), and as it ended
