@@ -317,9 +317,7 @@ class AttemptRunner:
         started = time.monotonic()
         next_check = started
         exited_at: float | None = None
-        for line in output_lines(
-            self.process, defaults.METRIC_FLUSH_INTERVAL_S, defaults.TRAINER_LINE_BYTES, defaults.REDRAWN_LINE_EVERY_S
-        ):
+        for line in output_lines(self.process, defaults.METRIC_FLUSH_INTERVAL_S):
             if line is not None:
                 self._line(*line)
                 continue

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from service.core import defaults
 from worker.lines import LineReader
 
 KILL_CHECK_INTERVAL_S = 0.1
@@ -152,7 +153,10 @@ def kill_pids(pids: set[int], timeout: float = 30.0) -> bool:
 
 
 def output_lines(
-    process: subprocess.Popen[bytes], tick_s: float, max_line: int = 2**20, redraw_every_s: float = 10.0
+    process: subprocess.Popen[bytes],
+    tick_s: float,
+    max_line: int = defaults.TRAINER_LINE_BYTES,
+    redraw_every_s: float = defaults.REDRAWN_LINE_EVERY_S,
 ) -> Iterator[tuple[str, bytes] | None]:
     """The lines of a process's stdout and stderr as they come, as ("out" | "err", line),
     unbuffered; None after every wait of at most `tick_s`, so the caller can do its
