@@ -16,7 +16,9 @@ from tests.stack import wait_for
 def xsrf_headers(client: httpx.Client, job_id: int) -> dict[str, str]:
     """JupyterLab's XSRF cookie (set by its page) as the header its API wants on a change."""
     client.get(f"/sessions/{job_id}/lab")
-    return {"X-XSRFToken": client.cookies.get("_xsrf") or ""}
+    session = f"/sessions/{job_id}/"
+    own = [c.value for c in client.cookies.jar if c.name == "_xsrf" and session.startswith(c.path.rstrip("/") + "/")]
+    return {"X-XSRFToken": (own or [""])[-1] or ""}
 
 
 def wait_ready(client: httpx.Client, job_id: int, timeout: float = 120) -> None:

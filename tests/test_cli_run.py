@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from towerq import bundle
-from towerq.cli import run
+from towerq.cli import notebook, run
+from towerq.cli.main import client_parser
 from towerq.cli.session import UsageError, parse_command_line
 
 
@@ -87,6 +88,21 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
     args.env = ["NOEQUALS"]
     with pytest.raises(UsageError, match="NAME=VALUE"):
         run.run_spec(args, "c" * 64)
+
+
+def test_notebook_spec_takes_its_code_bundle_and_env_and_a_bad_env_is_refused_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    args = parse_command_line(
+        client_parser(), ["notebook", "--gpus", "2", "--code", "lib", "--env", "PYTHONPATH=/code/src"]
+    )
+    assert notebook.notebook_spec(args, "c" * 64) == {
+        "kind": "notebook", "gpu_count": 2, "code": "c" * 64, "env": {"PYTHONPATH": "/code/src"}
+    }  # fmt: skip
+    assert notebook.notebook_spec(parse_command_line(client_parser(), ["notebook"])) == {"kind": "notebook"}
+    bad = parse_command_line(client_parser(), ["notebook", "--env", "NOEQUALS", "--code", str(tmp_path / "missing")])
+    with pytest.raises(UsageError, match="--env 'NOEQUALS': write NAME=VALUE"):
+        notebook.run_notebook(bad)
 
 
 def test_the_memory_fraction_is_asked_by_its_short_name_or_the_specs() -> None:

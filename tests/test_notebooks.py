@@ -129,10 +129,28 @@ def test_a_session_runs_jupyterlab_on_its_gpu_for_its_owner_only_and_ends_when_i
     run_code(alice, str(stack.api_url), alice_token, second, kernel, "open('big.bin', 'wb').write(b'x' * 3_000_000)")
     full = finished(alice, second, timeout=60)
     assert full["state"] == "failed" and "your notebook folder grew to" in full["error"], full
-    third = open_session(alice)
-    wait_ready(alice, third)
+    # a session that names a code bundle imports from it, from the folders its own env adds, and
+    # towerq; its Python processes write whole lines (towerq's sitecustomize), as a command job's
+    project = tmp_path / "project"
+    (project / "lib").mkdir(parents=True)
+    (project / "helpers.py").write_text("ANSWER = 42\n")
+    (project / "lib" / "extra.py").write_text("WORD = 'hi'\n")
+    done = towerq_cli(
+        "notebook", "--code", "project", "--env", "PYTHONPATH=/code/lib",
+        cwd=tmp_path, api=str(stack.api_url), token=alice_token,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    third = int(next(line for line in done.stdout.splitlines() if " is ready: " in line).split()[1])
     names = [item["name"] for item in alice.get(f"/sessions/{third}/api/contents").json()["content"]]
     assert {"kept.ipynb", "big.bin"} <= set(names), names
+    kernel = start_kernel(alice, third)
+    imported = run_code(
+        alice, str(stack.api_url), alice_token, third, kernel,
+        "import helpers, extra, towerq, os, sitecustomize\n"
+        "print(helpers.ANSWER, extra.WORD, towerq.__name__, os.environ['TOWERQ_CODE_DIR'])\n"
+        "print(os.path.basename(os.path.dirname(sitecustomize.__file__)))",
+    )  # fmt: skip
+    assert imported.split() == ["42", "hi", "towerq", "/code", "program_site"], imported
     second = third
 
     # the service stopped (Ctrl+C): the session ends, it is not queued again

@@ -51,7 +51,13 @@ from worker.folder import FolderWatch, size_words
 from worker.gpu_use import gpus_in_use
 from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
 from worker.outcome import NotStarted, Stop
-from worker.program import ProgramRunner, die_with_parent, prepare_folders, program_environment
+from worker.program import (
+    ProgramRunner,
+    die_with_parent,
+    prepare_folders,
+    program_environment,
+    program_pythonpath,
+)
 
 HOME_PATH = Path("/home/towerq")
 """Where a sandboxed session sees its member's folder."""
@@ -185,8 +191,9 @@ class NotebookRunner(ProgramRunner):
             launch, settings, sandbox.JOB_PATH if self.sandboxed else self.artifacts, self.sandboxed
         )
         code = code_seen(launch, settings, self.sandboxed)
-        if code is not None:
-            env["TOWERQ_CODE_DIR"] = env["PYTHONPATH"] = str(code)
+        if code is not None:  # importable after towerq's folders (`import towerq` stays), before the job's own
+            env["TOWERQ_CODE_DIR"] = str(code)
+            env["PYTHONPATH"] = program_pythonpath(launch, code)
         command = jupyter_command(settings, launch.job_id, seen_home, seen_session)
         if self.sandboxed:
             binds = [(home, HOME_PATH), (folder, SESSION_PATH)]

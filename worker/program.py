@@ -82,6 +82,14 @@ def prepare_folders(
         sandbox.hand_over(path, identity)
 
 
+def program_pythonpath(launch: Launch, *folders: Path) -> str:
+    """A program's `PYTHONPATH`: towerq's folders first (each line of its Python processes
+    written whole by `program_site`, `import towerq`), then `folders` (a notebook's code
+    bundle), then the job's own."""
+    own = (launch.spec.get("env") or {}).get("PYTHONPATH")
+    return os.pathsep.join([str(PROGRAM_SITE), str(REPO_ROOT), *map(str, folders), *filter(None, [own])])
+
+
 def program_environment(launch: Launch, settings: Settings, seen_folder: Path, sandboxed: bool) -> dict[str, str]:
     """The trainer's environment (the allow-list, its GPUs) plus the job's own `env` and what
     towerq gives a program. The lab's Python comes first on PATH: `python` is the one
@@ -92,7 +100,7 @@ def program_environment(launch: Launch, settings: Settings, seen_folder: Path, s
     env.update(own)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH") or os.defpath])
     # each line of its Python processes written whole (`program_site`), `import towerq`, then its own
-    env["PYTHONPATH"] = os.pathsep.join([str(PROGRAM_SITE), str(REPO_ROOT), *filter(None, [own.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = program_pythonpath(launch)
     env["TOWERQ_JOB_ID"] = str(launch.job_id)
     env["TOWERQ_ATTEMPT"] = str(launch.attempt)
     env["TOWERQ_CHECKPOINT_DIR"] = str(seen_folder / CHECKPOINTS)

@@ -39,7 +39,8 @@ def check_files(spec: JobSpec, settings: Settings, user: str) -> None:
 
 
 def _check_bundle(spec: JobSpec, settings: Settings) -> None:
-    """The bundle exists and holds the module the model names."""
+    """The bundle exists and holds the program a command runs or the module a model names
+    (a notebook session's bundle runs nothing by itself: its member imports from it)."""
     assert spec.code is not None
     try:
         files = {entry["path"] for entry in code_bundles.manifest(settings.code_dir, spec.code)["files"]}
@@ -47,6 +48,8 @@ def _check_bundle(spec: JobSpec, settings: Settings) -> None:
         raise SpecError("code", str(err)) from None
     if spec.command is not None:
         _check_program(spec.command[0], files, spec.code)
+        return
+    if spec.is_notebook:
         return
     assert spec.model is not None
     module = spec.model.split(":")[0].replace(".", "/")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 import webbrowser
+from pathlib import Path
 from typing import Any
 
-from towerq.cli.run import add_placement_options, placement_fields
+from towerq.cli.run import add_placement_options, env_variables, placement_fields
 from towerq.cli.session import Api, duration
+from towerq.cli.transfer import upload_code
 from towerq.cli.views import duration_text
 from towerq.client import FINAL_STATES
 from towerq.errors import ApiError
@@ -31,19 +33,28 @@ def add_notebook_command(command: Any) -> None:
         "--idle-timeout", type=duration, default=None, metavar="DURATION",
         help="end it after this long idle: 30m, 2h (lab default)",
     )  # fmt: skip
+    notebook.add_argument(
+        "--code", type=Path, default=None, metavar="PATH",
+        help="a .py file or a folder to import from in the session (read only, at $TOWERQ_CODE_DIR)",
+    )  # fmt: skip
+    notebook.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
     notebook.add_argument("--open", action="store_true", help="open it in this machine's browser once it is ready")
     notebook.add_argument("--detach", action="store_true", help="queue it and return; do not wait")
     notebook.set_defaults(run=run_notebook)
 
 
-def notebook_spec(args: argparse.Namespace) -> dict[str, Any]:
-    optional = {**placement_fields(args), "idle_timeout_s": args.idle_timeout}
+def notebook_spec(args: argparse.Namespace, code: str | None = None) -> dict[str, Any]:
+    optional = {
+        **placement_fields(args), "idle_timeout_s": args.idle_timeout, "code": code, "env": env_variables(args.env)
+    }  # fmt: skip
     return {"kind": "notebook", **{key: value for key, value in optional.items() if value is not None}}
 
 
 def run_notebook(args: argparse.Namespace) -> int:
+    env_variables(args.env)  # a bad --env says so before a folder is packed or a byte sent
     api = Api(args)
-    job = api.client.submit(notebook_spec(args))
+    code = upload_code(api, args.code) if args.code is not None else None
+    job = api.client.submit(notebook_spec(args, code))
     url = api.client.url.rstrip("/") + str(job.data["url"])
     idle = job.data["spec"].get("idle_timeout_s")
     print(f"session {job.id} queued ({job.data['gpu_count']} GPU, ends after {duration_text(idle)} idle)", flush=True)

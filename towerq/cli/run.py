@@ -113,19 +113,24 @@ def begun(args: argparse.Namespace) -> str | None:
     return moment(args.begin, "--begin").isoformat() if getattr(args, "begin", None) else None
 
 
+def env_variables(entries: list[str]) -> dict[str, str] | None:
+    """`--env NAME=VALUE`, each, as the spec's `env` (none given: None)."""
+    env = {}
+    for entry in entries:
+        name, equals, value = entry.partition("=")
+        if not equals or not name:
+            raise UsageError(f"--env {entry!r}: write NAME=VALUE")
+        env[name] = value
+    return env or None
+
+
 def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         raise UsageError("name the program after --, e.g. towerq run --gpus 1 -- python train.py")
     spec: dict[str, Any] = {"command": program, "code": code}
-    env = {}
-    for entry in args.env:
-        name, equals, value = entry.partition("=")
-        if not equals or not name:
-            raise UsageError(f"--env {entry!r}: write NAME=VALUE")
-        env[name] = value
     optional = {
-        "env": env or None,
+        "env": env_variables(args.env),
         **placement_fields(args),
         "priority": args.priority,
         "resumable": args.resumable or None,

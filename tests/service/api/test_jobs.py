@@ -180,6 +180,21 @@ def test_a_signal_before_the_time_limit_it_cannot_send_gets_422_naming_signal(
     assert stored_jobs(db) == 0
 
 
+def test_a_notebook_session_may_name_a_code_bundle_and_one_that_is_not_there_gets_422_naming_code(
+    alice: Api, db: Database
+) -> None:
+    """A session's bundle runs nothing by itself (its member imports from it): it is checked
+    to exist, not for a program or a model (was a 500: the check asked for the model)."""
+    bundle = alice.post("/api/code", files={"file": ("helpers.py", b"ANSWER = 42\n")}).json()["id"]
+    response = alice.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1, "code": bundle})
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["code"] == bundle
+    missing = alice.post("/api/jobs", json={"kind": "notebook", "gpu_count": 1, "code": "0" * 64})
+    assert missing.status_code == 422, missing.text
+    assert missing.json()["detail"][0]["loc"][-1] == "code", missing.text
+    assert stored_jobs(db) == 1
+
+
 def test_a_queued_jobs_time_limit_stays_longer_than_its_signals_lead(alice: Api, settings: Settings) -> None:
     """`signal` is stored as Slurm writes it (`SIGUSR1` → `USR1@60`); a queued job's time
     limit changed to within its lead is refused as at submit (the warning would come at the
