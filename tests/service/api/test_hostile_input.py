@@ -89,6 +89,51 @@ def test_a_spec_with_any_field_mangled_is_stored_or_refused_with_the_field_named
         assert field in named or "body" in named, named
 
 
+PARTS: dict[str, Any] = {
+    "kind": None,  # drawn apart: model, command, notebook or none
+    "model": "mlp",
+    "dataset": "digits",
+    "command": ["python", "train.py"],
+    "code": None,  # the bundle uploaded in the test
+    "env": {"PYTHONPATH": "/code/lib"},
+    "processes": "per_gpu",
+    "resumable": True,
+    "gpus": [0],
+    "gpu_count": 2,
+    "min_gpu_count": 1,
+    "host": "lab-a",
+    "gpu_memory_fraction": 0.5,
+    "hyperparameters": {"steps": 10},
+    "idle_timeout_s": 600,
+    "time_limit_s": 3600,
+    "signal": "USR1@60",
+    "network": True,
+    "hold": True,
+    "begin_at": "2030-01-01T00:00:00Z",
+    "tower_weights": [1, 1],
+    "max_attempts": 2,
+}
+
+
+@examples(max_examples=300, deadline=None, suppress_health_check=SLOW_HEALTH)
+@given(
+    kind=st.sampled_from([None, "model", "command", "notebook"]),
+    fields=st.sets(st.sampled_from([name for name in PARTS if name != "kind"]), max_size=4),
+)
+def test_any_mix_of_valid_fields_for_any_kind_is_stored_or_refused_with_a_field_named(
+    alice: Api, add_host: Callable[..., None], kind: str | None, fields: set[str]
+) -> None:
+    """Each field well formed on its own, in any mix and kind (a notebook naming a code
+    bundle was a 500: the bundle's check asked for a model)."""
+    add_host("lab-a", 4)
+    bundle = alice.post("/api/code", files={"file": ("train.py", b"print(1)\n")}).json()["id"]
+    spec = {name: bundle if name == "code" else PARTS[name] for name in fields}
+    if kind is not None:
+        spec["kind"] = kind
+    response = alice.post("/api/jobs", json=spec)
+    assert_refusal_names_the_problem(response.status_code, response.json())
+
+
 @examples(max_examples=100, deadline=None, suppress_health_check=SLOW_HEALTH)
 @given(raw=st.binary(max_size=200))
 def test_bytes_that_are_not_json_are_refused_politely(alice: Api, raw: bytes) -> None:
