@@ -105,6 +105,26 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
     assert isinstance(again, dict) and again["counts"].get("cancelled") == 2, again
     client.cancel(running["id"])
 
+    # --code: the folder packed and sent, every job's code; its words on stderr, stdout JSON alone
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import sys; print('lr', sys.argv[2])\n")
+    program = {"name": "cmd", "base": {"command": ["python", "train.py", "--lr", "{lr}"], "hold": True}}
+    swept = cli(
+        "sweep", "-", "--code", str(project), "-o", "json", stdin=json.dumps({**program, "grid": {"lr": [0.1]}})
+    )
+    assert swept.returncode == 0 and swept.stderr.startswith("code: 1 file,"), swept
+    bundle_id = swept.stderr.split("bundle ")[1].split()[0]
+    (job,) = json.loads(swept.stdout)["jobs"]
+    spec = client.job(job["id"]).data["spec"]
+    assert spec["command"] == ["python", "train.py", "--lr", "0.1"] and spec["code"].startswith(bundle_id), spec
+    client.cancel(job["id"])
+    shown = cli("sweep", "show", "1", "--code", str(project))
+    assert shown.returncode == 2 and "--code goes with a sweep's file" in shown.stderr, shown
+    submitted = cli.json("submit", "-", "--code", str(project), stdin=json.dumps(program["base"]))
+    assert isinstance(submitted, dict) and submitted["spec"]["code"].startswith(bundle_id), submitted
+    client.cancel(submitted["id"])
+
     # every command that takes -o json prints JSON
     job, sweep_id = str(ended["id"]), str(sweep["id"])
     arguments = {

@@ -165,7 +165,17 @@ class Sent:
     def __str__(self) -> str:
         note = f"; left out: {', '.join(self.left_out[:10])}" if self.left_out else ""
         how = "sent" if self.sent else "already there"
-        return f"code: {self.files} files, {megabytes(self.size)}, bundle {self.id[:12]} ({how}){note}"
+        files = f"{self.files} file{'' if self.files == 1 else 's'}"
+        return f"code: {files}, {human_bytes(self.size)}, bundle {self.id[:12]} ({how}){note}"
+
+
+def human_bytes(count: float) -> str:
+    """A size as people read it: 37 B, 4.2 kB, 12.0 MB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
 
 
 def megabytes(size: int) -> str:

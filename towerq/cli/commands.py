@@ -178,6 +178,10 @@ def _add_lab_commands(command: CommandMaker) -> None:
     sweep.add_argument("spec", metavar="SPEC|show|cancel", help="the sweep's file, or -; or `show` or `cancel`")
     sweep.add_argument("id", type=int, nargs="?", default=None, help="with show or cancel: the sweep's id")
     sweep.add_argument("--follow", action="store_true", help="follow it until every job ended")
+    sweep.add_argument(
+        "--code", type=Path, default=None, metavar="PATH",
+        help="upload a .py file or a folder as the code bundle of every job (the base's code)",
+    )  # fmt: skip
     sweep.set_defaults(run=run_sweep)
 
     sweeps = command("sweeps", "list sweeps, newest first: progress and the best job", read=True)

@@ -10,13 +10,17 @@ from typing import Any
 from towerq.cli import views
 from towerq.cli.plain import rewrite_line
 from towerq.cli.session import Api, UsageError, chosen_user, offset_in, print_json, read_spec
+from towerq.cli.transfer import upload_code
 from towerq.client import FINAL_STATES as FINAL
 from towerq.errors import ApiError
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    client = Api(args).client
+    api = Api(args)
+    client = api.client
     if args.spec in ("show", "cancel"):
+        if args.code is not None:
+            raise UsageError(f"towerq sweep {args.spec}: --code goes with a sweep's file")
         if args.id is None:
             raise UsageError(f"towerq sweep {args.spec} ID: which sweep? (`towerq sweeps` lists them)")
         found = client.sweep_status(args.id) if args.spec == "show" else client.cancel_sweep(args.id)
@@ -30,7 +34,13 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise UsageError(
             f"towerq sweep {args.spec} {args.id}: a sweep's file takes no id (did you mean `show` or `cancel`?)"
         )
-    sweep = client.sweep(read_spec(args.spec))
+    spec = read_spec(args.spec)
+    if args.code is not None:  # as `towerq submit --code`: the folder packed, the base's `code` its bundle
+        base = spec.setdefault("base", {})
+        if not isinstance(base, dict):
+            raise UsageError("--code: the sweep's base must be a mapping of job fields to take the code bundle")
+        base["code"] = upload_code(api, args.code)
+    sweep = client.sweep(spec)
     if args.output_format == "json":  # the API's answer; with --follow, the sweep once every job ended
         while args.follow and sweep["done"] < sweep["total"]:
             time.sleep(2)

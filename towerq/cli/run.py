@@ -27,7 +27,7 @@ def upload_folder(api: Api, folder: Path) -> str:
         sent = api.client.send_code(folder)
     except FolderError as err:
         raise UsageError(str(err)) from None
-    print(sent)
+    api.say(sent)
     return sent.id
 
 

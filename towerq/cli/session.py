@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from towerq.bundle import human_bytes
 from towerq.cli.plain import rewrite_line
 from towerq.client import AuthError, Client
 from towerq.contract.spec import Priority, set_dotted
@@ -95,6 +96,12 @@ class Api:
         self.client = Client(url=args.api, token=args.token, retries=2)
         if not self.client.config.token:
             raise AuthError(401, "no token: pass --token, set TOWERQ_TOKEN, or run `towerq login URL`")
+        self.json_out = getattr(args, "output_format", None) == "json"
+
+    def say(self, text: object) -> None:
+        """A line about what the command does (a bundle sent): on stderr where stdout is the
+        API's JSON for a script (`-o json | jq`), else on stdout."""
+        print(text, file=sys.stderr if self.json_out else sys.stdout, flush=True)
 
     def download(self, path: str, target: Path) -> httpx.Headers:
         """Stream `path` into `target`, with a progress line on a terminal."""
@@ -137,14 +144,6 @@ class Progress:
         size = human_bytes(self.received) + (f" / {human_bytes(self.total)}" if self.total else "")
         share = f"  {100 * self.received / self.total:3.0f}%" if self.total else ""
         return f"{self.name}  {size}{share}  {human_bytes(rate)}/s" if self.live else f"{self.name}  {size}"
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 PRIORITIES = tuple(p.value for p in sorted(Priority, key=lambda p: p.rank))

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from towerq.bundle import human_bytes
 from towerq.cli.run import upload_folder
-from towerq.cli.session import Api, ClientError, UsageError, human_bytes, print_json
+from towerq.cli.session import Api, ClientError, UsageError, print_json
 from towerq.contract.api import dataset_name_problem
 
 
@@ -21,7 +22,7 @@ def upload_code(api: Api, path: Path) -> str:
     if not path.is_file():
         raise ClientError(f"--code {path}: no such file or folder")
     bundle = api.client.upload_code(path.name, path.read_bytes())
-    print(f"code: 1 file, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}")
+    api.say(f"code: 1 file, {human_bytes(bundle['size'])}, bundle {bundle['id'][:12]}")
     return str(bundle["id"])
 
 
