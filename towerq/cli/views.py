@@ -283,7 +283,8 @@ def spec_rows(job: dict[str, Any], spec: dict[str, Any], api_url: str = "") -> l
     if spec.get("kind") == "notebook":
         idle = spec.get("idle_timeout_s")
         url = api_url.rstrip("/") + job["url"] if job.get("url") else None
-        return [("session", url), ("idle", f"ends after {duration_text(idle)} idle" if idle else None)]
+        rows = [("session", url), ("idle", f"ends after {duration_text(idle)} idle" if idle else None)]
+        return rows + ([("code", f"{spec['code'][:12]} (at $TOWERQ_CODE_DIR)")] if spec.get("code") else [])
     if spec.get("command"):
         per_gpu = "; one process per GPU" if spec.get("processes") == "per_gpu" else ""
         resumable = "; resumable" if spec.get("resumable") else ""
