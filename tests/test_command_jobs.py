@@ -198,25 +198,34 @@ import os
 from pathlib import Path
 
 print("working in", os.getcwd(), flush=True)
-Path("runs").mkdir()
-Path("runs/events").write_text("written where it runs")
+Path("runs/Dec07_01-16-34_vm").mkdir(parents=True)  # as PyTorch's SummaryWriter() names its run
+Path("runs/Dec07_01-16-34_vm/events.out.tfevents.1796606194.vm").write_text("written where it runs")
 with open("train.py", "a") as code:
     code.write("# its own copy of its code")
 """
 
 
 def test_a_program_writes_where_it_runs_and_it_is_kept_with_its_artifacts(
-    stack: Stack, settings: Settings, make_token: Callable[..., str]
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
 ) -> None:
     """A program writes relative to where it runs (TensorBoard's `runs/`, Lightning's
     `lightning_logs/`): it runs in a copy of its code in the job's folder (`work/`), kept
     with its artifacts. Before, its folder was the read-only bundle: `OSError: [Errno 30]
-    Read-only file system: 'runs'`. (Its next attempt finds it: tests/faults/test_command_job_killed.py.)"""
-    client = stack.sandboxed_lab(make_token("alice"), 1)
+    Read-only file system: 'runs'`. (Its next attempt finds it: tests/faults/test_command_job_killed.py.)
+    `towerq tensorboard ID` finds its events there (it looked in `tensorboard/` alone: a 404)."""
+    token = make_token("alice")
+    client = stack.sandboxed_lab(token, 1)
     job, messages = program_run(client, {"train.py": WRITES_HERE}, ["python", "train.py"])
     assert job["state"] == "succeeded", (job["error"], messages[-20:])
     assert "working in /job/work" in messages, messages
-    assert client.get(f"/api/jobs/{job['id']}/artifacts/work/runs/events").text == "written where it runs"
+    run = "work/runs/Dec07_01-16-34_vm"
+    assert client.get(f"/api/jobs/{job['id']}/artifacts/{run}/events.out.tfevents.1796606194.vm").text == (
+        "written where it runs"
+    )
+    board = towerq_cli("tensorboard", str(job["id"]), "--no-launch", cwd=tmp_path, api=str(stack.api_url), token=token)
+    name, _, folder = board.stdout.strip().partition(":")
+    assert board.returncode == 0 and name == f"job-{job['id']}" and folder.endswith(run), board
+    assert [path.name for path in Path(folder).iterdir()] == ["events.out.tfevents.1796606194.vm"]
     assert client.get(f"/api/jobs/{job['id']}/artifacts/work/train.py").text.endswith("# its own copy of its code")
     again = client.post("/api/jobs", json={"command": ["python", "train.py"], "code": job["spec"]["code"]})
     assert finished(client, again.json()["id"])["state"] == "succeeded", (

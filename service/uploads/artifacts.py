@@ -130,13 +130,39 @@ def tar_gz_stream(root: Path, relative: str, top: str, log: Path) -> Iterator[by
     return _stream(folder, top, None if relative else log)
 
 
-def _stream(folder: int, top: str, log: Path | None) -> Iterator[bytes]:
+def is_tensorboard_file(path: str) -> bool:
+    """A file TensorBoard reads: an event file (`tfevents` in its name, as TensorBoard
+    itself tells them) or a plugin's file beside one (the profiler's `plugins/profile/`)."""
+    parts = path.split("/")
+    return "tfevents" in parts[-1] or "plugins" in parts[:-1]
+
+
+def tensorboard_stream(root: Path, job_id: int) -> Iterator[bytes]:
+    """Every TensorBoard file of the job's folder, wherever it wrote them (towerq's trainer
+    in `tensorboard/`; a program in `work/runs/`, `work/lightning_logs/`, `output/`), in
+    their folders, as a .tar.gz (`job-<id>/`). NotFoundError when there is none."""
+    try:
+        folder = open_folder(root)
+    except (OSError, PathEscapeError) as err:
+        raise NotFoundError(f"job {job_id} has no artifacts yet") from err
+    files = [entry for entry in _files(folder) if is_tensorboard_file(entry[0])]
+    if not files:
+        os.close(folder)
+        raise NotFoundError(f"job {job_id} wrote no TensorBoard events (files named *tfevents*) in its folder")
+    return _stream(folder, f"job-{job_id}", None, files)
+
+
+def _stream(
+    folder: int, top: str, log: Path | None, chosen: list[tuple[str, os.stat_result]] | None = None
+) -> Iterator[bytes]:
+    """The folder handle `folder`'s files (`chosen` of them, where given; with the job's
+    `log`) as a .tar.gz under `top/`; the handle is closed once done."""
     read_fd, write_fd = os.pipe()
 
     def produce() -> None:
         try:
             with os.fdopen(write_fd, "wb") as sink, tarfile.open(fileobj=sink, mode="w|gz") as archive:
-                files = _files(folder)
+                files = _files(folder) if chosen is None else chosen
                 for path, _ in _with_log(files, log) if log is not None else files:
                     try:
                         where = (log.parent, log.name) if log is not None and path == JOB_LOG_FILE else (folder, path)

@@ -6,7 +6,10 @@ link by link (towerq/contract/paths.py)."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
+import tarfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -49,6 +52,28 @@ def test_a_log_linked_to_the_admin_token_is_not_served(alice: Api, secret: Path,
     one = alice.get(f"/api/jobs/{job_id}/artifacts/{JOB_LOG_FILE}")
     assert one.status_code == 422 and SECRET not in one.text
     assert JOB_LOG_FILE not in [item["path"] for item in alice.get(f"/api/jobs/{job_id}/artifacts").json()["items"]]
+
+
+def test_tensorboard_events_planted_as_links_are_not_served(
+    alice: Api, settings: Settings, secret: Path, folder: tuple[int, Path]
+) -> None:
+    """`tensorboard.tar.gz` gathers event files from anywhere in the folder: a link named as
+    one, a linked folder of them, or a hard link to the token is left out, never followed."""
+    job_id, path = folder
+    (path / "runs").mkdir()
+    (path / "runs" / "events.out.tfevents.1.lab-a").symlink_to(secret)
+    (path / "plugins").symlink_to(settings.var_dir)
+    (path / "linked_runs").symlink_to(settings.var_dir, target_is_directory=True)
+    (settings.var_dir / "events.out.tfevents.2.lab-a").write_text(SECRET)
+    try:
+        os.link(secret, path / "events.out.tfevents.3.lab-a")
+    except OSError:
+        pass  # another file system: the hard link cannot be planted here
+    (path / "runs" / "events.out.tfevents.4.lab-a").write_bytes(b"curves")
+    response = alice.get(f"/api/jobs/{job_id}/tensorboard.tar.gz")
+    assert response.status_code == 200 and SECRET.encode() not in gzip.decompress(response.content)
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        assert archive.getnames() == [f"job-{job_id}/runs/events.out.tfevents.4.lab-a"]
 
 
 def test_appending_to_a_planted_log_link_leaves_its_target_alone(

@@ -27,7 +27,15 @@ from towerq.contract.paths import job_folder, job_log
 
 SPEC = {"model": "mlp", "dataset": "digits", "gpus": [0]}
 NET = b"import keras\n\ndef build(params):\n    return keras.Sequential([keras.layers.Dense(3)])\n"
-OUTPUTS = ["/artifacts", "/artifacts.tar.gz", "/artifacts/model.keras", "/artifacts/checkpoints", "/logs.txt", "/logs"]
+OUTPUTS = [
+    "/artifacts",
+    "/artifacts.tar.gz",
+    "/artifacts/model.keras",
+    "/artifacts/checkpoints",
+    "/logs.txt",
+    "/logs",
+    "/tensorboard.tar.gz",
+]
 
 
 @pytest.fixture
@@ -38,6 +46,8 @@ def alices_job(as_user: Callable[..., Api], add_host: Callable[..., None], setti
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "ckpt-1.index").write_bytes(b"weights")
     (folder / "model.keras").write_bytes(b"the trained model")
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1.lab-a").write_bytes(b"alice's curves")
     log = job_log(settings.artifacts_dir, job_id)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("2026-11-25T10:00:00.000000Z attempt 1 info    trained on users/alice/cells\n")

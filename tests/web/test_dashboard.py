@@ -4,6 +4,7 @@ trainer processes): what a lab member does with it, and what they must see."""
 from __future__ import annotations
 
 import re
+import tarfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -124,7 +125,13 @@ def test_submit_through_the_form_watch_it_train_and_cancel_it(
     # Its artifacts are links, not server paths: the stop's checkpoint, the whole log.
     page.wait_for_selector('#artifacts a:text("checkpoints/checkpoint")')
     assert page.locator("#download-model").count() == 0  # no model.keras: it did not finish
-    assert "TensorBoard at home" in page.locator("#artifacts").inner_text()  # it wrote TensorBoard events
+    # it wrote TensorBoard events: the command that shows them at home, and the events alone
+    assert f"TensorBoard at home: towerq tensorboard {job_id}" in page.locator("#artifacts").inner_text()
+    with page.expect_download() as download:
+        page.click("#download-tensorboard")
+    with tarfile.open(download.value.path()) as events:
+        names = events.getnames()
+    assert names and all(name.rpartition("/")[2].startswith("events.out.tfevents.") for name in names), names
     with page.expect_download() as download:
         page.click("#download-log")
     assert "attempt 1" in Path(download.value.path()).read_text()

@@ -27,8 +27,10 @@ def upload_code(api: Api, path: Path) -> str:
 
 
 def run_tensorboard(args: argparse.Namespace) -> int:
-    """Each job's `tensorboard/` into ~/.cache/towerq/tensorboard/job-<id>, then TensorBoard
-    on all of them (named by job) unless --no-launch."""
+    """Each job's TensorBoard events, wherever in its folder it wrote them (towerq's trainer
+    in `tensorboard/`, a program in `work/runs/`, `output/`...), into
+    ~/.cache/towerq/tensorboard/job-<id>, then TensorBoard on all of them (named by job)
+    unless --no-launch."""
     import subprocess
     import tarfile
     import tempfile
@@ -40,13 +42,12 @@ def run_tensorboard(args: argparse.Namespace) -> int:
         target = root / f"job-{job_id}"
         with tempfile.TemporaryDirectory() as scratch:
             archive = Path(scratch) / "events.tar.gz"
-            api.download(f"/api/jobs/{job_id}/artifacts/tensorboard", archive)
+            api.download(f"/api/jobs/{job_id}/tensorboard.tar.gz", archive)
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir(parents=True)
             with tarfile.open(archive) as events:
                 events.extractall(target, filter="data")
-        folders = [p for p in target.iterdir() if p.is_dir()]
-        spec.append(f"job-{job_id}:{folders[0] if folders else target}")
+        spec.append(f"job-{job_id}:{runs_folder(target)}")
     logdir_spec = ",".join(spec)
     if args.no_launch:
         print(logdir_spec)
@@ -55,6 +56,15 @@ def run_tensorboard(args: argparse.Namespace) -> int:
     if binary is None:
         raise ClientError(f"tensorboard is not installed here (pip install tensorboard); the events are in {root}")
     return subprocess.call([binary, "--logdir_spec", logdir_spec, "--port", str(args.port)])
+
+
+def runs_folder(folder: Path) -> Path:
+    """The folder the job's runs are named from: down through folders that hold one folder
+    and nothing else (`job-7/work/runs/Dec07_01-16-34_vm` is run `job-7`; a trainer's
+    `job-8/tensorboard` too; a job that wrote events in two places has both as its runs)."""
+    while len(entries := list(folder.iterdir())) == 1 and entries[0].is_dir():
+        folder = entries[0]
+    return folder
 
 
 def run_download(args: argparse.Namespace) -> int:

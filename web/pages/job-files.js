@@ -42,13 +42,14 @@ export function artifactsOf(job, listing) {
   }
   const base = `api/jobs/${job.id}`;
   const has = (path) => listing.items.some((item) => item.path === path);
-  const boards = listing.items.some((item) => item.path.startsWith("tensorboard/"));
+  // TensorBoard events wherever the job wrote them: the trainer's tensorboard/, a program's runs/ or lightning_logs/
+  const boards = listing.items.some((item) => item.path.split("/").pop().includes("tfevents"));
   const link = (href, text, attrs = {}) => el("a", { href, download: "", ...attrs }, text);
   const quick = [
     has("model.keras") ? link(`${base}/artifacts/model.keras`, "model.keras", { id: "download-model" }) : null,
     link(`${base}/artifacts.tar.gz`, `everything (.tar.gz, ${bytes(listing.total_bytes)})`, { id: "download-all" }),
     link(`${base}/logs.txt`, "the whole log", { id: "download-log" }),
-    boards ? link(`${base}/artifacts/tensorboard`, "TensorBoard events (.tar.gz)") : null,
+    boards ? link(`${base}/tensorboard.tar.gz`, "TensorBoard events (.tar.gz)", { id: "download-tensorboard" }) : null,
   ].filter(Boolean);
   const columns = [
     {
@@ -65,12 +66,7 @@ export function artifactsOf(job, listing) {
     el("p", { class: "links" }, "Download: ", ...quick.flatMap((a, i) => (i ? [" · ", a] : [a]))),
     // Offered only where there are events to look at (a job that failed early wrote none).
     boards
-      ? el(
-          "p",
-          { class: "muted", id: "tensorboard-hint" },
-          "TensorBoard at home: ",
-          el("code", {}, `towerq download ${job.id} tensorboard && tensorboard --logdir job-${job.id}-tensorboard`),
-        )
+      ? el("p", { class: "muted", id: "tensorboard-hint" }, "TensorBoard at home: ", el("code", {}, `towerq tensorboard ${job.id}`))
       : null,
     el("div", { class: "scroll" }, dataTable(columns, shown, { caption: "Files" }).table),
     more > 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path as FsPath
 from typing import Annotated
 
 from fastapi import APIRouter, Path
@@ -20,7 +19,7 @@ from service.core.models import LogLine
 from service.core.schemas.jobs import ArtifactList
 from service.jobs import privacy
 from service.jobs.read import get_job
-from service.uploads.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream
+from service.uploads.artifacts import list_artifacts, open_artifact, open_log, tar_gz_stream, tensorboard_stream
 from towerq.contract.paths import job_folder, job_log
 
 
@@ -54,9 +53,9 @@ router = APIRouter(prefix="/api/jobs", tags=["artifacts"])
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="job id")]
 
 
-def _archive(root: FsPath, relative: str, top: str, log: FsPath) -> StreamingResponse:
+def _archive(stream: Iterator[bytes], top: str) -> StreamingResponse:
     return StreamingResponse(
-        tar_gz_stream(root, relative, top, log),
+        stream,
         media_type="application/gzip",
         # The CLI unpacks what is marked a folder; a user's own .tar.gz file comes as it is.
         headers={"Content-Disposition": f'attachment; filename="{top}.tar.gz"', "X-Towerq-Archive": "folder"},
@@ -77,7 +76,18 @@ def everything(job_id: JobId, session: SessionDep, settings: SettingsDep, caller
     folder = job_folder(settings.artifacts_dir, job_id)
     if not folder.is_dir():
         raise NotFoundError(f"job {job_id} has no artifacts yet")
-    return _archive(folder, "", f"job-{job_id}", job_log(settings.artifacts_dir, job_id))
+    top = f"job-{job_id}"
+    return _archive(tar_gz_stream(folder, "", top, job_log(settings.artifacts_dir, job_id)), top)
+
+
+@router.get("/{job_id}/tensorboard.tar.gz", response_class=StreamingResponse)
+def tensorboard_events(
+    job_id: JobId, session: SessionDep, settings: SettingsDep, caller: CallerDep
+) -> StreamingResponse:
+    """Every TensorBoard event file of the job, wherever in its folder it wrote them, in
+    their folders, as one .tar.gz stream (`job-<id>/`): what `towerq tensorboard` reads."""
+    privacy.check_outputs(get_job(session, job_id), caller)
+    return _archive(tensorboard_stream(job_folder(settings.artifacts_dir, job_id), job_id), f"job-{job_id}-tensorboard")
 
 
 @router.get("/{job_id}/artifacts/{path:path}", response_model=None)
@@ -90,7 +100,8 @@ def artifact(
     name = path.rstrip("/").rpartition("/")[2]
     fd = open_artifact(root, path.rstrip("/"), log)
     if fd is None:
-        return _archive(root, path.rstrip("/"), f"job-{job_id}-{name}", log)
+        top = f"job-{job_id}-{name}"
+        return _archive(tar_gz_stream(root, path.rstrip("/"), top, log), top)
     return HandleResponse(fd, filename=name)
 
 

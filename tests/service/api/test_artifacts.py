@@ -75,6 +75,29 @@ def test_a_folder_and_the_whole_job_come_as_tar_gz_streams(alice: Api, job: tupl
         assert f"job-{job_id}/model.keras" in archive.getnames() and len(archive.getnames()) == 4
 
 
+def test_the_tensorboard_events_come_from_wherever_the_job_wrote_them(alice: Api, job: tuple[int, Path]) -> None:
+    """towerq's trainer writes `tensorboard/`; a program, where its library does (PyTorch's
+    `runs/`, Lightning's `lightning_logs/`) in its working folder, or its output folder."""
+    job_id, folder = job
+    assert alice.get(f"/api/jobs/{job_id}/tensorboard.tar.gz").status_code == 404  # none yet: says so
+    events = {
+        "work/runs/Dec07_01-16-34_vm/events.out.tfevents.1796606194.vm.2.0": b"loss",
+        "work/lightning_logs/version_0/events.out.tfevents.1796606195.vm.3.0": b"acc",
+        "output/tb/plugins/profile/2026_12_07/vm.xplane.pb": b"trace",
+        "tensorboard/events.out.tfevents.1796606196.vm.4.0.v2": b"trainer",
+    }
+    for path, data in events.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(data)
+    (folder / "work" / "runs" / "notes.txt").write_text("not an event file")
+    response = alice.get(f"/api/jobs/{job_id}/tensorboard.tar.gz")
+    assert response.status_code == 200 and response.headers["x-towerq-archive"] == "folder"
+    assert 'filename="job-' in response.headers["content-disposition"]
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        got = {name: archive.extractfile(name).read() for name in archive.getnames()}  # type: ignore[union-attr]
+    assert got == {f"job-{job_id}/{path}": data for path, data in events.items()}
+
+
 def test_nothing_outside_the_job_folder_is_served(alice: Api, job: tuple[int, Path], settings: Settings) -> None:
     job_id, folder = job
     other = alice.post("/api/jobs", json=SPEC).json()["id"]
