@@ -222,9 +222,12 @@ def test_a_program_writes_where_it_runs_and_it_is_kept_with_its_artifacts(
     assert client.get(f"/api/jobs/{job['id']}/artifacts/{run}/events.out.tfevents.1796606194.vm").text == (
         "written where it runs"
     )
-    board = towerq_cli("tensorboard", str(job["id"]), "--no-launch", cwd=tmp_path, api=str(stack.api_url), token=token)
+    board = towerq_cli(
+        "tensorboard", str(job["id"]), "999999", "--no-launch", cwd=tmp_path, api=str(stack.api_url), token=token
+    )
     name, _, folder = board.stdout.strip().partition(":")
     assert board.returncode == 0 and name == f"job-{job['id']}" and folder.endswith(run), board
+    assert "job 999999" in board.stderr and "left out" in board.stderr, board  # one without: the rest shown
     assert [path.name for path in Path(folder).iterdir()] == ["events.out.tfevents.1796606194.vm"]
     assert client.get(f"/api/jobs/{job['id']}/artifacts/work/train.py").text.endswith("# its own copy of its code")
     again = client.post("/api/jobs", json={"command": ["python", "train.py"], "code": job["spec"]["code"]})

@@ -12,6 +12,7 @@ from towerq.bundle import human_bytes
 from towerq.cli.run import upload_folder
 from towerq.cli.session import Api, ClientError, UsageError, print_json
 from towerq.contract.api import dataset_name_problem
+from towerq.errors import ApiError
 
 
 def upload_code(api: Api, path: Path) -> str:
@@ -30,7 +31,7 @@ def run_tensorboard(args: argparse.Namespace) -> int:
     """Each job's TensorBoard events, wherever in its folder it wrote them (towerq's trainer
     in `tensorboard/`, a program in `work/runs/`, `output/`...), into
     ~/.cache/towerq/tensorboard/job-<id>, then TensorBoard on all of them (named by job)
-    unless --no-launch."""
+    unless --no-launch. A job with none yet is left out, saying so (all of them: exit 1)."""
     import subprocess
     import tarfile
     import tempfile
@@ -42,12 +43,20 @@ def run_tensorboard(args: argparse.Namespace) -> int:
         target = root / f"job-{job_id}"
         with tempfile.TemporaryDirectory() as scratch:
             archive = Path(scratch) / "events.tar.gz"
-            api.download(f"/api/jobs/{job_id}/tensorboard.tar.gz", archive)
+            try:
+                api.download(f"/api/jobs/{job_id}/tensorboard.tar.gz", archive)
+            except ApiError as err:
+                if err.status != 404 or len(args.ids) == 1:
+                    raise
+                print(f"towerq: {err.detail}: left out", file=sys.stderr)
+                continue
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir(parents=True)
             with tarfile.open(archive) as events:
                 events.extractall(target, filter="data")
         spec.append(f"job-{job_id}:{runs_folder(target)}")
+    if not spec:
+        raise ClientError("none of these jobs wrote TensorBoard events")
     logdir_spec = ",".join(spec)
     if args.no_launch:
         print(logdir_spec)
