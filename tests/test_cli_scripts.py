@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from service.cli.command import parser
@@ -125,6 +126,12 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
     assert isinstance(submitted, dict) and submitted["spec"]["code"].startswith(bundle_id), submitted
     client.cancel(submitted["id"])
 
+    # `towerq data upload PATH`: named by its file, less its extension
+    cells = tmp_path / "cells.npz"
+    np.savez(cells, x=np.zeros((10, 3), np.float32), y=np.arange(10) % 2)
+    uploaded = cli("data", "upload", str(cells))
+    assert uploaded.returncode == 0 and uploaded.stdout.startswith("dataset cells: "), uploaded
+
     # every command that takes -o json prints JSON
     job, sweep_id = str(ended["id"]), str(sweep["id"])
     arguments = {
@@ -155,3 +162,10 @@ def test_a_dataset_name_the_api_would_refuse_is_refused_before_a_byte_is_sent(tm
     cli = Cli(tmp_path, tmp_path / "xdg")
     said = cli("data", "upload", "bad name!", str(folder), "--api", nowhere, "--token", "tq_x")
     assert said.returncode == 2 and "name: 'bad name!'" in said.stderr, said
+    # named by its file: one the API would refuse says how to name it
+    spaced = tmp_path / "my cells.npz"
+    spaced.write_bytes(b"x")
+    said = cli("data", "upload", str(spaced), "--api", nowhere, "--token", "tq_x")
+    assert said.returncode == 2 and f"(from my cells.npz: name it, towerq data upload NAME '{spaced}')" in said.stderr
+    said = cli("data", "upload", "--api", nowhere, "--token", "tq_x")
+    assert said.returncode == 2 and "towerq data upload [NAME] PATH: which file or folder?" in said.stderr, said

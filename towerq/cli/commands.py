@@ -234,10 +234,17 @@ def _add_file_commands(commands: Any, command: CommandMaker) -> None:
         connection_options(sub)
         if action == "list":
             output_option(sub)
-        if action in ("upload", "rm"):
-            sub.add_argument("name", help="the dataset's name (letters, digits, _ . -)")
-        if action == "upload":
-            sub.add_argument("path", type=Path, help="the file, or a folder of images")
+        if action == "rm":
+            sub.add_argument("name", help="the dataset's name")
+        if action == "upload":  # `upload PATH` names it by the file: towerq data upload cells.npz -> cells
+            sub.add_argument(
+                "name",
+                nargs="?",
+                metavar="[NAME]",
+                help="its name (letters, digits, _ . -; default: PATH's, less its extension)",
+            )
+            sub.add_argument("path", type=Path, nargs="?", metavar="PATH", help="the file, or a folder of images")
+            sub.usage = "%(prog)s [-h] [--api API] [--token TOKEN] [NAME] PATH"
         sub.set_defaults(run={"upload": run_data_upload, "list": run_data_list, "rm": run_data_rm}[action])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -109,26 +110,40 @@ def run_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def dataset_name_of(path: Path) -> str:
+    """A dataset's name from its file or folder: `cells.npz` -> cells, `train.tfrecord.gz` ->
+    train, `images/` -> images."""
+    return (path.resolve() if path.name in ("", "..") else path).name.split(".", 1)[0]
+
+
 def run_data_upload(args: argparse.Namespace) -> int:
     import io
     import zipfile
 
-    if problem := dataset_name_problem(args.name):  # before a folder is packed or a byte sent
-        raise UsageError(f"name: {problem}")
+    if args.name is None:
+        raise UsageError("towerq data upload [NAME] PATH: which file or folder?")
+    path: Path = args.path if args.path is not None else Path(args.name)
+    name = args.name if args.path is not None else dataset_name_of(path)
+    if problem := dataset_name_problem(name):  # before a folder is packed or a byte sent
+        how = (
+            ""
+            if args.path is not None
+            else f" (from {path.name}: name it, towerq data upload NAME {shlex.quote(str(path))})"
+        )
+        raise UsageError(f"name: {problem}{how}")
     api = Api(args)
-    path: Path = args.path
     if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
             for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
                 archive.write(file, file.relative_to(path).as_posix())
-        upload: tuple[str, Any] = (f"{args.name}.zip", buffer.getvalue())
+        upload: tuple[str, Any] = (f"{name}.zip", buffer.getvalue())
     elif path.is_file():
         upload = (path.name, path.open("rb"))
     else:
         raise ClientError(f"{path}: no such file or folder")
     print(f"uploading {path} …", file=sys.stderr, flush=True)
-    described = api.client.upload_dataset(args.name, *upload)
+    described = api.client.upload_dataset(name, *upload)
     print(
         f'dataset {described["name"]}: {human_bytes(described["size"])}; use it as "dataset": "{described["dataset"]}"'
     )
