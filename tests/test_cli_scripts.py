@@ -131,6 +131,16 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
     np.savez(cells, x=np.zeros((10, 3), np.float32), y=np.arange(10) % 2)
     uploaded = cli("data", "upload", str(cells))
     assert uploaded.returncode == 0 and uploaded.stdout.startswith("dataset cells: "), uploaded
+    # ... and a program asks for it by that name
+    ran = cli("run", "--dataset", "cells", "--hold", "--folder", str(project), "--", "python", "train.py")
+    assert ran.returncode == 0, ran
+    held = client.job(int(ran.stdout.split("job ")[1].split()[0]))
+    assert held.data["spec"]["dataset"] == "npz:users/alice/cells/data.npz", held.data["spec"]
+    client.cancel(held.id)
+    missing = cli("run", "--dataset", "cellz", "--folder", str(project), "--", "python", "train.py")
+    assert missing.returncode == 2 and "--dataset cellz: no upload of that name (towerq data list: cells)" in (
+        missing.stderr
+    ), missing
 
     # every command that takes -o json prints JSON
     job, sweep_id = str(ended["id"]), str(sweep["id"])

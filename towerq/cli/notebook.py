@@ -14,7 +14,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from towerq.cli.run import add_placement_options, env_variables, placement_fields
+from towerq.cli.run import add_placement_options, dataset_reference, env_variables, placement_fields
 from towerq.cli.session import Api, duration
 from towerq.cli.transfer import upload_code
 from towerq.cli.views import duration_text
@@ -53,6 +53,7 @@ def notebook_spec(args: argparse.Namespace, code: str | None = None) -> dict[str
 def run_notebook(args: argparse.Namespace) -> int:
     env_variables(args.env)  # a bad --env says so before a folder is packed or a byte sent
     api = Api(args)
+    args.dataset = dataset_reference(api, args.dataset)
     code = upload_code(api, args.code) if args.code is not None else None
     job = api.client.submit(notebook_spec(args, code))
     url = api.client.url.rstrip("/") + str(job.data["url"])

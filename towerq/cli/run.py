@@ -19,6 +19,7 @@ from towerq.cli import views
 from towerq.cli.follow import follow_job
 from towerq.cli.session import PRIORITIES, Api, UsageError, duration, moment
 from towerq.client import Job
+from towerq.contract.catalog import BUILTIN_DATASETS
 
 
 def upload_folder(api: Api, folder: Path) -> str:
@@ -89,8 +90,29 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
         "--begin", default=None, metavar="WHEN",
         help="start no earlier than this, as sbatch --begin: 22:00 (its next one), +2h, 2026-12-07T09:00",
     )  # fmt: skip
-    parser.add_argument("--dataset", default=None, help="an uploaded dataset (kind:PATH), read only")
+    parser.add_argument(
+        "--dataset", default=None, help="an uploaded dataset, read only: its name (towerq data list) or kind:PATH"
+    )
     parser.add_argument("--group", default=None)
+
+
+def dataset_reference(api: Api, given: str | None) -> str | None:
+    """`--dataset cells`: the member's upload of that name (else the lab's shared one) as a
+    spec names it (`npz:users/alice/cells/data.npz`); a `kind:PATH` as given."""
+    if given is None or ":" in given:
+        return given
+    listed = api.client.datasets()["items"]
+    named = [item for item in listed if item["name"] == given]
+    if not named:
+        if given in BUILTIN_DATASETS:
+            return given  # the API says what a program reads instead
+        names = ", ".join(sorted({item["name"] for item in listed})) or "none"
+        raise UsageError(
+            f"--dataset {given}: no upload of that name (towerq data list: {names}); "
+            f"towerq data upload {given} FILE adds it"
+        )
+    own = [item for item in named if item["dataset"].partition(":")[2].startswith("users/")]
+    return str((own or named)[0]["dataset"])
 
 
 def placement_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -159,6 +181,7 @@ def run_run(args: argparse.Namespace) -> int:
     api = Api(args)
     if not (args.program[1:] if args.program[:1] == ["--"] else args.program):
         raise UsageError("name the program after --, e.g. towerq run --gpus 1 -- python train.py")
+    args.dataset = dataset_reference(api, args.dataset)
     code = upload_folder(api, args.folder)
     job = api.client.submit(run_spec(args, code))
     print(f"job {job.id} submitted ({job.name}), {job.state}{held(job)}", flush=True)
