@@ -70,7 +70,7 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
     args = argparse.Namespace(
         program=["--", "python", "train.py", "--lr", "0.1"], env=["SEED=3"], gpus=2, gpu_ids=None, host=None,
         fraction=None, name=None, priority=None, time_limit=60, dataset=None, resumable=True, group=None, per_gpu=True,
-        network=True, min_gpus=1, signal="USR1@90",
+        network=True, min_gpus=1, signal="USR1@90", after="12, sweep:3", after_any=True,
     )  # fmt: skip
     spec = run.run_spec(args, "c" * 64)
     assert spec == {
@@ -84,7 +84,12 @@ def test_run_spec_takes_the_command_after_the_dashes_and_the_options() -> None:
         "network": True,
         "processes": "per_gpu",
         "signal": "USR1@90",
+        "after": [12, "sweep:3"],
+        "after_condition": "afterany",
     }
+    args.after = None
+    with pytest.raises(UsageError, match="--after-any needs --after"):
+        run.run_spec(args, "c" * 64)
     args.env = ["NOEQUALS"]
     with pytest.raises(UsageError, match="NAME=VALUE"):
         run.run_spec(args, "c" * 64)

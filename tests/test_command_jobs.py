@@ -236,6 +236,38 @@ def test_a_program_writes_where_it_runs_and_it_is_kept_with_its_artifacts(
     )
 
 
+PREPARES = """
+import os
+with open(os.path.join(os.environ["TOWERQ_OUTPUT_DIR"], "prepared.txt"), "w") as out:
+    out.write("ready")
+"""
+USES = """
+import json, os
+for job, folder in json.loads(os.environ["TOWERQ_INPUTS"]).items():
+    print("input", job, folder, open(os.path.join(folder, "output", "prepared.txt")).read())
+    try:
+        open(os.path.join(folder, "output", "mine.txt"), "w")
+    except OSError as err:
+        print("read only:", type(err).__name__)
+"""
+
+
+def test_a_program_after_another_reads_its_folder_at_towerq_inputs(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A pipeline of programs (`after`): the next finds what the first wrote through
+    `$TOWERQ_INPUTS`, read only, and its log says where (it said a model's `params['inputs']`)."""
+    client = stack.sandboxed_lab(make_token("alice"), 1)
+    first, _ = program_run(client, {"prep.py": PREPARES}, ["python", "prep.py"])
+    assert first["state"] == "succeeded", first["error"]
+    job, messages = program_run(client, {"use.py": USES}, ["python", "use.py"], after=[first["id"]])
+    assert job["state"] == "succeeded", (job["error"], messages[-20:])
+    fid = first["id"]
+    assert f"input {fid} /inputs/job-{fid} ready" in messages, messages
+    assert [m for m in messages if m.startswith("read only: ")], messages  # EROFS (OSError), or EACCES
+    assert f"job {fid}'s folder is an input (read-only): $TOWERQ_INPUTS (JSON) ['{fid}']" in messages, messages
+
+
 WHOLE_LINES = """
 import subprocess, sys, time
 

@@ -301,12 +301,16 @@ class AttemptRunner:
             return False
         return True
 
+    def input_named(self, job_id: int) -> str:
+        """Where the attempt's code finds the input folder of job `job_id`: a model, in its params."""
+        return f"params['inputs']['{job_id}']"
+
     def _say_started(self, how: str, limits: Limits) -> None:
         assert self.process is not None
         self.sink.log("info", f"attempt {self.launch.attempt} runs {how}, pid {self.process.pid}")
         self.sink.log("info", self.group.describe(limits))
         for job_id, _ in self.launch.inputs:
-            self.sink.log("info", f"job {job_id}'s folder is an input (read-only): params['inputs']['{job_id}']")
+            self.sink.log("info", f"job {job_id}'s folder is an input (read-only): {self.input_named(job_id)}")
         for note in self.launch.notes:
             self.sink.log("warning", note)
 

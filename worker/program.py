@@ -209,6 +209,9 @@ class ProgramRunner(AttemptRunner):
     _warned_for: int | None = None
     """The time limit the program was warned of (`_warn`)."""
 
+    def input_named(self, job_id: int) -> str:
+        return f"$TOWERQ_INPUTS (JSON) ['{job_id}']"
+
     def _prepare(self) -> Starter:
         settings, launch = self.settings, self.launch
         prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None, (CHECKPOINTS, OUTPUT, WORK))

@@ -29,7 +29,7 @@ from towerq.cli.reports import (
     run_sweeps,
     run_usage,
 )
-from towerq.cli.run import add_run_command, begun, held
+from towerq.cli.run import add_after_options, add_run_command, after_fields, begun, held
 from towerq.cli.session import (
     Api,
     UsageError,
@@ -111,14 +111,7 @@ def _add_submit(command: CommandMaker) -> None:
         metavar="PATH",
         help="upload a .py file or a folder as the job's code bundle (model: module:function in it)",
     )
-    submit.add_argument(
-        "--after",
-        default=None,
-        metavar="REFS",
-        help="start after these jobs, comma-separated: job ids, or sweep:ID for all of a sweep's jobs "
-        "(they must succeed; with --after-any, end); their folders are the job's inputs",
-    )
-    submit.add_argument("--after-any", action="store_true", help="with --after: start once they end, however")
+    add_after_options(submit)
     submit.add_argument("--group", default=None, help="run it in this group of yours (default: your default group)")
     submit.add_argument(
         "--dry-run", action="store_true", help="submit nothing: check the spec and say when it would start"
@@ -267,12 +260,7 @@ def run_submit(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     for assignment in args.set:
         set_field(spec, assignment)
-    if args.after:
-        spec["after"] = [int(ref) if ref.strip().isdigit() else ref.strip() for ref in args.after.split(",")]
-    if args.after_any:
-        if not args.after and not spec.get("after"):
-            raise UsageError("--after-any needs --after (or `after` in the spec)")
-        spec["after_condition"] = "afterany"
+    spec.update(after_fields(args, spec))
     if args.group:
         spec["group"] = args.group
     if args.hold:

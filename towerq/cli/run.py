@@ -59,6 +59,7 @@ def add_run_command(commands: Any, command: Any) -> None:
         "--network", action="store_true", help="the hosts' network (an admin's grant): needed over several hosts"
     )
     run.add_argument("--folder", type=Path, default=Path("."), help="the folder to send (default: this one)")
+    add_after_options(run)
     run.add_argument(
         "--hold", action="store_true", help="queue it on hold: it starts once released (towerq release ID)"
     )
@@ -94,6 +95,29 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
         "--dataset", default=None, help="an uploaded dataset, read only: its name (towerq data list) or kind:PATH"
     )
     parser.add_argument("--group", default=None)
+
+
+def add_after_options(parser: argparse.ArgumentParser) -> None:
+    """`--after REFS [--after-any]`: a pipeline, as `towerq submit` and `towerq run` ask for it."""
+    parser.add_argument(
+        "--after", default=None, metavar="REFS",
+        help="start after these jobs, comma-separated: job ids, or sweep:ID for all of a sweep's jobs "
+        "(they must succeed; with --after-any, end); their folders are the job's inputs",
+    )  # fmt: skip
+    parser.add_argument("--after-any", action="store_true", help="with --after: start once they end, however")
+
+
+def after_fields(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec's `after` and `after_condition` from `--after` and `--after-any` (what `spec`
+    has already stays where they are not given)."""
+    fields: dict[str, Any] = {}
+    if args.after:
+        fields["after"] = [int(ref) if ref.strip().isdigit() else ref.strip() for ref in args.after.split(",")]
+    if args.after_any:
+        if not args.after and not spec.get("after"):
+            raise UsageError("--after-any needs --after (or `after` in the spec)")
+        fields["after_condition"] = "afterany"
+    return fields
 
 
 def dataset_reference(api: Api, given: str | None) -> str | None:
@@ -163,6 +187,7 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         "signal": getattr(args, "signal", None),
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
+    spec.update(after_fields(args, spec))
     return spec
 
 
