@@ -3,6 +3,7 @@ real API, scheduler, worker and bubblewrap, with its GPUs, folders, metrics and 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from service.core.settings import Settings
@@ -490,6 +492,15 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
         assert job.refresh().state == "succeeded" and job.data["spec"]["command"][-1] == "4", job.data
         with pytest.raises(FolderError, match="nowhere: no such folder"):
             python.run(["python", "x.py"], folder=project / "nowhere")
+        # an upload of hers by its name, as `towerq run --dataset cells` takes it
+        packed = io.BytesIO()
+        np.savez(packed, x=np.zeros((4, 2), np.float32), y=np.arange(4) % 2)
+        python.upload_dataset("cells", "cells.npz", packed.getvalue())
+        assert python.dataset_reference("cells") == "npz:users/alice/cells/data.npz"
+        assert python.dataset_reference("cellz") is None
+        held = python.run(["python", "train.py"], folder=project, dataset="cells", hold=True)
+        assert held.data["spec"]["dataset"] == "npz:users/alice/cells/data.npz", held.data["spec"]
+        python.cancel(held.id)
 
     jobs = client.get("/api/jobs").json()["items"]
     ran = next(j for j in jobs if j["state"] == "succeeded" and j["spec"]["command"][-1] == "6")

@@ -232,6 +232,8 @@ class Client(LabCalls):
         """Run `command` (a list, as `towerq run -- ...` takes it) from `folder`'s code as a
         command job on `gpus` GPUs; `fields`: the spec's others (`env`, `processes`,
         `resumable`, `time_limit_s`, ...; docs/command-jobs.md). The job, as submitted."""
+        if fields.get("dataset") and ":" not in fields["dataset"]:  # an upload by its name
+            fields["dataset"] = self.dataset_reference(fields["dataset"]) or fields["dataset"]
         sent = self.send_code(folder)
         return self.submit({"command": list(command), "code": sent.id, "gpu_count": gpus, **fields})
 
@@ -255,6 +257,13 @@ class Client(LabCalls):
     def datasets(self) -> dict[str, Any]:
         """Your datasets and the lab's shared ones (`items`), with your quota."""
         return dict(self.request("GET", "/api/datasets"))
+
+    def dataset_reference(self, name: str) -> str | None:
+        """Your upload `name` (else the lab's shared one of that name) as a spec names it
+        (`npz:users/alice/cells/data.npz`); None where there is none."""
+        named = [item for item in self.datasets()["items"] if item["name"] == name]
+        own = [item for item in named if item["dataset"].partition(":")[2].startswith("users/")]
+        return str((own or named)[0]["dataset"]) if named else None
 
     def delete_dataset(self, name: str) -> None:
         self.request("DELETE", f"/api/datasets/{name}")

@@ -125,18 +125,14 @@ def dataset_reference(api: Api, given: str | None) -> str | None:
     spec names it (`npz:users/alice/cells/data.npz`); a `kind:PATH` as given."""
     if given is None or ":" in given:
         return given
-    listed = api.client.datasets()["items"]
-    named = [item for item in listed if item["name"] == given]
-    if not named:
-        if given in BUILTIN_DATASETS:
-            return given  # the API says what a program reads instead
-        names = ", ".join(sorted({item["name"] for item in listed})) or "none"
+    found = api.client.dataset_reference(given)
+    if found is None and given not in BUILTIN_DATASETS:  # a built-in: the API says what a program reads instead
+        names = ", ".join(sorted({item["name"] for item in api.client.datasets()["items"]})) or "none"
         raise UsageError(
             f"--dataset {given}: no upload of that name (towerq data list: {names}); "
             f"towerq data upload {given} FILE adds it"
         )
-    own = [item for item in named if item["dataset"].partition(":")[2].startswith("users/")]
-    return str((own or named)[0]["dataset"])
+    return found or given
 
 
 def placement_fields(args: argparse.Namespace) -> dict[str, Any]:
