@@ -178,3 +178,67 @@ def test_the_submit_form_takes_a_code_file(
     page.goto(f"{url}/#/submit?clone={job_id}")
     page.wait_for_selector("#code-kept:text('Uses code bundle')")
     client.close()
+
+
+def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
+    stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object], tmp_path: Path
+) -> None:
+    """The form was a model's alone: a command job's Clone showed "Could not show this page:
+    Cannot read properties of undefined (reading 'batch_size')" (it has no hyperparameters)."""
+    train = tmp_path / "train.py"
+    train.write_text("import sys\nprint(sys.argv)\n")
+    url = stack.start_api()
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
+    token = make_token("alice")
+    client = stack.client(token)
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/submit")
+    page.wait_for_selector("#submit")
+    page.locator('[id="f-kind"]').select_option("command")
+    # what a program does not have is not asked: the model, hyperparameters, towers
+    for hidden in ("f-model", "f-hyperparameters.learning_rate", "f-tower_weights", "f-precision"):
+        assert not page.locator(f'[id="{hidden}"]').is_visible(), hidden
+    assert page.locator('[id="f-dataset"]').input_value() == ""
+    page.locator('[id="f-command"]').fill('python train.py --note "two words')
+    page.click("#submit")
+    assert "choose the file" in page.locator('[id="err-code"]').inner_text()
+    page.locator('[id="f-code"]').set_input_files(str(train))
+    page.click("#submit")
+    assert "quote is not closed" in page.locator('[id="err-command"]').inner_text()
+    page.locator('[id="f-command"]').fill('python train.py --note "two words" it\\\'s')
+    page.locator('[id="f-env"]').fill('{"SEED": "1"}')
+    shot(page, "submit-program")
+    page.click("#submit")
+    page.wait_for_url(lambda address: "#/jobs/" in address)
+    job_id = int(page.url.rsplit("/", 1)[1])
+    spec = client.get(f"/api/jobs/{job_id}").json()["spec"]
+    assert spec["command"] == ["python", "train.py", "--note", "two words", "it's"], spec
+    assert spec["env"] == {"SEED": "1"} and len(spec["code"]) == 64 and "hyperparameters" not in spec, spec
+    assert "dataset" not in spec or spec["dataset"] is None, spec
+
+    # its Clone is the same program over the same code
+    page.goto(f"{url}/#/submit?clone={job_id}")
+    page.wait_for_selector("#code-kept:text('Uses code bundle')")
+    assert page.locator('[id="f-kind"]').input_value() == "command"
+    assert page.locator('[id="f-command"]').input_value() == "python train.py --note 'two words' 'it'\\''s'"
+    page.click("#submit")
+    page.wait_for_url(lambda address: "#/jobs/" in address and not address.endswith(f"/{job_id}"))
+    again = client.get(f"/api/jobs/{int(page.url.rsplit('/', 1)[1])}").json()["spec"]
+    assert (again["command"], again["code"], again["env"]) == (spec["command"], spec["code"], spec["env"]), again
+
+    # a notebook session, ended when idle
+    page.goto(f"{url}/#/submit")
+    page.wait_for_selector("#submit")
+    page.locator('[id="f-kind"]').select_option("notebook")
+    assert not page.locator('[id="f-command"]').is_visible()
+    page.locator('[id="f-idle_timeout_s"]').fill("30m")
+    page.click("#submit")
+    page.wait_for_url(lambda address: "#/jobs/" in address)
+    session = client.get(f"/api/jobs/{int(page.url.rsplit('/', 1)[1])}").json()
+    assert session["spec"]["kind"] == "notebook" and session["spec"]["idle_timeout_s"] == 1800, session["spec"]
+    page.goto(f"{url}/#/submit?clone={session['id']}")
+    page.wait_for_selector("#submit")
+    assert page.locator('[id="f-kind"]').input_value() == "notebook"
+    assert page.locator('[id="f-idle_timeout_s"]').input_value() == "30m 0s"
+    client.close()

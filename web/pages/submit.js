@@ -12,7 +12,14 @@ export async function render(main, params) {
   const source = params.clone ? (await api(`api/jobs/${Number(params.clone)}`)).spec : null;
   const form = el("form", { class: "submit", novalidate: true });
   const errors = new FieldErrors(form);
-  const sections = [whatSection(catalog, errors), hyperSection(catalog, errors), whereSection(catalog, gpus, errors)];
+  const hyper = hyperSection(catalog, errors);
+  const where = whereSection(catalog, gpus, errors);
+  // What runs decides which fields apply: a program or a session has no hyperparameters or towers.
+  const what = whatSection(catalog, errors, (kind) => {
+    hyper.node.hidden = kind !== "model";
+    where.forModel(kind === "model");
+  });
+  const sections = [what, hyper, where];
   form.append(
     el("h1", {}, source ? `Submit (clone of job ${params.clone})` : "Submit a job"),
     errors.formError,
@@ -44,6 +51,7 @@ async function send(form, sections, errors, dryRun) {
   const spec = { hyperparameters: {} };
   try {
     for (const section of sections) section.read(spec);
+    if (spec.command || spec.kind === "notebook") delete spec.hyperparameters;
   } catch (error) {
     errors.show(error.field, error.message);
     return;
@@ -144,8 +152,17 @@ class FieldErrors {
   }
 }
 
-function whatSection(catalog, errors) {
+// What runs: a model in towerq's trainer (built in, or a function of your code), your own
+// program (a command over your code: PyTorch, JAX, a script), or a JupyterLab session.
+function whatSection(catalog, errors, onKind) {
   const OWN = "";
+  const kind = el(
+    "select",
+    {},
+    el("option", { value: "model" }, "a model, trained by towerq's trainer"),
+    el("option", { value: "command" }, "your own program (PyTorch, JAX, a script) over your code"),
+    el("option", { value: "notebook" }, "a notebook session (JupyterLab)"),
+  );
   const model = el(
     "select",
     {},
@@ -157,62 +174,165 @@ function whatSection(catalog, errors) {
   const codeFile = el("input", { type: "file", accept: ".py,.zip,.tar.gz,.tgz" });
   const kept = el("small", { class: "muted", id: "code-kept" });
   let keptCode = null;
-  const own = el(
+  const entryField = errors.field("entry", "Function (module:function)", entry, "e.g. nets:build for build() in nets.py");
+  const code = el(
     "div",
     { class: "own-code", hidden: true },
-    errors.field("entry", "Function (module:function)", entry, "e.g. nets:build for build() in nets.py"),
+    entryField,
     errors.field("code", "Code (.py, or a .zip / .tar.gz of a folder)", codeFile, "the folder's root is first on the import path"),
     kept,
   );
-  const showOwn = () => {
-    own.hidden = model.value !== OWN;
-  };
-  model.addEventListener("change", showOwn);
-  const dataset = el("input", { list: "datasets", required: true, maxlength: 1024, value: "digits" });
+  // Your own program: its command line, over the code; a session: when it ends idle.
+  const command = el("input", { maxlength: 4096, placeholder: "python train.py --lr 0.1", class: "mono" });
+  const env = el("textarea", { rows: 2, placeholder: '{"SEED": "1"}' });
+  const perGpu = el("input", { type: "checkbox" });
+  const resumable = el("input", { type: "checkbox" });
+  const program = el(
+    "div",
+    { class: "program", hidden: true },
+    errors.field("command", "Command", command, "run in a copy of your code; quote as in a shell"),
+    errors.field("env", "Environment (JSON)", env),
+    errors.field("processes", "One process per GPU", perGpu, "RANK, WORLD_SIZE, MASTER_ADDR for each (torch DDP, TF_CONFIG)"),
+    errors.field("resumable", "Resumable", resumable, "it resumes from $TOWERQ_CHECKPOINT_DIR: towerq may stop and restart it"),
+  );
+  const idle = el("input", { placeholder: "the lab's default", inputmode: "text" });
+  const session = el(
+    "div",
+    { class: "session", hidden: true },
+    errors.field("idle_timeout_s", "Ends when idle for", idle, "no browser connected, no kernel busy: 30m, 2h"),
+  );
+  const dataset = el("input", { list: "datasets", maxlength: 1024, value: "digits" });
   const datasets = el(
     "datalist",
     { id: "datasets" },
     catalog.datasets.map((d) => el("option", { value: d.name }, d.description)),
   );
   const datasetOptions = el("textarea", { rows: 2, placeholder: '{"shape": [28, 28, 3], "classes": 10}' });
+  const datasetHelp = "a name, or npz:PATH, tfrecord:PATTERN, images:FOLDER under the data folder";
+  const optionsField = errors.field("dataset_options", "Dataset options (JSON)", datasetOptions);
   const name = el("input", { maxlength: 128, placeholder: "model-dataset" });
+  const show = () => {
+    const isModel = kind.value === "model";
+    model.closest(".field").hidden = !isModel;
+    optionsField.hidden = !isModel;
+    entryField.hidden = !isModel;
+    code.hidden = isModel && model.value !== OWN;
+    program.hidden = kind.value !== "command";
+    session.hidden = kind.value !== "notebook";
+    name.placeholder = { model: "model-dataset", command: "the command", notebook: "notebook" }[kind.value];
+    dataset.placeholder = isModel ? "" : "none (an upload: npz:PATH, tfrecord:PATTERN, images:FOLDER)";
+    onKind(kind.value);
+  };
+  kind.addEventListener("change", () => {
+    if (kind.value !== "model" && dataset.value === "digits") dataset.value = ""; // a program reads an upload, if any
+    show();
+  });
+  model.addEventListener("change", show);
   const node = el(
     "fieldset",
     {},
     el("legend", {}, "What"),
+    errors.field("kind", "What runs", kind),
     errors.field("name", "Name", name),
     errors.field("model", "Model", model),
-    own,
-    errors.field("dataset", "Dataset", dataset, "a name, or npz:PATH, tfrecord:PATTERN, images:FOLDER under the data folder"),
+    program,
+    session,
+    code,
+    errors.field("dataset", "Dataset", dataset, datasetHelp),
     datasets,
-    errors.field("dataset_options", "Dataset options (JSON)", datasetOptions),
+    optionsField,
   );
   return {
     node,
+    start: show,
     fill(spec) {
+      kind.value = spec.kind === "notebook" ? "notebook" : spec.command ? "command" : "model";
       name.value = spec.name ?? "";
       const builtin = catalog.models.some((m) => m.name === spec.model);
-      model.value = builtin ? spec.model : OWN;
-      entry.value = builtin ? "" : spec.model;
+      model.value = builtin || !spec.model ? (spec.model ?? catalog.models[0]?.name) : OWN;
+      entry.value = builtin || !spec.model ? "" : spec.model;
       keptCode = spec.code ?? null;
       kept.textContent = keptCode ? `Uses code bundle ${keptCode.slice(0, 12)}… of the cloned job; choose a file to replace it.` : "";
-      showOwn();
-      dataset.value = spec.dataset;
+      command.value = spec.command ? spec.command.map(shellWord).join(" ") : "";
+      env.value = jsonText(spec.env || {});
+      perGpu.checked = spec.processes === "per_gpu";
+      resumable.checked = Boolean(spec.resumable);
+      idle.value = spec.idle_timeout_s ? duration(spec.idle_timeout_s) : "";
+      dataset.value = spec.dataset ?? "";
       datasetOptions.value = jsonText(Object.fromEntries(Object.entries(spec.dataset_options || {}).filter(([, v]) => v !== null)));
+      show();
     },
     read(spec) {
-      Object.assign(spec, { model: model.value, dataset: dataset.value.trim() });
+      const chosen = kind.value;
+      if (name.value.trim()) spec.name = name.value.trim();
+      if (dataset.value.trim() || chosen === "model") spec.dataset = dataset.value.trim();
+      const takeCode = (needed) => {
+        if (codeFile.files.length) spec.codeFile = codeFile.files[0];
+        else if (keptCode) spec.code = keptCode;
+        else if (needed) throw Object.assign(new Error("choose the file with your code"), { field: "code" });
+      };
+      if (chosen === "command") {
+        takeCode(true);
+        spec.command = splitCommand(command.value);
+        const own = parseJson(env.value, "env");
+        if (Object.keys(own).length) spec.env = own;
+        if (perGpu.checked) spec.processes = "per_gpu";
+        if (resumable.checked) spec.resumable = true;
+        return;
+      }
+      if (chosen === "notebook") {
+        takeCode(false);
+        spec.kind = "notebook";
+        if (idle.value.trim()) spec.idle_timeout_s = durationOf(idle.value, "idle_timeout_s");
+        return;
+      }
+      spec.model = model.value;
       if (model.value === OWN) {
         spec.model = entry.value.trim();
         if (!spec.model.includes(":")) throw Object.assign(new Error("name the function as module:function"), { field: "entry" });
-        if (codeFile.files.length) spec.codeFile = codeFile.files[0];
-        else if (keptCode) spec.code = keptCode;
-        else throw Object.assign(new Error("choose the file with your code"), { field: "code" });
+        takeCode(true);
       }
-      if (name.value.trim()) spec.name = name.value.trim();
       spec.dataset_options = parseJson(datasetOptions.value, "dataset_options");
     },
   };
+}
+
+// A command line's words, as a shell splits them: spaces part words, quotes ('…' as
+// written, "…" with \" and \\) and a backslash keep them together.
+export function splitCommand(text) {
+  const words = [];
+  let word = null;
+  let quote = null;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quote === "'") {
+      if (c === "'") quote = null;
+      else word += c;
+    } else if (quote === '"') {
+      if (c === '"') quote = null;
+      else if (c === "\\" && (text[i + 1] === '"' || text[i + 1] === "\\")) word += text[++i];
+      else word += c;
+    } else if (c === "'" || c === '"') {
+      quote = c;
+      word = word ?? "";
+    } else if (c === "\\" && i + 1 < text.length) {
+      word = (word ?? "") + text[++i];
+    } else if (/\s/.test(c)) {
+      if (word !== null) words.push(word);
+      word = null;
+    } else {
+      word = (word ?? "") + c;
+    }
+  }
+  if (quote) throw Object.assign(new Error(`a ${quote} quote is not closed`), { field: "command" });
+  if (word !== null) words.push(word);
+  if (!words.length) throw Object.assign(new Error("give the command to run, e.g. python train.py"), { field: "command" });
+  return words;
+}
+
+// A word as a shell would need it written (a clone's command shown as it was split).
+function shellWord(word) {
+  return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", "'\\''")}'`;
 }
 
 function hyperSection(catalog, errors) {
@@ -231,8 +351,9 @@ function hyperSection(catalog, errors) {
   return {
     node,
     fill(spec) {
-      for (const [key] of hyper) setValue(inputs[key], spec.hyperparameters[key]);
-      modelOptions.value = jsonText(spec.hyperparameters.model_options || {});
+      const given = spec.hyperparameters || {};
+      for (const [key] of hyper) setValue(inputs[key], given[key]);
+      modelOptions.value = jsonText(given.model_options || {});
     },
     read(spec) {
       for (const [key] of hyper) {
@@ -285,6 +406,14 @@ function whereSection(catalog, gpus, errors) {
   });
   picker.mode.pick.addEventListener("change", switchMode);
   picker.mode.count.addEventListener("change", switchMode);
+  // The trainer's own: its towers, where its variables live, its maths (not a program's or a session's).
+  const trainerOnly = [
+    errors.field("tower_weights", "Tower weights", towerWeights, "unequal batch slices for unequal GPUs"),
+    errors.field("variable_device", "Variables on", variableDevice),
+    errors.field("precision", "Precision", precision, "mixed: float16 or bfloat16 maths, float32 weights"),
+    errors.field("jit_compile", "Compile with XLA", jitCompile, "each tower's step, on its own GPU"),
+  ];
+  let forModel = true;
   const node = el(
     "fieldset",
     {},
@@ -300,10 +429,7 @@ function whereSection(catalog, gpus, errors) {
     picker.node,
     errors.field("gpu_count", "How many GPUs", gpuCount),
     errors.field("gpu_memory_fraction", "Memory fraction of each GPU", fraction, "below 1: GPUs may be shared with other such jobs"),
-    errors.field("tower_weights", "Tower weights", towerWeights, "unequal batch slices for unequal GPUs"),
-    errors.field("variable_device", "Variables on", variableDevice),
-    errors.field("precision", "Precision", precision, "mixed: float16 or bfloat16 maths, float32 weights"),
-    errors.field("jit_compile", "Compile with XLA", jitCompile, "each tower's step, on its own GPU"),
+    ...trainerOnly,
     errors.field("priority", "Priority", priority),
     errors.field("time_limit_s", "Time limit", timeLimit, "stops it after this long: 2h, 90m, 1:30:00"),
     errors.field("begin_at", "Not before", beginAt, "it starts no earlier than this, your clock (empty: as soon as it can)"),
@@ -315,6 +441,10 @@ function whereSection(catalog, gpus, errors) {
       picker.draw();
       switchMode();
     },
+    forModel(on) {
+      forModel = on;
+      for (const field of trainerOnly) field.hidden = !on;
+    },
     fill(spec) {
       if (spec.host) host.value = spec.host;
       picker.draw();
@@ -322,12 +452,12 @@ function whereSection(catalog, gpus, errors) {
       if (spec.gpus) picker.choose(spec.gpus);
       else gpuCount.value = spec.gpu_count;
       switchMode();
-      fraction.value = spec.gpu_memory_fraction;
+      fraction.value = spec.gpu_memory_fraction ?? 1;
       towerWeights.value = spec.tower_weights ? spec.tower_weights.join(",") : "";
-      variableDevice.value = spec.variable_device;
+      variableDevice.value = spec.variable_device ?? catalog.variable_devices[0];
       precision.value = spec.precision || "float32";
       jitCompile.checked = Boolean(spec.jit_compile);
-      priority.value = spec.priority;
+      priority.value = spec.priority ?? "normal";
       timeLimit.value = spec.time_limit_s ? duration(spec.time_limit_s) : "";
       const begin = spec.begin_at ? new Date(spec.begin_at) : null;
       beginAt.value = begin && begin > new Date() ? localMoment(begin) : "";
@@ -341,10 +471,12 @@ function whereSection(catalog, gpus, errors) {
         spec.gpu_count = Number(gpuCount.value);
       }
       spec.gpu_memory_fraction = Number(fraction.value);
-      if (towerWeights.value.trim()) spec.tower_weights = towerWeights.value.split(",").map((w) => Number(w.trim()));
-      spec.variable_device = variableDevice.value;
-      spec.precision = precision.value;
-      spec.jit_compile = jitCompile.checked;
+      if (forModel) {
+        if (towerWeights.value.trim()) spec.tower_weights = towerWeights.value.split(",").map((w) => Number(w.trim()));
+        spec.variable_device = variableDevice.value;
+        spec.precision = precision.value;
+        spec.jit_compile = jitCompile.checked;
+      }
       spec.priority = priority.value;
       if (timeLimit.value.trim()) spec.time_limit_s = durationOf(timeLimit.value, "time_limit_s");
       if (beginAt.value) spec.begin_at = new Date(beginAt.value).toISOString();
