@@ -21,6 +21,7 @@ from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.stack import REPO, Stack, wait_for
 from towerq import ApiError, Client
+from towerq.client import FINAL_STATES
 
 pytestmark = pytest.mark.slow
 LONG = {"model": "mlp", "dataset": "digits", "gpu_count": 1, "hyperparameters": {"steps": 100_000_000}}
@@ -136,7 +137,15 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
     assert ran.returncode == 0, ran
     held = client.job(int(ran.stdout.split("job ")[1].split()[0]))
     assert held.data["spec"]["dataset"] == "npz:users/alice/cells/data.npz", held.data["spec"]
+    # submit --clone ID: its spec again (its command, code, dataset), changed by --set; not on hold
+    cloned = cli.json("submit", "--clone", str(held.id), "--set", "env.SEED=two")
+    assert isinstance(cloned, dict) and cloned["on_hold_by"] is None, cloned
+    same = ("command", "code", "dataset")
+    assert [cloned["spec"][k] for k in same] == [held.data["spec"][k] for k in same], cloned["spec"]
+    assert cloned["spec"]["env"] == {"SEED": "two"}, cloned["spec"]
+    assert cli("submit").returncode == 2
     client.cancel(held.id)
+    wait_for(lambda: client.job(cloned["id"]).state in FINAL_STATES, 60, "the clone to end")  # not on hold: it ran
     missing = cli("run", "--dataset", "cellz", "--folder", str(project), "--", "python", "train.py")
     assert missing.returncode == 2 and "--dataset cellz: no upload of that name (towerq data list: cells)" in (
         missing.stderr

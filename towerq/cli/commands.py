@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,17 @@ def _add_login(commands: Any) -> None:
 
 
 def _add_submit(command: CommandMaker) -> None:
-    submit = command("submit", "submit a job spec (a YAML or JSON file, or - for stdin)")
-    submit.add_argument("spec", help="path of a job spec (YAML or JSON), or - for stdin")
+    submit = command("submit", "submit a job spec (a YAML or JSON file, or - for stdin; --clone ID: a job's again)")
+    submit.add_argument(
+        "spec",
+        nargs="?",
+        default=None,
+        help="path of a job spec (YAML or JSON), or - for stdin (with --clone: its changes)",
+    )
+    submit.add_argument(
+        "--clone", type=int, default=None, metavar="ID",
+        help="start from job ID's spec (its model or command, its code bundle), as the dashboard's Clone",
+    )  # fmt: skip
     submit.add_argument(
         "--set",
         action="append",
@@ -256,8 +266,23 @@ def run_login(args: argparse.Namespace) -> int:
     return 0
 
 
+def cloned_spec(api: Api, job_id: int) -> dict[str, Any]:
+    """Job `job_id`'s spec to submit again: not on hold (a hold is the submitter's choice, as
+    in the dashboard's Clone), its begin only while it is ahead."""
+    spec = dict(api.client.job(job_id).data["spec"])
+    spec.pop("hold", None)
+    begin = spec.get("begin_at")
+    if begin and datetime.fromisoformat(begin) <= datetime.now(UTC):
+        spec.pop("begin_at")
+    return spec
+
+
 def run_submit(args: argparse.Namespace) -> int:
-    spec = read_spec(args.spec)
+    if args.spec is None and args.clone is None:
+        raise UsageError("towerq submit SPEC: which spec? (a file, - for stdin, or --clone ID)")
+    api = Api(args)
+    spec = cloned_spec(api, args.clone) if args.clone is not None else {}
+    spec.update(read_spec(args.spec) if args.spec is not None else {})
     for assignment in args.set:
         set_field(spec, assignment)
     spec.update(after_fields(args, spec))
@@ -267,7 +292,6 @@ def run_submit(args: argparse.Namespace) -> int:
         spec["hold"] = True
     if args.begin:
         spec["begin_at"] = begun(args)
-    api = Api(args)
     if args.dry_run:
         if args.code is not None:
             raise UsageError("--dry-run does not upload --code: check the spec without it, or submit")
