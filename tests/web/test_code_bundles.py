@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,6 +142,19 @@ def test_a_folder_of_code_with_its_own_metric_trains_and_is_charted(
     client.close()
 
 
+def submit_page(stack: Stack, token: str, open_page: Callable[..., Any], **worker: Any) -> tuple[str, Any, Any]:
+    """An API and a one-GPU worker (`worker`: its options), and the submit page open with
+    `token`: the API's URL, a client and the page."""
+    url = stack.start_api()
+    stack.start_worker("lab-a", 1, **worker)
+    client = stack.client(token)
+    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
+    page = open_page()
+    page.goto(f"{url}/?token={token}#/submit")
+    page.wait_for_selector("#submit")
+    return url, client, page
+
+
 def test_the_submit_form_takes_a_code_file(
     stack: Stack, make_token: Callable[..., str], open_page: Callable[..., object], tmp_path: Path
 ) -> None:
@@ -150,14 +164,7 @@ def test_the_submit_form_takes_a_code_file(
         '    layers = [keras.Input(params["input_shape"]), keras.layers.Flatten()]\n'
         '    return keras.Sequential([*layers, keras.layers.Dense(params["num_classes"])])\n'
     )
-    url = stack.start_api()
-    stack.start_worker("lab-a", 1)
-    token = make_token("alice")
-    client = stack.client(token)
-    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
-    page = open_page()
-    page.goto(f"{url}/?token={token}#/submit")
-    page.wait_for_selector("#submit")
+    url, client, page = submit_page(stack, make_token("alice"), open_page)
     page.locator('[id="f-model"]').select_option("")
     page.locator('[id="f-entry"]').fill("tiny")
     page.click("#submit")
@@ -187,14 +194,7 @@ def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
     Cannot read properties of undefined (reading 'batch_size')" (it has no hyperparameters)."""
     train = tmp_path / "train.py"
     train.write_text("import sys\nprint(sys.argv)\n")
-    url = stack.start_api()
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0)
-    token = make_token("alice")
-    client = stack.client(token)
-    wait_for(lambda: client.get("/api/gpus").json(), 30, "the worker to register its GPUs")
-    page = open_page()
-    page.goto(f"{url}/?token={token}#/submit")
-    page.wait_for_selector("#submit")
+    url, client, page = submit_page(stack, make_token("alice"), open_page, sandbox="bwrap", trainer_pool=0)
     page.locator('[id="f-kind"]').select_option("command")
     # what a program does not have is not asked: the model, hyperparameters, towers
     for hidden in ("f-model", "f-hyperparameters.learning_rate", "f-tower_weights", "f-precision"):
