@@ -280,9 +280,10 @@ def cloned_spec(api: Api, job_id: int) -> dict[str, Any]:
 def run_submit(args: argparse.Namespace) -> int:
     if args.spec is None and args.clone is None:
         raise UsageError("towerq submit SPEC: which spec? (a file, - for stdin, or --clone ID)")
+    given = read_spec(args.spec) if args.spec is not None else {}  # a bad file says so before the API is asked
     api = Api(args)
     spec = cloned_spec(api, args.clone) if args.clone is not None else {}
-    spec.update(read_spec(args.spec) if args.spec is not None else {})
+    spec.update(given)
     for assignment in args.set:
         set_field(spec, assignment)
     spec.update(after_fields(args, spec))
