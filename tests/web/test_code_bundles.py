@@ -200,6 +200,7 @@ def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
     for hidden in ("f-model", "f-hyperparameters.learning_rate", "f-tower_weights", "f-precision"):
         assert not page.locator(f'[id="{hidden}"]').is_visible(), hidden
     assert page.locator('[id="f-dataset"]').input_value() == ""
+    assert page.locator('[id="f-dataset"] ~ small').inner_text().startswith("optional: an upload")
     page.locator('[id="f-command"]').fill('python train.py --note "two words')
     page.click("#submit")
     assert "choose the file" in page.locator('[id="err-code"]').inner_text()

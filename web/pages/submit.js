@@ -208,7 +208,11 @@ function whatSection(catalog, errors, onKind) {
     catalog.datasets.map((d) => el("option", { value: d.name }, d.description)),
   );
   const datasetOptions = el("textarea", { rows: 2, placeholder: '{"shape": [28, 28, 3], "classes": 10}' });
-  const datasetHelp = "a name, or npz:PATH, tfrecord:PATTERN, images:FOLDER under the data folder";
+  const datasetHelp = {
+    model: "a name, or npz:PATH, tfrecord:PATTERN, images:FOLDER under the data folder",
+    other: "optional: an upload (npz:PATH, tfrecord:PATTERN, images:FOLDER, as towerq data list shows it), read only",
+  };
+  const datasetField = errors.field("dataset", "Dataset", dataset, datasetHelp.model);
   const optionsField = errors.field("dataset_options", "Dataset options (JSON)", datasetOptions);
   const name = el("input", { maxlength: 128, placeholder: "model-dataset" });
   const show = () => {
@@ -220,7 +224,8 @@ function whatSection(catalog, errors, onKind) {
     program.hidden = kind.value !== "command";
     session.hidden = kind.value !== "notebook";
     name.placeholder = { model: "model-dataset", command: "the command", notebook: "notebook" }[kind.value];
-    dataset.placeholder = isModel ? "" : "none (an upload: npz:PATH, tfrecord:PATTERN, images:FOLDER)";
+    dataset.placeholder = isModel ? "" : "none";
+    datasetField.querySelector("small").textContent = isModel ? datasetHelp.model : datasetHelp.other;
     onKind(kind.value);
   };
   kind.addEventListener("change", () => {
@@ -238,7 +243,7 @@ function whatSection(catalog, errors, onKind) {
     program,
     session,
     code,
-    errors.field("dataset", "Dataset", dataset, datasetHelp),
+    datasetField,
     datasets,
     optionsField,
   );
