@@ -500,7 +500,15 @@ def test_towerq_run_sends_this_folder_once_and_follows_the_job(
         assert python.dataset_reference("cellz") is None
         held = python.run(["python", "train.py"], folder=project, dataset="cells", hold=True)
         assert held.data["spec"]["dataset"] == "npz:users/alice/cells/data.npz", held.data["spec"]
+        # a clone: its spec again, not on hold unless asked, its fields changed
+        assert "hold" not in python.cloned_spec(held.id)
+        copy = python.clone(held.id, env={"SEED": "3"}, hold=True)
+        assert copy.data["on_hold_by"] == "alice" and copy.data["spec"]["env"] == {"SEED": "3"}, copy.data
+        assert [copy.data["spec"][k] for k in ("command", "code", "dataset")] == [
+            held.data["spec"][k] for k in ("command", "code", "dataset")
+        ]
         python.cancel(held.id)
+        python.cancel(copy.id)
 
     jobs = client.get("/api/jobs").json()["items"]
     ran = next(j for j in jobs if j["state"] == "succeeded" and j["spec"]["command"][-1] == "6")

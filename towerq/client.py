@@ -89,6 +89,22 @@ class Client(LabCalls):
     def job(self, job_id: int) -> Job:
         return Job(self, self.request("GET", f"/api/jobs/{job_id}"))
 
+    def cloned_spec(self, job_id: int) -> dict[str, Any]:
+        """Job `job_id`'s spec to submit again (its model or command, code bundle, dataset): not
+        on hold (a hold is the submitter's choice), its begin only while it is ahead."""
+        spec = dict(self.job(job_id).data["spec"])
+        spec.pop("hold", None)
+        begin = spec.get("begin_at")
+        if begin and datetime.fromisoformat(begin) <= datetime.now(UTC):
+            spec.pop("begin_at")
+        return spec
+
+    def clone(self, job_id: int, **changes: Any) -> Job:
+        """Submit job `job_id` again, its spec's top-level fields replaced by `changes`
+        (`client.clone(12, hyperparameters={**old, "learning_rate": 0.01})`, `gpu_count=4`):
+        `towerq submit --clone`, the dashboard's Clone."""
+        return self.submit({**self.cloned_spec(job_id), **changes})
+
     def jobs(self, *, state: str | list[str] | None = None, user: str | None = None, limit: int = 20) -> list[Job]:
         return [Job(self, item) for item in self.jobs_page(state=state, user=user, limit=limit)["items"]]
 

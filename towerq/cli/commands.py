@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -266,23 +265,12 @@ def run_login(args: argparse.Namespace) -> int:
     return 0
 
 
-def cloned_spec(api: Api, job_id: int) -> dict[str, Any]:
-    """Job `job_id`'s spec to submit again: not on hold (a hold is the submitter's choice, as
-    in the dashboard's Clone), its begin only while it is ahead."""
-    spec = dict(api.client.job(job_id).data["spec"])
-    spec.pop("hold", None)
-    begin = spec.get("begin_at")
-    if begin and datetime.fromisoformat(begin) <= datetime.now(UTC):
-        spec.pop("begin_at")
-    return spec
-
-
 def run_submit(args: argparse.Namespace) -> int:
     if args.spec is None and args.clone is None:
         raise UsageError("towerq submit SPEC: which spec? (a file, - for stdin, or --clone ID)")
     given = read_spec(args.spec) if args.spec is not None else {}  # a bad file says so before the API is asked
     api = Api(args)
-    spec = cloned_spec(api, args.clone) if args.clone is not None else {}
+    spec = api.client.cloned_spec(args.clone) if args.clone is not None else {}
     spec.update(given)
     for assignment in args.set:
         set_field(spec, assignment)
