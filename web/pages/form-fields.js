@@ -44,3 +44,41 @@ export function parseJson(text, fieldName) {
     throw Object.assign(new Error("not valid JSON"), { field: fieldName });
   }
 }
+
+// A command line's words, as a shell splits them: spaces part words, quotes ('…' as
+// written, "…" with \" and \\) and a backslash keep them together.
+export function splitCommand(text) {
+  const words = [];
+  let word = null;
+  let quote = null;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quote === "'") {
+      if (c === "'") quote = null;
+      else word += c;
+    } else if (quote === '"') {
+      if (c === '"') quote = null;
+      else if (c === "\\" && (text[i + 1] === '"' || text[i + 1] === "\\")) word += text[++i];
+      else word += c;
+    } else if (c === "'" || c === '"') {
+      quote = c;
+      word = word ?? "";
+    } else if (c === "\\" && i + 1 < text.length) {
+      word = (word ?? "") + text[++i];
+    } else if (/\s/.test(c)) {
+      if (word !== null) words.push(word);
+      word = null;
+    } else {
+      word = (word ?? "") + c;
+    }
+  }
+  if (quote) throw Object.assign(new Error(`a ${quote} quote is not closed`), { field: "command" });
+  if (word !== null) words.push(word);
+  if (!words.length) throw Object.assign(new Error("give the command to run, e.g. python train.py"), { field: "command" });
+  return words;
+}
+
+// A word as a shell would need it written (a clone's command shown as it was split).
+export function shellWord(word) {
+  return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", "'\\''")}'`;
+}

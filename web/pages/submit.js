@@ -3,7 +3,7 @@
 // The form is three sections (what, hyperparameters, where and when); each builds its
 // fields, fills them from a spec, and reads them back into one.
 import { ApiError, api, duration, durationOf, el, expectedStart, localMoment, toast } from "../lib.js";
-import { inputFor, jsonText, parseJson, readValue, setValue } from "./form-fields.js";
+import { inputFor, jsonText, parseJson, readValue, setValue, shellWord, splitCommand } from "./form-fields.js";
 
 const HIDDEN_HYPERPARAMETERS = new Set(["model_options"]);
 
@@ -182,25 +182,8 @@ function whatSection(catalog, errors, onKind) {
     errors.field("code", "Code (.py, or a .zip / .tar.gz of a folder)", codeFile, "the folder's root is first on the import path"),
     kept,
   );
-  // Your own program: its command line, over the code; a session: when it ends idle.
-  const command = el("input", { maxlength: 4096, placeholder: "python train.py --lr 0.1", class: "mono" });
-  const env = el("textarea", { rows: 2, placeholder: '{"SEED": "1"}' });
-  const perGpu = el("input", { type: "checkbox" });
-  const resumable = el("input", { type: "checkbox" });
-  const program = el(
-    "div",
-    { class: "program", hidden: true },
-    errors.field("command", "Command", command, "run in a copy of your code; quote as in a shell"),
-    errors.field("env", "Environment (JSON)", env),
-    errors.field("processes", "One process per GPU", perGpu, "RANK, WORLD_SIZE, MASTER_ADDR for each (torch DDP, TF_CONFIG)"),
-    errors.field("resumable", "Resumable", resumable, "it resumes from $TOWERQ_CHECKPOINT_DIR: towerq may stop and restart it"),
-  );
-  const idle = el("input", { placeholder: "the lab's default", inputmode: "text" });
-  const session = el(
-    "div",
-    { class: "session", hidden: true },
-    errors.field("idle_timeout_s", "Ends when idle for", idle, "no browser connected, no kernel busy: 30m, 2h"),
-  );
+  const program = programFields(errors);
+  const session = sessionFields(errors);
   const dataset = el("input", { list: "datasets", maxlength: 1024, value: "digits" });
   const datasets = el(
     "datalist",
@@ -221,8 +204,8 @@ function whatSection(catalog, errors, onKind) {
     optionsField.hidden = !isModel;
     entryField.hidden = !isModel;
     code.hidden = isModel && model.value !== OWN;
-    program.hidden = kind.value !== "command";
-    session.hidden = kind.value !== "notebook";
+    program.node.hidden = kind.value !== "command";
+    session.node.hidden = kind.value !== "notebook";
     name.placeholder = { model: "model-dataset", command: "the command", notebook: "notebook" }[kind.value];
     dataset.placeholder = isModel ? "" : "none";
     datasetField.querySelector("small").textContent = isModel ? datasetHelp.model : datasetHelp.other;
@@ -240,8 +223,8 @@ function whatSection(catalog, errors, onKind) {
     errors.field("kind", "What runs", kind),
     errors.field("name", "Name", name),
     errors.field("model", "Model", model),
-    program,
-    session,
+    program.node,
+    session.node,
     code,
     datasetField,
     datasets,
@@ -258,11 +241,8 @@ function whatSection(catalog, errors, onKind) {
       entry.value = builtin || !spec.model ? "" : spec.model;
       keptCode = spec.code ?? null;
       kept.textContent = keptCode ? `Uses code bundle ${keptCode.slice(0, 12)}… of the cloned job; choose a file to replace it.` : "";
-      command.value = spec.command ? spec.command.map(shellWord).join(" ") : "";
-      env.value = jsonText(spec.env || {});
-      perGpu.checked = spec.processes === "per_gpu";
-      resumable.checked = Boolean(spec.resumable);
-      idle.value = spec.idle_timeout_s ? duration(spec.idle_timeout_s) : "";
+      program.fill(spec);
+      session.fill(spec);
       dataset.value = spec.dataset ?? "";
       datasetOptions.value = jsonText(Object.fromEntries(Object.entries(spec.dataset_options || {}).filter(([, v]) => v !== null)));
       show();
@@ -278,17 +258,12 @@ function whatSection(catalog, errors, onKind) {
       };
       if (chosen === "command") {
         takeCode(true);
-        spec.command = splitCommand(command.value);
-        const own = parseJson(env.value, "env");
-        if (Object.keys(own).length) spec.env = own;
-        if (perGpu.checked) spec.processes = "per_gpu";
-        if (resumable.checked) spec.resumable = true;
+        program.read(spec);
         return;
       }
       if (chosen === "notebook") {
         takeCode(false);
-        spec.kind = "notebook";
-        if (idle.value.trim()) spec.idle_timeout_s = durationOf(idle.value, "idle_timeout_s");
+        session.read(spec);
         return;
       }
       spec.model = model.value;
@@ -302,42 +277,56 @@ function whatSection(catalog, errors, onKind) {
   };
 }
 
-// A command line's words, as a shell splits them: spaces part words, quotes ('…' as
-// written, "…" with \" and \\) and a backslash keep them together.
-export function splitCommand(text) {
-  const words = [];
-  let word = null;
-  let quote = null;
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i];
-    if (quote === "'") {
-      if (c === "'") quote = null;
-      else word += c;
-    } else if (quote === '"') {
-      if (c === '"') quote = null;
-      else if (c === "\\" && (text[i + 1] === '"' || text[i + 1] === "\\")) word += text[++i];
-      else word += c;
-    } else if (c === "'" || c === '"') {
-      quote = c;
-      word = word ?? "";
-    } else if (c === "\\" && i + 1 < text.length) {
-      word = (word ?? "") + text[++i];
-    } else if (/\s/.test(c)) {
-      if (word !== null) words.push(word);
-      word = null;
-    } else {
-      word = (word ?? "") + c;
-    }
-  }
-  if (quote) throw Object.assign(new Error(`a ${quote} quote is not closed`), { field: "command" });
-  if (word !== null) words.push(word);
-  if (!words.length) throw Object.assign(new Error("give the command to run, e.g. python train.py"), { field: "command" });
-  return words;
+// Your own program's fields: its command line (over the code), environment, processes.
+function programFields(errors) {
+  const command = el("input", { maxlength: 4096, placeholder: "python train.py --lr 0.1", class: "mono" });
+  const env = el("textarea", { rows: 2, placeholder: '{"SEED": "1"}' });
+  const perGpu = el("input", { type: "checkbox" });
+  const resumable = el("input", { type: "checkbox" });
+  const node = el(
+    "div",
+    { class: "program", hidden: true },
+    errors.field("command", "Command", command, "run in a copy of your code; quote as in a shell"),
+    errors.field("env", "Environment (JSON)", env),
+    errors.field("processes", "One process per GPU", perGpu, "RANK, WORLD_SIZE, MASTER_ADDR for each (torch DDP, TF_CONFIG)"),
+    errors.field("resumable", "Resumable", resumable, "it resumes from $TOWERQ_CHECKPOINT_DIR: towerq may stop and restart it"),
+  );
+  return {
+    node,
+    fill(spec) {
+      command.value = spec.command ? spec.command.map(shellWord).join(" ") : "";
+      env.value = jsonText(spec.env || {});
+      perGpu.checked = spec.processes === "per_gpu";
+      resumable.checked = Boolean(spec.resumable);
+    },
+    read(spec) {
+      spec.command = splitCommand(command.value);
+      const own = parseJson(env.value, "env");
+      if (Object.keys(own).length) spec.env = own;
+      if (perGpu.checked) spec.processes = "per_gpu";
+      if (resumable.checked) spec.resumable = true;
+    },
+  };
 }
 
-// A word as a shell would need it written (a clone's command shown as it was split).
-function shellWord(word) {
-  return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", "'\\''")}'`;
+// A notebook session's fields: when it ends idle.
+function sessionFields(errors) {
+  const idle = el("input", { placeholder: "the lab's default", inputmode: "text" });
+  const node = el(
+    "div",
+    { class: "session", hidden: true },
+    errors.field("idle_timeout_s", "Ends when idle for", idle, "no browser connected, no kernel busy: 30m, 2h"),
+  );
+  return {
+    node,
+    fill(spec) {
+      idle.value = spec.idle_timeout_s ? duration(spec.idle_timeout_s) : "";
+    },
+    read(spec) {
+      spec.kind = "notebook";
+      if (idle.value.trim()) spec.idle_timeout_s = durationOf(idle.value, "idle_timeout_s");
+    },
+  };
 }
 
 function hyperSection(catalog, errors) {
