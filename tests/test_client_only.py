@@ -41,7 +41,9 @@ def client_only_environment(tmp_path: Path) -> Path:
     subprocess.run([*build, str(REPO)], check=True, capture_output=True, cwd=tmp_path)
     (wheel,) = wheels.glob("towerq-*.whl")
     requirements = base_requirements(wheel)
-    assert {r.name for r in requirements} == {"httpx", "httpcore", "anyio", "pydantic", "pyyaml"}, requirements
+    assert {r.name for r in requirements} == {"httpx", "httpcore", "anyio", "pydantic", "pyyaml", "websockets"}, (
+        requirements
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -101,6 +103,8 @@ def test_a_client_only_install_runs_the_member_commands_and_names_the_extra_for_
     assert listed.returncode == 0 and "mlp" in listed.stdout and "queued" in listed.stdout, listed.stdout
     refused = run("submit", "job.yaml", "--set", "gpu_count=-1", **login)
     assert refused.returncode == 1 and "gpu_count" in refused.stderr and "Traceback" not in refused.stderr
+    shell = run("shell", "99", **login)  # its WebSocket library is the client's own
+    assert shell.returncode == 1 and "job 99 not found" in shell.stderr, shell.stderr
     unreachable = run("jobs", TOWERQ_API_URL="http://127.0.0.1:9", TOWERQ_TOKEN="tq_x")
     assert unreachable.returncode == 4 and "cannot reach the API" in unreachable.stderr, unreachable.stderr
     # tokens go through the API: a member makes one for a script from the client alone

@@ -257,6 +257,41 @@ class Client(LabCalls):
         """Upload a code bundle (a .py, or a .zip / .tar.gz of a folder); its id and files."""
         return dict(self.request("POST", "/api/code", files={"file": (name, data)}))
 
+    # -- notebook sessions ------------------------------------------------------------------
+
+    def open_terminal(self, job_id: int) -> str:
+        """A new terminal (a shell) in running notebook session `job_id`; its name. Its
+        WebSocket is at `socket_url(f"/sessions/{job_id}/terminals/websocket/{name}")`."""
+        made = self.request("POST", f"/sessions/{job_id}/api/terminals", json={}, headers=self._xsrf(job_id))
+        return str(made["name"])
+
+    def close_terminal(self, job_id: int, name: str) -> None:
+        """End a terminal of the session, and its shell."""
+        self._send(lambda: self.http.delete(f"/sessions/{job_id}/api/terminals/{name}", headers=self._xsrf(job_id)))
+
+    def shut_down(self, job_id: int) -> None:
+        """End running notebook session `job_id` as JupyterLab's File > Shut Down does: its
+        kernels and terminals end, and so does the session (`succeeded`). A session that is
+        not running: ApiError (`cancel` ends it)."""
+        self._send(lambda: self.http.post(f"/sessions/{job_id}/api/shutdown", headers=self._xsrf(job_id)))
+
+    def socket_url(self, path: str) -> str:
+        """The ws:// (wss://) URL of the API's `path`."""
+        return "ws" + self.url.rstrip("/").removeprefix("http") + path
+
+    def _xsrf(self, job_id: int) -> dict[str, str]:
+        """JupyterLab's XSRF header, which a change through the session's proxy needs (from
+        the cookie its page sets, once)."""
+        path = f"/sessions/{job_id}/"
+
+        def own() -> list[str]:
+            jar = self.http.cookies.jar
+            return [c.value or "" for c in jar if c.name == "_xsrf" and path.startswith(c.path.rstrip("/") + "/")]
+
+        if not own():
+            self._send(lambda: self.http.get(f"{path}lab"))
+        return {"X-XSRFToken": (own() or [""])[-1]}
+
     # -- datasets and the lab ---------------------------------------------------------------
 
     def upload_dataset(self, name: str, filename: str, content: bytes | BinaryIO) -> dict[str, Any]:

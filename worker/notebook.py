@@ -133,7 +133,8 @@ class HomeQuota:
 
 def jupyter_command(settings: Settings, job_id: int, home: Path, session: Path) -> list[str]:
     """JupyterLab on the session's socket, under the API's path, without a token (the API
-    is the only way in and checks the member's login), `HOME` the member's folder."""
+    is the only way in and checks the member's login), `HOME` the member's folder; its
+    terminals' shell sees the session's environment (the lab's Python first on PATH)."""
     return [
         "env", f"HOME={home}", f"JUPYTER_RUNTIME_DIR={session / 'runtime'}", "SHELL=/bin/bash",
         sys.executable, "-m", "jupyterlab", "--no-browser",
@@ -141,6 +142,9 @@ def jupyter_command(settings: Settings, job_id: int, home: Path, session: Path) 
         f"--ServerApp.base_url={session_base_url(settings, job_id)}",
         f"--ServerApp.root_dir={home}", "--IdentityProvider.token=", "--ServerApp.password=",
         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # a terminal's shell is not a login shell: /etc/profile would set PATH again, and
+        # `python` would not be the lab's (with its frameworks) but the system's, or none
+        "--ServerApp.terminado_settings", "shell_command=/bin/bash",
     ]  # fmt: skip
 
 

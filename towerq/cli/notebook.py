@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 import webbrowser
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +30,23 @@ def add_notebook_command(command: Any) -> None:
         "notebook", "a JupyterLab session on the lab's GPUs, ended when idle: towerq notebook --gpus 1"
     )
     add_placement_options(notebook)
-    notebook.add_argument(
-        "--idle-timeout", type=duration, default=None, metavar="DURATION",
-        help="end it after this long idle: 30m, 2h (lab default)",
-    )  # fmt: skip
-    notebook.add_argument(
-        "--code", type=Path, default=None, metavar="PATH",
-        help="a .py file or a folder to import from in the session (read only, at $TOWERQ_CODE_DIR)",
-    )  # fmt: skip
-    notebook.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
+    add_session_options(notebook)
     notebook.add_argument("--open", action="store_true", help="open it in this machine's browser once it is ready")
     notebook.add_argument("--detach", action="store_true", help="queue it and return; do not wait")
     notebook.set_defaults(run=run_notebook)
+
+
+def add_session_options(parser: argparse.ArgumentParser) -> None:
+    """What a session starts with besides its place, as `towerq notebook` and `towerq shell` ask."""
+    parser.add_argument(
+        "--idle-timeout", type=duration, default=None, metavar="DURATION",
+        help="end it after this long idle: 30m, 2h (lab default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--code", type=Path, default=None, metavar="PATH",
+        help="a .py file or a folder to import from in the session (read only, at $TOWERQ_CODE_DIR)",
+    )  # fmt: skip
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
 
 
 def notebook_spec(args: argparse.Namespace, code: str | None = None) -> dict[str, Any]:
@@ -79,8 +85,9 @@ def run_notebook(args: argparse.Namespace) -> int:
     return 0
 
 
-def wait_open(api: Api, job_id: int) -> dict[str, Any] | None:
-    """Wait until the session's JupyterLab answers; the job if it ended first."""
+def wait_open(api: Api, job_id: int, say: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Wait until the session's JupyterLab answers, saying why it waits (`say`: a line of
+    progress, printed by default); the job if it ended first."""
     said = None
     while True:
         data = api.client.request("GET", f"/api/jobs/{job_id}")
@@ -95,9 +102,13 @@ def wait_open(api: Api, job_id: int) -> dict[str, Any] | None:
                     raise
         news = data["state"] if data["state"] != "queued" else f"queued: {data.get('pending_reason') or 'waiting'}"
         if news != said:
-            print(f"  {news}", flush=True)
+            (say or print_now)(f"  {news}")
             said = news
         time.sleep(POLL_S)
+
+
+def print_now(text: str) -> None:
+    print(text, flush=True)
 
 
 def last_message(job: dict[str, Any]) -> str:

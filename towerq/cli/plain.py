@@ -49,3 +49,63 @@ def rewrite_line(text: str, stream: TextIO | None = None, clear: bool = True) ->
     raw = out.raw if isinstance(out, PlainStream) else out
     raw.write("\r" + plain(text) + (CLEAR_TO_END if clear else ""))
     raw.flush()
+
+
+STRING_COMMANDS = frozenset("]PX^_")
+"""After ESC: the string commands OSC, DCS, SOS, PM and APC."""
+C1_STRING_COMMANDS = frozenset("\x90\x98\x9d\x9e\x9f")
+"""The same as one C1 character each."""
+STRING_ENDS = frozenset("\x07\x9c\x18\x1a")
+"""BEL, ST, and the CAN and SUB that cancel a string; ESC \\ (ST) as well."""
+NOTHING_TO_DROP = re.compile(r"[^\x1b\x80-\x9f]*")
+
+
+class TerminalOutput:
+    """A remote terminal's output as it may reach this one (`towerq shell`): what draws
+    passes (text, colours, cursor moves, the screens of full-screen programs such as top and
+    vim: C0 controls, ESC and CSI sequences); the string commands (OSC, DCS, SOS, PM, APC:
+    the clipboard, the window title, hyperlinks, passthrough to the terminal's host) and
+    other C1 controls are dropped. Fed in pieces: a sequence cut between two is seen whole."""
+
+    def __init__(self) -> None:
+        self.state = "text"  # or "esc" (after ESC), "string" (inside one), "string-esc"
+
+    def feed(self, text: str) -> str:
+        if self.state == "text" and NOTHING_TO_DROP.fullmatch(text):
+            return text
+        kept: list[str] = []
+        for char in text:
+            self._one(char, kept)
+        return "".join(kept)
+
+    def _one(self, char: str, kept: list[str]) -> None:
+        if self.state == "string":
+            if char == "\x1b":
+                self.state = "string-esc"
+            elif char in STRING_ENDS:
+                self.state = "text"
+            return
+        if self.state == "string-esc":  # ESC \ ends it; ESC and another starts that one (xterm)
+            self.state = "text" if char == "\\" else "esc"
+            if char == "\\":
+                return
+        if self.state == "esc":
+            self.state = "text"
+            if char in STRING_COMMANDS:
+                self.state = "string"
+                return
+            if char == "\x1b":  # ESC ESC: the second starts the sequence
+                self.state = "esc"
+                return
+            if char == "\\":  # an ST with no string to end does nothing
+                return
+            if " " <= char <= "~":
+                kept.append("\x1b" + char)
+                return
+            kept.append("\x1b")
+        if char == "\x1b":
+            self.state = "esc"
+        elif "\x80" <= char <= "\x9f":
+            self.state = "string" if char in C1_STRING_COMMANDS else "text"
+        else:
+            kept.append(char)

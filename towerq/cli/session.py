@@ -96,12 +96,12 @@ class Api:
         self.client = Client(url=args.api, token=args.token, retries=2)
         if not self.client.config.token:
             raise AuthError(401, "no token: pass --token, set TOWERQ_TOKEN, or run `towerq login URL`")
-        self.json_out = getattr(args, "output_format", None) == "json"
+        self.stdout_is_data = getattr(args, "output_format", None) == "json"
 
     def say(self, text: object) -> None:
-        """A line about what the command does (a bundle sent): on stderr where stdout is the
-        API's JSON for a script (`-o json | jq`), else on stdout."""
-        print(text, file=sys.stderr if self.json_out else sys.stdout, flush=True)
+        """A line about what the command does (a bundle sent): on stderr where stdout is data
+        (the API's JSON for a script, `-o json | jq`; a shell's output), else on stdout."""
+        print(text, file=sys.stderr if self.stdout_is_data else sys.stdout, flush=True)
 
     def download(self, path: str, target: Path) -> httpx.Headers:
         """Stream `path` into `target`, with a progress line on a terminal."""
