@@ -257,9 +257,11 @@ def in_sandbox(
     network: bool,
     workdir: Path | None = None,
     binds: Iterable[tuple[Path, Path]] = (),
+    read_only: Iterable[Path] = (),
 ) -> list[str]:
-    """`command` in bubblewrap with this job's view: the trainer's, a command job's, a
-    notebook session's (which has `binds` of its own, read-write: host folder, seen at)."""
+    """`command` in bubblewrap with this job's view: the trainer's, a command job's (with
+    `read_only` folders of its own, seen where they are: its Python environment), a notebook
+    session's (which has `binds` of its own, read-write: host folder, seen at)."""
     datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
         command,
@@ -278,6 +280,7 @@ def in_sandbox(
         gate=launch.gate,
         workdir=workdir,
         binds=binds,
+        read_only=read_only,
     )
 
 

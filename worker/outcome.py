@@ -53,6 +53,9 @@ class Stop(enum.StrEnum):
     CANNOT_HERE = "cannot_here"
     """The host cannot run this kind of attempt as it is set up (a notebook session where
     JupyterLab is missing, or on a root worker without the sandbox): it fails, saying why."""
+    REQUIREMENTS = "requirements"
+    """A command job's requirements could not be installed (`worker.pyenv`): it fails with
+    pip's reason."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -239,7 +242,17 @@ ASKED: dict[AskedStop, Stop] = {
 TOO_LATE = frozenset({None, Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT, Stop.GPU_IDLE})
 """Stops that do not undo a trained job: asked after its last step, they change nothing it
 made. A full folder, a bad spec or a GPU-memory breach still fail it."""
-FAILING = frozenset({Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.GPU_IDLE, Stop.NOT_READY, Stop.CANNOT_HERE})
+FAILING = frozenset(
+    {
+        Stop.BAD_SPEC,
+        Stop.FOLDER_FULL,
+        Stop.GPU_MEMORY,
+        Stop.GPU_IDLE,
+        Stop.NOT_READY,
+        Stop.CANNOT_HERE,
+        Stop.REQUIREMENTS,
+    }
+)
 """Stops that fail the job, their message its reason."""
 
 ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"

@@ -37,7 +37,7 @@ from service.core.settings import Settings
 from towerq.contract import events
 from towerq.contract.signals import limit_signal
 from towerq.contract.times import limit_text
-from worker import gang, sandbox
+from worker import gang, pyenv, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
 from worker.inventory import GpuState
@@ -90,15 +90,21 @@ def program_pythonpath(launch: Launch, *folders: Path) -> str:
     return os.pathsep.join([str(PROGRAM_SITE), str(REPO_ROOT), *map(str, folders), *filter(None, [own])])
 
 
-def program_environment(launch: Launch, settings: Settings, seen_folder: Path, sandboxed: bool) -> dict[str, str]:
+def program_environment(
+    launch: Launch, settings: Settings, seen_folder: Path, sandboxed: bool, python_env: Path | None = None
+) -> dict[str, str]:
     """The trainer's environment (the allow-list, its GPUs) plus the job's own `env` and what
     towerq gives a program. The lab's Python comes first on PATH: `python` is the one
-    towerq runs its trainer with; towerq's folders come first on `PYTHONPATH`, then the
-    job's own."""
+    towerq runs its trainer with, or the job's own environment's over it (`python_env`,
+    `worker.pyenv`); towerq's folders come first on `PYTHONPATH`, then the job's own."""
     env = trainer_environment(launch.indices, settings.trainer_env_pass)
     own = launch.spec.get("env") or {}
     env.update(own)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH") or os.defpath])
+    first = [str(Path(sys.executable).parent)]
+    if python_env is not None:
+        first.insert(0, str(python_env / "bin"))
+        env["VIRTUAL_ENV"] = str(python_env)
+    env["PATH"] = os.pathsep.join([*first, env.get("PATH") or os.defpath])
     # each line of its Python processes written whole (`program_site`), `import towerq`, then its own
     env["PYTHONPATH"] = program_pythonpath(launch)
     env["TOWERQ_JOB_ID"] = str(launch.job_id)
@@ -155,9 +161,12 @@ def memory_hints(launch: Launch) -> dict[str, str]:
     return hints
 
 
-def program_command(launch: Launch, settings: Settings, job_folder: Path, sandboxed: bool) -> list[str]:
+def program_command(
+    launch: Launch, settings: Settings, job_folder: Path, sandboxed: bool, python_env: Path | None = None
+) -> list[str]:
     """The job's `command`, inside bubblewrap when `sandboxed`, working in a copy of its
-    code bundle it may write in (`worker.workdir`: `python train.py` finds it there)."""
+    code bundle it may write in (`worker.workdir`: `python train.py` finds it there); its
+    Python environment (`python_env`) shown read only."""
     command = [str(arg) for arg in launch.spec["command"]]
     if launch.spec.get("processes") == "per_gpu":
         command = [sys.executable, "-m", "worker.gang", "--", *command]
@@ -168,7 +177,8 @@ def program_command(launch: Launch, settings: Settings, job_folder: Path, sandbo
     if not sandboxed:
         return command
     network = bool(launch.spec.get("network"))
-    return in_sandbox(command, launch, settings, job_folder, network, workdir=sandbox.JOB_PATH)
+    shown = [python_env] if python_env is not None else []
+    return in_sandbox(command, launch, settings, job_folder, network, workdir=sandbox.JOB_PATH, read_only=shown)
 
 
 def over_share(gpus: list[GpuState], launch: Launch, pids: set[int], reserved_mb: int) -> str | None:
@@ -208,6 +218,13 @@ class ProgramRunner(AttemptRunner):
     """A resumed attempt's first point came (`_event`)."""
     _warned_for: int | None = None
     """The time limit the program was warned of (`_warn`)."""
+    python_env: pyenv.PythonEnv | None = None
+    """Its own Python environment (`requirements`), held while it runs."""
+
+    def _after(self) -> None:
+        super()._after()
+        if self.python_env is not None:
+            self.python_env.release()
 
     def input_named(self, job_id: int) -> str:
         return f"$TOWERQ_INPUTS (JSON) ['{job_id}']"
@@ -216,8 +233,11 @@ class ProgramRunner(AttemptRunner):
         settings, launch = self.settings, self.launch
         prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None, (CHECKPOINTS, OUTPUT, WORK))
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
-        env = program_environment(launch, settings, seen, self.sandboxed)
-        command = program_command(launch, settings, self.artifacts, self.sandboxed)
+        if launch.spec.get("requirements"):
+            self.python_env = pyenv.ensure(list(launch.spec["requirements"]), settings, self.sink.log)
+        folder = self.python_env.folder if self.python_env is not None else None
+        env = program_environment(launch, settings, seen, self.sandboxed, folder)
+        command = program_command(launch, settings, self.artifacts, self.sandboxed, folder)
         cwd = self.artifacts  # `worker.workdir` starts the program in its working folder
         # outside the sandbox nothing else ends a program whose worker died (bwrap does inside)
         death = None if self.sandboxed else die_with_parent

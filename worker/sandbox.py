@@ -267,6 +267,7 @@ def bwrap_command(
     gate: Path | None = None,
     workdir: Path | None = None,
     binds: Iterable[tuple[Path, Path]] = (),
+    read_only: Iterable[Path] = (),
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above, run as `identity`
     (`trainer_identity`) in `workdir` (default `JOB_PATH`); `job_folder` is seen at
@@ -299,6 +300,8 @@ def bwrap_command(
             args += ["--ro-bind", str(folder), str(folder)]
     if code_path is not None:
         args += ["--ro-bind", str(code_path), str(CODE_PATH)]
+    for folder in read_only:  # a command job's Python environment, where it was built
+        args += ["--ro-bind", str(folder), str(folder)]
     for folder, seen in inputs:  # the folders of the jobs it waited for, read-only
         args += ["--ro-bind", str(folder.resolve()), str(seen)]
     if gate is not None:  # a rank's way to the other ranks: its worker's control socket, read-only

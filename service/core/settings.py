@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     models_path: Path = Path("./var/models")
     code_dir: Path = Path("./var/code")
     """Uploaded code bundles, content-addressed; on storage every worker sees (like artifacts)."""
+    envs_max: int = Field(default=20, ge=1)
+    """Command jobs' Python environments (`requirements`, `worker.pyenv`) a host keeps in
+    `TOWERQ_VAR_DIR/envs`: past it, the least recently used that no job holds go."""
+    pip_options: str = ""
+    """What pip is told besides the job's requirements, where pip's own config does not say
+    it: `--index-url https://pypi.lab/simple`, or `--no-index --find-links /srv/wheels`."""
     max_code_bytes: int = Field(default=20_000_000, ge=1)
     """The largest code bundle upload (packed)."""
     max_code_files: int = Field(default=2_000, ge=1)

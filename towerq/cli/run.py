@@ -42,6 +42,10 @@ def add_run_command(commands: Any, command: Any) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
     run.add_argument("--resumable", action="store_true", help="it resumes from TOWERQ_CHECKPOINT_DIR")
     run.add_argument(
+        "--requirements", "-r", type=Path, default=None, metavar="FILE",
+        help="packages it needs besides the lab's, one a line (requirements.txt): installed on the host once",
+    )  # fmt: skip
+    run.add_argument(
         "--min-gpus",
         type=int,
         default=None,
@@ -181,10 +185,35 @@ def run_spec(args: argparse.Namespace, code: str) -> dict[str, Any]:
         "processes": "per_gpu" if getattr(args, "per_gpu", False) else None,
         "hold": getattr(args, "hold", False) or None,
         "signal": getattr(args, "signal", None),
+        "requirements": requirements_of(args.requirements) if getattr(args, "requirements", None) else None,
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
     spec.update(after_fields(args, spec))
     return spec
+
+
+def requirements_of(path: Path) -> list[str]:
+    """The packages a requirements file lists: one a line, comments and blank lines left out;
+    an option line (`-r`, `--index-url`, `-e`) is refused, naming it (the lab's index is the
+    admin's: TOWERQ_PIP_OPTIONS)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"--requirements {path}: cannot read it ({err})") from None
+    listed = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            raise UsageError(
+                f"--requirements {path}, line {number}: {line!r}: only packages and their versions "
+                "(the index is the lab's; a folder of your own goes in the code)"
+            )
+        listed.append(line)
+    if not listed:
+        raise UsageError(f"--requirements {path}: it lists no package")
+    return listed
 
 
 def held(job: Job) -> str:
@@ -200,8 +229,7 @@ def held(job: Job) -> str:
 
 def run_run(args: argparse.Namespace) -> int:
     api = Api(args)
-    if not (args.program[1:] if args.program[:1] == ["--"] else args.program):
-        raise UsageError("name the program after --, e.g. towerq run --gpus 1 -- python train.py")
+    run_spec(args, "")  # what is wrong on the command line (its program, --env, -r) says so before a byte is sent
     args.dataset = dataset_reference(api, args.dataset)
     code = upload_folder(api, args.folder)
     job = api.client.submit(run_spec(args, code))

@@ -1,10 +1,13 @@
 """What a command job's program is given (`"command"` and `"env"` in its spec): an argv
 without NUL characters, and variables it may set, which are never those towerq sets for the
 program (its GPUs, ranks, folders, memory hints) nor those that change how every program of
-the sandbox loads (`LD_PRELOAD`, `PYTHONHOME`). Every refusal names the variable."""
+the sandbox loads (`LD_PRELOAD`, `PYTHONHOME`). Every refusal names the variable. And the
+packages it runs with besides the lab's (`"requirements"`): each a package's name and
+versions, nothing pip would read as an option, a URL or a path."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -53,3 +56,25 @@ def no_nul(text: str) -> str:
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN), AfterValidator(env_name)]
 EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(no_nul)]
 CommandArg = Annotated[str, Field(max_length=COMMAND_ARG_MAX), AfterValidator(no_nul)]
+
+
+REQUIREMENTS_MAX = 100
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?"
+_VERSION = r"(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]{1,64}"
+REQUIREMENT = re.compile(
+    rf"^(?P<name>{_NAME})(?:\[{_NAME}(?:\s*,\s*{_NAME})*\])?\s*(?:{_VERSION}(?:\s*,\s*{_VERSION}){{0,7}})?$"
+)
+"""A package as pip installs it from the lab's index: `einops`, `transformers==4.46.1`,
+`jax[cuda12]>=0.4,<0.5`. No markers, URLs (`pkg @ https://...`), paths or options."""
+
+
+def requirement(text: str) -> str:
+    if not REQUIREMENT.match(text.strip()):
+        raise ValueError(
+            f"{text[:80]!r} is not a package and its versions, as einops or transformers==4.46.1 "
+            "(no options, URLs, paths or markers: packages come from the lab's index)"
+        )
+    return text.strip()
+
+
+Requirement = Annotated[str, Field(max_length=300), AfterValidator(requirement)]

@@ -19,7 +19,15 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
 
-from towerq.contract.program_env import COMMAND_MAX_ARGS, ENV_MAX_ENTRIES, CommandArg, EnvName, EnvValue
+from towerq.contract.program_env import (
+    COMMAND_MAX_ARGS,
+    ENV_MAX_ENTRIES,
+    REQUIREMENTS_MAX,
+    CommandArg,
+    EnvName,
+    EnvValue,
+    Requirement,
+)
 from towerq.contract.signals import LimitSignal, limit_signal
 from towerq.contract.times import Moment
 from towerq.contract.training import TrainSpec
@@ -49,7 +57,7 @@ MAX_DEPENDENCIES = 64
 AfterCondition = Literal["afterok", "afterany"]
 
 
-OMITTED_WHEN_UNSET = ("kind", "idle_timeout_s", "signal", "begin_at")
+OMITTED_WHEN_UNSET = ("kind", "idle_timeout_s", "signal", "begin_at", "requirements")
 """Fields a stored spec has only where they are set (`JobSpec.stored`)."""
 MODEL_ONLY_FIELDS = (
     "dataset_options",
@@ -101,6 +109,15 @@ class JobSpec(TrainSpec):
     )
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, max_length=ENV_MAX_ENTRIES, description="a command job's environment variables"
+    )
+    requirements: list[Requirement] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=REQUIREMENTS_MAX,
+        description=(
+            "a command job: packages it runs with besides the lab's, from the lab's index (wheels only), "
+            'as pip names them: ["einops", "transformers==4.46.1"]; installed once per host and list, and kept'
+        ),
     )
     processes: Literal["one", "per_gpu"] = Field(
         default="one",
@@ -248,6 +265,11 @@ class JobSpec(TrainSpec):
             raise ValueError("with code, model names a function in the bundle: module:function")
         if self.signal is not None:
             self._check_signal()
+        if self.requirements is not None and self.command is None:
+            raise ValueError(
+                "requirements: applies to command jobs only (a model runs in towerq's trainer, a notebook "
+                "session with the lab's Python)"
+            )
         if len(set(self.after)) != len(self.after):
             raise ValueError("after: each job or sweep may be named only once")
         if self.name is None and self.kind == "notebook":

