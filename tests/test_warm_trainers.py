@@ -44,7 +44,7 @@ def warm_pids(worker: int) -> dict[int, int]:
     found = {}
     for process in processes:
         argv = process.cmdline.split(" ")
-        if "worker.trainer" not in argv or "--warm" not in argv or argv[0] == "bwrap":
+        if "worker.trainer" not in argv or "--warm" not in argv or argv[0].endswith("bwrap"):
             continue
         child = process.pid
         while parents.get(child, 0) not in (worker, 0, 1):

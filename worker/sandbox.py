@@ -113,7 +113,7 @@ def drop_to(identity: Identity | None) -> list[str]:
         return []
     uid, gid = identity
     return [
-        "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+        tool("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
         "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
     ]  # fmt: skip
 
@@ -137,6 +137,23 @@ def system_view() -> list[str]:
         elif path.exists():
             args += ["--ro-bind", system, system]
     return args
+
+
+def tool(name: str) -> str:
+    """The absolute path of one of towerq's own tools (bwrap, setpriv), found on the worker's
+    `PATH`. Never by name: bwrap starts with the program's environment, and a job's `env`
+    may set `PATH`, so a name would be looked up there (by the worker, as root, for bwrap;
+    by bwrap, inside, for setpriv), where the job may have left a program of that name."""
+    found = _which(name)
+    if found is None:
+        raise SandboxError(f"{name} is not installed on this host")
+    return found
+
+
+@functools.cache
+def _which(name: str) -> str | None:
+    found = shutil.which(name)
+    return str(Path(found).resolve()) if found else None
 
 
 @functools.cache
@@ -272,7 +289,7 @@ def bwrap_command(
     """`command` wrapped in bwrap with the view described above, run as `identity`
     (`trainer_identity`) in `workdir` (default `JOB_PATH`); `job_folder` is seen at
     `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
-    args = ["bwrap", "--die-with-parent", *privileges(identity)]
+    args = [tool("bwrap"), "--die-with-parent", *privileges(identity)]
     args += ["--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup"]
     if not network:
         args.append("--unshare-net")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 MOST_BYTES = 64 * 1024
@@ -76,7 +77,7 @@ def _object(line: bytes) -> dict[str, Any]:
 def with_status(command: list[str]) -> tuple[list[str], int | None, int | None]:
     """`command` asking bwrap for its status when it runs bwrap: (command, read end, write
     end, which the child inherits and the caller closes once it started)."""
-    if command[:1] != ["bwrap"]:
+    if not command or Path(command[0]).name != "bwrap":
         return command, None, None
     read_end, write_end = os.pipe()
     return [command[0], "--json-status-fd", str(write_end), *command[1:]], read_end, write_end

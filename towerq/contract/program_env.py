@@ -31,10 +31,24 @@ RESERVED_ENV_NAMES = frozenset(
         "XLA_PYTHON_CLIENT_PREALLOCATE",
         "PYTHONHOME",
         "HOME",
+        # what glibc steers a privileged program by, and leaves out for a setuid one (its
+        # UNSECURE_ENVVARS): bwrap starts as root with the job's environment
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
     }
 )
 """What a command job's `env` may not set: what towerq sets for the program (its GPUs, ranks,
-folders, memory hints), and what changes how every program of the sandbox loads."""
+folders, memory hints), what changes how every program of the sandbox loads, and what
+glibc lets steer a privileged program (bwrap starts as root with the job's environment)."""
 COMMAND_MAX_ARGS = 1024
 COMMAND_ARG_MAX = 4096
 ENV_MAX_ENTRIES = 64
