@@ -287,9 +287,11 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
         "command": ["python", "train.py", "--lr", "0.1 0.2"],
         "code": "e5baf6e65e84df2a10eb",
         "processes": "per_gpu",
+        "requirements": ["einops", "transformers==4.46.1"],
     }
     command = job_page({**base, "name": "python train.py", "spec": spec})
     assert "  command    python train.py --lr '0.1 0.2' (code e5baf6e65e84); one process per GPU" in command, command
+    assert "  packages   einops transformers==4.46.1" in command, command
     assert not [line for line in command if line.lstrip().startswith(("progress", "spec"))], command
     session = {
         **base,

@@ -5,6 +5,8 @@ kept to `TOWERQ_ENVS_MAX`, and refused with pip's reason when it cannot be built
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,3 +105,41 @@ def test_a_program_runs_with_its_requirements_over_the_labs_packages_built_once_
     )
     assert refused.returncode == 2 and "line 1: '--index-url" in refused.stderr, refused.stderr
     assert "code:" not in refused.stdout, "nothing was sent"
+
+
+def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    """An index that never answers: pip waits (its own timeout is a minute). A cancel ends the
+    job within seconds, and pip: its connection to the index closes."""
+    index = socket.socket()
+    index.bind(("127.0.0.1", 0))
+    index.listen()
+    index.settimeout(60)
+    stack.start_api()
+    stack.start_scheduler()
+    options = f"--index-url http://127.0.0.1:{index.getsockname()[1]}/simple --timeout 60 --retries 0"
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=options)
+    client = stack.client(make_token("alice"))
+    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    code = upload_code(client, {"probe.py": PROBE})
+    created = client.post(
+        "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": ["einops"]}
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    connection, _ = index.accept()  # pip asks the index, and waits
+    with connection:
+        wait_for(
+            lambda: any(m.startswith("installing 1 requirement") for m in log_messages(client, job_id)), 30, "the build"
+        )
+        asked = time.monotonic()
+        assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+        job = finished(client, job_id, timeout=30)
+        assert job["state"] == "cancelled" and time.monotonic() - asked < 15, job
+        connection.settimeout(15)
+        assert connection.recv(65536, socket.MSG_PEEK) is not None
+        while connection.recv(65536):  # what pip sent, then its end: it was killed
+            pass
+    index.close()
+    assert not list((settings.var_dir / "envs").glob("*/.ready")), "nothing half built counts as built"

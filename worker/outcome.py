@@ -15,6 +15,7 @@ from typing import Any
 from service.core.models import JobState
 from towerq.contract.attempts import AttemptEnd, Ending
 from towerq.contract.attempts import Stop as AskedStop
+from worker import pyenv
 from worker.trainer.protocol import EXIT_STOPPED
 
 STDERR_LINES_KEPT = 20
@@ -53,9 +54,6 @@ class Stop(enum.StrEnum):
     CANNOT_HERE = "cannot_here"
     """The host cannot run this kind of attempt as it is set up (a notebook session where
     JupyterLab is missing, or on a root worker without the sandbox): it fails, saying why."""
-    REQUIREMENTS = "requirements"
-    """A command job's requirements could not be installed (`worker.pyenv`): it fails with
-    pip's reason."""
     EXECUTOR = "executor"
     """The executor's cluster stopped the attempt (Slurm's SIGTERM: `scancel`, a time limit,
     a node going away): the trainer checkpoints, and the scheduler records the end from
@@ -242,17 +240,7 @@ ASKED: dict[AskedStop, Stop] = {
 TOO_LATE = frozenset({None, Stop.CANCEL, Stop.SWEEP, Stop.PREEMPT, Stop.SHUTDOWN, Stop.TIME_LIMIT, Stop.GPU_IDLE})
 """Stops that do not undo a trained job: asked after its last step, they change nothing it
 made. A full folder, a bad spec or a GPU-memory breach still fail it."""
-FAILING = frozenset(
-    {
-        Stop.BAD_SPEC,
-        Stop.FOLDER_FULL,
-        Stop.GPU_MEMORY,
-        Stop.GPU_IDLE,
-        Stop.NOT_READY,
-        Stop.CANNOT_HERE,
-        Stop.REQUIREMENTS,
-    }
-)
+FAILING = frozenset({Stop.BAD_SPEC, Stop.FOLDER_FULL, Stop.GPU_MEMORY, Stop.GPU_IDLE, Stop.NOT_READY, Stop.CANNOT_HERE})
 """Stops that fail the job, their message its reason."""
 
 ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
@@ -293,6 +281,9 @@ def level_of(line: str) -> str:
 
 
 def exit_message(returncode: int | None, stderr: list[str], who: str = "trainer") -> str:
+    said = next((line.strip() for line in reversed(stderr) if line.strip()), "")
+    if returncode == pyenv.NOT_INSTALLED and said.startswith(pyenv.SAID):  # its build's word, not the program's
+        return said.removeprefix("towerq: ")
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name
         hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""

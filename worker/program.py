@@ -218,13 +218,6 @@ class ProgramRunner(AttemptRunner):
     """A resumed attempt's first point came (`_event`)."""
     _warned_for: int | None = None
     """The time limit the program was warned of (`_warn`)."""
-    python_env: pyenv.PythonEnv | None = None
-    """Its own Python environment (`requirements`), held while it runs."""
-
-    def _after(self) -> None:
-        super()._after()
-        if self.python_env is not None:
-            self.python_env.release()
 
     def input_named(self, job_id: int) -> str:
         return f"$TOWERQ_INPUTS (JSON) ['{job_id}']"
@@ -233,14 +226,17 @@ class ProgramRunner(AttemptRunner):
         settings, launch = self.settings, self.launch
         prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None, (CHECKPOINTS, OUTPUT, WORK))
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
-        if launch.spec.get("requirements"):
-            self.python_env = pyenv.ensure(list(launch.spec["requirements"]), settings, self.sink.log)
-        folder = self.python_env.folder if self.python_env is not None else None
+        requirements = list(launch.spec.get("requirements") or [])
+        options = settings.pip_options
+        folder = pyenv.env_folder(settings.var_dir, requirements, options) if requirements else None
         env = program_environment(launch, settings, seen, self.sandboxed, folder)
         command = program_command(launch, settings, self.artifacts, self.sandboxed, folder)
+        if requirements:  # built (or found) first, outside the sandbox, by the attempt's process
+            command = [*pyenv.prefix(settings.var_dir, requirements, options, settings.envs_max), *command]
         cwd = self.artifacts  # `worker.workdir` starts the program in its working folder
-        # outside the sandbox nothing else ends a program whose worker died (bwrap does inside)
-        death = None if self.sandboxed else die_with_parent
+        # outside the sandbox nothing else ends a program whose worker died (bwrap does
+        # inside, once it runs: a requirements' build before it is not in the sandbox)
+        death = None if self.sandboxed and not requirements else die_with_parent
         how = f"the command {shlex.join(launch.spec['command'])[:500]}"
 
         def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:

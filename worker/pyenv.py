@@ -2,31 +2,42 @@
 the lab's, built once on each host for each list, kept, and shared by the jobs that ask for
 the same list (as ClearML's agent caches a task's virtual environment).
 
-The environment is a venv at `TOWERQ_VAR_DIR/envs/<key>`: its own site-packages first, then the
-lab's (`towerq-lab.pth` adds the lab's site folders, their `.pth` files included), so the
-lab's frameworks stay importable and a version the list names replaces the lab's. The
-program finds its `python` first on `PATH`.
+The environment is a venv at `TOWERQ_VAR_DIR/envs/<key>`: its own site-packages first, then
+the lab's (`towerq-lab.pth` adds the lab's site folders, their `.pth` files included), so
+the lab's frameworks stay importable and a version the list names replaces the lab's. The
+program finds its `python` first on `PATH` (`worker.program.program_environment`).
+
+It is built by the attempt's process itself, first (`prefix`): `python -I -m worker.pyenv
+... -- COMMAND` runs as the worker's user, outside the sandbox, in the attempt's cgroup and
+process group, and once the environment is there execs COMMAND (bwrap, which shows it read
+only). So the job is running while pip works (its log shows pip's lines as they come), a
+cancel or the worker's end stops pip as it stops a program, and pip's time is the job's.
+A list pip cannot install ends it with `NOT_INSTALLED` and the reason on stderr
+(`worker.outcome`: the job fails with that reason, and is not tried again).
 
 What a member names cannot run anything here: pip installs wheels only (`--only-binary
 :all:`: an sdist's `setup.py` would run as the worker's user), from the lab's index (pip's
-own config, and `TOWERQ_PIP_OPTIONS`: `--index-url URL`, `--no-index --find-links DIR`),
-in an empty folder with the list after `--` (no entry is read as an option or a local
-path; `towerq.contract.program_env.requirement` refuses those at submit too). Jobs see
-their environment read only (bound at its own path in the sandbox; they run as another user
-than the worker that built it), so no job changes what the next one with the same list
-runs.
+own config, and `TOWERQ_PIP_OPTIONS`), in a folder of its own with the list after `--` (no
+entry is read as an option or a local path; `towerq.contract.program_env.requirement`
+refuses those at submit too). This process starts with the job's environment, so it reads
+none of it: Python in isolated mode (`-I`: no `PYTHONPATH`, no user site), towerq's tools
+by absolute path, and pip with an environment of its own (`PIP_ENVIRONMENT`: what the
+worker's own environment says of the network and pip, written by the worker). Jobs see
+their environment read only, so no job changes what the next one with the same list runs.
 
 The key is the list (sorted, as written), the lab's Python and the options. The first job
 builds it under a lock (a second on the same host waits, then reuses it); each job holds it
-(a shared `flock` on its `.ready`) while it runs. At most `TOWERQ_ENVS_MAX` are kept: past
-that, the least recently used that no job holds are removed."""
+(a shared `flock` on its `.ready`, kept open through the exec) while it runs. At most
+`TOWERQ_ENVS_MAX` are kept: past that, the least recently used that no job holds go."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import site
@@ -34,35 +45,31 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-
-from service.core.settings import Settings
-from worker.outcome import NotStarted, Stop
 
 ENVS = "envs"
 """The folder of `TOWERQ_VAR_DIR` the environments are kept in (this host's own)."""
 READY = ".ready"
 """Written last: the environment is whole. Its mtime is when a job last used it."""
-PIP_LEVELS = {"ERROR": "error", "WARNING": "warning"}
-PIP_LINES_LOGGED = 200
-"""pip's lines a build logs at most (the rest are counted); its last error is the reason."""
+PIP_ENVIRONMENT = ".pip-environment.json"
+"""What pip is started with: the worker's own word on the network and pip (proxies,
+certificates, `PIP_*`, its `HOME` for pip's user config), written by the worker (0600)."""
+PASSED_TO_PIP = ("HOME", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+PASSED_TO_PIP_PREFIXES = ("PIP_", "SSL_CERT_", "REQUESTS_CA_", "CURL_CA_")
+NOT_INSTALLED = 86
+"""The exit status of an attempt whose requirements pip could not install."""
+SAID = "towerq: its requirements could not be installed: "
+"""How that attempt's last line on stderr starts (the rest: pip's reason)."""
+PIP_LINES_SHOWN = 200
 
 
-@dataclass
-class PythonEnv:
-    folder: Path
-    held: IO[str]
-    """`.ready`, open with a shared lock while the job runs: pruning passes it by."""
+class NotInstalled(Exception):
+    """pip could not install the list: the message is its reason."""
 
-    @property
-    def bin(self) -> Path:
-        return self.folder / "bin"
 
-    def release(self) -> None:
-        self.held.close()
+def root_of(var_dir: Path) -> Path:
+    return (var_dir / ENVS).resolve()
 
 
 def env_key(requirements: list[str], pip_options: str) -> str:
@@ -70,78 +77,135 @@ def env_key(requirements: list[str], pip_options: str) -> str:
     return hashlib.sha256(said.encode()).hexdigest()[:24]
 
 
-def ensure(requirements: list[str], settings: Settings, say: Callable[[str, str], None]) -> PythonEnv:
-    """The environment for `requirements` on this host, built if it is not yet, and held."""
-    root = (settings.var_dir / ENVS).resolve()
+def env_folder(var_dir: Path, requirements: list[str], pip_options: str) -> Path:
+    """Where the environment of `requirements` is (or will be) on this host."""
+    return root_of(var_dir) / env_key(requirements, pip_options)
+
+
+def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int) -> list[str]:
+    """What goes before an attempt's command to build (or reuse) and hold its environment.
+    The worker's word for pip is written now, where only the worker's user reads it."""
+    root = root_of(var_dir)
     root.mkdir(parents=True, exist_ok=True)
-    key = env_key(requirements, settings.pip_options)
+    passed = {k: v for k, v in os.environ.items() if k in PASSED_TO_PIP or k.startswith(PASSED_TO_PIP_PREFIXES)}
+    written = root / f"{PIP_ENVIRONMENT}.{os.getpid()}.{time.monotonic_ns()}"
+    with open(os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        json.dump(passed, out)
+    written.replace(root / PIP_ENVIRONMENT)
+    listed = [arg for requirement in requirements for arg in ("--requirement", requirement)]
+    return [
+        sys.executable, "-I", "-m", "worker.pyenv", "--root", str(root), "--keep", str(keep),
+        "--pip-options", pip_options, *listed, "--",
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    split = words.index("--")
+    parser = argparse.ArgumentParser(prog="python -m worker.pyenv")
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--keep", type=int, required=True)
+    parser.add_argument("--pip-options", default="")
+    parser.add_argument("--requirement", action="append", required=True)
+    args = parser.parse_args(words[:split])
+    command = words[split + 1 :]
+    try:
+        held = ensure(args.requirement, args.root, args.pip_options, args.keep)
+    except NotInstalled as err:
+        print(f"{SAID}{err}", file=sys.stderr, flush=True)
+        said_to_bwrap(command, NOT_INSTALLED)
+        return NOT_INSTALLED
+    os.set_inheritable(held.fileno(), True)  # held while the job runs: through the exec, to bwrap
+    sys.stdout.flush()
+    os.execv(command[0], command)
+
+
+def said_to_bwrap(command: list[str], code: int) -> None:
+    """Where bwrap would have said how its command ended (`--json-status-fd`, read by the
+    worker to tell a sandbox that failed to start from a job that failed): that it did."""
+    if "--json-status-fd" in command:
+        fd = int(command[command.index("--json-status-fd") + 1])
+        with contextlib.suppress(OSError):
+            os.write(fd, json.dumps({"exit-code": code}).encode() + b"\n")
+
+
+def ensure(requirements: list[str], root: Path, pip_options: str, keep: int) -> IO[str]:
+    """Build the environment for `requirements` if it is not there yet; `.ready`, held."""
+    key = env_key(requirements, pip_options)
     folder = root / key
     with open(root / f"{key}.lock", "a") as lock:
         if not _locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            say("info", "its Python environment is being built on this host for another job: waiting for it")
+            say("its Python environment is being built on this host for another job: waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / READY).is_file():
-            say("info", f"its requirements are installed on this host already (environment {key[:12]})")
+            say(f"its requirements are installed on this host already (environment {key[:12]})")
         else:
-            _build(folder, requirements, settings, say)
-        held = open(folder / READY)  # noqa: SIM115 - held while the job runs, closed by `release`
+            build(folder, requirements, root, pip_options)
+        held = open(folder / READY)  # noqa: SIM115 - held until the attempt ends, through the exec
         fcntl.flock(held, fcntl.LOCK_SH)
     (folder / READY).touch()
-    prune(root, settings.envs_max, keep=key)
-    return PythonEnv(folder, held)
+    prune(root, keep, keep=key)
+    return held
 
 
-def _build(folder: Path, requirements: list[str], settings: Settings, say: Callable[[str, str], None]) -> None:
+def build(folder: Path, requirements: list[str], root: Path, pip_options: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)  # a build cut short
     started = time.monotonic()
     count = f"{len(requirements)} requirement{'s' if len(requirements) > 1 else ''}"
-    say("info", f"installing {count} on this host, once: {' '.join(requirements)}")
+    say(f"installing {count} on this host, once: {' '.join(requirements)}")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True)
     purelib = folder / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     lab = [path for path in site.getsitepackages() if Path(path).is_dir()]
     (purelib / "towerq-lab.pth").write_text("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in lab) + "\n")
     command = [
-        sys.executable, "-m", "pip", "--python", str(folder / "bin" / "python"), "install", "--no-input",
+        sys.executable, "-I", "-m", "pip", "--python", str(folder / "bin" / "python"), "install", "--no-input",
         "--disable-pip-version-check", "--progress-bar", "off", "--only-binary", ":all:",
-        *shlex.split(settings.pip_options), "--", *requirements,
+        *shlex.split(pip_options), "--", *requirements,
     ]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="towerq-pip-") as empty:
-        pip = subprocess.Popen(command, cwd=empty, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    environment = pip_environment(root)
+    last_error, shown = "", 0
+    with tempfile.TemporaryDirectory(prefix="pip-", dir=root) as empty:
+        pip = subprocess.Popen(
+            command, cwd=empty, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         assert pip.stdout is not None
-        lines = 0
-        last_error = ""
         for line in pip.stdout:
             line = line.rstrip()
             if line.startswith(("ERROR:", "error:")):
                 last_error = line[len("error:") :].strip()
-            if line and lines < PIP_LINES_LOGGED:
-                say(PIP_LEVELS.get(line.split(":", 1)[0], "info"), f"pip: {line}")
-            lines += 1
+            if line and shown < PIP_LINES_SHOWN:
+                say(f"pip: {line}")
+            shown += bool(line)
         code = pip.wait()
     if code != 0:
         shutil.rmtree(folder, ignore_errors=True)
-        why = last_error or f"pip exited with code {code}"
-        raise NotStarted(Stop.REQUIREMENTS, f"its requirements could not be installed: {why}")
+        raise NotInstalled(last_error or f"pip exited with code {code}")
     (folder / "requirements.txt").write_text("".join(f"{line}\n" for line in requirements))
     (folder / READY).write_text(json.dumps({"requirements": requirements, "built_s": time.monotonic() - started}))
-    if lines > PIP_LINES_LOGGED:
-        say("info", f"pip: ({lines - PIP_LINES_LOGGED} more lines)")
-    say(
-        "info",
-        f"installed in {time.monotonic() - started:.0f} s (environment {folder.name[:12]}, kept for the next job)",
-    )
+    if shown > PIP_LINES_SHOWN:
+        say(f"pip: ({shown - PIP_LINES_SHOWN} more lines)")
+    say(f"installed in {time.monotonic() - started:.0f} s (environment {folder.name[:12]}, kept for the next job)")
+
+
+def pip_environment(root: Path) -> dict[str, str]:
+    """pip's environment: none of the job's, the worker's word on the network and pip."""
+    environment = {"PATH": os.defpath, "LANG": "C.UTF-8", "PIP_CACHE_DIR": str(root / ".pip-cache")}
+    with contextlib.suppress(OSError, ValueError):
+        passed = json.loads((root / PIP_ENVIRONMENT).read_text())
+        environment.update({str(k): str(v) for k, v in passed.items() if isinstance(passed, dict)})
+    return environment
 
 
 def prune(root: Path, keep_at_most: int, keep: str) -> list[str]:
     """Remove the least recently used environments past `keep_at_most`, but `keep` and those
     a job holds or that are being built; their keys."""
-    kept = sorted(
+    others = sorted(
         (ready.parent for ready in root.glob(f"*/{READY}") if ready.parent.name != keep),
         key=lambda folder: (folder / READY).stat().st_mtime,
         reverse=True,
     )
     removed = []
-    for folder in kept[max(0, keep_at_most - 1) :]:
+    for folder in others[max(0, keep_at_most - 1) :]:
         with open(root / f"{folder.name}.lock", "a") as lock:
             if not _locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
                 continue
@@ -154,8 +218,16 @@ def prune(root: Path, keep_at_most: int, keep: str) -> list[str]:
     return removed
 
 
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
 def _locked(file: IO[str], how: int) -> bool:
     with contextlib.suppress(BlockingIOError):
         fcntl.flock(file, how)
         return True
     return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -209,6 +209,10 @@ def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
     assert "quote is not closed" in page.locator('[id="err-command"]').inner_text()
     page.locator('[id="f-command"]').fill('python train.py --note "two words" it\\\'s')
     page.locator('[id="f-env"]').fill('{"SEED": "1"}')
+    page.locator('[id="f-requirements"]').fill("-e /")
+    page.click("#submit")
+    page.wait_for_selector('[id="err-requirements"]:text("is not a package")')
+    page.locator('[id="f-requirements"]').fill("# what it needs\neinops  # any\n\ntqdm==4.67.1")
     shot(page, "submit-program")
     page.click("#submit")
     page.wait_for_url(lambda address: "#/jobs/" in address)
@@ -216,6 +220,7 @@ def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
     spec = client.get(f"/api/jobs/{job_id}").json()["spec"]
     assert spec["command"] == ["python", "train.py", "--note", "two words", "it's"], spec
     assert spec["env"] == {"SEED": "1"} and len(spec["code"]) == 64 and "hyperparameters" not in spec, spec
+    assert spec["requirements"] == ["einops", "tqdm==4.67.1"], spec
     assert "dataset" not in spec or spec["dataset"] is None, spec
 
     # its Clone is the same program over the same code
@@ -227,6 +232,7 @@ def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
     page.wait_for_url(lambda address: "#/jobs/" in address and not address.endswith(f"/{job_id}"))
     again = client.get(f"/api/jobs/{int(page.url.rsplit('/', 1)[1])}").json()["spec"]
     assert (again["command"], again["code"], again["env"]) == (spec["command"], spec["code"], spec["env"]), again
+    assert again["requirements"] == spec["requirements"], again
 
     # a notebook session, ended when idle
     page.goto(f"{url}/#/submit")

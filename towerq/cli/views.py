@@ -288,7 +288,8 @@ def spec_rows(job: dict[str, Any], spec: dict[str, Any], api_url: str = "") -> l
     if spec.get("command"):
         per_gpu = "; one process per GPU" if spec.get("processes") == "per_gpu" else ""
         resumable = "; resumable" if spec.get("resumable") else ""
-        return [("command", f"{shlex.join(spec['command'])}{code}{per_gpu}{resumable}")]
+        rows = [("command", f"{shlex.join(spec['command'])}{code}{per_gpu}{resumable}")]
+        return rows + ([("packages", " ".join(spec["requirements"]))] if spec.get("requirements") else [])
     hyper = spec.get("hyperparameters") or {}
     settings = ", ".join(f"{key} {value}" for key, value in hyper.items() if not isinstance(value, dict | list))
     model = f"{spec.get('model', '?')}{code} on {spec.get('dataset') or '?'}"

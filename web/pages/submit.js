@@ -283,11 +283,13 @@ function programFields(errors) {
   const env = el("textarea", { rows: 2, placeholder: '{"SEED": "1"}' });
   const perGpu = el("input", { type: "checkbox" });
   const resumable = el("input", { type: "checkbox" });
+  const packages = el("textarea", { rows: 2, class: "mono", placeholder: "einops\ntransformers==4.46.1" });
   const node = el(
     "div",
     { class: "program", hidden: true },
     errors.field("command", "Command", command, "run in a copy of your code; quote as in a shell"),
     errors.field("env", "Environment (JSON)", env),
+    errors.field("requirements", "Packages", packages, "besides the lab's, one a line, as in requirements.txt: installed once per host"),
     errors.field("processes", "One process per GPU", perGpu, "RANK, WORLD_SIZE, MASTER_ADDR for each (torch DDP, TF_CONFIG)"),
     errors.field("resumable", "Resumable", resumable, "it resumes from $TOWERQ_CHECKPOINT_DIR: towerq may stop and restart it"),
   );
@@ -298,9 +300,15 @@ function programFields(errors) {
       env.value = jsonText(spec.env || {});
       perGpu.checked = spec.processes === "per_gpu";
       resumable.checked = Boolean(spec.resumable);
+      packages.value = (spec.requirements || []).join("\n");
     },
     read(spec) {
       spec.command = splitCommand(command.value);
+      const listed = packages.value
+        .split("\n")
+        .map((line) => line.replace(/(^|\s)#.*$/, "").trim())
+        .filter(Boolean);
+      if (listed.length) spec.requirements = listed;
       const own = parseJson(env.value, "env");
       if (Object.keys(own).length) spec.env = own;
       if (perGpu.checked) spec.processes = "per_gpu";
