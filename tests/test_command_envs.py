@@ -1,11 +1,15 @@
 """A command job's own packages (`requirements`, `towerq run -r requirements.txt`): a
 Python environment over the lab's, built on the host once for each list from the lab's
 index (here a folder of wheels the worker is told of with `TOWERQ_PIP_OPTIONS`), reused,
-kept to `TOWERQ_ENVS_MAX`, and refused with pip's reason when it cannot be built."""
+kept to `TOWERQ_ENVS_MAX`, and refused with pip's reason when it cannot be built; a
+notebook session's JupyterLab, kernel and shells run on it."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +19,8 @@ import httpx
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, finished, log_messages, upload_code, wait_for
+from tests.notebook_kernel import run_code, start_kernel, wait_ready
+from tests.stack import REPO, Stack, finished, log_messages, upload_code, wait_for
 from tests.test_command_jobs import towerq_cli
 from tests.wheels import wheel
 
@@ -143,3 +148,36 @@ def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
             pass
     index.close()
     assert not list((settings.var_dir / "envs").glob("*/.ready")), "nothing half built counts as built"
+
+
+def test_a_notebook_sessions_kernel_and_shell_have_its_requirements(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    index = tmp_path / "index"
+    index.mkdir()
+    wheel(index, "towerq-probe", "1.0", {"towerq_probe.py": "VALUE = 'v1.0'\n"})
+    token = make_token("alice")
+    client = lab_with_an_index(stack, token, index)
+    created = client.post("/api/jobs", json={"kind": "notebook", "requirements": ["towerq-probe==1.0"]})
+    assert created.status_code == 201, created.text
+    session = created.json()["id"]
+    wait_ready(client, session)
+    said = log_messages(client, session)
+    assert any(m.startswith("pip: Successfully installed towerq-probe-1.0") for m in said), said
+
+    # JupyterLab runs on the environment's Python: so does its kernel
+    kernel = start_kernel(client, session)
+    printed = run_code(
+        client, str(stack.api_url), token, session, kernel,
+        "import sys, numpy, towerq_probe; print(towerq_probe.VALUE, sys.prefix != sys.base_prefix, numpy.__name__)",
+    )  # fmt: skip
+    assert printed.split() == ["v1.0", "True", "numpy"], printed
+
+    # ... and its terminals' `python`
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERQ_")}
+    env.update({"TOWERQ_API_URL": str(stack.api_url), "TOWERQ_TOKEN": token, "PYTHONPATH": str(REPO)})
+    typed = b"python -c 'import towerq_probe; print(towerq_probe.VALUE, 6 * 7)'\n"
+    shell = [sys.executable, "-m", "service.cli", "shell", str(session)]
+    done = subprocess.run(shell, input=typed, capture_output=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and b"v1.0 42" in done.stdout, done.stdout + done.stderr
+    assert client.post(f"/api/jobs/{session}/cancel").status_code == 202

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from service.core.settings import Settings
 from towerq.contract.attempts import AttemptEnd, Refused
-from worker import rendezvous, sandbox
+from worker import pyenv, rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
 from worker.door import SOCKET, Door, ask
@@ -131,13 +131,18 @@ class HomeQuota:
         return None, why + " (TOWERQ_NOTEBOOK_HOME_MAX_BYTES)"
 
 
-def jupyter_command(settings: Settings, job_id: int, home: Path, session: Path) -> list[str]:
+def jupyter_command(
+    settings: Settings, job_id: int, home: Path, session: Path, python: str = sys.executable
+) -> list[str]:
     """JupyterLab on the session's socket, under the API's path, without a token (the API
     is the only way in and checks the member's login), `HOME` the member's folder; its
     terminals' shell sees the session's environment (the lab's Python first on PATH)."""
+    # on an environment of its requirements (`worker.pyenv`), Jupyter still finds the lab's
+    # server extensions (terminals), lab extensions and kernel specs, where the lab installed them
+    lab = [f"JUPYTER_CONFIG_PATH={sys.prefix}/etc/jupyter", f"JUPYTER_PATH={sys.prefix}/share/jupyter"]
     return [
         "env", f"HOME={home}", f"JUPYTER_RUNTIME_DIR={session / 'runtime'}", "SHELL=/bin/bash",
-        sys.executable, "-m", "jupyterlab", "--no-browser",
+        *(lab if python != sys.executable else []), python, "-m", "jupyterlab", "--no-browser",
         f"--ServerApp.sock={session / SOCKET}", "--ServerApp.sock_mode=0600",
         f"--ServerApp.base_url={session_base_url(settings, job_id)}",
         f"--ServerApp.root_dir={home}", "--IdentityProvider.token=", "--ServerApp.password=",
@@ -154,6 +159,8 @@ class NotebookRunner(ProgramRunner):
     session = True
 
     door: Door | None = None
+    python_env: Path | None = None
+    """Its requirements' environment (`worker.pyenv`), where it names some."""
     _ready = False
     _busy_at = 0.0
     """When a kernel was last busy, or a GPU in use (monotonic)."""
@@ -191,27 +198,34 @@ class NotebookRunner(ProgramRunner):
         folder.mkdir(mode=0o700, exist_ok=True)
         sandbox.hand_over(folder, identity)
         seen_home, seen_session = (HOME_PATH, SESSION_PATH) if self.sandboxed else (home, folder)
-        env = program_environment(
-            launch, settings, sandbox.JOB_PATH if self.sandboxed else self.artifacts, self.sandboxed
+        requirements = list(launch.spec.get("requirements") or [])
+        self.python_env = (
+            pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) if requirements else None
         )
+        seen_job = sandbox.JOB_PATH if self.sandboxed else self.artifacts
+        env = program_environment(launch, settings, seen_job, self.sandboxed, self.python_env)
         code = code_seen(launch, settings, self.sandboxed)
         if code is not None:  # importable after towerq's folders (`import towerq` stays), before the job's own
             env["TOWERQ_CODE_DIR"] = str(code)
             env["PYTHONPATH"] = program_pythonpath(launch, code)
-        command = jupyter_command(settings, launch.job_id, seen_home, seen_session)
+        # its requirements' environment runs JupyterLab, so its kernel is that Python too
+        python = str(self.python_env / "bin" / "python") if self.python_env is not None else sys.executable
+        command = jupyter_command(settings, launch.job_id, seen_home, seen_session, python)
         if self.sandboxed:
             binds = [(home, HOME_PATH), (folder, SESSION_PATH)]
-            command = in_sandbox(
-                command, launch, settings, self.artifacts, bool(launch.spec.get("network")), HOME_PATH, binds
-            )
+            shown = [self.python_env] if self.python_env is not None else []
+            network = bool(launch.spec.get("network"))
+            command = in_sandbox(command, launch, settings, self.artifacts, network, HOME_PATH, binds, shown)
         self._home_watch = FolderWatch(home, settings.notebook_home_max_bytes, settings.job_folder_check_s)
         self._home_quota = HomeQuota(settings.notebook_home_max_bytes)
         self._open_door(folder)
-        death = None if self.sandboxed else die_with_parent
+        death = None if self.sandboxed and not requirements else die_with_parent
 
         def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
             self._started_at = time.monotonic()
-            return start_trainer(command, home, env, group, death), env, "JupyterLab"
+            # with requirements, built (or found) first, outside the sandbox, by the attempt's process
+            run, starts_with = pyenv.starting(command, env, requirements, settings)
+            return start_trainer(run, home, starts_with, group, death), env, "JupyterLab"
 
         return start
 
@@ -270,6 +284,9 @@ class NotebookRunner(ProgramRunner):
             self._ready = True
             self._busy_at = now
             self.sink.log("info", f"JupyterLab is ready: open {session_base_url(self.settings, self.launch.job_id)}lab")
+            return
+        if self.python_env is not None and not (self.python_env / pyenv.READY).is_file():
+            self._started_at = now  # its requirements are being installed: JupyterLab starts after
             return
         waited = now - self._started_at
         if waited > self.settings.notebook_start_timeout_s and self.outcome.stop is None:

@@ -227,12 +227,9 @@ class ProgramRunner(AttemptRunner):
         prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None, (CHECKPOINTS, OUTPUT, WORK))
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
         requirements = list(launch.spec.get("requirements") or [])
-        options = settings.pip_options
-        folder = pyenv.env_folder(settings.var_dir, requirements, options) if requirements else None
+        folder = pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) if requirements else None
         env = program_environment(launch, settings, seen, self.sandboxed, folder)
         command = program_command(launch, settings, self.artifacts, self.sandboxed, folder)
-        if requirements:  # built (or found) first, outside the sandbox, by the attempt's process
-            command = [*pyenv.prefix(settings.var_dir, requirements, options, settings.envs_max), *command]
         cwd = self.artifacts  # `worker.workdir` starts the program in its working folder
         # outside the sandbox nothing else ends a program whose worker died (bwrap does
         # inside, once it runs: a requirements' build before it is not in the sandbox)
@@ -240,7 +237,9 @@ class ProgramRunner(AttemptRunner):
         how = f"the command {shlex.join(launch.spec['command'])[:500]}"
 
         def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
-            return start_trainer(command, cwd, env, group, death), env, how
+            # with requirements, built (or found) first, outside the sandbox, by the attempt's process
+            run, starts_with = pyenv.starting(command, env, requirements, settings)
+            return start_trainer(run, cwd, starts_with, group, death), env, how
 
         return start
 

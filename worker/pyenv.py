@@ -19,10 +19,11 @@ What a member names cannot run anything here: pip installs wheels only (`--only-
 :all:`: an sdist's `setup.py` would run as the worker's user), from the lab's index (pip's
 own config, and `TOWERQ_PIP_OPTIONS`), in a folder of its own with the list after `--` (no
 entry is read as an option or a local path; `towerq.contract.program_env.requirement`
-refuses those at submit too). This process starts with the job's environment, so it reads
-none of it: Python in isolated mode (`-I`: no `PYTHONPATH`, no user site), towerq's tools
-by absolute path, and pip with an environment of its own (`PIP_ENVIRONMENT`: what the
-worker's own environment says of the network and pip, written by the worker). Jobs see
+refuses those at submit too). This process reads none of the job's environment: it starts
+with a bare one (the program's waits in a file only the worker's user reads, and comes back
+at the exec), Python in isolated mode (`-I`), towerq's tools by absolute path, and pip with
+an environment of its own (`PIP_ENVIRONMENT`: what the worker's own environment says of the
+network and pip, written by the worker). Jobs see
 their environment read only, so no job changes what the next one with the same list runs.
 
 The key is the list (sorted, as written), the lab's Python and the options. The first job
@@ -46,7 +47,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+Starting = tuple[list[str], dict[str, str]]
+"""What goes before an attempt's command, and the environment its process starts with."""
 
 ENVS = "envs"
 """The folder of `TOWERQ_VAR_DIR` the environments are kept in (this host's own)."""
@@ -82,21 +86,40 @@ def env_folder(var_dir: Path, requirements: list[str], pip_options: str) -> Path
     return root_of(var_dir) / env_key(requirements, pip_options)
 
 
-def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int) -> list[str]:
-    """What goes before an attempt's command to build (or reuse) and hold its environment.
-    The worker's word for pip is written now, where only the worker's user reads it."""
+def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int, environ: dict[str, str]) -> Starting:
+    """What goes before an attempt's command to build (or reuse) and hold its environment,
+    and the environment that process starts with. It reads none of the job's: `environ` (the
+    program's) waits in a file only the worker's user reads, for the exec after the build.
+    The worker's word for pip is written now, as well."""
     root = root_of(var_dir)
     root.mkdir(parents=True, exist_ok=True)
     passed = {k: v for k, v in os.environ.items() if k in PASSED_TO_PIP or k.startswith(PASSED_TO_PIP_PREFIXES)}
-    written = root / f"{PIP_ENVIRONMENT}.{os.getpid()}.{time.monotonic_ns()}"
-    with open(os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
-        json.dump(passed, out)
-    written.replace(root / PIP_ENVIRONMENT)
+    _write_private(root / PIP_ENVIRONMENT, passed)
+    waiting = root / f".environ-{os.getpid()}-{time.monotonic_ns()}.json"
+    _write_private(waiting, environ)
     listed = [arg for requirement in requirements for arg in ("--requirement", requirement)]
-    return [
+    words = [
         sys.executable, "-I", "-m", "worker.pyenv", "--root", str(root), "--keep", str(keep),
-        "--pip-options", pip_options, *listed, "--",
+        "--pip-options", pip_options, "--environ", str(waiting), *listed, "--",
     ]  # fmt: skip
+    return words, {"PATH": os.defpath, "LANG": "C.UTF-8"}
+
+
+def starting(command: list[str], environ: dict[str, str], requirements: list[str], settings: Any) -> Starting:
+    """An attempt's `command` and `environ` as its process starts: as they are, or, with
+    `requirements`, behind `prefix` (`settings`: the worker's `Settings`)."""
+    if not requirements:
+        return command, environ
+    words, bare = prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, environ)
+    return [*words, *command], bare
+
+
+def _write_private(path: Path, said: dict[str, str]) -> None:
+    """`said` as JSON at `path`, readable by this user alone, whole or not at all."""
+    written = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+    with open(os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        json.dump(said, out)
+    written.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--keep", type=int, required=True)
     parser.add_argument("--pip-options", default="")
+    parser.add_argument("--environ", type=Path, required=True)
     parser.add_argument("--requirement", action="append", required=True)
     args = parser.parse_args(words[:split])
     command = words[split + 1 :]
+    environ = json.loads(args.environ.read_text())
+    args.environ.unlink()
     try:
         held = ensure(args.requirement, args.root, args.pip_options, args.keep)
     except NotInstalled as err:
@@ -117,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return NOT_INSTALLED
     os.set_inheritable(held.fileno(), True)  # held while the job runs: through the exec, to bwrap
     sys.stdout.flush()
-    os.execv(command[0], command)
+    os.execve(command[0], command, environ)
 
 
 def said_to_bwrap(command: list[str], code: int) -> None:
@@ -153,7 +179,9 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str) -
     started = time.monotonic()
     count = f"{len(requirements)} requirement{'s' if len(requirements) > 1 else ''}"
     say(f"installing {count} on this host, once: {' '.join(requirements)}")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True)
+    environment = pip_environment(root)
+    venv = [sys.executable, "-I", "-m", "venv", "--without-pip", str(folder)]
+    subprocess.run(venv, check=True, capture_output=True, env=environment)
     purelib = folder / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     lab = [path for path in site.getsitepackages() if Path(path).is_dir()]
     (purelib / "towerq-lab.pth").write_text("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in lab) + "\n")
@@ -162,7 +190,6 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str) -
         "--disable-pip-version-check", "--progress-bar", "off", "--only-binary", ":all:",
         *shlex.split(pip_options), "--", *requirements,
     ]  # fmt: skip
-    environment = pip_environment(root)
     last_error, shown = "", 0
     with tempfile.TemporaryDirectory(prefix="pip-", dir=root) as empty:
         pip = subprocess.Popen(

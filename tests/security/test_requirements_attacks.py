@@ -4,7 +4,10 @@ pass pip an option (`--index-url` of their own, `-e /`), a URL or a path in plac
 package; name a package that only comes as source, whose `setup.py` pip would run as the
 worker to build it; name a wheel that writes outside the environment; or change the shared
 environment from inside a job, so the next member's job with the same list runs their code.
-None of that gets through (`towerq.contract.program_env.requirement`, `worker.pyenv`)."""
+Nor, since the build runs as the worker before the sandbox starts, can the job's own `env`
+steer it: a `PYTHONPATH` naming a folder where a job left a `sitecustomize.py` would run it
+as the worker. None of that gets through (`towerq.contract.program_env.requirement`,
+`worker.pyenv`)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,12 @@ HOSTILE = [
     "towerq-probe==1.0 --hash=sha256:00",
     "",
 ]
+PLANT = """
+import os
+for name in ("sitecustomize.py", "usercustomize.py", "pip.py", "venv.py"):
+    with open(os.path.join("/job/output", name), "w") as planted:
+        planted.write("open({marker!r}, 'w').write('ran as the worker')\\n")
+"""
 POISON = """
 import pathlib, towerq_probe
 target = pathlib.Path(towerq_probe.__file__)
@@ -93,6 +102,22 @@ def test_requirements_are_packages_from_the_labs_index_built_from_wheels_and_rea
     job, said = run(["towerq-escape==1.0"])
     assert job["state"] == "failed" and "could not be installed" in job["error"], (job, said[-10:])
     assert not escape.exists()
+
+    # the job's env does not reach the build: a PYTHONPATH to a folder a job planted Python in
+    planter = upload_code(client, {"plant.py": PLANT.format(marker=str(marker) + "-env")})
+    created = client.post("/api/jobs", json={"command": ["python", "plant.py"], "code": planter})
+    planted = finished(client, created.json()["id"])
+    assert planted["state"] == "succeeded", planted
+    folder = settings.artifacts_dir.resolve() / f"job-{planted['id']}" / "output"
+    assert (folder / "sitecustomize.py").is_file()
+    steer = {"PYTHONPATH": str(folder), "PYTHONSTARTUP": str(folder / "pip.py"), "PYTHONUSERBASE": str(folder)}
+    created = client.post(
+        "/api/jobs",
+        json={"command": ["python", "poison.py"], "code": code, "requirements": ["towerq-probe>=1.0"], "env": steer},
+    )
+    steered = finished(client, created.json()["id"])
+    assert not Path(str(marker) + "-env").exists(), "the job's env ran code in the build"
+    assert steered["state"] == "succeeded", (steered, log_messages(client, steered["id"])[-10:])
 
     # the environment is read only to the job that runs in it: the next job with the same list
     # runs what pip installed

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from towerq.cli.run import add_placement_options, dataset_reference, env_variables, placement_fields
+from towerq.cli.run import (
+    add_placement_options,
+    dataset_reference,
+    env_variables,
+    placement_fields,
+    requirements_of,
+)
 from towerq.cli.session import Api, duration
 from towerq.cli.transfer import upload_code
 from towerq.cli.views import duration_text
@@ -47,17 +53,22 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
         help="a .py file or a folder to import from in the session (read only, at $TOWERQ_CODE_DIR)",
     )  # fmt: skip
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable")
+    parser.add_argument(
+        "--requirements", "-r", type=Path, default=None, metavar="FILE",
+        help="packages besides the lab's, one a line (requirements.txt): its Python and kernel have them",
+    )  # fmt: skip
 
 
 def notebook_spec(args: argparse.Namespace, code: str | None = None) -> dict[str, Any]:
     optional = {
-        **placement_fields(args), "idle_timeout_s": args.idle_timeout, "code": code, "env": env_variables(args.env)
+        **placement_fields(args), "idle_timeout_s": args.idle_timeout, "code": code, "env": env_variables(args.env),
+        "requirements": requirements_of(args.requirements) if args.requirements else None,
     }  # fmt: skip
     return {"kind": "notebook", **{key: value for key, value in optional.items() if value is not None}}
 
 
 def run_notebook(args: argparse.Namespace) -> int:
-    env_variables(args.env)  # a bad --env says so before a folder is packed or a byte sent
+    notebook_spec(args)  # a bad --env or -r says so before a folder is packed or a byte sent
     api = Api(args)
     args.dataset = dataset_reference(api, args.dataset)
     code = upload_code(api, args.code) if args.code is not None else None

@@ -35,7 +35,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from towerq.cli.notebook import add_session_options, last_message, notebook_spec, wait_open
 from towerq.cli.plain import TerminalOutput
-from towerq.cli.run import add_placement_options, dataset_reference, env_variables
+from towerq.cli.run import add_placement_options, dataset_reference
 from towerq.cli.session import Api, ClientError, UsageError
 from towerq.cli.transfer import upload_code
 from towerq.client import FINAL_STATES
@@ -47,7 +47,7 @@ END_OF_INPUT = "\x04"
 END_OF_INPUT_EVERY_S = 1.0
 LOST_CHECKS, LOST_CHECK_S = 10, 0.5
 PLACEMENT = ("gpus", "gpu_ids", "host", "fraction", "name", "time_limit", "begin", "dataset", "group")
-SESSION_OPTIONS = ("idle_timeout", "code", "env")
+SESSION_OPTIONS = ("idle_timeout", "code", "env", "requirements")
 
 
 class Hangup(ClientError):
@@ -78,7 +78,7 @@ def run_shell(args: argparse.Namespace) -> int:
                 f"(towerq shell without an id starts a new one with these)"
             )
         return shell_in(Api(args), args.session)
-    env_variables(args.env)  # a bad --env says so before a folder is packed or a byte sent
+    notebook_spec(args)  # a bad --env or -r says so before a folder is packed or a byte sent
     api = Api(args)
     api.stdout_is_data = True  # stdout is the shell's; what towerq says goes to stderr
     args.dataset = dataset_reference(api, args.dataset)

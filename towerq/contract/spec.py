@@ -115,7 +115,8 @@ class JobSpec(TrainSpec):
         min_length=1,
         max_length=REQUIREMENTS_MAX,
         description=(
-            "a command job: packages it runs with besides the lab's, from the lab's index (wheels only), "
+            "a command job or notebook session: packages it runs with besides the lab's, from the lab's index "
+            "(wheels only), "
             'as pip names them: ["einops", "transformers==4.46.1"]; installed once per host and list, and kept'
         ),
     )
@@ -265,10 +266,9 @@ class JobSpec(TrainSpec):
             raise ValueError("with code, model names a function in the bundle: module:function")
         if self.signal is not None:
             self._check_signal()
-        if self.requirements is not None and self.command is None:
+        if self.requirements is not None and self.command is None and not self.is_notebook:
             raise ValueError(
-                "requirements: applies to command jobs only (a model runs in towerq's trainer, a notebook "
-                "session with the lab's Python)"
+                "requirements: applies to command jobs and notebook sessions (a model runs in towerq's trainer)"
             )
         if len(set(self.after)) != len(self.after):
             raise ValueError("after: each job or sweep may be named only once")
