@@ -66,6 +66,9 @@ NOT_INSTALLED = 86
 SAID = "towerq: its requirements could not be installed: "
 """How that attempt's last line on stderr starts (the rest: pip's reason)."""
 PIP_LINES_SHOWN = 200
+LEFT_BEHIND_S = 3600.0
+"""An attempt's environment file is read within a second of its start, and pip's folder
+goes with its build: older ones are what an attempt killed meanwhile left."""
 
 
 class NotInstalled(Exception):
@@ -225,7 +228,16 @@ def pip_environment(root: Path) -> dict[str, str]:
 
 def prune(root: Path, keep_at_most: int, keep: str) -> list[str]:
     """Remove the least recently used environments past `keep_at_most`, but `keep` and those
-    a job holds or that are being built; their keys."""
+    a job holds or that are being built; their keys. And what an attempt killed early left
+    (its environment's file, its pip's folder), once older than `LEFT_BEHIND_S`."""
+    for left in [*root.glob(".environ-*"), *root.glob("pip-*")]:
+        with contextlib.suppress(OSError):
+            if time.time() - left.lstat().st_mtime <= LEFT_BEHIND_S:
+                continue
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left)
+            else:
+                left.unlink()
     others = sorted(
         (ready.parent for ready in root.glob(f"*/{READY}") if ready.parent.name != keep),
         key=lambda folder: (folder / READY).stat().st_mtime,
