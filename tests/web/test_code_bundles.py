@@ -240,12 +240,18 @@ def test_the_submit_form_runs_a_program_or_a_session_and_a_clone_runs_it_again(
     page.locator('[id="f-kind"]').select_option("notebook")
     assert not page.locator('[id="f-command"]').is_visible()
     page.locator('[id="f-idle_timeout_s"]').fill("30m")
+    assert page.locator('[id="f-requirements"]').input_value() == "", "a new form asks for none"
+    page.locator('[id="f-requirements"]').fill("einops")
     page.click("#submit")
     page.wait_for_url(lambda address: "#/jobs/" in address)
     session = client.get(f"/api/jobs/{int(page.url.rsplit('/', 1)[1])}").json()
     assert session["spec"]["kind"] == "notebook" and session["spec"]["idle_timeout_s"] == 1800, session["spec"]
+    assert session["spec"]["requirements"] == ["einops"], session["spec"]
     page.goto(f"{url}/#/submit?clone={session['id']}")
     page.wait_for_selector("#submit")
     assert page.locator('[id="f-kind"]').input_value() == "notebook"
     assert page.locator('[id="f-idle_timeout_s"]').input_value() == "30m 0s"
+    assert page.locator('[id="f-requirements"]').input_value() == "einops"
+    page.locator('[id="f-kind"]').select_option("model")
+    assert not page.locator('[id="f-requirements"]').is_visible(), "a model runs in towerq's trainer"
     client.close()

@@ -38,6 +38,8 @@ def test_a_session_opens_from_the_job_page_runs_a_cell_on_its_gpu_and_a_terminal
 
     page = open_page()
     page.goto(f"{url}/?token={token}#/jobs/{job_id}")
+    page.wait_for_selector("#open-session")
+    assert page.locator("#shell-hint code").inner_text() == f"towerq shell {job_id}"
     with page.context.expect_page() as opened:
         page.locator("#open-session").click()
     lab = opened.value

@@ -274,10 +274,15 @@ function headerOf(job, reload) {
           "Open",
         )
       : null;
+  // ... and its terminal in the member's own (`towerq shell ID`)
+  const shell = open
+    ? el("p", { class: "muted", id: "shell-hint" }, "A shell on its GPUs in your terminal: ", el("code", {}, `towerq shell ${job.id}`))
+    : null;
   return [
     el("h1", {}, el("span", { class: "muted" }, `#${job.id} `), job.name, " ", badge(job.state)),
     el("div", { class: "actions" }, open, hold, FINAL.includes(job.state) ? null : cancel, clone), // nothing to cancel once ended
-  ];
+    shell,
+  ].filter(Boolean);
 }
 
 // Hold a queued job (it waits until released; on Slurm, also one pending there), or release

@@ -184,6 +184,7 @@ function whatSection(catalog, errors, onKind) {
   );
   const program = programFields(errors);
   const session = sessionFields(errors);
+  const packages = packagesField(errors);
   const dataset = el("input", { list: "datasets", maxlength: 1024, value: "digits" });
   const datasets = el(
     "datalist",
@@ -206,6 +207,7 @@ function whatSection(catalog, errors, onKind) {
     code.hidden = isModel && model.value !== OWN;
     program.node.hidden = kind.value !== "command";
     session.node.hidden = kind.value !== "notebook";
+    packages.node.hidden = isModel;
     name.placeholder = { model: "model-dataset", command: "the command", notebook: "notebook" }[kind.value];
     dataset.placeholder = isModel ? "" : "none";
     datasetField.querySelector("small").textContent = isModel ? datasetHelp.model : datasetHelp.other;
@@ -225,6 +227,7 @@ function whatSection(catalog, errors, onKind) {
     errors.field("model", "Model", model),
     program.node,
     session.node,
+    packages.node,
     code,
     datasetField,
     datasets,
@@ -243,6 +246,7 @@ function whatSection(catalog, errors, onKind) {
       kept.textContent = keptCode ? `Uses code bundle ${keptCode.slice(0, 12)}… of the cloned job; choose a file to replace it.` : "";
       program.fill(spec);
       session.fill(spec);
+      packages.fill(spec);
       dataset.value = spec.dataset ?? "";
       datasetOptions.value = jsonText(Object.fromEntries(Object.entries(spec.dataset_options || {}).filter(([, v]) => v !== null)));
       show();
@@ -259,11 +263,13 @@ function whatSection(catalog, errors, onKind) {
       if (chosen === "command") {
         takeCode(true);
         program.read(spec);
+        packages.read(spec);
         return;
       }
       if (chosen === "notebook") {
         takeCode(false);
         session.read(spec);
+        packages.read(spec);
         return;
       }
       spec.model = model.value;
@@ -283,13 +289,11 @@ function programFields(errors) {
   const env = el("textarea", { rows: 2, placeholder: '{"SEED": "1"}' });
   const perGpu = el("input", { type: "checkbox" });
   const resumable = el("input", { type: "checkbox" });
-  const packages = el("textarea", { rows: 2, class: "mono", placeholder: "einops\ntransformers==4.46.1" });
   const node = el(
     "div",
     { class: "program", hidden: true },
     errors.field("command", "Command", command, "run in a copy of your code; quote as in a shell"),
     errors.field("env", "Environment (JSON)", env),
-    errors.field("requirements", "Packages", packages, "besides the lab's, one a line, as in requirements.txt: installed once per host"),
     errors.field("processes", "One process per GPU", perGpu, "RANK, WORLD_SIZE, MASTER_ADDR for each (torch DDP, TF_CONFIG)"),
     errors.field("resumable", "Resumable", resumable, "it resumes from $TOWERQ_CHECKPOINT_DIR: towerq may stop and restart it"),
   );
@@ -300,19 +304,36 @@ function programFields(errors) {
       env.value = jsonText(spec.env || {});
       perGpu.checked = spec.processes === "per_gpu";
       resumable.checked = Boolean(spec.resumable);
-      packages.value = (spec.requirements || []).join("\n");
     },
     read(spec) {
       spec.command = splitCommand(command.value);
+      const own = parseJson(env.value, "env");
+      if (Object.keys(own).length) spec.env = own;
+      if (perGpu.checked) spec.processes = "per_gpu";
+      if (resumable.checked) spec.resumable = true;
+    },
+  };
+}
+
+// A program's or a session's packages besides the lab's, one a line as in requirements.txt.
+function packagesField(errors) {
+  const packages = el("textarea", { rows: 2, class: "mono", placeholder: "einops\ntransformers==4.46.1" });
+  return {
+    node: errors.field(
+      "requirements",
+      "Packages",
+      packages,
+      "besides the lab's, one a line, as in requirements.txt: installed once per host",
+    ),
+    fill(spec) {
+      packages.value = (spec.requirements || []).join("\n");
+    },
+    read(spec) {
       const listed = packages.value
         .split("\n")
         .map((line) => line.replace(/(^|\s)#.*$/, "").trim())
         .filter(Boolean);
       if (listed.length) spec.requirements = listed;
-      const own = parseJson(env.value, "env");
-      if (Object.keys(own).length) spec.env = own;
-      if (perGpu.checked) spec.processes = "per_gpu";
-      if (resumable.checked) spec.resumable = true;
     },
   };
 }
