@@ -14,6 +14,7 @@ import pytest
 from service.core.settings import Settings
 from tests.slurm_cluster import SlurmCluster, missing
 from tests.stack import Stack, wait_for
+from tests.wheels import wheel
 
 needs_slurm = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
@@ -32,6 +33,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def slurm_settings(make_settings: Callable[..., Settings], database_url: str, tmp_path: Path) -> Settings:
+    index = tmp_path / "index"  # the lab's index for a command job's requirements: one package
+    index.mkdir(exist_ok=True)
+    wheel(index, "towerq-probe", "1.0", {"towerq_probe.py": "VALUE = 'v1.0'\n"})
     return make_settings(
         database_url,
         executor="slurm",
@@ -41,6 +45,7 @@ def slurm_settings(make_settings: Callable[..., Settings], database_url: str, tm
         scheduler_interval_s=1.0,
         cancel_grace_s=10.0,
         slurm_max_pending=2,
+        pip_options=f"--no-index --find-links {index}",
     )
 
 

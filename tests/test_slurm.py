@@ -290,6 +290,9 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     )
     assert trains.status_code == 201, trains.text
     crashes = client.post("/api/jobs", json={"command": ["python", "crash.py"], "code": code}).json()["id"]
+    probe = ["python", "-c", "import towerq_probe, numpy; print('PROBE', towerq_probe.VALUE, numpy.__name__)"]
+    packaged = client.post("/api/jobs", json={"command": probe, "code": code, "requirements": ["towerq-probe==1.0"]})
+    assert packaged.status_code == 201, packaged.text
     loops = client.post("/api/jobs", json={"command": ["python", "loop.py"], "code": code}).json()["id"]
     lead = round(10 * load_stretch())  # warned before its time limit, by the node's runner
     warned_spec = {"command": ["python", "warned.py"], "code": code, "time_limit_s": 2 * lead, "signal": f"USR1@{lead}"}
@@ -312,6 +315,12 @@ def test_command_jobs_run_on_slurm_on_its_gpus_report_fail_and_cancel_as_on_a_wo
     assert steps == list(range(1, 21))
     listed = {entry["path"] for entry in client.get(f"/api/jobs/{job_id}/artifacts").json()["items"]}
     assert {"output/weights.json", "checkpoints/w.npy"} <= listed, listed
+
+    # its requirements, installed on the node by the attempt's process before the sandbox
+    done = wait_state(client, packaged.json()["id"], FINAL, 180)
+    messages = [line["message"] for line in client.get(f"/api/jobs/{done['id']}/logs", params={"tail": 1000}).json()]
+    assert done["state"] == "succeeded" and "PROBE v1.0 numpy" in messages, (done["reason"], messages[-30:])
+    assert any(m.startswith("pip: Successfully installed towerq-probe-1.0") for m in messages), messages
 
     failed = wait_state(client, crashes, FINAL, 120)
     assert (failed["state"], failed["error"]) == ("failed", "the program exited with code 1: no data in /data"), failed
