@@ -36,14 +36,19 @@ def settings(make_settings: Callable[..., Settings], sqlite_url: str) -> Setting
     return make_settings(sqlite_url)
 
 
-def lab_with_an_index(stack: Stack, token: str, index: Path) -> httpx.Client:
+def lab_with_pip(stack: Stack, token: str, pip_options: str, **worker: object) -> httpx.Client:
+    """The API, a scheduler and a sandboxed one-GPU worker whose pip is told `pip_options`;
+    a client as `token`'s user, once the worker is up."""
     stack.start_api()
     stack.start_scheduler()
-    options = f"--no-index --find-links {index}"
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=options, envs_max=2)
+    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=pip_options, **worker)
     client = stack.client(token)
     wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
     return client
+
+
+def lab_with_an_index(stack: Stack, token: str, index: Path) -> httpx.Client:
+    return lab_with_pip(stack, token, f"--no-index --find-links {index}", envs_max=2)
 
 
 def probe(client: httpx.Client, code: str, requirements: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -121,12 +126,8 @@ def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
     index.bind(("127.0.0.1", 0))
     index.listen()
     index.settimeout(60)
-    stack.start_api()
-    stack.start_scheduler()
     options = f"--index-url http://127.0.0.1:{index.getsockname()[1]}/simple --timeout 60 --retries 0"
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=options)
-    client = stack.client(make_token("alice"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = lab_with_pip(stack, make_token("alice"), options)
     code = upload_code(client, {"probe.py": PROBE})
     created = client.post(
         "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": ["einops"]}

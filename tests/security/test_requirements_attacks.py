@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, finished, log_messages, upload_code, wait_for
+from tests.stack import Stack, finished, log_messages, upload_code
+from tests.test_command_envs import lab_with_pip
 from tests.wheels import sdist, wheel
 
 pytestmark = pytest.mark.slow
@@ -68,13 +69,8 @@ def test_requirements_are_packages_from_the_labs_index_built_from_wheels_and_rea
     sdist(index, "towerq-source", "1.0", f"open({str(marker)!r}, 'w').write('ran as the worker')\n")
     escape = tmp_path / "escaped.txt"
     wheel(index, "towerq-escape", "1.0", {f"../../../../../../../../../../..{escape}": "out\n"})
-    stack.start_api()
-    stack.start_scheduler()
     # the lab lets pip build without isolation: were sources built, setup.py would run
-    options = f"--no-index --find-links {index} --no-build-isolation"
-    stack.start_worker("lab-a", 1, sandbox="bwrap", trainer_pool=0, pip_options=options)
-    client = stack.client(make_token("mallory"))
-    wait_for(lambda: client.get("/api/gpus").json(), 60, "the worker to register its GPUs")
+    client = lab_with_pip(stack, make_token("mallory"), f"--no-index --find-links {index} --no-build-isolation")
     code = upload_code(client, {"poison.py": POISON})
 
     def run(requirements: list[str]) -> tuple[dict, list[str]]:
