@@ -162,6 +162,11 @@ def test_a_shell_runs_on_its_sessions_gpu_in_the_walls_and_ends_with_it(
     assert terminal.modes() == modes  # no longer raw
     assert alice.get(f"/api/jobs/{kept}").json()["state"] == "running"
 
+    # it exits with the shell's exit status, as srun and ssh do
+    done = shell(str(kept), cwd=tmp_path, env=env, typed="true\nexit 3\n")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "7777" not in text_of(done.stdout.decode()), "the status is said unseen"
+
     # what is not a shell of yours is refused, saying why
     bob = cli_env(tmp_path, str(stack.api_url), make_token("bob"))
     refused = shell(str(kept), cwd=tmp_path, env=bob)

@@ -35,6 +35,7 @@ import contextlib
 import importlib.util
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,10 @@ HOME_PATH = Path("/home/towerq")
 """Where a sandboxed session sees its member's folder."""
 SESSION_PATH = Path("/run/towerq")
 """Where a sandboxed session sees its own folder (its socket, JupyterLab's runtime files)."""
+TERMINAL_SHELL = '/bin/bash; status=$?; printf "\\033]7777;towerq-exit=%d\\007" "$status"; exit "$status"'
+"""A terminal's shell: bash, not a login shell (/etc/profile would set PATH again, and
+`python` would not be the lab's, with its frameworks, but the system's, or none); then its
+exit status, as a string command a terminal does not show (`towerq shell` exits with it)."""
 IDLE_CHECK_S = 5.0
 """How often the worker asks JupyterLab whether a kernel is busy."""
 OVER_QUOTA_SLACK_BYTES = 1_000_000
@@ -147,9 +152,7 @@ def jupyter_command(
         f"--ServerApp.base_url={session_base_url(settings, job_id)}",
         f"--ServerApp.root_dir={home}", "--IdentityProvider.token=", "--ServerApp.password=",
         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        # a terminal's shell is not a login shell: /etc/profile would set PATH again, and
-        # `python` would not be the lab's (with its frameworks) but the system's, or none
-        "--ServerApp.terminado_settings", "shell_command=/bin/bash",
+        "--ServerApp.terminado_settings", f"shell_command=/bin/bash -c {shlex.quote(TERMINAL_SHELL)}",
     ]  # fmt: skip
 
 

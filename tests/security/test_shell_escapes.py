@@ -43,3 +43,13 @@ def test_an_escape_inside_a_string_ends_it_and_is_drawn_as_a_terminal_would() ->
     assert drawn(["\x1b]52;c;", "eA==", " more"]) == ""
     # other C1 controls (8-bit CSI among them) are dropped, their text kept
     assert drawn(["\x9b31mx\x85y"]) == "31mxy"
+
+
+def test_the_strings_dropped_are_kept_for_towerq_shell_never_drawn() -> None:
+    """The session's terminal says its shell's exit status as a string command: read, not drawn."""
+    from towerq.cli.shell import exit_status
+
+    output = TerminalOutput()
+    drawn = "".join(output.feed(piece) for piece in ["logout\r\n\x1b]7777;towerq-", "exit=3\x07"])
+    assert drawn == "logout\r\n" and exit_status(output.strings) == 3
+    assert exit_status(TerminalOutput().strings) == 0  # a session that does not say it

@@ -58,6 +58,9 @@ C1_STRING_COMMANDS = frozenset("\x90\x98\x9d\x9e\x9f")
 STRING_ENDS = frozenset("\x07\x9c\x18\x1a")
 """BEL, ST, and the CAN and SUB that cancel a string; ESC \\ (ST) as well."""
 NOTHING_TO_DROP = re.compile(r"[^\x1b\x80-\x9f]*")
+C1_AS_ESC = {"\x90": "P", "\x98": "X", "\x9d": "]", "\x9e": "^", "\x9f": "_"}
+STRING_KEPT = 256
+STRINGS_KEPT = 8
 
 
 class TerminalOutput:
@@ -69,6 +72,10 @@ class TerminalOutput:
 
     def __init__(self) -> None:
         self.state = "text"  # or "esc" (after ESC), "string" (inside one), "string-esc"
+        self.strings: list[str] = []
+        """The last string commands dropped (their first `STRING_KEPT` characters): what the
+        caller may read of them, never drawn (`towerq shell`'s exit status)."""
+        self._string = ""
 
     def feed(self, text: str) -> str:
         if self.state == "text" and NOTHING_TO_DROP.fullmatch(text):
@@ -83,16 +90,19 @@ class TerminalOutput:
             if char == "\x1b":
                 self.state = "string-esc"
             elif char in STRING_ENDS:
-                self.state = "text"
+                self._ended()
+            elif len(self._string) < STRING_KEPT:
+                self._string += char
             return
         if self.state == "string-esc":  # ESC \ ends it; ESC and another starts that one (xterm)
-            self.state = "text" if char == "\\" else "esc"
+            self._ended()
             if char == "\\":
                 return
+            self.state = "esc"
         if self.state == "esc":
             self.state = "text"
             if char in STRING_COMMANDS:
-                self.state = "string"
+                self.state, self._string = "string", char
                 return
             if char == "\x1b":  # ESC ESC: the second starts the sequence
                 self.state = "esc"
@@ -107,5 +117,10 @@ class TerminalOutput:
             self.state = "esc"
         elif "\x80" <= char <= "\x9f":
             self.state = "string" if char in C1_STRING_COMMANDS else "text"
+            self._string = C1_AS_ESC.get(char, "")
         else:
             kept.append(char)
+
+    def _ended(self) -> None:
+        self.state = "text"
+        self.strings = [*self.strings[-(STRINGS_KEPT - 1) :], self._string]

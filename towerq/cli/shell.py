@@ -7,11 +7,12 @@ and `["disconnect", ...]` back). Without an id, it queues a session, waits for i
 shell and, when the shell exits, ends the session (`--keep` leaves it running). With an id,
 it opens a shell in that running session and leaves the session as it was.
 
-On a terminal, this one is put in raw mode (every key goes to the shell, Ctrl+C too) and its
-size follows the window. Piped, stdin is the shell's input and its end ends the shell. What
-comes back is drawn as the shell's terminal draws it, less its string commands
-(`plain.TerminalOutput`): a program in the session cannot set this terminal's clipboard or
-title."""
+It exits with the shell's exit status (the session's terminal says it, unseen, as it
+ends), 1 when the connection was lost. On a terminal, this one is put in raw mode (every
+key goes to the shell, Ctrl+C too) and its size follows the window. Piped, stdin is the
+shell's input and its end ends the shell. What comes back is drawn as the shell's terminal
+draws it, less its string commands (`plain.TerminalOutput`): a program in the session
+cannot set this terminal's clipboard or title."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import codecs
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import termios
@@ -46,6 +48,8 @@ END_OF_INPUT = "\x04"
 """Ctrl+D: what a terminal sends the shell when piped input ends."""
 END_OF_INPUT_EVERY_S = 1.0
 LOST_CHECKS, LOST_CHECK_S = 10, 0.5
+EXIT_SAID = re.compile(r"\]7777;towerq-exit=([0-9]{1,3})")
+"""How the session's terminal says its shell's exit status (a string command, not drawn)."""
 PLACEMENT = ("gpus", "gpu_ids", "host", "fraction", "name", "time_limit", "begin", "dataset", "group")
 SESSION_OPTIONS = ("idle_timeout", "code", "env", "requirements")
 
@@ -184,7 +188,15 @@ def relay(api: Api, ws: ClientConnection, job_id: int) -> int:
             if message[0] == "stdout":
                 write_all(stdout, output.feed(str(message[1])).encode("utf-8", "replace"))
             elif message[0] == "disconnect":
-                return 0
+                return exit_status(output.strings)
+
+
+def exit_status(strings: list[str]) -> int:
+    """The shell's exit status, as the session's terminal says it last (`worker.notebook`'s
+    TERMINAL_SHELL); 0 where it did not (a session started before it said so)."""
+    said = [EXIT_SAID.fullmatch(text) for text in strings]
+    found = [int(match.group(1)) for match in said if match]
+    return min(found[-1], 255) if found else 0
 
 
 def send_input(ws: ClientConnection, stdin: int, on_terminal: bool) -> None:
