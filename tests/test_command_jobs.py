@@ -389,8 +389,15 @@ def test_a_program_past_its_gpu_memory_share_is_stopped_and_its_neighbour_runs_o
     said = r"its GPUs have been idle for [3-5]s \(busy under 5% at every sample\): .* holds them from the lab"
     assert len(told) == 1 and re.fullmatch(said, told[0]), told
     assert not [m for m in log_messages(client, ran["id"]) if "idle" in m]  # busy 30%: never told
-    listed = towerq_cli("gpus", cwd=tmp_path, api=stack.api_url, token=token).stdout.splitlines()
-    assert listed[0].split()[4] == "BUSY" and listed[1].split()[9] == "50%", listed  # the GPU's, as NVML says it now
+
+    # the GPU's, as NVML says it now: its neighbour's 50 once the worker's next sample has seen
+    # the others go (a heartbeat's sample from before they ended read 100 under load)
+    def gpus_listed() -> list[str] | None:
+        listed = towerq_cli("gpus", cwd=tmp_path, api=str(stack.api_url), token=token).stdout.splitlines()
+        assert listed[0].split()[4] == "BUSY", listed
+        return listed if listed[1].split()[9] == "50%" else None
+
+    wait_for(gpus_listed, 30, "the GPU's own busy figure, its neighbour's alone", 1.0)
     assert client.post(f"/api/jobs/{neighbour.json()['id']}/cancel").status_code == 202
     beside_use = finished(client, neighbour.json()["id"], 60)["gpu_use"]
     assert within_a_sample(beside_use, 50) and beside_use["memory_peak_mb"] == 10000, beside_use
