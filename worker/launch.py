@@ -322,12 +322,14 @@ def start_trainer(
     env: dict[str, str],
     group: AttemptGroup | None = None,
     before_exec: Callable[[], None] | None = None,
+    launcher: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """The process of one attempt (the trainer, or a command job's program), in a session of
     its own (and in the attempt's cgroups, before it runs anything), its output piped,
     working in `cwd` (the trainer: the job's artifacts folder, where a model's own relative
     files land). `before_exec` runs in the child too, after joining the cgroups. In the
-    sandbox bwrap says whether it started the command (`worker.sandbox_status`)."""
+    sandbox bwrap says whether it started the command (`worker.sandbox_status`). `launcher`
+    runs first and execs the command (`worker.pyenv`, a job's requirements)."""
     joins = group.join if group is not None and group.exists else None
 
     def prepare() -> None:
@@ -337,6 +339,7 @@ def start_trainer(
             before_exec()
 
     command, status, status_w = with_status(command)
+    command = [*(launcher or []), *command]
     try:
         process = TrainerProcess(
             command,

@@ -50,11 +50,10 @@ from worker.cgroups import AttemptGroup
 from worker.door import SOCKET, Door, ask
 from worker.folder import FolderWatch, size_words
 from worker.gpu_use import gpus_in_use
-from worker.launch import code_seen, in_sandbox, start_trainer, trainer_user
+from worker.launch import code_seen, in_sandbox, trainer_user
 from worker.outcome import NotStarted, Stop
 from worker.program import (
     ProgramRunner,
-    die_with_parent,
     prepare_folders,
     program_environment,
     program_pythonpath,
@@ -162,8 +161,6 @@ class NotebookRunner(ProgramRunner):
     session = True
 
     door: Door | None = None
-    python_env: Path | None = None
-    """Its requirements' environment (`worker.pyenv`), where it names some."""
     _ready = False
     _busy_at = 0.0
     """When a kernel was last busy, or a GPU in use (monotonic)."""
@@ -201,10 +198,7 @@ class NotebookRunner(ProgramRunner):
         folder.mkdir(mode=0o700, exist_ok=True)
         sandbox.hand_over(folder, identity)
         seen_home, seen_session = (HOME_PATH, SESSION_PATH) if self.sandboxed else (home, folder)
-        requirements = list(launch.spec.get("requirements") or [])
-        self.python_env = (
-            pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) if requirements else None
-        )
+        self._python_env()
         seen_job = sandbox.JOB_PATH if self.sandboxed else self.artifacts
         env = program_environment(launch, settings, seen_job, self.sandboxed, self.python_env)
         code = code_seen(launch, settings, self.sandboxed)
@@ -222,13 +216,10 @@ class NotebookRunner(ProgramRunner):
         self._home_watch = FolderWatch(home, settings.notebook_home_max_bytes, settings.job_folder_check_s)
         self._home_quota = HomeQuota(settings.notebook_home_max_bytes)
         self._open_door(folder)
-        death = None if self.sandboxed and not requirements else die_with_parent
 
         def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
             self._started_at = time.monotonic()
-            # with requirements, built (or found) first, outside the sandbox, by the attempt's process
-            run, starts_with = pyenv.starting(command, env, requirements, settings)
-            return start_trainer(run, home, starts_with, group, death), env, "JupyterLab"
+            return self._start_program(command, home, env, group), env, "JupyterLab"
 
         return start
 

@@ -218,6 +218,8 @@ class ProgramRunner(AttemptRunner):
     """A resumed attempt's first point came (`_event`)."""
     _warned_for: int | None = None
     """The time limit the program was warned of (`_warn`)."""
+    python_env: Path | None = None
+    """Its requirements' environment (`worker.pyenv`), where it names some."""
 
     def input_named(self, job_id: int) -> str:
         return f"$TOWERQ_INPUTS (JSON) ['{job_id}']"
@@ -226,22 +228,36 @@ class ProgramRunner(AttemptRunner):
         settings, launch = self.settings, self.launch
         prepare_folders(self.artifacts, trainer_user(settings) if self.sandboxed else None, (CHECKPOINTS, OUTPUT, WORK))
         seen = sandbox.JOB_PATH if self.sandboxed else self.artifacts
-        requirements = list(launch.spec.get("requirements") or [])
-        folder = pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) if requirements else None
+        folder = self._python_env()
         env = program_environment(launch, settings, seen, self.sandboxed, folder)
         command = program_command(launch, settings, self.artifacts, self.sandboxed, folder)
         cwd = self.artifacts  # `worker.workdir` starts the program in its working folder
-        # outside the sandbox nothing else ends a program whose worker died (bwrap does
-        # inside, once it runs: a requirements' build before it is not in the sandbox)
-        death = None if self.sandboxed and not requirements else die_with_parent
         how = f"the command {shlex.join(launch.spec['command'])[:500]}"
 
         def start(group: AttemptGroup) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
-            # with requirements, built (or found) first, outside the sandbox, by the attempt's process
-            run, starts_with = pyenv.starting(command, env, requirements, settings)
-            return start_trainer(run, cwd, starts_with, group, death), env, how
+            return self._start_program(command, cwd, env, group), env, how
 
         return start
+
+    def _python_env(self) -> Path | None:
+        """Its requirements' environment (`worker.pyenv`), where it names some."""
+        requirements = self.launch.spec.get("requirements")
+        settings = self.settings
+        self.python_env = (
+            pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) if requirements else None
+        )
+        return self.python_env
+
+    def _start_program(
+        self, command: list[str], cwd: Path, env: dict[str, str], group: AttemptGroup
+    ) -> subprocess.Popen[bytes]:
+        """Its process: with requirements, their environment is built (or found) first,
+        outside the sandbox, by that process (`worker.pyenv`). Outside the sandbox nothing
+        else ends it when its worker died; inside, bwrap does, once it runs."""
+        requirements = list(self.launch.spec.get("requirements") or [])
+        launcher, starts_with = pyenv.launcher(env, requirements, self.settings)
+        death = None if self.sandboxed and not launcher else die_with_parent
+        return start_trainer(command, cwd, starts_with, group, death, launcher)
 
     def _ports(self) -> int:
         return ports_per_rank(self.launch)

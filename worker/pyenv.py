@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import IO, Any
 
 Starting = tuple[list[str], dict[str, str]]
-"""What goes before an attempt's command, and the environment its process starts with."""
+"""What runs before an attempt's command, and the environment its process starts with."""
 
 ENVS = "envs"
 """The folder of `TOWERQ_VAR_DIR` the environments are kept in (this host's own)."""
@@ -108,13 +108,13 @@ def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int, 
     return words, {"PATH": os.defpath, "LANG": "C.UTF-8"}
 
 
-def starting(command: list[str], environ: dict[str, str], requirements: list[str], settings: Any) -> Starting:
-    """An attempt's `command` and `environ` as its process starts: as they are, or, with
-    `requirements`, behind `prefix` (`settings`: the worker's `Settings`)."""
+def launcher(environ: dict[str, str], requirements: list[str], settings: Any) -> Starting:
+    """What runs first and execs an attempt's command, and the environment its process
+    starts with: nothing and `environ`, or, with `requirements`, `prefix` and a bare one
+    (`settings`: the worker's `Settings`)."""
     if not requirements:
-        return command, environ
-    words, bare = prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, environ)
-    return [*words, *command], bare
+        return [], environ
+    return prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, environ)
 
 
 def _write_private(path: Path, said: dict[str, str]) -> None:

@@ -75,14 +75,12 @@ def _object(line: bytes) -> dict[str, Any]:
 
 
 def with_status(command: list[str]) -> tuple[list[str], int | None, int | None]:
-    """`command` asking bwrap for its status when it runs bwrap (first, or after what
-    execs it, `worker.pyenv`): (command, read end, write end, which the child inherits and
-    the caller closes once it started)."""
-    at = command.index("--") + 1 if command[2:4] == ["-m", "worker.pyenv"] else 0
-    if at >= len(command) or Path(command[at]).name != "bwrap":
+    """`command` asking bwrap for its status when it runs bwrap: (command, read end, write
+    end, which the child inherits and the caller closes once it started)."""
+    if not command or Path(command[0]).name != "bwrap":
         return command, None, None
     read_end, write_end = os.pipe()
-    return [*command[: at + 1], "--json-status-fd", str(write_end), *command[at + 1 :]], read_end, write_end
+    return [command[0], "--json-status-fd", str(write_end), *command[1:]], read_end, write_end
 
 
 def sandbox_failed(process: subprocess.Popen[bytes], last_stderr: list[str]) -> bool:
