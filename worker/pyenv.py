@@ -22,9 +22,9 @@ entry is read as an option or a local path; `towerq.contract.program_env.require
 refuses those at submit too). This process reads none of the job's environment: it starts
 with a bare one (the program's waits in a file only the worker's user reads, and comes back
 at the exec), Python in isolated mode (`-I`), towerq's tools by absolute path, and pip with
-an environment of its own (`PIP_ENVIRONMENT`: what the worker's own environment says of the
-network and pip, written by the worker). Jobs see
-their environment read only, so no job changes what the next one with the same list runs.
+an environment of its own (`PASSED_TO_PIP`: what the worker's own environment says of the
+network and pip, in the same file). Jobs see their environment read only, so no job
+changes what the next one with the same list runs.
 
 The key is the list (sorted, as written), the lab's Python and the options. The first job
 builds it under a lock (a second on the same host waits, then reuses it); each job holds it
@@ -56,11 +56,10 @@ ENVS = "envs"
 """The folder of `TOWERQ_VAR_DIR` the environments are kept in (this host's own)."""
 READY = ".ready"
 """Written last: the environment is whole. Its mtime is when a job last used it."""
-PIP_ENVIRONMENT = ".pip-environment.json"
-"""What pip is started with: the worker's own word on the network and pip (proxies,
-certificates, `PIP_*`, its `HOME` for pip's user config), written by the worker (0600)."""
 PASSED_TO_PIP = ("HOME", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 PASSED_TO_PIP_PREFIXES = ("PIP_", "SSL_CERT_", "REQUESTS_CA_", "CURL_CA_")
+"""What of the worker's own environment pip is started with: its word on the network and pip
+(proxies, certificates, `PIP_*`, its `HOME` for pip's user config)."""
 NOT_INSTALLED = 86
 """The exit status of an attempt whose requirements pip could not install."""
 SAID = "towerq: its requirements could not be installed: "
@@ -93,13 +92,12 @@ def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int, 
     """What goes before an attempt's command to build (or reuse) and hold its environment,
     and the environment that process starts with. It reads none of the job's: `environ` (the
     program's) waits in a file only the worker's user reads, for the exec after the build.
-    The worker's word for pip is written now, as well."""
+    The worker's word for pip (`PASSED_TO_PIP`) waits there with it."""
     root = root_of(var_dir)
     root.mkdir(parents=True, exist_ok=True)
     passed = {k: v for k, v in os.environ.items() if k in PASSED_TO_PIP or k.startswith(PASSED_TO_PIP_PREFIXES)}
-    _write_private(root / PIP_ENVIRONMENT, passed)
     waiting = root / f".environ-{os.getpid()}-{time.monotonic_ns()}.json"
-    _write_private(waiting, environ)
+    _write_private(waiting, {"program": environ, "pip": passed})
     listed = [arg for requirement in requirements for arg in ("--requirement", requirement)]
     words = [
         sys.executable, "-I", "-m", "worker.pyenv", "--root", str(root), "--keep", str(keep),
@@ -117,7 +115,7 @@ def launcher(environ: dict[str, str], requirements: list[str], settings: Any) ->
     return prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, environ)
 
 
-def _write_private(path: Path, said: dict[str, str]) -> None:
+def _write_private(path: Path, said: dict[str, dict[str, str]]) -> None:
     """`said` as JSON at `path`, readable by this user alone, whole or not at all."""
     written = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     with open(os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
@@ -136,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requirement", action="append", required=True)
     args = parser.parse_args(words[:split])
     command = words[split + 1 :]
-    environ = json.loads(args.environ.read_text())
+    waiting = json.loads(args.environ.read_text())
     args.environ.unlink()
+    environ, passed = waiting["program"], waiting["pip"]
     try:
-        held = ensure(args.requirement, args.root, args.pip_options, args.keep)
+        held = ensure(args.requirement, args.root, args.pip_options, args.keep, passed)
     except NotInstalled as err:
         print(f"{SAID}{err}", file=sys.stderr, flush=True)
         said_to_bwrap(command, NOT_INSTALLED)
@@ -158,8 +157,9 @@ def said_to_bwrap(command: list[str], code: int) -> None:
             os.write(fd, json.dumps({"exit-code": code}).encode() + b"\n")
 
 
-def ensure(requirements: list[str], root: Path, pip_options: str, keep: int) -> IO[str]:
-    """Build the environment for `requirements` if it is not there yet; `.ready`, held."""
+def ensure(requirements: list[str], root: Path, pip_options: str, keep: int, passed: dict[str, str]) -> IO[str]:
+    """Build the environment for `requirements` if it is not there yet (pip told `passed`
+    of the worker's environment); `.ready`, held."""
     key = env_key(requirements, pip_options)
     folder = root / key
     with open(root / f"{key}.lock", "a") as lock:
@@ -169,7 +169,7 @@ def ensure(requirements: list[str], root: Path, pip_options: str, keep: int) -> 
         if (folder / READY).is_file():
             say(f"its requirements are installed on this host already (environment {key[:12]})")
         else:
-            build(folder, requirements, root, pip_options)
+            build(folder, requirements, root, pip_options, pip_environment(root, passed))
         held = open(folder / READY)  # noqa: SIM115 - held until the attempt ends, through the exec
         fcntl.flock(held, fcntl.LOCK_SH)
     (folder / READY).touch()
@@ -177,12 +177,11 @@ def ensure(requirements: list[str], root: Path, pip_options: str, keep: int) -> 
     return held
 
 
-def build(folder: Path, requirements: list[str], root: Path, pip_options: str) -> None:
+def build(folder: Path, requirements: list[str], root: Path, pip_options: str, environment: dict[str, str]) -> None:
     shutil.rmtree(folder, ignore_errors=True)  # a build cut short
     started = time.monotonic()
     count = f"{len(requirements)} requirement{'s' if len(requirements) > 1 else ''}"
     say(f"installing {count} on this host, once: {' '.join(requirements)}")
-    environment = pip_environment(root)
     venv = [sys.executable, "-I", "-m", "venv", "--without-pip", str(folder)]
     subprocess.run(venv, check=True, capture_output=True, env=environment)
     purelib = folder / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
@@ -217,13 +216,9 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str) -
     say(f"installed in {time.monotonic() - started:.0f} s (environment {folder.name[:12]}, kept for the next job)")
 
 
-def pip_environment(root: Path) -> dict[str, str]:
+def pip_environment(root: Path, passed: dict[str, str]) -> dict[str, str]:
     """pip's environment: none of the job's, the worker's word on the network and pip."""
-    environment = {"PATH": os.defpath, "LANG": "C.UTF-8", "PIP_CACHE_DIR": str(root / ".pip-cache")}
-    with contextlib.suppress(OSError, ValueError):
-        passed = json.loads((root / PIP_ENVIRONMENT).read_text())
-        environment.update({str(k): str(v) for k, v in passed.items() if isinstance(passed, dict)})
-    return environment
+    return {"PATH": os.defpath, "LANG": "C.UTF-8", "PIP_CACHE_DIR": str(root / ".pip-cache"), **passed}
 
 
 def prune(root: Path, keep_at_most: int, keep: str) -> list[str]:
