@@ -115,14 +115,16 @@ def test_a_shell_runs_on_its_sessions_gpu_in_the_walls_and_ends_with_it(
         "echo gpu=$CUDA_VISIBLE_DEVICES word=$WORD user=$(id -un)\n"
         "python -c 'import helpers; print(helpers.ANSWER * 2)'\n"
         f"{HOSTILE}\n"
-        "python -c 'import sys; print(len(sys.stdin.read()), \"read\")'\n"
+        "python -c 'import sys; print(repr(sys.stdin.read()), \"read\")'\n"
+        "the rest\n"
     )
     done = shell("--gpu-ids", "0", "--code", "project", "--env", "WORD=hi", cwd=tmp_path, env=env, typed=typed)
     out, said = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, out + said
     lines = text_of(out).splitlines()
-    assert "gpu=0 word=hi user=nobody" in lines and "84" in lines, lines  # `python` is the lab's
-    assert "0 read" in lines, lines  # a program reading stdin sees its end
+    # the script's output alone, as `ssh host bash < script` gives it (no prompt, no echo), and a
+    # program reading stdin reads the script's rest, then its end; `python` is the lab's
+    assert lines == ["gpu=0 word=hi user=nobody", "84", "ok red end", "'the rest\\n' read"], lines
     # what the session drew passes (colours), its string commands do not (clipboard, title)
     assert "ok \x1b[31mred\x1b[0m end" in out, repr(out)
     assert "\x1b]" not in out and "\x07" not in out, repr(out)

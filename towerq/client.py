@@ -20,7 +20,7 @@ import httpx
 
 from towerq.bundle import Sent, packed_folder
 from towerq.config import Config
-from towerq.contract.api import LOG_LINES_KEPT, LOG_TRIMMED_HEADER, dataset_name_problem
+from towerq.contract.api import LOG_LINES_KEPT, LOG_TRIMMED_HEADER, SHELL_INPUT_VARIABLE, dataset_name_problem
 from towerq.errors import ApiError, AuthError, MissingPackageError, TowerqError, UnreachableError
 from towerq.lab_calls import LabCalls
 
@@ -259,10 +259,13 @@ class Client(LabCalls):
 
     # -- notebook sessions ------------------------------------------------------------------
 
-    def open_terminal(self, job_id: int) -> str:
+    def open_terminal(self, job_id: int, piped: bool = False) -> str:
         """A new terminal (a shell) in running notebook session `job_id`; its name. Its
-        WebSocket is at `socket_url(f"/sessions/{job_id}/terminals/websocket/{name}")`."""
-        made = self.request("POST", f"/sessions/{job_id}/api/terminals", json={}, headers=self._xsrf(job_id))
+        WebSocket is at `socket_url(f"/sessions/{job_id}/terminals/websocket/{name}")`.
+        `piped`: what will be typed is a script, which the shell reads without prompts or
+        echo, as `ssh host bash < script` does (a session older than this ignores it)."""
+        body = {"extra_env": {SHELL_INPUT_VARIABLE: "piped"}} if piped else {}
+        made = self.request("POST", f"/sessions/{job_id}/api/terminals", json=body, headers=self._xsrf(job_id))
         return str(made["name"])
 
     def close_terminal(self, job_id: int, name: str) -> None:

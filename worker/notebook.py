@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from service.core.settings import Settings
+from towerq.contract.api import SHELL_INPUT_VARIABLE
 from towerq.contract.attempts import AttemptEnd, Refused
 from worker import pyenv, rendezvous, sandbox
 from worker.attempt import Starter
@@ -63,10 +64,21 @@ HOME_PATH = Path("/home/towerq")
 """Where a sandboxed session sees its member's folder."""
 SESSION_PATH = Path("/run/towerq")
 """Where a sandboxed session sees its own folder (its socket, JupyterLab's runtime files)."""
-TERMINAL_SHELL = '/bin/bash; status=$?; printf "\\033]7777;towerq-exit=%d\\007" "$status"; exit "$status"'
+PIPED_SHELL = "stty -echo -onlcr; printf '\\033]7777;towerq-input\\007'; cat | /bin/bash"
+"""A terminal's shell for piped input (`towerq shell < script`): bash reads the script as
+`ssh host bash < script` does, without prompts or echo, and a program it runs reads the rest
+of the script as its stdin. `cat` reads the terminal in canonical mode throughout, so the
+Ctrl+D at the end of the input is always its end, never a byte read in raw mode by readline.
+It says it reads (a string command, not drawn) once its terminal's echo is off: the input
+waits for that, or the terminal would echo what came before."""
+TERMINAL_SHELL = (
+    f'if [ "${SHELL_INPUT_VARIABLE}" = piped ]; then {PIPED_SHELL}; else /bin/bash; fi; '
+    'status=$?; printf "\\033]7777;towerq-exit=%d\\007" "$status"; exit "$status"'
+)
 """A terminal's shell: bash, not a login shell (/etc/profile would set PATH again, and
-`python` would not be the lab's, with its frameworks, but the system's, or none); then its
-exit status, as a string command a terminal does not show (`towerq shell` exits with it)."""
+`python` would not be the lab's, with its frameworks, but the system's, or none), or the
+piped one where its opener says its input is piped; then its exit status, as a string
+command a terminal does not show (`towerq shell` exits with it)."""
 IDLE_CHECK_S = 5.0
 """How often the worker asks JupyterLab whether a kernel is busy."""
 OVER_QUOTA_SLACK_BYTES = 1_000_000

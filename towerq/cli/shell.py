@@ -9,10 +9,10 @@ it opens a shell in that running session and leaves the session as it was.
 
 It exits with the shell's exit status (the session's terminal says it, unseen, as it
 ends), 1 when the connection was lost. On a terminal, this one is put in raw mode (every
-key goes to the shell, Ctrl+C too) and its size follows the window. Piped, stdin is the
-shell's input and its end ends the shell. What comes back is drawn as the shell's terminal
-draws it, less its string commands (`plain.TerminalOutput`): a program in the session
-cannot set this terminal's clipboard or title."""
+key goes to the shell, Ctrl+C too) and its size follows the window. Piped, stdin is a
+script the shell runs without prompts or echo, and its end ends the shell. What comes back
+is drawn as the shell's terminal draws it, less its string commands (`plain.TerminalOutput`):
+a program in the session cannot set this terminal's clipboard or title."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ RESIZE_POLL_S = 0.25
 END_OF_INPUT = "\x04"
 """Ctrl+D: what a terminal sends the shell when piped input ends."""
 END_OF_INPUT_EVERY_S = 1.0
+FIRST_WORD_WAIT_S = 30.0
+"""How long piped input waits for the shell's first word (its terminal's echo is off once it
+speaks); a shell that never speaks gets the input then."""
 LOST_CHECKS, LOST_CHECK_S = 10, 0.5
 EXIT_SAID = re.compile(r"\]7777;towerq-exit=([0-9]{1,3})")
 """How the session's terminal says its shell's exit status (a string command, not drawn)."""
@@ -152,7 +155,7 @@ def attach(api: Api, job_id: int) -> int:
     """Open a terminal in the session, relay this one to it until its shell exits (0), or the
     connection is lost (1)."""
     client = api.client
-    name = client.open_terminal(job_id)
+    name = client.open_terminal(job_id, piped=not os.isatty(sys.stdin.fileno()))
     url = client.socket_url(f"/sessions/{job_id}/terminals/websocket/{name}")
     try:
         with connect(url, additional_headers={"Authorization": f"Bearer {client.config.token}"}, open_timeout=30) as ws:
@@ -172,7 +175,8 @@ def relay(api: Api, ws: ClientConnection, job_id: int) -> int:
     resized.set()
     output = TerminalOutput()
     with raw_terminal(stdin if on_terminal else None), signals_end(resized):
-        threading.Thread(target=send_input, args=(ws, stdin, on_terminal), daemon=True).start()
+        spoke = threading.Event()
+        threading.Thread(target=send_input, args=(ws, stdin, on_terminal, spoke), daemon=True).start()
         while True:
             if resized.is_set() and os.isatty(stdout):
                 resized.clear()
@@ -186,6 +190,7 @@ def relay(api: Api, ws: ClientConnection, job_id: int) -> int:
                 lost(api, job_id, on_terminal)
                 return 1
             if message[0] == "stdout":
+                spoke.set()
                 write_all(stdout, output.feed(str(message[1])).encode("utf-8", "replace"))
             elif message[0] == "disconnect":
                 return exit_status(output.strings)
@@ -199,13 +204,16 @@ def exit_status(strings: list[str]) -> int:
     return min(found[-1], 255) if found else 0
 
 
-def send_input(ws: ClientConnection, stdin: int, on_terminal: bool) -> None:
-    """Every byte read from stdin, as text, to the shell. At the end of piped input, Ctrl+D,
-    again each second until the shell has ended: one that comes while a program of the shell
-    runs is that program's end of input (or lost, where the terminal reads whole lines and
-    nothing reads it), and the shell's own prompt needs one of its own."""
+def send_input(ws: ClientConnection, stdin: int, on_terminal: bool, spoke: threading.Event) -> None:
+    """Every byte read from stdin, as text, to the shell. Piped, once the shell has said it
+    reads (`worker.notebook`'s PIPED_SHELL: its terminal's echo is off by then); at the end
+    of the input, Ctrl+D, its end, and again each second until the shell has ended (a program
+    of the script may read the terminal itself, and a session older than the piped shell
+    needs one for each program that reads stdin and one for its prompt)."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     with contextlib.suppress(ConnectionClosed, OSError):
+        if not on_terminal:
+            spoke.wait(FIRST_WORD_WAIT_S)
         while chunk := os.read(stdin, 4096):
             if text := decoder.decode(chunk):
                 ws.send(json.dumps(["stdin", text]))

@@ -8,6 +8,11 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
+SHELL_INPUT_VARIABLE = "TOWERQ_SHELL_INPUT"
+"""In a notebook session's new terminal (`extra_env` of JupyterLab's POST /api/terminals):
+`piped` where what is typed into it is a script piped into `towerq shell`, not keys; its
+shell then reads it without prompts or echo (`worker.notebook`'s TERMINAL_SHELL)."""
+
 LOG_LINES_KEPT = 20_000
 """A job's log lines the database keeps, its newest (its `log.txt` keeps them all): the most
 one answer of `/api/jobs/{id}/logs` gives (`tail`)."""
