@@ -136,6 +136,7 @@ def test_in_the_sandbox_a_warm_trainer_sees_what_a_cold_one_sees(
         "model_options": {"names": [*targets], "paths": [*targets.values()]},
     }
     client = start(stack, make_token(), sandbox="bwrap")
+    admin = stack.client(make_token("root", admin=True))  # the only one shown a job's host folder
     seen = {}
     for how in ("warm", "cold"):
         if how == "warm":
@@ -150,9 +151,11 @@ def test_in_the_sandbox_a_warm_trainer_sees_what_a_cold_one_sees(
         seen[how] = sorted(line.split("WHERE ", 1)[1] for line in log.splitlines() if "WHERE " in line)
         folder = job_folder(settings.artifacts_dir, job["id"])
         assert (folder / "written-by-the-job.txt").read_text() == "ok"
-        assert job["artifacts_dir"] == str(folder)
+        assert admin.get(f"/api/jobs/{job['id']}").json()["artifacts_dir"] == str(folder)
+        assert job["artifacts_dir"] is None, job["artifacts_dir"]
     assert seen["warm"] == seen["cold"] == ["artifacts hidden", "cwd /job", "job seen", "pool hidden"], seen
     client.close()
+    admin.close()
 
 
 MINE = """

@@ -133,12 +133,17 @@ Shown = TypeVar("Shown", JobOut, JobDetailOut)
 
 
 def as_seen_by(out: Shown, caller: Caller) -> Shown:
-    """A job as `caller` may see it: its webhook URLs (a Slack hook URL is a secret) only
-    for its owner and admins, and its error's text (the trainer's words) only for those who
-    may read its outputs; others read a category (`sharing.error_category`)."""
-    if caller.is_admin or out.user == caller.name:
+    """A job as `caller` may see it: its folder's path on its host only for admins (a
+    member's way to its files is the API's; the path told a member where to aim a job's
+    `PATH` at what another job left, tests/security/test_tool_lookup.py); its webhook URLs
+    (a Slack hook URL is a secret) only for its owner and admins, and its error's text (the
+    trainer's words) only for those who may read its outputs; others read a category
+    (`sharing.error_category`)."""
+    if caller.is_admin:
         return out
-    update: dict[str, Any] = {}
+    update: dict[str, Any] = {"artifacts_dir": None} if out.artifacts_dir else {}
+    if out.user == caller.name:
+        return out.model_copy(update=update) if update else out
     if out.spec.get("notify_url"):
         update["spec"] = {**out.spec, "notify_url": HIDDEN_URL}
     if isinstance(out, JobDetailOut) and any(n.url for n in out.notifications):

@@ -2,7 +2,7 @@
 tools by name with the program's environment: the worker (root) ran `bwrap` as found on
 that `PATH`, outside the sandbox, and bwrap (root, keeping the capabilities to change user)
 ran `setpriv` as found on it inside. A member planted an executable `bwrap` in a job's
-folder and named the folder's host path (the API shows it) first on another job's `PATH`:
+folder and named the folder's host path (the API showed it; now admins only) first on another job's `PATH`:
 it ran as root on the host. Or named first on `PATH` the folder of a job it waited for (its
 input, at `/inputs/job-ID`), where that job had left a `setpriv`: it ran as uid 0 inside the
 sandbox, before the drop to the trainer's user. towerq now starts its tools by their absolute paths, found with its own

@@ -69,7 +69,8 @@ def submit_job(
     detail, created = submit(db, caller, spec, settings, idempotency_key, inventory, writer)
     # Serialised once, by pydantic, instead of validated again by FastAPI.
     headers = {} if created else {"Idempotent-Replayed": "true"}
-    return Response(detail.model_dump_json(), 201 if created else 200, headers, media_type="application/json")
+    shown = as_seen_by(detail, caller)  # a replayed key's job may have run
+    return Response(shown.model_dump_json(), 201 if created else 200, headers, media_type="application/json")
 
 
 @router.get("", response_model=JobPage)
@@ -172,7 +173,7 @@ def change(
     A running job's new limit counts from its attempt's start: past it, it stops now."""
     with db.write() as session:
         change_job(session, job_id, body, caller, settings, executor)
-        return job_detail(session, get_job(session, job_id))
+        return as_seen_by(job_detail(session, get_job(session, job_id)), caller)
 
 
 @router.post("/{job_id}/hold", response_model=JobDetailOut)
@@ -183,7 +184,7 @@ def hold(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: ExecutorDe
     in Slurm)."""
     with db.write() as session:
         hold_job(session, job_id, caller, executor)
-        return job_detail(session, get_job(session, job_id))
+        return as_seen_by(job_detail(session, get_job(session, job_id)), caller)
 
 
 @router.post("/{job_id}/release", response_model=JobDetailOut)
@@ -193,7 +194,7 @@ def release(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: Executo
     job that is not on hold."""
     with db.write() as session:
         release_job(session, job_id, caller, executor)
-        return job_detail(session, get_job(session, job_id))
+        return as_seen_by(job_detail(session, get_job(session, job_id)), caller)
 
 
 @router.post("/{job_id}/notifications/{delivery}/resend", status_code=202, response_model=JobDetailOut)
@@ -210,7 +211,7 @@ def resend_notification(
     with db.write() as session:
         send_again(session, job_id, delivery, caller)
     with db.read() as session:
-        return job_detail(session, get_job(session, job_id))
+        return as_seen_by(job_detail(session, get_job(session, job_id)), caller)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobDetailOut)
@@ -225,4 +226,4 @@ def cancel(job_id: JobId, db: DatabaseDep, caller: CallerDep, executor: Executor
 
     cancel_then_stop(db, executor, ask)
     with db.read() as session:
-        return job_detail(session, get_job(session, job_id))
+        return as_seen_by(job_detail(session, get_job(session, job_id)), caller)

@@ -155,7 +155,12 @@ class JobOut(Out):
         default=None, description="running: when its last step will be trained at that pace"
     )
     step_at: datetime | None = Field(default=None, description="when its worker received its latest train point")
-    artifacts_dir: str | None
+    artifacts_dir: str | None = Field(
+        description=(
+            "the job's folder on its host, once it started; shown to admins only (null for members, "
+            "whose way to its files is /api/jobs/{id}/artifacts)"
+        )
+    )
     sweep_id: int | None
     created_at: datetime
     updated_at: datetime
