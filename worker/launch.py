@@ -258,10 +258,13 @@ def in_sandbox(
     workdir: Path | None = None,
     binds: Iterable[tuple[Path, Path]] = (),
     read_only: Iterable[Path] = (),
+    environment_on_stdin: bool = False,
 ) -> list[str]:
     """`command` in bubblewrap with this job's view: the trainer's, a command job's (with
     `read_only` folders of its own, seen where they are: its Python environment), a notebook
-    session's (which has `binds` of its own, read-write: host folder, seen at)."""
+    session's (which has `binds` of its own, read-write: host folder, seen at). A program
+    whose environment is the member's has it come on stdin (`environment_on_stdin`, given to
+    `start_trainer` as `program_env`)."""
     datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
         command,
@@ -281,6 +284,7 @@ def in_sandbox(
         workdir=workdir,
         binds=binds,
         read_only=read_only,
+        environment_on_stdin=environment_on_stdin,
     )
 
 
@@ -323,13 +327,16 @@ def start_trainer(
     group: AttemptGroup | None = None,
     before_exec: Callable[[], None] | None = None,
     launcher: list[str] | None = None,
+    program_env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """The process of one attempt (the trainer, or a command job's program), in a session of
     its own (and in the attempt's cgroups, before it runs anything), its output piped,
     working in `cwd` (the trainer: the job's artifacts folder, where a model's own relative
     files land). `before_exec` runs in the child too, after joining the cgroups. In the
     sandbox bwrap says whether it started the command (`worker.sandbox_status`). `launcher`
-    runs first and execs the command (`worker.pyenv`, a job's requirements)."""
+    runs first and execs the command (`worker.pyenv`, a job's requirements). `program_env`:
+    the environment of a sandboxed program (`in_sandbox(..., environment_on_stdin=True)`),
+    which comes on its stdin; the process starts with `env` (none of the member's)."""
     joins = group.join if group is not None and group.exists else None
 
     def prepare() -> None:
@@ -340,10 +347,11 @@ def start_trainer(
 
     command, status, status_w = with_status(command)
     command = [*(launcher or []), *command]
+    environment = sandbox.environment_file(program_env) if program_env is not None else None
     try:
         process = TrainerProcess(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if environment is None else environment,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -359,6 +367,8 @@ def start_trainer(
     finally:
         if status_w is not None:
             os.close(status_w)
+        if environment is not None:
+            os.close(environment)
     process.status_fd = status
     return process
 

@@ -224,7 +224,9 @@ class NotebookRunner(ProgramRunner):
             binds = [(home, HOME_PATH), (folder, SESSION_PATH)]
             shown = [self.python_env] if self.python_env is not None else []
             network = bool(launch.spec.get("network"))
-            command = in_sandbox(command, launch, settings, self.artifacts, network, HOME_PATH, binds, shown)
+            command = in_sandbox(
+                command, launch, settings, self.artifacts, network, HOME_PATH, binds, shown, environment_on_stdin=True
+            )
         self._home_watch = FolderWatch(home, settings.notebook_home_max_bytes, settings.job_folder_check_s)
         self._home_quota = HomeQuota(settings.notebook_home_max_bytes)
         self._open_door(folder)

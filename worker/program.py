@@ -178,7 +178,10 @@ def program_command(
         return command
     network = bool(launch.spec.get("network"))
     shown = [python_env] if python_env is not None else []
-    return in_sandbox(command, launch, settings, job_folder, network, workdir=sandbox.JOB_PATH, read_only=shown)
+    return in_sandbox(
+        command, launch, settings, job_folder, network,
+        workdir=sandbox.JOB_PATH, read_only=shown, environment_on_stdin=True,
+    )  # fmt: skip
 
 
 def over_share(gpus: list[GpuState], launch: Launch, pids: set[int], reserved_mb: int) -> str | None:
@@ -255,9 +258,10 @@ class ProgramRunner(AttemptRunner):
         outside the sandbox, by that process (`worker.pyenv`). Outside the sandbox nothing
         else ends it when its worker died; inside, bwrap does, once it runs."""
         requirements = list(self.launch.spec.get("requirements") or [])
-        launcher, starts_with = pyenv.launcher(env, requirements, self.settings)
+        program_env = env if self.sandboxed else None  # it comes on stdin, past bwrap and setpriv
+        launcher, starts_with = pyenv.launcher({} if self.sandboxed else env, requirements, self.settings)
         death = None if self.sandboxed and not launcher else die_with_parent
-        return start_trainer(command, cwd, starts_with, group, death, launcher)
+        return start_trainer(command, cwd, starts_with, group, death, launcher, program_env)
 
     def _ports(self) -> int:
         return ports_per_rank(self.launch)

@@ -20,8 +20,10 @@ What a member names cannot run anything here: pip installs wheels only (`--only-
 own config, and `TOWERQ_PIP_OPTIONS`), in a folder of its own with the list after `--` (no
 entry is read as an option or a local path; `towerq.contract.program_env.requirement`
 refuses those at submit too). This process reads none of the job's environment: it starts
-with a bare one (the program's waits in a file only the worker's user reads, and comes back
-at the exec), Python in isolated mode (`-I`), towerq's tools by absolute path, and pip with
+with a bare one (in the sandbox, the program's is this process's stdin, left unread for the
+sandbox's first step as the program's user, `worker.sandbox.ENVIRONMENT_STEP`; unsandboxed,
+it waits in a file only the worker's user reads, and comes back at the exec), Python in
+isolated mode (`-I`), towerq's tools by absolute path, and pip with
 an environment of its own (`PASSED_TO_PIP`: what the worker's own environment says of the
 network and pip, in the same file). Jobs see their environment read only, so no job
 changes what the next one with the same list runs.
@@ -183,7 +185,7 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
     count = f"{len(requirements)} requirement{'s' if len(requirements) > 1 else ''}"
     say(f"installing {count} on this host, once: {' '.join(requirements)}")
     venv = [sys.executable, "-I", "-m", "venv", "--without-pip", str(folder)]
-    subprocess.run(venv, check=True, capture_output=True, env=environment)
+    subprocess.run(venv, check=True, capture_output=True, env=environment, stdin=subprocess.DEVNULL)
     purelib = folder / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     lab = [path for path in site.getsitepackages() if Path(path).is_dir()]
     (purelib / "towerq-lab.pth").write_text("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in lab) + "\n")
@@ -195,7 +197,13 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
     last_error, shown = "", 0
     with tempfile.TemporaryDirectory(prefix="pip-", dir=root) as empty:
         pip = subprocess.Popen(
-            command, cwd=empty, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=empty,
+            env=environment,
+            stdin=subprocess.DEVNULL,  # this process's own is the program's environment (`worker.sandbox`)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         assert pip.stdout is not None
         for line in pip.stdout:

@@ -1,0 +1,46 @@
+"""A program's environment comes on its stdin to the sandbox's first step after the drop
+(`worker.sandbox.ENVIRONMENT_STEP`), quoted for sh by `environment_file`: what reaches the
+program is the environment as given, whatever its values hold, and its stdin is /dev/null."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from worker.sandbox import ENVIRONMENT_STEP, SandboxError, environment_file
+
+TRICKY = {
+    "PATH": "/usr/bin:/bin",
+    "QUOTES": "it's \"quoted\" 'twice'",
+    "SUBSTITUTIONS": "$(touch /tmp/x) `id` ${HOME} $$ \\ ;|&<>",
+    "LINES": "first\nsecond\n\n",
+    "EMPTY": "",
+    "UNICODE": "Grüße, 東京 ✓",
+    "IFS": "x",
+}
+
+
+def run(env: dict[str, str], *command: str) -> str:
+    """`command` after ENVIRONMENT_STEP, given `env` on stdin, from an empty environment."""
+    fd = environment_file(env)
+    try:
+        done = subprocess.run([*ENVIRONMENT_STEP, *command], stdin=fd, env={}, capture_output=True, timeout=30)
+    finally:
+        os.close(fd)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+def test_the_program_gets_its_environment_as_given_and_dev_null_for_stdin() -> None:
+    shown = dict(entry.split("=", 1) for entry in run(TRICKY, "/usr/bin/env", "-0").split("\0") if entry)
+    shown.pop("PWD", None)  # sh's own, as bwrap's (--chdir)
+    assert shown == TRICKY
+    assert run(TRICKY, "/usr/bin/readlink", "/proc/self/fd/0").strip() == "/dev/null"
+
+
+def test_a_name_sh_cannot_export_is_refused() -> None:
+    for name in ("A-B", "1A", "A B", "A=B", ""):
+        with pytest.raises(SandboxError, match="not an environment variable's name"):
+            environment_file({name: "x"})
