@@ -345,9 +345,9 @@ def start_trainer(
         if before_exec is not None:
             before_exec()
 
+    environment = sandbox.environment_file(program_env) if program_env is not None else None  # may refuse a name
     command, status, status_w = with_status(command)
     command = [*(launcher or []), *command]
-    environment = sandbox.environment_file(program_env) if program_env is not None else None
     try:
         process = TrainerProcess(
             command,
