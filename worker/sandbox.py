@@ -146,10 +146,8 @@ def environment_file(env: dict[str, str]) -> int:
             raise SandboxError(f"not an environment variable's name: {name!r}")
         lines.append(f"export {name}={shlex.quote(value)}\n")
     fd = os.memfd_create("towerq-environment", os.MFD_CLOEXEC)
-    data = "".join(lines).encode("utf-8", "surrogateescape")
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    with open(fd, "wb", closefd=False) as file:  # a file object writes it all
+        file.write("".join(lines).encode("utf-8", "surrogateescape"))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
