@@ -336,7 +336,9 @@ def start_trainer(
     sandbox bwrap says whether it started the command (`worker.sandbox_status`). `launcher`
     runs first and execs the command (`worker.pyenv`, a job's requirements). `program_env`:
     the environment of a sandboxed program (`in_sandbox(..., environment_on_stdin=True)`),
-    which comes on its stdin; the process starts with `env` (none of the member's)."""
+    which comes on its stdin; the process starts with `env` (none of the member's). Given for
+    a command without that step, it is refused (the program would start with none of it); the
+    step without it runs nothing and says so (`sandbox.ENVIRONMENT_END`)."""
     joins = group.join if group is not None and group.exists else None
 
     def prepare() -> None:
@@ -345,6 +347,8 @@ def start_trainer(
         if before_exec is not None:
             before_exec()
 
+    if program_env is not None and not sandbox.reads_environment(command):  # it would start with none
+        raise ValueError("a program's environment given for a command that does not read it on stdin")
     environment = sandbox.environment_file(program_env) if program_env is not None else None  # may refuse a name
     command, status, status_w = with_status(command)
     command = [*(launcher or []), *command]

@@ -124,8 +124,15 @@ def drop_to(identity: Identity | None) -> list[str]:
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A name sh can export."""
+ENVIRONMENT_END = ": the end of the environment from towerq"
+"""The last line of every `environment_file`: ENVIRONMENT_STEP runs nothing without it."""
 ENVIRONMENT_STEP = [
-    "/bin/sh", "-c", 'exports=$(/bin/cat) || exit 127; eval "$exports" || exit 127; exec "$@" </dev/null', "towerq",
+    "/bin/sh", "-c",
+    'exports=$(/bin/cat) || exit 127; '
+    f'case $exports in *"{ENVIRONMENT_END}") ;; '
+    '*) echo "towerq: the program\'s environment did not come on stdin (a fault of towerq\'s)" >&2; exit 127;; esac; '
+    'eval "$exports" || exit 127; exec "$@" </dev/null',
+    "towerq",
 ]  # fmt: skip
 """What starts a member's program inside the sandbox, after the drop to its user: its
 environment, read from stdin (`environment_file`), then the program, with /dev/null for
@@ -133,7 +140,9 @@ stdin. bwrap and setpriv run as root and pass their environment on, so before th
 `env` reached them: what glibc and the tools read of the environment as they start and
 run (its loader, `setlocale`, messages) was the member's to set, as root, but for the names
 refused one by one at submit. Now they start with none, and no process of towerq's that
-runs as root sees a job's `env`."""
+runs as root sees a job's `env`. Where its stdin is not such a file (ending with
+ENVIRONMENT_END), it runs nothing and says so: no program starts with an empty environment
+by mistake."""
 
 
 def environment_file(env: dict[str, str]) -> int:
@@ -145,11 +154,19 @@ def environment_file(env: dict[str, str]) -> int:
         if not ENV_NAME.fullmatch(name):
             raise SandboxError(f"not an environment variable's name: {name!r}")
         lines.append(f"export {name}={shlex.quote(value)}\n")
+    lines.append(ENVIRONMENT_END + "\n")
     fd = os.memfd_create("towerq-environment", os.MFD_CLOEXEC)
     with open(fd, "wb", closefd=False) as file:  # a file object writes it all
         file.write("".join(lines).encode("utf-8", "surrogateescape"))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def reads_environment(command: list[str]) -> bool:
+    """Whether `command` runs ENVIRONMENT_STEP (`bwrap_command(..., environment_on_stdin=True)`),
+    so that an `environment_file` must be its stdin."""
+    n = len(ENVIRONMENT_STEP)
+    return any(command[i : i + n] == ENVIRONMENT_STEP for i in range(len(command) - n + 1))
 
 
 def privileges(identity: Identity | None) -> list[str]:

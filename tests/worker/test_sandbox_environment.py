@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from worker.launch import start_trainer
 from worker.sandbox import ENVIRONMENT_STEP, SandboxError, environment_file
 
 TRICKY = {
@@ -44,3 +45,26 @@ def test_a_name_sh_cannot_export_is_refused() -> None:
     for name in ("A-B", "1A", "A B", "A=B", ""):
         with pytest.raises(SandboxError, match="not an environment variable's name"):
             environment_file({name: "x"})
+
+
+def test_the_step_without_its_environment_file_runs_nothing_and_says_so(tmp_path) -> None:
+    """A caller that put the step in a command but gave the environment to no one (stdin is
+    /dev/null, or a file of its own): the program would start with an empty environment."""
+    ran = tmp_path / "ran"
+    for stdin in (subprocess.DEVNULL, (tmp_path / "own").open("w+b")):
+        done = subprocess.run(
+            [*ENVIRONMENT_STEP, "/usr/bin/touch", str(ran)], stdin=stdin, env={}, capture_output=True, timeout=30
+        )
+        assert done.returncode == 127
+        assert b"environment did not come on stdin" in done.stderr
+        assert not ran.exists()
+
+
+def test_an_environment_for_a_command_that_does_not_read_it_is_refused(tmp_path) -> None:
+    """The other half of the same mistake: an environment given on stdin to a command without
+    the step, which would start the program with none of it."""
+    with pytest.raises(ValueError, match="does not read it on stdin"):
+        start_trainer(["/usr/bin/env"], tmp_path, {}, program_env={"A": "1"})
+    process = start_trainer([*ENVIRONMENT_STEP, "/usr/bin/env"], tmp_path, {}, program_env={"A": "1"})
+    out, _ = process.communicate(timeout=30)
+    assert b"A=1" in out.splitlines()
