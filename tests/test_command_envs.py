@@ -7,6 +7,7 @@ notebook session's JupyterLab, kernel and shells run on it."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -109,6 +110,18 @@ def test_a_program_runs_with_its_requirements_over_the_labs_packages_built_once_
         "run", "-r", "requirements.txt", "--", "python", "probe.py", cwd=project, api=str(stack.api_url), token=token
     )
     assert done.returncode == 0 and "PROBE v1.0 False numpy towerq" in done.stdout, done.stdout + done.stderr
+    assert "not installed" not in done.stdout
+    # the same folder sent without -r: its requirements.txt goes with the code, and the CLI says
+    # that nothing installs it
+    unlisted = towerq_cli(
+        "run", "--detach", "--", "python", "probe.py", cwd=project, api=str(stack.api_url), token=token
+    )
+    assert unlisted.returncode == 0, unlisted.stdout + unlisted.stderr
+    assert "note: requirements.txt is sent, not installed" in unlisted.stdout, unlisted.stdout
+    assert "towerq run -r requirements.txt ... installs what it lists" in unlisted.stdout, unlisted.stdout
+    submitted = re.search(r"job (\d+) submitted", unlisted.stdout)
+    assert submitted, unlisted.stdout
+    assert client.post(f"/api/jobs/{submitted[1]}/cancel").status_code == 200
     (project / "requirements.txt").write_text("--index-url https://elsewhere.example/simple\ntowerq-probe\n")
     refused = towerq_cli(
         "run", "-r", "requirements.txt", "--", "python", "probe.py", cwd=project, api=str(stack.api_url), token=token

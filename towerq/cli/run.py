@@ -216,6 +216,18 @@ def requirements_of(path: Path) -> list[str]:
     return listed
 
 
+def requirements_hint(args: argparse.Namespace) -> str | None:
+    """A line for a folder sent with a `requirements.txt` but without `-r`: the file goes
+    with the code, but nothing installs what it lists (a new user expects it to)."""
+    found = args.folder / "requirements.txt"
+    if args.requirements is not None or not found.is_file():
+        return None
+    return (
+        f"note: {found} is sent, not installed: the job has the lab's packages; "
+        f"towerq run -r {found} ... installs what it lists besides them (once per host)"
+    )
+
+
 def held(job: Job) -> str:
     """What a submit on hold, or with its begin ahead, adds to the line that says it: how to
     let it start."""
@@ -231,6 +243,9 @@ def run_run(args: argparse.Namespace) -> int:
     api = Api(args)
     run_spec(args, "")  # what is wrong on the command line (its program, --env, -r) says so before a byte is sent
     args.dataset = dataset_reference(api, args.dataset)
+    hint = requirements_hint(args)
+    if hint:
+        api.say(hint)
     code = upload_folder(api, args.folder)
     job = api.client.submit(run_spec(args, code))
     print(f"job {job.id} submitted ({job.name}), {job.state}{held(job)}", flush=True)
