@@ -199,7 +199,7 @@ class Stack:
 
     def start_api(self, **env: object) -> str:
         port = free_port()
-        self.spawn("api", "api", "--port", str(port), **env)
+        self.spawn("api", "api", "--port", str(port), cwd=REPO, **env)
         self.api_url = f"http://127.0.0.1:{port}"
         wait_for(self._healthy, 30, "the API to answer")
         return self.api_url
@@ -211,7 +211,7 @@ class Stack:
             return False
 
     def start_scheduler(self, **env: object) -> None:
-        self.spawn("scheduler", "scheduler", **env)
+        self.spawn("scheduler", "scheduler", cwd=REPO, **env)
 
     def start_worker(
         self, name: str = "lab-a", gpus: int = 4, cwd: Path = REPO, **env: object

@@ -121,7 +121,9 @@ def test_a_program_runs_with_its_requirements_over_the_labs_packages_built_once_
     assert "towerq run -r requirements.txt ... installs what it lists" in unlisted.stdout, unlisted.stdout
     submitted = re.search(r"job (\d+) submitted", unlisted.stdout)
     assert submitted, unlisted.stdout
-    assert client.post(f"/api/jobs/{submitted[1]}/cancel").status_code == 200
+    job = finished(client, int(submitted[1]))
+    said = log_messages(client, job["id"])
+    assert job["state"] == "failed" and any("No module named 'towerq_probe'" in m for m in said), said[-20:]
     (project / "requirements.txt").write_text("--index-url https://elsewhere.example/simple\ntowerq-probe\n")
     refused = towerq_cli(
         "run", "-r", "requirements.txt", "--", "python", "probe.py", cwd=project, api=str(stack.api_url), token=token
