@@ -152,12 +152,13 @@ def jupyter_command(
 ) -> list[str]:
     """JupyterLab on the session's socket, under the API's path, without a token (the API
     is the only way in and checks the member's login), `HOME` the member's folder; its
-    terminals' shell sees the session's environment (the lab's Python first on PATH)."""
+    terminals' shell sees the session's environment (the lab's Python first on PATH). `env`
+    by its path, as towerq's other tools: not looked up on the member's `PATH`."""
     # on an environment of its requirements (`worker.pyenv`), Jupyter still finds the lab's
     # server extensions (terminals), lab extensions and kernel specs, where the lab installed them
     lab = [f"JUPYTER_CONFIG_PATH={sys.prefix}/etc/jupyter", f"JUPYTER_PATH={sys.prefix}/share/jupyter"]
     return [
-        "env", f"HOME={home}", f"JUPYTER_RUNTIME_DIR={session / 'runtime'}", "SHELL=/bin/bash",
+        sandbox.tool("env"), f"HOME={home}", f"JUPYTER_RUNTIME_DIR={session / 'runtime'}", "SHELL=/bin/bash",
         *(lab if python != sys.executable else []), python, "-m", "jupyterlab", "--no-browser",
         f"--ServerApp.sock={session / SOCKET}", "--ServerApp.sock_mode=0600",
         f"--ServerApp.base_url={session_base_url(settings, job_id)}",
