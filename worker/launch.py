@@ -28,7 +28,7 @@ from service.core.settings import Settings
 from towerq.contract.paths import bundle_root, job_folder, replace_beneath
 from towerq.contract.runtime import RuntimeSpec, trainer_input
 from towerq.contract.versions import SPEC_VERSION
-from worker import disk_kind, sandbox
+from worker import disk_kind, sandbox, sandbox_env
 from worker.cgroups import DEFAULT_SHARES, AttemptGroup, Limits
 from worker.sandbox_status import TrainerProcess, with_status
 from worker.trainer import tunnel
@@ -267,7 +267,7 @@ def in_sandbox(
     `start_trainer` as `program_env`)."""
     datasets, code_path = sandbox_extras(launch, settings)
     return sandbox.bwrap_command(
-        command,
+        [*sandbox_env.ENVIRONMENT_STEP, *command] if environment_on_stdin else command,
         job_folder=job_folder,
         repo_root=REPO_ROOT,
         models_path=settings.models_path,
@@ -284,7 +284,6 @@ def in_sandbox(
         workdir=workdir,
         binds=binds,
         read_only=read_only,
-        environment_on_stdin=environment_on_stdin,
     )
 
 
@@ -338,7 +337,7 @@ def start_trainer(
     the environment of a sandboxed program (`in_sandbox(..., environment_on_stdin=True)`),
     which comes on its stdin; the process starts with `env` (none of the member's). Given for
     a command without that step, it is refused (the program would start with none of it); the
-    step without it runs nothing and says so (`sandbox.ENVIRONMENT_END`)."""
+    step without it runs nothing and says so (`sandbox_env.ENVIRONMENT_END`)."""
     joins = group.join if group is not None and group.exists else None
 
     def prepare() -> None:
@@ -347,9 +346,9 @@ def start_trainer(
         if before_exec is not None:
             before_exec()
 
-    if program_env is not None and not sandbox.reads_environment(command):  # it would start with none
+    if program_env is not None and not sandbox_env.reads_environment(command):  # it would start with none
         raise ValueError("a program's environment given for a command that does not read it on stdin")
-    environment = sandbox.environment_file(program_env) if program_env is not None else None  # may refuse a name
+    environment = sandbox_env.environment_file(program_env) if program_env is not None else None  # may refuse a name
     command, status, status_w = with_status(command)
     command = [*(launcher or []), *command]
     try:

@@ -21,7 +21,7 @@ own config, and `TOWERQ_PIP_OPTIONS`), in a folder of its own with the list afte
 entry is read as an option or a local path; `towerq.contract.program_env.requirement`
 refuses those at submit too). This process reads none of the job's environment: it starts
 with a bare one (in the sandbox, the program's is this process's stdin, left unread for the
-sandbox's first step as the program's user, `worker.sandbox.ENVIRONMENT_STEP`; unsandboxed,
+sandbox's first step as the program's user, `worker.sandbox_env.ENVIRONMENT_STEP`; unsandboxed,
 it waits in a file only the worker's user reads, and comes back at the exec), Python in
 isolated mode (`-I`), towerq's tools by absolute path, and pip with
 an environment of its own (`PASSED_TO_PIP`: what the worker's own environment says of the

@@ -55,7 +55,7 @@ other users' datasets and code bundles, the checkout the worker runs from, home 
 other processes. The environment is already an allow-list
 (`worker.launch.trainer_environment`), so no credentials travel with it. A program's own
 (a command job's, a notebook session's: the member's `env`) never reaches bwrap or setpriv,
-which run as root: it comes on stdin, after the drop (`ENVIRONMENT_STEP`).
+which run as root: it comes on stdin, after the drop (`worker.sandbox_env`).
 
 bwrap stays as the trainer's parent and leads its process group; a stop request (SIGTERM)
 goes to the rest of the group, not to bwrap, which would die of it and take the trainer
@@ -73,8 +73,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -120,53 +118,6 @@ def drop_to(identity: Identity | None) -> list[str]:
         tool("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
         "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
     ]  # fmt: skip
-
-
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-"""A name sh can export."""
-ENVIRONMENT_END = ": the end of the environment from towerq"
-"""The last line of every `environment_file`: ENVIRONMENT_STEP runs nothing without it."""
-ENVIRONMENT_STEP = [
-    "/bin/sh", "-c",
-    'exports=$(/bin/cat) || exit 127; '
-    f'case $exports in *"{ENVIRONMENT_END}") ;; '
-    '*) echo "towerq: the program\'s environment did not come on stdin (a fault of towerq\'s)" >&2; exit 127;; esac; '
-    'eval "$exports" || exit 127; exec "$@" </dev/null',
-    "towerq",
-]  # fmt: skip
-"""What starts a member's program inside the sandbox, after the drop to its user: its
-environment, read from stdin (`environment_file`), then the program, with /dev/null for
-stdin. bwrap and setpriv run as root and pass their environment on, so before this a job's
-`env` reached them: what glibc and the tools read of the environment as they start and
-run (its loader, `setlocale`, messages) was the member's to set, as root, but for the names
-refused one by one at submit. Now they start with none, and no process of towerq's that
-runs as root sees a job's `env`. Where its stdin is not such a file (ending with
-ENVIRONMENT_END), it runs nothing and says so: no program starts with an empty environment
-by mistake."""
-
-
-def environment_file(env: dict[str, str]) -> int:
-    """A descriptor of an unnamed file (a memfd), at its start, that ENVIRONMENT_STEP reads
-    `env` from: an `export NAME='value'` line for each, quoted for sh. The caller closes it
-    once the process started."""
-    lines = []
-    for name, value in env.items():
-        if not ENV_NAME.fullmatch(name):
-            raise SandboxError(f"not an environment variable's name: {name!r}")
-        lines.append(f"export {name}={shlex.quote(value)}\n")
-    lines.append(ENVIRONMENT_END + "\n")
-    fd = os.memfd_create("towerq-environment", os.MFD_CLOEXEC)
-    with open(fd, "wb", closefd=False) as file:  # a file object writes it all
-        file.write("".join(lines).encode("utf-8", "surrogateescape"))
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def reads_environment(command: list[str]) -> bool:
-    """Whether `command` runs ENVIRONMENT_STEP (`bwrap_command(..., environment_on_stdin=True)`),
-    so that an `environment_file` must be its stdin."""
-    n = len(ENVIRONMENT_STEP)
-    return any(command[i : i + n] == ENVIRONMENT_STEP for i in range(len(command) - n + 1))
 
 
 def privileges(identity: Identity | None) -> list[str]:
@@ -336,13 +287,10 @@ def bwrap_command(
     workdir: Path | None = None,
     binds: Iterable[tuple[Path, Path]] = (),
     read_only: Iterable[Path] = (),
-    environment_on_stdin: bool = False,
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above, run as `identity`
     (`trainer_identity`) in `workdir` (default `JOB_PATH`); `job_folder` is seen at
-    `JOB_PATH`; `protected` are towerq's own folders and files, never shown.
-    `environment_on_stdin`: the command's environment comes on stdin (ENVIRONMENT_STEP), and
-    the process starts with none of it."""
+    `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
     args = [tool("bwrap"), "--die-with-parent", *privileges(identity)]
     args += ["--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup"]
     if not network:
@@ -382,8 +330,7 @@ def bwrap_command(
         args += ["--bind", str(folder), str(seen)]
     args += see_through(args)
     args += ["--chdir", str(workdir or JOB_PATH)]
-    step = ENVIRONMENT_STEP if environment_on_stdin else []
-    return [*args, "--", *drop_to(identity), *step, *command]
+    return [*args, "--", *drop_to(identity), *command]
 
 
 HOST_OPTIONS = ("--bind", "--ro-bind", "--dev-bind", "--symlink")

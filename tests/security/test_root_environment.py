@@ -5,7 +5,7 @@ user) with it. What glibc and the tools read of the environment as they start an
 loader, `setlocale`, messages) was the member's to steer, as root. Refusing names one by one
 (tests/security/test_tool_lookup.py) closes the known ones; now the environment comes on the
 program's stdin, read by the sandbox's first step after the drop to the program's user
-(`worker.sandbox.ENVIRONMENT_STEP`), and no process running as root holds any of it."""
+(`worker.sandbox_env.ENVIRONMENT_STEP`), and no process running as root holds any of it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A program's environment comes on its stdin to the sandbox's first step after the drop
-(`worker.sandbox.ENVIRONMENT_STEP`), quoted for sh by `environment_file`: what reaches the
+(`worker.sandbox_env.ENVIRONMENT_STEP`), quoted for sh by `environment_file`: what reaches the
 program is the environment as given, whatever its values hold, and its stdin is /dev/null."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from worker.launch import start_trainer
-from worker.sandbox import ENVIRONMENT_STEP, SandboxError, environment_file
+from worker.sandbox import SandboxError
+from worker.sandbox_env import ENVIRONMENT_STEP, environment_file
 
 TRICKY = {
     "PATH": "/usr/bin:/bin",
