@@ -25,8 +25,10 @@ sandbox's first step as the program's user, `worker.sandbox_env.ENVIRONMENT_STEP
 it waits in a file only the worker's user reads, and comes back at the exec), Python in
 isolated mode (`-I`), towerq's tools by absolute path, and pip with
 an environment of its own (`PASSED_TO_PIP`: what the worker's own environment says of the
-network and pip, in the same file). Jobs see their environment read only, so no job
-changes what the next one with the same list runs.
+network and pip, in the same file, with `TOWERQ_PIP_OPTIONS`). Jobs see their environment
+read only, so no job changes what the next one with the same list runs. The options that
+take a URL reach pip through a file of its own (`split_options`), not its command line: a
+URL may hold the lab's index password, and /proc/PID/cmdline is every local user's.
 
 The key is the list (sorted, as written), the lab's Python and the options. The first job
 builds it under a lock (a second on the same host waits, then reuses it); each job holds it
@@ -99,11 +101,11 @@ def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int, 
     root.mkdir(parents=True, exist_ok=True)
     passed = {k: v for k, v in os.environ.items() if k in PASSED_TO_PIP or k.startswith(PASSED_TO_PIP_PREFIXES)}
     waiting = root / f".environ-{os.getpid()}-{time.monotonic_ns()}.json"
-    _write_private(waiting, {"program": environ, "pip": passed})
+    _write_private(waiting, {"program": environ, "pip": passed, "options": {"pip": pip_options}})
     listed = [arg for requirement in requirements for arg in ("--requirement", requirement)]
     words = [
         sys.executable, "-I", "-m", "worker.pyenv", "--root", str(root), "--keep", str(keep),
-        "--pip-options", pip_options, "--environ", str(waiting), *listed, "--",
+        "--environ", str(waiting), *listed, "--",
     ]  # fmt: skip
     return words, {"PATH": os.defpath, "LANG": "C.UTF-8"}
 
@@ -131,16 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.pyenv")
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--keep", type=int, required=True)
-    parser.add_argument("--pip-options", default="")
     parser.add_argument("--environ", type=Path, required=True)
     parser.add_argument("--requirement", action="append", required=True)
     args = parser.parse_args(words[:split])
     command = words[split + 1 :]
     waiting = json.loads(args.environ.read_text())
     args.environ.unlink()
-    environ, passed = waiting["program"], waiting["pip"]
+    environ, passed, pip_options = waiting["program"], waiting["pip"], waiting["options"]["pip"]
     try:
-        held = ensure(args.requirement, args.root, args.pip_options, args.keep, passed)
+        held = ensure(args.requirement, args.root, pip_options, args.keep, passed)
     except NotInstalled as err:
         print(f"{SAID}{err}", file=sys.stderr, flush=True)
         said_to_bwrap(command, NOT_INSTALLED)
@@ -192,15 +193,20 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
     command = [
         sys.executable, "-I", "-m", "pip", "--python", str(folder / "bin" / "python"), "install", "--no-input",
         "--disable-pip-version-check", "--progress-bar", "off", "--only-binary", ":all:",
-        *shlex.split(pip_options), "--", *requirements,
     ]  # fmt: skip
+    words, urls = split_options(pip_options)
     last_error, shown = "", 0
-    with tempfile.TemporaryDirectory(prefix="pip-", dir=root) as empty:
+    with tempfile.TemporaryDirectory(prefix="pip-", dir=root) as empty:  # this user's alone (0700)
+        if urls:  # pip reads them from a file of its own, not its command line
+            options = Path(empty) / "options.txt"
+            options.write_text("".join(f"{line}\n" for line in urls))
+            words = [*words, "--requirement", str(options)]
+        command += [*words, "--", *requirements]
         pip = subprocess.Popen(
             command,
             cwd=empty,
             env=environment,
-            stdin=subprocess.DEVNULL,  # this process's own is the program's environment (`worker.sandbox`)
+            stdin=subprocess.DEVNULL,  # this process's own is the program's environment (`worker.sandbox_env`)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -222,6 +228,34 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
     if shown > PIP_LINES_SHOWN:
         say(f"pip: ({shown - PIP_LINES_SHOWN} more lines)")
     say(f"installed in {time.monotonic() - started:.0f} s (environment {folder.name[:12]}, kept for the next job)")
+
+
+URL_OPTIONS = ("--index-url", "-i", "--extra-index-url", "--find-links", "-f")
+"""pip's options whose value is a URL (an index's, a folder's of wheels), which may carry a
+password; pip reads each from a requirements file too."""
+
+
+def split_options(pip_options: str) -> tuple[list[str], list[str]]:
+    """`TOWERQ_PIP_OPTIONS` as pip's command-line words and the lines of a file it reads with
+    `--requirement`: every option of URL_OPTIONS goes to the file (a URL may hold an index's
+    password, and a command line is every local user's to read in /proc), the rest stays."""
+    words, lines = [], []
+    given = shlex.split(pip_options)
+    i = 0
+    while i < len(given):
+        word = given[i]
+        name, equals, value = word.partition("=")
+        if name in URL_OPTIONS and name.startswith("--") and equals:  # --index-url=URL
+            lines.append(f"{name} {value}")
+        elif word in URL_OPTIONS and i + 1 < len(given):  # --index-url URL, -i URL
+            lines.append(f"{word} {given[i + 1]}")
+            i += 1
+        elif word[:2] in ("-i", "-f") and len(word) > 2:  # -iURL
+            lines.append(f"{word[:2]} {word[2:]}")
+        else:
+            words.append(word)
+        i += 1
+    return words, lines
 
 
 def pip_environment(root: Path, passed: dict[str, str]) -> dict[str, str]:

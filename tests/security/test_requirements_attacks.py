@@ -7,17 +7,19 @@ environment from inside a job, so the next member's job with the same list runs 
 Nor, since the build runs as the worker before the sandbox starts, can the job's own `env`
 steer it: a `PYTHONPATH` naming a folder where a job left a `sitecustomize.py` would run it
 as the worker. None of that gets through (`towerq.contract.program_env.requirement`,
-`worker.pyenv`)."""
+`worker.pyenv`). Nor does anyone on the host read the lab's index password off a command
+line while pip works."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from service.core.settings import Settings
-from tests.stack import Stack, finished, log_messages, upload_code
+from tests.stack import Stack, finished, log_messages, upload_code, wait_for
 from tests.test_command_envs import lab_with_pip
 from tests.wheels import sdist, wheel
 
@@ -123,3 +125,41 @@ def test_requirements_are_packages_from_the_labs_index_built_from_wheels_and_rea
     assert "CHANGED the environment" not in said and "VALUE clean" in said, said[-10:]
     job, said = run(["towerq-probe==1.0"])
     assert "VALUE clean" in said and not list((settings.var_dir / "envs").glob("*/lib/*/site-packages/evil.pth"))
+
+
+def test_the_labs_index_password_is_on_no_command_line_and_in_no_log(
+    stack: Stack, make_token: Callable[..., str]
+) -> None:
+    """TOWERQ_PIP_OPTIONS may name an index with its password in the URL. /proc/PID/cmdline
+    is every local user's to read (a member with a shell on the host, a job run unsandboxed),
+    so while pip works no process's command line holds it: pip reads the URL from a file only
+    the worker's user reads. pip's own lines, shown in the job's log, hide it too."""
+    secret = "index-word-7f3a9c"
+    index = socket.socket()
+    index.bind(("127.0.0.1", 0))
+    index.listen()
+    index.settimeout(60)
+    url = f"http://lab:{secret}@127.0.0.1:{index.getsockname()[1]}/simple"
+    client = lab_with_pip(stack, make_token("alice"), f"--index-url {url} --timeout 60 --retries 0")
+    code = upload_code(client, {"probe.py": "print('never')\n"})
+    created = client.post(
+        "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": ["einops"]}
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    connection, _ = index.accept()  # pip asks the index, and waits
+    with connection:
+        wait_for(lambda: any(m.startswith("pip:") for m in log_messages(client, job_id)), 30, "pip's first line")
+        shown = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                words = cmdline.read_bytes()
+            except OSError:  # ended meanwhile
+                continue
+            if secret.encode() in words:
+                shown.append(words.replace(b"\0", b" ").decode(errors="replace")[:300])
+        assert not shown, shown
+        assert not [m for m in log_messages(client, job_id) if secret in m]
+        assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+        assert finished(client, job_id, timeout=30)["state"] == "cancelled"
+    index.close()

@@ -48,3 +48,20 @@ def test_an_environments_key_is_its_list_whatever_the_order_and_the_labs_options
     assert pyenv.env_key(["b", "a==1"], "") == pyenv.env_key(["a==1", "b"], "")
     assert pyenv.env_key(["a==1"], "") != pyenv.env_key(["a==2"], "")
     assert pyenv.env_key(["a"], "") != pyenv.env_key(["a"], "--index-url https://pypi.lab/simple")
+
+
+def test_the_options_that_carry_a_url_go_to_pips_file_and_the_rest_stay_on_its_command_line() -> None:
+    words, lines = pyenv.split_options(
+        "--no-cache-dir --index-url https://lab:pw@pypi.lab/simple --timeout 60 -i https://a:b@other/simple "
+        "--extra-index-url=https://c:d@extra/simple -fhttps://e:f@wheels/ --find-links /srv/wheels --pre"
+    )
+    assert words == ["--no-cache-dir", "--timeout", "60", "--pre"]
+    assert lines == [
+        "--index-url https://lab:pw@pypi.lab/simple",
+        "-i https://a:b@other/simple",
+        "--extra-index-url https://c:d@extra/simple",
+        "-f https://e:f@wheels/",
+        "--find-links /srv/wheels",
+    ]
+    assert pyenv.split_options("--no-index --find-links /srv/wheels") == (["--no-index"], ["--find-links /srv/wheels"])
+    assert pyenv.split_options("") == ([], [])
