@@ -132,23 +132,34 @@ def test_a_program_runs_with_its_requirements_over_the_labs_packages_built_once_
     assert "code:" not in refused.stdout, "nothing was sent"
 
 
-def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
-    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
-) -> None:
-    """An index that never answers: pip waits (its own timeout is a minute). A cancel ends the
-    job within seconds, and pip: its connection to the index closes."""
+def silent_index() -> socket.socket:
+    """A listening socket for pip's index that never answers (accept it to see pip ask)."""
     index = socket.socket()
     index.bind(("127.0.0.1", 0))
     index.listen()
     index.settimeout(60)
-    options = f"--index-url http://127.0.0.1:{index.getsockname()[1]}/simple --timeout 60 --retries 0"
-    client = lab_with_pip(stack, make_token("alice"), options)
+    return index
+
+
+def job_asking_pip(client: httpx.Client) -> int:
+    """A command job that needs a package from the index: the id of the job submitted."""
     code = upload_code(client, {"probe.py": PROBE})
     created = client.post(
         "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": ["einops"]}
     )
     assert created.status_code == 201, created.text
-    job_id = created.json()["id"]
+    return int(created.json()["id"])
+
+
+def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    """An index that never answers: pip waits (its own timeout is a minute). A cancel ends the
+    job within seconds, and pip: its connection to the index closes."""
+    index = silent_index()
+    options = f"--index-url http://127.0.0.1:{index.getsockname()[1]}/simple --timeout 60 --retries 0"
+    client = lab_with_pip(stack, make_token("alice"), options)
+    job_id = job_asking_pip(client)
     connection, _ = index.accept()  # pip asks the index, and waits
     with connection:
         wait_for(

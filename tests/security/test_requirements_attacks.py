@@ -12,7 +12,6 @@ line while pip works."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.stack import Stack, finished, log_messages, upload_code, wait_for
-from tests.test_command_envs import lab_with_pip
+from tests.test_command_envs import job_asking_pip, lab_with_pip, silent_index
 from tests.wheels import sdist, wheel
 
 pytestmark = pytest.mark.slow
@@ -135,18 +134,10 @@ def test_the_labs_index_password_is_on_no_command_line_and_in_no_log(
     so while pip works no process's command line holds it: pip reads the URL from a file only
     the worker's user reads. pip's own lines, shown in the job's log, hide it too."""
     secret = "index-word-7f3a9c"
-    index = socket.socket()
-    index.bind(("127.0.0.1", 0))
-    index.listen()
-    index.settimeout(60)
+    index = silent_index()
     url = f"http://lab:{secret}@127.0.0.1:{index.getsockname()[1]}/simple"
     client = lab_with_pip(stack, make_token("alice"), f"--index-url {url} --timeout 60 --retries 0")
-    code = upload_code(client, {"probe.py": "print('never')\n"})
-    created = client.post(
-        "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": ["einops"]}
-    )
-    assert created.status_code == 201, created.text
-    job_id = created.json()["id"]
+    job_id = job_asking_pip(client)
     connection, _ = index.accept()  # pip asks the index, and waits
     with connection:
         wait_for(lambda: any(m.startswith("pip:") for m in log_messages(client, job_id)), 30, "pip's first line")
