@@ -101,7 +101,7 @@ def prefix(var_dir: Path, requirements: list[str], pip_options: str, keep: int, 
     root.mkdir(parents=True, exist_ok=True)
     passed = {k: v for k, v in os.environ.items() if k in PASSED_TO_PIP or k.startswith(PASSED_TO_PIP_PREFIXES)}
     waiting = root / f".environ-{os.getpid()}-{time.monotonic_ns()}.json"
-    _write_private(waiting, {"program": environ, "pip": passed, "options": {"pip": pip_options}})
+    _write_private(waiting, {"program": environ, "pip": passed, "pip_options": pip_options})
     listed = [arg for requirement in requirements for arg in ("--requirement", requirement)]
     words = [
         sys.executable, "-I", "-m", "worker.pyenv", "--root", str(root), "--keep", str(keep),
@@ -119,7 +119,7 @@ def launcher(environ: dict[str, str], requirements: list[str], settings: Any) ->
     return prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, environ)
 
 
-def _write_private(path: Path, said: dict[str, dict[str, str]]) -> None:
+def _write_private(path: Path, said: dict[str, object]) -> None:
     """`said` as JSON at `path`, readable by this user alone, whole or not at all."""
     written = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     with open(os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     command = words[split + 1 :]
     waiting = json.loads(args.environ.read_text())
     args.environ.unlink()
-    environ, passed, pip_options = waiting["program"], waiting["pip"], waiting["options"]["pip"]
+    environ, passed, pip_options = waiting["program"], waiting["pip"], waiting["pip_options"]
     try:
         held = ensure(args.requirement, args.root, pip_options, args.keep, passed)
     except NotInstalled as err:
@@ -233,6 +233,7 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
 URL_OPTIONS = ("--index-url", "-i", "--extra-index-url", "--find-links", "-f")
 """pip's options whose value is a URL (an index's, a folder's of wheels), which may carry a
 password; pip reads each from a requirements file too."""
+SHORT_URL_OPTIONS = tuple(option for option in URL_OPTIONS if not option.startswith("--"))
 
 
 def split_options(pip_options: str) -> tuple[list[str], list[str]]:
@@ -250,7 +251,7 @@ def split_options(pip_options: str) -> tuple[list[str], list[str]]:
         elif word in URL_OPTIONS and i + 1 < len(given):  # --index-url URL, -i URL
             lines.append(f"{word} {given[i + 1]}")
             i += 1
-        elif word[:2] in ("-i", "-f") and len(word) > 2:  # -iURL
+        elif word[:2] in SHORT_URL_OPTIONS and len(word) > 2:  # -iURL
             lines.append(f"{word[:2]} {word[2:]}")
         else:
             words.append(word)

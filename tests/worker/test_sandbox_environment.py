@@ -52,13 +52,14 @@ def test_the_step_without_its_environment_file_runs_nothing_and_says_so(tmp_path
     """A caller that put the step in a command but gave the environment to no one (stdin is
     /dev/null, or a file of its own): the program would start with an empty environment."""
     ran = tmp_path / "ran"
-    for stdin in (subprocess.DEVNULL, (tmp_path / "own").open("w+b")):
-        done = subprocess.run(
-            [*ENVIRONMENT_STEP, "/usr/bin/touch", str(ran)], stdin=stdin, env={}, capture_output=True, timeout=30
-        )
-        assert done.returncode == 127
-        assert b"environment did not come on stdin" in done.stderr
-        assert not ran.exists()
+    with (tmp_path / "own").open("w+b") as own:
+        for stdin in (subprocess.DEVNULL, own):
+            done = subprocess.run(
+                [*ENVIRONMENT_STEP, "/usr/bin/touch", str(ran)], stdin=stdin, env={}, capture_output=True, timeout=30
+            )
+            assert done.returncode == 127
+            assert b"environment did not come on stdin" in done.stderr
+            assert not ran.exists()
 
 
 def test_an_environment_for_a_command_that_does_not_read_it_is_refused(tmp_path) -> None:
