@@ -177,6 +177,86 @@ def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
     assert not list((settings.var_dir / "envs").glob("*/.ready")), "nothing half built counts as built"
 
 
+def hold_the_gpu(client: httpx.Client, code: str) -> int:
+    """A job on the lab's one GPU until it is cancelled: the id, once it runs."""
+    holder = client.post("/api/jobs", json={"command": ["sleep", "600"], "code": code})
+    assert holder.status_code == 201, holder.text
+    holder_id = int(holder.json()["id"])
+    wait_for(lambda: client.get(f"/api/jobs/{holder_id}").json()["state"] == "running", 60, "the holder to run")
+    return holder_id
+
+
+def queued(client: httpx.Client, code: str, requirements: list[str]) -> int:
+    """PROBE with `requirements`, submitted: its id, once the scheduler says why it waits."""
+    created = client.post(
+        "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": requirements}
+    )
+    assert created.status_code == 201, created.text
+    job_id = int(created.json()["id"])
+    wait_for(lambda: client.get(f"/api/jobs/{job_id}").json()["pending_reason"], 30, f"job {job_id} to wait")
+    return job_id
+
+
+def test_a_waiting_jobs_requirements_are_built_while_it_waits_not_while_it_holds_gpus(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    """The one GPU busy: a queued job's list is built on the host before it starts (the job
+    finds it ready and spends none of its GPU time on pip); a list pip cannot install fails
+    nothing while it waits, and fails its job with pip's reason when it starts, as before."""
+    index = tmp_path / "index"
+    index.mkdir()
+    wheel(index, "towerq-probe", "1.0", {"towerq_probe.py": "VALUE = 'v1.0'\n"})
+    client = lab_with_pip(stack, make_token("alice"), f"--no-index --find-links {index}", envs_max=4)
+    code = upload_code(client, {"probe.py": PROBE})
+    holder = hold_the_gpu(client, code)
+    waiting = queued(client, code, ["towerq-probe==1.0"])
+    unbuildable = queued(client, code, ["towerq-probe==3.0"])
+
+    envs = settings.var_dir / "envs"
+    built = wait_for(lambda: list(envs.glob("*/.ready")), 60, "the waiting job's environment")
+    assert [(ready.parent / "requirements.txt").read_text() for ready in built] == ["towerq-probe==1.0\n"]
+    worker_log = stack.logs["worker-lab-a"]
+    wait_for(lambda: "could not be installed here" in worker_log.read_text(), 60, "the failed build's word")
+    assert "No matching distribution found for towerq-probe==3.0" in worker_log.read_text()
+    for job_id in (waiting, unbuildable):
+        assert client.get(f"/api/jobs/{job_id}").json()["state"] == "queued", "a build while waiting changes no job"
+
+    assert client.post(f"/api/jobs/{holder}/cancel").status_code == 202
+    job = finished(client, waiting)
+    said = log_messages(client, waiting)
+    assert job["state"] == "succeeded" and "PROBE v1.0 False numpy towerq" in said, (job["error"], said[-20:])
+    assert any("its requirements are installed on this host already" in m for m in said), said
+    assert not any(m.startswith(("pip:", "installing")) for m in said), said
+    job = finished(client, unbuildable)
+    assert (job["state"], job["error"]) == (
+        "failed",
+        "its requirements could not be installed: No matching distribution found for towerq-probe==3.0",
+    ), job
+
+
+def test_the_workers_stop_ends_the_pip_it_started_for_a_waiting_job(
+    stack: Stack, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    """A waiting job's build, pip waiting on an index that never answers: the worker's stop
+    ends it (pip's connection closes), nothing half built counts as built."""
+    index = silent_index()
+    options = f"--index-url http://127.0.0.1:{index.getsockname()[1]}/simple --timeout 60 --retries 0"
+    client = lab_with_pip(stack, make_token("alice"), options)
+    code = upload_code(client, {"probe.py": PROBE})
+    hold_the_gpu(client, code)
+    queued(client, code, ["einops"])
+    connection, _ = index.accept()  # the host's build for the waiting job asks the index, and waits
+    with connection:
+        asked = time.monotonic()
+        assert stack.stop("worker-lab-a") == 0
+        connection.settimeout(15)
+        while connection.recv(65536):  # what pip sent, then its end: it was killed
+            pass
+        assert time.monotonic() - asked < 30
+    index.close()
+    assert not list((settings.var_dir / "envs").glob("*/.ready")), "nothing half built counts as built"
+
+
 def test_a_notebook_sessions_kernel_and_shell_have_its_requirements(
     stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
 ) -> None:

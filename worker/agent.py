@@ -4,7 +4,8 @@ It registers the host and its GPUs, heartbeats, and listens on its RQ queue
 (`towerq:host:<name>`). A message there is a launch: `launch(job_id, attempt)` starts a
 `JobRunner` thread that supervises the trainer process for as long as it trains, so the
 RQ job itself takes a moment and RQ's timeouts never cut a training run short. Several
-jobs run at once on one host, each in its own process on its own GPUs.
+jobs run at once on one host, each in its own process on its own GPUs. While jobs wait in
+the queue, it builds their requirements' environments (`worker.prepare`).
 
 On SIGTERM/SIGINT the worker stops taking launches, stops its trainers (each checkpoints)
 and puts their jobs back in the queue; signals that come while it does are said and let be.
@@ -42,6 +43,7 @@ from worker.notebook import NotebookRunner, why_no_sessions
 from worker.outcome import Stop
 from worker.phases import Phases
 from worker.pool import TrainerPool
+from worker.prepare import EnvPreparer
 from worker.processes import is_trainer, kill_group, pid_alive
 from worker.program import ProgramRunner
 from worker.runner import JobRunner
@@ -121,6 +123,7 @@ class HostAgent:
         self.loops: list[threading.Thread] = []
         self.stopping = threading.Event()
         self.rq_worker: SimpleWorker | None = None
+        self.preparer = EnvPreparer(ctx, name, self.stopping) if ctx.settings.envs_prepare else None
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -151,6 +154,8 @@ class HostAgent:
         loops = [(self._heartbeat_loop, "heartbeat"), (self._control_loop, "control")]
         if disk_kind.in_use(self.ctx.settings):
             loops.append((self._disk_loop, "disks"))
+        if self.preparer is not None:
+            loops.append((self.preparer.run, "envs"))
         for target, label in loops:
             loop = threading.Thread(target=target, name=f"{self.name}-{label}", daemon=True)
             loop.start()
@@ -188,6 +193,8 @@ class HostAgent:
         """Take no new jobs (the host is marked down first, so the scheduler stops sending
         any), stop the trainers (each checkpoints) and put their jobs back in the queue."""
         self.stopping.set()
+        if self.preparer is not None:
+            self.preparer.stop()  # a queued job's pip: it is built again, by that job or after a restart
         asked = self.rq_worker.stop_asked if isinstance(self.rq_worker, LaunchWorker) else None
         phases = Phases(since=asked)
         if asked is not None:

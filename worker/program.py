@@ -23,7 +23,6 @@ when it exits 0.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shlex
@@ -40,6 +39,7 @@ from towerq.contract.times import limit_text
 from worker import gang, pyenv, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
+from worker.deathsig import die_with_parent
 from worker.inventory import GpuState
 from worker.launch import (
     REPO_ROOT,
@@ -63,7 +63,6 @@ WORK = "work"
 """The program's working folder in the job's folder: a copy of its code bundle (`worker.workdir`)."""
 PROGRAM_EVENTS = frozenset({"metric", "eval", "log"})
 """What a program's protocol line may be; any other is printed text."""
-PR_SET_PDEATHSIG = 1
 
 
 def prepare_folders(
@@ -201,13 +200,6 @@ def over_share(gpus: list[GpuState], launch: Launch, pids: set[int], reserved_mb
                 "the driver keeps)"
             )
     return None
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the worker thread that started it dies (a
-    program, unlike the trainer, does not watch the worker)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ProgramRunner(AttemptRunner):

@@ -12,6 +12,8 @@ It is built by the attempt's process itself, first (`prefix`): `python -I -m wor
 process group, and once the environment is there execs COMMAND (bwrap, which shows it read
 only). So the job is running while pip works (its log shows pip's lines as they come), a
 cancel or the worker's end stops pip as it stops a program, and pip's time is the job's.
+A job that waits in the queue usually finds its environment built: its host ran this
+process for it, with no command, meanwhile (`worker.prepare`).
 A list pip cannot install ends it with `NOT_INSTALLED` and the reason on stderr
 (`worker.outcome`: the job fails with that reason, and is not tried again).
 
@@ -52,6 +54,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from worker.deathsig import die_with_parent
 
 Starting = tuple[list[str], dict[str, str]]
 """What runs before an attempt's command, and the environment its process starts with."""
@@ -146,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{SAID}{err}", file=sys.stderr, flush=True)
         said_to_bwrap(command, NOT_INSTALLED)
         return NOT_INSTALLED
+    if not command:  # built ahead of a queued job (`worker.prepare`): nothing runs on it yet
+        held.close()
+        return 0
     os.set_inheritable(held.fileno(), True)  # held while the job runs: through the exec, to bwrap
     sys.stdout.flush()
     os.execve(command[0], command, environ)
@@ -167,7 +174,7 @@ def ensure(requirements: list[str], root: Path, pip_options: str, keep: int, pas
     folder = root / key
     with open(root / f"{key}.lock", "a") as lock:
         if not _locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            say("its Python environment is being built on this host for another job: waiting for it")
+            say("its Python environment is being built on this host (for a queued job, or another): waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / READY).is_file():
             say(f"its requirements are installed on this host already (environment {key[:12]})")
@@ -210,6 +217,7 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=die_with_parent,  # killed with its worker or job where no cgroup ends pip; no other thread here
         )
         assert pip.stdout is not None
         for line in pip.stdout:

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     envs_max: int = Field(default=20, ge=1)
     """Command jobs' Python environments (`requirements`, `worker.pyenv`) a host keeps in
     `TOWERQ_VAR_DIR/envs`: past it, the least recently used that no job holds go."""
+    envs_prepare: bool = True
+    """A host builds the environments of queued jobs' `requirements` while they wait
+    (`worker.prepare`), so pip's time is not spent holding their GPUs once they start."""
     pip_options: str = ""
     """What pip is told besides the job's requirements, where pip's own config does not say
     it: `--index-url https://pypi.lab/simple`, or `--no-index --find-links /srv/wheels`."""

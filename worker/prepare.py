@@ -1,0 +1,158 @@
+"""Queued jobs' requirements, built on a host before the jobs start (`TOWERQ_ENVS_PREPARE`).
+
+A command job or notebook session that names `requirements` builds its Python environment
+on its host first (`worker.pyenv`), and its GPUs are held meanwhile: minutes, for a large
+list the first time on a host, and a sweep's trials that land together all wait for the
+one that builds. A job that waits in the queue has that time to spare: its host builds the
+environment while it waits, and the job finds it ready ("its requirements are installed on
+this host already").
+
+Which lists: those of the queued jobs that wait (the scheduler gave a reason: a job it can
+place at once builds its own, its log showing pip's lines), not on hold, that could start
+here (asking for this host or none, and expected by the scheduler's forecast here or where
+it cannot say, `expected_host`), in queue order; the first `envs_max // 2` different ones, so that they
+do not push each other (or what running jobs use) out of the `TOWERQ_ENVS_MAX` a host
+keeps. One build at a time, by the process an attempt runs first, given no command
+(`python -I -m worker.pyenv ... --`: it builds, or finds, and ends), as the worker's user,
+outside any sandbox, with what pip is told in an attempt; its lines go to the worker's log.
+It dies with the worker (PR_SET_PDEATHSIG, and its process group is killed at the stop).
+
+A list pip cannot install is not tried again on this host for `FAILED_AGAIN_S`, and fails
+no job: the index may be away for a moment, and a sweep's hundred queued trials would fail
+with it; the job says pip's reason when it starts, as it did before."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from sqlalchemy import or_, select
+
+from service.core.context import Context
+from service.core.models import Job, JobState
+from worker import pyenv
+from worker.deathsig import die_with_parent
+
+log = logging.getLogger(__name__)
+
+POLL_S = 5.0
+"""How often the queue is read for a list to build (a build, once started, runs to its end)."""
+FAILED_AGAIN_S = 600.0
+"""How long a list pip could not install is left before this host tries it again."""
+
+
+def queued_lists(ctx: Context, host: str, most: int) -> list[list[str]]:
+    """The first `most` different requirement lists of the waiting jobs that could start on
+    `host`, in queue order."""
+    with ctx.db.read() as session:
+        specs = session.scalars(
+            select(Job.spec)
+            .where(
+                Job.state == JobState.QUEUED,
+                Job.pending_reason.is_not(None),
+                Job.on_hold_by.is_(None),
+                Job.spec["requirements"].is_not(None),
+                or_(Job.requested_host.is_(None), Job.requested_host == host),
+                or_(Job.expected_host.is_(None), Job.expected_host == host),
+            )
+            .order_by(Job.queue_position.is_(None), Job.queue_position, Job.id)
+        )
+        lists: list[list[str]] = []
+        for spec in specs:
+            requirements = spec.get("requirements")
+            if requirements and requirements not in lists:
+                lists.append(list(requirements))
+                if len(lists) == most:
+                    break
+    return lists
+
+
+class EnvPreparer:
+    """The loop of one host's worker that builds its queued jobs' environments."""
+
+    def __init__(self, ctx: Context, host: str, stopping: threading.Event) -> None:
+        self.ctx = ctx
+        self.host = host
+        self.stopping = stopping
+        self.failed: dict[str, float] = {}
+        """The keys of lists pip could not install here, and when (monotonic)."""
+        self.process: subprocess.Popen[str] | None = None
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stopping.wait(POLL_S):
+            try:
+                self.prepare_next()
+            except Exception:
+                log.exception("worker %s: building a queued job's requirements failed", self.host)
+
+    def prepare_next(self) -> list[str] | None:
+        """Build the first list of `queued_lists` not ready here (nor failed of late); it."""
+        settings = self.ctx.settings
+        root = pyenv.root_of(settings.var_dir)
+        now = time.monotonic()
+        for requirements in queued_lists(self.ctx, self.host, max(1, settings.envs_max // 2)):
+            key = pyenv.env_key(requirements, settings.pip_options)
+            if (root / key / pyenv.READY).is_file() or now - self.failed.get(key, -FAILED_AGAIN_S) < FAILED_AGAIN_S:
+                continue
+            if not self.build(requirements) and not self.stopping.is_set():
+                self.failed[key] = time.monotonic()
+            return requirements
+        return None
+
+    def build(self, requirements: list[str]) -> bool:
+        """`worker.pyenv` with no command, to its end (or the worker's stop): built?"""
+        settings = self.ctx.settings
+        words, environment = pyenv.prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, {})
+        log.info("worker %s: building queued jobs' requirements: %s", self.host, " ".join(requirements))
+        with self.lock:
+            if self.stopping.is_set():
+                return False
+            self.process = subprocess.Popen(
+                words,  # ending in `--`: no command
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # pip with it, for the stop's kill
+                preexec_fn=die_with_parent,
+            )
+        process = self.process
+        assert process.stdout is not None
+        last = ""
+        for line in process.stdout:
+            last = line.rstrip() or last
+            log.log(logging.DEBUG if last.startswith("pip: ") else logging.INFO, "worker %s: %s", self.host, last)
+        code = process.wait()
+        with self.lock:
+            self.process = None
+        if code == 0:
+            return True
+        if not self.stopping.is_set():
+            said = last.removeprefix(pyenv.SAID) if code == pyenv.NOT_INSTALLED else f"it exited with code {code}"
+            log.warning(
+                "worker %s: the requirements of queued jobs could not be installed here (%s): not tried again here "
+                "for %.0f min; the jobs say pip's reason if they start on this host",
+                self.host,
+                said,
+                FAILED_AGAIN_S / 60,
+            )
+        return False
+
+    def stop(self) -> None:
+        """End the build under way, pip with it (the folder it left is built again next time)."""
+        with self.lock:
+            if self.process is not None:
+                kill_session(self.process.pid)
+
+
+def kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
