@@ -45,6 +45,7 @@ from pathlib import Path
 from service.core.settings import Settings
 from towerq.contract.api import SHELL_INPUT_VARIABLE
 from towerq.contract.attempts import AttemptEnd, Refused
+from towerq.contract.times import span_text
 from worker import pyenv, rendezvous, sandbox
 from worker.attempt import Starter
 from worker.cgroups import AttemptGroup
@@ -285,8 +286,8 @@ class NotebookRunner(ProgramRunner):
         idle_s = min(door.idle_for(now), now - self._busy_at)
         timeout = self.launch.spec.get("idle_timeout_s") or self.settings.notebook_idle_timeout_s
         if idle_s >= timeout and self.outcome.stop is None:
-            self.request_stop(Stop.IDLE, f"idle for {_duration(idle_s)}: ended, its GPUs freed")
-            self.sink.log("info", f"the session was idle for {_duration(idle_s)} (idle_timeout_s {timeout}): it ends")
+            self.request_stop(Stop.IDLE, f"idle for {span_text(idle_s)}: ended, its GPUs freed")
+            self.sink.log("info", f"the session was idle for {span_text(idle_s)} (idle_timeout_s {timeout}): it ends")
 
     def _wait_ready(self, answered: bool, now: float) -> None:
         if answered:
@@ -337,8 +338,3 @@ class NotebookRunner(ProgramRunner):
         self._shut_door()
         if self.socket_folder is not None:  # its socket, JupyterLab's runtime files (rmtree follows no link)
             shutil.rmtree(self.socket_folder, ignore_errors=True)
-
-
-def _duration(seconds: float) -> str:
-    minutes = seconds / 60
-    return f"{minutes:.0f} min" if minutes >= 1 else f"{seconds:.0f} s"

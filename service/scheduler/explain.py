@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from service.scheduler.types import Reason, Wait
+from towerq.contract.times import span_text
 
 
 def clock(t: float, now: float) -> str:
@@ -15,12 +16,6 @@ def clock(t: float, now: float) -> str:
     if t - now < 20 * 3600:
         return moment.strftime("%H:%M")
     return moment.strftime("%a %d %b %H:%M")
-
-
-def span(seconds: int) -> str:
-    """`1h52m`, `14m`: a duration in whole minutes."""
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
 
 
 def gpu_list(indices: Sequence[int]) -> str:
@@ -85,7 +80,7 @@ def _describe_one(reason: Reason, now: float) -> str:
             if start <= now:
                 return f"{gpu_list(indices)} on {host} reserved for group {group} until {clock(end, now)}"
             before = int(start - now) // 60 * 60  # whole minutes: the reason is read a little later
-            hint = f": set time_limit_s ≤ {before} ({span(before)}) to run before it" if before >= 60 else ""
+            hint = f": set time_limit_s ≤ {before} ({span_text(before)}) to run before it" if before >= 60 else ""
             return (
                 f"{gpu_list(indices)} on {host} reserved for group {group} from {clock(start, now)} "
                 f"to {clock(end, now)} (reservation {reservation}){hint}"

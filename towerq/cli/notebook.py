@@ -24,8 +24,8 @@ from towerq.cli.run import (
 )
 from towerq.cli.session import Api, duration
 from towerq.cli.transfer import upload_code
-from towerq.cli.views import duration_text
 from towerq.client import FINAL_STATES
+from towerq.contract.times import span_text
 from towerq.errors import ApiError
 
 POLL_S = 1.0
@@ -75,7 +75,7 @@ def run_notebook(args: argparse.Namespace) -> int:
     job = api.client.submit(notebook_spec(args, code))
     url = api.client.url.rstrip("/") + str(job.data["url"])
     idle = job.data["spec"].get("idle_timeout_s")
-    print(f"session {job.id} queued ({job.data['gpu_count']} GPU, ends after {duration_text(idle)} idle)", flush=True)
+    print(f"session {job.id} queued ({job.data['gpu_count']} GPU, ends after {span_text(idle)} idle)", flush=True)
     if args.detach:
         print(f"it opens at {url} once it runs (towerq show {job.id})")
         return 0
@@ -89,7 +89,7 @@ def run_notebook(args: argparse.Namespace) -> int:
         return 1
     print(f"session {job.id} is ready: {url}")
     print(f"(your browser gets in with the dashboard's login: {api.client.url.rstrip('/')}/)")
-    ends = f"it ends after {duration_text(idle)} idle, or with towerq cancel {job.id}"
+    ends = f"it ends after {span_text(idle)} idle, or with towerq cancel {job.id}"
     print(f"{ends}; your notebooks are kept for the next one")
     if args.open:
         webbrowser.open(url)

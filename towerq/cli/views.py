@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from towerq.contract.signals import limit_signal
-from towerq.contract.times import limit_text
+from towerq.contract.times import limit_text, span_text
 
 REASON_WIDTH = 70
 STEP_WIDTH = 11
@@ -55,7 +55,8 @@ def local_clock(at: str) -> str:
 
 
 def duration_text(seconds: float | None) -> str:
-    """`1h05m`, `4m30s`; `-` for none."""
+    """`1h05m`, `4m30s`; `-` for none: a table's or a figure's form, to the second under an
+    hour and two digits after the first (prose says a span as `span_text` does: `10m`)."""
     if seconds is None:
         return "-"
     seconds = int(seconds)
@@ -283,7 +284,7 @@ def spec_rows(job: dict[str, Any], spec: dict[str, Any], api_url: str = "") -> l
     if spec.get("kind") == "notebook":
         idle = spec.get("idle_timeout_s")
         url = api_url.rstrip("/") + job["url"] if job.get("url") else None
-        rows = [("session", url), ("idle", f"ends after {duration_text(idle)} idle" if idle else None)]
+        rows = [("session", url), ("idle", f"ends after {span_text(idle)} idle" if idle else None)]
         return rows + ([("code", f"{spec['code'][:12]} (at $TOWERQ_CODE_DIR)")] if spec.get("code") else [])
     if spec.get("command"):
         per_gpu = "; one process per GPU" if spec.get("processes") == "per_gpu" else ""
