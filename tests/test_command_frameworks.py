@@ -54,6 +54,7 @@ def test_pytorch_ddp_over_gloo_trains_across_two_processes(stack: Stack, make_to
     assert job["state"] == "succeeded", (job["error"], lines[-30:])
     assert "rank 0 of 2 on GPU 0" in lines and "[rank 1] rank 1 of 2 on GPU 1" in lines, lines[-30:]
     assert "the ranks' weights agree: True" in lines, lines[-30:]
+    assert not [line for line in lines if "hostname of the client socket" in line], "c10d named its peers"
     train = [p for p in points if p["split"] == "train"]
     assert [p["step"] for p in train] == list(range(1, 21)), "rank 0 reports for the job; rank 1's lines are text"
     assert train[-1]["loss"] < train[0]["loss"]

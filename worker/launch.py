@@ -284,7 +284,14 @@ def in_sandbox(
         workdir=workdir,
         binds=binds,
         read_only=read_only,
+        own_folder=sandbox_folder(settings),
     )
+
+
+def sandbox_folder(settings: Settings) -> Path:
+    """Where a host keeps what towerq makes for its sandboxes to see (`TOWERQ_VAR_DIR`'s: never
+    shown whole)."""
+    return settings.var_dir.resolve() / "sandbox"
 
 
 def protected_paths(settings: Settings) -> list[Path]:

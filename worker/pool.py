@@ -48,6 +48,7 @@ from worker.launch import (
     code_seen,
     protected_paths,
     sandbox_extras,
+    sandbox_folder,
     seen_path,
     trainer_environment,
     trainer_user,
@@ -268,6 +269,7 @@ class TrainerPool:
                 identity=identity,
                 protected=protected_paths(self.settings),
                 tmp_mb=self.settings.trainer_tmp_mb,
+                own_folder=sandbox_folder(self.settings),
             )
         process = subprocess.Popen(
             command,

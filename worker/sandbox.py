@@ -24,7 +24,8 @@ in namespaces of its own that show only what the job needs:
   whatever it left behind there, `setsid()` children too, since nothing leaves a pid
   namespace. The worker finds the trainer's host pids (NVML reports those) as the
   descendants of bwrap (`worker.processes.descendants`), never from what the trainer says;
-- network: none but its own loopback, unless the job asks (`network: true`: then it shares
+- network: none but its own loopback (names looked up in `/etc/hosts` alone, never a DNS
+  server it cannot reach: `worker.sandbox_names`), unless the job asks (`network: true`: then it shares
   the host's network and reaches what the host reaches, Redis and the database included,
   so those must ask for a password; `towerq up`'s own Redis does). A rank of a job over
   several hosts reaches the other ranks through its worker (`worker.trainer.tunnel`,
@@ -78,6 +79,8 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+from worker.sandbox_names import offline_names
 
 log = logging.getLogger(__name__)
 
@@ -287,15 +290,20 @@ def bwrap_command(
     workdir: Path | None = None,
     binds: Iterable[tuple[Path, Path]] = (),
     read_only: Iterable[Path] = (),
+    own_folder: Path | None = None,
 ) -> list[str]:
     """`command` wrapped in bwrap with the view described above, run as `identity`
     (`trainer_identity`) in `workdir` (default `JOB_PATH`); `job_folder` is seen at
-    `JOB_PATH`; `protected` are towerq's own folders and files, never shown."""
+    `JOB_PATH`; `protected` are towerq's own folders and files, never shown; `own_folder`
+    holds what towerq makes for a sandbox to see (without network, its name switch:
+    `worker.sandbox_names`)."""
     args = [tool("bwrap"), "--die-with-parent", *privileges(identity)]
     args += ["--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup"]
     if not network:
         args.append("--unshare-net")
     args += system_view()
+    if not network and own_folder is not None:
+        args += offline_names(own_folder)
     args += ["--tmpfs", "/sys/fs/cgroup", "--remount-ro", "/sys/fs/cgroup"]  # no other job's cgroup
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]  # no sysctl is the trainer's
     if Path("/proc/sysrq-trigger").exists():

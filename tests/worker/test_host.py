@@ -68,7 +68,8 @@ def test_a_stopped_worker_has_ended_its_loops_before_its_context_closes(settings
     try:
         agent.start()
         sweeps = ["lab-a-disks"] if disk_kind.in_use(ctx.settings) else []  # job folders on disk images (a root worker)
-        assert [loop.name for loop in agent.loops] == ["lab-a-heartbeat", "lab-a-control", *sweeps]
+        # and the build of queued jobs' requirements (worker.prepare)
+        assert [loop.name for loop in agent.loops] == ["lab-a-heartbeat", "lab-a-control", *sweeps, "lab-a-envs"]
         assert all(loop.is_alive() for loop in agent.loops)
         agent.shutdown()
         assert not any(loop.is_alive() for loop in agent.loops)
