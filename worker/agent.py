@@ -123,7 +123,8 @@ class HostAgent:
         self.loops: list[threading.Thread] = []
         self.stopping = threading.Event()
         self.rq_worker: SimpleWorker | None = None
-        self.preparer = EnvPreparer(ctx, name, self.stopping) if ctx.settings.envs_prepare else None
+        gpus = len(self.inventory.gpus())
+        self.preparer = EnvPreparer(ctx, name, gpus, self.stopping) if ctx.settings.envs_prepare else None
 
     # -- start and stop -------------------------------------------------------------------
 

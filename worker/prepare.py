@@ -9,10 +9,11 @@ this host already").
 
 Which lists: those of the queued jobs that wait (the scheduler gave a reason: a job it can
 place at once builds its own, its log showing pip's lines), not on hold, that could start
-here (asking for this host or none, and expected by the scheduler's forecast here or where
-it cannot say, `expected_host`), in queue order; the first `envs_max // 2` different ones, so that they
-do not push each other (or what running jobs use) out of the `TOWERQ_ENVS_MAX` a host
-keeps. One build at a time, by the process an attempt runs first, given no command
+here (asking for this host or none, and expected by the scheduler's forecast here, or where
+it cannot say, `expected_host`; a job larger than this host, which runs over several, on
+every host: the forecast names its first), in queue order; the first `envs_max // 2`
+different ones, so that they do not push each other (or what running jobs use) out of the
+`TOWERQ_ENVS_MAX` a host keeps. One build at a time, by the process an attempt runs first, given no command
 (`python -I -m worker.pyenv ... --`: it builds, or finds, and ends), as the worker's user,
 outside any sandbox, with what pip is told in an attempt; its lines go to the worker's log.
 It dies with the worker (PR_SET_PDEATHSIG, and its process group is killed at the stop).
@@ -45,9 +46,9 @@ FAILED_AGAIN_S = 600.0
 """How long a list pip could not install is left before this host tries it again."""
 
 
-def queued_lists(ctx: Context, host: str, most: int) -> list[list[str]]:
+def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[list[str]]:
     """The first `most` different requirement lists of the waiting jobs that could start on
-    `host`, in queue order."""
+    `host` (which has `gpus`), in queue order."""
     with ctx.db.read() as session:
         specs = session.scalars(
             select(Job.spec)
@@ -57,7 +58,7 @@ def queued_lists(ctx: Context, host: str, most: int) -> list[list[str]]:
                 Job.on_hold_by.is_(None),
                 Job.spec["requirements"].is_not(None),
                 or_(Job.requested_host.is_(None), Job.requested_host == host),
-                or_(Job.expected_host.is_(None), Job.expected_host == host),
+                or_(Job.expected_host.is_(None), Job.expected_host == host, Job.gpu_count > gpus),
             )
             .order_by(Job.queue_position.is_(None), Job.queue_position, Job.id)
         )
@@ -74,9 +75,10 @@ def queued_lists(ctx: Context, host: str, most: int) -> list[list[str]]:
 class EnvPreparer:
     """The loop of one host's worker that builds its queued jobs' environments."""
 
-    def __init__(self, ctx: Context, host: str, stopping: threading.Event) -> None:
+    def __init__(self, ctx: Context, host: str, gpus: int, stopping: threading.Event) -> None:
         self.ctx = ctx
         self.host = host
+        self.gpus = gpus
         self.stopping = stopping
         self.failed: dict[str, float] = {}
         """The keys of lists pip could not install here, and when (monotonic)."""
@@ -95,7 +97,7 @@ class EnvPreparer:
         settings = self.ctx.settings
         root = pyenv.root_of(settings.var_dir)
         now = time.monotonic()
-        for requirements in queued_lists(self.ctx, self.host, max(1, settings.envs_max // 2)):
+        for requirements in queued_lists(self.ctx, self.host, self.gpus, max(1, settings.envs_max // 2)):
             key = pyenv.env_key(requirements, settings.pip_options)
             if (root / key / pyenv.READY).is_file() or now - self.failed.get(key, -FAILED_AGAIN_S) < FAILED_AGAIN_S:
                 continue

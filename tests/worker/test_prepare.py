@@ -51,8 +51,12 @@ def test_the_lists_of_waiting_jobs_that_could_start_here_in_queue_order(ctx: Con
     add_job(db, ["placed-at-once"], 0, pending_reason=None)  # its own attempt builds it, in its log
     add_job(db, ["running"], 0, state="running")
     add_job(db, ["here"], 4, requested_host="lab-a", expected_host="lab-a")
+    add_job(db, ["over-hosts"], 5, expected_host="lab-b", gpu_count=8)  # its first host is lab-b; lab-a too
     add_job(db, ["b", "d==1.0"], None)  # not given a position yet: last
 
-    assert queued_lists(ctx, "lab-a", 10) == [["a"], ["c"], ["here"], ["b", "d==1.0"]]
-    assert queued_lists(ctx, "lab-a", 2) == [["a"], ["c"]]
-    assert queued_lists(ctx, "lab-b", 10) == [["elsewhere"], ["expected-elsewhere"], ["a"], ["c"], ["b", "d==1.0"]]
+    assert queued_lists(ctx, "lab-a", 4, 10) == [["a"], ["c"], ["here"], ["over-hosts"], ["b", "d==1.0"]]
+    assert queued_lists(ctx, "lab-a", 4, 2) == [["a"], ["c"]]
+    assert queued_lists(ctx, "lab-a", 8, 10) == [["a"], ["c"], ["here"], ["b", "d==1.0"]], "it fits lab-b alone"
+    assert queued_lists(ctx, "lab-b", 4, 10) == [
+        ["elsewhere"], ["expected-elsewhere"], ["a"], ["c"], ["over-hosts"], ["b", "d==1.0"]
+    ]  # fmt: skip
