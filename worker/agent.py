@@ -31,22 +31,20 @@ from service.core.exceptions import StaleAttemptError
 from service.core.lifecycle import requeue, runs_on
 from service.core.models import Job, JobState
 from towerq.contract.messages import MessageError, StopMessage, decode
-from towerq.contract.spec import is_command, is_notebook
 from worker import cgroups, disk, disk_kind
 from worker.attempt import AttemptRunner
 from worker.attempt_disk import fate_of_attempts
 from worker.host import heartbeat, host_info, mark_down, register
 from worker.inventory import Inventory, detect
 from worker.inventory import NoGpusError as NoGpusError  # for `towerq worker`
+from worker.kinds import runner_for
 from worker.launch import read_launch, sandboxed_here
-from worker.notebook import NotebookRunner, why_no_sessions
+from worker.notebook import why_no_sessions
 from worker.outcome import Stop
 from worker.phases import Phases
 from worker.pool import TrainerPool
 from worker.prepare import EnvPreparer
 from worker.processes import is_trainer, kill_group, pid_alive
-from worker.program import ProgramRunner
-from worker.runner import JobRunner
 from worker.sandbox import SandboxError as SandboxError  # for `towerq worker`
 
 log = logging.getLogger(__name__)
@@ -284,13 +282,7 @@ class HostAgent:
         except StaleAttemptError as err:
             log.info("ignoring launch: %s", err)
             return {"status": "stale", "reason": str(err)}
-        runner: AttemptRunner
-        if is_notebook(spec.spec):
-            runner = NotebookRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
-        elif is_command(spec.spec):
-            runner = ProgramRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed)
-        else:
-            runner = JobRunner(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)
+        runner = runner_for(self.ctx, self.inventory, spec, self._runner_done, self.sandboxed, self.pool)
         with self.lock:
             runner.after = [r for r in self.runners.values() if set(r.launch.indices) & set(spec.indices)]
             self.runners[runner.key] = runner

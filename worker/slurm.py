@@ -35,15 +35,12 @@ from service.core.settings import Settings
 from service.core.slurm_nodes import ASK_TIMEOUT_S, address_command, parse_address
 from towerq.attempts import HttpChannel
 from towerq.contract.attempts import AttemptChannel, AttemptEnd, Refused, StaleAttempt
-from towerq.contract.spec import is_command, is_notebook
 from worker import sandbox
-from worker.attempt import AttemptRunner
 from worker.inventory import Inventory, NvmlInventory, SimulatedInventory, open_nvml
+from worker.kinds import runner_for
 from worker.launch import Launch, sandboxed_here
 from worker.notebook import NotebookRunner
 from worker.outcome import Stop
-from worker.program import ProgramRunner
-from worker.runner import JobRunner
 
 log = logging.getLogger("towerq.slurm")
 
@@ -156,12 +153,7 @@ def run(job_id: int, attempt: int) -> int:
             else:
                 refuse(channel, said)
             return 1
-        kind: type[AttemptRunner] = JobRunner
-        if is_notebook(launch.spec):
-            kind = NotebookRunner
-        elif is_command(launch.spec):
-            kind = ProgramRunner
-        runner = kind(None, inventory, launch, lambda _: None, sandboxed, channel=channel, settings=settings)
+        runner = runner_for(None, inventory, launch, lambda _: None, sandboxed, channel=channel, settings=settings)
         if isinstance(runner, NotebookRunner):
             runner.door_host = node  # the API takes the node the attempt claimed, no other
             runner.door_listen = node_address(node)  # and reaches it where Slurm says
