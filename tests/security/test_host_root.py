@@ -8,10 +8,7 @@ and writes nothing unbounded into `/dev`."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +16,9 @@ import pytest
 from pydantic import ValidationError
 
 from service.core.settings import Settings
+from tests.sandbox_probe import NOBODY, run_probe, sandbox_lab
 from worker import sandbox
 from worker.launch import check_shared_folders
-
-NOBODY = (65534, 65534)
 
 PROBE = r"""
 import json, os
@@ -67,43 +63,14 @@ print(json.dumps(found))
 
 @pytest.fixture
 def lab() -> Iterator[Path]:
-    """Folders any user may look through (a worker that is not root must reach them)."""
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as folder:
-        root = Path(folder)
-        root.chmod(0o755)
-        for name in ("job", "models", "data"):
-            (root / name).mkdir()
-        (root / "probe.py").write_text(PROBE)
+    with sandbox_lab(PROBE) as root:
         yield root
 
 
 def probe(
     lab: Path, identity: sandbox.Identity | None, monkeypatch: pytest.MonkeyPatch, devices: list[Path] | None = None
 ) -> dict[str, object]:
-    monkeypatch.setattr(sandbox, "python_paths", lambda *_args, **_kw: [])  # the system's Python is enough here
-    command = sandbox.bwrap_command(
-        ["/usr/bin/python3", "/probe.py"],
-        job_folder=lab / "job",
-        repo_root=lab,
-        models_path=lab / "models",
-        data_dir=lab / "data",
-        datasets=[],
-        code_path=None,
-        devices=devices or [],
-        identity=identity,
-        tmp_mb=16,
-    )
-    at = command.index("--chdir")  # the probe itself, read-only, beside the job's view
-    command[at:at] = ["--ro-bind", str(lab / "probe.py"), "/probe.py"]
-    if identity is None:  # a worker that is not root: bwrap itself runs unprivileged
-        sandbox.hand_over(lab / "job", NOBODY)
-        uid, gid = NOBODY
-        command = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *command]
-    else:
-        sandbox.hand_over(lab / "job", identity)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe(lab, identity, monkeypatch, devices=devices)
 
 
 def assert_walls_hold(found: dict[str, object], lab: Path) -> None:

@@ -5,17 +5,14 @@ it on every connection of every DDP job). With network, the host's switch stands
 
 from __future__ import annotations
 
-import json
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from worker import sandbox, sandbox_names
+from tests.sandbox_probe import NOBODY, run_probe, sandbox_lab
+from worker import sandbox_names
 
-NOBODY = (65534, 65534)
 PROBE = r"""
 import json, socket
 found = {}
@@ -48,39 +45,14 @@ def test_the_offline_switch_keeps_the_hosts_local_sources_and_every_other_line(h
 
 @pytest.fixture
 def lab() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as folder:
-        root = Path(folder)
-        root.chmod(0o755)
-        for name in ("job", "models", "data"):
-            (root / name).mkdir()
-        (root / "probe.py").write_text(PROBE)
+    with sandbox_lab(PROBE) as root:
         yield root
 
 
 def probe(lab: Path, network: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    monkeypatch.setattr(sandbox, "python_paths", lambda *_args, **_kw: [])  # the system's Python is enough here
     own = lab / "towerq-own"
     own.mkdir(mode=0o700)  # as TOWERQ_VAR_DIR: the job's user does not look through it
-    command = sandbox.bwrap_command(
-        ["/usr/bin/python3", "/probe.py"],
-        job_folder=lab / "job",
-        repo_root=lab,
-        models_path=lab / "models",
-        data_dir=lab / "data",
-        datasets=[],
-        code_path=None,
-        devices=[],
-        identity=NOBODY,
-        tmp_mb=16,
-        network=network,
-        own_folder=own,
-    )
-    at = command.index("--chdir")
-    command[at:at] = ["--ro-bind", str(lab / "probe.py"), "/probe.py"]
-    sandbox.hand_over(lab / "job", NOBODY)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return run_probe(lab, NOBODY, monkeypatch, network=network, own_folder=own)
 
 
 def test_without_network_a_lookup_that_misses_etc_hosts_never_waits_on_dns(
