@@ -13,10 +13,11 @@ here (asking for this host or none, and expected by the scheduler's forecast her
 it cannot say, `expected_host`; a job larger than this host, which runs over several, on
 every host: the forecast names its first), in queue order; the first `envs_max // 2`
 different ones, so that they do not push each other (or what running jobs use) out of the
-`TOWERQ_ENVS_MAX` a host keeps. One build at a time, by the process an attempt runs first, given no command
-(`python -I -m worker.pyenv ... --`: it builds, or finds, and ends), as the worker's user,
-outside any sandbox, with what pip is told in an attempt; its lines go to the worker's log.
-It dies with the worker (PR_SET_PDEATHSIG, and its process group is killed at the stop).
+`TOWERQ_ENVS_MAX` a host keeps. One build at a time, by the process an attempt runs
+first, given no command (`python -I -m worker.pyenv ... --`: it builds, or finds, and
+ends), as the worker's user, outside any sandbox, with what pip is told in an attempt; its
+lines go to the worker's log. It dies with the worker (PR_SET_PDEATHSIG, and its process
+group is killed at the stop).
 
 A list pip cannot install is not tried again on this host for `FAILED_AGAIN_S`, and fails
 no job: the index may be away for a moment, and a sweep's hundred queued trials would fail
@@ -128,8 +129,9 @@ class EnvPreparer:
         assert process.stdout is not None
         last = ""
         for line in process.stdout:
-            last = line.rstrip() or last
-            log.log(logging.DEBUG if last.startswith("pip: ") else logging.INFO, "worker %s: %s", self.host, last)
+            if text := line.rstrip():
+                last = text
+                log.log(logging.DEBUG if text.startswith("pip: ") else logging.INFO, "worker %s: %s", self.host, text)
         code = process.wait()
         with self.lock:
             self.process = None
