@@ -1,9 +1,11 @@
 """Which queued jobs' requirements a host builds while they wait (`worker.prepare`): the
 waiting ones that could start here, not on hold, in queue order, each list once, at most
-so many; on SQLite and PostgreSQL (the spec's JSON is read by the database)."""
+so many; on SQLite and PostgreSQL (the spec's JSON is read by the database). A list built
+is not built again, and one pip could not install is left for `FAILED_AGAIN_S`."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,7 +16,8 @@ from service.core.context import Context
 from service.core.db import Database
 from service.core.models import Job, User
 from service.core.settings import Settings
-from worker.prepare import queued_lists
+from worker import pyenv
+from worker.prepare import FAILED_AGAIN_S, EnvPreparer, queued_lists
 
 
 @pytest.fixture
@@ -60,3 +63,27 @@ def test_the_lists_of_waiting_jobs_that_could_start_here_in_queue_order(ctx: Con
     assert queued_lists(ctx, "lab-b", 4, 10) == [
         ["elsewhere"], ["expected-elsewhere"], ["a"], ["c"], ["over-hosts"], ["b", "d==1.0"]
     ]  # fmt: skip
+
+
+def test_a_list_pip_could_not_install_is_left_a_while_and_a_built_one_is_not_built_again(
+    ctx: Context, db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_job(db, ["broken==9"], 1)
+    add_job(db, ["fine"], 2)
+    preparer = EnvPreparer(ctx, "lab-a", 4, threading.Event())
+    built: list[list[str]] = []
+
+    def build(requirements: list[str]) -> bool:
+        built.append(requirements)
+        if requirements == ["broken==9"]:
+            return False
+        ready = pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) / pyenv.READY
+        ready.parent.mkdir(parents=True)
+        ready.write_text("{}")
+        return True
+
+    monkeypatch.setattr(preparer, "build", build)
+    assert [preparer.prepare_next() for _ in range(3)] == [["broken==9"], ["fine"], None]
+    assert built == [["broken==9"], ["fine"]], "each once: one failed of late, one built"
+    preparer.failed = {key: at - FAILED_AGAIN_S for key, at in preparer.failed.items()}  # ten minutes on
+    assert preparer.prepare_next() == ["broken==9"]
