@@ -25,11 +25,11 @@ in namespaces of its own that show only what the job needs:
   namespace. The worker finds the trainer's host pids (NVML reports those) as the
   descendants of bwrap (`worker.processes.descendants`), never from what the trainer says;
 - network: none but its own loopback (names looked up in `/etc/hosts` alone, never a DNS
-  server it cannot reach: `worker.sandbox_names`), unless the job asks (`network: true`: then it shares
-  the host's network and reaches what the host reaches, Redis and the database included,
-  so those must ask for a password; `towerq up`'s own Redis does). A rank of a job over
-  several hosts reaches the other ranks through its worker (`worker.trainer.tunnel`,
-  its control socket at `RANKS_PATH`), not through the network;
+  server it cannot reach: `worker.sandbox_names`), unless the job asks (`network: true`:
+  then it shares the host's network and reaches what the host reaches, Redis and the
+  database included, so those must ask for a password; `towerq up`'s own Redis does). A
+  rank of a job over several hosts reaches the other ranks through its worker
+  (`worker.trainer.tunnel`, its control socket at `RANKS_PATH`), not through the network;
 - privileges: never host root. The trainer runs as an unprivileged host user whatever
   user the worker is: a root worker's bwrap keeps only the right to change users, and
   starts the trainer through `setpriv` as `TOWERQ_TRAINER_UID`:`TOWERQ_TRAINER_GID`
