@@ -20,6 +20,7 @@ Standard library only: it runs with the sandbox's Python before any user code.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -30,13 +31,21 @@ import threading
 import time
 from typing import IO
 
-from worker.deathsig import die_with_parent
 from worker.lines import pieces
 
 GRACE_S = 10.0
 """How long the others have to end after one failed, before SIGKILL."""
 SIGNAL_ENV = "TOWERQ_SIGNAL"
 """The job's `signal` (`USR1@600`): the program's warning before its time limit."""
+
+
+def die_with_the_gang() -> None:
+    """In each rank, before exec: SIGKILL when the gang dies (outside the sandbox nothing
+    else would end a rank whose worker was killed; inside, bwrap's namespace does)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def free_ports(count: int) -> list[int]:
@@ -119,7 +128,7 @@ class Gang:
         """Each process's rank in the job (over several hosts, this host's are not from 0)."""
         self.processes = [
             subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_the_gang
             )
             for env in envs
         ]

@@ -35,9 +35,9 @@ import time
 from sqlalchemy import or_, select
 
 from service.core.context import Context
+from service.core.lifetime import dies_with_this_process
 from service.core.models import Job, JobState
 from worker import pyenv
-from worker.deathsig import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class EnvPreparer:
                 stderr=subprocess.STDOUT,
                 text=True,
                 start_new_session=True,  # pip with it, for the stop's kill
-                preexec_fn=die_with_parent,
+                preexec_fn=dies_with_this_process(),  # tied to this loop's thread, which ends at the stop
             )
         process = self.process
         assert process.stdout is not None

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from service.core.lifetime import dies_with_this_process
 from service.core.settings import Settings
 from towerq.contract import events
 from towerq.contract.signals import limit_signal
@@ -39,7 +40,6 @@ from towerq.contract.times import limit_text
 from worker import gang, pyenv, sandbox
 from worker.attempt import AttemptRunner, Starter
 from worker.cgroups import AttemptGroup
-from worker.deathsig import die_with_parent
 from worker.inventory import GpuState
 from worker.launch import (
     REPO_ROOT,
@@ -252,7 +252,7 @@ class ProgramRunner(AttemptRunner):
         requirements = list(self.launch.spec.get("requirements") or [])
         program_env = env if self.sandboxed else None  # it comes on stdin, past bwrap and setpriv
         launcher, starts_with = pyenv.launcher({} if self.sandboxed else env, requirements, self.settings)
-        death = None if self.sandboxed and not launcher else die_with_parent
+        death = None if self.sandboxed and not launcher else dies_with_this_process()
         return start_trainer(command, cwd, starts_with, group, death, launcher, program_env)
 
     def _ports(self) -> int:

@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from worker.deathsig import die_with_parent
+from service.core.lifetime import dies_with_this_process
 
 Starting = tuple[list[str], dict[str, str]]
 """What runs before an attempt's command, and the environment its process starts with."""
@@ -217,7 +217,7 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=die_with_parent,  # killed with its worker or job where no cgroup ends pip; no other thread here
+            preexec_fn=dies_with_this_process(),  # killed with its worker or job where no cgroup ends pip
         )
         assert pip.stdout is not None
         for line in pip.stdout:

@@ -2,8 +2,10 @@
 
 A child asks the kernel (prctl PR_SET_PDEATHSIG) for a signal when the thread that started
 it exits, so nothing outlives a `towerq` process killed with SIGKILL: not `towerq up`'s
-API, scheduler, worker and embedded Redis, not uvicorn's API worker processes. (The
-trainer does the same for itself in `worker.trainer.__main__`; it may not import this.)
+API, scheduler, worker and embedded Redis, not uvicorn's API worker processes, not the
+worker's own children outside the sandbox (a command job's process, pip). (The trainer does
+the same for itself in `worker.trainer.__main__`, and `worker.gang` for its ranks: both run
+in the sandbox, which shows no `service`.)
 """
 
 from __future__ import annotations
