@@ -26,7 +26,6 @@ with it; the job says pip's reason when it starts, as it did before."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -38,6 +37,7 @@ from service.core.context import Context
 from service.core.lifetime import dies_with_this_process
 from service.core.models import Job, JobState
 from worker import pyenv
+from worker.processes import signal_group
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +152,4 @@ class EnvPreparer:
         """End the build under way, pip with it (the folder it left is built again next time)."""
         with self.lock:
             if self.process is not None:
-                kill_session(self.process.pid)
-
-
-def kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+                signal_group(self.process.pid, signal.SIGKILL)  # its session's group: pip with it
