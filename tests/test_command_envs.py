@@ -52,12 +52,17 @@ def lab_with_an_index(stack: Stack, token: str, index: Path) -> httpx.Client:
     return lab_with_pip(stack, token, f"--no-index --find-links {index}", envs_max=2)
 
 
-def probe(client: httpx.Client, code: str, requirements: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """PROBE (bundle `code`) run with `requirements`, to its end: the job, its log's messages."""
+def submit_probe(client: httpx.Client, code: str, requirements: list[str]) -> int:
+    """PROBE (bundle `code`) with `requirements`, submitted: its id."""
     spec = {"command": ["python", "probe.py"], "code": code, "requirements": requirements}
     created = client.post("/api/jobs", json=spec)
     assert created.status_code == 201, created.text
-    job = finished(client, created.json()["id"])
+    return int(created.json()["id"])
+
+
+def probe(client: httpx.Client, code: str, requirements: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """PROBE (bundle `code`) run with `requirements`, to its end: the job, its log's messages."""
+    job = finished(client, submit_probe(client, code, requirements))
     return job, log_messages(client, job["id"])
 
 
@@ -143,12 +148,7 @@ def silent_index() -> socket.socket:
 
 def job_asking_pip(client: httpx.Client) -> int:
     """A command job that needs a package from the index: the id of the job submitted."""
-    code = upload_code(client, {"probe.py": PROBE})
-    created = client.post(
-        "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": ["einops"]}
-    )
-    assert created.status_code == 201, created.text
-    return int(created.json()["id"])
+    return submit_probe(client, upload_code(client, {"probe.py": PROBE}), ["einops"])
 
 
 def test_a_job_cancelled_while_pip_waits_on_the_index_ends_and_pip_with_it(
@@ -188,11 +188,7 @@ def hold_the_gpu(client: httpx.Client, code: str) -> int:
 
 def queued(client: httpx.Client, code: str, requirements: list[str]) -> int:
     """PROBE with `requirements`, submitted: its id, once the scheduler says why it waits."""
-    created = client.post(
-        "/api/jobs", json={"command": ["python", "probe.py"], "code": code, "requirements": requirements}
-    )
-    assert created.status_code == 201, created.text
-    job_id = int(created.json()["id"])
+    job_id = submit_probe(client, code, requirements)
     wait_for(lambda: client.get(f"/api/jobs/{job_id}").json()["pending_reason"], 30, f"job {job_id} to wait")
     return job_id
 
