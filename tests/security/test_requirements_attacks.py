@@ -19,7 +19,7 @@ import pytest
 
 from service.core.settings import Settings
 from tests.stack import Stack, finished, log_messages, upload_code, wait_for
-from tests.test_command_envs import job_asking_pip, lab_with_pip, silent_index
+from tests.test_command_envs import hold_the_gpu, job_asking_pip, lab_with_pip, queued, silent_index
 from tests.wheels import sdist, wheel
 
 pytestmark = pytest.mark.slow
@@ -124,6 +124,33 @@ def test_requirements_are_packages_from_the_labs_index_built_from_wheels_and_rea
     assert "CHANGED the environment" not in said and "VALUE clean" in said, said[-10:]
     job, said = run(["towerq-probe==1.0"])
     assert "VALUE clean" in said and not list((settings.var_dir / "envs").glob("*/lib/*/site-packages/evil.pth"))
+
+
+def test_a_waiting_jobs_build_ahead_runs_no_setup_py_and_writes_nothing_outside_its_environment(
+    stack: Stack, settings: Settings, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    """The host builds a waiting job's list before it starts (`worker.prepare`), as the worker
+    and outside any job's sandbox: a source-only package (its setup.py would run as the
+    worker) and a wheel that writes outside its environment fail there as at a job's start,
+    leaving nothing, and change no job."""
+    index = tmp_path / "index"
+    index.mkdir()
+    marker = tmp_path / "setup-py-ran"
+    sdist(index, "towerq-source", "1.0", f"open({str(marker)!r}, 'w').write('ran as the worker')\n")
+    escape = tmp_path / "escaped.txt"
+    wheel(index, "towerq-escape", "1.0", {f"../../../../../../../../../../..{escape}": "out\n"})
+    options = f"--no-index --find-links {index} --no-build-isolation"
+    client = lab_with_pip(stack, make_token("mallory"), options, envs_max=4)
+    code = upload_code(client, {"poison.py": POISON})
+    hold_the_gpu(client, code)
+    waiting = [queued(client, code, ["towerq-source==1.0"]), queued(client, code, ["towerq-escape==1.0"])]
+    worker_log = stack.logs["worker-lab-a"]
+    wait_for(lambda: worker_log.read_text().count("could not be installed here") == 2, 90, "both builds to fail")
+    assert not marker.exists(), "setup.py ran on the worker"
+    assert not escape.exists()
+    assert not list((settings.var_dir / "envs").glob("*/.ready")), "nothing half built counts as built"
+    for job_id in waiting:
+        assert client.get(f"/api/jobs/{job_id}").json()["state"] == "queued"
 
 
 def test_the_labs_index_password_is_on_no_command_line_and_in_no_log(
