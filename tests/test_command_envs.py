@@ -216,6 +216,14 @@ def test_a_waiting_jobs_requirements_are_built_while_it_waits_not_while_it_holds
     assert "No matching distribution found for towerq-probe==3.0" in worker_log.read_text()
     for job_id in (waiting, unbuildable):
         assert client.get(f"/api/jobs/{job_id}").json()["state"] == "queued", "a build while waiting changes no job"
+    said = wait_for(lambda: log_messages(client, unbuildable), 30, "the waiting job told of its failed build")
+    assert said == [
+        "its requirements could not be installed on lab-a while it waits: No matching distribution found for "
+        "towerq-probe==3.0. Unless that changes (lab-a tries again in 10m), it fails with this reason when it starts "
+        "there: cancel it and submit it with requirements pip can install"
+    ], said
+    said = log_messages(client, waiting)
+    assert len(said) == 1 and said[0].startswith("its requirements were installed on lab-a while it waits ("), said
 
     assert client.post(f"/api/jobs/{holder}/cancel").status_code == 202
     job = finished(client, waiting)

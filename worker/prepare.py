@@ -19,9 +19,12 @@ ends), as the worker's user, outside any sandbox, with what pip is told in an at
 lines go to the worker's log. It dies with the worker (PR_SET_PDEATHSIG, and its process
 group is killed at the stop).
 
+Each waiting job's log says how its list went on this host, once (a line of towerq's,
+`service.core.joblog.towerq_lines`): installed while it waits, or not, with pip's reason.
 A list pip cannot install is not tried again on this host for `FAILED_AGAIN_S`, and fails
 no job: the index may be away for a moment, and a sweep's hundred queued trials would fail
-with it; the job says pip's reason when it starts, as it did before."""
+with it; its jobs' logs warn at once (a member who made a typo cancels and submits again,
+not hours later), and a job says pip's reason when it starts, as it did before."""
 
 from __future__ import annotations
 
@@ -33,9 +36,11 @@ import time
 
 from sqlalchemy import or_, select
 
+from service.core import joblog
 from service.core.context import Context
 from service.core.lifetime import dies_with_this_process
 from service.core.models import Job, JobState
+from towerq.contract.times import span_text
 from worker import pyenv
 from worker.processes import signal_group
 
@@ -47,12 +52,12 @@ FAILED_AGAIN_S = 600.0
 """How long a list pip could not install is left before this host tries it again."""
 
 
-def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[list[str]]:
+def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[tuple[list[str], list[int]]]:
     """The first `most` different requirement lists of the waiting jobs that could start on
-    `host` (which has `gpus`), in queue order."""
+    `host` (which has `gpus`), in queue order, each with the ids of those jobs that name it."""
     with ctx.db.read() as session:
-        specs = session.scalars(
-            select(Job.spec)
+        rows = session.execute(
+            select(Job.id, Job.spec)
             .where(
                 Job.state == JobState.QUEUED,
                 Job.pending_reason.is_not(None),
@@ -63,14 +68,12 @@ def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[list[str
             )
             .order_by(Job.queue_position.is_(None), Job.queue_position, Job.id)
         )
-        lists: list[list[str]] = []
-        for spec in specs:
-            requirements = spec.get("requirements")
-            if requirements and requirements not in lists:
-                lists.append(list(requirements))
-                if len(lists) == most:
-                    break
-    return lists
+        lists: dict[tuple[str, ...], list[int]] = {}
+        for job_id, spec in rows:
+            requirements = tuple(spec.get("requirements") or ())
+            if requirements and (requirements in lists or len(lists) < most):
+                lists.setdefault(requirements, []).append(job_id)
+    return [(list(requirements), ids) for requirements, ids in lists.items()]
 
 
 class EnvPreparer:
@@ -81,8 +84,10 @@ class EnvPreparer:
         self.host = host
         self.gpus = gpus
         self.stopping = stopping
-        self.failed: dict[str, float] = {}
-        """The keys of lists pip could not install here, and when (monotonic)."""
+        self.failed: dict[str, tuple[float, str]] = {}
+        """The keys of lists pip could not install here: when (monotonic), and pip's reason."""
+        self.told: dict[tuple[str, bool], set[int]] = {}
+        """The jobs told of the build of each list, built or failed: each is told once."""
         self.process: subprocess.Popen[str] | None = None
         self.lock = threading.Lock()
 
@@ -94,27 +99,69 @@ class EnvPreparer:
                 log.exception("worker %s: building a queued job's requirements failed", self.host)
 
     def prepare_next(self) -> list[str] | None:
-        """Build the first list of `queued_lists` not ready here (nor failed of late); it."""
+        """Build the first list of `queued_lists` not ready here (nor failed of late); it.
+        Its jobs' logs say how it went, once each (so do those of jobs that come to wait on
+        a list that failed of late)."""
         settings = self.ctx.settings
         root = pyenv.root_of(settings.var_dir)
         now = time.monotonic()
-        for requirements in queued_lists(self.ctx, self.host, self.gpus, max(1, settings.envs_max // 2)):
+        lists = queued_lists(self.ctx, self.host, self.gpus, max(1, settings.envs_max // 2))
+        self.forget_told({pyenv.env_key(requirements, settings.pip_options): ids for requirements, ids in lists})
+        for requirements, job_ids in lists:
             key = pyenv.env_key(requirements, settings.pip_options)
-            if (root / key / pyenv.READY).is_file() or now - self.failed.get(key, -FAILED_AGAIN_S) < FAILED_AGAIN_S:
+            if (root / key / pyenv.READY).is_file():
                 continue
-            if not self.build(requirements) and not self.stopping.is_set():
-                self.failed[key] = time.monotonic()
+            if key in self.failed and now - self.failed[key][0] < FAILED_AGAIN_S:
+                self.tell(key, job_ids, False, self.failed_line(self.failed[key][1]))
+                continue
+            started = time.monotonic()
+            built, said = self.build(requirements)
+            if self.stopping.is_set():
+                return requirements
+            if built:
+                self.failed.pop(key, None)
+                took = f"{span_text(time.monotonic() - started)}, environment {key[:12]}"
+                self.tell(key, job_ids, True, f"its requirements were installed on {self.host} while it waits ({took})")
+            else:
+                self.failed[key] = (time.monotonic(), said)
+                self.tell(key, job_ids, False, self.failed_line(said))
             return requirements
         return None
 
-    def build(self, requirements: list[str]) -> bool:
-        """`worker.pyenv` with no command, to its end (or the worker's stop): built?"""
+    def failed_line(self, reason: str) -> str:
+        return (
+            f"its requirements could not be installed on {self.host} while it waits: {reason}. Unless that changes "
+            f"({self.host} tries again in {span_text(FAILED_AGAIN_S)}), it fails with this reason when it starts "
+            "there: cancel it and submit it with requirements pip can install"
+        )
+
+    def tell(self, key: str, job_ids: list[int], built: bool, message: str) -> None:
+        """`message` in the log of each of `job_ids` not told yet how the build of `key` went."""
+        told = self.told.setdefault((key, built), set())
+        new = [job_id for job_id in job_ids if job_id not in told]
+        if new:
+            with self.ctx.db.write() as session:
+                rows = joblog.towerq_lines(session, new, "info" if built else "warning", message)
+            joblog.append_rows(self.ctx.settings.artifacts_dir, rows)
+            told.update(new)
+
+    def forget_told(self, waiting: dict[str, list[int]]) -> None:
+        """Keep in `told` only the jobs that still wait on each list (all of a list's are in
+        `waiting` while the list is)."""
+        for key, built in list(self.told):
+            self.told[key, built] &= set(waiting.get(key, ()))
+            if not self.told[key, built]:
+                del self.told[key, built]
+
+    def build(self, requirements: list[str]) -> tuple[bool, str]:
+        """`worker.pyenv` with no command, to its end (or the worker's stop): built, and if
+        not, why."""
         settings = self.ctx.settings
         words, environment = pyenv.prefix(settings.var_dir, requirements, settings.pip_options, settings.envs_max, {})
         log.info("worker %s: building queued jobs' requirements: %s", self.host, " ".join(requirements))
         with self.lock:
             if self.stopping.is_set():
-                return False
+                return False, "the worker stops"
             self.process = subprocess.Popen(
                 words,  # ending in `--`: no command
                 env=environment,
@@ -136,17 +183,17 @@ class EnvPreparer:
         with self.lock:
             self.process = None
         if code == 0:
-            return True
+            return True, last
+        said = last.removeprefix(pyenv.SAID) if code == pyenv.NOT_INSTALLED else f"its build exited with code {code}"
         if not self.stopping.is_set():
-            said = last.removeprefix(pyenv.SAID) if code == pyenv.NOT_INSTALLED else f"it exited with code {code}"
             log.warning(
                 "worker %s: the requirements of queued jobs could not be installed here (%s): not tried again here "
-                "for %.0f min; the jobs say pip's reason if they start on this host",
+                "for %.0f min; the jobs' logs say so",
                 self.host,
                 said,
                 FAILED_AGAIN_S / 60,
             )
-        return False
+        return False, said
 
     def stop(self) -> None:
         """End the build under way, pip with it (the folder it left is built again next time)."""

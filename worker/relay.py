@@ -62,11 +62,6 @@ def evaluation_line(point: Mapping[str, Any]) -> str:
     return f"evaluation at step {point['step']}: {', '.join(figures) or 'no figures'}"
 
 
-LOG_LINE_OVERHEAD = 64
-"""What a stored log line takes besides its text: its row's other columns, or `log.txt`'s
-time, attempt and level before it."""
-
-
 class MetricSink:
     """Buffers one attempt's metric points and log lines and writes them in batches."""
 
@@ -167,12 +162,12 @@ class MetricSink:
             level, message = "warning", f"more than {defaults.LOG_LINES_PER_ATTEMPT:,} log lines: the rest dropped"
         when = when or datetime.now(UTC)
         message = (self.prefix + message)[:10_000]
-        size = len(message.encode()) + LOG_LINE_OVERHEAD
+        size = len(message.encode()) + defaults.LOG_LINE_OVERHEAD
         over = self._past_log_cap(size)
         if over is not None:
             if not over:
                 return
-            level, message, size = "warning", over, len(over) + LOG_LINE_OVERHEAD
+            level, message, size = "warning", over, len(over) + defaults.LOG_LINE_OVERHEAD
         self.unwritten_log_bytes += size
         log_message = LogMessage(job_id=self.job_id, attempt=self.attempt, level=level, message=message, time=when)
         self.unsent.append(encode(log_message))

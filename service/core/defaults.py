@@ -88,6 +88,10 @@ METRIC_POINTS_PER_ATTEMPT = 1_000_000
 """Metric points one attempt may store; past it more points are dropped and the job's log
 says so once. At the default `log_every` that is ~10 M steps."""
 
+LOG_LINE_OVERHEAD = 64
+"""What a stored log line takes besides its text: its row's other columns, or `log.txt`'s
+time, attempt and level before it (counted in `Job.log_bytes`)."""
+
 LOG_LINES_PER_ATTEMPT = 200_000
 """Log lines one attempt may relay (database and `log.txt`); past it they are dropped and
 the log says so once. The database keeps the newest `towerq.contract.api.LOG_LINES_KEPT` of them anyway."""

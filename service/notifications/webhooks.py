@@ -44,7 +44,6 @@ from service.core.models import (
     JOB_FINISHED,
     JOB_IDLE,
     Job,
-    LogLine,
     Notification,
     NotificationState,
     Sweep,
@@ -57,7 +56,6 @@ from service.core.schemas.jobs import LatestMetrics
 from service.core.sharing import LAB, error_category
 from service.notifications import outbound
 from towerq.contract.attempts import GPU_BUSY_PCT
-from towerq.contract.paths import job_log
 
 log = logging.getLogger(__name__)
 
@@ -364,13 +362,8 @@ class Deliverer:
                 notification.next_attempt_at = utcnow() + timedelta(seconds=wait)
                 message = f"webhook to {host} failed (attempt {attempts} of {MAX_ATTEMPTS}): {error}"
                 message += f"; next try in {wait:g} s"
-            job = session.get(Job, notification.job_id)
-            row = {"attempt": job.attempts if job is not None else 1, "time": utcnow(), "level": "warning"}
-            session.add(LogLine(job_id=notification.job_id, message=message, **row))
-        joblog.append(
-            job_log(self.ctx.settings.artifacts_dir, notification.job_id),
-            [{**row, "message": message}],
-        )
+            rows = joblog.towerq_lines(session, [notification.job_id], "warning", message)
+        joblog.append_rows(self.ctx.settings.artifacts_dir, rows)
         log.warning("%s (job %s)", message, notification.job_id)
 
 

@@ -1,7 +1,8 @@
 """Which queued jobs' requirements a host builds while they wait (`worker.prepare`): the
 waiting ones that could start here, not on hold, in queue order, each list once, at most
 so many; on SQLite and PostgreSQL (the spec's JSON is read by the database). A list built
-is not built again, and one pip could not install is left for `FAILED_AGAIN_S`."""
+is not built again, and one pip could not install is left for `FAILED_AGAIN_S`; each
+waiting job's log hears how its list went, once."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from sqlalchemy import select
 
 from service.core.context import Context
 from service.core.db import Database
-from service.core.models import Job, User
+from service.core.models import Job, LogLine, User
 from service.core.settings import Settings
+from towerq.contract.paths import job_log
 from worker import pyenv
 from worker.prepare import FAILED_AGAIN_S, EnvPreparer, queued_lists
 
@@ -28,7 +30,7 @@ def ctx(settings: Settings, make_token: Callable[..., str]) -> Iterator[Context]
     context.close()
 
 
-def add_job(db: Database, requirements: list[str] | None, position: int | None, **columns: Any) -> None:
+def add_job(db: Database, requirements: list[str] | None, position: int | None, **columns: Any) -> int:
     """A queued command job that waits (a reason) at `position` of the queue."""
     spec: dict[str, Any] = {"command": ["python", "train.py"]}
     if requirements is not None:
@@ -41,13 +43,32 @@ def add_job(db: Database, requirements: list[str] | None, position: int | None, 
         for name, value in columns.items():
             setattr(job, name, value)
         session.add(job)
+        session.flush()
+        return job.id
+
+
+def lists_of(ctx: Context, host: str, gpus: int, most: int) -> list[list[str]]:
+    return [requirements for requirements, _ in queued_lists(ctx, host, gpus, most)]
+
+
+def said(db: Database, settings: Settings, job_id: int) -> list[tuple[str, str]]:
+    """Job `job_id`'s log lines (level, message), as the database has them; `log.txt` has the same."""
+    with db.read() as session:
+        rows = session.execute(
+            select(LogLine.level, LogLine.message).where(LogLine.job_id == job_id).order_by(LogLine.id)
+        )
+        lines = [(level, message) for level, message in rows]
+    file = job_log(settings.artifacts_dir, job_id)
+    in_file = file.read_text().splitlines() if file.exists() else []
+    assert [line.split(None, 4)[3:] for line in in_file] == [[level, message] for level, message in lines]
+    return lines
 
 
 def test_the_lists_of_waiting_jobs_that_could_start_here_in_queue_order(ctx: Context, db: Database) -> None:
     add_job(db, ["c"], 3)
-    add_job(db, ["a"], 1)
+    first = add_job(db, ["a"], 1)
     add_job(db, None, 0)  # nothing to build
-    add_job(db, ["a"], 2)  # the same list: once
+    second = add_job(db, ["a"], 2)  # the same list: once
     add_job(db, ["held"], 0, on_hold_by="alice")
     add_job(db, ["elsewhere"], 0, requested_host="lab-b")
     add_job(db, ["expected-elsewhere"], 0, expected_host="lab-b")
@@ -56,11 +77,13 @@ def test_the_lists_of_waiting_jobs_that_could_start_here_in_queue_order(ctx: Con
     add_job(db, ["here"], 4, requested_host="lab-a", expected_host="lab-a")
     add_job(db, ["over-hosts"], 5, expected_host="lab-b", gpu_count=8)  # its first host is lab-b; lab-a too
     add_job(db, ["b", "d==1.0"], None)  # not given a position yet: last
+    last = add_job(db, ["a"], None)
 
-    assert queued_lists(ctx, "lab-a", 4, 10) == [["a"], ["c"], ["here"], ["over-hosts"], ["b", "d==1.0"]]
-    assert queued_lists(ctx, "lab-a", 4, 2) == [["a"], ["c"]]
-    assert queued_lists(ctx, "lab-a", 8, 10) == [["a"], ["c"], ["here"], ["b", "d==1.0"]], "it fits lab-b alone"
-    assert queued_lists(ctx, "lab-b", 4, 10) == [
+    assert lists_of(ctx, "lab-a", 4, 10) == [["a"], ["c"], ["here"], ["over-hosts"], ["b", "d==1.0"]]
+    assert lists_of(ctx, "lab-a", 4, 2) == [["a"], ["c"]]
+    assert queued_lists(ctx, "lab-a", 4, 2)[0] == (["a"], [first, second, last]), "all the jobs of a list taken"
+    assert lists_of(ctx, "lab-a", 8, 10) == [["a"], ["c"], ["here"], ["b", "d==1.0"]], "it fits lab-b alone"
+    assert lists_of(ctx, "lab-b", 4, 10) == [
         ["elsewhere"], ["expected-elsewhere"], ["a"], ["c"], ["over-hosts"], ["b", "d==1.0"]
     ]  # fmt: skip
 
@@ -68,22 +91,42 @@ def test_the_lists_of_waiting_jobs_that_could_start_here_in_queue_order(ctx: Con
 def test_a_list_pip_could_not_install_is_left_a_while_and_a_built_one_is_not_built_again(
     ctx: Context, db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    add_job(db, ["broken==9"], 1)
-    add_job(db, ["fine"], 2)
+    broken = add_job(db, ["broken==9"], 1)
+    fine = add_job(db, ["fine"], 2)
     preparer = EnvPreparer(ctx, "lab-a", 4, threading.Event())
     built: list[list[str]] = []
+    fails = True
 
-    def build(requirements: list[str]) -> bool:
+    def build(requirements: list[str]) -> tuple[bool, str]:
         built.append(requirements)
-        if requirements == ["broken==9"]:
-            return False
+        if requirements == ["broken==9"] and fails:
+            return False, "No matching distribution found for broken==9"
         ready = pyenv.env_folder(settings.var_dir, requirements, settings.pip_options) / pyenv.READY
         ready.parent.mkdir(parents=True)
         ready.write_text("{}")
-        return True
+        return True, "installed"
 
     monkeypatch.setattr(preparer, "build", build)
     assert [preparer.prepare_next() for _ in range(3)] == [["broken==9"], ["fine"], None]
     assert built == [["broken==9"], ["fine"]], "each once: one failed of late, one built"
-    preparer.failed = {key: at - FAILED_AGAIN_S for key, at in preparer.failed.items()}  # ten minutes on
+
+    ((level, message),) = said(db, settings, broken)
+    assert level == "warning" and message.startswith(
+        "its requirements could not be installed on lab-a while it waits: No matching distribution found for "
+        "broken==9. Unless that changes (lab-a tries again in 10m), it fails with this reason when it starts there"
+    ), message
+    ((level, message),) = said(db, settings, fine)
+    assert level == "info" and message.startswith("its requirements were installed on lab-a while it waits ("), message
+
+    later = add_job(db, ["broken==9"], 3)  # comes to wait on the list that failed of late: told at the next look
+    assert preparer.prepare_next() is None
+    assert [level for level, _ in said(db, settings, later)] == ["warning"]
+    assert len(said(db, settings, broken)) == 1, "each job told once"
+
+    fails = False
+    preparer.failed = {key: (at - FAILED_AGAIN_S, why) for key, (at, why) in preparer.failed.items()}  # 10 min on
     assert preparer.prepare_next() == ["broken==9"]
+    for job_id in (broken, later):
+        assert [level for level, _ in said(db, settings, job_id)] == ["warning", "info"], "and then that it is built"
+    assert preparer.prepare_next() is None
+    assert len(said(db, settings, fine)) == 1
