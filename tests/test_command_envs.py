@@ -96,7 +96,8 @@ def test_a_program_runs_with_its_requirements_over_the_labs_packages_built_once_
     job, said = probe(client, code, ["towerq-probe==3.0"])
     assert job["state"] == "failed", job
     assert job["error"] == (
-        "its requirements could not be installed: No matching distribution found for towerq-probe==3.0"
+        "its requirements could not be installed: No matching distribution found for towerq-probe==3.0 "
+        "(the index has 1.0, 2.0)"
     ), job["error"]
     assert job["attempts"] == 1, "a list pip cannot install is not tried again"
 
@@ -219,8 +220,8 @@ def test_a_waiting_jobs_requirements_are_built_while_it_waits_not_while_it_holds
     said = wait_for(lambda: log_messages(client, unbuildable), 30, "the waiting job told of its failed build")
     assert said == [
         "its requirements could not be installed on lab-a while it waits: No matching distribution found for "
-        "towerq-probe==3.0. Unless that changes (lab-a tries again in 10m), it fails with this reason when it starts "
-        "there: cancel it and submit it with requirements pip can install"
+        "towerq-probe==3.0 (the index has 1.0). Unless that changes (lab-a tries again in 10m), it fails with this "
+        "reason when it starts there: cancel it and submit it with requirements pip can install"
     ], said
     said = log_messages(client, waiting)
     assert len(said) == 1 and said[0].startswith("its requirements were installed on lab-a while it waits ("), said
@@ -234,7 +235,8 @@ def test_a_waiting_jobs_requirements_are_built_while_it_waits_not_while_it_holds
     job = finished(client, unbuildable)
     assert (job["state"], job["error"]) == (
         "failed",
-        "its requirements could not be installed: No matching distribution found for towerq-probe==3.0",
+        "its requirements could not be installed: No matching distribution found for towerq-probe==3.0 "
+        "(the index has 1.0)",
     ), job
 
 

@@ -45,6 +45,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import site
@@ -202,7 +203,7 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
         "--disable-pip-version-check", "--progress-bar", "off", "--only-binary", ":all:",
     ]  # fmt: skip
     words, urls = split_options(pip_options)
-    last_error, shown = "", 0
+    last_error, shown, versions = "", 0, None
     with tempfile.TemporaryDirectory(prefix="pip-", dir=root) as empty:  # this user's alone (0700)
         if urls:  # pip reads them from a file of its own, not its command line
             options = Path(empty) / "options.txt"
@@ -224,18 +225,38 @@ def build(folder: Path, requirements: list[str], root: Path, pip_options: str, e
             line = line.rstrip()
             if line.startswith(("ERROR:", "error:")):
                 last_error = line[len("error:") :].strip()
+                if found := FROM_VERSIONS.search(line):
+                    versions = found.group(1)
             if line and shown < PIP_LINES_SHOWN:
                 say(f"pip: {line}")
             shown += bool(line)
         code = pip.wait()
     if code != 0:
         shutil.rmtree(folder, ignore_errors=True)
-        raise NotInstalled(last_error or f"pip exited with code {code}")
+        raise NotInstalled(reason(last_error, versions) if last_error else f"pip exited with code {code}")
     (folder / "requirements.txt").write_text("".join(f"{line}\n" for line in requirements))
     (folder / READY).write_text(json.dumps({"requirements": requirements, "built_s": time.monotonic() - started}))
     if shown > PIP_LINES_SHOWN:
         say(f"pip: ({shown - PIP_LINES_SHOWN} more lines)")
     say(f"installed in {time.monotonic() - started:.0f} s (environment {folder.name[:12]}, kept for the next job)")
+
+
+FROM_VERSIONS = re.compile(r"\(from versions: (.*)\)$")
+"""pip's word on the versions the index has of a requirement that none of them satisfies."""
+VERSIONS_SHOWN = 8
+
+
+def reason(last_error: str, versions: str | None) -> str:
+    """pip's last error, and where it is that no version matched, which versions the index
+    has (the newest `VERSIONS_SHOWN`): a member who mistyped one sees which to write."""
+    if versions is None or not last_error.startswith("No matching distribution found"):
+        return last_error
+    if versions == "none":
+        return f"{last_error} (the index has no version of it, or could not be reached)"
+    listed = versions.split(", ")
+    if len(listed) > VERSIONS_SHOWN:
+        return f"{last_error} (the index has {len(listed)} versions: ..., {', '.join(listed[-VERSIONS_SHOWN:])})"
+    return f"{last_error} (the index has {versions})"
 
 
 URL_OPTIONS = ("--index-url", "-i", "--extra-index-url", "--find-links", "-f")

@@ -65,3 +65,17 @@ def test_the_options_that_carry_a_url_go_to_pips_file_and_the_rest_stay_on_its_c
     ]
     assert pyenv.split_options("--no-index --find-links /srv/wheels") == (["--no-index"], ["--find-links /srv/wheels"])
     assert pyenv.split_options("") == ([], [])
+
+
+def test_a_version_no_one_has_is_told_with_the_versions_the_index_has() -> None:
+    missing = "No matching distribution found for torch==2.9.9"
+    assert pyenv.reason(missing, "1.0, 2.0") == f"{missing} (the index has 1.0, 2.0)"
+    many = ", ".join(f"2.{minor}.0" for minor in range(12))
+    assert (
+        pyenv.reason(missing, many)
+        == f"{missing} (the index has 12 versions: ..., {many[len('2.0.0, 2.1.0, 2.2.0, 2.3.0, ') :]})"
+    )
+    assert pyenv.reason(missing, "none") == f"{missing} (the index has no version of it, or could not be reached)"
+    assert pyenv.reason(missing, None) == missing
+    other = "Could not install packages due to an OSError: [Errno 28] No space left on device"
+    assert pyenv.reason(other, "1.0") == other, "only where no version matched"
