@@ -57,7 +57,7 @@ def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[tuple[li
     `host` (which has `gpus`), in queue order, each with the ids of those jobs that name it."""
     with ctx.db.read() as session:
         rows = session.execute(
-            select(Job.id, Job.spec)
+            select(Job.id, Job.spec["requirements"])  # not whole specs: every waiting job's list is read
             .where(
                 Job.state == JobState.QUEUED,
                 Job.pending_reason.is_not(None),
@@ -69,8 +69,8 @@ def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[tuple[li
             .order_by(Job.queue_position.is_(None), Job.queue_position, Job.id)
         )
         lists: dict[tuple[str, ...], list[int]] = {}
-        for job_id, spec in rows:
-            requirements = tuple(spec.get("requirements") or ())
+        for job_id, listed in rows:
+            requirements = tuple(listed or ())
             if requirements and (requirements in lists or len(lists) < most):
                 lists.setdefault(requirements, []).append(job_id)
     return [(list(requirements), ids) for requirements, ids in lists.items()]
