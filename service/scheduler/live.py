@@ -39,7 +39,15 @@ from service.scheduler.policy import schedule
 from service.scheduler.reconcile import Repairs, mark_dead_hosts, needs_repair, resend_lost_launches
 from service.scheduler.resize import read_targets, request_resizes
 from service.scheduler.settle import settle_resizes
-from service.scheduler.snapshot import Stored, arriving, free_room, read_cluster, read_fair_share, read_queued
+from service.scheduler.snapshot import (
+    PENDING_COLUMNS,
+    Stored,
+    arriving,
+    free_room,
+    read_cluster,
+    read_fair_share,
+    read_queued,
+)
 from service.scheduler.types import Cluster, Decision, FairShare, Policy, QueuedJob
 from towerq.contract.messages import PreemptMessage
 
@@ -226,7 +234,7 @@ class LiveScheduler:
     ) -> None:
         """Queue positions, reasons, reservations and expected starts, written (in their own
         transaction) only where they changed."""
-        changes = []
+        changes: dict[int, Stored] = {}
         # A long queue's positions shift with every pass; rewriting them all at most once a
         # second keeps the one-writer database free for submissions. A job not yet given a
         # position gets one at once.
@@ -256,21 +264,11 @@ class LiveScheduler:
             if reason is not None:
                 reason = describe_reserved(reason, reserved, now)
             start = datetime.fromtimestamp(reserved, UTC) if reserved is not None and math.isfinite(reserved) else None
-            if was != (pending.position, reason, start, expected_at, expected_host):
-                changes.append(
-                    {
-                        "id": pending.job_id,
-                        "queue_position": pending.position,
-                        "pending_reason": reason,
-                        "reserved_start_at": start,
-                        "expected_start_at": expected_at,
-                        "expected_host": expected_host,
-                    }
-                )
+            row = (pending.position, reason, start, expected_at, expected_host)
+            if was != row:
+                changes[pending.job_id] = row
         if changes:
-            with self.ctx.db.write() as session:
-                statement = update(Job).where(Job.state == JobState.QUEUED)
-                session.execute(statement, changes, execution_options={"synchronize_session": None})
+            self._store_pending(changes)
             self.pending_written_at = time.monotonic()
 
     def _forecast(self, decision: Decision, inputs: Inputs, now: float) -> Replay:
@@ -311,24 +309,21 @@ class LiveScheduler:
         """Jobs held back (a hold, a dependency, their begin, their sweep's `max_parallel`):
         that is their reason. Those held back by their begin alone have the last replay's
         expected start, if it found one."""
-        changes = []
+        changes: dict[int, Stored] = {}
         for job_id, reason in held.items():
             expected_at, expected_host = expected_start(self.expected.get(job_id) if job_id in begins else None)
-            if stored.get(job_id) != (None, reason, None, expected_at, expected_host):
-                changes.append(
-                    {
-                        "id": job_id,
-                        "queue_position": None,
-                        "pending_reason": reason,
-                        "reserved_start_at": None,
-                        "expected_start_at": expected_at,
-                        "expected_host": expected_host,
-                    }
-                )
+            row = (None, reason, None, expected_at, expected_host)
+            if stored.get(job_id) != row:
+                changes[job_id] = row
         if changes:
-            with self.ctx.db.write() as session:
-                statement = update(Job).where(Job.state == JobState.QUEUED)
-                session.execute(statement, changes, execution_options={"synchronize_session": None})
+            self._store_pending(changes)
+
+    def _store_pending(self, rows: dict[int, Stored]) -> None:
+        """Each queued job's row of `PENDING_COLUMNS`, in one transaction of their own."""
+        changes = [{"id": job_id, **dict(zip(PENDING_COLUMNS, row, strict=True))} for job_id, row in rows.items()]
+        with self.ctx.db.write() as session:
+            statement = update(Job).where(Job.state == JobState.QUEUED)
+            session.execute(statement, changes, execution_options={"synchronize_session": None})
 
     def send_launch(self, job_id: int, attempt: int, host: str, rank: int = 0) -> None:
         """The executor starts the attempt (its GPUs are in the database, `worker.launch`)."""

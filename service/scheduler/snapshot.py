@@ -43,8 +43,8 @@ from service.scheduler.types import (
 from towerq.contract.spec import stoppable
 
 Stored = tuple[int | None, str | None, datetime | None, datetime | None, str | None]
-"""What a queued job shows now: (queue_position, pending_reason, reserved_start_at,
-expected_start_at, expected_host)."""
+"""What a queued job shows now: its `PENDING_COLUMNS`."""
+PENDING_COLUMNS = ("queue_position", "pending_reason", "reserved_start_at", "expected_start_at", "expected_host")
 
 
 def served_before(session: Session, states: tuple[JobState, ...]) -> dict[int, float]:
