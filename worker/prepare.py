@@ -29,10 +29,12 @@ not hours later), and a job says pip's reason when it starts, as it did before."
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from sqlalchemy import or_, select
 
@@ -48,6 +50,11 @@ log = logging.getLogger(__name__)
 
 POLL_S = 5.0
 """How often the queue is read for a list to build (a build, once started, runs to its end)."""
+FREE_PCT_KEPT = 15
+"""No build ahead where the environments' disk has less free (of its size): what is built
+ahead is optional, and yields to the running jobs, whose folders' images are sparse files
+in the same `TOWERQ_VAR_DIR` (`worker.disk.disks_of`). Kubernetes' kubelet draws its line
+there for the same kind of thing (a node's images go once its disk passes 85 % used)."""
 FAILED_AGAIN_S = 600.0
 """How long a list pip could not install is left before this host tries it again."""
 
@@ -88,6 +95,8 @@ class EnvPreparer:
         """The keys of lists pip could not install here: when (monotonic), and pip's reason."""
         self.told: dict[tuple[str, bool], set[int]] = {}
         """The jobs told of the build of each list, built or failed: each is told once."""
+        self.short = False
+        """Whether the environments' disk had too little room at the last look."""
         self.process: subprocess.Popen[str] | None = None
         self.lock = threading.Lock()
 
@@ -114,6 +123,8 @@ class EnvPreparer:
             if key in self.failed and now - self.failed[key][0] < FAILED_AGAIN_S:
                 self.tell(key, job_ids, False, self.failed_line(self.failed[key][1]))
                 continue
+            if self.disk_short(root):
+                return None
             started = time.monotonic()
             built, said = self.build(requirements)
             if self.stopping.is_set():
@@ -127,6 +138,26 @@ class EnvPreparer:
                 self.tell(key, job_ids, False, self.failed_line(said))
             return requirements
         return None
+
+    def disk_short(self, root: Path) -> bool:
+        """Whether the environments' disk has less than `FREE_PCT_KEPT` free: no build ahead
+        then (the worker's log says so once), as the running jobs' folders may need the room;
+        a job that starts builds its own."""
+        usage = shutil.disk_usage(next(path for path in (root, *root.parents) if path.exists()))
+        short = usage.free < usage.total * FREE_PCT_KEPT / 100
+        if short and not self.short:
+            log.warning(
+                "worker %s: no queued job's requirements built here while %s has less than %d%% free (%.1f GB): "
+                "the running jobs may need the room",
+                self.host,
+                root,
+                FREE_PCT_KEPT,
+                usage.free / 1e9,
+            )
+        elif self.short and not short:
+            log.info("worker %s: %s has room again: queued jobs' requirements are built here", self.host, root)
+        self.short = short
+        return short
 
     def failed_line(self, reason: str) -> str:
         return (

@@ -6,6 +6,9 @@ waiting job's log hears how its list went, once."""
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +22,7 @@ from service.core.models import Job, LogLine, User
 from service.core.settings import Settings
 from towerq.contract.paths import job_log
 from worker import pyenv
-from worker.prepare import FAILED_AGAIN_S, EnvPreparer, queued_lists
+from worker.prepare import FAILED_AGAIN_S, FREE_PCT_KEPT, EnvPreparer, queued_lists
 
 
 @pytest.fixture
@@ -130,3 +133,31 @@ def test_a_list_pip_could_not_install_is_left_a_while_and_a_built_one_is_not_bui
         assert [level for level, _ in said(db, settings, job_id)] == ["warning", "info"], "and then that it is built"
     assert preparer.prepare_next() is None
     assert len(said(db, settings, fine)) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small filesystem")
+def test_nothing_is_built_ahead_on_a_disk_with_too_little_room(
+    ctx: Context, db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The running jobs' folders need the room more: past `FREE_PCT_KEPT`, no build ahead
+    (the worker's log says so once), and builds again once there is room."""
+    add_job(db, ["fine"], 1)
+    root = pyenv.root_of(settings.var_dir)
+    root.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "towerq-test-envs", str(root)], check=True)
+    try:
+        filler = root / "filler"
+        filler.write_bytes(b"x" * (1024 * (100 - FREE_PCT_KEPT + 2) // 100 * 1024))
+        preparer = EnvPreparer(ctx, "lab-a", 4, threading.Event())
+        built: list[list[str]] = []
+        monkeypatch.setattr(preparer, "build", lambda requirements: (built.append(requirements), (False, "-"))[1])
+        with caplog.at_level(logging.INFO, logger="worker.prepare"):
+            assert [preparer.prepare_next() for _ in range(2)] == [None, None]
+            assert built == [], "nothing built on a disk this full"
+            filler.unlink()
+            assert preparer.prepare_next() == ["fine"]
+        said = [record.getMessage() for record in caplog.records]
+        assert sum("no queued job's requirements built here while" in line for line in said) == 1, said
+        assert sum("has room again" in line for line in said) == 1, said
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
