@@ -21,6 +21,7 @@ from service.core.exceptions import (
     TooLargeError,
     TooManyError,
 )
+from towerq.contract.spec import problem
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +34,17 @@ STATUS = {
 }
 
 
-def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts)
-
-
 def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """pydantic's errors, each message prefixed with the field it is about."""
     detail = []
     for error in errors:
-        loc = list(error.get("loc", ()))
-        path = field_path(loc)
-        message = str(error.get("msg", "invalid value"))
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
+        path, message = problem(error)
         detail.append(
-            {"loc": loc, "msg": f"{path}: {message}" if path else message, "type": error.get("type", "value_error")}
+            {
+                "loc": list(error.get("loc", ())),
+                "msg": f"{path}: {message}" if path else message,
+                "type": error.get("type", "value_error"),
+            }
         )
     return detail
 

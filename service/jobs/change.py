@@ -22,7 +22,7 @@ from service.jobs.submit import check_session_time_limit
 from service.lab.auth import Caller
 from service.scheduler.handover import attempt_of
 from towerq.contract.signals import limit_signal
-from towerq.contract.spec import Priority, Visibility, is_notebook
+from towerq.contract.spec import NO_CONTROL, Priority, Visibility, is_notebook
 from towerq.contract.times import Moment, limit_text
 
 
@@ -32,7 +32,7 @@ class JobChange(BaseModel):
 
     model_config = {"extra": "forbid"}
 
-    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_CONTROL)] | None = None
     priority: Priority | None = None
     time_limit_s: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
     visibility: Visibility | None = None

@@ -38,7 +38,7 @@ from service.lab.auth import Caller
 from service.lab.hosts import HostInventory
 from service.notifications import outbound
 from towerq.contract.messages import CancelMessage
-from towerq.contract.spec import JobSpec, set_dotted
+from towerq.contract.spec import NO_CONTROL, JobSpec, problem, set_dotted
 
 MAX_JOBS_PER_SWEEP = 1000
 METRICS = ("eval_accuracy", "eval_loss", "accuracy", "loss")
@@ -93,7 +93,7 @@ class SweepIn(BaseModel):
 
     model_config = {"extra": "forbid"}
 
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f]*$")
+    name: str = Field(min_length=1, max_length=100, pattern=NO_CONTROL)
     base: dict[str, Any]
     grid: dict[str, list[Any]] | None = None
     random: RandomSearch | None = None
@@ -180,9 +180,8 @@ def refusal(index: int, setting: dict[str, Any], err: ValidationError | SpecErro
     where = ", ".join(f"{k}={_short(v)}" for k, v in setting.items())
     if isinstance(err, SpecError):
         return SpecError(f"settings.{index}.{err.field}", f"with {where}: {err.message}")
-    first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"])
-    return SpecError(f"settings.{index}.{field}" if field else f"settings.{index}", f"with {where}: {first['msg']}")
+    field, message = problem(err.errors()[0])
+    return SpecError(f"settings.{index}.{field}" if field else f"settings.{index}", f"with {where}: {message}")
 
 
 def create_sweep(

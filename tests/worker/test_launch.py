@@ -63,7 +63,7 @@ def test_a_stored_spec_that_no_longer_passes_fails_the_job_naming_the_field(tmp_
         write_trainer_spec(launch_of(stored), Settings(), tmp_path / "job-7")
     assert not (tmp_path / "job-7").exists()
     message = describe(refused.value)
-    assert message.startswith("dataset_options: Value error, classes does not apply to dataset 'digits'")
+    assert message.startswith("dataset_options: classes does not apply to dataset 'digits'")
     outcome = Outcome(stop=Stop.BAD_SPEC, stop_message=message)
     assert outcome.verdict() == (JobState.FAILED, message)
 

@@ -15,6 +15,7 @@ service, the worker, the trainer, the client). Every error names the field it is
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
@@ -46,7 +47,10 @@ class Priority(enum.StrEnum):
         return {"low": 0, "normal": 1, "high": 2}[self.value]
 
 
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]*$")]
+NO_CONTROL = r"^[^\x00-\x1f]*$"
+"""A name's pattern: no control character (a newline would start a line of its own in a
+log or a table)."""
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_CONTROL)]
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 Visibility = Literal["private", "lab"]
 JobRef = Annotated[int, Field(ge=1, le=2**31 - 1)]
@@ -387,12 +391,29 @@ def stoppable(spec: dict[str, Any]) -> bool:
     return not is_command(spec) or bool(spec.get("resumable"))
 
 
+PATTERN_WORDS = {NO_CONTROL: "no control characters here (a newline, a tab)"}
+"""A pattern a field must match, in words (pydantic says the pattern itself)."""
+NOT_FIELDS = ("body", "query", "path", "header", "[key]")
+"""The parts of pydantic's place of an error that name no field: where in a request, and
+that a mapping's key is at fault (the key itself follows it)."""
+
+
+def problem(error: Mapping[str, Any]) -> tuple[str, str]:
+    """One of pydantic's errors as the field's dotted path (`env.TOWERQ_X`, `requirements.0`;
+    empty for the whole) and what is wrong with it in words."""
+    where = ".".join(str(part) for part in error.get("loc", ()) if part not in NOT_FIELDS)
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if error.get("type") == "string_pattern_mismatch":
+        message = PATTERN_WORDS.get(str((error.get("ctx") or {}).get("pattern")), message)
+    return where, message
+
+
 def describe(err: ValidationError) -> str:
     """What pydantic refused, each problem naming its field: `field.path: message; ...`."""
     problems = []
     for error in err.errors():
-        where = ".".join(str(p) for p in error["loc"])
-        problems.append(f"{where}: {error['msg']}" if where else str(error["msg"]))
+        where, message = problem(error)
+        problems.append(f"{where}: {message}" if where else message)
     return "; ".join(problems)
 
 

@@ -390,3 +390,20 @@ def test_a_fraction_of_a_real_gpu_too_small_for_a_process_is_refused_at_submit(
     )
     fits = alice.post("/api/jobs", json={**SPEC, "gpus": [0], "host": "lab-t4", "gpu_memory_fraction": 0.25})
     assert fits.status_code == 201, fits.text
+
+
+def test_a_refusal_says_in_words_what_is_wrong_with_the_field_it_names(alice: Api, db: Database) -> None:
+    """Not pydantic's pattern (`String should match pattern '^[^\\x00-\\x1f]*$'`), nor its
+    `[key]` in a mapping's key's place."""
+    for change, said in (
+        ({"name": "two\nlines"}, "name: no control characters here (a newline, a tab)"),
+        (
+            {"env": {"TOWERQ_API_URL": "x"}},
+            "env.TOWERQ_API_URL: TOWERQ_API_URL is not a job's to set: towerq sets it, or it changes how every "
+            "program loads",
+        ),
+    ):
+        response = alice.post("/api/jobs", json={**SPEC, **change})
+        assert response.status_code == 422, response.text
+        assert [d["msg"] for d in response.json()["detail"]] == [said]
+    assert stored_jobs(db) == 0
