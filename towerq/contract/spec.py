@@ -15,6 +15,7 @@ service, the worker, the trainer, the client). Every error names the field it is
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
@@ -391,6 +392,8 @@ def stoppable(spec: dict[str, Any]) -> bool:
     return not is_command(spec) or bool(spec.get("resumable"))
 
 
+ONE_OF = re.compile(r"\^\(([\w-]+(?:\|[\w-]+)+)\)\$")
+"""A pattern that is a choice of words, `^(max|min)$`."""
 PATTERN_WORDS = {NO_CONTROL: "no control characters here (a newline, a tab)"}
 """A pattern a field must match, in words (pydantic says the pattern itself)."""
 NOT_FIELDS = ("body", "query", "path", "header", "[key]")
@@ -404,7 +407,10 @@ def problem(error: Mapping[str, Any]) -> tuple[str, str]:
     where = ".".join(str(part) for part in error.get("loc", ()) if part not in NOT_FIELDS)
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     if error.get("type") == "string_pattern_mismatch":
-        message = PATTERN_WORDS.get(str((error.get("ctx") or {}).get("pattern")), message)
+        pattern = str((error.get("ctx") or {}).get("pattern"))
+        if choices := ONE_OF.fullmatch(pattern):  # ^(train|eval)$
+            message = f"{error.get('input')!r} is none of {', '.join(choices.group(1).split('|'))}"
+        message = PATTERN_WORDS.get(pattern, message)
     return where, message
 
 

@@ -393,8 +393,8 @@ def test_a_fraction_of_a_real_gpu_too_small_for_a_process_is_refused_at_submit(
 
 
 def test_a_refusal_says_in_words_what_is_wrong_with_the_field_it_names(alice: Api, db: Database) -> None:
-    """Not pydantic's pattern (`String should match pattern '^[^\\x00-\\x1f]*$'`), nor its
-    `[key]` in a mapping's key's place."""
+    """Not pydantic's pattern (`String should match pattern '^[^\\x00-\\x1f]*$'`, `'^(user|host|group)$'`),
+    nor its `[key]` in a mapping's key's place."""
     for change, said in (
         ({"name": "two\nlines"}, "name: no control characters here (a newline, a tab)"),
         (
@@ -407,3 +407,6 @@ def test_a_refusal_says_in_words_what_is_wrong_with_the_field_it_names(alice: Ap
         assert response.status_code == 422, response.text
         assert [d["msg"] for d in response.json()["detail"]] == [said]
     assert stored_jobs(db) == 0
+    response = alice.get("/api/usage", params={"by": "gpu"})
+    assert response.status_code == 422, response.text
+    assert [d["msg"] for d in response.json()["detail"]] == ["by: 'gpu' is none of user, host, group"]
