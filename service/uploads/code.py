@@ -28,10 +28,10 @@ from typing import IO, Any
 from service.core.exceptions import NotFoundError, SpecError, TooLargeError
 from service.uploads.quota import held as quota_lock
 from service.uploads.unpack import Limits, Unpacker, read_only, writable
-from towerq.contract import paths
+from towerq.contract import paths, spec
 from towerq.contract.paths import BUNDLE_FILES, bundle_root
 
-BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
+BUNDLE_ID = re.compile(spec.BUNDLE_ID)
 MANIFEST = "manifest.json"
 OWNERS = ".owners"
 

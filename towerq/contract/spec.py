@@ -51,6 +51,8 @@ class Priority(enum.StrEnum):
 NO_CONTROL = r"^[^\x00-\x1f]*$"
 """A name's pattern: no control character (a newline would start a line of its own in a
 log or a table)."""
+BUNDLE_ID = r"^[0-9a-f]{64}$"
+"""A code bundle's id: the SHA-256 of its archive, in hex."""
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_CONTROL)]
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 Visibility = Literal["private", "lab"]
@@ -200,7 +202,7 @@ class JobSpec(TrainSpec):
     )
     code: str | None = Field(
         default=None,
-        pattern=r"^[0-9a-f]{64}$",
+        pattern=BUNDLE_ID,
         description="a code bundle's id (POST /api/code): `model` is then `module:function` inside it",
     )
     begin_at: Moment | None = Field(
@@ -394,7 +396,10 @@ def stoppable(spec: dict[str, Any]) -> bool:
 
 ONE_OF = re.compile(r"\^\(([\w-]+(?:\|[\w-]+)+)\)\$")
 """A pattern that is a choice of words, `^(max|min)$`."""
-PATTERN_WORDS = {NO_CONTROL: "no control characters here (a newline, a tab)"}
+PATTERN_WORDS = {
+    NO_CONTROL: "no control characters here (a newline, a tab)",
+    BUNDLE_ID: "not a code bundle's id (64 hex digits, as POST /api/code or towerq run gives it)",
+}
 """A pattern a field must match, in words (pydantic says the pattern itself)."""
 NOT_FIELDS = ("body", "query", "path", "header", "[key]")
 """The parts of pydantic's place of an error that name no field: where in a request, and

@@ -17,10 +17,11 @@ from service.jobs import privacy
 from service.jobs.read import get_job
 from service.lab.auth import Caller
 from service.uploads import code as bundles
+from towerq.contract.spec import BUNDLE_ID
 
 router = APIRouter(prefix="/api/code", tags=["code"])
 
-BundleId = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="a bundle id (SHA-256)")]
+BundleId = Annotated[str, Path(pattern=BUNDLE_ID, description="a bundle id (SHA-256)")]
 
 
 @router.post("", status_code=201, response_model=BundleOut, responses={200: {"model": BundleOut}, 413: {}})

@@ -122,7 +122,7 @@ def test_a_job_names_its_bundle_and_the_bundle_must_hold_its_module(alice: Api) 
         assert any(message in d["msg"] and d["loc"][-1] == field for d in response.json()["detail"]), response.text
 
     refused({"code": "f" * 64}, "code", "no code bundle")
-    refused({"code": "xyz"}, "code", "String should match pattern")
+    refused({"code": "xyz"}, "code", "not a code bundle's id (64 hex digits, as POST /api/code or towerq run gives it)")
     refused(
         {"model": "lab.missing:build"},
         "model",
