@@ -80,6 +80,12 @@ def test_members_cancel_and_update_their_jobs_by_id_or_state(
     assert cancelled.stdout.splitlines() == [f"job {mine[0]}: cancelled", "1 of 3 jobs cancelled, 2 refused"]
     assert "job 999999 not found" in cancelled.stderr and "belongs to bob" in cancelled.stderr, cancelled.stderr
     assert bob.job(theirs).state == "queued"
+    stale = towerq(tmp_path / "alice", "cancel", str(mine[0]), str(theirs), "--token", "tq_revoked_long_ago")
+    assert stale.returncode == 4 and stale.stdout == "", "a token the API refuses is the command's failure, once"
+    assert stale.stderr.strip() == (
+        "towerq: 401: invalid token: this API does not take the token (revoked, or another API's); "
+        "`towerq login URL --token TOKEN` saves another"
+    ), stale.stderr
 
     # by state: every queued job of the caller's own, never another's
     refused = towerq(tmp_path / "alice", "cancel", "--user", "bob")

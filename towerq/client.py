@@ -429,7 +429,7 @@ def checked(response: httpx.Response, streaming: bool = False) -> httpx.Response
     except ValueError:
         detail = response.text[:500]
     if response.status_code == 401:
-        raise AuthError(401, detail)
+        raise AuthError(401, detail, refused=True)
     raise ApiError(response.status_code, detail)
 
 

@@ -27,7 +27,14 @@ class ApiError(TowerqError):
 
 
 class AuthError(ApiError):
-    """401: no token, or one the API does not know (or has revoked)."""
+    """401: no token, or one the API does not know (or has revoked); `refused`: the API
+    refused the one sent (its message then says what to do)."""
+
+    def __init__(self, status: int, detail: Any, refused: bool = False) -> None:
+        super().__init__(status, detail)
+        if refused:
+            self.args = (f"{self.args[0]}: this API does not take the token (revoked, or another API's); "
+                         "`towerq login URL --token TOKEN` saves another",)  # fmt: skip
 
 
 class MissingPackageError(TowerqError):

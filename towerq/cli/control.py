@@ -16,7 +16,7 @@ from towerq.cli.run import begun
 from towerq.cli.session import PRIORITIES, Api, ClientError, UsageError, duration, print_json
 from towerq.client import Client, Job
 from towerq.contract.times import limit_text
-from towerq.errors import ApiError
+from towerq.errors import ApiError, AuthError
 
 UNFINISHED = ("queued", "dispatched", "running")
 PAGE = 500  # the API's largest page of jobs
@@ -171,6 +171,8 @@ def each(ids: list[int], act: Callable[[int], Job], said: Callable[[Job], str], 
     for job_id in ids:
         try:
             job = act(job_id)
+        except AuthError:  # no job's refusal: the command's (exit 4)
+            raise
         except ApiError as err:  # its message names the job: "job 9 is already succeeded"
             if chosen and err.status == 409:
                 print(f"skipped: {err.detail}", flush=True)
