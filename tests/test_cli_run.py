@@ -12,7 +12,7 @@ import pytest
 from towerq import bundle
 from towerq.cli import notebook, run
 from towerq.cli.main import client_parser
-from towerq.cli.session import UsageError, parse_command_line
+from towerq.cli.session import UsageError, parse_command_line, read_spec
 
 
 def project(root: Path, files: dict[str, bytes]) -> Path:
@@ -181,3 +181,16 @@ def test_a_begin_is_a_time_of_day_an_offset_or_an_iso_time() -> None:
     for bad in ("25:00", "22:60", "tomorrow", "9"):
         with pytest.raises(UsageError, match="give a time of day \\(22:00\\), \\+2h / \\+1d, now, or an ISO time"):
             moment(bad, "--begin", base)
+
+
+def test_a_spec_file_that_does_not_parse_is_said_on_one_line_with_where(tmp_path: Path) -> None:
+    for text, said in (
+        ("model: mlp\n  dataset: digits\n", "spec.yaml:2:10: mapping values are not allowed here"),
+        ('{"model": "mlp",, "steps": 1}', "spec.yaml:1:17: expected the node content, but found ','"),
+    ):
+        (tmp_path / "spec.yaml").write_text(text)
+        with pytest.raises(UsageError) as refused:
+            read_spec(str(tmp_path / "spec.yaml"))
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith("the spec is neither YAML nor JSON: "), message
+        assert said in message.replace(str(tmp_path) + "/", ""), message

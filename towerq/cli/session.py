@@ -229,6 +229,17 @@ def set_field(spec: dict[str, Any], assignment: str) -> None:
         raise UsageError(f"--set {assignment!r}: {err}") from None
 
 
+def yaml_problem(err: Exception, source: str) -> str:
+    """PyYAML's error on one line, with where (`spec.yaml:2:1: expected ...`), not its
+    picture of the line."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(err).split())
+    where = "stdin" if source == "-" else source
+    context = getattr(err, "context", None)
+    return f"{where}:{mark.line + 1}:{mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+
+
 def read_spec(source: str) -> dict[str, Any]:
     """A spec from a YAML or JSON file (or `-`: standard input); JSON is YAML too."""
     import yaml
@@ -239,7 +250,7 @@ def read_spec(source: str) -> dict[str, Any]:
     except OSError as err:
         raise UsageError(f"cannot read the spec: {err}") from err
     except yaml.YAMLError as err:
-        raise UsageError(f"the spec is neither YAML nor JSON: {err}") from err
+        raise UsageError(f"the spec is neither YAML nor JSON: {yaml_problem(err, source)}") from err
     if not isinstance(spec, dict):
         raise UsageError("the spec must be a mapping of fields (model, dataset, ...)")
     return spec
