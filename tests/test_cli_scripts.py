@@ -132,6 +132,12 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
     np.savez(cells, x=np.zeros((10, 3), np.float32), y=np.arange(10) % 2)
     uploaded = cli("data", "upload", str(cells))
     assert uploaded.returncode == 0 and uploaded.stdout.startswith("dataset cells: "), uploaded
+    pictures = tmp_path / "pictures"  # an image folder: packed (on disk) as a .zip of its class sub-folders
+    for label in ("cat", "dog"):
+        (pictures / label).mkdir(parents=True)
+        (pictures / label / "1.png").write_bytes(b"\x89PNG")
+    uploaded = cli("data", "upload", str(pictures))
+    assert uploaded.returncode == 0 and 'as "dataset": "images:users/alice/pictures/' in uploaded.stdout, uploaded
     # ... and a program asks for it by that name
     ran = cli("run", "--dataset", "cells", "--hold", "--folder", str(project), "--", "python", "train.py")
     assert ran.returncode == 0, ran
@@ -147,8 +153,9 @@ def test_every_json_command_prints_json_sweeps_cancel_and_dry_runs_see_after(
     client.cancel(held.id)
     wait_for(lambda: client.job(cloned["id"]).state in FINAL_STATES, 60, "the clone to end")  # not on hold: it ran
     missing = cli("run", "--dataset", "cellz", "--folder", str(project), "--", "python", "train.py")
-    assert missing.returncode == 2 and "--dataset cellz: no upload of that name (towerq data list: cells)" in (
-        missing.stderr
+    assert (
+        missing.returncode == 2
+        and "--dataset cellz: no upload of that name (towerq data list: cells, pictures)" in (missing.stderr)
     ), missing
 
     # every command that takes -o json prints JSON
@@ -188,3 +195,13 @@ def test_a_dataset_name_the_api_would_refuse_is_refused_before_a_byte_is_sent(tm
     assert said.returncode == 2 and f"(from my cells.npz: name it, towerq data upload NAME '{spaced}')" in said.stderr
     said = cli("data", "upload", "--api", nowhere, "--token", "tq_x")
     assert said.returncode == 2 and "towerq data upload [NAME] PATH: which file or folder?" in said.stderr, said
+    # a folder with no class sub-folder is refused before anything is packed or sent
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for n in range(7):
+        (flat / f"{n}.png").write_bytes(b"x")
+    said = cli("data", "upload", str(flat), "--api", nowhere, "--token", "tq_x")
+    assert said.returncode == 1 and said.stderr.strip() == (
+        f"towerq: {flat}: an image folder holds one sub-folder per class (cat/, dog/, ...); "
+        "it holds 0.png, 1.png, 2.png, 3.png, 4.png, ..."
+    ), said

@@ -116,8 +116,17 @@ def dataset_name_of(path: Path) -> str:
     return (path.resolve() if path.name in ("", "..") else path).name.split(".", 1)[0]
 
 
+def check_image_folder(path: Path) -> None:
+    """An image folder holds one sub-folder per class: said before anything is packed or sent."""
+    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    if not any((path / entry).is_dir() for entry in entries):
+        holds = f"it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}" if entries else "it is empty"
+        raise ClientError(f"{path}: an image folder holds one sub-folder per class (cat/, dog/, ...); {holds}")
+
+
 def run_data_upload(args: argparse.Namespace) -> int:
-    import io
+    import contextlib
+    import tempfile
     import zipfile
 
     if args.name is None:
@@ -132,18 +141,21 @@ def run_data_upload(args: argparse.Namespace) -> int:
         )
         raise UsageError(f"name: {problem}{how}")
     api = Api(args)
-    if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-            for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
-                archive.write(file, file.relative_to(path).as_posix())
-        upload: tuple[str, Any] = (f"{name}.zip", buffer.getvalue())
-    elif path.is_file():
-        upload = (path.name, path.open("rb"))
-    else:
-        raise ClientError(f"{path}: no such file or folder")
-    print(f"uploading {path} …", file=sys.stderr, flush=True)
-    described = api.client.upload_dataset(name, *upload)
+    with contextlib.ExitStack() as held:
+        packed = held.enter_context(tempfile.TemporaryFile())
+        if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders, packed on disk
+            check_image_folder(path)
+            with zipfile.ZipFile(packed, "w", zipfile.ZIP_STORED) as archive:
+                for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+                    archive.write(file, file.relative_to(path).as_posix())
+            packed.seek(0)
+            upload: tuple[str, Any] = (f"{name}.zip", packed)
+        elif path.is_file():
+            upload = (path.name, held.enter_context(path.open("rb")))
+        else:
+            raise ClientError(f"{path}: no such file or folder")
+        print(f"uploading {path} …", file=sys.stderr, flush=True)
+        described = api.client.upload_dataset(name, *upload)
     print(
         f'dataset {described["name"]}: {human_bytes(described["size"])}; use it as "dataset": "{described["dataset"]}"'
     )
