@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
 from towerq.contract.program_env import (
     COMMAND_MAX_ARGS,
@@ -58,6 +58,16 @@ GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 Visibility = Literal["private", "lab"]
 JobRef = Annotated[int, Field(ge=1, le=2**31 - 1)]
 SweepRef = Annotated[str, Field(pattern=r"^sweep:[1-9][0-9]{0,9}$")]
+
+
+def _one_of_refs(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(value)
+    except ValidationError:  # pydantic would say why it is neither, once per kind
+        raise ValueError(f"{value!r} is neither a job's id nor sweep:ID") from None
+
+
+Dependency = Annotated[JobRef | SweepRef, WrapValidator(_one_of_refs)]
 GROUP_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 GroupName = Annotated[str, Field(pattern=GROUP_NAME_PATTERN)]
 MAX_DEPENDENCIES = 64
@@ -220,7 +230,7 @@ class JobSpec(TrainSpec):
         default="private",
         description="who reads its log, artifacts and code: private (owner and admins) or lab (every member)",
     )
-    after: list[JobRef | SweepRef] = Field(
+    after: list[Dependency] = Field(
         default_factory=list,
         max_length=MAX_DEPENDENCIES,
         description="jobs (ids) or sweeps ('sweep:ID', all its jobs) it waits for; their folders are its inputs",

@@ -50,7 +50,8 @@ def test_after_refuses_what_could_never_be_satisfied_or_is_not_yours_to_read(
     assert "job 999 does not exist" in refusal(alice.post("/api/jobs", json={**SPEC, "after": [999]}))
     assert "sweep 7 does not exist" in refusal(alice.post("/api/jobs", json={**SPEC, "after": ["sweep:7"]}))
     assert "named only once" in refusal(alice.post("/api/jobs", json={**SPEC, "after": [1, 1]}))
-    assert refusal(alice.post("/api/jobs", json={**SPEC, "after": ["job:1"]}))  # neither an id nor sweep:ID
+    answer = alice.post("/api/jobs", json={**SPEC, "after": [1, "job:1"]})
+    assert [d["msg"] for d in answer.json()["detail"]] == ["after.1: 'job:1' is neither a job's id nor sweep:ID"]
 
     failed = alice.post("/api/jobs", json=SPEC).json()["id"]
     set_job(failed, state=JobState.FAILED, error="diverged")
