@@ -426,6 +426,8 @@ def problem(error: Mapping[str, Any]) -> tuple[str, str]:
         if choices := ONE_OF.fullmatch(pattern):  # ^(train|eval)$
             message = f"{error.get('input')!r} is none of {', '.join(choices.group(1).split('|'))}"
         message = PATTERN_WORDS.get(pattern, message)
+    elif str(error.get("type", "")).startswith(("datetime_parsing", "datetime_from_date_parsing")):
+        message = f"{error.get('input')!r} is not an ISO time, as 2026-12-08T09:00Z"
     return where, message
 
 

@@ -397,6 +397,7 @@ def test_a_refusal_says_in_words_what_is_wrong_with_the_field_it_names(alice: Ap
     nor its `[key]` in a mapping's key's place."""
     for change, said in (
         ({"name": "two\nlines"}, "name: no control characters here (a newline, a tab)"),
+        ({"begin_at": "tomorrow"}, "begin_at: 'tomorrow' is not an ISO time, as 2026-12-08T09:00Z"),
         (
             {"env": {"TOWERQ_API_URL": "x"}},
             "env.TOWERQ_API_URL: TOWERQ_API_URL is not a job's to set: towerq sets it, or it changes how every "
