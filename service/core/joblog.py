@@ -3,10 +3,10 @@
 The database keeps the newest lines of a job for the dashboard; the file keeps them all.
 The worker's relay appends the trainer's lines; towerq's own lines about a job outside its
 attempts (a webhook that failed, a waiting job's environment built ahead) come through
-`towerq_lines` and `append`. Each append is one write of whole lines to a file opened for appending. It lives outside
-the job folder (`towerq.contract.paths.job_log`), which is the trainer's to write, so user
-code can neither replace it nor plant a link there; it is still opened without following
-links, as everything towerq opens on shared storage.
+`towerq_lines` and `append_rows`. Each append is one write of whole lines to a file opened
+for appending. It lives outside the job folder (`towerq.contract.paths.job_log`), which is
+the trainer's to write, so user code can neither replace it nor plant a link there; it is
+still opened without following links, as everything towerq opens on shared storage.
 """
 
 from __future__ import annotations
