@@ -372,3 +372,30 @@ def test_towerq_queue_counts_no_time_on_hold_as_waiting() -> None:
     job["on_hold_at"] = (now - timedelta(minutes=30)).isoformat()
     assert 1800 <= waited_s(job) < 1810
     assert 7200 <= waited_s({"created_at": job["created_at"]}) < 7210  # an older API's job: its age
+
+
+def test_towerq_show_says_a_waiting_jobs_newest_warning_beside_its_reason() -> None:
+    """A waiting job whose requirements a host could not install says so in its log alone;
+    `towerq show` puts the newest warning of the attempt it waits to start under its state."""
+    from towerq.cli.views import job_page, waiting_warning
+
+    job = {
+        "id": 8, "name": "python train.py", "state": "queued", "reason": "waiting for 1 free GPU on lab-a (job 7)",
+        "user": "alice", "priority": "normal", "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 1,
+        "total_steps": None, "step": None, "latest": {}, "attempts": 2, "crashes": 1, "max_attempts": 3,
+        "events": [], "spec": {"command": ["python", "train.py"]},
+    }  # fmt: skip
+    cannot = "its requirements could not be installed on lab-a while it waits: No matching distribution found for x==9"
+    lines = [
+        {"attempt": 1, "level": "error", "time": "2026-12-07T10:00:00+00:00", "message": "attempt 1 lost its host"},
+        {"attempt": 2, "level": "warning", "time": "2026-12-07T10:05:00+00:00", "message": cannot},
+        {"attempt": 2, "level": "info", "time": "2026-12-07T10:06:00+00:00", "message": "a line of no concern"},
+    ]
+    warned = waiting_warning(job, lines)
+    assert warned is not None and warned["message"] == cannot
+    page = job_page(job, warned=warned)
+    assert page[1].startswith("  state      queued: waiting for 1 free GPU") and page[2].startswith("  warned     ")
+    assert page[2].endswith(cannot), page
+    assert waiting_warning(job, lines[:1]) is None, "an earlier attempt's is not the wait's"
+    assert waiting_warning({**job, "state": "running"}, lines) is None
+    assert not any(line.lstrip().startswith("warned") for line in job_page(job)), "none: no row"

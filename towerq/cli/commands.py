@@ -9,6 +9,7 @@ $XDG_CONFIG_HOME/towerq, default ~/.config/towerq), else `var/admin-token` of a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -53,8 +54,13 @@ from towerq.cli.transfer import (
 from towerq.client import Client
 from towerq.config import write_config
 from towerq.contract.api import DEFAULT_URL, LOG_LINES_KEPT
+from towerq.errors import ApiError
 
 CommandMaker = Callable[..., argparse.ArgumentParser]
+
+WARNINGS_LOOKED_AT = 50
+"""The newest lines of a queued job's log that `towerq show` reads for a warning: towerq's
+own lines while a job waits are a few (one per host that builds its requirements)."""
 
 
 def add_commands(commands: Any, on_database: dict[str, OnDatabase] | None = None) -> None:
@@ -145,7 +151,11 @@ def _add_job_commands(command: CommandMaker) -> None:
     jobs.add_argument("--limit", type=int, default=20, help="at most this many, newest first (default 20)")
     jobs.set_defaults(run=run_jobs)
 
-    show = command("show", "one job: state and why, GPUs, progress, metrics, history (-o json: all of it)", read=True)
+    show = command(
+        "show",
+        "one job: state and why (waiting: its log's newest warning), GPUs, progress, metrics, history (-o json: all)",
+        read=True,
+    )
     show.add_argument("id", type=int)
     show.set_defaults(run=run_show)
 
@@ -319,7 +329,11 @@ def run_show(args: argparse.Namespace) -> int:
     job = client.job(args.id).data
     if args.output_format == "json":
         return print_json(job)
-    print("\n".join(views.job_page(job, client.url)))
+    warned = None
+    if job["state"] == "queued":
+        with contextlib.suppress(ApiError):  # a log the caller may not read: the page without it
+            warned = views.waiting_warning(job, client.logs(args.id, tail=WARNINGS_LOOKED_AT))
+    print("\n".join(views.job_page(job, client.url, warned)))
     return 0
 
 

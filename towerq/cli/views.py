@@ -175,9 +175,12 @@ def _clock(iso: str | None) -> str:
     return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
-    """`towerq show ID`: the job as a person reads it (`api_url`: where a session opens)."""
+def job_page(job: dict[str, Any], api_url: str = "", warned: dict[str, Any] | None = None) -> list[str]:
+    """`towerq show ID`: the job as a person reads it (`api_url`: where a session opens;
+    `warned`: the newest warning of its log while it waits, `waiting_warning`)."""
     rows: list[tuple[str, str | None]] = [("state", job["state"] + (f": {job['reason']}" if job.get("reason") else ""))]
+    if warned is not None:
+        rows.append(("warned", f"{local_clock(warned['time'])} {warned['message']}"))
     if job["state"] == "queued":
         position = job.get("queue_position")
         rows.append(("queue", f"#{position}" if position else "-"))
@@ -241,6 +244,17 @@ def job_page(job: dict[str, Any], api_url: str = "") -> list[str]:
         lines.append("  webhooks")
         lines += [f"    {line}" for line in webhook_lines(job)]
     return lines
+
+
+def waiting_warning(job: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest warning (or error) among a queued job's log `lines` since its last start
+    (those of the attempt it waits to start: `its requirements could not be installed on
+    lab-a while it waits ...`), which its reason does not say; None for none, or a job
+    not queued."""
+    if job["state"] != "queued":
+        return None
+    said = [line for line in lines if line["attempt"] == job["attempts"] and line["level"] in ("warning", "error")]
+    return said[-1] if said else None
 
 
 def webhook_lines(job: dict[str, Any]) -> list[str]:

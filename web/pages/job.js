@@ -90,9 +90,12 @@ export async function render(main, params) {
   );
 
   let changeDrawn = null; // what the change form shows: redrawn when that changes, not while someone types
+  // The newest warning of the attempt a queued job waits to start ("its requirements could
+  // not be installed on lab-a while it waits"): its reason does not say it, its log does.
+  let warned = null;
   const drawJob = () => {
     header.replaceChildren(...headerOf(job, reload));
-    summary.replaceChildren(...summaryOf(job));
+    summary.replaceChildren(...summaryOf(job, warned));
     details.replaceChildren(...detailsOf(job, reload));
     const shown = JSON.stringify([job.state, job.name, job.priority, job.spec.time_limit_s, job.spec.begin_at, job.attempts]);
     if (shown !== changeDrawn) {
@@ -129,9 +132,12 @@ export async function render(main, params) {
   }
 
   const appendLog = (lines) => {
+    const before = warned;
     for (const line of lines) {
       logBox.append(el("span", { class: `level-${line.level}` }, `${line.time.slice(11, 19)} ${line.message}\n`));
+      if ((line.level === "warning" || line.level === "error") && line.attempt === job.attempts) warned = line;
     }
+    if (warned !== before && job.state === "queued") summary.replaceChildren(...summaryOf(job, warned));
     while (logBox.childNodes.length > LOG_LINES_SHOWN) logBox.firstChild.remove();
     if (follow.checked) logBox.scrollTop = logBox.scrollHeight;
   };
@@ -387,7 +393,7 @@ function gpuUseText(use) {
   return `busy ${use.busy_pct}% of the time${held}${idle}`;
 }
 
-function summaryOf(job) {
+function summaryOf(job, warned = null) {
   const pairs = [
     ["Owner", job.group ? `${job.user} · group ${job.group}` : job.user],
     ["Progress", progress(job)],
@@ -411,6 +417,9 @@ function summaryOf(job) {
     const position = job.queue_position ? `#${job.queue_position}: ` : "";
     pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
     if (job.expected_start_at) pairs.splice(2, 0, ["Expected start", expectedStart(job)]);
+    if (warned && warned.attempt === job.attempts) {
+      pairs.splice(2, 0, ["Warned", el("span", { class: `level-${warned.level}` }, `${warned.time.slice(11, 16)} ${warned.message}`)]);
+    }
   } else if (job.state === "dispatched" && job.reason) {
     // Handed to an executor's cluster that still holds it (Slurm's pending reason), or stopping.
     pairs.splice(1, 0, ["Waiting", job.reason]);
