@@ -162,6 +162,9 @@ def test_client_errors_read_as_sentences_and_keep_the_problems(
     assert refused.value.status == 422
     assert isinstance(refused.value.detail, str) and refused.value.detail.startswith("hyperparameters.steps: ")
     assert refused.value.errors[0]["loc"][-2:] == ["hyperparameters", "steps"]
+    with pytest.raises(ApiError) as refused:  # a mapping's key at fault: its field said once, as the API says it
+        client.submit({"model": "mlp", "dataset": "digits", "env": {"TOWERQ_API_URL": "x"}})
+    assert refused.value.detail.startswith("env.TOWERQ_API_URL: TOWERQ_API_URL is not a job's to set"), refused.value
     monkeypatch.setitem(sys.modules, "pandas", None)  # as on a laptop without pandas
     with pytest.raises(MissingPackageError, match="pip install pandas"):
         client.metrics(ids["broken"], as_frame=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from towerq.contract.api import field_of
+
 
 class TowerqError(Exception):
     """Anything the client could not do; the message is for people."""
@@ -49,10 +51,7 @@ def describe(detail: Any) -> str:
 
 
 def _problem(problem: dict[str, Any]) -> str:
-    """`field.path: message`; the API's leading `body` / `query` is where, not which field."""
-    where = [str(part) for part in problem.get("loc") or []]
-    if where and where[0] in ("body", "query", "path", "header"):
-        where = where[1:]
+    """`field.path: message` (the API's message says its field first already)."""
     message = str(problem.get("msg", problem))
-    field = ".".join(where)
+    field = field_of(problem.get("loc") or [])
     return f"{field}: {message}" if field and not message.startswith(field) else message

@@ -8,6 +8,18 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
+NOT_FIELDS = ("body", "query", "path", "header", "[key]")
+"""The parts of the place of a refusal (pydantic's `loc`, the API's 422 `detail`) that name
+no field: where in the request, and that a mapping's key is at fault (the key comes before
+it: `env`, `TOWERQ_X`, `[key]`)."""
+
+
+def field_of(loc: list[object] | tuple[object, ...]) -> str:
+    """The dotted field a refusal's `loc` names (`env.TOWERQ_X`, `requirements.0`; empty for
+    the whole)."""
+    return ".".join(str(part) for part in loc if part not in NOT_FIELDS)
+
+
 SHELL_INPUT_VARIABLE = "TOWERQ_SHELL_INPUT"
 """In a notebook session's new terminal (`extra_env` of JupyterLab's POST /api/terminals):
 `piped` where what is typed into it is a script piped into `towerq shell`, not keys; its

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
+from towerq.contract.api import field_of
 from towerq.contract.program_env import (
     COMMAND_MAX_ARGS,
     ENV_MAX_ENTRIES,
@@ -411,15 +412,12 @@ PATTERN_WORDS = {
     BUNDLE_ID: "not a code bundle's id (64 hex digits, as POST /api/code or towerq run gives it)",
 }
 """A pattern a field must match, in words (pydantic says the pattern itself)."""
-NOT_FIELDS = ("body", "query", "path", "header", "[key]")
-"""The parts of pydantic's place of an error that name no field: where in a request, and
-that a mapping's key is at fault (the key itself follows it)."""
 
 
 def problem(error: Mapping[str, Any]) -> tuple[str, str]:
     """One of pydantic's errors as the field's dotted path (`env.TOWERQ_X`, `requirements.0`;
     empty for the whole) and what is wrong with it in words."""
-    where = ".".join(str(part) for part in error.get("loc", ()) if part not in NOT_FIELDS)
+    where = field_of(error.get("loc", ()))
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     if error.get("type") == "string_pattern_mismatch":
         pattern = str((error.get("ctx") or {}).get("pattern"))
