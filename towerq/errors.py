@@ -35,8 +35,11 @@ class AuthError(ApiError):
     def __init__(self, status: int, detail: Any, refused: bool = False) -> None:
         super().__init__(status, detail)
         if refused:
-            self.args = (f"{self.args[0]}: this API does not take the token (revoked, or another API's); "
-                         "`towerq login URL --token TOKEN` saves another",)  # fmt: skip
+            hint = (
+                "this API does not take the token (revoked, or another API's); "
+                "`towerq login URL --token TOKEN` saves another"
+            )
+            self.args = (f"{self.args[0]}: {hint}",)
 
 
 class MissingPackageError(TowerqError):

@@ -39,13 +39,13 @@ SIGNAL_ENV = "TOWERQ_SIGNAL"
 """The job's `signal` (`USR1@600`): the program's warning before its time limit."""
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def die_with_the_gang() -> None:
     """In each rank, before exec: SIGKILL when the gang dies (outside the sandbox nothing
     else would end a rank whose worker was killed; inside, bwrap's namespace does)."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def free_ports(count: int) -> list[int]:

@@ -114,10 +114,12 @@ class EnvPreparer:
         settings = self.ctx.settings
         root = pyenv.root_of(settings.var_dir)
         now = time.monotonic()
-        lists = queued_lists(self.ctx, self.host, self.gpus, max(1, settings.envs_max // 2))
-        self.forget_told({pyenv.env_key(requirements, settings.pip_options): ids for requirements, ids in lists})
-        for requirements, job_ids in lists:
-            key = pyenv.env_key(requirements, settings.pip_options)
+        lists = [
+            (pyenv.env_key(requirements, settings.pip_options), requirements, job_ids)
+            for requirements, job_ids in queued_lists(self.ctx, self.host, self.gpus, max(1, settings.envs_max // 2))
+        ]
+        self.forget_told({key: job_ids for key, _, job_ids in lists})
+        for key, requirements, job_ids in lists:
             if (root / key / pyenv.READY).is_file():
                 continue
             if key in self.failed and now - self.failed[key][0] < FAILED_AGAIN_S:

@@ -142,9 +142,9 @@ def run_data_upload(args: argparse.Namespace) -> int:
         raise UsageError(f"name: {problem}{how}")
     api = Api(args)
     with contextlib.ExitStack() as held:
-        packed = held.enter_context(tempfile.TemporaryFile())
         if path.is_dir():  # an image folder goes up as a .zip of its class sub-folders, packed on disk
             check_image_folder(path)
+            packed = held.enter_context(tempfile.TemporaryFile())
             with zipfile.ZipFile(packed, "w", zipfile.ZIP_STORED) as archive:
                 for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
                     archive.write(file, file.relative_to(path).as_posix())
