@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from service.cli.redis_server import EmbeddedRedis
+from service.core import launches
 from service.core.settings import Settings
 from tests.conftest import free_port
 from tests.faults.helpers import FINAL, job_of, wait_state, wait_step
@@ -81,7 +82,10 @@ def test_a_launch_lost_with_a_flushed_redis_is_sent_again_and_the_job_runs_once(
     try:
         second = client.post("/api/jobs", json={**JOB, "hyperparameters": {**JOB["hyperparameters"], "steps": 200}})
         wait_for(lambda: job_of(client, second.json()["id"])["state"] == "dispatched", 30, "the second dispatch")
-        redis.Redis.from_url(own_redis.url).flushall()  # its launch message is gone
+        server = redis.Redis.from_url(own_redis.url)
+        # the state commits just before the message is sent: a flush between the two loses nothing
+        wait_for(lambda: launches.pending(server, second.json()["id"], 1), 30, "the second launch message")
+        server.flushall()  # its launch message is gone
     finally:
         worker.send_signal(signal.SIGCONT)
     jobs = [wait_state(client, i, FINAL, 300) for i in (first, second.json()["id"])]
