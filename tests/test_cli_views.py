@@ -382,8 +382,10 @@ def test_towerq_show_says_a_waiting_jobs_newest_warning_beside_its_reason() -> N
     `towerq show` puts the newest warning of the attempt it waits to start under its state."""
     from towerq.cli.views import job_page, waiting_warning
 
+    waits = "waiting for 1 free GPU on lab-a (job 7)"
     job = {
-        "id": 8, "name": "python train.py", "state": "queued", "reason": "waiting for 1 free GPU on lab-a (job 7)",
+        "id": 8, "name": "python train.py", "state": "queued", "pending_reason": waits,
+        "reason": f"its requirements could not be installed on lab-a (its log says why); {waits}",
         "user": "alice", "priority": "normal", "gpu_memory_fraction": 1.0, "allocation": None, "gpu_count": 1,
         "total_steps": None, "step": None, "latest": {}, "attempts": 2, "crashes": 1, "max_attempts": 3,
         "events": [], "spec": {"command": ["python", "train.py"]},
@@ -397,8 +399,11 @@ def test_towerq_show_says_a_waiting_jobs_newest_warning_beside_its_reason() -> N
     warned = waiting_warning(job, lines)
     assert warned is not None and warned["message"] == cannot
     page = job_page(job, warned=warned)
-    assert page[1].startswith("  state      queued: waiting for 1 free GPU") and page[2].startswith("  warned     ")
+    assert page[1] == "  state      queued: waiting for 1 free GPU on lab-a (job 7)", "the warning says the rest"
+    assert page[2].startswith("  warned     ")
     assert page[2].endswith(cannot), page
     assert waiting_warning(job, lines[:1]) is None, "an earlier attempt's is not the wait's"
     assert waiting_warning({**job, "state": "running"}, lines) is None
-    assert not any(line.lstrip().startswith("warned") for line in job_page(job)), "none: no row"
+    unread = job_page(job)  # a log the caller may not read: no warning, the reason says where
+    assert not any(line.lstrip().startswith("warned") for line in unread), "none: no row"
+    assert "queued: its requirements could not be installed on lab-a (its log says why); waiting" in unread[1], unread

@@ -225,6 +225,12 @@ def test_a_waiting_jobs_requirements_are_built_while_it_waits_not_while_it_holds
     ], said
     said = log_messages(client, waiting)
     assert len(said) == 1 and said[0].startswith("its requirements were installed on lab-a while it waits ("), said
+    rows = {job["id"]: job for job in stack.client(make_token("bob")).get("/api/jobs").json()["items"]}  # the list
+    assert rows[unbuildable]["requirements_failed_on"] == ["lab-a"], "as anyone sees it, without the log"
+    assert rows[unbuildable]["reason"].startswith(
+        "its requirements could not be installed on lab-a (its log says why); "
+    )
+    assert rows[waiting]["requirements_failed_on"] is None and "requirements" not in rows[waiting]["reason"]
 
     assert client.post(f"/api/jobs/{holder}/cancel").status_code == 202
     job = finished(client, waiting)

@@ -36,7 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
 
 from service.core import joblog
 from service.core.context import Context
@@ -57,6 +58,18 @@ in the same `TOWERQ_VAR_DIR` (`worker.disk.disks_of`). Kubernetes' kubelet draws
 there for the same kind of thing (a node's images go once its disk passes 85 % used)."""
 FAILED_AGAIN_S = 600.0
 """How long a list pip could not install is left before this host tries it again."""
+
+
+def mark_failed_on(session: Session, job_ids: list[int], host: str, failed: bool) -> None:
+    """`host` on (or off) the jobs' `requirements_failed_on`, which their reason says; the
+    rows locked, as other hosts mark the same jobs."""
+    rows = session.execute(
+        select(Job.id, Job.requirements_failed_on).where(Job.id.in_(job_ids)).with_for_update()
+    ).all()
+    for job_id, hosts in rows:
+        marked = sorted({*(hosts or ()), host} if failed else set(hosts or ()) - {host})
+        if marked != (hosts or []):
+            session.execute(update(Job).where(Job.id == job_id).values(requirements_failed_on=marked or None))
 
 
 def queued_lists(ctx: Context, host: str, gpus: int, most: int) -> list[tuple[list[str], list[int]]]:
@@ -175,6 +188,7 @@ class EnvPreparer:
         if new:
             with self.ctx.db.write() as session:
                 rows = joblog.towerq_lines(session, new, "info" if built else "warning", message)
+                mark_failed_on(session, new, self.host, not built)
             joblog.append_rows(self.ctx.settings.artifacts_dir, rows)
             told.update(new)
 

@@ -67,6 +67,16 @@ def said(db: Database, settings: Settings, job_id: int) -> list[tuple[str, str]]
     return lines
 
 
+def failed_on(db: Database, job_id: int) -> list[str] | None:
+    with db.read() as session:
+        return session.get(Job, job_id).requirements_failed_on  # type: ignore[union-attr]
+
+
+def reason_of(db: Database, job_id: int) -> str | None:
+    with db.read() as session:
+        return session.get(Job, job_id).reason  # type: ignore[union-attr]
+
+
 def test_the_lists_of_waiting_jobs_that_could_start_here_in_queue_order(ctx: Context, db: Database) -> None:
     add_job(db, ["c"], 3)
     first = add_job(db, ["a"], 1)
@@ -121,16 +131,26 @@ def test_a_list_pip_could_not_install_is_left_a_while_and_a_built_one_is_not_bui
     ((level, message),) = said(db, settings, fine)
     assert level == "info" and message.startswith("its requirements were installed on lab-a while it waits ("), message
 
+    assert reason_of(db, broken) == (
+        "its requirements could not be installed on lab-a (its log says why); waiting for 1 free GPU"
+    )
+    assert reason_of(db, fine) == "waiting for 1 free GPU"
+
     later = add_job(db, ["broken==9"], 3)  # comes to wait on the list that failed of late: told at the next look
     assert preparer.prepare_next() is None
     assert [level for level, _ in said(db, settings, later)] == ["warning"]
     assert len(said(db, settings, broken)) == 1, "each job told once"
+    other = EnvPreparer(ctx, "lab-b", 4, threading.Event())
+    monkeypatch.setattr(other, "build", build)
+    assert other.prepare_next() == ["broken==9"]
+    assert failed_on(db, broken) == failed_on(db, later) == ["lab-a", "lab-b"]
 
     fails = False
     preparer.failed = {key: (at - FAILED_AGAIN_S, why) for key, (at, why) in preparer.failed.items()}  # 10 min on
     assert preparer.prepare_next() == ["broken==9"]
     for job_id in (broken, later):
-        assert [level for level, _ in said(db, settings, job_id)] == ["warning", "info"], "and then that it is built"
+        assert [level for level, _ in said(db, settings, job_id)][-1] == "info", "and then that it is built"
+        assert failed_on(db, job_id) == ["lab-b"], "lab-a off the reason"
     assert preparer.prepare_next() is None
     assert len(said(db, settings, fine)) == 1
 

@@ -178,7 +178,8 @@ def _clock(iso: str | None) -> str:
 def job_page(job: dict[str, Any], api_url: str = "", warned: dict[str, Any] | None = None) -> list[str]:
     """`towerq show ID`: the job as a person reads it (`api_url`: where a session opens;
     `warned`: the newest warning of its log while it waits, `waiting_warning`)."""
-    rows: list[tuple[str, str | None]] = [("state", job["state"] + (f": {job['reason']}" if job.get("reason") else ""))]
+    reason = job.get("pending_reason") if warned is not None else job.get("reason")  # the warning says the rest
+    rows: list[tuple[str, str | None]] = [("state", job["state"] + (f": {reason}" if reason else ""))]
     if warned is not None:
         rows.append(("warned", f"{local_clock(warned['time'])} {warned['message']}"))
     if job["state"] == "queued":

@@ -415,9 +415,12 @@ function summaryOf(job, warned = null) {
   if (job.sweep_id) pairs.splice(1, 0, ["Sweep", el("a", { href: `#/sweeps/${job.sweep_id}`, id: "sweep-link" }, `#${job.sweep_id}`)]);
   if (job.state === "queued") {
     const position = job.queue_position ? `#${job.queue_position}: ` : "";
-    pairs.splice(1, 0, ["Queue", `${position}${job.pending_reason || "waiting for the scheduler"}`]);
+    const said = warned && warned.attempt === job.attempts;
+    // Without its log (another member's job) the reason says where its requirements failed.
+    const why = (said ? job.pending_reason : job.reason) || "waiting for the scheduler";
+    pairs.splice(1, 0, ["Queue", `${position}${why}`]);
     if (job.expected_start_at) pairs.splice(2, 0, ["Expected start", expectedStart(job)]);
-    if (warned && warned.attempt === job.attempts) {
+    if (said) {
       pairs.splice(2, 0, ["Warned", el("span", { class: `level-${warned.level}` }, `${warned.time.slice(11, 16)} ${warned.message}`)]);
     }
   } else if (job.state === "dispatched" && job.reason) {

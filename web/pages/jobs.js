@@ -183,9 +183,11 @@ const CHOSEN_KEY = "towerq.jobs.columns";
 function why(job) {
   if (job.state === "queued" || (job.state === "dispatched" && job.reason)) {
     const reason = job.reason || "waiting for the scheduler";
+    // A host could not install its requirements (the reason says it first): in the warning's colour.
+    const warned = job.requirements_failed_on?.length ? " warned" : "";
     return el(
       "span",
-      { class: "reason", title: reason },
+      { class: `reason${warned}`, title: reason },
       job.queue_position ? el("strong", {}, `#${job.queue_position} `) : "",
       reason,
       job.expected_start_at ? el("span", { class: "expected" }, `; starts ${expectedStart(job)}`) : "",

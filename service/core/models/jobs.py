@@ -136,6 +136,10 @@ class Job(Base):
     expected_start_at: Mapped[datetime | None] = mapped_column(default=None)
     """When the scheduler's forward replay expects it to start (`service.scheduler.forecast`)."""
     expected_host: Mapped[str | None] = mapped_column(String(128), default=None)
+    requirements_failed_on: Mapped[list[Any] | None] = mapped_column(default=None)
+    """The hosts whose latest build ahead of its requirements failed while it waited
+    (`worker.prepare`; its log says pip's reason): started there as things are, it fails. A
+    host that builds them later comes off. None: none failed."""
 
     # What the current (or last) attempt saw and did.
     host_name: Mapped[str | None] = mapped_column(String(128), default=None)
@@ -204,7 +208,8 @@ class Job(Base):
         if self.state == JobState.CANCELLED:
             return self.error or self.stop_reason or "cancelled"
         if self.state == JobState.QUEUED:
-            return self.pending_reason
+            # what fails it when it starts goes first: a list cuts a reason short
+            return "; ".join(filter(None, (failed_text(self.requirements_failed_on), self.pending_reason))) or None
         if self.stop_reason and self.state in HOLDING_STATES:
             return f"stopping: {self.stop_reason}"
         if self.state == JobState.DISPATCHED:
@@ -277,6 +282,14 @@ def wait_start(created_at: datetime, wait_held_s: float) -> datetime:
     """When a job's wait for its first start began: its submit, moved later by its time on
     hold before that start (`Job.wait_held_s`), which is no wait."""
     return created_at + timedelta(seconds=wait_held_s)
+
+
+def failed_text(hosts: list[Any] | None) -> str | None:
+    """What a waiting job's reason adds when its requirements could not be installed on
+    `hosts` (its log, the owner's, says pip's reason)."""
+    if not hosts:
+        return None
+    return f"its requirements could not be installed on {', '.join(map(str, hosts))} (its log says why)"
 
 
 def gpu_use_summary(stored: dict[str, Any] | None, running: int | None = None) -> dict[str, Any] | None:

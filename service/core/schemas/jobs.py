@@ -127,6 +127,13 @@ class JobOut(Out):
         default=None, description="queued: when the scheduler's forward replay expects it to start"
     )
     expected_host: str | None = None
+    requirements_failed_on: list[str] | None = Field(
+        default=None,
+        description=(
+            "the hosts where its requirements could not be installed while it waited (their latest try; its log "
+            "says pip's reason): started there as things are, it fails"
+        ),
+    )
     folder_bytes: int | None = None
     """What its folder held on disk when its worker last measured it."""
     gpu_use: GpuUseOut | None = Field(
