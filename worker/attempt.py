@@ -51,7 +51,7 @@ from worker.gpu_use import GpuUseSampler
 from worker.inventory import Inventory, SimulatedInventory
 from worker.launch import Launch, artifacts_dir, attempt_limits
 from worker.lines import without_escapes
-from worker.outcome import ASKED, NotStarted, Outcome, Stop, is_runtime_noise, level_of
+from worker.outcome import ASKED, NotStarted, Outcome, StderrLevels, Stop, is_runtime_noise
 from worker.phases import Phases
 from worker.processes import descendants, output_lines, signal_trainer
 from worker.rank_link import RankLink
@@ -116,6 +116,7 @@ class AttemptRunner:
         if launch.ranks > 1:
             self.sink.prefix = f"[{launch.where}] "
         self.outcome = Outcome(ranks=launch.ranks, program=self.program, session=self.session)
+        self.stderr_levels = StderrLevels()
         self.process: subprocess.Popen[bytes] | None = None
         self.rank = RankLink(ctx, launch)
         self._stop_requested = threading.Event()
@@ -372,7 +373,7 @@ class AttemptRunner:
             if is_runtime_noise(text) and not self.program:  # a member's program keeps every line
                 return
             self.outcome.stderr(text)
-        self.sink.log(level_of(text) if stream == "err" else "info", text)
+        self.sink.log(self.stderr_levels(text) if stream == "err" else "info", text)
 
     def _note_pids(self) -> None:
         """The attempt's processes as the host numbers them (NVML's pids): bwrap's

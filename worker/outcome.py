@@ -268,16 +268,56 @@ def is_runtime_noise(line: str) -> bool:
     return line == ABSL_BANNER or _native_level(line) == "info"
 
 
+PYTHON_WARNING = re.compile(r"^.+:\d+: \w*Warning: ")
+"""A Python warning as `warnings` writes it: `train.py:12: UserWarning: ...`, then its
+source line, indented."""
+LEVEL_WORD = re.compile(r"^\[?(WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
+"""A line that begins with its level in capitals: `logging`'s default format
+(`WARNING:root:...`), pip's `ERROR: ...`, `[WARN] ...`."""
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+"""The line that ends a traceback: the exception (`ValueError: ...`, `KeyboardInterrupt`)."""
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
 def level_of(line: str) -> str:
-    """The log level of a stderr line: TensorFlow's native levels, tracebacks, warnings."""
+    """The log level of a stderr line: native logging's levels, tracebacks, warnings, a
+    level word in capitals at its start."""
     native = _native_level(line)
     if native is not None:
         return native
-    if "Traceback" in line or "Error" in line.split(":")[0]:
+    head = line.split(":")[0]
+    word = LEVEL_WORD.match(line)
+    if "Traceback" in line or "Error" in head or (word and word.group(1) not in ("WARNING", "WARN")):
         return "error"
-    if "Warning" in line.split(":")[0]:
+    if "Warning" in head or word or PYTHON_WARNING.match(line):
         return "warning"
     return "info"
+
+
+class StderrLevels:
+    """The levels of one stream's stderr lines, each in the light of the lines before it:
+    every line of a traceback is an error, from its header through its frames (indented)
+    to its exception and the chained ones; a Python warning's source line (indented) a
+    warning. Else `level_of`. The processes of one job share its stderr, so a line of
+    another process that comes into a traceback ends it."""
+
+    def __init__(self) -> None:
+        self.kept: str | None = None
+        """The level the indented lines that follow keep: in a traceback, after a warning."""
+
+    def __call__(self, line: str) -> str:
+        if self.kept is not None and line[:1].isspace():
+            return self.kept
+        in_traceback, self.kept = self.kept == "error", None
+        if line.startswith("Traceback (most recent call last)"):
+            self.kept = "error"
+            return "error"
+        if line.startswith(CHAINED) or (in_traceback and EXCEPTION_LINE.match(line)):
+            return "error"
+        level = level_of(line)
+        if PYTHON_WARNING.match(line):
+            self.kept = "warning"
+        return level
 
 
 def exit_message(returncode: int | None, stderr: list[str], who: str = "trainer") -> str:

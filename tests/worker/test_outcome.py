@@ -7,7 +7,7 @@ import pytest
 
 from service.core.models import JobState
 from towerq.contract.spec import stoppable
-from worker.outcome import Outcome, Stop, exit_message, is_runtime_noise, level_of
+from worker.outcome import Outcome, StderrLevels, Stop, exit_message, is_runtime_noise, level_of
 from worker.relay import evaluation_line
 
 # Printed by TensorFlow 2.21 (CPU) at import with TF_CPP_MIN_LOG_LEVEL=1, twice each.
@@ -37,6 +37,12 @@ def test_tensorflow_start_up_chatter_is_noise(line: str) -> None:
         ("UserWarning: the learning rate is large", "warning"),
         ("I am a line the user's model printed", "info"),
         ("INFO: but not a native log line", "info"),
+        ("/job/work/train.py:12: UserWarning: the learning rate is large", "warning"),
+        ("WARNING:root:no GPU, on the CPU", "warning"),
+        ("ERROR:__main__:the data is short", "error"),
+        ("ERROR: No matching distribution found for x==9", "error"),
+        ("[WARN] slow step", "warning"),
+        ("WARNINGS counted: 3", "info"),
     ],
 )
 def test_what_matters_is_kept_with_its_level(line: str, level: str) -> None:
@@ -150,3 +156,30 @@ def test_a_programs_last_words_are_its_last_line_that_says_something() -> None:
         "the program exited with code 1: traceback : Signal 6 (SIGABRT) received by PID 8"
     )
     assert exit_message(2, ["-----", "   "], "the program") == "the program exited with code 2"
+
+
+def test_every_line_of_a_traceback_is_an_error_and_a_warnings_source_line_a_warning() -> None:
+    """What Python writes to stderr, line by line: a chained traceback, then a warning and
+    its source line, and lines of the program's own around them."""
+    lines = [
+        ("epoch 1", "info"),
+        ("/job/work/train.py:3: UserWarning: the learning rate is large", "warning"),
+        ('  warnings.warn("the learning rate is large")', "warning"),
+        ("epoch 2", "info"),
+        ("Traceback (most recent call last):", "error"),
+        ('  File "/job/work/train.py", line 8, in <module>', "error"),
+        ("    load()", "error"),
+        ("    ~~~~^^", "error"),
+        ("KeyError: 'data'", "error"),
+        ("The above exception was the direct cause of the following exception:", "error"),
+        ("Traceback (most recent call last):", "error"),
+        ('  File "/job/work/train.py", line 10, in <module>', "error"),
+        ("__main__.DataMissing: no data", "error"),
+        ("  an indented line of the program's own", "info"),
+        ("epoch 3: loss 0.4", "info"),
+        ("Traceback (most recent call last):", "error"),
+        ("a line of another process comes in", "info"),
+        ('  File "/job/work/train.py", line 8, in <module>', "info"),
+    ]
+    levels = StderrLevels()
+    assert [(line, levels(line)) for line, _ in lines] == lines
