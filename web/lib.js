@@ -165,6 +165,10 @@ export function speed(job) {
 }
 
 export function progress(job) {
+  if (job.step == null && !job.total_steps) {
+    // Nothing reported: a notebook, or a program that does not call towerq.report (as towerq jobs says it).
+    return el("span", { class: "muted", title: "no steps reported (a program reports them with towerq.report)" }, "–");
+  }
   const done = job.step || 0;
   if (!job.total_steps) {
     // A command job's or a notebook's total is its program's: the steps so far, no bar.

@@ -47,9 +47,11 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
             spec = {"command": ["python", "train.py"], "code": "ab" * 32}
             program = Job(name="python train.py", user_id=user.id, state=JobState.SUCCEEDED, step=424, spec=spec,
                           gpu_count=1, attempts=1)  # fmt: skip
-            session.add(program)
+            silent = Job(name="python quiet.py", user_id=user.id, state=JobState.SUCCEEDED, spec=spec,
+                         gpu_count=1, attempts=1)  # fmt: skip
+            session.add_all([program, silent])
             session.flush()
-            program_id = program.id
+            program_id, silent_id = program.id, silent.id
     finally:
         ctx.close()
 
@@ -67,3 +69,5 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
     row = page.locator(f'tr[data-job="{program_id}"]')
     assert "424 steps" in row.inner_text() and "/1,000" not in row.inner_text(), row.inner_text()
     assert row.locator("[role=progressbar]").count() == 0
+    silent = page.locator(f'tr[data-job="{silent_id}"] td:nth-child(6)')  # reported no step: none (it said 0 steps)
+    assert silent.inner_text() == "–", silent.inner_text()
