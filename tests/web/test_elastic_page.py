@@ -48,7 +48,7 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
             program = Job(name="python train.py", user_id=user.id, state=JobState.SUCCEEDED, step=424, spec=spec,
                           gpu_count=1, attempts=1)  # fmt: skip
             silent = Job(name="python quiet.py", user_id=user.id, state=JobState.SUCCEEDED, spec=spec,
-                         gpu_count=1, attempts=1)  # fmt: skip
+                         gpu_count=1, attempts=1, gpu_memory_fraction=0.5)  # fmt: skip
             session.add_all([program, silent])
             session.flush()
             program_id, silent_id = program.id, silent.id
@@ -60,6 +60,7 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
     gpus = page.locator("dt:text-is('GPUs') + dd")
     gpus.wait_for()
     assert "lab-a:2,3 (2 of 4, elastic)" in gpus.inner_text(), gpus.inner_text()
+    assert page.locator("dt:text-is('Towers')").count() == 1, "a model job's towers"
 
     page.goto(f"{url}/?token={token}#/jobs")
     page.wait_for_selector(f'tr[data-job="{waiting}"]')
@@ -71,3 +72,16 @@ def test_an_elastic_job_shows_2_of_4_gpus_and_a_waiting_one_its_sizes(
     assert row.locator("[role=progressbar]").count() == 0
     silent = page.locator(f'tr[data-job="{silent_id}"] td:nth-child(6)')  # reported no step: none (it said 0 steps)
     assert silent.inner_text() == "–", silent.inner_text()
+
+    # A program's page: no towers or batch norm of the trainer; its share is watched by its worker, not TensorFlow.
+    page.goto(f"{url}/?token={token}#/jobs/{silent_id}")
+    fraction = page.locator("dt:text-is('Memory fraction') + dd")
+    fraction.wait_for()
+    assert fraction.inner_text() == "0.5 (watched by its worker: past it, the job is stopped)", fraction.inner_text()
+    assert page.locator("dt:text-is('Towers')").count() == 0 and page.locator("dt:text-is('Batch norm')").count() == 0
+    # Its bundle is no file of the API's: the code section says so, the rest of the page stands (it said only that).
+    missing = page.locator("#code-missing")
+    missing.wait_for()
+    assert (
+        missing.inner_text() == f"Its code cannot be shown: no code bundle {'ab' * 32}: upload it with POST /api/code"
+    )

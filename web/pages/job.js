@@ -1,6 +1,7 @@
 // One job: live charts, spec, allocation, history, artifacts, log tail; Cancel, Clone, Change.
 import { metricsOverview } from "../charts.js";
 import {
+  ApiError,
   actionForm,
   actThen,
   age,
@@ -123,13 +124,8 @@ export async function render(main, params) {
   drawJob();
   charts.draw();
   await drawArtifacts();
-  if (code) {
-    code.replaceChildren(
-      ...(readable
-        ? codeOf(await api(`api/code/${job.spec.code}?job=${id}`), id)
-        : [el("h2", { id: "code-title" }, "Code"), privateNote("The code is")]),
-    );
-  }
+  if (code)
+    code.replaceChildren(...(readable ? await codeOrWhy(job, id) : [el("h2", { id: "code-title" }, "Code"), privateNote("The code is")]));
 
   const appendLog = (lines) => {
     const before = warned;
@@ -434,8 +430,46 @@ function summaryOf(job, warned = null) {
   return pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { field: k } }, v)]);
 }
 
+// The job's code bundle, or, where the API no longer has it (its files gone from the
+// storage), why not: the rest of the page (its log) is still shown.
+async function codeOrWhy(job, id) {
+  try {
+    return codeOf(await api(`api/code/${job.spec.code}?job=${id}`), id);
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    return [
+      el("h2", { id: "code-title" }, "Code"),
+      el("p", { class: "muted", id: "code-missing" }, `Its code cannot be shown: ${err.message}`),
+    ];
+  }
+}
+
+// How a job's memory fraction is kept: by TensorFlow in the trainer's process (a model job),
+// or by its worker, which stops a program (a command job, a notebook) that holds more (NVML).
+function fractionOf(job, program) {
+  const f = job.gpu_memory_fraction;
+  if (program) {
+    const note =
+      f >= 1
+        ? ""
+        : job.allocation?.simulated
+          ? " (not watched on simulated GPUs)"
+          : " (watched by its worker: past it, the job is stopped)";
+    const title =
+      "Its worker reads its processes' GPU memory from NVML every second and stops it when they hold more than this share of a GPU";
+    return el("dd", { title }, `${f}${note}`);
+  }
+  const note =
+    job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : f < 1 ? " (kept by TensorFlow in this job's process)" : "";
+  const title =
+    "A limit TensorFlow keeps in this job's own process; other code on the GPU is not bound by it (docs/deployment.md: MIG, MPS)";
+  return el("dd", { title }, `${f}${note}`);
+}
+
 function detailsOf(job, reload) {
   const a = job.allocation;
+  // A program of the member's own (a command job, a notebook): no towers, no batch norm of towerq's trainer.
+  const program = Boolean(job.spec.command) || job.spec.kind === "notebook";
   const placement = el(
     "section",
     { "aria-labelledby": "placement-title" },
@@ -490,20 +524,17 @@ function detailsOf(job, reload) {
       el("dt", {}, "GPU UUIDs"),
       el("dd", { class: "mono" }, a ? (a.ranks?.length > 1 ? a.ranks.flatMap((r) => r.gpu_uuids) : a.gpu_uuids).join(", ") : "–"),
       el("dt", {}, "Memory fraction"),
-      el(
-        "dd",
-        {
-          title:
-            "A limit TensorFlow keeps in this job's own process; other code on the GPU is not bound by it (docs/deployment.md: MIG, MPS)",
-        },
-        `${job.gpu_memory_fraction}${job.memory_limit_enforced === false ? " (not enforced on simulated GPUs)" : job.gpu_memory_fraction < 1 ? " (kept by TensorFlow in this job's process)" : ""}`,
-      ),
+      fractionOf(job, program),
       el("dt", {}, "CUDA_VISIBLE_DEVICES"),
       el("dd", { class: "mono" }, job.cuda_visible_devices ?? "–"),
-      el("dt", {}, "Batch norm"),
-      el("dd", { id: "batch-norm" }, batchNormOf(job.batch_norm)),
-      el("dt", {}, "Towers"),
-      el("dd", {}, job.towers ?? "–", job.devices ? el("span", { class: "muted mono" }, ` (${job.devices.join(", ")})`) : ""),
+      ...(program
+        ? []
+        : [
+            el("dt", {}, "Batch norm"),
+            el("dd", { id: "batch-norm" }, batchNormOf(job.batch_norm)),
+            el("dt", {}, "Towers"),
+            el("dd", {}, job.towers ?? "–", job.devices ? el("span", { class: "muted mono" }, ` (${job.devices.join(", ")})`) : ""),
+          ]),
     ),
   );
   const history = el(
