@@ -296,6 +296,10 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
     assert "  command    python train.py --lr '0.1 0.2' (code e5baf6e65e84); one process per GPU" in command, command
     assert "  packages   einops transformers==4.46.1" in command, command
     assert not [line for line in command if line.lstrip().startswith(("progress", "spec"))], command
+    latest = {"loss": 0.31, "custom_metrics": {"grad_norm": 1.7, "eval_acc": 0.9}, "eval_custom_metrics": {"f1": 0.82}}
+    reported = job_page({**base, "name": "python train.py", "spec": spec, "step": 120, "latest": latest})
+    assert "  train      loss 0.31  eval_acc 0.9  grad_norm 1.7" in reported, "its own metrics by name, as reported"
+    assert "  eval       f1 0.82" in reported, reported
     session = {
         **base,
         "name": "notebook",

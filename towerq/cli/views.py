@@ -207,10 +207,16 @@ def job_page(job: dict[str, Any], api_url: str = "", warned: dict[str, Any] | No
     if job.get("expected_end_at"):
         rows.append(("ends", expected_end_text(job["expected_end_at"])))
     latest = job.get("latest") or {}
-    for label, loss, accuracy in (("train", "loss", "accuracy"), ("eval", "eval_loss", "eval_accuracy")):
+    for label, loss, accuracy, own in (
+        ("train", "loss", "accuracy", "custom_metrics"),
+        ("eval", "eval_loss", "eval_accuracy", "eval_custom_metrics"),
+    ):
         parts = [f"loss {v}" for v in [_number(latest.get(loss))] if v] + [
             f"accuracy {v}" for v in [_percent(latest.get(accuracy))] if v
         ]
+        # the metrics it reports by name (a model's metrics(), towerq.report(f1=...)), by name
+        mine = latest.get(own) or {}
+        parts += [f"{name} {_number(mine[name])}" for name in sorted(mine) if isinstance(mine[name], int | float)]
         rows.append((label, "  ".join(parts) or None))
     rows.append(("speed", speed_text(latest, job.get("pace_s") if job["state"] == "running" else None)))
     if spec.get("time_limit_s"):
