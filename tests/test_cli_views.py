@@ -411,3 +411,19 @@ def test_towerq_show_says_a_waiting_jobs_newest_warning_beside_its_reason() -> N
     unread = job_page(job)  # a log the caller may not read: no warning, the reason says where
     assert not any(line.lstrip().startswith("warned") for line in unread), "none: no row"
     assert "queued: its requirements could not be installed on lab-a (its log says why); waiting" in unread[1], unread
+
+
+def test_towerq_sweep_show_says_why_no_job_is_best() -> None:
+    """Its jobs succeeded but none reported the metric: the page says how to (it showed a
+    column of `-` and no word)."""
+    from towerq.cli.views import sweep_page
+
+    missing = "no job that succeeded reported eval_f1: a program reports it with towerq.report(...)"
+    sweep = {
+        "id": 3, "name": "lr", "user": "alice", "goal": "max", "metric": "eval_f1", "fields": ["lr"], "best_job": None,
+        "metric_missing": missing, "counts": {"succeeded": 1}, "done": 1, "total": 1,
+        "jobs": [
+            {"id": 9, "state": "succeeded", "step": 4, "total_steps": None, "result": None, "setting": {"lr": 0.1}},
+        ],
+    }  # fmt: skip
+    assert sweep_page(sweep)[-1] == f"  ({missing})"

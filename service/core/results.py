@@ -31,6 +31,23 @@ def best_job(jobs: list[Job], metric: str, goal: str) -> int | None:
     return (max if goal == "max" else min)(scored)[1]
 
 
+def metric_missing(jobs: list[Job], metric: str) -> str | None:
+    """Why the sweep has no best job when its jobs ended well: none of them has `metric`.
+    How a program reports it, and where they reported a training value of that very name
+    (a Hugging Face `eval_accuracy`), that an `eval_` one is read from evaluations."""
+    done = [job for job in jobs if job.state == JobState.SUCCEEDED.value]
+    if not done or any(result_of(job, metric) is not None for job in done):
+        return None
+    name = metric.removeprefix("eval_")
+    split = ', split="eval"' if metric.startswith("eval_") else ""
+    said = (
+        f"no job that succeeded reported {metric}: a program reports it with towerq.report(step=...{split}, {name}=...)"
+    )
+    if split and any(metric in (job.custom_metrics or {}) for job in done):
+        said += f"; they reported {metric} as a training value, and an eval_ metric is read from evaluations"
+    return said
+
+
 def counts_by_state(jobs: list[Job]) -> dict[str, int]:
     """A sweep's jobs, how many in each state."""
     counts: dict[str, int] = {}

@@ -354,6 +354,8 @@ def sweep_page(sweep: dict[str, Any]) -> list[str]:
         lines.append(f"  {mark} {job['id']:>6}  {job['state']:<10} {steps(job):>{STEP_WIDTH}}  {result:>9}  {setting}")
     if sweep["best_job"] is not None:
         lines.append("  (* the best job so far)")
+    elif sweep.get("metric_missing"):
+        lines.append(f"  ({sweep['metric_missing']})")
     return lines + rung_lines(sweep)
 
 

@@ -42,7 +42,8 @@ export async function render(main, params) {
       (sweep.max_parallel ? ` · at most ${sweep.max_parallel} at once` : "") +
       (early
         ? ` · early stopping (ASHA): rungs from step ${early.min_steps}, 1 in ${early.reduction_factor} goes on · ${stopped.length} stopped early`
-        : "");
+        : "") +
+      (sweep.metric_missing ? ` · ${sweep.metric_missing}` : "");
     const rows = sweep.jobs.map((j) => ({ ...j, rung: lastRung(sweep, j.id)?.rung ?? null })).sort(compare(sortKey, ascending));
     const columns = [
       { key: "id", title: "Job", cell: (j) => el("a", { href: `#/jobs/${j.id}` }, `#${j.id}`) },

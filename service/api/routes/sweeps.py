@@ -48,6 +48,7 @@ def describe(session: Session, sweep: Sweep, with_jobs: bool = True) -> SweepOut
         done=sum(counts.get(state, 0) for state in sweeps.FINAL),
         total=len(jobs),
         best_job=results.best_job(jobs, metric, goal),
+        metric_missing=results.metric_missing(jobs, metric),
         jobs=listed if with_jobs else [],
         early_stopping=sweep.spec.get("early_stopping"),
         rungs=rungs_of(session, sweep.id) if with_jobs and sweep.spec.get("early_stopping") else [],

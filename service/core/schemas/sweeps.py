@@ -48,6 +48,8 @@ class SweepOut(BaseModel):
     done: int
     total: int
     best_job: int | None
+    metric_missing: str | None = None
+    """Why there is no best job though jobs succeeded: none reported the metric, and how to."""
     jobs: list[SweepJob]
     early_stopping: dict[str, Any] | None = None
     """The sweep's `early_stopping` (ASHA), where it has one."""

@@ -164,5 +164,17 @@ def test_a_command_job_sweeps_over_its_placeholders_and_env_and_ranks_by_its_own
     ranked = alice.get(f"/api/sweeps/{sweep['id']}").json()
     assert ranked["best_job"] == ids[1]
     assert [job["result"] for job in ranked["jobs"]] == [0.5, 0.9, 0.7, None]
+    assert ranked["metric_missing"] is None
+
+    with db.write() as session:  # each reported a training value it named eval_f1 (as Hugging Face names them)
+        session.execute(
+            update(Job).where(Job.id.in_(ids)).values(eval_custom_metrics=None, custom_metrics={"eval_f1": 1})
+        )
+    unranked = alice.get(f"/api/sweeps/{sweep['id']}").json()
+    assert unranked["best_job"] is None
+    assert unranked["metric_missing"] == (
+        'no job that succeeded reported eval_f1: a program reports it with towerq.report(step=..., split="eval", '
+        "f1=...); they reported eval_f1 as a training value, and an eval_ metric is read from evaluations"
+    )
     unknown = alice.post("/api/sweeps", json={**body, "grid": {"nosuch": [1]}})
     assert unknown.status_code == 422 and "nosuch" in unknown.text
