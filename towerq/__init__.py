@@ -11,6 +11,7 @@ job.metrics(as_frame=True)             # a pandas DataFrame (with pandas install
 job.download("model.keras", to="out/")
 
 towerq.report(step=120, loss=0.31)     # inside a command job: a point of its charts
+towerq.report_logs(120, logs)          # a framework's dict of numbers (val_/eval_: an evaluation)
 
 `towerq.contract` is the job spec, the catalog and the job-folder layout: the one contract the
 service, the trainer and this client share. The trainer imports it in its sandbox, so this
@@ -49,8 +50,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "report":  # a command job's metrics: the standard library only, no client
-        return importlib.import_module("towerq.reporting").report
+    if name in ("report", "report_logs"):  # a command job's metrics: the standard library only, no client
+        return getattr(importlib.import_module("towerq.reporting"), name)
     if name in __all__:
         return getattr(importlib.import_module("towerq.client"), name)
     raise AttributeError(f"module 'towerq' has no attribute {name!r}")

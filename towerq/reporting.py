@@ -4,6 +4,7 @@
     towerq.report(step=120, loss=0.31, accuracy=0.9)          # a training point
     towerq.report(step=120, split="eval", loss=0.35, f1=0.8)  # an evaluation, a custom metric
     towerq.report(step=120, loss=0.31, total_steps=5000)      # and how many steps it runs
+    towerq.report_logs(120, {"loss": 0.31, "val_loss": 0.35})  # a framework's logs dict
 
 Each call prints one line of towerq's protocol on stdout (any language can print the same,
 docs/command-jobs.md), and appends it to the job's metrics log so that a resumed attempt
@@ -20,6 +21,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 SPLITS = ("train", "eval")
@@ -80,6 +82,59 @@ def report(
     lead = "\n" if os.environ.get(JOB_ENV) else ""
     sys.stdout.write(lead + text + "\n")
     sys.stdout.flush()
+
+
+EVAL_PREFIXES = ("eval_", "val_")
+"""How frameworks name held-out numbers in their logs: Hugging Face's `eval_loss`, Keras'
+`val_accuracy`."""
+
+
+def report_logs(step: int, logs: Mapping[str, Any], *, total_steps: int | None = None) -> None:
+    """A framework's dict of numbers as towerq's points at `step`: Keras' `logs`, Hugging
+    Face's `on_log`/`on_evaluate` dict, Lightning's `callback_metrics`. A name that begins
+    `eval_` or `val_` goes, without it, into an evaluation (`val_accuracy`: its accuracy),
+    every other into a training point; a value that is not a number (a string, a list) is
+    left out, as are `step` and `split`; a name towerq cannot keep is made one
+    (`train/loss`: `train.loss`), and past 16 names of its own a split keeps the first 16."""
+    splits: dict[str, dict[str, Any]] = {"train": {}, "eval": {}}
+    for key, value in logs.items():
+        number = _loose_number(value)
+        if number is None:
+            continue
+        split = "eval" if str(key).startswith(EVAL_PREFIXES) else "train"
+        name = _metric_name(str(key).split("_", 1)[1] if split == "eval" else str(key))
+        if name is None or name in RESERVED:
+            continue
+        kept = splits[split]
+        if name not in kept and (name in STANDARD or sum(n not in STANDARD for n in kept) < MAX_CUSTOM):
+            kept[name] = number
+    if splits["train"] or total_steps is not None:
+        report(step, total_steps=total_steps, **splits["train"])
+    if splits["eval"]:
+        report(step, split="eval", **splits["eval"])
+
+
+RESERVED = ("step", "split", "total_steps")
+"""Names `report` takes as its own: a log's `step` is not a metric (the step is given)."""
+
+
+def _loose_number(value: Any) -> float | None:
+    """`value` as a number where it is one (a float, a numpy scalar, a 0-d tensor), else None."""
+    if value is None or isinstance(value, str | bytes | bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _metric_name(name: str) -> str | None:
+    """`name` as a metric name towerq keeps (`CUSTOM_NAME`): `/` and other characters as `.`
+    or `_`, at most 48; None for none left."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name.replace("/", "."))[:48]
+    if name and not (name[0].isalpha() or name[0] == "_"):
+        name = f"_{name}"[:48]
+    return name if name and CUSTOM_NAME.match(name) else None
 
 
 def _number(name: str, value: Any) -> float | None:
