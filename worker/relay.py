@@ -37,6 +37,12 @@ TIME_SKEW_S = 24 * 3600
 (An old one is plausible: a resumed attempt restores its job's earlier points.)"""
 
 
+LATEST_OWN_NAMES = 32
+"""The metrics of its own a job's latest figures keep per split: twice what one point may
+carry (`events.MAX_CUSTOM_METRICS`), so a program that names new ones at each step does not
+grow its job's row."""
+
+
 def program_metrics_log(attempt: int) -> str:
     """The metrics log `towerq.report()` appends to in a command job's attempt (its folder's)."""
     return f"metrics-attempt-{attempt}.jsonl"
@@ -75,6 +81,8 @@ class MetricSink:
         self.metrics: list[MetricRow] = []
         self.logs: list[LogRow] = []
         self.latest: dict[str, Any] = {}
+        self.own: dict[str, dict[str, float | None]] = {"train": {}, "eval": {}}
+        """This attempt's latest value of each metric of its own, by split (`_own_latest`)."""
         self.paces = Pace()
         self.first_buffered: float | None = None
         self.first_metric_pending = True
@@ -220,20 +228,38 @@ class MetricSink:
         self.latest.update(pace_s=self.paces.pace(), step_at=now)
 
     def _note_latest(self, point: MetricRow, step_time_s: float | None) -> None:
+        """The job's latest figures. A point of metrics of its own alone (`towerq.report(step,
+        f1=...)` beside the step's loss, a framework's log of its epoch) leaves its loss and
+        accuracy as they were; each metric of its own is its latest value, of whichever point
+        said it last (`LATEST_OWN_NAMES` of them, the newest)."""
+        own = point["custom"] or {}
+        figures = not own or point["loss"] is not None or point["accuracy"] is not None
         if point["split"] == "eval":
-            self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
-            if point["custom"]:
-                self.latest.update(eval_custom_metrics=point["custom"])
+            if figures:
+                self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
+            if own:
+                self.latest.update(eval_custom_metrics=self._own_latest("eval", own))
             return
-        self.latest.update(
-            step=point["step"],
-            loss=point["loss"],
-            accuracy=point["accuracy"],
-            examples_per_sec=point["examples_per_sec"],
-            step_time_s=step_time_s,
-        )
-        if point["custom"]:
-            self.latest.update(custom_metrics=point["custom"])
+        self.latest.update(step=point["step"])
+        if figures or point["examples_per_sec"] is not None:
+            self.latest.update(
+                loss=point["loss"],
+                accuracy=point["accuracy"],
+                examples_per_sec=point["examples_per_sec"],
+                step_time_s=step_time_s,
+            )
+        if own:
+            self.latest.update(custom_metrics=self._own_latest("train", own))
+
+    def _own_latest(self, split: str, own: Mapping[str, float | None]) -> dict[str, float | None]:
+        """This attempt's latest value of each metric of its own in `split`, `own` the newest."""
+        kept = self.own[split]
+        for name, value in own.items():
+            kept.pop(name, None)
+            kept[name] = value
+        while len(kept) > LATEST_OWN_NAMES:
+            del kept[next(iter(kept))]  # the one said longest ago
+        return dict(kept)
 
     def _buffered(self) -> None:
         if self.first_buffered is None:
