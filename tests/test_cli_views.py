@@ -316,6 +316,9 @@ def test_towerq_show_says_what_each_kind_of_job_runs() -> None:
     from towerq.cli.follow import ProgressLine
 
     assert ProgressLine({**base, "step": 0}).text() == "job 7 running", "no 'step 0' of a program that reports none"
+    failed = "its requirements could not be installed on lab-a (its log says why); waiting for 1 free GPU"
+    queued = ProgressLine({**base, "state": "queued", "queue_position": 2, "reason": failed}).text()
+    assert queued == f"job 7 queued    #2 in the queue: {failed}", "its requirements' failure said while it waits"
     assert ProgressLine({**base, "step": 0, "total_steps": 10}).text().endswith("step 0/10")
     held = {
         **base,

@@ -66,7 +66,7 @@ class ProgressLine:
         head = f"job {job['id']} {job['state']:<9}"
         if job["state"] == "queued":
             position = job.get("queue_position")
-            why = job.get("pending_reason") or "waiting for the scheduler"
+            why = job.get("reason") or "waiting for the scheduler"  # its requirements' failure too
             return f"{head} #{position} in the queue: {why}" if position else f"{head} {why}"
         if job["state"] == "dispatched" and job.get("reason"):  # held by the executor's cluster (Slurm's reason)
             return f"{head} {job['reason']}"

@@ -111,7 +111,7 @@ def wait_open(api: Api, job_id: int, say: Callable[[str], None] | None = None) -
             except ApiError as err:
                 if err.status != 503:
                     raise
-        news = data["state"] if data["state"] != "queued" else f"queued: {data.get('pending_reason') or 'waiting'}"
+        news = data["state"] if data["state"] != "queued" else f"queued: {data.get('reason') or 'waiting'}"
         if news != said:
             (say or print_now)(f"  {news}")
             said = news
