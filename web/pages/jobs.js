@@ -184,7 +184,7 @@ function why(job) {
   if (job.state === "queued" || (job.state === "dispatched" && job.reason)) {
     const reason = job.reason || "waiting for the scheduler";
     // A host could not install its requirements (the reason says it first): in the warning's colour.
-    const warned = job.requirements_failed_on?.length ? " warned" : "";
+    const warned = job.state === "queued" && job.requirements_failed_on?.length ? " warned" : "";
     return el(
       "span",
       { class: `reason${warned}`, title: reason },
