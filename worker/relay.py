@@ -24,6 +24,7 @@ from towerq.contract import events
 from towerq.contract.attempts import AttemptChannel, LogRow, MetricRow, Report, StaleAttempt, Stored
 from towerq.contract.messages import LogMessage, MetricMessage, encode
 from towerq.contract.paths import PathEscapeError, job_folder, job_log, lines_beneath
+from worker.latest import LatestFigures
 from worker.pace import Pace
 from worker.trainer.protocol import METRICS_LOG
 
@@ -35,12 +36,6 @@ TIME_SKEW_S = 24 * 3600
 """A line's `time` before 2000 or this far past the worker's clock is the writer's invention
 (the trainer and a program run on this host's clock): the time it was read is kept instead.
 (An old one is plausible: a resumed attempt restores its job's earlier points.)"""
-
-
-LATEST_OWN_NAMES = 32
-"""The metrics of its own a job's latest figures keep per split: twice what one point may
-carry (`events.MAX_CUSTOM_METRICS`), so a program that names new ones at each step does not
-grow its job's row."""
 
 
 def program_metrics_log(attempt: int) -> str:
@@ -81,8 +76,8 @@ class MetricSink:
         self.metrics: list[MetricRow] = []
         self.logs: list[LogRow] = []
         self.latest: dict[str, Any] = {}
-        self.own: dict[str, dict[str, float | None]] = {"train": {}, "eval": {}}
-        """This attempt's latest value of each metric of its own, by split (`_own_latest`)."""
+        self.figures = LatestFigures()
+        """What each point makes of the job's latest figures (`self.latest` holds them until a flush)."""
         self.paces = Pace()
         self.first_buffered: float | None = None
         self.first_metric_pending = True
@@ -152,7 +147,7 @@ class MetricSink:
             fields = {"type": event.event, **point, "attempt": self.attempt, "step_time_s": step_time}
             self.unsent.append(encode(MetricMessage.model_validate(fields)))
         self.metrics.append(point)
-        self._note_latest(point, step_time)
+        self.latest.update(self.figures.of(point, step_time))
         if train and publish:
             self._note_pace(event.step)
         if not train and publish:
@@ -226,40 +221,6 @@ class MetricSink:
         self.paces.note(step, now)
         # None at an attempt's first point: an earlier attempt's pace no longer holds
         self.latest.update(pace_s=self.paces.pace(), step_at=now)
-
-    def _note_latest(self, point: MetricRow, step_time_s: float | None) -> None:
-        """The job's latest figures. A point of metrics of its own alone (`towerq.report(step,
-        f1=...)` beside the step's loss, a framework's log of its epoch) leaves its loss and
-        accuracy as they were; each metric of its own is its latest value, of whichever point
-        said it last (`LATEST_OWN_NAMES` of them, the newest)."""
-        own = point["custom"] or {}
-        figures = not own or point["loss"] is not None or point["accuracy"] is not None
-        if point["split"] == "eval":
-            if figures:
-                self.latest.update(eval_loss=point["loss"], eval_accuracy=point["accuracy"])
-            if own:
-                self.latest.update(eval_custom_metrics=self._own_latest("eval", own))
-            return
-        self.latest.update(step=point["step"])
-        if figures or point["examples_per_sec"] is not None:
-            self.latest.update(
-                loss=point["loss"],
-                accuracy=point["accuracy"],
-                examples_per_sec=point["examples_per_sec"],
-                step_time_s=step_time_s,
-            )
-        if own:
-            self.latest.update(custom_metrics=self._own_latest("train", own))
-
-    def _own_latest(self, split: str, own: Mapping[str, float | None]) -> dict[str, float | None]:
-        """This attempt's latest value of each metric of its own in `split`, `own` the newest."""
-        kept = self.own[split]
-        for name, value in own.items():
-            kept.pop(name, None)
-            kept[name] = value
-        while len(kept) > LATEST_OWN_NAMES:
-            del kept[next(iter(kept))]  # the one said longest ago
-        return dict(kept)
 
     def _buffered(self) -> None:
         if self.first_buffered is None:

@@ -18,7 +18,8 @@ from service.core.models import Job
 from service.core.settings import Settings
 from tests.security.test_forged_total_steps import running_job
 from towerq.contract import events
-from worker.relay import LATEST_OWN_NAMES, MetricSink
+from worker.latest import LATEST_OWN_NAMES
+from worker.relay import MetricSink
 
 
 def point(**fields: Any) -> events.Metric | events.Eval:
